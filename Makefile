@@ -1,0 +1,30 @@
+# The two commands of the README. Both set up .venv on a fresh machine with Python 3.11:
+# torch==2.13.0 first (the local CPU wheel; any other spec pulls CUDA packages), then the package.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test setup lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[all,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m dp_icl_plugin.demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check dp_icl_plugin integrations tests benchmarks examples
+	$(PY) -m mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

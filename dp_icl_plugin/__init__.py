@@ -1,0 +1,73 @@
+"""dp-icl-plugin: differentially private in-context learning for LangChain and LlamaIndex apps.
+
+The core is framework-free: importing it loads neither torch, transformers, faiss, langchain nor
+llama_index. Layers (imports point one way): ``accounting`` ← ``mechanisms`` / ``backends`` ← ``methods``
+← the adapter packages ``dp_icl_langchain`` and ``dp_icl_llamaindex``.
+"""
+
+from dp_icl_plugin.accounting import (
+    ApproxDPEvent,
+    BudgetManager,
+    ComposedEvent,
+    DPEvent,
+    ExponentialMechanismEvent,
+    GaussianEvent,
+    LedgerEntry,
+    MozoTokenEvent,
+    PoissonSampledEvent,
+    PrivacyBudget,
+    PrivacySpend,
+    PureDPEvent,
+    RDPCurveEvent,
+    SampledWithoutReplacementEvent,
+    SelfComposedEvent,
+    calibrate,
+    compose,
+    get_accountant,
+)
+from dp_icl_plugin.errors import (
+    BackendError,
+    BudgetExhaustedError,
+    BudgetMismatchError,
+    CalibrationError,
+    ConfigurationError,
+    DPICLError,
+    LedgerCorruptError,
+    LedgerError,
+    LedgerFormatError,
+    UnsupportedEventError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ApproxDPEvent",
+    "BackendError",
+    "BudgetExhaustedError",
+    "BudgetManager",
+    "BudgetMismatchError",
+    "CalibrationError",
+    "ComposedEvent",
+    "ConfigurationError",
+    "DPEvent",
+    "DPICLError",
+    "ExponentialMechanismEvent",
+    "GaussianEvent",
+    "LedgerCorruptError",
+    "LedgerEntry",
+    "LedgerError",
+    "LedgerFormatError",
+    "MozoTokenEvent",
+    "PoissonSampledEvent",
+    "PrivacyBudget",
+    "PrivacySpend",
+    "PureDPEvent",
+    "RDPCurveEvent",
+    "SampledWithoutReplacementEvent",
+    "SelfComposedEvent",
+    "UnsupportedEventError",
+    "__version__",
+    "calibrate",
+    "compose",
+    "get_accountant",
+]

@@ -1,0 +1,75 @@
+"""Privacy accounting: events, accountants, calibration, and the shared budget manager.
+
+Knows nothing of language models. See ``events`` for what a release costs, ``accountants`` for how
+costs compose into (ε, δ), ``calibration`` for the noise that meets a target, and ``budget`` for the
+durable, atomic ledger every component charges.
+"""
+
+from dp_icl_plugin.accounting.accountants import (
+    Accountant,
+    BasicAccountant,
+    PRVAccountant,
+    RDPAccountant,
+    TightestAccountant,
+    get_accountant,
+)
+from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry, PrivacyBudget, PrivacySpend
+from dp_icl_plugin.accounting.calibration import (
+    CalibrationResult,
+    calibrate,
+    calibrate_adadpsyn,
+    calibrate_clip_blend_temperature,
+    calibrate_mozo,
+    calibrate_subsampled_gaussian,
+)
+from dp_icl_plugin.accounting.events import (
+    ApproxDPEvent,
+    ComposedEvent,
+    DPEvent,
+    ExponentialMechanismEvent,
+    GaussianEvent,
+    MozoTokenEvent,
+    PoissonSampledEvent,
+    PureDPEvent,
+    RDPCurveEvent,
+    SampledWithoutReplacementEvent,
+    SelfComposedEvent,
+    compose,
+    event_from_dict,
+)
+from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore
+
+__all__ = [
+    "Accountant",
+    "ApproxDPEvent",
+    "BasicAccountant",
+    "BudgetManager",
+    "CalibrationResult",
+    "ComposedEvent",
+    "DPEvent",
+    "ExponentialMechanismEvent",
+    "GaussianEvent",
+    "InMemoryStore",
+    "LedgerEntry",
+    "LedgerStore",
+    "MozoTokenEvent",
+    "PRVAccountant",
+    "PoissonSampledEvent",
+    "PrivacyBudget",
+    "PrivacySpend",
+    "PureDPEvent",
+    "RDPAccountant",
+    "RDPCurveEvent",
+    "SQLiteStore",
+    "SampledWithoutReplacementEvent",
+    "SelfComposedEvent",
+    "TightestAccountant",
+    "calibrate",
+    "calibrate_adadpsyn",
+    "calibrate_clip_blend_temperature",
+    "calibrate_mozo",
+    "calibrate_subsampled_gaussian",
+    "compose",
+    "event_from_dict",
+    "get_accountant",
+]

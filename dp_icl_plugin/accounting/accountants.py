@@ -1,0 +1,221 @@
+"""Accountants: turn a privacy event into ε at a given δ.
+
+- :class:`BasicAccountant` (``"basic"``): pure and (ε, δ) atoms; ε and δ add up (Dwork et al. 2006).
+- :class:`RDPAccountant` (``"rdp"``): Rényi DP curves added order by order, converted with Balle et al.
+  2020 (see ``rdp.py`` for each mechanism's curve).
+- :class:`PRVAccountant` (``"prv"``): numerical composition of privacy random variables (``prv.py``).
+- :class:`TightestAccountant` (``"auto"``, the default everywhere): every valid bound is a bound, so it
+  returns the smallest ε among the accountants that support the event. When none supports the whole
+  event (an (ε, δ) atom next to an RDP-only atom), it composes the two parts with basic composition,
+  giving the RDP part the δ the (ε, δ) atoms leave over.
+
+Results are cached per (multiset of atoms, δ), so a ledger of ten thousand charges of a few kinds is
+analysed once per kind-count combination.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from abc import ABC, abstractmethod
+from collections import Counter, OrderedDict
+from fractions import Fraction
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import prv, rdp
+from dp_icl_plugin.errors import ConfigurationError, UnsupportedEventError
+
+__all__ = [
+    "Accountant",
+    "BasicAccountant",
+    "PRVAccountant",
+    "RDPAccountant",
+    "TightestAccountant",
+    "get_accountant",
+]
+
+_AtomKey = frozenset[tuple[ev.DPEvent, int]]
+
+
+class _LRU:
+    """A small thread-safe LRU map."""
+
+    def __init__(self, maxsize: int = 4096) -> None:
+        self._data: OrderedDict[object, float] = OrderedDict()
+        self._lock = threading.Lock()
+        self._maxsize = maxsize
+
+    def get(self, key: object) -> float | None:
+        with self._lock:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key]
+
+    def put(self, key: object, value: float) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self._maxsize:
+                self._data.popitem(last=False)
+
+
+class Accountant(ABC):
+    """Common interface: ``supports(event)`` and ``epsilon(event, delta=...)``."""
+
+    name: str = ""
+
+    def __init__(self) -> None:
+        self._cache = _LRU()
+
+    def supports(self, event: ev.DPEvent) -> bool:
+        """Whether this accountant can analyse ``event``."""
+        return self.name in event.supported_accountants
+
+    def epsilon(self, event: ev.DPEvent, *, delta: float) -> float:
+        """The ε of ``event`` at ``delta`` (``inf`` when this analysis cannot bound it)."""
+        delta = check.probability_open("delta", delta)
+        if not isinstance(event, ev.DPEvent):
+            raise ConfigurationError(f"expected a DPEvent, got {type(event).__name__}")
+        if not self.supports(event):
+            raise UnsupportedEventError(
+                f"the {self.name!r} accountant cannot analyse {event.type_name!r} events "
+                f"(supported by: {', '.join(sorted(event.supported_accountants)) or 'none'})"
+            )
+        return self._cached(ev.atoms(event), delta)
+
+    def _cached(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
+        key = (frozenset(atoms.items()), delta)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self._compute(atoms, delta)
+            self._cache.put(key, hit)
+        return hit
+
+    @abstractmethod
+    def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float: ...
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _basic_totals(atoms: Counter[ev.DPEvent]) -> tuple[float, float]:
+    """Exact (correctly rounded) Σ n·ε and Σ n·δ of pure / (ε, δ) atoms."""
+    eps, delta = Fraction(0), Fraction(0)
+    for atom, n in atoms.items():
+        if isinstance(atom, (ev.PureDPEvent, ev.ExponentialMechanismEvent)):
+            eps += n * Fraction(atom.epsilon)
+        elif isinstance(atom, ev.ApproxDPEvent):
+            eps += n * Fraction(atom.epsilon)
+            delta += n * Fraction(atom.delta)
+        else:
+            raise UnsupportedEventError(f"basic composition cannot take {atom.type_name!r} events")
+    return float(eps), float(delta)
+
+
+class BasicAccountant(Accountant):
+    """Basic composition: (Σ ε_i, Σ δ_i); ε is reported at any δ ≥ Σ δ_i, else ``inf``."""
+
+    name = ev.BASIC
+
+    def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
+        eps, used_delta = _basic_totals(atoms)
+        return eps if used_delta <= delta else math.inf
+
+
+class RDPAccountant(Accountant):
+    """Rényi DP composition over ``orders``, converted with Balle et al. 2020."""
+
+    name = ev.RDP
+
+    def __init__(self, orders: tuple[float, ...] = rdp.DEFAULT_ORDERS) -> None:
+        super().__init__()
+        self.orders = tuple(check.order("orders[i]", a) for a in orders)
+        if not self.orders:
+            raise ConfigurationError("orders must not be empty")
+
+    def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
+        curve = sum(n * rdp.event_rdp(atom, self.orders) for atom, n in atoms.items())
+        return rdp.rdp_to_epsilon(self.orders, curve, delta)[0]
+
+    def best_order(self, event: ev.DPEvent, *, delta: float) -> float:
+        """The order at which the conversion is tightest for ``event``."""
+        return rdp.rdp_to_epsilon(self.orders, rdp.event_rdp(event, self.orders), delta)[1]
+
+
+class PRVAccountant(Accountant):
+    """PRV numerical composition; reports the certified upper bound on ε."""
+
+    name = ev.PRV
+
+    def __init__(self, eps_error: float = prv.DEFAULT_EPS_ERROR, delta_error: float = prv.DEFAULT_DELTA_ERROR) -> None:
+        super().__init__()
+        self.eps_error = check.positive_finite("eps_error", eps_error)
+        self.delta_error = check.probability_open("delta_error", delta_error)
+
+    def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
+        return prv.prv_epsilon(atoms, delta, eps_error=self.eps_error, delta_error=self.delta_error)
+
+
+class TightestAccountant(Accountant):
+    """The smallest valid ε among its members, cheapest first; splits events no single member supports."""
+
+    name = "auto"
+
+    def __init__(self, members: tuple[Accountant, ...] | None = None) -> None:
+        super().__init__()
+        self.members = members if members is not None else (BasicAccountant(), RDPAccountant(), PRVAccountant())
+
+    def supports(self, event: ev.DPEvent) -> bool:
+        return all(a.supported_accountants & {m.name for m in self.members} for a in ev.atoms(event))
+
+    def epsilons(self, event: ev.DPEvent, *, delta: float) -> dict[str, float]:
+        """ε from every member that supports ``event`` (for reports that show each bound)."""
+        return {m.name: m.epsilon(event, delta=delta) for m in self.members if m.supports(event)}
+
+    def fits(self, event: ev.DPEvent, *, epsilon: float, delta: float) -> bool:
+        """Whether some valid analysis shows ``event`` is (epsilon, delta)-DP; stops at the first that does."""
+        delta = check.probability_open("delta", delta)
+        atoms = ev.atoms(event)
+        return any(eps <= epsilon for eps in self._candidates(atoms, delta))
+
+    def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
+        return min(self._candidates(atoms, delta), default=math.inf)
+
+    def _candidates(self, atoms: Counter[ev.DPEvent], delta: float):  # noqa: ANN202 - generator of floats
+        whole = [m for m in self.members if all(m.name in a.supported_accountants for a in atoms)]
+        for m in whole:
+            yield m._cached(atoms, delta)
+        if whole:
+            return
+        # No member takes every atom: (ε, δ)-only atoms by basic composition, the rest with the δ left.
+        approx = Counter({a: n for a, n in atoms.items() if ev.RDP not in a.supported_accountants})
+        rest = Counter({a: n for a, n in atoms.items() if a not in approx})
+        eps_a, delta_a = _basic_totals(approx)
+        if delta_a >= delta or not rest:
+            yield math.inf
+            return
+        yield eps_a + self._compute(rest, delta - delta_a)
+
+
+_NAMED: dict[str, type[Accountant]] = {
+    "auto": TightestAccountant,
+    ev.BASIC: BasicAccountant,
+    ev.RDP: RDPAccountant,
+    ev.PRV: PRVAccountant,
+}
+_SHARED: dict[str, Accountant] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def get_accountant(name: str | Accountant = "auto") -> Accountant:
+    """The shared accountant called ``name`` (``auto``, ``basic``, ``rdp`` or ``prv``), or ``name`` itself."""
+    if isinstance(name, Accountant):
+        return name
+    if name not in _NAMED:
+        raise ConfigurationError(f"unknown accountant {name!r}; choose one of {', '.join(_NAMED)}")
+    with _SHARED_LOCK:
+        if name not in _SHARED:
+            _SHARED[name] = _NAMED[name]()
+        return _SHARED[name]

@@ -1,0 +1,267 @@
+"""The shared budget manager: every release of anything derived from private data is charged here first.
+
+One :class:`BudgetManager` is meant to be shared by every component of an app (example selector,
+retriever, LLM): it composes everything charged so far with the tightest valid accountant, and either
+commits a new charge atomically or refuses it with :class:`BudgetExhaustedError` and commits nothing.
+There are no refunds. With an SQLite ledger the spend survives restarts and is shared safely by threads
+and processes.
+
+Speed: the ledger keeps a count per distinct event, and the check tries the cheap valid bounds (basic
+composition, RDP) before numerical PRV composition, stopping at the first bound that shows the charge
+fits. Refusals and :meth:`BudgetManager.spent` use the tightest bound.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant
+from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore, StoredBudget
+from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError, UnsupportedEventError
+
+__all__ = ["BudgetManager", "LedgerEntry", "PrivacyBudget", "PrivacySpend"]
+
+MAX_LABEL_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class PrivacyBudget:
+    """A total (ε, δ) that all charges together may not exceed."""
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", check.probability_open("delta", self.delta))
+
+
+@dataclass(frozen=True)
+class PrivacySpend:
+    """An amount of privacy: ε at the budget's δ."""
+
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A committed charge.
+
+    Attributes:
+        id: the ledger's id for the charge (increasing in commit order).
+        label: which component and call it was for.
+        event: what was charged.
+        timestamp: commit time, seconds since the epoch (UTC).
+        certified_epsilon: the ε bound on the whole ledger that admitted this charge.
+    """
+
+    id: int
+    label: str
+    event: ev.DPEvent
+    timestamp: float
+    certified_epsilon: float
+
+    @property
+    def committed_at(self) -> _dt.datetime:
+        """The commit time as an aware UTC datetime."""
+        return _dt.datetime.fromtimestamp(self.timestamp, tz=_dt.timezone.utc)
+
+
+def _check_label(label: object) -> str:
+    if not isinstance(label, str) or not label.strip():
+        raise ConfigurationError("label must be a non-empty string naming the component and call")
+    if len(label) > MAX_LABEL_LENGTH or any(ord(ch) < 32 for ch in label):
+        raise ConfigurationError(f"label must be at most {MAX_LABEL_LENGTH} printable characters")
+    return label
+
+
+class BudgetManager:
+    """Charges privacy events against one (ε, δ) budget, durably and atomically.
+
+    Args:
+        budget: the total budget. May be omitted when opening an existing ledger file.
+        ledger: ``None`` for an in-memory ledger, a path for an SQLite ledger file, or any
+            :class:`~dp_icl_plugin.accounting.stores.LedgerStore`.
+        accountant: ``"auto"`` (tightest valid bound; the default), ``"basic"``, ``"rdp"`` or ``"prv"``.
+
+    Raises:
+        BudgetMismatchError: the ledger exists with a different budget.
+        LedgerError: the ledger file is missing (and no budget given), foreign or damaged.
+    """
+
+    def __init__(
+        self,
+        budget: PrivacyBudget | None = None,
+        *,
+        ledger: str | os.PathLike[str] | LedgerStore | None = None,
+        accountant: str | Accountant = "auto",
+    ) -> None:
+        if budget is not None and not isinstance(budget, PrivacyBudget):
+            raise ConfigurationError("budget must be a PrivacyBudget")
+        if ledger is None:
+            store: LedgerStore = InMemoryStore()
+        elif isinstance(ledger, LedgerStore):
+            store = ledger
+        elif isinstance(ledger, (str, os.PathLike)):
+            store = SQLiteStore(ledger)
+        else:
+            raise ConfigurationError("ledger must be None, a path, or a LedgerStore")
+        self._accountant = get_accountant(accountant)
+        self._store = store
+        stored = store.initialize(None if budget is None else StoredBudget(budget.epsilon, budget.delta))
+        self._budget = PrivacyBudget(stored.epsilon, stored.delta)
+        self._decoded: dict[str, ev.DPEvent] = {}
+        self._decode_lock = threading.Lock()
+
+    @classmethod
+    def open(cls, ledger: str | os.PathLike[str], *, accountant: str | Accountant = "auto") -> BudgetManager:
+        """Open an existing ledger file with the budget it was created with."""
+        return cls(None, ledger=ledger, accountant=accountant)
+
+    @property
+    def budget(self) -> PrivacyBudget:
+        """The total budget."""
+        return self._budget
+
+    def __repr__(self) -> str:
+        return f"BudgetManager(epsilon={self._budget.epsilon}, delta={self._budget.delta}, ledger={self._store!r})"
+
+    # -- charging ---------------------------------------------------------------------------------
+    def spend(self, event: ev.DPEvent, *, label: str) -> LedgerEntry:
+        """Charge ``event``: commit it if everything charged so far plus it fits the budget.
+
+        Returns:
+            The committed ledger entry. Release the private result only after this returns.
+
+        Raises:
+            BudgetExhaustedError: the charge would overspend; nothing was committed.
+            ConfigurationError: bad event or label (nothing was committed).
+        """
+        label = _check_label(label)
+        self._check_event(event)
+        key = ev.event_key(event)
+        with self._store.transaction() as tx:
+            total = self._total(tx.event_counts(), event)
+            if not self._fits(total):
+                raise self._refusal(event, total)
+            certified = self._certified_epsilon(total)
+            timestamp = time.time()
+            row_id = tx.append(timestamp=timestamp, label=label, event_key=key, certified_epsilon=certified)
+        return LedgerEntry(row_id, label, event, timestamp, certified)
+
+    def would_fit(self, event: ev.DPEvent) -> bool:
+        """Dry run of :meth:`spend`: whether ``event`` would be admitted now (nothing is committed)."""
+        self._check_event(event)
+        return self._fits(self._total(self._store.event_counts(), event))
+
+    # -- reading ----------------------------------------------------------------------------------
+    def spent(self) -> PrivacySpend:
+        """Tightest ε of everything charged so far, at the budget's δ (0 for an empty ledger)."""
+        counts = self._store.event_counts()
+        if not counts:
+            return PrivacySpend(0.0, self._budget.delta)
+        return PrivacySpend(self._epsilon(self._total(counts, None)), self._budget.delta)
+
+    def remaining(self) -> PrivacySpend:
+        """Budget ε minus spent ε (at the budget's δ), never below 0.
+
+        Composition is not additive, so an event of ε = remaining may still be refused (or, thanks to
+        tighter composition, a larger one admitted): use :meth:`would_fit` to decide.
+        """
+        return PrivacySpend(max(self._budget.epsilon - self.spent().epsilon, 0.0), self._budget.delta)
+
+    def history(self) -> list[LedgerEntry]:
+        """Every committed charge, oldest first."""
+        return [
+            LedgerEntry(r.id, r.label, self._decode(r.event_key), r.timestamp, r.certified_epsilon)
+            for r in self._store.rows()
+        ]
+
+    def label_counts(self) -> dict[str, int]:
+        """Number of committed charges per label."""
+        return dict(Counter(r.label for r in self._store.rows()))
+
+    def close(self) -> None:
+        """Close the ledger store."""
+        self._store.close()
+
+    # -- internals --------------------------------------------------------------------------------
+    def _check_event(self, event: object) -> None:
+        if not isinstance(event, ev.DPEvent):
+            raise ConfigurationError(f"expected a DPEvent, got {type(event).__name__}")
+        if not self._accountant.supports(event):
+            raise UnsupportedEventError(
+                f"the {self._accountant.name!r} accountant cannot analyse {event.type_name!r} events"
+            )
+
+    def _decode(self, key: str) -> ev.DPEvent:
+        with self._decode_lock:
+            event = self._decoded.get(key)
+        if event is None:
+            import json
+
+            event = ev.event_from_dict(json.loads(key))
+            with self._decode_lock:
+                self._decoded[key] = event
+        return event
+
+    def _total(self, counts: Counter[str], extra: ev.DPEvent | None) -> ev.DPEvent:
+        parts = [ev.SelfComposedEvent(self._decode(k), n) for k, n in counts.items() if n > 0]
+        if extra is not None:
+            parts.append(extra)
+        return ev.compose(*parts)  # raises ConfigurationError when neighbouring relations conflict
+
+    def _fits(self, total: ev.DPEvent) -> bool:
+        b = self._budget
+        if isinstance(self._accountant, TightestAccountant):
+            return self._accountant.fits(total, epsilon=b.epsilon, delta=b.delta)
+        return self._epsilon(total) <= b.epsilon
+
+    def _certified_epsilon(self, total: ev.DPEvent) -> float:
+        """The first (cheapest) bound that admitted ``total``; the tightest is available from ``spent()``."""
+        b = self._budget
+        if isinstance(self._accountant, TightestAccountant):
+            for m in self._accountant.members:
+                if m.supports(total):
+                    eps = m.epsilon(total, delta=b.delta)
+                    if eps <= b.epsilon:
+                        return eps
+        return self._epsilon(total)
+
+    def _epsilon(self, event: ev.DPEvent) -> float:
+        return self._accountant.epsilon(event, delta=self._budget.delta)
+
+    def _refusal(self, event: ev.DPEvent, total: ev.DPEvent) -> BudgetExhaustedError:
+        b = self._budget
+        total_eps = self._epsilon(total)
+        requested = self._epsilon(event)
+        counts = self._store_counts_excluding(total, event)
+        spent = self._epsilon(counts) if counts is not None else 0.0
+        remaining = max(b.epsilon - spent, 0.0)
+        return BudgetExhaustedError(
+            f"charge refused: epsilon would reach {_fmt(total_eps)} > budget {b.epsilon} at delta={b.delta} "
+            f"(this charge alone: {_fmt(requested)}; remaining: {_fmt(remaining)}); nothing was committed",
+            requested_epsilon=requested,
+            remaining_epsilon=remaining,
+            total_epsilon=total_eps,
+        )
+
+    @staticmethod
+    def _store_counts_excluding(total: ev.DPEvent, event: ev.DPEvent) -> ev.DPEvent | None:
+        rest = ev.atoms(total)
+        rest.subtract(ev.atoms(event))
+        parts = [ev.SelfComposedEvent(a, n) for a, n in rest.items() if n > 0]
+        return ev.compose(*parts) if parts else None
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.6g}"

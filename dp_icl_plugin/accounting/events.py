@@ -1,0 +1,427 @@
+"""Frozen descriptions of private releases ("privacy events"), built before anything runs.
+
+An event says what a release costs, not how to compute it: accountants (``accountants.py``) turn events
+into (ε, δ). Every event validates its parameters on construction, serialises to a canonical JSON-ready
+dict (the ledger stores that form), and names the accountants that can analyse it
+(``supported_accountants``). Composite events (``ComposedEvent``, ``SelfComposedEvent``) are flattened
+into atoms with counts before accounting (:func:`atoms`), so ten thousand identical charges cost one
+analysis.
+
+Neighbouring relations: Poisson subsampling is analysed for add/remove neighbours, sampling without
+replacement (Wang, Balle & Kasiviswanathan 2019) for replace-one neighbours. The other events are
+relation-agnostic: their guarantee holds for whatever relation the mechanism's sensitivity was computed
+for. One event may not mix both relations (see :attr:`DPEvent.neighbouring`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.errors import ConfigurationError, UnsupportedEventError
+
+__all__ = [
+    "ADD_REMOVE",
+    "BASIC",
+    "PRV",
+    "RDP",
+    "REPLACE_ONE",
+    "ApproxDPEvent",
+    "ComposedEvent",
+    "DPEvent",
+    "ExponentialMechanismEvent",
+    "GaussianEvent",
+    "MozoTokenEvent",
+    "PoissonSampledEvent",
+    "PureDPEvent",
+    "RDPCurveEvent",
+    "SampledWithoutReplacementEvent",
+    "SelfComposedEvent",
+    "atoms",
+    "compose",
+    "event_from_dict",
+    "event_key",
+]
+
+PRV = "prv"
+"""Numerical composition of privacy random variables (Gopi et al. 2021)."""
+RDP = "rdp"
+"""Rényi DP composition with the Balle et al. 2020 conversion."""
+BASIC = "basic"
+"""Basic composition of pure / approximate DP guarantees (ε and δ add up)."""
+
+ADD_REMOVE = "add_remove"
+REPLACE_ONE = "replace_one"
+
+_REGISTRY: dict[str, type[DPEvent]] = {}
+
+
+@dataclass(frozen=True)
+class DPEvent:
+    """Base class of all privacy events."""
+
+    type_name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.type_name:
+            _REGISTRY[cls.type_name] = cls
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        """Names of the accountants that can analyse this event (``PRV``, ``RDP``, ``BASIC``)."""
+        raise NotImplementedError
+
+    @property
+    def neighbouring(self) -> frozenset[str]:
+        """Neighbouring relations this event's analysis is tied to (empty: relation-agnostic)."""
+        return frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical JSON-ready form; :func:`event_from_dict` inverts it exactly."""
+        out: dict[str, Any] = {"type": self.type_name}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, DPEvent):
+                value = value.to_dict()
+            elif isinstance(value, tuple):
+                value = [v.to_dict() if isinstance(v, DPEvent) else v for v in value]
+            out[f.name] = value
+        return out
+
+
+def event_from_dict(data: Mapping[str, Any]) -> DPEvent:
+    """Rebuild an event from :meth:`DPEvent.to_dict` output (validating it again)."""
+    if not isinstance(data, Mapping) or "type" not in data:
+        raise ConfigurationError("an event dict needs a 'type' key")
+    cls = _REGISTRY.get(str(data["type"]))
+    if cls is None:
+        raise UnsupportedEventError(f"unknown event type {data['type']!r}")
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        if isinstance(value, Mapping):
+            value = event_from_dict(value)
+        elif isinstance(value, list):
+            value = tuple(event_from_dict(v) if isinstance(v, Mapping) else v for v in value)
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigurationError(f"malformed {cls.type_name!r} event: {exc}") from None
+
+
+def event_key(event: DPEvent) -> str:
+    """Canonical string identity of an event (stable across processes; floats round-trip exactly)."""
+    return json.dumps(event.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def _require_event(name: str, value: object) -> DPEvent:
+    if not isinstance(value, DPEvent):
+        raise ConfigurationError(f"{name} must be a DPEvent, got {type(value).__name__}")
+    return value
+
+
+def _merge_relations(children: Iterable[DPEvent]) -> frozenset[str]:
+    relations = frozenset().union(*(c.neighbouring for c in children))
+    if len(relations) > 1:
+        raise ConfigurationError(
+            "cannot compose events analysed under different neighbouring relations "
+            f"({', '.join(sorted(relations))}) into one guarantee"
+        )
+    return relations
+
+
+@dataclass(frozen=True)
+class GaussianEvent(DPEvent):
+    """The Gaussian mechanism: noise of std ``noise_multiplier * sensitivity`` on an ℓ2-bounded query.
+
+    Privacy depends on the noise multiplier only; ``sensitivity`` records the ℓ2 sensitivity the
+    mechanism scales its noise by (e.g. √2 for a sum of probability vectors, Tang et al. 2024).
+    RDP: α / (2σ²) (Mironov 2017, Prop. 7). PRV: Gopi et al. 2021, Prop. B.1.
+    """
+
+    type_name: ClassVar[str] = "gaussian"
+    noise_multiplier: float
+    sensitivity: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "noise_multiplier", check.positive_finite("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(self, "sensitivity", check.positive_finite("sensitivity", self.sensitivity))
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise the mechanism must add."""
+        return self.noise_multiplier * self.sensitivity
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({PRV, RDP})
+
+
+@dataclass(frozen=True)
+class PureDPEvent(DPEvent):
+    """A release that is ε-DP (δ = 0), e.g. a Laplace or randomized-response step declared by the caller."""
+
+    type_name: ClassVar[str] = "pure_dp"
+    epsilon: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({BASIC, PRV, RDP})
+
+
+@dataclass(frozen=True)
+class ApproxDPEvent(DPEvent):
+    """A release that is (ε, δ)-DP. No Rényi curve follows from (ε, δ) alone, so RDP cannot take it."""
+
+    type_name: ClassVar[str] = "approx_dp"
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", check.probability_open("delta", self.delta))
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({BASIC, PRV})
+
+
+@dataclass(frozen=True)
+class ExponentialMechanismEvent(DPEvent):
+    """An exponential (more generally, ε0-bounded-range) mechanism.
+
+    It is ε0-DP, and as a bounded-range mechanism ε0²/8-zCDP (Cesar & Rogers 2021, Lemma 3.2), i.e.
+    (α, α·ε0²/8)-RDP: far tighter than advanced composition over many tokens.
+    """
+
+    type_name: ClassVar[str] = "exponential_mechanism"
+    epsilon: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({BASIC, PRV, RDP})
+
+
+@dataclass(frozen=True)
+class RDPCurveEvent(DPEvent):
+    """A raw Rényi-DP curve: (orders[i], epsilons[i])-RDP for every i, and D_∞ ≤ ``epsilon_inf``.
+
+    At an order between listed ones the value of the next larger listed order is used (Rényi divergence
+    is non-decreasing in the order); above the largest listed order the curve is unknown (infinite).
+    """
+
+    type_name: ClassVar[str] = "rdp_curve"
+    orders: tuple[float, ...]
+    epsilons: tuple[float, ...]
+    epsilon_inf: float = math.inf
+
+    def __post_init__(self) -> None:
+        orders = tuple(check.order("orders[i]", a) for a in self.orders)
+        eps = tuple(check.non_negative_finite("epsilons[i]", e) for e in self.epsilons)
+        if not orders or len(orders) != len(eps):
+            raise ConfigurationError("orders and epsilons must be non-empty and of equal length")
+        if len(set(orders)) != len(orders):
+            raise ConfigurationError("orders must be distinct")
+        pairs = sorted(zip(orders, eps))
+        inf = math.inf if self.epsilon_inf is None else check.real("epsilon_inf", self.epsilon_inf)
+        if inf <= 0:
+            raise ConfigurationError("epsilon_inf must be positive (math.inf when unknown)")
+        object.__setattr__(self, "orders", tuple(a for a, _ in pairs))
+        object.__setattr__(self, "epsilons", tuple(e for _, e in pairs))
+        object.__setattr__(self, "epsilon_inf", inf)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        # JSON has no infinity literal; None stands for "unknown / infinite".
+        out["epsilon_inf"] = None if math.isinf(self.epsilon_inf) else self.epsilon_inf
+        return out
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({RDP})
+
+
+@dataclass(frozen=True)
+class MozoTokenEvent(DPEvent):
+    """One DPS-MOZO token before subsampling: (α, 4βα)-RDP (Flemings et al., Theorem B.3).
+
+    The bound is proven at the order α the mixing weights were fitted for and holds at every order
+    ≤ α (monotonicity of Rényi divergence); above α nothing is known. Wrap it in
+    :class:`SampledWithoutReplacementEvent` for the per-token sampling of n_shots records.
+    """
+
+    type_name: ClassVar[str] = "mozo_token"
+    beta: float
+    order: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "beta", check.positive_finite("beta", self.beta))
+        object.__setattr__(self, "order", check.order("order", self.order))
+
+    @property
+    def rdp_bound(self) -> float:
+        """The constant RDP bound 4βα, valid at every order ≤ α."""
+        return 4.0 * self.beta * self.order
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({RDP})
+
+
+@dataclass(frozen=True)
+class PoissonSampledEvent(DPEvent):
+    """Each record enters the mechanism independently with probability ``sampling_rate`` (add/remove).
+
+    Analysed for a Gaussian inner mechanism: PRV (Gopi et al. 2021, Prop. B.3) and RDP (Mironov, Talwar &
+    Zhang 2019, integer orders).
+    """
+
+    type_name: ClassVar[str] = "poisson_sampled"
+    sampling_rate: float
+    event: DPEvent
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sampling_rate", check.probability_half_open("sampling_rate", self.sampling_rate))
+        inner = _require_event("event", self.event)
+        if not isinstance(inner, GaussianEvent):
+            raise UnsupportedEventError(
+                f"Poisson subsampling is analysed only for a Gaussian event, not {inner.type_name!r}"
+            )
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({PRV, RDP})
+
+    @property
+    def neighbouring(self) -> frozenset[str]:
+        return frozenset({ADD_REMOVE})
+
+
+@dataclass(frozen=True)
+class SampledWithoutReplacementEvent(DPEvent):
+    """A fixed-size subset of m of n records (rate γ = m/n) drawn without replacement, then ``event``.
+
+    Replace-one neighbours; RDP amplification by Wang, Balle & Kasiviswanathan 2019, Theorem 9
+    (integer orders ≥ 2). The inner event must itself be analysable with RDP.
+    """
+
+    type_name: ClassVar[str] = "sampled_without_replacement"
+    sampling_rate: float
+    event: DPEvent
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sampling_rate", check.probability_half_open("sampling_rate", self.sampling_rate))
+        inner = _require_event("event", self.event)
+        if RDP not in inner.supported_accountants:
+            raise UnsupportedEventError(
+                f"sampling without replacement needs an inner event with an RDP curve, not {inner.type_name!r}"
+            )
+        if ADD_REMOVE in inner.neighbouring:
+            raise ConfigurationError("an add/remove (Poisson) event cannot sit inside sampling without replacement")
+
+    @classmethod
+    def from_sizes(cls, sample_size: int, population_size: int, event: DPEvent) -> SampledWithoutReplacementEvent:
+        """Build the event from the subset size m and the dataset size n (γ = m/n)."""
+        m = check.positive_int("sample_size", sample_size)
+        n = check.positive_int("population_size", population_size)
+        if m > n:
+            raise ConfigurationError(f"sample_size ({m}) exceeds population_size ({n})")
+        return cls(sampling_rate=m / n, event=event)
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({RDP})
+
+    @property
+    def neighbouring(self) -> frozenset[str]:
+        return frozenset({REPLACE_ONE})
+
+
+@dataclass(frozen=True)
+class SelfComposedEvent(DPEvent):
+    """``event`` run ``count`` times (adaptively)."""
+
+    type_name: ClassVar[str] = "self_composed"
+    event: DPEvent
+    count: int
+
+    def __post_init__(self) -> None:
+        _require_event("event", self.event)
+        object.__setattr__(self, "count", check.positive_int("count", self.count))
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return self.event.supported_accountants
+
+    @property
+    def neighbouring(self) -> frozenset[str]:
+        return self.event.neighbouring
+
+
+@dataclass(frozen=True)
+class ComposedEvent(DPEvent):
+    """Adaptive composition of several events."""
+
+    type_name: ClassVar[str] = "composed"
+    events: tuple[DPEvent, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        events = tuple(self.events)
+        if not events:
+            raise ConfigurationError("a composition needs at least one event")
+        for e in events:
+            _require_event("events[i]", e)
+        _merge_relations(events)
+        object.__setattr__(self, "events", events)
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        result = self.events[0].supported_accountants
+        for e in self.events[1:]:
+            result = result & e.supported_accountants
+        return result
+
+    @property
+    def neighbouring(self) -> frozenset[str]:
+        return _merge_relations(self.events)
+
+
+def atoms(event: DPEvent) -> Counter[DPEvent]:
+    """Flatten compositions into a multiset of atomic events with their counts."""
+    out: Counter[DPEvent] = Counter()
+    stack: list[tuple[DPEvent, int]] = [(event, 1)]
+    while stack:
+        e, n = stack.pop()
+        if isinstance(e, ComposedEvent):
+            stack.extend((child, n) for child in e.events)
+        elif isinstance(e, SelfComposedEvent):
+            stack.append((e.event, n * e.count))
+        else:
+            out[e] += n
+    return out
+
+
+def compose(*events: DPEvent) -> DPEvent:
+    """Compose events into one canonical event (identical atoms grouped into counts)."""
+    if not events:
+        raise ConfigurationError("compose() needs at least one event")
+    total: Counter[DPEvent] = Counter()
+    for e in events:
+        total.update(atoms(_require_event("events[i]", e)))
+    parts = [e if n == 1 else SelfComposedEvent(e, n) for e, n in sorted(total.items(), key=lambda kv: event_key(kv[0]))]
+    return parts[0] if len(parts) == 1 else ComposedEvent(tuple(parts))

@@ -1,0 +1,217 @@
+"""Rényi-DP curves of privacy events and the RDP → (ε, δ) conversion; pure numpy.
+
+Every function returns the RDP ε(α) at each order of ``orders`` (``inf`` where no bound is known).
+References:
+- Gaussian: Mironov 2017, Prop. 7: α / (2σ²).
+- Poisson-subsampled Gaussian: Mironov, Talwar & Zhang 2019, §3.3 (exact at integer α ≥ 2).
+- Pure ε-DP: the Rényi divergence of randomized response with parameter ε, which dominates every ε-DP
+  pair (each is a post-processing of it); also ≤ ε.
+- Bounded-range ε0 (the exponential mechanism): ε0²/8-zCDP, Cesar & Rogers 2021, Lemma 3.2.
+- Sampling without replacement (replace-one): Wang, Balle & Kasiviswanathan 2019, Theorem 9.
+- Conversion: Balle et al. 2020, Theorem 21: ε = ρ + log((α−1)/α) − (log δ + log α)/(α−1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+import numpy as np
+from scipy.special import gammaln, logsumexp
+
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.errors import UnsupportedEventError
+
+__all__ = [
+    "DEFAULT_ORDERS",
+    "bounded_range_rdp",
+    "event_rdp",
+    "gaussian_rdp",
+    "poisson_subsampled_gaussian_rdp",
+    "pure_dp_rdp",
+    "rdp_to_epsilon",
+    "without_replacement_rdp",
+]
+
+DEFAULT_ORDERS: tuple[float, ...] = (
+    1.25, 1.5, 1.75, 2.5, 3.5, 4.5, 5.5,
+    *map(float, range(2, 65)),
+    72.0, 80.0, 96.0, 112.0, 128.0, 160.0, 192.0, 256.0, 384.0, 512.0,
+)  # fmt: skip
+"""Orders used by default: fine near 1 for large ε, integers (needed by the subsampling bounds)."""
+
+Orders = Sequence[float] | np.ndarray
+
+
+def _as_orders(orders: Orders) -> np.ndarray:
+    return np.asarray(orders, dtype=float)
+
+
+def _is_integer(a: np.ndarray) -> np.ndarray:
+    return np.isclose(a, np.round(a), rtol=0, atol=1e-12) & (a >= 2)
+
+
+def _log_binom(n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
+    return gammaln(np.asarray(n) + 1) - gammaln(np.asarray(k) + 1) - gammaln(np.asarray(n) - np.asarray(k) + 1)
+
+
+def gaussian_rdp(orders: Orders, noise_multiplier: float) -> np.ndarray:
+    """RDP of the Gaussian mechanism with noise multiplier σ: α / (2σ²)."""
+    return _as_orders(orders) / (2.0 * noise_multiplier**2)
+
+
+def poisson_subsampled_gaussian_rdp(orders: Orders, sampling_rate: float, noise_multiplier: float) -> np.ndarray:
+    """RDP of the Poisson-subsampled Gaussian (add/remove), exact at integer orders, ``inf`` elsewhere.
+
+    ε(α) = log Σ_k C(α,k) (1−q)^(α−k) q^k exp((k²−k)/(2σ²)) / (α−1)  (Mironov et al. 2019, Eq. (4)).
+    """
+    a = _as_orders(orders)
+    if sampling_rate >= 1.0:
+        return gaussian_rdp(a, noise_multiplier)
+    out = np.full(a.shape, np.inf)
+    log_q, log_1mq = math.log(sampling_rate), math.log1p(-sampling_rate)
+    for i in np.flatnonzero(_is_integer(a)):
+        alpha = int(round(a[i]))
+        k = np.arange(alpha + 1, dtype=float)
+        terms = _log_binom(alpha, k) + k * log_q + (alpha - k) * log_1mq + (k * k - k) / (2.0 * noise_multiplier**2)
+        out[i] = float(logsumexp(terms)) / (alpha - 1)
+    return out
+
+
+def pure_dp_rdp(orders: Orders, epsilon: float) -> np.ndarray:
+    """RDP implied by pure ε-DP: the Rényi divergence of ε-randomized response, capped at ε."""
+    a = _as_orders(orders)
+    log_p = epsilon - np.logaddexp(0.0, epsilon)  # p = e^ε / (1 + e^ε)
+    log_q = -np.logaddexp(0.0, epsilon)
+    rr = np.logaddexp(a * log_p + (1 - a) * log_q, a * log_q + (1 - a) * log_p) / (a - 1)
+    return np.minimum(np.maximum(rr, 0.0), epsilon)
+
+
+def bounded_range_rdp(orders: Orders, epsilon: float) -> np.ndarray:
+    """RDP of an ε0-bounded-range mechanism: min(α ε0²/8, pure-DP bound)."""
+    a = _as_orders(orders)
+    return np.minimum(a * epsilon**2 / 8.0, pure_dp_rdp(a, epsilon))
+
+
+def _curve_rdp(orders: Orders, curve: ev.RDPCurveEvent) -> np.ndarray:
+    a = _as_orders(orders)
+    known_orders = np.asarray(curve.orders)
+    known = np.asarray(curve.epsilons)
+    # Rényi divergence is non-decreasing in α: use the smallest value at any listed order ≥ α.
+    suffix_min = np.minimum.accumulate(known[::-1])[::-1]
+    idx = np.searchsorted(known_orders, a - 1e-12, side="left")
+    out = np.full(a.shape, np.inf)
+    ok = idx < len(known_orders)
+    out[ok] = suffix_min[idx[ok]]
+    return np.minimum(out, curve.epsilon_inf)
+
+
+def _log_expm1(x: float) -> float:
+    """log(e^x − 1) without overflow; -inf at x = 0."""
+    if x <= 0:
+        return -math.inf
+    return x + math.log(-math.expm1(-x)) if x > 1.0 else math.log(math.expm1(x))
+
+
+def without_replacement_rdp(
+    orders: Orders,
+    sampling_rate: float,
+    inner_rdp: Callable[[np.ndarray], np.ndarray],
+    inner_epsilon_inf: float = math.inf,
+) -> np.ndarray:
+    """Amplification by sampling without replacement (replace-one), WBK 2019 Theorem 9.
+
+    ε'(α) ≤ 1/(α−1) · log(1 + γ² C(α,2) min{4(e^{ε(2)}−1), e^{ε(2)} min{2, (e^{ε(∞)}−1)²}}
+                         + Σ_{j=3..α} γ^j C(α,j) e^{(j−1)ε(j)} min{2, (e^{ε(∞)}−1)^j}),
+    for integer α ≥ 2 (``inf`` at other orders). Never larger than the inner ε(α): replacing one record
+    changes at most one sampled record, so the subsampled mechanism is no worse than the inner one.
+    """
+    a = _as_orders(orders)
+    out = np.full(a.shape, np.inf)
+    integer = _is_integer(a)
+    if not integer.any():
+        return out
+    max_order = int(round(a[integer].max()))
+    j_all = np.arange(2, max_order + 1, dtype=float)
+    inner = np.asarray(inner_rdp(j_all), dtype=float)
+    log_gamma = math.log(sampling_rate)
+    # log min{2, (e^{ε∞} − 1)^j}
+    if math.isinf(inner_epsilon_inf):
+        log_cap = np.full(j_all.shape, math.log(2.0))
+    else:
+        log_em1 = _log_expm1(inner_epsilon_inf)
+        log_cap = np.minimum(math.log(2.0), j_all * log_em1)
+    eps2 = inner[0]
+    log_term2 = min(math.log(4.0) + _log_expm1(eps2), eps2 + float(log_cap[0]))
+    for i in np.flatnonzero(integer):
+        alpha = int(round(a[i]))
+        j = j_all[: alpha - 1]
+        terms = j * log_gamma + _log_binom(alpha, j) + log_cap[: alpha - 1] + (j - 1) * inner[: alpha - 1]
+        terms[0] = 2 * log_gamma + float(_log_binom(alpha, 2.0)) + log_term2
+        log_sum = float(logsumexp(terms))
+        bound = float(np.logaddexp(0.0, log_sum)) / (alpha - 1)
+        out[i] = min(bound, float(inner[alpha - 2]))
+    return out
+
+
+def rdp_to_epsilon(orders: Orders, rdp: np.ndarray, delta: float) -> tuple[float, float]:
+    """Convert an RDP curve to (ε, δ)-DP with Balle et al. 2020; returns (ε, best order)."""
+    a = _as_orders(orders)
+    rdp = np.asarray(rdp, dtype=float)
+    with np.errstate(invalid="ignore"):
+        eps = rdp + np.log1p(-1.0 / a) - (math.log(delta) + np.log(a)) / (a - 1)
+    eps = np.where(np.isfinite(rdp), eps, np.inf)
+    best = int(np.argmin(eps))
+    return max(float(eps[best]), 0.0), float(a[best])
+
+
+@lru_cache(maxsize=4096)
+def _atom_rdp(event: ev.DPEvent, orders: tuple[float, ...]) -> np.ndarray:
+    a = np.asarray(orders, dtype=float)
+    if isinstance(event, ev.GaussianEvent):
+        return gaussian_rdp(a, event.noise_multiplier)
+    if isinstance(event, ev.PoissonSampledEvent):
+        inner = event.event
+        assert isinstance(inner, ev.GaussianEvent)
+        return poisson_subsampled_gaussian_rdp(a, event.sampling_rate, inner.noise_multiplier)
+    if isinstance(event, ev.PureDPEvent):
+        return pure_dp_rdp(a, event.epsilon)
+    if isinstance(event, ev.ExponentialMechanismEvent):
+        return bounded_range_rdp(a, event.epsilon)
+    if isinstance(event, ev.RDPCurveEvent):
+        return _curve_rdp(a, event)
+    if isinstance(event, ev.MozoTokenEvent):
+        return np.where(a <= event.order + 1e-12, event.rdp_bound, np.inf)
+    if isinstance(event, ev.SampledWithoutReplacementEvent):
+        inner_event = event.event
+        return without_replacement_rdp(
+            a,
+            event.sampling_rate,
+            lambda js: event_rdp(inner_event, tuple(float(x) for x in js)),
+            _epsilon_inf(inner_event),
+        )
+    raise UnsupportedEventError(f"no RDP analysis for {event.type_name!r} events")
+
+
+def _epsilon_inf(event: ev.DPEvent) -> float:
+    """A bound on D_∞ (pure ε) of an event; ``inf`` when none is known."""
+    total = 0.0
+    for atom, count in ev.atoms(event).items():
+        if isinstance(atom, (ev.PureDPEvent, ev.ExponentialMechanismEvent)):
+            total += count * atom.epsilon
+        elif isinstance(atom, ev.RDPCurveEvent):
+            total += count * atom.epsilon_inf
+        else:
+            return math.inf
+    return total
+
+
+def event_rdp(event: ev.DPEvent, orders: tuple[float, ...] = DEFAULT_ORDERS) -> np.ndarray:
+    """RDP curve of any RDP-analysable event (compositions add up order by order)."""
+    if ev.RDP not in event.supported_accountants:
+        raise UnsupportedEventError(f"no RDP analysis for {event.type_name!r} events")
+    total = np.zeros(len(orders))
+    for atom, count in ev.atoms(event).items():
+        total = total + count * _atom_rdp(atom, orders)
+    return total

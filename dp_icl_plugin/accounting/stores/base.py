@@ -1,0 +1,78 @@
+"""The ledger store interface: what the budget manager needs from durable storage.
+
+A store keeps the budget it was created with and an append-only list of charges. The one operation that
+matters for safety is :meth:`LedgerStore.transaction`: an exclusive section, across threads *and*
+processes (and hosts, for a server store), in which the manager reads the grouped spend, decides, and
+appends; it commits on normal exit and rolls back on an exception. A server database (PostgreSQL with a
+row lock or a serializable transaction) implements the same four methods and needs no change to the
+manager.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+__all__ = ["LedgerRow", "LedgerStore", "LedgerTransaction", "StoredBudget"]
+
+
+@dataclass(frozen=True)
+class StoredBudget:
+    """The budget a ledger was created with."""
+
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One committed charge as stored: the event in canonical JSON (``events.event_key``)."""
+
+    id: int
+    timestamp: float
+    label: str
+    event_key: str
+    certified_epsilon: float
+
+
+class LedgerTransaction(ABC):
+    """Inside :meth:`LedgerStore.transaction`: read the grouped spend and append one charge."""
+
+    @abstractmethod
+    def event_counts(self) -> Counter[str]:
+        """Number of committed charges per distinct event key."""
+
+    @abstractmethod
+    def append(self, *, timestamp: float, label: str, event_key: str, certified_epsilon: float) -> int:
+        """Record a charge; returns its id. Durable once the transaction commits."""
+
+
+class LedgerStore(ABC):
+    """Durable, exclusive-access storage of one budget and its charges."""
+
+    @abstractmethod
+    def initialize(self, budget: StoredBudget | None) -> StoredBudget:
+        """Create the ledger with ``budget`` or open the existing one and check that ``budget`` matches.
+
+        Raises:
+            BudgetMismatchError: the ledger exists with another budget.
+            LedgerError: no ledger exists and no budget was given, or the storage is unusable.
+        """
+
+    @abstractmethod
+    def transaction(self) -> AbstractContextManager[LedgerTransaction]:
+        """An exclusive check-and-commit section (commit on exit, roll back on exception)."""
+
+    @abstractmethod
+    def rows(self) -> Iterator[LedgerRow]:
+        """All committed charges in commit order."""
+
+    @abstractmethod
+    def event_counts(self) -> Counter[str]:
+        """Committed charges per distinct event key (a consistent snapshot)."""
+
+    def close(self) -> None:
+        """Release resources (idempotent)."""

@@ -1,0 +1,236 @@
+"""The embedded default ledger: one SQLite file, WAL mode, one ``BEGIN IMMEDIATE`` per check-and-commit.
+
+``BEGIN IMMEDIATE`` takes SQLite's single write lock before the manager reads the spend, so several
+processes sharing the file serialise their check-and-commit sections and can never overspend together;
+a crashed process leaves no partial charge (the transaction rolls back). ``synchronous=FULL`` makes a
+committed charge survive a crash, so a release that follows the commit is always on record.
+
+The file identifies itself with ``PRAGMA application_id`` and a schema version in ``user_version``;
+anything else is refused rather than silently treated as an empty budget.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction, StoredBudget
+from dp_icl_plugin.errors import BudgetMismatchError, LedgerCorruptError, LedgerError, LedgerFormatError
+
+__all__ = ["SQLiteStore"]
+
+APPLICATION_ID = 0x44504943  # "DPIC"
+SCHEMA_VERSION = 1
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    count INTEGER NOT NULL CHECK (count >= 0)
+);
+CREATE TABLE entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    label TEXT NOT NULL,
+    event_id INTEGER NOT NULL REFERENCES events(id),
+    certified_epsilon REAL NOT NULL
+);
+"""
+
+
+class _SQLiteTransaction(LedgerTransaction):
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def event_counts(self) -> Counter[str]:
+        return Counter(dict(self._conn.execute("SELECT key, count FROM events WHERE count > 0")))
+
+    def append(self, *, timestamp: float, label: str, event_key: str, certified_epsilon: float) -> int:
+        self._conn.execute(
+            "INSERT INTO events (key, count) VALUES (?, 1) ON CONFLICT(key) DO UPDATE SET count = count + 1",
+            (event_key,),
+        )
+        (event_id,) = self._conn.execute("SELECT id FROM events WHERE key = ?", (event_key,)).fetchone()
+        cur = self._conn.execute(
+            "INSERT INTO entries (ts, label, event_id, certified_epsilon) VALUES (?, ?, ?, ?)",
+            (timestamp, label, event_id, certified_epsilon),
+        )
+        return int(cur.lastrowid or 0)
+
+
+class SQLiteStore(LedgerStore):
+    """A ledger in one SQLite file, safe to share between threads and processes on one host.
+
+    Args:
+        path: the ledger file (created by :meth:`initialize` when a budget is given).
+        busy_timeout: seconds to wait for another process's check-and-commit before giving up.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 60.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout = float(busy_timeout)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r})"
+
+    # -- connection -------------------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():  # never reuse a connection across fork()
+            try:
+                self._conn = sqlite3.connect(
+                    self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
+                )
+            except sqlite3.Error as exc:
+                raise LedgerError(f"cannot open ledger {self.path}: {exc}") from None
+            self._pid = os.getpid()
+        return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    def _fail(self, exc: sqlite3.Error) -> LedgerError:
+        text = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+            return LedgerError(f"ledger {self.path} stayed locked for {self.busy_timeout:g}s: {text}")
+        if "not a database" in text:
+            return LedgerFormatError(f"{self.path} is not a dp-icl ledger (not an SQLite database)")
+        return LedgerCorruptError(f"ledger {self.path} is damaged or unreadable: {text}")
+
+    # -- set-up -----------------------------------------------------------------------------------
+    def _check_header(self) -> None:
+        try:
+            with open(self.path, "rb") as fh:
+                head = fh.read(len(_SQLITE_HEADER))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise LedgerError(f"cannot read ledger {self.path}: {exc}") from None
+        if head and head != _SQLITE_HEADER:
+            if len(head) < len(_SQLITE_HEADER) and _SQLITE_HEADER.startswith(head):
+                raise LedgerCorruptError(f"ledger {self.path} is truncated")
+            raise LedgerFormatError(f"{self.path} is not a dp-icl ledger (not an SQLite database)")
+
+    def initialize(self, budget: StoredBudget | None) -> StoredBudget:
+        with self._lock:
+            existed = self.path.exists() and self.path.stat().st_size > 0
+            if not existed and budget is None:
+                raise LedgerError(f"no ledger at {self.path}; create one with a budget first")
+            if not self.path.parent.is_dir():
+                raise LedgerError(f"directory {self.path.parent} does not exist")
+            self._check_header()
+            conn = self._connection()
+            try:
+                app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+                if existed and app_id not in (0, APPLICATION_ID):
+                    raise LedgerFormatError(f"{self.path} is an SQLite file of another application")
+                if app_id == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                    raise LedgerFormatError(f"{self.path} is an SQLite database but not a dp-icl ledger")
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    stored = self._read_or_create(conn, budget)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from None
+            self._check_integrity(conn)
+            return stored
+
+    def _read_or_create(self, conn: sqlite3.Connection, budget: StoredBudget | None) -> StoredBudget:
+        if conn.execute("PRAGMA application_id").fetchone()[0] == 0:  # still empty: we create it
+            if budget is None:
+                raise LedgerError(f"no ledger at {self.path}; create one with a budget first")
+            # Statement by statement: executescript() would commit the open transaction.
+            for statement in _SCHEMA.strip().split(";\n"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("epsilon", repr(budget.epsilon)), ("delta", repr(budget.delta)), ("created", repr(time.time()))],
+            )
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return budget
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            raise LedgerFormatError(f"ledger {self.path} has schema version {version}; this library reads {SCHEMA_VERSION}")
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        try:
+            stored = StoredBudget(epsilon=float(meta["epsilon"]), delta=float(meta["delta"]))
+        except (KeyError, ValueError):
+            raise LedgerCorruptError(f"ledger {self.path} has no valid budget record") from None
+        if budget is not None and budget != stored:
+            raise BudgetMismatchError(
+                f"ledger {self.path} was created with epsilon={stored.epsilon}, delta={stored.delta}; "
+                f"refusing to use it with epsilon={budget.epsilon}, delta={budget.delta}"
+            )
+        return stored
+
+    def _check_integrity(self, conn: sqlite3.Connection) -> None:
+        try:
+            status = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if status != "ok":
+                raise LedgerCorruptError(f"ledger {self.path} failed its integrity check: {status}")
+            n_entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
+            n_counted = conn.execute("SELECT coalesce(sum(count), 0) FROM events").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from None
+        if n_entries != n_counted:
+            raise LedgerCorruptError(
+                f"ledger {self.path} is inconsistent: {n_entries} entries but {n_counted} counted charges"
+            )
+
+    # -- use --------------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[LedgerTransaction]:
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from None
+            try:
+                yield _SQLiteTransaction(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                raise self._fail(exc) from None
+
+    def rows(self) -> Iterator[LedgerRow]:
+        with self._lock:
+            try:
+                result = self._connection().execute(
+                    "SELECT e.id, e.ts, e.label, v.key, e.certified_epsilon "
+                    "FROM entries e JOIN events v ON v.id = e.event_id ORDER BY e.id"
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from None
+        return iter([LedgerRow(*row) for row in result])
+
+    def event_counts(self) -> Counter[str]:
+        with self._lock:
+            try:
+                return _SQLiteTransaction(self._connection()).event_counts()
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from None

@@ -1,0 +1,91 @@
+"""The error tree of dp-icl-plugin.
+
+::
+
+    DPICLError
+    ├── ConfigurationError (also ValueError)      bad parameters, caught before anything is charged
+    │   ├── UnsupportedEventError                 no accountant (or not the one asked for) can handle an event
+    │   ├── CalibrationError                      no parameter in the search range meets the target
+    │   └── BudgetMismatchError                   a ledger opened with a budget other than its own
+    ├── BudgetExhaustedError                      a charge refused: it would overspend (nothing committed)
+    ├── LedgerError                               a ledger file that cannot be used
+    │   ├── LedgerFormatError                     not a dp-icl ledger (foreign or newer schema)
+    │   └── LedgerCorruptError                    torn, truncated or inconsistent
+    └── BackendError                              a model backend failed
+
+Messages never contain private text: only parameters, counts and file paths.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BudgetExhaustedError",
+    "BudgetMismatchError",
+    "CalibrationError",
+    "ConfigurationError",
+    "DPICLError",
+    "LedgerCorruptError",
+    "LedgerError",
+    "LedgerFormatError",
+    "UnsupportedEventError",
+]
+
+
+class DPICLError(Exception):
+    """Base class of every error raised by dp-icl-plugin."""
+
+
+class ConfigurationError(DPICLError, ValueError):
+    """A parameter is invalid; raised before any budget is spent."""
+
+
+class UnsupportedEventError(ConfigurationError):
+    """No accountant (or not the requested one) can analyse this privacy event."""
+
+
+class CalibrationError(ConfigurationError):
+    """No value in the calibration search range meets the privacy target."""
+
+
+class BudgetMismatchError(ConfigurationError):
+    """A ledger was opened with a budget different from the one it was created with."""
+
+
+class BudgetExhaustedError(DPICLError):
+    """A charge was refused because it would exceed the budget; nothing was committed.
+
+    Attributes:
+        requested_epsilon: ε of the refused event on its own, at the budget's δ.
+        remaining_epsilon: budget ε minus the ε already spent (at the budget's δ).
+        total_epsilon: ε of everything spent plus the refused event.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        requested_epsilon: float,
+        remaining_epsilon: float,
+        total_epsilon: float,
+    ) -> None:
+        super().__init__(message)
+        self.requested_epsilon = requested_epsilon
+        self.remaining_epsilon = remaining_epsilon
+        self.total_epsilon = total_epsilon
+
+
+class LedgerError(DPICLError):
+    """A ledger store cannot be opened or used."""
+
+
+class LedgerFormatError(LedgerError):
+    """The file is not a dp-icl-plugin ledger, or was written by an incompatible version."""
+
+
+class LedgerCorruptError(LedgerError):
+    """The ledger file is damaged (torn write, truncation, foreign edits)."""
+
+
+class BackendError(DPICLError):
+    """A model backend failed to produce next-token distributions."""
