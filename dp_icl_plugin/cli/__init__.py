@@ -1,0 +1,163 @@
+"""The ``dp-icl`` command: JSON on stdout for machines, readable text with ``--human``.
+
+Exit status: 0 success, 2 bad input (including an unusable ledger file), 3 a charge refused for lack of
+budget (nothing committed), 1 an unexpected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from dp_icl_plugin.cli import commands
+from dp_icl_plugin.errors import BudgetExhaustedError, DPICLError
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_REFUSED", "build_parser", "main"]
+
+EXIT_BAD_INPUT = 2
+EXIT_REFUSED = 3
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``dp-icl`` (exposed for tests and documentation)."""
+    # --human is accepted before or after the subcommand; SUPPRESS keeps a subparser from resetting it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--human", action="store_true", default=argparse.SUPPRESS, help="readable text, not JSON")
+
+    parser = argparse.ArgumentParser(prog="dp-icl", description=__doc__.splitlines()[0])
+    parser.add_argument("--human", action="store_true", help="readable text instead of JSON")
+    top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cal = top.add_parser("calibrate", help="the least noise / most signal meeting (ε, δ)").add_subparsers(
+        dest="what", required=True, metavar="MECHANISM"
+    )
+    p = cal.add_parser("subsampled-gaussian", parents=[common], help="σ for Tang et al. / PTA (PRV, Poisson)")
+    _privacy_target(p)
+    p.add_argument("--sampling-rate", type=_float, required=True, help="Poisson rate q = M·N/|D_y|")
+    p.add_argument("--steps", type=_int, required=True, help="compositions (tokens × demos per label)")
+    p.add_argument("--grid", type=_float, default=0.01)
+    p.add_argument("--min", dest="lo", type=_float, default=0.3)
+    p.add_argument("--max", dest="hi", type=_float, default=3.0)
+    p.add_argument("--accountant", default="prv", choices=["prv", "rdp", "auto"])
+    p.set_defaults(handler=commands.calibrate_subsampled_gaussian)
+
+    p = cal.add_parser("adadpsyn", parents=[common], help="σ1 of AdaDPSyn (RDP, sampling w/o replacement)")
+    _privacy_target(p)
+    p.add_argument("--sampling-rate", type=_float, required=True, help="γ = M·N/|D_y|")
+    p.add_argument("--steps", type=_int, required=True, help="T_max tokens")
+    p.add_argument("--t-hat", type=_int, required=True, help="radius-reduction rounds T̂")
+    p.add_argument("--sigma0", type=_float, required=True)
+    p.add_argument("--sigma2", type=_float, required=True)
+    p.add_argument("--theta", type=_float, default=0.1)
+    p.add_argument("--grid", type=_float, default=0.01)
+    p.set_defaults(handler=commands.calibrate_adadpsyn)
+
+    p = cal.add_parser("mozo", parents=[common], help="the largest β of DPS-MOZO (RDP)")
+    _privacy_target(p)
+    p.add_argument("--sampling-rate", type=_float, required=True, help="q = n_shots/|D|")
+    p.add_argument("--steps", type=_int, required=True, help="n_queries × T_max tokens")
+    p.add_argument("--order", type=_float, required=True, help="Rényi order α")
+    p.set_defaults(handler=commands.calibrate_mozo)
+
+    eps = top.add_parser("epsilon", help="ε of a mechanism run").add_subparsers(
+        dest="what", required=True, metavar="MECHANISM"
+    )
+    p = eps.add_parser("clip-blend", parents=[common], help="tightest valid ε and the paper's figure")
+    p.add_argument("--clip", type=_float, required=True)
+    p.add_argument("--subset-size", type=_int, required=True)
+    p.add_argument("--temperature", type=_float, required=True)
+    p.add_argument("--steps", type=_int, required=True)
+    p.add_argument("--delta", type=_float, required=True)
+    p.set_defaults(handler=commands.epsilon_clip_blend)
+
+    p = eps.add_parser("subsampled-gaussian", parents=[common], help="ε of Poisson-subsampled Gaussian steps")
+    p.add_argument("--noise-multiplier", type=_float, required=True)
+    p.add_argument("--sampling-rate", type=_float, required=True)
+    p.add_argument("--steps", type=_int, required=True)
+    p.add_argument("--delta", type=_float, required=True)
+    p.add_argument("--accountant", default="auto", choices=["auto", "prv", "rdp"])
+    p.set_defaults(handler=commands.epsilon_subsampled_gaussian)
+
+    bud = top.add_parser("budget", help="create, charge and inspect a ledger").add_subparsers(
+        dest="what", required=True, metavar="ACTION"
+    )
+    p = bud.add_parser("init", parents=[common], help="create a ledger file with a budget")
+    p.add_argument("--ledger", required=True)
+    _privacy_target(p)
+    p.set_defaults(handler=commands.budget_init)
+
+    p = bud.add_parser("spend", parents=[common], help="charge one pure-DP or (ε, δ)-DP event")
+    p.add_argument("--ledger", required=True)
+    p.add_argument("--pure-epsilon", type=_float, required=True, help="ε of the event")
+    p.add_argument("--delta", type=_float, default=None, help="δ of the event (omit for pure DP)")
+    p.add_argument("--label", required=True)
+    p.set_defaults(handler=commands.budget_spend)
+
+    p = bud.add_parser("show", parents=[common], help="spent, remaining and events per label")
+    p.add_argument("--ledger", required=True)
+    p.set_defaults(handler=commands.budget_show)
+    return parser
+
+
+def _privacy_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epsilon", type=_float, required=True)
+    p.add_argument("--delta", type=_float, required=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _emit(result: dict[str, Any], human: bool, stream: Any = None) -> None:
+    stream = stream or sys.stdout
+    if human:
+        stream.write(commands.to_text(result) + "\n")
+    else:
+        stream.write(json.dumps(_jsonable(result), sort_keys=True) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``dp-icl``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on malformed arguments
+    try:
+        result = args.handler(args)
+    except BudgetExhaustedError as exc:
+        _emit({"error": "BudgetExhaustedError", "message": str(exc), "committed": False,
+               "requested_epsilon": exc.requested_epsilon, "remaining_epsilon": exc.remaining_epsilon}, args.human)  # fmt: skip
+        print(f"dp-icl: refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except DPICLError as exc:
+        _emit({"error": type(exc).__name__, "message": str(exc)}, args.human)
+        print(f"dp-icl: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _emit(result, args.human)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
