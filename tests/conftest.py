@@ -1,0 +1,16 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED = REPO_ROOT.parent / "shared"
+
+
+@pytest.fixture
+def ledger_path(tmp_path: Path) -> Path:
+    """A path for a fresh SQLite ledger file."""
+    return tmp_path / "ledger.db"
