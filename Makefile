@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m dp_icl_plugin.demo
 
+# pytest exits 5 when it collected no tests: say so, and fail (make turns any non-zero status into 2).
 test: $(STAMP)
-	$(PY) -m pytest
+	@$(PY) -m pytest; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
+	exit $$status
 
 lint: $(STAMP)
 	$(PY) -m ruff check dp_icl_plugin integrations tests benchmarks examples

@@ -145,17 +145,39 @@ class RDPAccountant(Accountant):
 
 
 class PRVAccountant(Accountant):
-    """PRV numerical composition; reports the certified upper bound on ε."""
+    """PRV numerical composition; reports the certified upper bound on ε.
+
+    :meth:`coarse_bounds` runs the same analysis with a 10× larger ε error (about 10× cheaper): its
+    certified lower bound tells :class:`TightestAccountant` when the fine analysis cannot help.
+    """
 
     name = ev.PRV
+    COARSE_FACTOR = 10.0
 
     def __init__(self, eps_error: float = prv.DEFAULT_EPS_ERROR, delta_error: float = prv.DEFAULT_DELTA_ERROR) -> None:
         super().__init__()
         self.eps_error = check.positive_finite("eps_error", eps_error)
         self.delta_error = check.probability_open("delta_error", delta_error)
+        self._coarse: dict[tuple[_AtomKey, float], tuple[float, float]] = {}
+        self._coarse_lock = threading.Lock()
 
     def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
         return prv.prv_epsilon(atoms, delta, eps_error=self.eps_error, delta_error=self.delta_error)
+
+    def coarse_bounds(self, atoms: Counter[ev.DPEvent], delta: float) -> tuple[float, float]:
+        """Certified (lower, upper) ε bounds from a coarse analysis (cached)."""
+        key = (frozenset(atoms.items()), delta)
+        with self._coarse_lock:
+            hit = self._coarse.get(key)
+        if hit is None:
+            hit = prv.prv_bounds(
+                atoms, delta, eps_error=self.eps_error * self.COARSE_FACTOR, delta_error=self.delta_error
+            )
+            with self._coarse_lock:
+                if len(self._coarse) > 4096:
+                    self._coarse.clear()
+                self._coarse[key] = hit
+        return hit
 
 
 class TightestAccountant(Accountant):
@@ -178,15 +200,26 @@ class TightestAccountant(Accountant):
         """Whether some valid analysis shows ``event`` is (epsilon, delta)-DP; stops at the first that does."""
         delta = check.probability_open("delta", delta)
         atoms = ev.atoms(event)
-        return any(eps <= epsilon for eps in self._candidates(atoms, delta))
+        return any(eps <= epsilon for eps in self._candidates(atoms, delta, target=epsilon))
 
     def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
         return min(self._candidates(atoms, delta), default=math.inf)
 
-    def _candidates(self, atoms: Counter[ev.DPEvent], delta: float):  # noqa: ANN202 - generator of floats
+    def _candidates(self, atoms: Counter[ev.DPEvent], delta: float, target: float | None = None):  # noqa: ANN202
+        """Valid ε bounds, cheapest first. The fine PRV analysis is skipped when a coarse one certifies
+        that it cannot come out below both ``target`` (if given) and the best bound seen so far."""
         whole = [m for m in self.members if all(m.name in a.supported_accountants for a in atoms)]
+        best = math.inf
         for m in whole:
-            yield m._cached(atoms, delta)
+            if isinstance(m, PRVAccountant):
+                lower, upper = m.coarse_bounds(atoms, delta)
+                yield upper
+                best = min(best, upper)
+                if lower >= best or (target is not None and lower > target):
+                    continue
+            eps = m._cached(atoms, delta)
+            best = min(best, eps)
+            yield eps
         if whole:
             return
         # No member takes every atom: (ε, δ)-only atoms by basic composition, the rest with the δ left.

@@ -149,13 +149,20 @@ class BudgetManager:
         label = _check_label(label)
         self._check_event(event)
         key = ev.event_key(event)
+        # Decide once without the lock (this may run the slow numerical analysis and fills the caches);
+        # inside the exclusive section the decision is only recomputed if another charge landed meanwhile.
+        seen = self._store.event_counts()
+        seen_fits = self._fits(self._total(seen, event))
         with self._store.transaction() as tx:
-            total = self._total(tx.event_counts(), event)
-            if not self._fits(total):
-                raise self._refusal(event, total)
-            certified = self._certified_epsilon(total)
-            timestamp = time.time()
-            row_id = tx.append(timestamp=timestamp, label=label, event_key=key, certified_epsilon=certified)
+            counts = tx.event_counts()
+            total = self._total(counts, event)
+            fits = seen_fits if counts == seen else self._fits(total)
+            if fits:
+                certified = self._certified_epsilon(total)
+                timestamp = time.time()
+                row_id = tx.append(timestamp=timestamp, label=label, event_key=key, certified_epsilon=certified)
+        if not fits:  # the transaction has ended (nothing appended): explain outside the lock
+            raise self._refusal(event, total)
         return LedgerEntry(row_id, label, event, timestamp, certified)
 
     def would_fit(self, event: ev.DPEvent) -> bool:

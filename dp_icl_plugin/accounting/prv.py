@@ -15,7 +15,7 @@ from collections import Counter
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.errors import UnsupportedEventError
 
-__all__ = ["DEFAULT_DELTA_ERROR", "DEFAULT_EPS_ERROR", "prv_epsilon"]
+__all__ = ["DEFAULT_DELTA_ERROR", "DEFAULT_EPS_ERROR", "prv_bounds", "prv_epsilon"]
 
 DEFAULT_EPS_ERROR = 0.01
 DEFAULT_DELTA_ERROR = 1e-10
@@ -48,20 +48,24 @@ def _prv_of(atom: ev.DPEvent):  # noqa: ANN202 - prv_accountant has no type stub
     raise UnsupportedEventError(f"no PRV analysis for {atom.type_name!r} events")
 
 
-def prv_epsilon(
+def prv_bounds(
     atoms: Counter[ev.DPEvent],
     delta: float,
     *,
     eps_error: float = DEFAULT_EPS_ERROR,
     delta_error: float = DEFAULT_DELTA_ERROR,
-) -> float:
-    """Certified upper bound on ε at ``delta`` for the composition of ``atoms`` (``inf`` if not computable)."""
+) -> tuple[float, float]:
+    """Certified (lower, upper) bounds on ε at ``delta`` for the composition of ``atoms``.
+
+    ``(0, inf)`` when the numerics cannot certify anything (too large, or floating-point limits).
+    The true ε of the composition lies between them; the cost grows as eps_error shrinks.
+    """
     from prv_accountant import PRVAccountant
 
     items = sorted(atoms.items(), key=lambda kv: ev.event_key(kv[0]))
     counts = [n for _, n in items]
     if len(items) > MAX_DISTINCT_ATOMS or sum(counts) > MAX_TOTAL_COMPOSITIONS:
-        return math.inf
+        return 0.0, math.inf
     delta_error = min(delta_error, delta / 1000.0)
     try:
         accountant = PRVAccountant(
@@ -70,9 +74,22 @@ def prv_epsilon(
             eps_error=eps_error,
             delta_error=delta_error,
         )
-        _, _, upper = accountant.compute_epsilon(delta=delta, num_self_compositions=counts)
+        lower, _, upper = accountant.compute_epsilon(delta=delta, num_self_compositions=counts)
     except (ValueError, RuntimeError, FloatingPointError, MemoryError, OverflowError) as exc:
         # The numerics cannot certify this composition; other accountants still can.
         _log.debug("PRV accounting failed (%s); falling back", type(exc).__name__)
-        return math.inf
-    return max(float(upper), 0.0) if math.isfinite(upper) else math.inf
+        return 0.0, math.inf
+    lower = max(float(lower), 0.0) if math.isfinite(lower) else 0.0
+    upper = max(float(upper), 0.0) if math.isfinite(upper) else math.inf
+    return lower, upper
+
+
+def prv_epsilon(
+    atoms: Counter[ev.DPEvent],
+    delta: float,
+    *,
+    eps_error: float = DEFAULT_EPS_ERROR,
+    delta_error: float = DEFAULT_DELTA_ERROR,
+) -> float:
+    """Certified upper bound on ε at ``delta`` for the composition of ``atoms`` (``inf`` if not computable)."""
+    return prv_bounds(atoms, delta, eps_error=eps_error, delta_error=delta_error)[1]

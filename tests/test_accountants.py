@@ -1,0 +1,302 @@
+"""Accountants: the shared contract, exact special cases, and the tightest-of-all accountant."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+import pytest
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.accountants import (
+    Accountant,
+    BasicAccountant,
+    PRVAccountant,
+    RDPAccountant,
+    TightestAccountant,
+    get_accountant,
+)
+from dp_icl_plugin.errors import ConfigurationError, UnsupportedEventError
+
+
+@dataclass(frozen=True)
+class _Opaque(ev.DPEvent):
+    """An event no accountant can analyse (unregistered: empty type_name)."""
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset()
+
+
+G = ev.GaussianEvent(2.0)
+POISSON = ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.0))
+PURE = ev.PureDPEvent(0.3)
+APPROX = ev.ApproxDPEvent(0.3, 1e-7)
+EXPMECH = ev.ExponentialMechanismEvent(0.5)
+CURVE = ev.RDPCurveEvent((2.0, 8.0, 32.0), (0.05, 0.3, 1.5))
+MOZO = me.mozo_event(beta=0.081, order=14, sampling_rate=4 / 14732, steps=50)
+ADADPSYN_TOKEN = me.adadpsyn_event(sigma0=10.0, sigma1=1.23, sigma2=3.0, sampling_rate=20 / 30000, steps=1, t_hat=1)
+
+SUPPORTED = {
+    "basic": [PURE, APPROX, EXPMECH],
+    "rdp": [G, POISSON, PURE, EXPMECH, CURVE, MOZO, ADADPSYN_TOKEN],
+    "prv": [G, POISSON, PURE, APPROX, EXPMECH],
+    "auto": [G, POISSON, PURE, APPROX, EXPMECH, CURVE, MOZO],
+}
+UNSUPPORTED = {
+    "basic": [G, POISSON, CURVE, MOZO],
+    "rdp": [APPROX, ev.ComposedEvent((PURE, APPROX))],
+    "prv": [CURVE, MOZO, ev.MozoTokenEvent(0.1, 4)],
+    "auto": [_Opaque(), ev.ComposedEvent((PURE, _Opaque()))],
+}
+# A representative supported event per accountant for the monotonicity contracts (cheap under PRV).
+REPRESENTATIVE = {"basic": ev.ApproxDPEvent(0.2, 1e-8), "rdp": POISSON, "prv": POISSON, "auto": POISSON}
+NAMES = ["basic", "rdp", "prv", "auto"]
+
+
+def _pairs(table: dict[str, list[ev.DPEvent]]) -> list:
+    return [pytest.param(name, e, id=f"{name}-{type(e).__name__}-{i}") for name in NAMES for i, e in
+            enumerate(table[name])]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The contract every accountant meets
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_get_accountant() -> None:
+    assert isinstance(get_accountant(), TightestAccountant)
+    assert get_accountant("auto") is get_accountant()
+    assert isinstance(get_accountant("basic"), BasicAccountant)
+    assert isinstance(get_accountant("rdp"), RDPAccountant)
+    assert isinstance(get_accountant("prv"), PRVAccountant)
+    mine = RDPAccountant()
+    assert get_accountant(mine) is mine
+    for name in NAMES:
+        assert get_accountant(name).name == name
+    with pytest.raises(ConfigurationError):
+        get_accountant("moments")
+
+
+@pytest.mark.parametrize(("name", "event"), _pairs(SUPPORTED))
+def test_epsilon_finite_and_positive_for_supported_events(name: str, event: ev.DPEvent) -> None:
+    acc = get_accountant(name)
+    assert acc.supports(event)
+    eps = acc.epsilon(event, delta=1e-5)
+    assert isinstance(eps, float)
+    assert 0 < eps < math.inf
+    # Same answer twice (cached or not) and through the composite forms.
+    assert acc.epsilon(event, delta=1e-5) == eps
+    assert acc.epsilon(ev.ComposedEvent((event,)), delta=1e-5) == eps
+
+
+@pytest.mark.parametrize(("name", "event"), _pairs(UNSUPPORTED))
+def test_unsupported_event_raises(name: str, event: ev.DPEvent) -> None:
+    acc = get_accountant(name)
+    assert not acc.supports(event)
+    with pytest.raises(UnsupportedEventError):
+        acc.epsilon(event, delta=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("delta", [0.0, 1.0, -1e-5, 1.5, math.nan, math.inf, True, "1e-5", None])
+def test_bad_delta_raises(name: str, delta) -> None:
+    with pytest.raises(ConfigurationError):
+        get_accountant(name).epsilon(REPRESENTATIVE[name], delta=delta)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("not_an_event", [None, 1.0, {"type": "pure_dp", "epsilon": 1.0}])
+def test_non_event_raises(name: str, not_an_event) -> None:
+    with pytest.raises(ConfigurationError):
+        get_accountant(name).epsilon(not_an_event, delta=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_epsilon_non_increasing_in_delta(name: str) -> None:
+    acc = get_accountant(name)
+    deltas = [1e-9, 1e-7, 1e-5, 1e-3, 0.1]
+    eps = [acc.epsilon(REPRESENTATIVE[name], delta=d) for d in deltas]
+    assert all(a >= b for a, b in zip(eps, eps[1:], strict=False)), eps
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_epsilon_non_decreasing_in_composition_count(name: str) -> None:
+    acc = get_accountant(name)
+    event = REPRESENTATIVE[name]
+    counts = [1, 3, 10, 30]
+    eps = [acc.epsilon(ev.SelfComposedEvent(event, n), delta=1e-5) for n in counts]
+    assert all(a <= b for a, b in zip(eps, eps[1:], strict=False)), eps
+    assert eps[-1] > eps[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_composite_forms_agree(name: str) -> None:
+    """An event's ε depends on its multiset of atoms only, not on how the composition is written."""
+    acc = get_accountant(name)
+    e = REPRESENTATIVE[name]
+    forms = [
+        ev.SelfComposedEvent(e, 4),
+        ev.ComposedEvent((e, e, e, e)),
+        ev.ComposedEvent((ev.SelfComposedEvent(e, 2), ev.ComposedEvent((e, e)))),
+        ev.compose(e, e, e, e),
+    ]
+    values = {acc.epsilon(f, delta=1e-5) for f in forms}
+    assert len(values) == 1
+
+
+def test_accountant_constructor_validation() -> None:
+    with pytest.raises(ConfigurationError):
+        RDPAccountant(orders=())
+    with pytest.raises(ConfigurationError):
+        RDPAccountant(orders=(1.0, 2.0))
+    with pytest.raises(ConfigurationError):
+        PRVAccountant(eps_error=0.0)
+    with pytest.raises(ConfigurationError):
+        PRVAccountant(delta_error=1.0)
+    assert isinstance(BasicAccountant(), Accountant)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Basic composition is exact
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_basic_ten_pure_tenths_is_exactly_one() -> None:
+    basic = get_accountant("basic")
+    assert basic.epsilon(ev.SelfComposedEvent(ev.PureDPEvent(0.1), 10), delta=1e-5) == 1.0
+    assert basic.epsilon(ev.ComposedEvent((ev.PureDPEvent(0.1),) * 10), delta=1e-5) == 1.0
+    assert sum([0.1] * 10) != 1.0  # naive float summation would not be exact
+
+
+def test_basic_sums_exactly_and_respects_delta() -> None:
+    basic = BasicAccountant()
+    event = ev.compose(
+        ev.SelfComposedEvent(ev.ApproxDPEvent(0.1, 1e-6), 7), ev.PureDPEvent(0.2), ev.ExponentialMechanismEvent(0.3)
+    )
+    expected_eps = float(7 * Fraction(0.1) + Fraction(0.2) + Fraction(0.3))
+    used_delta = float(7 * Fraction(1e-6))
+    assert basic.epsilon(event, delta=1e-5) == expected_eps
+    assert basic.epsilon(event, delta=used_delta) == expected_eps
+    assert basic.epsilon(event, delta=used_delta * (1 - 1e-9)) == math.inf
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validity and tightness against exact answers
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _exact_gaussian_epsilon(sigma: float, delta: float) -> float:
+    """Exact ε of the Gaussian mechanism with sensitivity 1 and std σ (Balle & Wang 2018, Theorem 8)."""
+
+    def excess(eps: float) -> float:
+        return norm.cdf(-eps * sigma + 1 / (2 * sigma)) - math.exp(eps) * norm.cdf(-eps * sigma - 1 / (2 * sigma)) - delta
+
+    return brentq(excess, 0.0, 100.0, xtol=1e-12)
+
+
+@pytest.mark.parametrize(("sigma", "count"), [(2.0, 10), (1.0, 1)])
+def test_gaussian_composition_against_exact_answer(sigma: float, count: int) -> None:
+    # count Gaussians with multiplier σ compose exactly to one Gaussian with multiplier σ/√count.
+    delta = 1e-5
+    exact = _exact_gaussian_epsilon(sigma / math.sqrt(count), delta)
+    event = ev.SelfComposedEvent(ev.GaussianEvent(sigma), count)
+    prv_eps = get_accountant("prv").epsilon(event, delta=delta)
+    rdp_eps = get_accountant("rdp").epsilon(event, delta=delta)
+    assert exact <= prv_eps <= exact + 0.02
+    assert exact <= rdp_eps
+    assert get_accountant("auto").epsilon(event, delta=delta) == min(prv_eps, rdp_eps)
+
+
+def test_rdp_of_pure_dp_is_a_valid_bound() -> None:
+    # One ε-DP step at small δ: nothing valid can be below the exact ε of randomized response.
+    eps = 1.0
+    delta = 1e-6
+    p = math.exp(eps) / (1 + math.exp(eps))
+    exact = eps + math.log1p(-delta / p)  # δ(ε') = p(1 − e^{ε' − ε}) for ε' < ε
+    assert get_accountant("rdp").epsilon(ev.PureDPEvent(eps), delta=delta) >= exact
+    assert get_accountant("prv").epsilon(ev.PureDPEvent(eps), delta=delta) >= exact
+
+
+def test_rdp_best_order() -> None:
+    acc = RDPAccountant()
+    event = ev.SelfComposedEvent(POISSON, 100)
+    best = acc.best_order(event, delta=1e-5)
+    assert best in acc.orders
+    restricted = RDPAccountant(orders=(best,))
+    assert restricted.epsilon(event, delta=1e-5) == pytest.approx(acc.epsilon(event, delta=1e-5), rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The tightest accountant
+# ---------------------------------------------------------------------------------------------------------
+
+AUTO_EVENTS = [
+    ev.SelfComposedEvent(ev.PureDPEvent(0.1), 10),
+    ev.SelfComposedEvent(POISSON, 20),
+    ev.SelfComposedEvent(ev.ExponentialMechanismEvent(0.2), 50),
+    ev.SelfComposedEvent(ev.GaussianEvent(3.0), 5),
+    ev.SelfComposedEvent(ev.ApproxDPEvent(0.2, 1e-8), 5),
+    ev.compose(ev.PureDPEvent(0.5), ev.SelfComposedEvent(ev.GaussianEvent(4.0), 3)),
+    MOZO,
+    CURVE,
+]
+
+
+@pytest.mark.parametrize("event", AUTO_EVENTS, ids=lambda e: ev.event_key(e)[:60])
+def test_auto_is_the_minimum_of_its_members(event: ev.DPEvent) -> None:
+    auto = get_accountant("auto")
+    assert isinstance(auto, TightestAccountant)
+    delta = 1e-5
+    per_member = auto.epsilons(event, delta=delta)
+    assert set(per_member) == {m.name for m in auto.members if m.supports(event)}
+    assert per_member  # something supports it
+    eps = auto.epsilon(event, delta=delta)
+    assert eps == min(per_member.values())
+    for name in per_member:
+        assert eps <= get_accountant(name).epsilon(event, delta=delta)
+    assert auto.fits(event, epsilon=eps, delta=delta)
+    assert not auto.fits(event, epsilon=eps * (1 - 1e-9), delta=delta)
+
+
+def _hybrid(approx_delta: float) -> ev.DPEvent:
+    return ev.compose(ev.ApproxDPEvent(0.5, approx_delta), MOZO)
+
+
+def test_auto_handles_approx_dp_next_to_rdp_only_events() -> None:
+    delta = 1 / 14732
+    event = _hybrid(1e-6)
+    assert event.supported_accountants == frozenset()
+    for name in ("basic", "rdp", "prv"):
+        with pytest.raises(UnsupportedEventError):
+            get_accountant(name).epsilon(event, delta=delta)
+    auto = get_accountant("auto")
+    assert auto.supports(event)
+    eps = auto.epsilon(event, delta=delta)
+    assert 0.5 < eps < math.inf
+    # Basic composition of the (ε, δ) part with the RDP part at the δ left over.
+    assert eps == pytest.approx(0.5 + get_accountant("rdp").epsilon(MOZO, delta=delta - 1e-6), rel=1e-12)
+    assert auto.fits(event, epsilon=eps, delta=delta)
+    # No δ left for the RDP part: no finite bound.
+    assert auto.epsilon(_hybrid(delta), delta=delta) == math.inf
+    assert auto.epsilon(_hybrid(0.5), delta=delta) == math.inf
+
+
+def test_auto_hybrid_with_pure_and_gaussian_atoms() -> None:
+    # Pure-DP and Gaussian atoms (RDP-capable) go with the RDP part; ApproxDP is charged by basic composition.
+    extra = ev.compose(ev.PureDPEvent(0.05), ev.GaussianEvent(20.0))
+    event = ev.compose(_hybrid(1e-7), extra)
+    delta = 1e-4
+    expected = 0.5 + get_accountant("rdp").epsilon(ev.compose(MOZO, extra), delta=delta - 1e-7)
+    assert get_accountant("auto").epsilon(event, delta=delta) == pytest.approx(expected, rel=1e-12)
+
+
+def test_auto_with_custom_members() -> None:
+    only_basic = TightestAccountant(members=(BasicAccountant(),))
+    assert only_basic.epsilon(ev.SelfComposedEvent(ev.PureDPEvent(0.1), 10), delta=1e-5) == 1.0
+    with pytest.raises(UnsupportedEventError):
+        only_basic.epsilon(G, delta=1e-5)

@@ -1,0 +1,464 @@
+"""Privacy events: validation on construction, canonical serialisation, flattening and composition."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting.events import (
+    ApproxDPEvent,
+    ComposedEvent,
+    ExponentialMechanismEvent,
+    GaussianEvent,
+    MozoTokenEvent,
+    PoissonSampledEvent,
+    PureDPEvent,
+    RDPCurveEvent,
+    SampledWithoutReplacementEvent,
+    SelfComposedEvent,
+    atoms,
+    compose,
+    event_from_dict,
+    event_key,
+)
+from dp_icl_plugin.errors import ConfigurationError, DPICLError, UnsupportedEventError
+
+BAD_POSITIVE = [0.0, -0.5, -math.inf, math.inf, math.nan, True, "1.0", None]
+BAD_OPEN_PROBABILITY = [0.0, 1.0, -1e-9, 1.5, math.nan, math.inf, True, "0.1"]
+BAD_RATE = [0.0, -0.1, 1.0000001, 2.0, math.nan, math.inf, True]
+BAD_COUNT = [0, -1, 2.0, 1.5, True, "3", None]
+BAD_ORDER = [1.0, 0.5, -2.0, math.inf, math.nan, True]
+
+G = GaussianEvent(1.0)
+POISSON = PoissonSampledEvent(0.01, G)
+SWR = SampledWithoutReplacementEvent(0.01, MozoTokenEvent(beta=0.1, order=8))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_error_tree() -> None:
+    assert issubclass(ConfigurationError, DPICLError)
+    assert issubclass(ConfigurationError, ValueError)
+    assert issubclass(UnsupportedEventError, ConfigurationError)
+
+
+@pytest.mark.parametrize("bad", BAD_POSITIVE)
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda x: GaussianEvent(x),
+        lambda x: GaussianEvent(1.0, sensitivity=x),
+        lambda x: PureDPEvent(x),
+        lambda x: ApproxDPEvent(x, 1e-5),
+        lambda x: ExponentialMechanismEvent(x),
+        lambda x: MozoTokenEvent(beta=x, order=4),
+    ],
+    ids=["gaussian.noise", "gaussian.sensitivity", "pure.eps", "approx.eps", "expmech.eps", "mozo.beta"],
+)
+def test_positive_finite_parameters_rejected(factory, bad) -> None:
+    with pytest.raises(ConfigurationError):
+        factory(bad)
+
+
+@pytest.mark.parametrize("bad", BAD_OPEN_PROBABILITY)
+def test_approx_dp_delta_must_lie_in_open_unit_interval(bad) -> None:
+    with pytest.raises(ConfigurationError):
+        ApproxDPEvent(1.0, bad)
+
+
+@pytest.mark.parametrize("bad", BAD_RATE)
+@pytest.mark.parametrize(
+    "factory",
+    [lambda q: PoissonSampledEvent(q, G), lambda q: SampledWithoutReplacementEvent(q, G)],
+    ids=["poisson", "without_replacement"],
+)
+def test_sampling_rate_must_lie_in_half_open_unit_interval(factory, bad) -> None:
+    with pytest.raises(ConfigurationError):
+        factory(bad)
+
+
+def test_sampling_rate_one_is_allowed() -> None:
+    assert PoissonSampledEvent(1.0, G).sampling_rate == 1.0
+    assert SampledWithoutReplacementEvent(1.0, G).sampling_rate == 1.0
+
+
+@pytest.mark.parametrize("bad", BAD_COUNT)
+def test_self_composition_count_must_be_positive_int(bad) -> None:
+    with pytest.raises(ConfigurationError):
+        SelfComposedEvent(G, bad)
+
+
+@pytest.mark.parametrize("bad", BAD_ORDER)
+def test_mozo_order_must_be_renyi_order(bad) -> None:
+    with pytest.raises(ConfigurationError):
+        MozoTokenEvent(beta=0.1, order=bad)
+
+
+@pytest.mark.parametrize("not_an_event", [None, 1.0, "gaussian", {"type": "gaussian", "noise_multiplier": 1.0}])
+def test_inner_must_be_an_event(not_an_event) -> None:
+    with pytest.raises(ConfigurationError):
+        PoissonSampledEvent(0.1, not_an_event)
+    with pytest.raises(ConfigurationError):
+        SampledWithoutReplacementEvent(0.1, not_an_event)
+    with pytest.raises(ConfigurationError):
+        SelfComposedEvent(not_an_event, 2)
+    with pytest.raises(ConfigurationError):
+        ComposedEvent((G, not_an_event))
+    with pytest.raises(ConfigurationError):
+        compose(G, not_an_event)
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [PureDPEvent(1.0), ApproxDPEvent(1.0, 1e-6), ExponentialMechanismEvent(1.0), MozoTokenEvent(0.1, 4),
+     RDPCurveEvent((2.0,), (0.1,)), SelfComposedEvent(G, 2), ComposedEvent((G, G)), POISSON],
+    ids=lambda e: e.type_name,
+)
+def test_poisson_over_non_gaussian_is_unsupported(inner) -> None:
+    with pytest.raises(UnsupportedEventError):
+        PoissonSampledEvent(0.1, inner)
+
+
+def test_without_replacement_needs_an_rdp_inner_event() -> None:
+    with pytest.raises(UnsupportedEventError):
+        SampledWithoutReplacementEvent(0.1, ApproxDPEvent(1.0, 1e-6))
+    with pytest.raises(UnsupportedEventError):
+        SampledWithoutReplacementEvent(0.1, ComposedEvent((G, ApproxDPEvent(1.0, 1e-6))))
+
+
+def test_without_replacement_cannot_wrap_a_poisson_event() -> None:
+    with pytest.raises(ConfigurationError):
+        SampledWithoutReplacementEvent(0.1, POISSON)
+    with pytest.raises(ConfigurationError):
+        SampledWithoutReplacementEvent(0.1, SelfComposedEvent(POISSON, 3))
+
+
+def test_from_sizes() -> None:
+    e = SampledWithoutReplacementEvent.from_sizes(4, 14732, G)
+    assert e.sampling_rate == 4 / 14732
+    assert SampledWithoutReplacementEvent.from_sizes(5, 5, G).sampling_rate == 1.0
+    for m, n in [(6, 5), (0, 5), (1, 0), (2.0, 5), (1, True)]:
+        with pytest.raises(ConfigurationError):
+            SampledWithoutReplacementEvent.from_sizes(m, n, G)
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        (POISSON, SWR),
+        (SelfComposedEvent(POISSON, 3), SWR),
+        (ComposedEvent((G, POISSON)), SelfComposedEvent(ComposedEvent((PureDPEvent(1.0), SWR)), 2)),
+    ],
+    ids=["flat", "self-composed", "nested"],
+)
+def test_mixing_neighbouring_relations_is_refused(events) -> None:
+    with pytest.raises(ConfigurationError):
+        ComposedEvent(events)
+    with pytest.raises(ConfigurationError):
+        compose(*events)
+
+
+def test_relation_agnostic_events_compose_with_either_relation() -> None:
+    assert ComposedEvent((G, PureDPEvent(1.0), POISSON)).neighbouring == frozenset({ev.ADD_REMOVE})
+    assert ComposedEvent((ApproxDPEvent(1.0, 1e-6), SWR)).neighbouring == frozenset({ev.REPLACE_ONE})
+    assert ComposedEvent((G, PureDPEvent(1.0))).neighbouring == frozenset()
+    assert SelfComposedEvent(POISSON, 2).neighbouring == frozenset({ev.ADD_REMOVE})
+
+
+def test_empty_composition_is_refused() -> None:
+    with pytest.raises(ConfigurationError):
+        ComposedEvent(())
+    with pytest.raises(ConfigurationError):
+        compose()
+
+
+def test_rdp_curve_validation_and_sorting() -> None:
+    curve = RDPCurveEvent(orders=(8, 2, 4), epsilons=(0.8, 0.2, 0.4))
+    assert curve.orders == (2.0, 4.0, 8.0)
+    assert curve.epsilons == (0.2, 0.4, 0.8)
+    assert curve.epsilon_inf == math.inf
+    assert RDPCurveEvent((2.0,), (0.1,), epsilon_inf=None).epsilon_inf == math.inf
+    bad = [
+        dict(orders=(), epsilons=()),
+        dict(orders=(2.0, 3.0), epsilons=(0.1,)),
+        dict(orders=(2.0, 2.0), epsilons=(0.1, 0.2)),
+        dict(orders=(1.0,), epsilons=(0.1,)),
+        dict(orders=(math.inf,), epsilons=(0.1,)),
+        dict(orders=(2.0,), epsilons=(-0.1,)),
+        dict(orders=(2.0,), epsilons=(math.nan,)),
+        dict(orders=(2.0,), epsilons=(math.inf,)),
+        dict(orders=(2.0,), epsilons=(0.1,), epsilon_inf=0.0),
+        dict(orders=(2.0,), epsilons=(0.1,), epsilon_inf=-1.0),
+        dict(orders=(2.0,), epsilons=(0.1,), epsilon_inf=math.nan),
+    ]
+    for kwargs in bad:
+        with pytest.raises(ConfigurationError):
+            RDPCurveEvent(**kwargs)
+
+
+def test_numbers_are_normalised_to_float() -> None:
+    e = GaussianEvent(2)
+    assert type(e.noise_multiplier) is float
+    assert e == GaussianEvent(2.0)
+    assert MozoTokenEvent(beta=1, order=14).order == 14.0
+    assert GaussianEvent(1.5, sensitivity=2.0).noise_std == 3.0
+    assert MozoTokenEvent(beta=0.1, order=5).rdp_bound == pytest.approx(2.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Serialisation
+# ---------------------------------------------------------------------------------------------------------
+
+positive = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False)
+probability = st.floats(min_value=0.0, max_value=1.0, exclude_min=True, exclude_max=True)
+rate = st.floats(min_value=0.0, max_value=1.0, exclude_min=True)
+order = st.floats(min_value=1.0, max_value=1e4, exclude_min=True, allow_nan=False)
+
+gaussians = st.builds(GaussianEvent, positive, positive)
+pures = st.builds(PureDPEvent, positive)
+approxes = st.builds(ApproxDPEvent, positive, probability)
+expmechs = st.builds(ExponentialMechanismEvent, positive)
+mozos = st.builds(MozoTokenEvent, positive, order)
+
+
+@st.composite
+def rdp_curves(draw: st.DrawFn) -> RDPCurveEvent:
+    orders = draw(st.lists(order, min_size=1, max_size=6, unique=True))
+    eps = draw(st.lists(st.floats(0.0, 1e3), min_size=len(orders), max_size=len(orders)))
+    eps_inf = draw(st.one_of(st.none(), st.just(math.inf), positive))
+    return RDPCurveEvent(tuple(orders), tuple(eps), eps_inf)
+
+
+poissons = st.builds(PoissonSampledEvent, rate, gaussians)
+rdp_atoms = st.one_of(gaussians, pures, expmechs, mozos, rdp_curves())
+agnostic_atoms = st.one_of(rdp_atoms, approxes)
+
+
+def _composites(children: st.SearchStrategy) -> st.SearchStrategy:
+    return st.one_of(
+        st.builds(SelfComposedEvent, children, st.integers(1, 10_000)),
+        st.lists(children, min_size=1, max_size=4).map(lambda es: ComposedEvent(tuple(es))),
+    )
+
+
+# Replace-one trees: without-replacement sampling over RDP-analysable (possibly composed) inner events.
+rdp_trees = st.recursive(rdp_atoms, _composites, max_leaves=6)
+without_replacements = st.builds(SampledWithoutReplacementEvent, rate, rdp_trees)
+replace_one_trees = st.recursive(st.one_of(agnostic_atoms, without_replacements), _composites, max_leaves=8)
+add_remove_trees = st.recursive(st.one_of(agnostic_atoms, poissons), _composites, max_leaves=8)
+any_event = st.one_of(replace_one_trees, add_remove_trees)
+
+EXAMPLES = {
+    "gaussian": GaussianEvent(0.7, sensitivity=math.sqrt(2)),
+    "pure_dp": PureDPEvent(0.1),
+    "approx_dp": ApproxDPEvent(0.5, 1e-6),
+    "exponential_mechanism": ExponentialMechanismEvent(2 / 3),
+    "rdp_curve": RDPCurveEvent((2.0, 3.5), (0.1, 0.3), epsilon_inf=5.0),
+    "mozo_token": MozoTokenEvent(beta=0.081, order=14),
+    "poisson_sampled": PoissonSampledEvent(20 / 30000, GaussianEvent(0.51, math.sqrt(2))),
+    "sampled_without_replacement": SWR,
+    "self_composed": SelfComposedEvent(POISSON, 100),
+    "composed": ComposedEvent((ApproxDPEvent(0.5, 1e-6), SelfComposedEvent(SWR, 5000))),
+}
+
+
+def test_every_registered_type_has_an_example() -> None:
+    # Every event type the module exports (other test modules may register private types of their own).
+    exported = {
+        getattr(ev, name).type_name
+        for name in ev.__all__
+        if isinstance(getattr(ev, name), type) and issubclass(getattr(ev, name), ev.DPEvent)
+    } - {""}
+    assert set(EXAMPLES) == exported
+    assert exported <= set(ev._REGISTRY)
+    for name, event in EXAMPLES.items():
+        assert event.type_name == name
+        assert event.to_dict()["type"] == name
+
+
+def _round_trip(event: ev.DPEvent) -> None:
+    data = event.to_dict()
+    rebuilt = event_from_dict(data)
+    assert rebuilt == event
+    assert type(rebuilt) is type(event)
+    assert event_key(rebuilt) == event_key(event)
+    # Through real JSON text (what a ledger stores): no infinities, exact floats.
+    text = json.dumps(data, allow_nan=False)
+    from_json = event_from_dict(json.loads(text))
+    assert from_json == event
+    assert event_key(from_json) == event_key(event)
+    assert hash(from_json) == hash(event)
+
+
+@pytest.mark.parametrize("event", list(EXAMPLES.values()), ids=list(EXAMPLES))
+def test_round_trip_examples(event: ev.DPEvent) -> None:
+    _round_trip(event)
+
+
+@settings(max_examples=150, deadline=None)
+@given(any_event)
+def test_round_trip_property(event: ev.DPEvent) -> None:
+    _round_trip(event)
+
+
+def test_rdp_curve_infinity_serialises_as_null() -> None:
+    data = RDPCurveEvent((2.0,), (0.1,)).to_dict()
+    assert data["epsilon_inf"] is None
+    assert event_from_dict(data).epsilon_inf == math.inf
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({}, ConfigurationError),
+        ([("type", "gaussian")], ConfigurationError),
+        ("gaussian", ConfigurationError),
+        ({"type": "laplace", "scale": 1.0}, UnsupportedEventError),
+        ({"type": "gaussian"}, ConfigurationError),
+        ({"type": "gaussian", "noise_multiplier": "1.0"}, ConfigurationError),
+        ({"type": "approx_dp", "epsilon": 1.0, "delta": 0.0}, ConfigurationError),
+        ({"type": "poisson_sampled", "sampling_rate": 0.1, "event": {"type": "pure_dp", "epsilon": 1.0}},
+         UnsupportedEventError),
+        ({"type": "self_composed", "event": {"type": "pure_dp", "epsilon": 1.0}, "count": 0}, ConfigurationError),
+    ],
+)
+def test_event_from_dict_rejects_malformed_input(data, error) -> None:
+    with pytest.raises(error):
+        event_from_dict(data)
+
+
+def test_event_key_is_canonical_and_stable() -> None:
+    # Literal strings: the key must not depend on the process (hash seeds, dict order).
+    assert event_key(GaussianEvent(1.5)) == '{"noise_multiplier":1.5,"sensitivity":1.0,"type":"gaussian"}'
+    assert event_key(SelfComposedEvent(PureDPEvent(0.1), 10)) == (
+        '{"count":10,"event":{"epsilon":0.1,"type":"pure_dp"},"type":"self_composed"}'
+    )
+    assert event_key(RDPCurveEvent((3.0, 2.0), (0.2, 0.1))) == (
+        '{"epsilon_inf":null,"epsilons":[0.1,0.2],"orders":[2.0,3.0],"type":"rdp_curve"}'
+    )
+    # Equal events have equal keys; distinct parameters give distinct keys.
+    assert event_key(GaussianEvent(1)) == event_key(GaussianEvent(1.0))
+    assert event_key(GaussianEvent(1.0, 2.0)) != event_key(GaussianEvent(1.0))
+    assert event_key(PureDPEvent(1.0)) != event_key(ExponentialMechanismEvent(1.0))
+    # Floats round-trip exactly through the key.
+    x = 0.1 + 0.2
+    assert json.loads(event_key(PureDPEvent(x)))["epsilon"] == x
+
+
+@settings(max_examples=100, deadline=None)
+@given(any_event, any_event)
+def test_event_key_distinguishes_unequal_events(a: ev.DPEvent, b: ev.DPEvent) -> None:
+    assert (event_key(a) == event_key(b)) == (a == b)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# atoms() and compose()
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_atoms_of_an_atom() -> None:
+    assert atoms(G) == Counter({G: 1})
+    assert atoms(POISSON) == Counter({POISSON: 1})
+    # Sampled events are atoms: their inner composition is not flattened.
+    inner = ComposedEvent((G, G))
+    assert atoms(SampledWithoutReplacementEvent(0.1, inner)) == Counter({SampledWithoutReplacementEvent(0.1, inner): 1})
+
+
+def test_atoms_flattens_nested_compositions() -> None:
+    a, b, c = PureDPEvent(0.1), GaussianEvent(2.0), ExponentialMechanismEvent(0.3)
+    event = SelfComposedEvent(
+        ComposedEvent((a, SelfComposedEvent(ComposedEvent((b, a)), 3), SelfComposedEvent(SelfComposedEvent(c, 2), 5))),
+        4,
+    )
+    assert atoms(event) == Counter({a: 4 * (1 + 3), b: 4 * 3, c: 4 * 2 * 5})
+
+
+@settings(max_examples=100, deadline=None)
+@given(any_event, st.integers(1, 50))
+def test_atoms_multiply_under_self_composition(event: ev.DPEvent, n: int) -> None:
+    flat = atoms(event)
+    assert all(not isinstance(a, (ComposedEvent, SelfComposedEvent)) for a in flat)
+    assert all(k >= 1 for k in flat.values())
+    assert atoms(SelfComposedEvent(event, n)) == Counter({a: k * n for a, k in flat.items()})
+    assert atoms(ComposedEvent((event, event))) == Counter({a: 2 * k for a, k in flat.items()})
+
+
+def test_compose_groups_identical_events() -> None:
+    a, b = PureDPEvent(0.1), GaussianEvent(2.0)
+    composed = compose(a, b, a, SelfComposedEvent(a, 3), ComposedEvent((b, a)))
+    assert isinstance(composed, ComposedEvent)
+    assert atoms(composed) == Counter({a: 6, b: 2})
+    assert set(composed.events) == {SelfComposedEvent(a, 6), SelfComposedEvent(b, 2)}
+    # Canonical: independent of argument order.
+    assert compose(b, a, a, a, a, a, a, b) == composed
+    assert event_key(compose(SelfComposedEvent(b, 2), SelfComposedEvent(a, 6))) == event_key(composed)
+
+
+def test_compose_single_kind() -> None:
+    a = PureDPEvent(0.1)
+    assert compose(a) == a
+    assert compose(a, a) == SelfComposedEvent(a, 2)
+    assert compose(SelfComposedEvent(a, 2), a) == SelfComposedEvent(a, 3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(replace_one_trees, min_size=1, max_size=4), st.randoms(use_true_random=False))
+def test_compose_is_canonical(events: list[ev.DPEvent], rng) -> None:
+    composed = compose(*events)
+    expected: Counter[ev.DPEvent] = Counter()
+    for e in events:
+        expected.update(atoms(e))
+    assert atoms(composed) == expected
+    shuffled = list(events)
+    rng.shuffle(shuffled)
+    assert event_key(compose(*shuffled)) == event_key(composed)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Supported accountants and immutability
+# ---------------------------------------------------------------------------------------------------------
+
+SUPPORT = {
+    "gaussian": {ev.PRV, ev.RDP},
+    "pure_dp": {ev.BASIC, ev.PRV, ev.RDP},
+    "approx_dp": {ev.BASIC, ev.PRV},
+    "exponential_mechanism": {ev.BASIC, ev.PRV, ev.RDP},
+    "rdp_curve": {ev.RDP},
+    "mozo_token": {ev.RDP},
+    "poisson_sampled": {ev.PRV, ev.RDP},
+    "sampled_without_replacement": {ev.RDP},
+    "self_composed": {ev.PRV, ev.RDP},  # of a Poisson-sampled Gaussian
+    "composed": set(),  # (ε, δ) next to an RDP-only atom: no single accountant
+}
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_supported_accountants(name: str) -> None:
+    assert EXAMPLES[name].supported_accountants == frozenset(SUPPORT[name])
+
+
+def test_composite_support_is_the_intersection() -> None:
+    assert SelfComposedEvent(ApproxDPEvent(1.0, 1e-6), 3).supported_accountants == {ev.BASIC, ev.PRV}
+    assert ComposedEvent((PureDPEvent(1.0), G)).supported_accountants == {ev.PRV, ev.RDP}
+    assert ComposedEvent((PureDPEvent(1.0), ApproxDPEvent(1.0, 1e-6))).supported_accountants == {ev.BASIC, ev.PRV}
+    assert ComposedEvent((PureDPEvent(1.0), SWR)).supported_accountants == {ev.RDP}
+    assert SampledWithoutReplacementEvent(0.1, ComposedEvent((G, PureDPEvent(1.0)))).supported_accountants == {ev.RDP}
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_events_are_frozen(name: str) -> None:
+    event = EXAMPLES[name]
+    first = dataclasses.fields(event)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(event, first, getattr(event, first))
+    assert hash(event) == hash(event_from_dict(event.to_dict()))

@@ -1,0 +1,61 @@
+"""The distribution's shape: pinned public API, a light core import, importable adapters, the CI contract."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import dp_icl_plugin
+from dp_icl_plugin import accounting
+from tests_support import REPO_ROOT
+
+PUBLIC_API = {
+    "ApproxDPEvent", "BackendError", "BudgetExhaustedError", "BudgetManager", "BudgetMismatchError",
+    "CalibrationError", "ComposedEvent", "ConfigurationError", "DPEvent", "DPICLError",
+    "ExponentialMechanismEvent", "GaussianEvent", "LedgerCorruptError", "LedgerEntry", "LedgerError",
+    "LedgerFormatError", "MozoTokenEvent", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
+    "RDPCurveEvent", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
+    "__version__", "calibrate", "compose", "get_accountant",
+}  # fmt: skip
+
+
+def test_public_api_is_pinned() -> None:
+    assert set(dp_icl_plugin.__all__) == PUBLIC_API
+    for name in PUBLIC_API | set(accounting.__all__):
+        assert hasattr(dp_icl_plugin, name) or hasattr(accounting, name), name
+
+
+def test_error_tree() -> None:
+    from dp_icl_plugin import errors
+
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.DPICLError)
+    assert issubclass(errors.ConfigurationError, ValueError)
+    assert issubclass(errors.UnsupportedEventError, errors.ConfigurationError)
+    assert issubclass(errors.LedgerCorruptError, errors.LedgerError)
+
+
+def test_core_import_loads_no_heavy_framework() -> None:
+    code = (
+        "import sys, dp_icl_plugin, dp_icl_plugin.accounting, dp_icl_plugin.cli;"
+        "heavy = {'torch', 'transformers', 'faiss', 'langchain_core', 'llama_index', 'sentence_transformers'};"
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_adapter_packages_are_importable() -> None:
+    import dp_icl_langchain
+    import dp_icl_llamaindex
+
+    assert dp_icl_langchain.__all__ == [] and dp_icl_llamaindex.__all__ == []
+
+
+def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert "make test" in ci and "make test" in readme and "make demo" in readme
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert "exec make test" in ci and "-eq 5" in makefile  # exit 5 (no tests) is reported and fails the run
+    assert makefile.index("torch==2.13.0") < makefile.index('-e ".[all,dev]"')
