@@ -13,6 +13,7 @@ Run: ``.venv/bin/python benchmarks/bench_spend.py [--events 10000] [--calls 200]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import statistics
 import tempfile
@@ -20,16 +21,16 @@ import time
 from pathlib import Path
 
 from dp_icl_plugin import BudgetExhaustedError, BudgetManager, PrivacyBudget, PureDPEvent
-from dp_icl_plugin.accounting import GaussianEvent, InMemoryStore, LedgerStore, SQLiteStore
-from dp_icl_plugin.accounting.stores import StoredBudget
-from dp_icl_plugin.accounting import TightestAccountant, rdp
+from dp_icl_plugin.accounting import GaussianEvent, InMemoryStore, LedgerStore, SQLiteStore, TightestAccountant, rdp
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.stores import StoredBudget
 
 BUDGET = PrivacyBudget(epsilon=8.0, delta=1e-5)
 MIX: list[tuple[str, ev.DPEvent]] = [
     ("pta:token", me.tang_event(noise_multiplier=3.0, sampling_rate=20 / 30_000, steps=1)),
-    ("clip-blend:token", ev.ExponentialMechanismEvent(me.clip_blend_token_epsilon(clip=10, subset_size=380, temperature=2.1))),
+    ("clip-blend:token", ev.ExponentialMechanismEvent(me.clip_blend_token_epsilon(clip=10, subset_size=380,
+                                                                                  temperature=2.1))),
     ("knn:vote", PureDPEvent(1e-4)),
     ("stats:gaussian", GaussianEvent(noise_multiplier=400.0)),
 ]  # fmt: skip
@@ -62,7 +63,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".dp-icl-bench-", dir=args.dir))
 
     rows = []
-    for name, make_store in (("sqlite", lambda tag: SQLiteStore(tmp / f"{tag}.db")), ("memory", lambda tag: InMemoryStore())):
+    stores = (("sqlite", lambda tag: SQLiteStore(tmp / f"{tag}.db")), ("memory", lambda tag: InMemoryStore()))
+    for name, make_store in stores:
         results = {}
         for recorded in (0, args.events):
             store = make_store(f"{name}-{recorded}")
@@ -73,10 +75,9 @@ def main() -> None:
             warm = time_spends(manager, args.calls)
             results[recorded] = (first, statistics.median(warm), statistics.quantiles(warm, n=20)[-1])
             start = time.perf_counter()
-            try:  # a charge no cheap bound admits: the tightest (PRV) analysis decides, then refuses
+            # A charge no cheap bound admits: the tightest (PRV) analysis decides, then refuses.
+            with contextlib.suppress(BudgetExhaustedError):
                 manager.spend(PureDPEvent(BUDGET.epsilon), label="too-big")
-            except BudgetExhaustedError:
-                pass
             refusal = (time.perf_counter() - start) * 1000.0
             results[recorded] = (*results[recorded], refusal)
             assert manager.spent().epsilon <= BUDGET.epsilon

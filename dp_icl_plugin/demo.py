@@ -11,8 +11,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget, calibrate_subsampled_gaussian, get_accountant
+from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget, calibrate_subsampled_gaussian
 from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.errors import BudgetExhaustedError
 
 __all__ = ["main"]
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     entry = budget.spend(synth, label="pta:synthesize-demos")
     print(f"   charged PTA synthesis (σ = {sigma}): entry #{entry.id}, spent ε = {budget.spent().epsilon:.4f}")
     blend = me.clip_blend_event(clip=10.0, subset_size=255, temperature=1.0, steps=50)
-    bounds = get_accountant("auto").epsilons(blend, delta=delta)
+    bounds = tightest().epsilons(blend, delta=delta)
     print("   clip-blend answer (c = 10, s = 255, τ = 1, 50 tokens) costs on its own: "
           + ", ".join(f"{k} {v:.3f}" for k, v in sorted(bounds.items())))  # fmt: skip
     answers = 0

@@ -7,9 +7,6 @@ from pathlib import Path
 import pytest
 
 
-
-
-
 @pytest.fixture
 def ledger_path(tmp_path: Path) -> Path:
     """A path for a fresh SQLite ledger file."""

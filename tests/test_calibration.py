@@ -48,7 +48,7 @@ def _eps(make_event, x: float, delta: float) -> float:
 
 def _on_grid(x: float, lo: float, grid: float) -> bool:
     k = round((x - lo) / grid)
-    return 0 <= k and abs(lo + k * grid - x) < 1e-9
+    return k >= 0 and abs(lo + k * grid - x) < 1e-9
 
 
 @settings(max_examples=25, deadline=None)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests_support import REPO_ROOT
+
 import dp_icl_plugin
 from dp_icl_plugin import accounting
-from tests_support import REPO_ROOT
 
 PUBLIC_API = {
     "ApproxDPEvent", "BackendError", "BudgetExhaustedError", "BudgetManager", "BudgetMismatchError",

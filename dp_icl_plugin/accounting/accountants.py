@@ -21,6 +21,8 @@ from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from fractions import Fraction
 
+import numpy as np
+
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import prv, rdp
@@ -33,6 +35,7 @@ __all__ = [
     "RDPAccountant",
     "TightestAccountant",
     "get_accountant",
+    "tightest",
 ]
 
 _AtomKey = frozenset[tuple[ev.DPEvent, int]]
@@ -136,7 +139,9 @@ class RDPAccountant(Accountant):
             raise ConfigurationError("orders must not be empty")
 
     def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
-        curve = sum(n * rdp.event_rdp(atom, self.orders) for atom, n in atoms.items())
+        curve = np.zeros(len(self.orders))
+        for atom, n in atoms.items():
+            curve = curve + n * rdp.event_rdp(atom, self.orders)
         return rdp.rdp_to_epsilon(self.orders, curve, delta)[0]
 
     def best_order(self, event: ev.DPEvent, *, delta: float) -> float:
@@ -205,7 +210,7 @@ class TightestAccountant(Accountant):
     def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
         return min(self._candidates(atoms, delta), default=math.inf)
 
-    def _candidates(self, atoms: Counter[ev.DPEvent], delta: float, target: float | None = None):  # noqa: ANN202
+    def _candidates(self, atoms: Counter[ev.DPEvent], delta: float, target: float | None = None):
         """Valid ε bounds, cheapest first. The fine PRV analysis is skipped when a coarse one certifies
         that it cannot come out below both ``target`` (if given) and the best bound seen so far."""
         whole = [m for m in self.members if all(m.name in a.supported_accountants for a in atoms)]
@@ -239,6 +244,14 @@ _NAMED: dict[str, type[Accountant]] = {
     ev.PRV: PRVAccountant,
 }
 _SHARED: dict[str, Accountant] = {}
+
+
+def tightest() -> TightestAccountant:
+    """The shared ``auto`` accountant, typed as such."""
+    acc = get_accountant("auto")
+    assert isinstance(acc, TightestAccountant)
+    return acc
+
 _SHARED_LOCK = threading.Lock()
 
 

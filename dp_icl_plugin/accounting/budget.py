@@ -73,7 +73,7 @@ class LedgerEntry:
     @property
     def committed_at(self) -> _dt.datetime:
         """The commit time as an aware UTC datetime."""
-        return _dt.datetime.fromtimestamp(self.timestamp, tz=_dt.timezone.utc)
+        return _dt.datetime.fromtimestamp(self.timestamp, tz=_dt.UTC)
 
 
 def _check_label(label: object) -> str:
@@ -222,7 +222,7 @@ class BudgetManager:
         return event
 
     def _total(self, counts: Counter[str], extra: ev.DPEvent | None) -> ev.DPEvent:
-        parts = [ev.SelfComposedEvent(self._decode(k), n) for k, n in counts.items() if n > 0]
+        parts: list[ev.DPEvent] = [ev.SelfComposedEvent(self._decode(k), n) for k, n in counts.items() if n > 0]
         if extra is not None:
             parts.append(extra)
         return ev.compose(*parts)  # raises ConfigurationError when neighbouring relations conflict

@@ -40,7 +40,7 @@ class CalibrationResult:
 
 
 def _grid_points(lo: float, hi: float, grid: float) -> list[float]:
-    n = int(math.floor((hi - lo) / grid + 1e-9))
+    n = math.floor((hi - lo) / grid + 1e-9)
     return [round(lo + i * grid, 12) for i in range(n + 1)]
 
 
@@ -88,8 +88,8 @@ def calibrate(
             )
         bad, good = -1, len(points) - 1  # invariant: points[good] meets; points[bad] does not (or -1)
         while good - bad > 1:
-            mid = (bad + good) // 2
-            bad, good = (bad, mid) if meets(points[mid]) else (mid, good)
+            i = (bad + good) // 2
+            bad, good = (bad, i) if meets(points[i]) else (i, good)
         value = points[good]
     else:
         tolerance = check.positive_finite("tolerance", tolerance)
@@ -191,14 +191,21 @@ def calibrate_clip_blend_temperature(
     clip: float,
     subset_size: int,
     steps: int,
+    neighbouring: str = ev.ADD_REMOVE,
     tolerance: float = 1e-6,
 ) -> CalibrationResult:
     """The smallest temperature τ for clip-blend decoding meeting (ε, δ) under the tightest accounting.
 
-    Searched as the largest inverse temperature 1/τ; the result's ``value`` is τ.
+    Searched as the largest inverse temperature 1/τ; the result's ``value`` is τ. A token's ε0 = c/(sτ)
+    above 10ε cannot meet the target, which bounds the search.
     """
+    epsilon = check.positive_finite("epsilon", epsilon)
+    hi = 10.0 * epsilon * check.positive_int("subset_size", subset_size) / check.positive_finite("clip", clip)
+    # ε0 = c/(sτ) (add/remove) or 2c/(sτ) (replace-one); above 10ε nothing meets the target
     result = calibrate(
-        lambda inv_tau: me.clip_blend_event(clip=clip, subset_size=subset_size, temperature=1.0 / inv_tau, steps=steps),
-        epsilon=epsilon, delta=delta, lo=1e-9, hi=1e6, find="largest", tolerance=tolerance,
+        lambda inv_tau: me.clip_blend_event(
+            clip=clip, subset_size=subset_size, temperature=1.0 / inv_tau, steps=steps, neighbouring=neighbouring
+        ),
+        epsilon=epsilon, delta=delta, lo=hi * 1e-9, hi=hi, find="largest", tolerance=tolerance * hi,
     )  # fmt: skip
     return CalibrationResult(1.0 / result.value, result.epsilon, result.delta, result.accountant)

@@ -237,7 +237,7 @@ class RDPCurveEvent(DPEvent):
             raise ConfigurationError("orders and epsilons must be non-empty and of equal length")
         if len(set(orders)) != len(orders):
             raise ConfigurationError("orders must be distinct")
-        pairs = sorted(zip(orders, eps))
+        pairs = sorted(zip(orders, eps, strict=True))
         inf = math.inf if self.epsilon_inf is None else check.real("epsilon_inf", self.epsilon_inf)
         if inf <= 0:
             raise ConfigurationError("epsilon_inf must be positive (math.inf when unknown)")
@@ -423,5 +423,6 @@ def compose(*events: DPEvent) -> DPEvent:
     total: Counter[DPEvent] = Counter()
     for e in events:
         total.update(atoms(_require_event("events[i]", e)))
-    parts = [e if n == 1 else SelfComposedEvent(e, n) for e, n in sorted(total.items(), key=lambda kv: event_key(kv[0]))]
+    ordered = sorted(total.items(), key=lambda kv: event_key(kv[0]))
+    parts = [e if n == 1 else SelfComposedEvent(e, n) for e, n in ordered]
     return parts[0] if len(parts) == 1 else ComposedEvent(tuple(parts))

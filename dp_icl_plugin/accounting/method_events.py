@@ -10,6 +10,7 @@ import math
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = [
     "adadpsyn_event",
@@ -78,7 +79,8 @@ def mozo_event(*, beta: float, order: float, sampling_rate: float, steps: int) -
     Replace-one neighbours. Each token is (α, 4βα)-RDP, amplified by sampling n_shots records without
     replacement (q = n_shots/|D|), composed over every token of every answer.
     """
-    token = ev.SampledWithoutReplacementEvent(sampling_rate=sampling_rate, event=ev.MozoTokenEvent(beta=beta, order=order))
+    per_token = ev.MozoTokenEvent(beta=beta, order=order)
+    token = ev.SampledWithoutReplacementEvent(sampling_rate=sampling_rate, event=per_token)
     return ev.SelfComposedEvent(token, check.positive_int("steps", steps))
 
 
@@ -90,29 +92,42 @@ def mozo_rdp_target(*, epsilon: float, delta: float, order: float) -> float:
     return epsilon - math.log((a - 1) / a) + (math.log(delta) + math.log(a)) / (a - 1)
 
 
-def clip_blend_token_epsilon(*, clip: float, subset_size: int, temperature: float) -> float:
-    """ε0 = 2Δ/τ = c/(sτ): one clip-blend token is an exponential mechanism with utility sensitivity c/(2s)."""
+def clip_blend_token_epsilon(
+    *, clip: float, subset_size: int, temperature: float, neighbouring: str = ev.ADD_REMOVE
+) -> float:
+    """ε0 of one clip-blend token: an exponential mechanism on ẑ = (z̄ + u)/2 with temperature τ.
+
+    Clipped logits lie in [−c, c] and z̄ divides their sum by the fixed subset size s.
+    - add/remove one prompt (the paper's relation, Lemma 2): ẑ moves by at most c/(2s) per entry, so
+      ε0 = 2Δ/τ = c/(sτ). Requires the mechanism to divide by the fixed s, not by the prompts present.
+    - replace-one (a prompt's record swapped): an entry can move from −c to c, ẑ by c/s per entry, so
+      ε0 = 2c/(sτ): twice the paper's figure.
+    """
     c = check.positive_finite("clip", clip)
     s = check.positive_int("subset_size", subset_size)
     tau = check.positive_finite("temperature", temperature)
-    return c / (s * tau)
+    if neighbouring not in (ev.ADD_REMOVE, ev.REPLACE_ONE):
+        raise ConfigurationError(f"neighbouring must be {ev.ADD_REMOVE!r} or {ev.REPLACE_ONE!r}")
+    return (c if neighbouring == ev.ADD_REMOVE else 2.0 * c) / (s * tau)
 
 
-def clip_blend_event(*, clip: float, subset_size: int, temperature: float, steps: int) -> ev.DPEvent:
-    """Clip-blend synthesis (Bhusal et al., Algorithm 1, Lemma 2): ``steps`` exponential mechanisms.
+def clip_blend_event(
+    *, clip: float, subset_size: int, temperature: float, steps: int, neighbouring: str = ev.ADD_REMOVE
+) -> ev.DPEvent:
+    """Clip-blend synthesis or decoding (Bhusal et al., Algorithm 1, Lemma 2): ``steps`` exponential mechanisms.
 
-    Replace-one neighbours within the fixed disjoint subsets: the averaged clipped logits move by at most
-    c/s per entry, the blended logits by c/(2s). Each token is ε0 = c/(sτ)-DP and ε0-bounded-range
-    (ε0²/8-zCDP), which the accountants compose far more tightly than advanced composition.
+    Each token is ε0-DP and ε0-bounded-range (ε0²/8-zCDP) with ε0 from :func:`clip_blend_token_epsilon`
+    for the given neighbouring relation; the accountants compose that far more tightly than advanced
+    composition. The prompts are fixed (no sampling), so there is no amplification.
     """
-    eps0 = clip_blend_token_epsilon(clip=clip, subset_size=subset_size, temperature=temperature)
+    eps0 = clip_blend_token_epsilon(clip=clip, subset_size=subset_size, temperature=temperature,
+                                    neighbouring=neighbouring)  # fmt: skip
     return ev.SelfComposedEvent(ev.ExponentialMechanismEvent(eps0), check.positive_int("steps", steps))
 
 
 def clip_blend_paper_epsilon(*, clip: float, subset_size: int, temperature: float, steps: int, delta: float) -> float:
-    """The paper's figure c·√(2T ln(1/δ))/(sτ): advanced composition without its T·ε0(e^ε0−1) term.
-
-    Not a valid bound when ε0 is not small: report it only next to the real guarantee.
+    """The paper's figure c·√(2T ln(1/δ))/(sτ) (add/remove): advanced composition without its
+    T·ε0(e^ε0−1) term. Not a valid bound when ε0 is not small: report it only next to the real guarantee.
     """
     eps0 = clip_blend_token_epsilon(clip=clip, subset_size=subset_size, temperature=temperature)
     t = check.positive_int("steps", steps)

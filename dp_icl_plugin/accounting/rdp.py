@@ -72,7 +72,7 @@ def poisson_subsampled_gaussian_rdp(orders: Orders, sampling_rate: float, noise_
     out = np.full(a.shape, np.inf)
     log_q, log_1mq = math.log(sampling_rate), math.log1p(-sampling_rate)
     for i in np.flatnonzero(_is_integer(a)):
-        alpha = int(round(a[i]))
+        alpha = int(np.rint(a[i]))
         k = np.arange(alpha + 1, dtype=float)
         terms = _log_binom(alpha, k) + k * log_q + (alpha - k) * log_1mq + (k * k - k) / (2.0 * noise_multiplier**2)
         out[i] = float(logsumexp(terms)) / (alpha - 1)
@@ -132,7 +132,7 @@ def without_replacement_rdp(
     integer = _is_integer(a)
     if not integer.any():
         return out
-    max_order = int(round(a[integer].max()))
+    max_order = int(np.rint(a[integer].max()))
     j_all = np.arange(2, max_order + 1, dtype=float)
     inner = np.asarray(inner_rdp(j_all), dtype=float)
     log_gamma = math.log(sampling_rate)
@@ -145,7 +145,7 @@ def without_replacement_rdp(
     eps2 = inner[0]
     log_term2 = min(math.log(4.0) + _log_expm1(eps2), eps2 + float(log_cap[0]))
     for i in np.flatnonzero(integer):
-        alpha = int(round(a[i]))
+        alpha = int(np.rint(a[i]))
         j = j_all[: alpha - 1]
         terms = j * log_gamma + _log_binom(alpha, j) + log_cap[: alpha - 1] + (j - 1) * inner[: alpha - 1]
         terms[0] = 2 * log_gamma + float(_log_binom(alpha, 2.0)) + log_term2

@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=_float, required=True)
     p.add_argument("--steps", type=_int, required=True)
     p.add_argument("--delta", type=_float, required=True)
+    p.add_argument("--neighbouring", default="add_remove", choices=["add_remove", "replace_one"],
+                   help="add/remove one prompt (the paper's relation) or replace one record (ε0 doubles)")  # fmt: skip
     p.set_defaults(handler=commands.epsilon_clip_blend)
 
     p = eps.add_parser("subsampled-gaussian", parents=[common], help="ε of Poisson-subsampled Gaussian steps")
@@ -147,8 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.handler(args)
     except BudgetExhaustedError as exc:
-        _emit({"error": "BudgetExhaustedError", "message": str(exc), "committed": False,
-               "requested_epsilon": exc.requested_epsilon, "remaining_epsilon": exc.remaining_epsilon}, args.human)  # fmt: skip
+        refusal = {"error": "BudgetExhaustedError", "message": str(exc), "committed": False,
+                   "requested_epsilon": exc.requested_epsilon, "remaining_epsilon": exc.remaining_epsilon}  # fmt: skip
+        _emit(refusal, args.human)
         print(f"dp-icl: refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except DPICLError as exc:

@@ -74,5 +74,5 @@ class LedgerStore(ABC):
     def event_counts(self) -> Counter[str]:
         """Committed charges per distinct event key (a consistent snapshot)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook; stores without resources need not override it
         """Release resources (idempotent)."""

@@ -170,7 +170,9 @@ class SQLiteStore(LedgerStore):
             return budget
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version != SCHEMA_VERSION:
-            raise LedgerFormatError(f"ledger {self.path} has schema version {version}; this library reads {SCHEMA_VERSION}")
+            raise LedgerFormatError(
+                f"ledger {self.path} has schema version {version}; this library reads {SCHEMA_VERSION}"
+            )
         meta = dict(conn.execute("SELECT key, value FROM meta"))
         try:
             stored = StoredBudget(epsilon=float(meta["epsilon"]), delta=float(meta["delta"]))
