@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import pairwise
 
+import numpy as np
 import pytest
 from scipy.optimize import brentq
-from scipy.stats import norm
+from scipy.stats import binom, norm
 
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
@@ -59,8 +61,9 @@ NAMES = ["basic", "rdp", "prv", "auto"]
 
 
 def _pairs(table: dict[str, list[ev.DPEvent]]) -> list:
-    return [pytest.param(name, e, id=f"{name}-{type(e).__name__}-{i}") for name in NAMES for i, e in
-            enumerate(table[name])]
+    return [
+        pytest.param(name, e, id=f"{name}-{type(e).__name__}-{i}") for name in NAMES for i, e in enumerate(table[name])
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -121,7 +124,7 @@ def test_epsilon_non_increasing_in_delta(name: str) -> None:
     acc = get_accountant(name)
     deltas = [1e-9, 1e-7, 1e-5, 1e-3, 0.1]
     eps = [acc.epsilon(REPRESENTATIVE[name], delta=d) for d in deltas]
-    assert all(a >= b for a, b in zip(eps, eps[1:], strict=False)), eps
+    assert all(a >= b for a, b in pairwise(eps)), eps
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -130,7 +133,7 @@ def test_epsilon_non_decreasing_in_composition_count(name: str) -> None:
     event = REPRESENTATIVE[name]
     counts = [1, 3, 10, 30]
     eps = [acc.epsilon(ev.SelfComposedEvent(event, n), delta=1e-5) for n in counts]
-    assert all(a <= b for a, b in zip(eps, eps[1:], strict=False)), eps
+    assert all(a <= b for a, b in pairwise(eps)), eps
     assert eps[-1] > eps[0]
 
 
@@ -194,7 +197,9 @@ def _exact_gaussian_epsilon(sigma: float, delta: float) -> float:
     """Exact ε of the Gaussian mechanism with sensitivity 1 and std σ (Balle & Wang 2018, Theorem 8)."""
 
     def excess(eps: float) -> float:
-        return norm.cdf(-eps * sigma + 1 / (2 * sigma)) - math.exp(eps) * norm.cdf(-eps * sigma - 1 / (2 * sigma)) - delta
+        return (
+            norm.cdf(-eps * sigma + 1 / (2 * sigma)) - math.exp(eps) * norm.cdf(-eps * sigma - 1 / (2 * sigma)) - delta
+        )
 
     return brentq(excess, 0.0, 100.0, xtol=1e-12)
 
@@ -220,6 +225,41 @@ def test_rdp_of_pure_dp_is_a_valid_bound() -> None:
     exact = eps + math.log1p(-delta / p)  # δ(ε') = p(1 − e^{ε' − ε}) for ε' < ε
     assert get_accountant("rdp").epsilon(ev.PureDPEvent(eps), delta=delta) >= exact
     assert get_accountant("prv").epsilon(ev.PureDPEvent(eps), delta=delta) >= exact
+
+
+def _exact_randomized_response_composition(eps0: float, steps: int, delta: float) -> float:
+    """Optimal ε of ``steps`` compositions of ε0-randomized response (Kairouz et al. 2015)."""
+    k = np.arange(steps + 1)
+    pk = binom.pmf(k, steps, 1.0 / (1.0 + math.exp(eps0)))
+    loss = eps0 * (steps - 2 * k)
+
+    def excess(eps: float) -> float:
+        return float(np.sum(pk * np.maximum(0.0, -np.expm1(eps - loss)))) - delta
+
+    return brentq(excess, 0.0, steps * eps0, xtol=1e-12) if excess(0.0) > 0 else 0.0
+
+
+# (event, a valid lower bound on its ε at δ = 1e-5): ε0-randomized response is ε0-DP, and ε0/2-randomized
+# response is ε0-bounded-range (its log-ratios are ±ε0/2), so no valid analysis may report less.
+LOWER_BOUNDED = [
+    pytest.param(ev.PureDPEvent(1.0), 64, 1.0, id="pure-1x64"),
+    pytest.param(ev.PureDPEvent(8.0), 8, 8.0, id="pure-8x8"),
+    pytest.param(ev.PureDPEvent(3.0), 64, 3.0, id="pure-3x64"),
+    pytest.param(ev.ApproxDPEvent(8.0, 1e-8), 8, 8.0, id="approx-8x8"),
+    pytest.param(ev.ExponentialMechanismEvent(15.0), 8, 7.5, id="expmech-15x8"),
+    pytest.param(ev.ExponentialMechanismEvent(3.0), 64, 1.5, id="expmech-3x64"),
+]
+
+
+@pytest.mark.parametrize(("atom", "steps", "rr_eps"), LOWER_BOUNDED)
+def test_no_accountant_reports_less_than_the_exact_randomized_response(atom, steps: int, rr_eps: float) -> None:
+    delta = 1e-5
+    event = ev.SelfComposedEvent(atom, steps)
+    lower_bound = _exact_randomized_response_composition(rr_eps, steps, delta)
+    for name in NAMES:
+        acc = get_accountant(name)
+        if acc.supports(event):
+            assert acc.epsilon(event, delta=delta) >= lower_bound - 1e-9, name
 
 
 def test_rdp_best_order() -> None:
@@ -256,7 +296,15 @@ def test_auto_is_the_minimum_of_its_members(event: ev.DPEvent) -> None:
     assert set(per_member) == {m.name for m in auto.members if m.supports(event)}
     assert per_member  # something supports it
     eps = auto.epsilon(event, delta=delta)
-    assert eps == min(per_member.values())
+    # Every candidate is a valid bound: the members' ε and, where PRV applies, its coarse certified upper bound.
+    candidates = list(per_member.values())
+    prv_member = next((m for m in auto.members if isinstance(m, PRVAccountant)), None)
+    if prv_member is not None and prv_member.supports(event):
+        lower, upper = prv_member.coarse_bounds(ev.atoms(event), delta)
+        assert lower <= per_member["prv"] + 1e-12
+        candidates.append(upper)
+    assert eps == min(candidates)
+    assert eps <= min(per_member.values())
     for name in per_member:
         assert eps <= get_accountant(name).epsilon(event, delta=delta)
     assert auto.fits(event, epsilon=eps, delta=delta)

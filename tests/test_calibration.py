@@ -18,6 +18,7 @@ from dp_icl_plugin.accounting.calibration import (
     calibrate_mozo,
     calibrate_subsampled_gaussian,
 )
+from dp_icl_plugin.accounting.events import ADD_REMOVE, REPLACE_ONE
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 
 RDP = get_accountant("rdp")
@@ -86,9 +87,7 @@ def test_largest_on_grid_meets_target_and_is_largest(epsilon: float, q: float, s
 
 @settings(max_examples=25, deadline=None)
 @given(targets, rates, step_counts, deltas, st.sampled_from(["smallest", "largest"]))
-def test_bisection_meets_target_within_tolerance(
-    epsilon: float, q: float, steps: int, delta: float, find: str
-) -> None:
+def test_bisection_meets_target_within_tolerance(epsilon: float, q: float, steps: int, delta: float, find: str) -> None:
     make = _noise_event(q, steps) if find == "smallest" else _signal_event(q, steps)
     lo, hi, tol = (LO, HI, 1e-4) if find == "smallest" else (SIGNAL_LO, SIGNAL_HI, 1e-4)
     result = calibrate(make, epsilon=epsilon, delta=delta, lo=lo, hi=hi, find=find, tolerance=tol, accountant="rdp")
@@ -107,8 +106,9 @@ def test_grid_returns_low_end_when_everything_meets() -> None:
     make = _noise_event(0.01, 1)
     result = calibrate(make, epsilon=8.0, delta=1e-5, lo=5.0, hi=6.0, grid=0.1, accountant="rdp")
     assert result.value == 5.0
-    result = calibrate(_signal_event(0.01, 1), epsilon=8.0, delta=1e-5, lo=0.1, hi=0.2, grid=0.01, find="largest",
-                       accountant="rdp")
+    result = calibrate(
+        _signal_event(0.01, 1), epsilon=8.0, delta=1e-5, lo=0.1, hi=0.2, grid=0.01, find="largest", accountant="rdp"
+    )
     assert result.value == pytest.approx(0.2)
 
 
@@ -122,8 +122,16 @@ def test_calibration_error_when_range_cannot_meet_target(grid) -> None:
     with pytest.raises(CalibrationError):
         calibrate(_noise_event(1.0, 100), epsilon=0.01, delta=1e-5, lo=0.3, hi=0.5, grid=grid, accountant="rdp")
     with pytest.raises(CalibrationError):
-        calibrate(_signal_event(1.0, 100), epsilon=0.01, delta=1e-5, lo=2.0, hi=3.0, grid=grid, find="largest",
-                  accountant="rdp")
+        calibrate(
+            _signal_event(1.0, 100),
+            epsilon=0.01,
+            delta=1e-5,
+            lo=2.0,
+            hi=3.0,
+            grid=grid,
+            find="largest",
+            accountant="rdp",
+        )
 
 
 def test_calibration_error_is_a_configuration_error() -> None:
@@ -171,10 +179,14 @@ def test_bad_inputs_raise_configuration_error(overrides) -> None:
         (calibrate_subsampled_gaussian, dict(epsilon=1.0, delta=1e-5, sampling_rate=0.0, steps=10)),
         (calibrate_subsampled_gaussian, dict(epsilon=1.0, delta=1e-5, sampling_rate=0.1, steps=0)),
         (calibrate_subsampled_gaussian, dict(epsilon=-1.0, delta=1e-5, sampling_rate=0.1, steps=10)),
-        (calibrate_adadpsyn, dict(epsilon=1.0, delta=1e-5, sampling_rate=0.1, steps=10, t_hat=0, sigma0=10.0,
-                                  sigma2=3.0)),
-        (calibrate_adadpsyn, dict(epsilon=1.0, delta=1e-5, sampling_rate=0.1, steps=10, t_hat=1, sigma0=0.0,
-                                  sigma2=3.0)),
+        (
+            calibrate_adadpsyn,
+            dict(epsilon=1.0, delta=1e-5, sampling_rate=0.1, steps=10, t_hat=0, sigma0=10.0, sigma2=3.0),
+        ),
+        (
+            calibrate_adadpsyn,
+            dict(epsilon=1.0, delta=1e-5, sampling_rate=0.1, steps=10, t_hat=1, sigma0=0.0, sigma2=3.0),
+        ),
         (calibrate_mozo, dict(epsilon=1.0, delta=1e-5, sampling_rate=0.1, steps=10, order=1.0)),
         (calibrate_mozo, dict(epsilon=1.0, delta=2.0, sampling_rate=0.1, steps=10, order=4)),
         (calibrate_clip_blend_temperature, dict(epsilon=1.0, delta=1e-5, clip=-1.0, subset_size=10, steps=10)),
@@ -212,6 +224,16 @@ def test_clip_blend_temperature_is_the_smallest_within_tolerance() -> None:
     # A clearly smaller temperature overshoots.
     colder = me.clip_blend_event(clip=10.0, subset_size=50, temperature=result.value * (1 - 1e-3), steps=64)
     assert get_accountant("auto").epsilon(colder, delta=1e-5) > 4.0
+
+
+def test_clip_blend_replace_one_needs_twice_the_temperature() -> None:
+    """Replace-one doubles ε0 = c/(sτ), so the same guarantee needs τ twice as large."""
+    kwargs = dict(epsilon=4.0, delta=1e-5, clip=10.0, subset_size=50, steps=64)
+    add_remove = calibrate_clip_blend_temperature(**kwargs)
+    replace_one = calibrate_clip_blend_temperature(**kwargs, neighbouring=REPLACE_ONE)
+    assert replace_one.epsilon <= 4.0
+    assert replace_one.value == pytest.approx(2 * add_remove.value, rel=1e-3)
+    assert calibrate_clip_blend_temperature(**kwargs, neighbouring=ADD_REMOVE) == add_remove
 
 
 def test_calibration_result_is_consistent_with_the_event_factory() -> None:

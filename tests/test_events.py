@@ -120,8 +120,16 @@ def test_inner_must_be_an_event(not_an_event) -> None:
 
 @pytest.mark.parametrize(
     "inner",
-    [PureDPEvent(1.0), ApproxDPEvent(1.0, 1e-6), ExponentialMechanismEvent(1.0), MozoTokenEvent(0.1, 4),
-     RDPCurveEvent((2.0,), (0.1,)), SelfComposedEvent(G, 2), ComposedEvent((G, G)), POISSON],
+    [
+        PureDPEvent(1.0),
+        ApproxDPEvent(1.0, 1e-6),
+        ExponentialMechanismEvent(1.0),
+        MozoTokenEvent(0.1, 4),
+        RDPCurveEvent((2.0,), (0.1,)),
+        SelfComposedEvent(G, 2),
+        ComposedEvent((G, G)),
+        POISSON,
+    ],
     ids=lambda e: e.type_name,
 )
 def test_poisson_over_non_gaussian_is_unsupported(inner) -> None:
@@ -327,8 +335,10 @@ def test_rdp_curve_infinity_serialises_as_null() -> None:
         ({"type": "gaussian"}, ConfigurationError),
         ({"type": "gaussian", "noise_multiplier": "1.0"}, ConfigurationError),
         ({"type": "approx_dp", "epsilon": 1.0, "delta": 0.0}, ConfigurationError),
-        ({"type": "poisson_sampled", "sampling_rate": 0.1, "event": {"type": "pure_dp", "epsilon": 1.0}},
-         UnsupportedEventError),
+        (
+            {"type": "poisson_sampled", "sampling_rate": 0.1, "event": {"type": "pure_dp", "epsilon": 1.0}},
+            UnsupportedEventError,
+        ),
         ({"type": "self_composed", "event": {"type": "pure_dp", "epsilon": 1.0}, "count": 0}, ConfigurationError),
     ],
 )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from tests_support import REPO_ROOT
 
 import dp_icl_plugin
@@ -60,3 +62,12 @@ def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert "exec make test" in ci and "-eq 5" in makefile  # exit 5 (no tests) is reported and fails the run
     assert makefile.index("torch==2.13.0") < makefile.index('-e ".[all,dev]"')
+
+
+@pytest.mark.slow
+def test_demo_and_example_run(tmp_path: Path) -> None:
+    for argv in (["-m", "dp_icl_plugin.demo", "--ledger", str(tmp_path / "demo.db")],
+                 [str(REPO_ROOT / "examples" / "shared_budget.py"), str(tmp_path / "example.db")]):  # fmt: skip
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "spent ε" in done.stdout

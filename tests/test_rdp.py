@@ -71,8 +71,7 @@ def _sampled_gaussian_rdp_by_quadrature(q: float, sigma: float, alpha: int) -> f
         return math.exp(alpha * log_mix - x * x / (2 * sigma**2)) / (sigma * math.sqrt(2 * math.pi))
 
     lo, hi = -40 * sigma, alpha + 40 * sigma
-    value, err = integrate.quad(integrand, lo, hi, points=[0.0, 0.5, float(alpha)], limit=500,
-                                epsabs=0.0, epsrel=1e-12)
+    value, err = integrate.quad(integrand, lo, hi, points=[0.0, 0.5, float(alpha)], limit=500, epsabs=0.0, epsrel=1e-12)
     assert err <= 1e-9 * value
     return math.log(value) / (alpha - 1)
 
