@@ -24,7 +24,6 @@ from dp_icl_plugin import BudgetExhaustedError, BudgetManager, PrivacyBudget, Pu
 from dp_icl_plugin.accounting import GaussianEvent, InMemoryStore, LedgerStore, SQLiteStore, TightestAccountant, rdp
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
-from dp_icl_plugin.accounting.stores import StoredBudget
 
 BUDGET = PrivacyBudget(epsilon=8.0, delta=1e-5)
 MIX: list[tuple[str, ev.DPEvent]] = [
@@ -37,7 +36,7 @@ MIX: list[tuple[str, ev.DPEvent]] = [
 
 
 def fill(store: LedgerStore, n: int) -> None:
-    store.initialize(StoredBudget(BUDGET.epsilon, BUDGET.delta))
+    store.initialize(BUDGET)
     with store.transaction() as tx:
         for i in range(n):
             label, event = MIX[i % len(MIX)]

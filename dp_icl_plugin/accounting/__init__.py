@@ -13,7 +13,7 @@ from dp_icl_plugin.accounting.accountants import (
     TightestAccountant,
     get_accountant,
 )
-from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry, PrivacyBudget, PrivacySpend
+from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import (
     CalibrationResult,
     calibrate,
@@ -37,6 +37,7 @@ from dp_icl_plugin.accounting.events import (
     compose,
     event_from_dict,
 )
+from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore
 
 __all__ = [

@@ -21,35 +21,15 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant
-from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore, StoredBudget
+from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
+from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError, UnsupportedEventError
 
-__all__ = ["BudgetManager", "LedgerEntry", "PrivacyBudget", "PrivacySpend"]
+__all__ = ["BudgetManager", "LedgerEntry"]
 
 MAX_LABEL_LENGTH = 200
-
-
-@dataclass(frozen=True)
-class PrivacyBudget:
-    """A total (ε, δ) that all charges together may not exceed."""
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
-        object.__setattr__(self, "delta", check.probability_open("delta", self.delta))
-
-
-@dataclass(frozen=True)
-class PrivacySpend:
-    """An amount of privacy: ε at the budget's δ."""
-
-    epsilon: float
-    delta: float
 
 
 @dataclass(frozen=True)
@@ -117,8 +97,7 @@ class BudgetManager:
             raise ConfigurationError("ledger must be None, a path, or a LedgerStore")
         self._accountant = get_accountant(accountant)
         self._store = store
-        stored = store.initialize(None if budget is None else StoredBudget(budget.epsilon, budget.delta))
-        self._budget = PrivacyBudget(stored.epsilon, stored.delta)
+        self._budget = store.initialize(budget)
         self._decoded: dict[str, ev.DPEvent] = {}
         self._decode_lock = threading.Lock()
 

@@ -167,10 +167,9 @@ class GaussianEvent(DPEvent):
 
 
 @dataclass(frozen=True)
-class PureDPEvent(DPEvent):
-    """A release that is ε-DP (δ = 0), e.g. a Laplace or randomized-response step declared by the caller."""
+class _EpsilonEvent(DPEvent):
+    """Shared body of the events described by one pure ε (analysed by every accountant)."""
 
-    type_name: ClassVar[str] = "pure_dp"
     epsilon: float
 
     def __post_init__(self) -> None:
@@ -179,6 +178,13 @@ class PureDPEvent(DPEvent):
     @property
     def supported_accountants(self) -> frozenset[str]:
         return frozenset({BASIC, PRV, RDP})
+
+
+@dataclass(frozen=True)
+class PureDPEvent(_EpsilonEvent):
+    """A release that is ε-DP (δ = 0), e.g. a Laplace or randomized-response step declared by the caller."""
+
+    type_name: ClassVar[str] = "pure_dp"
 
 
 @dataclass(frozen=True)
@@ -199,7 +205,7 @@ class ApproxDPEvent(DPEvent):
 
 
 @dataclass(frozen=True)
-class ExponentialMechanismEvent(DPEvent):
+class ExponentialMechanismEvent(_EpsilonEvent):
     """An exponential (more generally, ε0-bounded-range) mechanism.
 
     It is ε0-DP, and as a bounded-range mechanism ε0²/8-zCDP (Cesar & Rogers 2021, Lemma 3.2), i.e.
@@ -207,22 +213,14 @@ class ExponentialMechanismEvent(DPEvent):
     """
 
     type_name: ClassVar[str] = "exponential_mechanism"
-    epsilon: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
-
-    @property
-    def supported_accountants(self) -> frozenset[str]:
-        return frozenset({BASIC, PRV, RDP})
 
 
 @dataclass(frozen=True)
 class RDPCurveEvent(DPEvent):
     """A raw Rényi-DP curve: (orders[i], epsilons[i])-RDP for every i, and D_∞ ≤ ``epsilon_inf``.
 
-    At an order between listed ones the value of the next larger listed order is used (Rényi divergence
-    is non-decreasing in the order); above the largest listed order the curve is unknown (infinite).
+    At order α the smallest value listed at any order ≥ α is used (Rényi divergence is non-decreasing in
+    the order); above the largest listed order the curve is unknown (infinite).
     """
 
     type_name: ClassVar[str] = "rdp_curve"

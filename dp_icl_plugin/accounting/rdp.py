@@ -124,8 +124,8 @@ def without_replacement_rdp(
 
     ε'(α) ≤ 1/(α−1) · log(1 + γ² C(α,2) min{4(e^{ε(2)}−1), e^{ε(2)} min{2, (e^{ε(∞)}−1)²}}
                          + Σ_{j=3..α} γ^j C(α,j) e^{(j−1)ε(j)} min{2, (e^{ε(∞)}−1)^j}),
-    for integer α ≥ 2 (``inf`` at other orders). Never larger than the inner ε(α): replacing one record
-    changes at most one sampled record, so the subsampled mechanism is no worse than the inner one.
+    for integer α ≥ 2 (``inf`` at other orders). At integer orders never larger than the inner ε(α):
+    replacing one record changes at most one sampled record, so subsampling cannot hurt.
     """
     a = _as_orders(orders)
     out = np.full(a.shape, np.inf)

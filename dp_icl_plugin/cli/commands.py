@@ -9,7 +9,8 @@ from typing import Any
 from dp_icl_plugin.accounting import calibration, events
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import get_accountant, tightest
-from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
+from dp_icl_plugin.accounting.budget import BudgetManager
+from dp_icl_plugin.accounting.privacy import PrivacyBudget
 
 __all__ = [
     "budget_init",

@@ -16,15 +16,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-__all__ = ["LedgerRow", "LedgerStore", "LedgerTransaction", "StoredBudget"]
+from dp_icl_plugin.accounting.privacy import PrivacyBudget
 
-
-@dataclass(frozen=True)
-class StoredBudget:
-    """The budget a ledger was created with."""
-
-    epsilon: float
-    delta: float
+__all__ = ["LedgerRow", "LedgerStore", "LedgerTransaction"]
 
 
 @dataclass(frozen=True)
@@ -54,7 +48,7 @@ class LedgerStore(ABC):
     """Durable, exclusive-access storage of one budget and its charges."""
 
     @abstractmethod
-    def initialize(self, budget: StoredBudget | None) -> StoredBudget:
+    def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
         """Create the ledger with ``budget`` or open the existing one and check that ``budget`` matches.
 
         Raises:

@@ -7,7 +7,8 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction, StoredBudget
+from dp_icl_plugin.accounting.privacy import PrivacyBudget
+from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction
 from dp_icl_plugin.errors import BudgetMismatchError, LedgerError
 
 __all__ = ["InMemoryStore"]
@@ -32,11 +33,11 @@ class InMemoryStore(LedgerStore):
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._budget: StoredBudget | None = None
+        self._budget: PrivacyBudget | None = None
         self._rows: list[LedgerRow] = []
         self._counts: Counter[str] = Counter()
 
-    def initialize(self, budget: StoredBudget | None) -> StoredBudget:
+    def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
         with self._lock:
             if self._budget is None:
                 if budget is None:

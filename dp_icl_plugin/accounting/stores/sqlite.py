@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction, StoredBudget
+from dp_icl_plugin.accounting.privacy import PrivacyBudget
+from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction
 from dp_icl_plugin.errors import BudgetMismatchError, LedgerCorruptError, LedgerError, LedgerFormatError
 
 __all__ = ["SQLiteStore"]
@@ -124,7 +125,7 @@ class SQLiteStore(LedgerStore):
                 raise LedgerCorruptError(f"ledger {self.path} is truncated")
             raise LedgerFormatError(f"{self.path} is not a dp-icl ledger (not an SQLite database)")
 
-    def initialize(self, budget: StoredBudget | None) -> StoredBudget:
+    def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
         with self._lock:
             existed = self.path.exists() and self.path.stat().st_size > 0
             if not existed and budget is None:
@@ -153,7 +154,7 @@ class SQLiteStore(LedgerStore):
             self._check_integrity(conn)
             return stored
 
-    def _read_or_create(self, conn: sqlite3.Connection, budget: StoredBudget | None) -> StoredBudget:
+    def _read_or_create(self, conn: sqlite3.Connection, budget: PrivacyBudget | None) -> PrivacyBudget:
         if conn.execute("PRAGMA application_id").fetchone()[0] == 0:  # still empty: we create it
             if budget is None:
                 raise LedgerError(f"no ledger at {self.path}; create one with a budget first")
@@ -175,8 +176,8 @@ class SQLiteStore(LedgerStore):
             )
         meta = dict(conn.execute("SELECT key, value FROM meta"))
         try:
-            stored = StoredBudget(epsilon=float(meta["epsilon"]), delta=float(meta["delta"]))
-        except (KeyError, ValueError):
+            stored = PrivacyBudget(epsilon=float(meta["epsilon"]), delta=float(meta["delta"]))
+        except (KeyError, ValueError):  # ConfigurationError is a ValueError: an invalid stored budget
             raise LedgerCorruptError(f"ledger {self.path} has no valid budget record") from None
         if budget is not None and budget != stored:
             raise BudgetMismatchError(
