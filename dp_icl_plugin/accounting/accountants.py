@@ -203,9 +203,13 @@ class TightestAccountant(Accountant):
 
     def fits(self, event: ev.DPEvent, *, epsilon: float, delta: float) -> bool:
         """Whether some valid analysis shows ``event`` is (epsilon, delta)-DP; stops at the first that does."""
+        return self.first_fitting(event, epsilon=epsilon, delta=delta) is not None
+
+    def first_fitting(self, event: ev.DPEvent, *, epsilon: float, delta: float) -> float | None:
+        """The first valid ε bound (cheapest first) that is ≤ ``epsilon``, or None if none is."""
         delta = check.probability_open("delta", delta)
         atoms = ev.atoms(event)
-        return any(eps <= epsilon for eps in self._candidates(atoms, delta, target=epsilon))
+        return next((eps for eps in self._candidates(atoms, delta, target=epsilon) if eps <= epsilon), None)
 
     def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
         return min(self._candidates(atoms, delta), default=math.inf)

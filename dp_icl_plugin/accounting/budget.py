@@ -131,23 +131,22 @@ class BudgetManager:
         # Decide once without the lock (this may run the slow numerical analysis and fills the caches);
         # inside the exclusive section the decision is only recomputed if another charge landed meanwhile.
         seen = self._store.event_counts()
-        seen_fits = self._fits(self._total(seen, event))
+        seen_bound = self._admitting_bound(self._total(seen, event))
         with self._store.transaction() as tx:
             counts = tx.event_counts()
             total = self._total(counts, event)
-            fits = seen_fits if counts == seen else self._fits(total)
-            if fits:
-                certified = self._certified_epsilon(total)
+            certified = seen_bound if counts == seen else self._admitting_bound(total)
+            if certified is not None:
                 timestamp = time.time()
                 row_id = tx.append(timestamp=timestamp, label=label, event_key=key, certified_epsilon=certified)
-        if not fits:  # the transaction has ended (nothing appended): explain outside the lock
+        if certified is None:  # the transaction has ended (nothing appended): explain outside the lock
             raise self._refusal(event, total)
         return LedgerEntry(row_id, label, event, timestamp, certified)
 
     def would_fit(self, event: ev.DPEvent) -> bool:
         """Dry run of :meth:`spend`: whether ``event`` would be admitted now (nothing is committed)."""
         self._check_event(event)
-        return self._fits(self._total(self._store.event_counts(), event))
+        return self._admitting_bound(self._total(self._store.event_counts(), event)) is not None
 
     # -- reading ----------------------------------------------------------------------------------
     def spent(self) -> PrivacySpend:
@@ -206,22 +205,13 @@ class BudgetManager:
             parts.append(extra)
         return ev.compose(*parts)  # raises ConfigurationError when neighbouring relations conflict
 
-    def _fits(self, total: ev.DPEvent) -> bool:
+    def _admitting_bound(self, total: ev.DPEvent) -> float | None:
+        """A valid ε bound on ``total`` within the budget (the cheapest found), or None: refuse."""
         b = self._budget
         if isinstance(self._accountant, TightestAccountant):
-            return self._accountant.fits(total, epsilon=b.epsilon, delta=b.delta)
-        return self._epsilon(total) <= b.epsilon
-
-    def _certified_epsilon(self, total: ev.DPEvent) -> float:
-        """The first (cheapest) bound that admitted ``total``; the tightest is available from ``spent()``."""
-        b = self._budget
-        if isinstance(self._accountant, TightestAccountant):
-            for m in self._accountant.members:
-                if m.supports(total):
-                    eps = m.epsilon(total, delta=b.delta)
-                    if eps <= b.epsilon:
-                        return eps
-        return self._epsilon(total)
+            return self._accountant.first_fitting(total, epsilon=b.epsilon, delta=b.delta)
+        eps = self._epsilon(total)
+        return eps if eps <= b.epsilon else None
 
     def _epsilon(self, event: ev.DPEvent) -> float:
         return self._accountant.epsilon(event, delta=self._budget.delta)
