@@ -20,6 +20,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from fractions import Fraction
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -38,25 +39,25 @@ __all__ = [
     "tightest",
 ]
 
-_AtomKey = frozenset[tuple[ev.DPEvent, int]]
+_V = TypeVar("_V")
 
 
-class _LRU:
+class _LRU(Generic[_V]):
     """A small thread-safe LRU map."""
 
     def __init__(self, maxsize: int = 4096) -> None:
-        self._data: OrderedDict[object, float] = OrderedDict()
+        self._data: OrderedDict[object, _V] = OrderedDict()
         self._lock = threading.Lock()
         self._maxsize = maxsize
 
-    def get(self, key: object) -> float | None:
+    def get(self, key: object) -> _V | None:
         with self._lock:
             if key not in self._data:
                 return None
             self._data.move_to_end(key)
             return self._data[key]
 
-    def put(self, key: object, value: float) -> None:
+    def put(self, key: object, value: _V) -> None:
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
@@ -70,15 +71,14 @@ class Accountant(ABC):
     name: str = ""
 
     def __init__(self) -> None:
-        self._cache = _LRU()
+        self._cache: _LRU[float] = _LRU()
 
     def supports(self, event: ev.DPEvent) -> bool:
         """Whether this accountant can analyse ``event``."""
         return self.name in event.supported_accountants
 
-    def epsilon(self, event: ev.DPEvent, *, delta: float) -> float:
-        """The ε of ``event`` at ``delta`` (``inf`` when this analysis cannot bound it)."""
-        delta = check.probability_open("delta", delta)
+    def require_supported(self, event: object) -> None:
+        """Raise ConfigurationError / UnsupportedEventError unless ``event`` is an event this accountant takes."""
         if not isinstance(event, ev.DPEvent):
             raise ConfigurationError(f"expected a DPEvent, got {type(event).__name__}")
         if not self.supports(event):
@@ -86,6 +86,11 @@ class Accountant(ABC):
                 f"the {self.name!r} accountant cannot analyse {event.type_name!r} events "
                 f"(supported by: {', '.join(sorted(event.supported_accountants)) or 'none'})"
             )
+
+    def epsilon(self, event: ev.DPEvent, *, delta: float) -> float:
+        """The ε of ``event`` at ``delta`` (``inf`` when this analysis cannot bound it)."""
+        delta = check.probability_open("delta", delta)
+        self.require_supported(event)
         return self._cached(ev.atoms(event), delta)
 
     def _cached(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
@@ -163,8 +168,7 @@ class PRVAccountant(Accountant):
         super().__init__()
         self.eps_error = check.positive_finite("eps_error", eps_error)
         self.delta_error = check.probability_open("delta_error", delta_error)
-        self._coarse: dict[tuple[_AtomKey, float], tuple[float, float]] = {}
-        self._coarse_lock = threading.Lock()
+        self._coarse: _LRU[tuple[float, float]] = _LRU()
 
     def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
         return prv.prv_epsilon(atoms, delta, eps_error=self.eps_error, delta_error=self.delta_error)
@@ -172,16 +176,12 @@ class PRVAccountant(Accountant):
     def coarse_bounds(self, atoms: Counter[ev.DPEvent], delta: float) -> tuple[float, float]:
         """Certified (lower, upper) ε bounds from a coarse analysis (cached)."""
         key = (frozenset(atoms.items()), delta)
-        with self._coarse_lock:
-            hit = self._coarse.get(key)
+        hit = self._coarse.get(key)
         if hit is None:
             hit = prv.prv_bounds(
                 atoms, delta, eps_error=self.eps_error * self.COARSE_FACTOR, delta_error=self.delta_error
             )
-            with self._coarse_lock:
-                if len(self._coarse) > 4096:
-                    self._coarse.clear()
-                self._coarse[key] = hit
+            self._coarse.put(key, hit)
         return hit
 
 

@@ -14,6 +14,7 @@ fits. Refusals and :meth:`BudgetManager.spent` use the tightest bound.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import os
 import threading
@@ -25,7 +26,7 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore
-from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError, UnsupportedEventError
+from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
 
 __all__ = ["BudgetManager", "LedgerEntry"]
 
@@ -140,7 +141,7 @@ class BudgetManager:
                 timestamp = time.time()
                 row_id = tx.append(timestamp=timestamp, label=label, event_key=key, certified_epsilon=certified)
         if certified is None:  # the transaction has ended (nothing appended): explain outside the lock
-            raise self._refusal(event, total)
+            raise self._refusal(event, total, counts)
         return LedgerEntry(row_id, label, event, timestamp, certified)
 
     def would_fit(self, event: ev.DPEvent) -> bool:
@@ -151,10 +152,7 @@ class BudgetManager:
     # -- reading ----------------------------------------------------------------------------------
     def spent(self) -> PrivacySpend:
         """Tightest ε of everything charged so far, at the budget's δ (0 for an empty ledger)."""
-        counts = self._store.event_counts()
-        if not counts:
-            return PrivacySpend(0.0, self._budget.delta)
-        return PrivacySpend(self._epsilon(self._total(counts, None)), self._budget.delta)
+        return PrivacySpend(self._spent_epsilon(self._store.event_counts()), self._budget.delta)
 
     def remaining(self) -> PrivacySpend:
         """Budget ε minus spent ε (at the budget's δ), never below 0.
@@ -181,19 +179,12 @@ class BudgetManager:
 
     # -- internals --------------------------------------------------------------------------------
     def _check_event(self, event: object) -> None:
-        if not isinstance(event, ev.DPEvent):
-            raise ConfigurationError(f"expected a DPEvent, got {type(event).__name__}")
-        if not self._accountant.supports(event):
-            raise UnsupportedEventError(
-                f"the {self._accountant.name!r} accountant cannot analyse {event.type_name!r} events"
-            )
+        self._accountant.require_supported(event)
 
     def _decode(self, key: str) -> ev.DPEvent:
         with self._decode_lock:
             event = self._decoded.get(key)
         if event is None:
-            import json
-
             event = ev.event_from_dict(json.loads(key))
             with self._decode_lock:
                 self._decoded[key] = event
@@ -216,13 +207,14 @@ class BudgetManager:
     def _epsilon(self, event: ev.DPEvent) -> float:
         return self._accountant.epsilon(event, delta=self._budget.delta)
 
-    def _refusal(self, event: ev.DPEvent, total: ev.DPEvent) -> BudgetExhaustedError:
+    def _spent_epsilon(self, counts: Counter[str]) -> float:
+        return self._epsilon(self._total(counts, None)) if counts else 0.0
+
+    def _refusal(self, event: ev.DPEvent, total: ev.DPEvent, counts: Counter[str]) -> BudgetExhaustedError:
         b = self._budget
         total_eps = self._epsilon(total)
         requested = self._epsilon(event)
-        counts = self._store_counts_excluding(total, event)
-        spent = self._epsilon(counts) if counts is not None else 0.0
-        remaining = max(b.epsilon - spent, 0.0)
+        remaining = max(b.epsilon - self._spent_epsilon(counts), 0.0)
         return BudgetExhaustedError(
             f"charge refused: epsilon would reach {_fmt(total_eps)} > budget {b.epsilon} at delta={b.delta} "
             f"(this charge alone: {_fmt(requested)}; remaining: {_fmt(remaining)}); nothing was committed",
@@ -230,13 +222,6 @@ class BudgetManager:
             remaining_epsilon=remaining,
             total_epsilon=total_eps,
         )
-
-    @staticmethod
-    def _store_counts_excluding(total: ev.DPEvent, event: ev.DPEvent) -> ev.DPEvent | None:
-        rest = ev.atoms(total)
-        rest.subtract(ev.atoms(event))
-        parts = [ev.SelfComposedEvent(a, n) for a, n in rest.items() if n > 0]
-        return ev.compose(*parts) if parts else None
 
 
 def _fmt(x: float) -> str:

@@ -208,7 +208,7 @@ class ApproxDPEvent(DPEvent):
 class ExponentialMechanismEvent(_EpsilonEvent):
     """An exponential (more generally, ε0-bounded-range) mechanism.
 
-    It is ε0-DP, and as a bounded-range mechanism ε0²/8-zCDP (Cesar & Rogers 2021, Lemma 3.2), i.e.
+    It is ε0-DP, and as a bounded-range mechanism ε0²/8-zCDP (Cesar & Rogers 2021), i.e.
     (α, α·ε0²/8)-RDP: far tighter than advanced composition over many tokens.
     """
 

@@ -6,9 +6,9 @@ References:
 - Poisson-subsampled Gaussian: Mironov, Talwar & Zhang 2019, §3.3 (exact at integer α ≥ 2).
 - Pure ε-DP: the Rényi divergence of randomized response with parameter ε, which dominates every ε-DP
   pair (each is a post-processing of it); also ≤ ε.
-- Bounded-range ε0 (the exponential mechanism): ε0²/8-zCDP, Cesar & Rogers 2021, Lemma 3.2.
+- Bounded-range ε0 (the exponential mechanism): ε0²/8-zCDP, Cesar & Rogers 2021.
 - Sampling without replacement (replace-one): Wang, Balle & Kasiviswanathan 2019, Theorem 9.
-- Conversion: Balle et al. 2020, Theorem 21: ε = ρ + log((α−1)/α) − (log δ + log α)/(α−1).
+- Conversion: Balle et al. 2020: ε = ρ + log((α−1)/α) − (log δ + log α)/(α−1).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def gaussian_rdp(orders: Orders, noise_multiplier: float) -> np.ndarray:
 def poisson_subsampled_gaussian_rdp(orders: Orders, sampling_rate: float, noise_multiplier: float) -> np.ndarray:
     """RDP of the Poisson-subsampled Gaussian (add/remove), exact at integer orders, ``inf`` elsewhere.
 
-    ε(α) = log Σ_k C(α,k) (1−q)^(α−k) q^k exp((k²−k)/(2σ²)) / (α−1)  (Mironov et al. 2019, Eq. (4)).
+    ε(α) = log Σ_k C(α,k) (1−q)^(α−k) q^k exp((k²−k)/(2σ²)) / (α−1)  (Mironov, Talwar & Zhang 2019, §3.3).
     """
     a = _as_orders(orders)
     if sampling_rate >= 1.0:

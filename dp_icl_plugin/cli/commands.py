@@ -111,12 +111,12 @@ def budget_show(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _summary(manager: BudgetManager) -> dict[str, Any]:
-    spent = manager.spent()
+    spent, remaining = manager.spent(), manager.remaining()
     counts = manager.label_counts()
     return {
         "budget": {"epsilon": manager.budget.epsilon, "delta": manager.budget.delta},
         "spent": {"epsilon": spent.epsilon, "delta": spent.delta},
-        "remaining": {"epsilon": max(manager.budget.epsilon - spent.epsilon, 0.0), "delta": manager.budget.delta},
+        "remaining": {"epsilon": remaining.epsilon, "delta": remaining.delta},
         "events": sum(counts.values()),
         "events_per_label": dict(sorted(counts.items())),
     }
