@@ -25,6 +25,7 @@ from dp_icl_plugin.accounting import (
     compose,
     get_accountant,
 )
+from dp_icl_plugin.backends import FakeBackend, IncrementalSession, NextTokenBackend
 from dp_icl_plugin.errors import (
     BackendError,
     BudgetExhaustedError,
@@ -52,12 +53,16 @@ __all__ = [
     "DPEvent",
     "DPICLError",
     "ExponentialMechanismEvent",
+    "FakeBackend",
     "GaussianEvent",
+    "HFBackend",
+    "IncrementalSession",
     "LedgerCorruptError",
     "LedgerEntry",
     "LedgerError",
     "LedgerFormatError",
     "MozoTokenEvent",
+    "NextTokenBackend",
     "PoissonSampledEvent",
     "PrivacyBudget",
     "PrivacySpend",
@@ -71,3 +76,12 @@ __all__ = [
     "compose",
     "get_accountant",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # HFBackend needs torch and transformers: import them only when it is asked for.
+    if name == "HFBackend":
+        from dp_icl_plugin.backends.hf import HFBackend
+
+        return HFBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

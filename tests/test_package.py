@@ -15,8 +15,8 @@ from dp_icl_plugin import accounting
 PUBLIC_API = {
     "ApproxDPEvent", "BackendError", "BudgetExhaustedError", "BudgetManager", "BudgetMismatchError",
     "CalibrationError", "ComposedEvent", "ConfigurationError", "DPEvent", "DPICLError",
-    "ExponentialMechanismEvent", "GaussianEvent", "LedgerCorruptError", "LedgerEntry", "LedgerError",
-    "LedgerFormatError", "MozoTokenEvent", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
+    "ExponentialMechanismEvent", "FakeBackend", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
+    "LedgerFormatError", "MozoTokenEvent", "NextTokenBackend", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
     "RDPCurveEvent", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
     "__version__", "calibrate", "compose", "get_accountant",
 }  # fmt: skip
@@ -40,7 +40,8 @@ def test_error_tree() -> None:
 
 def test_core_import_loads_no_heavy_framework() -> None:
     code = (
-        "import sys, dp_icl_plugin, dp_icl_plugin.accounting, dp_icl_plugin.cli;"
+        "import sys, dp_icl_plugin, dp_icl_plugin.accounting, dp_icl_plugin.cli, dp_icl_plugin.backends,"
+        " dp_icl_plugin.ginc, dp_icl_plugin.ginc.prompts, dp_icl_plugin.ginc.evaluation, dp_icl_plugin.demo;"
         "heavy = {'torch', 'transformers', 'faiss', 'langchain_core', 'llama_index', 'sentence_transformers'};"
         "print(sorted(heavy & set(sys.modules)))"
     )

@@ -1,0 +1,164 @@
+"""The narrow interface every DP-ICL method uses to read a language model.
+
+A backend turns prompts into next-token **log-probabilities over the full vocabulary** (rows of an
+``(n_prompts, vocab_size)`` float32 array; log-probabilities rather than logits because every method here is
+invariant to a per-row shift: clipping subtracts the row maximum, mixing and softmax renormalise). Methods
+whose prompts stay fixed while tokens are appended (clip-blend, MOZO's zero-shot prompt) use an
+:class:`IncrementalSession`, which keeps each prompt's KV cache so one step costs the same whatever the
+prompt length.
+
+A prompt is either text (tokenised with the tokenizer's own special tokens, e.g. a BOS) or a sequence of
+token ids (used as is). Backends never log or echo prompt text: it may be private.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from numbers import Integral
+from typing import Protocol, TypeAlias, runtime_checkable
+
+import numpy as np
+
+from dp_icl_plugin.errors import BackendError, ConfigurationError
+
+__all__ = [
+    "ChatMessage",
+    "IncrementalSession",
+    "NextTokenBackend",
+    "Prompt",
+    "appended_ids",
+    "check_logprobs",
+    "prompt_ids",
+]
+
+Prompt: TypeAlias = str | Sequence[int] | np.ndarray
+ChatMessage: TypeAlias = Mapping[str, str]
+
+
+@runtime_checkable
+class IncrementalSession(Protocol):
+    """A fixed batch of prompts that grows by one token per prompt per step, reusing cached state."""
+
+    @property
+    def n_prompts(self) -> int: ...
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Current length of each prompt in tokens."""
+        ...
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        """Next-token log-probabilities after the current content, shape (n_prompts, vocab_size)."""
+        ...
+
+    def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
+        """Append one token to every prompt (a single id for all, or one id per prompt); returns the new
+        :attr:`logprobs`."""
+        ...
+
+    def close(self) -> None:
+        """Release the cached state (also on ``with`` exit)."""
+        ...
+
+    def __enter__(self) -> IncrementalSession: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class NextTokenBackend(Protocol):
+    """Batched next-token distributions, tokenisation and chat formatting of one causal language model."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of every log-probability row: the token ids the tokenizer can produce."""
+        ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens (for appending to a prompt)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int] | np.ndarray) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a chat, formatted by the tokenizer's template; ConfigurationError if it has none."""
+        ...
+
+    def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
+        """Log-probabilities of the next token after each prompt, shape (len(prompts), vocab_size), float32."""
+        ...
+
+    def start(self, prompts: Sequence[Prompt] | np.ndarray) -> IncrementalSession:
+        """Encode ``prompts`` once and return a session that appends tokens with cached state."""
+        ...
+
+
+def prompt_ids(
+    prompts: Sequence[Prompt] | np.ndarray,
+    *,
+    encode_prompt: Callable[[str], list[int]],
+    vocab_size: int,
+    max_length: int | None,
+) -> list[list[int]]:
+    """Validate a batch of prompts and return each as a list of token ids.
+
+    Raises ConfigurationError for an empty batch, an empty prompt, an id outside ``[0, vocab_size)`` or a
+    prompt longer than ``max_length``; messages give the prompt's position, never its content.
+    """
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
+        raise ConfigurationError("prompts must be a sequence of prompts (pass [prompt] for one prompt)")
+    if len(prompts) == 0:
+        raise ConfigurationError("prompts must not be empty")
+    result: list[list[int]] = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            ids = encode_prompt(prompt)
+        elif isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, bytes):
+            ids = list(prompt)  # type: ignore[arg-type]  # str was handled above
+            if not all(isinstance(t, Integral) and not isinstance(t, bool) for t in ids):
+                raise ConfigurationError(f"prompt {i}: token ids must be integers")
+            ids = [int(t) for t in ids]
+        else:
+            kind = type(prompt).__name__
+            raise ConfigurationError(f"prompt {i}: expected text or a sequence of token ids, got {kind}")
+        if not ids:
+            raise ConfigurationError(f"prompt {i} has no tokens: a next-token distribution needs a context")
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise ConfigurationError(f"prompt {i}: token ids must lie in [0, {vocab_size})")
+        if max_length is not None and len(ids) > max_length:
+            raise ConfigurationError(f"prompt {i} has {len(ids)} tokens; the model takes at most {max_length}")
+        result.append(ids)
+    return result
+
+
+def check_logprobs(logprobs: np.ndarray) -> np.ndarray:
+    """Refuse what no language model should return: NaN, +inf, or a row with no finite entry."""
+    if np.isnan(logprobs).any() or np.isposinf(logprobs).any():
+        raise BackendError("the model returned NaN or +inf log-probabilities")
+    if not np.isfinite(logprobs).any(axis=-1).all():
+        raise BackendError("the model returned a next-token distribution with no finite entry")
+    return logprobs
+
+
+def appended_ids(token_ids: int | Sequence[int] | np.ndarray, *, n_prompts: int, vocab_size: int) -> np.ndarray:
+    """One token id per prompt, shape (n_prompts,), from a single id or one id per prompt."""
+    if isinstance(token_ids, Integral) and not isinstance(token_ids, bool):
+        ids = np.full(n_prompts, int(token_ids), dtype=np.int64)
+    else:
+        arr = np.asarray(token_ids)
+        if arr.shape != (n_prompts,) or not np.issubdtype(arr.dtype, np.integer):
+            raise ConfigurationError(f"append takes one integer token id, or one per prompt (shape ({n_prompts},))")
+        ids = arr.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ConfigurationError(f"token ids must lie in [0, {vocab_size})")
+    return ids
