@@ -28,14 +28,14 @@ def test_structure_of_the_hmms():
     lang, c = LANGUAGE, LANGUAGE.config
     assert lang.emission_table.shape == (c.n_entities, c.n_properties)
     assert (lang.emission_table[:, 0] == 0).all() and (lang.emission_table[:, 1:] > 0).all()
-    # 90 cells, 149 symbols: every (entity, property ≠ 0) has its own symbol.
-    assert len(np.unique(lang.emission_table[:, 1:])) == c.n_entities * (c.n_properties - 1)
+    # 90 independent uniform draws from 149 symbols collide: about 67.5 distinct (sd ≈ 3.5)
+    assert 55 <= len(np.unique(lang.emission_table[:, 1:])) <= 80
     assert np.allclose(lang.entity_transition.sum(axis=1), 1) and (np.diag(lang.entity_transition) >= 0.9).all()
     assert np.allclose(lang.property_transitions.sum(axis=2), 1)
     assert lang.property_transitions.shape == (c.n_hmms, c.n_properties, c.n_properties)
     assert not np.allclose(lang.property_transitions[0], lang.property_transitions[1])
-    # temperature 0.1: each property row is dominated by one successor
-    assert np.median(lang.property_transitions.max(axis=2)) > 0.8
+    # temperature 0.1 over uniform logits: a few permutations share each row, none takes all of it
+    assert 0.3 < np.median(lang.property_transitions.max(axis=2)) < 0.99
     # temperature 10: near-uniform starts
     starts = lang.start_distributions
     assert np.allclose(starts.sum(axis=1), 1) and starts.max() / starts.min() < 3

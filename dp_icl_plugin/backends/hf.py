@@ -19,7 +19,7 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import ChatMessage, Prompt, appended_ids, check_logprobs, prompt_ids
-from dp_icl_plugin.errors import BackendError, ConfigurationError
+from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
 
 __all__ = ["HFBackend", "HFIncrementalSession"]
 
@@ -201,6 +201,8 @@ class HFBackend:
         with self._lock, torch.inference_mode():
             try:
                 yield
+            except DPICLError:
+                raise
             except (RuntimeError, ValueError, IndexError, TypeError) as exc:
                 raise BackendError(f"forward pass of {self.model_id} failed: {type(exc).__name__}") from exc
 

@@ -7,10 +7,10 @@ state is a pair (entity, property):
 - emissions are deterministic and shared by all HMMs: one random token per (entity, property), with
   property 0 always emitting the delimiter "/" (token 0);
 - transitions are factorial, T_θ = entity_T ⊗ property_T_θ. ``property_T_θ`` differs per concept (a
-  softmax-weighted mixture of random permutation matrices, temperature 0.1, so nearly one permutation);
+  softmax-weighted mixture of random permutation matrices, logits uniform in (−½, ½), temperature 0.1);
   ``entity_T`` is shared and biased to stay (0.9·I + 0.1·mixture);
-- each concept starts from a near-uniform distribution over hidden states (softmax of Gaussians, temperature
-  10).
+- each concept starts from a near-uniform distribution over hidden states (softmax of uniform logits,
+  temperature 10).
 
 Of the ``n_hmms`` concepts, the first ``n_pretrain_hmms`` generate the pretraining documents. Everything is
 a deterministic function of :class:`GincConfig` (its seed included), so a model directory only needs the
@@ -109,8 +109,12 @@ def _softmax(x: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def _permutation_mixture(rng: np.random.Generator, n: int, temperature: float) -> np.ndarray:
-    """A row-stochastic matrix: Σ_j w_j P_j over n random permutations, w = softmax(N(0, 1) / temperature)."""
-    weights = _softmax(rng.standard_normal(n), temperature)
+    """A row-stochastic matrix Σ_j w_j P_j over n random permutations, w = softmax(U(−½, ½) / temperature).
+
+    Uniform logits as in the original GINC: at temperature 0.1 a few permutations share the mass, so the
+    chains are predictable but not deterministic.
+    """
+    weights = _softmax(rng.random(n) - 0.5, temperature)
     matrix = np.zeros((n, n))
     for w in weights:
         matrix[np.arange(n), rng.permutation(n)] += w
@@ -128,11 +132,10 @@ class GincLanguage:
         c = self.config
         rng = np.random.default_rng(c.seed)
         self.vocab: list[str] = symbol_names(c.n_symbols)
-        n_cells = c.n_entities * (c.n_properties - 1)
-        # Distinct symbols per (entity, property ≠ 0) when the vocabulary allows it, as in the original.
-        symbols = rng.choice(np.arange(1, c.n_symbols), size=n_cells, replace=n_cells > c.n_symbols - 1)
+        # An independent uniform symbol per (entity, property ≠ 0), so symbols collide (about 68 distinct
+        # of 90 cells at |V| = 150): a token does not reveal its hidden state, as in the original GINC.
         emission = np.zeros((c.n_entities, c.n_properties), dtype=np.int64)
-        emission[:, 1:] = symbols.reshape(c.n_entities, c.n_properties - 1)
+        emission[:, 1:] = rng.integers(1, c.n_symbols, size=(c.n_entities, c.n_properties - 1))
         self.emission_table = emission
         self.entity_transition = c.entity_stay * np.eye(c.n_entities) + (1.0 - c.entity_stay) * (
             _permutation_mixture(rng, c.n_entities, c.transition_temperature)
@@ -141,7 +144,7 @@ class GincLanguage:
             [_permutation_mixture(rng, c.n_properties, c.transition_temperature) for _ in range(c.n_hmms)]
         )
         self.start_distributions = np.stack(
-            [_softmax(rng.standard_normal(self.n_states), c.start_temperature) for _ in range(c.n_hmms)]
+            [_softmax(rng.random(self.n_states) - 0.5, c.start_temperature) for _ in range(c.n_hmms)]
         )
 
     # ---------------------------------------------------------------- structure
