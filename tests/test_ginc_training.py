@@ -189,16 +189,25 @@ def test_cli_train_then_resume(tmp_path: Path, capsys):
 # ---------------------------------------------------------------------------- the committed model
 
 
-def test_the_committed_model_learns_in_context():
-    """The contract command: 4-shot accuracy at k = 10 well above 85% (200 prompts, seed 0) and above 0-shot.
+def _ginc_eval(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "dp_icl_plugin.cli", "bench", "ginc-eval", *args],
+                          capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    return json.loads(proc.stdout)["accuracy"]
 
-    The committed model's full table (1,000 prompts per cell) is in README.md and benchmarks/ginc/.
-    """
+
+def test_the_committed_model_meets_the_contract():
+    """The contract command: 4-shot accuracy at k = 10 well above 85% (200 prompts, seed 0), in a small file."""
     assert (default_model_path() / "model.safetensors").stat().st_size < 20 * 2**20
-    proc = subprocess.run(
-        [sys.executable, "-m", "dp_icl_plugin.cli", "bench", "ginc-eval", "--shots", "0,4", "--k", "10",
-         "--prompts", "200", "--seed", "0"],
-        capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
-    accuracy = json.loads(proc.stdout)["accuracy"]["10"]
-    assert accuracy["4"] >= 0.85 and accuracy["4"] > accuracy["0"]
+    accuracy = _ginc_eval("--shots", "0,4", "--k", "10", "--prompts", "200", "--seed", "0")["10"]
+    assert accuracy["4"] >= 0.85
+
+
+def test_the_committed_model_learns_in_context():
+    """Demonstrations help: 4-shot beats 0-shot at k = 5 by ≥ 3 points and at k = 10, on 1,000 prompts per cell.
+
+    At k = 10 the query alone nearly reveals the concept (0-shot ≈ 93%), so 200 prompts (±3.5 points) cannot
+    resolve the gap there; the measured figures (README.md) are 83.6 → 90.4 at k = 5 and 92.6 → 95.4 at k = 10.
+    """
+    accuracy = _ginc_eval("--shots", "0,4", "--k", "5,10", "--prompts", "1000", "--seed", "0")
+    assert accuracy["5"]["4"] - accuracy["5"]["0"] >= 0.03
+    assert accuracy["10"]["4"] > accuracy["10"]["0"]

@@ -67,8 +67,11 @@ def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:
 
 @pytest.mark.slow
 def test_demo_and_example_run(tmp_path: Path) -> None:
-    for argv in (["-m", "dp_icl_plugin.demo", "--ledger", str(tmp_path / "demo.db")],
+    outputs = []
+    for argv in (["-m", "dp_icl_plugin.demo", "--ledger", str(tmp_path / "demo.db"), "--prompts", "200"],
                  [str(REPO_ROOT / "examples" / "shared_budget.py"), str(tmp_path / "example.db")]):  # fmt: skip
         done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert "spent ε" in done.stdout
+        outputs.append(done.stdout)
+    assert "4 real demonstrations lift accuracy" in outputs[0]  # the GINC model ran through HFBackend

@@ -46,9 +46,7 @@ def _resolve_dtype(dtype: str | Any) -> Any:
     torch = _torch()
     if dtype is None or dtype == "auto":
         return "auto"
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    resolved = getattr(torch, str(dtype), None)
+    resolved = dtype if isinstance(dtype, torch.dtype) else getattr(torch, str(dtype), None)
     if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
         raise ConfigurationError(f"dtype must be 'auto', a floating torch dtype or its name, got {dtype!r}")
     return resolved

@@ -1,0 +1,520 @@
+"""HFBackend over tiny, randomly initialised GPT-2 models built on the spot (never downloaded).
+
+Checks that batching (left padding, masks, position ids, micro-batches) and KV-cached incremental decoding
+reproduce per-prompt full forward passes, that validation and failures map to the package's errors without
+echoing prompt text, and that the core package stays importable without torch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+from dp_icl_plugin.backends import IncrementalSession, NextTokenBackend  # noqa: E402
+from dp_icl_plugin.backends.hf import HFBackend, HFIncrementalSession  # noqa: E402
+from dp_icl_plugin.errors import BackendError, ConfigurationError  # noqa: E402
+from dp_icl_plugin.ginc.language import symbol_names  # noqa: E402
+from dp_icl_plugin.ginc.tokenizer import build_tokenizer  # noqa: E402
+from tests_support import REPO_ROOT  # noqa: E402
+
+torch.set_num_threads(1)
+
+VOCAB = 150
+N_POSITIONS = 64
+TOL = 1e-4
+CANARY = "zzsecretzz"
+# Distinct lengths in 1..40, so every micro-batch mixes lengths and needs padding.
+LENGTHS = [1, 40, 7, 13, 2, 25, 33, 5, 18, 9, 29, 3]
+
+
+def _config(vocab_size: int = VOCAB) -> GPT2Config:
+    return GPT2Config(
+        vocab_size=vocab_size, n_positions=N_POSITIONS, n_embd=32, n_layer=2, n_head=2,
+        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+
+
+def _tokenizer() -> object:
+    return build_tokenizer(symbol_names(VOCAB), model_max_length=N_POSITIONS)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-gpt2")
+    torch.manual_seed(0)
+    GPT2LMHeadModel(_config()).save_pretrained(out)
+    _tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def backend(model_dir: Path) -> HFBackend:
+    return HFBackend.from_pretrained(model_dir, dtype="float32", device="cpu", micro_batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    rng = np.random.default_rng(1234)
+    return [rng.integers(0, VOCAB, size=n).tolist() for n in LENGTHS]
+
+
+def _reference(model: object, ids: list[int]) -> np.ndarray:
+    """Next-token log-probabilities of one unpadded prompt, straight from the model."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1, :VOCAB].float()
+        return torch.log_softmax(logits, dim=-1).numpy()
+
+
+def _logsumexp(rows: np.ndarray) -> np.ndarray:
+    return np.logaddexp.reduce(rows.astype(np.float64), axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------- batching
+
+
+def test_loaded_backend_properties(backend: HFBackend, model_dir: Path) -> None:
+    assert backend.vocab_size == VOCAB
+    assert backend.eos_token_id == 0
+    assert backend.max_length == N_POSITIONS
+    assert backend.model_id == str(model_dir)
+    assert backend.micro_batch_size == 3
+    assert str(backend.device) == "cpu"
+    assert next(backend.model.parameters()).dtype == torch.float32
+    assert not backend.model.training
+
+
+def test_single_prompt_matches_the_model_itself(backend: HFBackend, prompts: list[list[int]]) -> None:
+    for p in prompts[:4]:
+        got = backend.next_token_logprobs([p])[0]
+        np.testing.assert_allclose(got, _reference(backend.model, p), atol=TOL, rtol=0)
+
+
+def test_batched_equals_unbatched(backend: HFBackend, prompts: list[list[int]]) -> None:
+    batched = backend.next_token_logprobs(prompts)
+    single = np.stack([backend.next_token_logprobs([p])[0] for p in prompts])
+    assert batched.shape == (len(prompts), VOCAB)
+    assert np.abs(batched - single).max() <= TOL
+    # Rows genuinely differ between prompts, so a mix-up of rows would be caught.
+    for i in range(1, len(prompts)):
+        assert np.abs(batched[i] - batched[0]).max() > 100 * TOL
+
+    # The comparison is sensitive: ignoring the padding mask and positions changes the answer.
+    width = max(LENGTHS)
+    short = prompts[0]
+    padded = torch.tensor([[0] * (width - len(short)) + short])
+    with torch.inference_mode():
+        naive = torch.log_softmax(backend.model(input_ids=padded).logits[0, -1, :VOCAB].float(), -1).numpy()
+    assert np.abs(naive - single[0]).max() > 100 * TOL
+
+
+def test_result_rows_follow_input_order(backend: HFBackend, prompts: list[list[int]]) -> None:
+    batched = backend.next_token_logprobs(prompts)
+    order = np.random.default_rng(7).permutation(len(prompts))
+    shuffled = backend.next_token_logprobs([prompts[i] for i in order])
+    assert np.abs(shuffled - batched[order]).max() <= TOL
+
+
+@pytest.mark.parametrize("pair", [(1, 64), (2, 5)])
+def test_micro_batch_size_does_not_change_results(
+    backend: HFBackend, prompts: list[list[int]], pair: tuple[int, int]
+) -> None:
+    a, b = (HFBackend(backend.model, backend.tokenizer, device="cpu", micro_batch_size=m) for m in pair)
+    assert np.abs(a.next_token_logprobs(prompts) - b.next_token_logprobs(prompts)).max() <= TOL
+    assert np.abs(a.next_token_logprobs(prompts) - backend.next_token_logprobs(prompts)).max() <= TOL
+
+
+def test_prompt_containers(backend: HFBackend) -> None:
+    as_lists = backend.next_token_logprobs([[1, 2, 3], [4, 5, 6]])
+    as_array = backend.next_token_logprobs(np.array([[1, 2, 3], [4, 5, 6]]))
+    as_tuples = backend.next_token_logprobs(((1, 2, 3), np.array([4, 5, 6], dtype=np.int32)))
+    np.testing.assert_array_equal(as_array, as_lists)
+    np.testing.assert_array_equal(as_tuples, as_lists)
+
+
+def test_prompt_of_exactly_max_length_is_accepted(backend: HFBackend) -> None:
+    ids = [i % VOCAB for i in range(N_POSITIONS)]
+    out = backend.next_token_logprobs([ids, [5]])
+    np.testing.assert_allclose(out[0], _reference(backend.model, ids), atol=TOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+
+
+def test_cached_equals_uncached(backend: HFBackend, prompts: list[list[int]]) -> None:
+    rng = np.random.default_rng(99)
+    sequences = [list(p) for p in prompts]
+    n = len(prompts)
+    session = backend.start(prompts)
+    assert session.n_prompts == n
+    np.testing.assert_array_equal(session.lengths, LENGTHS)
+    assert np.abs(session.logprobs - backend.next_token_logprobs(prompts)).max() <= TOL
+    steps: list[object] = [
+        rng.integers(0, VOCAB, size=n),
+        7,  # one id for every prompt
+        rng.integers(0, VOCAB, size=n).tolist(),
+        np.int64(149),
+        rng.integers(0, VOCAB, size=n).astype(np.int32),
+        0,
+    ]
+    previous = session.logprobs
+    for step, new in enumerate(steps, start=1):
+        out = session.append(new)  # type: ignore[arg-type]
+        per_prompt = np.broadcast_to(np.asarray(new), (n,))
+        for seq, token in zip(sequences, per_prompt, strict=True):
+            seq.append(int(token))
+        assert out.shape == (n, VOCAB) and out.dtype == np.float32
+        np.testing.assert_array_equal(session.lengths, np.array(LENGTHS) + step)
+        np.testing.assert_array_equal(session.logprobs, out)
+        assert np.abs(out - backend.next_token_logprobs(sequences)).max() <= TOL
+        assert np.abs(out - previous).max() > 100 * TOL  # appending really changed the context
+        previous = out
+    session.close()
+    # The caller's prompts are not mutated by appending.
+    assert [len(p) for p in prompts] == LENGTHS
+
+
+def test_session_results_are_copies(backend: HFBackend) -> None:
+    session = backend.start([[1, 2], [3]])
+    lengths, logprobs = session.lengths, session.logprobs
+    lengths[:] = 0
+    logprobs[:] = 0.0
+    np.testing.assert_array_equal(session.lengths, [2, 1])
+    assert np.all(session.logprobs < 0)
+    out = session.append(4)
+    out[:] = 0.0
+    assert np.all(session.logprobs < 0)
+
+
+def test_session_with_text_prompts(backend: HFBackend) -> None:
+    with backend.start(["a b c", "d"]) as session:
+        np.testing.assert_array_equal(session.lengths, [3, 1])
+        out = session.append([4, 5])
+    np.testing.assert_allclose(out, backend.next_token_logprobs([[1, 2, 3, 4], [4, 5]]), atol=TOL, rtol=0)
+
+
+def test_session_up_to_max_positions_then_refuses(backend: HFBackend) -> None:
+    ids = [i % VOCAB for i in range(N_POSITIONS - 1)]
+    session = backend.start([ids, [3, 4]])
+    out = session.append([9, 9])
+    np.testing.assert_allclose(out, backend.next_token_logprobs([[*ids, 9], [3, 4, 9]]), atol=TOL, rtol=0)
+    before = session.logprobs
+    with pytest.raises(ConfigurationError, match="positions"):
+        session.append([1, 1])
+    # The refused step changed nothing.
+    np.testing.assert_array_equal(session.lengths, [N_POSITIONS, 3])
+    np.testing.assert_array_equal(session.logprobs, before)
+
+
+# ---------------------------------------------------------------------------------------------- text, vocabulary
+
+
+def test_text_prompts_and_tokenisation(backend: HFBackend) -> None:
+    by_text = backend.next_token_logprobs(["a b c"])
+    by_ids = backend.next_token_logprobs([[1, 2, 3]])
+    np.testing.assert_array_equal(by_text, by_ids)
+    assert np.abs(by_text - backend.next_token_logprobs([[1, 2, 4]])).max() > 100 * TOL
+    assert backend.encode("a b c") == [1, 2, 3]
+    assert backend.encode("/ z ab") == [0, 26, 27]
+    assert backend.decode([1, 2, 3]) == "a b c"
+    assert backend.decode(np.array([27, 28])) == "ab ac"
+    words = " ".join(symbol_names(VOCAB)[1:])
+    assert backend.decode(backend.encode(words)) == words
+    assert backend.encode(words) == list(range(1, VOCAB))
+
+
+def test_rows_are_normalised_float32(backend: HFBackend, prompts: list[list[int]]) -> None:
+    out = backend.next_token_logprobs(prompts)
+    assert out.dtype == np.float32
+    assert out.shape == (len(prompts), VOCAB)
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(_logsumexp(out), 0.0, atol=1e-5)
+
+
+def test_vocab_size_is_capped_by_the_tokenizer() -> None:
+    torch.manual_seed(1)
+    model = GPT2LMHeadModel(_config(vocab_size=160))  # padded embedding: 10 rows that are no token
+    backend = HFBackend(model, _tokenizer(), device="cpu")
+    assert backend.vocab_size == VOCAB
+    out = backend.next_token_logprobs([[1, 2, 3], "d e"])
+    assert out.shape == (2, VOCAB)
+    np.testing.assert_allclose(np.exp(out.astype(np.float64)).sum(axis=1), 1.0, atol=1e-5)
+    # The full 160-way softmax would not be normalised over the first 150 entries.
+    with torch.inference_mode():
+        wide = torch.log_softmax(model(input_ids=torch.tensor([[1, 2, 3]])).logits[0, -1], -1).numpy()
+    assert abs(np.exp(wide[:VOCAB].astype(np.float64)).sum() - 1.0) > 1e-3
+    with pytest.raises(ConfigurationError):
+        backend.next_token_logprobs([[155]])  # a model row but not a token
+    with backend.start([[1, 2]]) as session, pytest.raises(ConfigurationError):
+        session.append(155)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+BAD_PROMPTS = {
+    "empty batch": [],
+    "empty id list": [[1, 2], []],
+    "empty text": [""],
+    "whitespace text": ["   "],
+    "id == vocab": [[1, VOCAB]],
+    "negative id": [[-1, 2]],
+    "bare string": "a b c",
+    "too long": [[1] * (N_POSITIONS + 1)],
+    "too long text": [" ".join(["a"] * (N_POSITIONS + 1))],
+    "float ids": [[1.0, 2.0]],
+    "bool ids": [[True, False]],
+    "none prompt": [None],
+    "nested ids": [[[1, 2]]],
+    "bytes prompt": [b"a b"],
+    "not a sequence": 3,
+}
+
+
+@pytest.mark.parametrize("bad", BAD_PROMPTS.values(), ids=BAD_PROMPTS.keys())
+def test_invalid_prompts_are_configuration_errors(backend: HFBackend, bad: object) -> None:
+    with pytest.raises(ConfigurationError):
+        backend.next_token_logprobs(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        backend.start(bad)  # type: ignore[arg-type]
+
+
+def test_unknown_word_is_not_echoed(backend: HFBackend) -> None:
+    for call in (
+        lambda: backend.next_token_logprobs(["a b", f"c {CANARY} d"]),
+        lambda: backend.start([f"{CANARY}"]),
+        lambda: backend.encode(f"a {CANARY}"),
+    ):
+        with pytest.raises(ConfigurationError) as info:
+            call()
+        assert CANARY not in str(info.value)
+        assert CANARY not in repr(info.value)
+        assert info.value.__cause__ is None or CANARY not in str(info.value.__cause__)
+    with pytest.raises(ConfigurationError):
+        backend.encode(123)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[1, 2, 3], [1], np.array([[1], [2]]), np.array([1.0, 2.0]), [1, VOCAB], -1, VOCAB, np.array([True, False]), "a"],
+    ids=["too many", "too few", "2-d", "floats", "id == vocab", "negative scalar", "scalar == vocab", "bools", "text"],
+)
+def test_append_rejects_bad_ids(backend: HFBackend, bad: object) -> None:
+    session = backend.start([[1, 2], [3]])
+    before = session.logprobs
+    with pytest.raises(ConfigurationError):
+        session.append(bad)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(session.lengths, [2, 1])
+    np.testing.assert_array_equal(session.logprobs, before)
+    session.close()
+
+
+def test_append_after_close(backend: HFBackend) -> None:
+    session = backend.start([[1, 2]])
+    session.append(3)
+    session.close()
+    with pytest.raises(ConfigurationError, match="closed"):
+        session.append(3)
+    with backend.start([[1, 2]]) as other:
+        other.append(3)
+    with pytest.raises(ConfigurationError, match="closed"):
+        other.append(3)
+
+
+def test_from_pretrained_missing_directory(tmp_path: Path) -> None:
+    # An absolute path that does not exist is no valid hub id either, so nothing is fetched.
+    with pytest.raises(BackendError):
+        HFBackend.from_pretrained(tmp_path / "no" / "such" / "model", device="cpu")
+    with pytest.raises(BackendError):
+        HFBackend.from_pretrained(tmp_path, device="cpu")  # exists, but holds no model
+
+
+@pytest.mark.parametrize("dtype", ["int32", "no_such_dtype", "complex64", "bool", "Tensor"])
+def test_bad_dtype_name(model_dir: Path, dtype: str) -> None:
+    with pytest.raises(ConfigurationError):
+        HFBackend.from_pretrained(model_dir, dtype=dtype, device="cpu")
+
+
+def test_non_floating_torch_dtype_object_is_a_configuration_error(model_dir: Path) -> None:
+    with pytest.raises(ConfigurationError):
+        HFBackend.from_pretrained(model_dir, dtype=torch.int32, device="cpu")
+
+
+def test_dtype_name_is_applied(model_dir: Path) -> None:
+    half = HFBackend.from_pretrained(model_dir, dtype="bfloat16", device="cpu")
+    assert next(half.model.parameters()).dtype == torch.bfloat16
+    out = half.next_token_logprobs([[1, 2, 3]])
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(_logsumexp(out), 0.0, atol=1e-4)
+
+
+def test_bad_constructor_arguments(backend: HFBackend) -> None:
+    with pytest.raises(ConfigurationError):
+        HFBackend(backend.model, backend.tokenizer, device="cpu", micro_batch_size=0)
+    with pytest.raises(ConfigurationError):
+        HFBackend(backend.model, backend.tokenizer, device="not-a-device")
+
+
+@pytest.mark.timeout(60)
+def test_forward_failure_is_a_backend_error(backend: HFBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    session = backend.start([[1, 2], [3]])
+    expected = backend.next_token_logprobs([[1, 2, 4]])
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("simulated device failure")
+
+    with monkeypatch.context() as m:
+        m.setattr(backend.model, "forward", broken)
+        with pytest.raises(BackendError) as info:
+            backend.next_token_logprobs([[1, 2, 3]])
+        assert isinstance(info.value.__cause__, RuntimeError)
+        with pytest.raises(BackendError):
+            backend.start([[1, 2, 3]])
+        with pytest.raises(BackendError):
+            session.append(4)
+    # The lock was released and the model works again.
+    np.testing.assert_allclose(backend.next_token_logprobs([[1, 2, 4]]), expected, atol=TOL, rtol=0)
+
+
+def test_nan_logits_are_a_backend_error(backend: HFBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = backend.model.forward
+
+    def nan_forward(*args: object, **kwargs: object) -> object:
+        out = original(*args, **kwargs)
+        out.logits = torch.full_like(out.logits, float("nan"))
+        return out
+
+    session = backend.start([[1, 2]])
+    with monkeypatch.context() as m:
+        m.setattr(backend.model, "forward", nan_forward)
+        with pytest.raises(BackendError):
+            backend.next_token_logprobs([[1, 2, 3]])
+        with pytest.raises(BackendError):
+            backend.start([[1, 2, 3]])
+        with pytest.raises(BackendError):
+            session.append(3)
+    assert np.all(np.isfinite(backend.next_token_logprobs([[1, 2, 3]])))
+
+
+# ---------------------------------------------------------------------------------------------- chat template
+
+
+def test_chat_template(backend: HFBackend) -> None:
+    tokenizer = _tokenizer()
+    chat = HFBackend(backend.model, tokenizer, device="cpu")
+    assert not chat.has_chat_template
+    with pytest.raises(ConfigurationError):
+        chat.apply_chat_template([{"role": "user", "content": "a b"}])
+
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} / {% endfor %}"
+    assert chat.has_chat_template
+    ids = chat.apply_chat_template([{"role": "user", "content": "a b"}])
+    assert ids == [1, 2, 0]
+    assert all(type(t) is int for t in ids)
+    two = chat.apply_chat_template(
+        [{"role": "user", "content": "c"}, {"role": "assistant", "content": "d e"}], add_generation_prompt=False
+    )
+    assert two == [3, 0, 4, 5, 0]
+    # The ids are a usable prompt.
+    assert chat.next_token_logprobs([ids]).shape == (1, VOCAB)
+
+    for bad in ([], [{"content": "a"}], ["a b"]):
+        with pytest.raises(ConfigurationError):
+            chat.apply_chat_template(bad)  # type: ignore[arg-type]
+    with pytest.raises((ConfigurationError, BackendError)) as info:
+        chat.apply_chat_template([{"role": "user", "content": f"a {CANARY}"}])
+    assert CANARY not in str(info.value)
+
+    tokenizer.chat_template = "{{ messages[5]['content'] }}"  # fails when rendered
+    with pytest.raises(BackendError):
+        chat.apply_chat_template([{"role": "user", "content": "a"}])
+
+
+# ---------------------------------------------------------------------------------------------- protocols, repr, imports
+
+
+def test_protocols_and_repr(backend: HFBackend) -> None:
+    assert isinstance(backend, NextTokenBackend)
+    text = "ab ac ad ae"
+    session = backend.start([text, "af ag"])
+    assert isinstance(session, HFIncrementalSession)
+    assert isinstance(session, IncrementalSession)
+    assert not isinstance(object(), NextTokenBackend)
+    assert not isinstance(backend, IncrementalSession)
+
+    assert "HFBackend" in repr(backend) and "vocab_size=150" in repr(backend)
+    assert "n_prompts=2" in repr(session) and "open=True" in repr(session)
+    for r in (repr(backend), repr(session), str(session)):
+        assert text not in r and "af ag" not in r
+        assert "27, 28" not in r  # nor the token ids
+    session.close()
+    assert "open=False" in repr(session)
+
+
+def test_core_imports_without_torch() -> None:
+    code = (
+        "import dp_icl_plugin, dp_icl_plugin.backends, sys; "
+        "from dp_icl_plugin.backends import FakeBackend, NextTokenBackend; "
+        "assert 'torch' not in sys.modules, 'torch'; assert 'transformers' not in sys.modules, 'transformers'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_hf_backend_is_reachable_lazily() -> None:
+    import dp_icl_plugin.backends as backends
+
+    assert backends.HFBackend is HFBackend
+    with pytest.raises(AttributeError):
+        backends.NoSuchBackend  # noqa: B018
+
+
+# ---------------------------------------------------------------------------------------------- threads
+
+
+@pytest.mark.timeout(120)
+def test_concurrent_calls_match_sequential(backend: HFBackend, prompts: list[list[int]]) -> None:
+    batches = [prompts, prompts[::-1], ["a b c", "d e", "ab"], prompts[3:9]]
+    sequential = [backend.next_token_logprobs(b) for b in batches]
+    session_steps = [[5, 6], [7, 8]]
+    with backend.start([[1, 2, 3], [4]]) as s:
+        for step in session_steps:
+            s.append(step)
+        session_expected = s.logprobs
+
+    results: dict[tuple[int, int], np.ndarray] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def work(k: int) -> None:
+        try:
+            barrier.wait()
+            for rep in range(3):
+                results[k, rep] = backend.next_token_logprobs(batches[k])
+                with backend.start([[1, 2, 3], [4]]) as sess:
+                    for step in session_steps:
+                        sess.append(step)
+                    results[k, -rep - 1] = sess.logprobs
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=100)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert len(results) == 4 * 6
+    for (k, rep), got in results.items():
+        expected = sequential[k] if rep >= 0 else session_expected
+        np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
