@@ -97,11 +97,13 @@ def ginc_eval(a: argparse.Namespace) -> dict[str, Any]:
     for c in cells:
         accuracy.setdefault(str(c.k), {})[str(c.shots)] = round(c.accuracy, 4)
     result: dict[str, Any] = {
-        "model": str(a.model) if a.model is not None else f"committed ({default_model_path()})",
+        "model": str(a.model) if a.model is not None else "committed",
+        "model_path": str(a.model if a.model is not None else default_model_path()),
         "n_symbols": language.config.n_symbols, "prompts_per_cell": a.prompts, "seed": a.seed,
         "accuracy": accuracy, "results": [c.to_dict() for c in cells],
         "seconds": round(time.monotonic() - started, 2),
     }  # fmt: skip
     if a.report is not None:
-        result["report"] = write_report(cells, a.report, meta={k: v for k, v in result.items() if k != "results"})
+        meta = {k: v for k, v in result.items() if k not in ("results", "model_path")}  # no machine paths in reports
+        result["report"] = write_report(cells, a.report, meta=meta)
     return result

@@ -138,5 +138,5 @@ def write_report(
     paths = {"json": out / "ginc_eval.json", "markdown": out / "ginc_eval.md", "plot": out / "ginc_eval.png"}
     paths["json"].write_text(json.dumps({**meta, "results": [c.to_dict() for c in cells]}, indent=2) + "\n")
     paths["markdown"].write_text(to_markdown(cells) + "\n")
-    plot_accuracy(cells, paths["plot"], title=f"GINC in-context learning ({meta.get('model', 'model')})")
+    plot_accuracy(cells, paths["plot"], title=f"GINC in-context learning, {meta.get('model', 'model')} model")
     return {k: str(v) for k, v in paths.items()}
