@@ -14,8 +14,13 @@ class _Silent:
     def close(self) -> None: ...
 
 
-def progress_bar(total: int, *, desc: str, unit: str, enabled: bool = True, initial: int = 0) -> Any:
-    """A tqdm bar, or an object with the same ``update``/``set_postfix``/``close`` that prints nothing."""
+def progress_bar(total: int, *, desc: str, unit: str, enabled: bool | None = True, initial: int = 0) -> Any:
+    """A tqdm bar, or an object with the same ``update``/``set_postfix``/``close`` that prints nothing.
+
+    ``enabled=None`` shows the bar only when stderr is a terminal.
+    """
+    if enabled is None:
+        enabled = sys.stderr.isatty()
     if not enabled:
         return _Silent()
     try:

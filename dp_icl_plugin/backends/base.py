@@ -84,8 +84,9 @@ class NextTokenBackend(Protocol):
     @property
     def has_chat_template(self) -> bool: ...
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens (for appending to a prompt)."""
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``: without special tokens (the default; for appending to a prompt), or as a
+        prompt is tokenised (``add_special_tokens=True``: e.g. with the BOS a model expects first)."""
         ...
 
     def decode(self, token_ids: Sequence[int] | np.ndarray) -> str: ...

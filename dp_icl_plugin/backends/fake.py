@@ -90,7 +90,8 @@ class FakeBackend:
     def has_chat_template(self) -> bool:
         return self._chat
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Word ids of ``text`` (the fake model has no special tokens to add)."""
         if not isinstance(text, str):
             raise ConfigurationError(f"text must be a str, got {type(text).__name__}")
         ids = []

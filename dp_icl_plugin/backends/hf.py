@@ -138,10 +138,10 @@ class HFBackend:
     def has_chat_template(self) -> bool:
         return getattr(self.tokenizer, "chat_template", None) is not None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         if not isinstance(text, str):
             raise ConfigurationError(f"text must be a str, got {type(text).__name__}")
-        return self._tokenize(text, add_special_tokens=False)
+        return self._tokenize(text, add_special_tokens=bool(add_special_tokens))
 
     def decode(self, token_ids: Sequence[int] | np.ndarray) -> str:
         return str(self.tokenizer.decode([int(t) for t in token_ids]))

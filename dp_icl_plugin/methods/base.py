@@ -1,0 +1,177 @@
+"""The shape every synthesis method shares: validate, describe the cost, charge, then compute.
+
+A method is a frozen, validated config plus three calls:
+
+- ``event(dataset, labels=None)``: the exact privacy event a run on ``dataset`` will charge (its noise
+  calibrated from the config's target), before anything runs;
+- ``synthesize(dataset, labels=..., backend=..., budget=..., rng=...)``: validates everything (a public
+  pre-flight pass through the backend included), charges ``event`` to the budget manager, and only then
+  reads private records; returns a :class:`DemoSet`;
+- ``synthesize_nonprivate(...)``: the same computation without noise or charge (ε = ∞), for baselines and
+  tests only; its output is *not* differentially private.
+
+Labels partition the private data (each record has one label, generation for label y reads only D_y), so a
+run over several labels costs what the costliest label costs (parallel composition): ``event`` is the
+event of the label with the fewest records.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting.accountants import tightest
+from dp_icl_plugin.accounting.budget import BudgetManager
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.errors import BackendError, ConfigurationError
+from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
+from dp_icl_plugin.methods.demoset import DemoSet, Provenance
+
+__all__ = ["Plan", "SynthesisMethod", "check_backend", "check_rng", "config_dict"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A run's resolved parameters: the labels, the calibrated values, the event it charges."""
+
+    labels: tuple[str, ...]
+    event: ev.DPEvent
+    params: dict[str, Any]
+
+
+def check_rng(rng: object) -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise ConfigurationError("rng must be a numpy.random.Generator (e.g. numpy.random.default_rng())")
+    return rng
+
+
+def check_backend(backend: object) -> NextTokenBackend:
+    if not isinstance(backend, NextTokenBackend):
+        raise ConfigurationError(f"backend must implement NextTokenBackend, got {type(backend).__name__}")
+    return backend
+
+
+def config_dict(config: object) -> dict[str, Any]:
+    """A JSON-ready view of a config dataclass (nested dataclasses become dicts)."""
+    if not is_dataclass(config) or isinstance(config, type):
+        raise TypeError("config_dict needs a dataclass instance")
+    out = {}
+    for f in fields(config):
+        value = getattr(config, f.name)
+        out[f.name] = asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+    return out
+
+
+class SynthesisMethod(ABC):
+    """Base of the DP synthetic-demonstration methods; subclasses define ``_plan`` and ``_generate``."""
+
+    name: ClassVar[str]
+    config: Any
+
+    # -- what subclasses provide ------------------------------------------------------------------
+    @abstractmethod
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+        """Check the data against the config and calibrate; raise ConfigurationError before any charge."""
+
+    @abstractmethod
+    def _generate(
+        self,
+        dataset: PrivateDataset,
+        plan: Plan,
+        backend: NextTokenBackend,
+        rng: np.random.Generator,
+        *,
+        private: bool,
+        progress: bool | None,
+    ) -> list[Demonstration]:
+        """The demonstrations; ``private=False`` runs the same computation without noise (ε = ∞)."""
+
+    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
+        """Public checks through the backend (no private data): subclasses extend."""
+        probe = check_logprobs(backend.next_token_logprobs([self._public_probe(plan.labels[0])]))
+        if probe.shape != (1, backend.vocab_size):
+            raise BackendError(f"the backend returned shape {probe.shape}; expected (1, {backend.vocab_size})")
+
+    def _public_probe(self, label: str) -> str:
+        return str(self.config.template.public_prompt(label))
+
+    # -- the public calls -------------------------------------------------------------------------
+    def event(self, dataset: PrivateDataset, labels: Sequence[str] | None = None) -> ev.DPEvent:
+        """The privacy event a run on ``dataset`` (for ``labels``, default all) charges."""
+        return self.plan(dataset, labels).event
+
+    def plan(self, dataset: PrivateDataset, labels: Sequence[str] | None = None) -> Plan:
+        """Validated labels, calibrated parameters and the event, without touching a backend."""
+        if not isinstance(dataset, PrivateDataset):
+            raise ConfigurationError("dataset must be a PrivateDataset")
+        chosen = dataset.labels if labels is None else dataset.check_labels(labels)
+        return self._plan(dataset, chosen)
+
+    def synthesize(
+        self,
+        dataset: PrivateDataset,
+        *,
+        labels: Sequence[str] | None = None,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        rng: np.random.Generator,
+        ledger_label: str | None = None,
+        progress: bool | None = None,
+    ) -> DemoSet:
+        """Charge ``event`` to ``budget``, then generate the demonstrations.
+
+        Raises:
+            ConfigurationError: bad data, labels, backend or parameters (nothing charged).
+            BudgetExhaustedError: the budget cannot afford the run (nothing charged).
+            BackendError: the model failed (before the charge in the public pre-flight, or during the run,
+                in which case the charge stands and nothing is released).
+        """
+        if not isinstance(budget, BudgetManager):
+            raise ConfigurationError("budget must be a BudgetManager (every synthesis is charged to one)")
+        check_rng(rng)
+        plan = self.plan(dataset, labels)
+        check_backend(backend)
+        self._preflight(plan, backend)
+        label = ledger_label or f"{self.name}:synthesize"
+        entry = budget.spend(plan.event, label=label)
+        demos = self._generate(dataset, plan, backend, rng, private=True, progress=progress)
+        epsilon = tightest().epsilon(plan.event, delta=budget.budget.delta)
+        return DemoSet(demos, self._provenance(plan, backend, epsilon, budget.budget.delta, entry.id, label))
+
+    def synthesize_nonprivate(
+        self,
+        dataset: PrivateDataset,
+        *,
+        labels: Sequence[str] | None = None,
+        backend: NextTokenBackend,
+        rng: np.random.Generator,
+        progress: bool | None = None,
+    ) -> DemoSet:
+        """The same algorithm without noise and without a charge: ε = ∞, NOT differentially private.
+
+        For the ε = ∞ rows of benchmarks and for tests. Never release its output.
+        """
+        check_rng(rng)
+        plan = self.plan(dataset, labels)
+        check_backend(backend)
+        self._preflight(plan, backend)
+        demos = self._generate(dataset, plan, backend, rng, private=False, progress=progress)
+        return DemoSet(demos, self._provenance(plan, backend, math.inf, 0.0, None, "nonprivate"))
+
+    def _provenance(
+        self, plan: Plan, backend: NextTokenBackend, epsilon: float, delta: float, entry_id: int | None, label: str
+    ) -> Provenance:
+        return Provenance(
+            method=self.name, config=config_dict(self.config), epsilon=epsilon, delta=delta,
+            event=plan.event.to_dict(), ledger_entry_id=entry_id, ledger_label=label, model_id=backend.model_id,
+            extra=dict(plan.params),
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config!r})"

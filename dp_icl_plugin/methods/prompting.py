@@ -1,0 +1,92 @@
+"""Shared pieces of the synthesis loops: prompt token ids, record sampling, decoding a demonstration.
+
+Sampling here is exactly what the accountant assumes:
+
+- :func:`poisson_prompts`: each record joins the token's sample independently with probability q
+  (Poisson sampling, add/remove neighbours) and is assigned to one of the M prompts uniformly and
+  independently, in an order set by independent uniform keys. Adding a record therefore changes at most one
+  prompt and leaves the others exactly as they were (the coupling behind the √2 sensitivity).
+- :func:`fixed_size_subsets`: M·N records drawn uniformly without replacement and cut into M prompts of N
+  (sampling without replacement, replace-one neighbours; AdaDPSyn, MOZO).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.methods.data import PrivateRecord
+from dp_icl_plugin.methods.templates import PromptTemplate
+
+__all__ = ["PromptIds", "demonstration_text", "fixed_size_subsets", "poisson_prompts"]
+
+
+def poisson_prompts(
+    records: Sequence[PrivateRecord], *, sampling_rate: float, n_prompts: int, rng: np.random.Generator
+) -> list[list[PrivateRecord]]:
+    """Poisson-sample ``records`` at ``sampling_rate`` and deal the sample to ``n_prompts`` prompts.
+
+    Prompt sizes vary (a prompt may be empty); the expected total is ``sampling_rate · len(records)``.
+    """
+    n = len(records)
+    chosen = np.flatnonzero(rng.random(n) < sampling_rate)
+    slots = rng.integers(0, n_prompts, size=chosen.size)
+    keys = rng.random(chosen.size)
+    prompts: list[list[PrivateRecord]] = [[] for _ in range(n_prompts)]
+    for position in np.lexsort((keys, slots)):  # by prompt, then by key
+        prompts[int(slots[position])].append(records[int(chosen[position])])
+    return prompts
+
+
+def fixed_size_subsets(
+    records: Sequence[PrivateRecord], *, n_prompts: int, per_prompt: int, rng: np.random.Generator
+) -> list[list[PrivateRecord]]:
+    """``n_prompts · per_prompt`` records drawn uniformly without replacement, ``per_prompt`` per prompt."""
+    picked = rng.choice(len(records), size=n_prompts * per_prompt, replace=False)
+    return [[records[int(i)] for i in picked[j * per_prompt : (j + 1) * per_prompt]] for j in range(n_prompts)]
+
+
+class PromptIds:
+    """Token ids of prompts as the backend tokenises a prompt (special tokens included), plus continuations.
+
+    Prompts longer than the model's context (``backend.max_length`` when it has one) keep their last
+    tokens: the generated continuation and the query are never cut, the oldest examples are.
+    """
+
+    def __init__(self, backend: NextTokenBackend, template: PromptTemplate) -> None:
+        self.backend = backend
+        self.template = template
+        self.max_length: int | None = getattr(backend, "max_length", None)
+        self._cache: dict[tuple[str, str], list[int]] = {}
+
+    def _prefix(self, kind: str, label: str) -> list[int]:
+        key = (kind, label)
+        if key not in self._cache:
+            text = self.template.public_prompt(label) if kind == "public" else self.template.base_prompt(label)
+            self._cache[key] = self.backend.encode(text, add_special_tokens=True)
+        return self._cache[key]
+
+    def fit(self, ids: list[int]) -> list[int]:
+        if self.max_length is not None and len(ids) > self.max_length:
+            return ids[-self.max_length :]
+        return ids
+
+    def public(self, label: str, generated: Sequence[int]) -> list[int]:
+        return self.fit(self._prefix("public", label) + list(generated))
+
+    def base(self, label: str, generated: Sequence[int]) -> list[int]:
+        return self.fit(self._prefix("base", label) + list(generated))
+
+    def private(self, label: str, records: Sequence[PrivateRecord], generated: Sequence[int]) -> list[int]:
+        text = self.template.private_prompt(label, records)
+        return self.fit(self.backend.encode(text, add_special_tokens=True) + list(generated))
+
+
+def demonstration_text(backend: NextTokenBackend, token_ids: Sequence[int], stop: str | None) -> str:
+    """The released text: decoded, cut at the template's stop string, stripped (post-processing)."""
+    text = backend.decode(list(token_ids))
+    if stop is not None and stop in text:
+        text = text[: text.index(stop)]
+    return text.strip()

@@ -1,0 +1,193 @@
+"""Tang et al. 2024 (ICLR), DP few-shot generation: the Gaussian-aggregation baseline ("B1"; "BA2" with top-p).
+
+Per generated token, for label y: Poisson-sample D_y at rate q_y = M·N/|D_y| and deal the sample to M
+prompts S_priv^(i) (instruction, the records as examples, the label and the tokens generated so far); take
+each prompt's next-token distribution restricted to V_pub = top-k (∩ top-p) of the public prompt's
+distribution, renormalised; release argmax over V_pub of Σ_i p_i + N(0, 2σ²) (``REFERENCE.md`` §1).
+
+Privacy: add/remove neighbours; each token is a Poisson-subsampled Gaussian mechanism (sensitivity √2,
+noise multiplier σ) and T × shots-per-label of them are composed with PRV accounting
+(:func:`~dp_icl_plugin.accounting.method_events.tang_event`). Labels partition the data, so the run costs
+the label with the largest rate q = M·N/min_y |D_y|. σ for a target ε is the smallest on a 0.01 grid in
+[0.3, 3.0] (PTA App. D.3), exactly what ``dp-icl calibrate subsampled-gaussian`` prints. Unlike the public
+code of the baseline (fixed-size subsets accounted as Poisson), records are Poisson-sampled here, the way
+they are accounted. Noise is added only on V_pub's coordinates: the argmax over V_pub does not depend on
+the others (post-processing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin._progress import progress_bar
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.calibration import calibrate_subsampled_gaussian
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, restrict
+from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
+from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text, poisson_prompts
+from dp_icl_plugin.methods.templates import PromptTemplate
+
+__all__ = ["TangConfig", "TangSynthesizer", "check_privacy_target"]
+
+
+def check_privacy_target(epsilon: float | None, delta: float | None, noise: float | None, noise_name: str) -> None:
+    """Exactly one of a target ``epsilon`` or an explicit noise parameter; δ in (0, 1) when given."""
+    if (epsilon is None) == (noise is None):
+        raise ConfigurationError(f"give either epsilon (the noise is calibrated) or {noise_name}, not both or neither")
+    if epsilon is not None:
+        check.positive_finite("epsilon", epsilon)
+    if noise is not None:
+        check.positive_finite(noise_name, noise)
+    if delta is not None:
+        check.probability_open("delta", delta)
+
+
+@dataclass(frozen=True)
+class TangConfig:
+    """Tang et al.'s generation (and the fields PTA shares).
+
+    Attributes:
+        n_prompts: M, prompts per token.
+        records_per_prompt: N, expected records per prompt (q_y = M·N/|D_y|).
+        max_tokens: T, tokens per demonstration (all charged; generation may stop early at EOS).
+        shots_per_label: demonstrations generated per label (each costs T compositions).
+        top_k: the public vocabulary's static limit k.
+        top_p: the adaptive limit p ("BA2"/"PA2"), or None.
+        epsilon: target ε of the whole run (σ calibrated with PRV), or None when ``noise_multiplier`` is given.
+        delta: δ of the target (default 1/min_y |D_y|, as in the papers).
+        noise_multiplier: σ itself, instead of a target ε.
+        template: the prompt layout (public; see ``templates.PRESETS``).
+    """
+
+    n_prompts: int = 10
+    records_per_prompt: int = 2
+    max_tokens: int = 100
+    shots_per_label: int = 1
+    top_k: int = 100
+    top_p: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    noise_multiplier: float | None = None
+    template: PromptTemplate = field(default_factory=PromptTemplate)
+
+    def __post_init__(self) -> None:
+        for name in ("n_prompts", "records_per_prompt", "max_tokens", "shots_per_label", "top_k"):
+            check.positive_int(name, getattr(self, name))
+        if self.top_p is not None and not 0 < check.real("top_p", self.top_p) <= 1:
+            raise ConfigurationError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        check_privacy_target(self.epsilon, self.delta, self.noise_multiplier, "noise_multiplier")
+        if not isinstance(self.template, PromptTemplate):
+            raise ConfigurationError("template must be a PromptTemplate")
+
+
+class TangSynthesizer(SynthesisMethod):
+    """DP synthetic demonstrations by Gaussian aggregation (Tang et al. 2024); see the module docstring."""
+
+    name: ClassVar[str] = "tang"
+    config: TangConfig
+
+    def __init__(self, config: TangConfig | None = None, **overrides: Any) -> None:
+        if config is not None and overrides:
+            raise ConfigurationError("pass a config or keyword settings, not both")
+        self.config = config if config is not None else self._config_type()(**overrides)
+        if not isinstance(self.config, self._config_type()):
+            raise ConfigurationError(f"config must be a {self._config_type().__name__}")
+
+    @classmethod
+    def _config_type(cls) -> type:
+        return TangConfig
+
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+        c = self.config
+        per_token = c.n_prompts * c.records_per_prompt
+        smallest = min(dataset.count(y) for y in labels)
+        if smallest < per_token:
+            raise ConfigurationError(
+                f"a label has {smallest} records; M·N = {per_token} need at least as many (q = M·N/|D_y| ≤ 1)"
+            )
+        rate = per_token / smallest
+        steps = c.shots_per_label * c.max_tokens
+        delta = c.delta if c.delta is not None else 1.0 / smallest
+        if c.noise_multiplier is not None:
+            sigma, target = float(c.noise_multiplier), None
+        else:
+            assert c.epsilon is not None
+            result = calibrate_subsampled_gaussian(epsilon=c.epsilon, delta=delta, sampling_rate=rate, steps=steps)
+            sigma, target = result.value, result.epsilon
+        event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps)
+        params = {"noise_multiplier": sigma, "sampling_rate": rate, "steps": steps, "target_delta": delta,
+                  "calibrated_epsilon": target}  # fmt: skip
+        return Plan(labels, event, params)
+
+    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
+        super()._preflight(plan, backend)
+        if self.config.top_k > backend.vocab_size:
+            raise ConfigurationError(f"top_k = {self.config.top_k} exceeds the vocabulary ({backend.vocab_size})")
+
+    # -- one token ----------------------------------------------------------------------------------
+    def _candidate_distributions(
+        self, logprobs: np.ndarray, vocabulary: np.ndarray, has_base: bool
+    ) -> np.ndarray:
+        """Tang et al.: each private distribution restricted to V_pub and renormalised."""
+        private = logprobs[1 + has_base :]
+        return restrict(np.exp(private.astype(np.float64)), vocabulary, renormalize=True)
+
+    def _uses_base(self) -> bool:
+        return False
+
+    _clip_negative: ClassVar[bool] = False
+
+    def _generate(
+        self,
+        dataset: PrivateDataset,
+        plan: Plan,
+        backend: NextTokenBackend,
+        rng: np.random.Generator,
+        *,
+        private: bool,
+        progress: bool | None,
+    ) -> list[Demonstration]:
+        c = self.config
+        sigma = plan.params["noise_multiplier"] if private else 0.0
+        ids = PromptIds(backend, c.template)
+        has_base = self._uses_base()
+        eos = backend.eos_token_id if c.template.stop_at_eos else None
+        bar = progress_bar(len(plan.labels) * c.shots_per_label * c.max_tokens, desc=f"{self.name} synthesis",
+                           unit="token", enabled=progress)  # fmt: skip
+        demos = []
+        for label in plan.labels:
+            records = dataset.records(label)
+            rate = c.n_prompts * c.records_per_prompt / len(records)
+            for _ in range(c.shots_per_label):
+                generated: list[int] = []
+                for _ in range(c.max_tokens):
+                    subsets = poisson_prompts(records, sampling_rate=rate, n_prompts=c.n_prompts, rng=rng)
+                    prompts = [ids.public(label, generated)]
+                    if has_base:
+                        prompts.append(ids.base(label, generated))
+                    prompts += [ids.private(label, subset, generated) for subset in subsets]
+                    logprobs = check_logprobs(backend.next_token_logprobs(prompts))
+                    vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k,
+                                                  top_p=c.top_p)  # fmt: skip
+                    candidates = self._candidate_distributions(logprobs, vocabulary, has_base)
+                    index = noisy_argmax(candidates, noise_multiplier=sigma, rng=rng,
+                                         clip_negative=self._clip_negative)  # fmt: skip
+                    token = int(vocabulary[index])
+                    generated.append(token)
+                    bar.update(1)
+                    if eos is not None and token == eos:
+                        bar.update(c.max_tokens - len(generated))
+                        generated.pop()
+                        break
+                text = demonstration_text(backend, generated, c.template.stop)
+                demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated)))
+        bar.close()
+        return demos
