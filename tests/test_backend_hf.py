@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests_support import REPO_ROOT  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from dp_icl_plugin.backends import IncrementalSession, NextTokenBackend  # noqa: E402
@@ -25,7 +26,6 @@ from dp_icl_plugin.backends.hf import HFBackend, HFIncrementalSession  # noqa: E
 from dp_icl_plugin.errors import BackendError, ConfigurationError  # noqa: E402
 from dp_icl_plugin.ginc.language import symbol_names  # noqa: E402
 from dp_icl_plugin.ginc.tokenizer import build_tokenizer  # noqa: E402
-from tests_support import REPO_ROOT  # noqa: E402
 
 torch.set_num_threads(1)
 

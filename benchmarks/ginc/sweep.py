@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| shape | parameters | tokens | minutes | val loss | k=5 0-shot | k=5 4-shot | k=10 0-shot | k=10 4-shot |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        accuracy = " | ".join(str(r[key]) for key in ("k5_0shot", "k5_4shot", "k10_0shot", "k10_4shot"))
         print(f"| {r['shape']} | {r['parameters'] / 1e6:.2f}M | {r['tokens'] / 1e6:.1f}M | {r['minutes']} | "
-              f"{r['validation_loss']} | {r['k5_0shot']} | {r['k5_4shot']} | {r['k10_0shot']} | {r['k10_4shot']} |")  # fmt: skip
+              f"{r['validation_loss']} | {accuracy} |")
     print(json.dumps(rows))
     return 0
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dp_icl_plugin.cli import bench, commands
+from dp_icl_plugin.cli import bench, commands, synthesize
 from dp_icl_plugin.errors import BudgetExhaustedError, DPICLError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_REFUSED", "build_parser", "main"]
@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", required=True)
     p.set_defaults(handler=commands.budget_show)
 
+    synthesize.add_parser(top, common, _float, _int)
     bench.add_parsers(top, common, _float, _int)
     return parser
 

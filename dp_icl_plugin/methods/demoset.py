@@ -51,7 +51,7 @@ class Provenance:
     ledger_entry_id: int | None
     ledger_label: str
     model_id: str
-    created_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    created_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,7 +98,9 @@ class DemoSet(Sequence[Demonstration]):
     def for_label(self, label: str) -> list[Demonstration]:
         return [d for d in self._demos if d.label == label]
 
-    def as_examples(self, *, text_key: str = "text", label_key: str = "label", input_key: str = "input") -> list[dict[str, str]]:
+    def as_examples(
+        self, *, text_key: str = "text", label_key: str = "label", input_key: str = "input"
+    ) -> list[dict[str, str]]:
         """Dicts for example-based prompt templates (e.g. LangChain's ``FewShotPromptTemplate``)."""
         out = []
         for d in self._demos:
@@ -146,7 +148,8 @@ class DemoSet(Sequence[Demonstration]):
         if not isinstance(header, dict) or header.get("format") != FORMAT:
             raise ConfigurationError(f"{source} is not a dp-icl demonstration set (no header line)")
         if header.get("version") != VERSION:
-            raise ConfigurationError(f"{source} has format version {header.get('version')!r}; this library reads {VERSION}")
+            version = header.get("version")
+            raise ConfigurationError(f"{source} has format version {version!r}; this library reads {VERSION}")
         demos = []
         for number, line in enumerate(lines[1:], start=2):
             if not line.strip():

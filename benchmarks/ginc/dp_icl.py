@@ -1,0 +1,354 @@
+"""GINC privacy–accuracy benchmark: 4-shot DP-ICL accuracy of every synthesis method against ε (PTA Tables 2, 8).
+
+Setting (PTA App. D.3, F): the committed GINC model; per concept 1,600 private training examples and 400 test
+queries (k = 10); 4 synthetic demonstrations of T = 10 tokens per concept, M = 5 prompts of N = 4 records,
+top-k = 10, δ = 1/1,600; accuracy of ``demo / demo / demo / demo / query`` over the full vocabulary (greedy),
+averaged over seeds (synthesis randomness) with standard deviations. Concepts are disjoint private datasets, so
+every ε is per concept and for the whole run (parallel composition).
+
+Rows: R0 (4 real private demonstrations, not private), ε = 0 (0-shot: no demonstrations, no private data),
+B1/BA2 (Tang et al.), P1/PA2/PA3 (PTA), AdaDPSyn, clip-blend and MOZO-offline at ε ∈ {1, 2, 4, 8, ∞}
+(∞ = the same algorithm with the noise switched off). Hyperparameters (α ∈ {1, 1.5, 2, 5}, p ∈ {0.7, 0.8,
+0.9}) are chosen as the paper does, by the best mean accuracy over ε ∈ {1, 2, 4, 8}, but on separate
+validation queries freshly drawn from the GINC generator (not the test queries, not private data).
+
+MOZO-offline answers public unlabeled inputs (the PATE setup of its paper): here 4 fresh GINC queries per
+concept from the generator; since those inputs are themselves concept-specific, the table also shows what
+they give with zero-shot outputs (no private data).
+
+    python benchmarks/ginc/dp_icl.py                # the full table (≈ 40 minutes on 2 CPU cores)
+    python benchmarks/ginc/dp_icl.py --quick        # paper hyperparameters, 1 seed, 100 queries per concept
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin.ginc import load_model
+from dp_icl_plugin.ginc.dp_icl import accuracy_with_demonstrations, concept_label, private_dataset
+from dp_icl_plugin.ginc.prompts import GincExample, pta_split, sample_icl_prompts
+from dp_icl_plugin.methods import PRESETS, PTASynthesizer, SynthesisMethod, TangSynthesizer
+
+HERE = Path(__file__).resolve().parent
+EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
+DELTA = 1 / 1600
+GINC = {"n_prompts": 5, "records_per_prompt": 4, "max_tokens": 10, "shots_per_label": 4, "top_k": 10,
+        "template": PRESETS["ginc"]}  # fmt: skip
+ALPHAS = (1.0, 1.5, 2.0, 5.0)
+TOP_PS = (0.7, 0.8, 0.9)
+# PTA Table 7, 4-layer model (MA1): the --quick run uses these instead of searching.
+PAPER_CHOICE = {"BA2": {"top_p": 0.9}, "P1": {"alpha": 5.0}, "PA2": {"alpha": 5.0, "top_p": 0.9},
+                "PA3": {"alpha": 2.0, "top_p": 0.9}}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A method row: how to build it for a target ε (``None`` = ε = ∞) and its hyperparameter grid."""
+
+    name: str
+    build: Callable[[float | None, dict[str, Any]], SynthesisMethod]
+    grid: list[dict[str, Any]] = field(default_factory=lambda: [{}])
+
+
+def _tang(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
+    privacy = {"epsilon": epsilon, "delta": DELTA} if epsilon is not None else {"noise_multiplier": 1.0}
+    return TangSynthesizer(**GINC, **privacy, **hp)
+
+
+def _pta(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
+    privacy = {"epsilon": epsilon, "delta": DELTA} if epsilon is not None else {"noise_multiplier": 1.0}
+    return PTASynthesizer(**GINC, **privacy, **hp)
+
+
+def specs() -> list[Spec]:
+    alpha_p = [{"alpha": a, "top_p": p} for a in ALPHAS for p in TOP_PS]
+    return [
+        Spec("B1", _tang),
+        Spec("BA2", _tang, [{"top_p": p} for p in TOP_PS]),
+        Spec("P1", _pta, [{"alpha": a} for a in ALPHAS]),
+        Spec("PA2", _pta, alpha_p),
+        Spec("PA3", lambda e, hp: _pta(e, {"use_base": False, **hp}), alpha_p),
+    ]
+
+
+class TimedBackend:
+    """Delegates to a backend and adds up the seconds spent in its forward passes (the cost floor)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.forward_seconds = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @property
+    def model_id(self) -> str:
+        return str(self._inner.model_id)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._inner.vocab_size)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self._inner.eos_token_id  # type: ignore[no-any-return]
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self._inner.has_chat_template)
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return self._inner.encode(text, add_special_tokens=add_special_tokens)  # type: ignore[no-any-return]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._inner.decode(ids))
+
+    def apply_chat_template(self, messages: Any, *, add_generation_prompt: bool = True) -> list[int]:
+        return self._inner.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)  # type: ignore[no-any-return]
+
+    def next_token_logprobs(self, prompts: Any) -> np.ndarray:
+        started = time.perf_counter()
+        try:
+            return self._inner.next_token_logprobs(prompts)  # type: ignore[no-any-return]
+        finally:
+            self.forward_seconds += time.perf_counter() - started
+
+    def start(self, prompts: Any) -> Any:
+        started = time.perf_counter()
+        session = self._inner.start(prompts)
+        self.forward_seconds += time.perf_counter() - started
+        outer = self
+
+        class _TimedSession:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(session, name)
+
+            def append(self, token_ids: Any) -> np.ndarray:
+                t0 = time.perf_counter()
+                try:
+                    return session.append(token_ids)  # type: ignore[no-any-return]
+                finally:
+                    outer.forward_seconds += time.perf_counter() - t0
+
+            def __enter__(self) -> Any:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                session.close()
+
+        return _TimedSession()
+
+
+@dataclass
+class Harness:
+    backend: Any
+    language: Any
+    data: Any
+    test: list[GincExample]
+    validation: list[GincExample]
+    train: dict[int, list[GincExample]]
+
+    def demonstrations(
+        self, spec: Spec, epsilon: float, hp: dict[str, Any], seed: int
+    ) -> tuple[dict[int, list[list[int]]], dict[str, Any]]:
+        rng = np.random.default_rng([seed, int(min(epsilon, 1e6) * 100)])
+        if math.isinf(epsilon):
+            demos = spec.build(None, hp).synthesize_nonprivate(self.data, backend=self.backend, rng=rng)
+            info: dict[str, Any] = {"epsilon": math.inf}
+        else:
+            method = spec.build(epsilon, hp)
+            budget = BudgetManager(PrivacyBudget(epsilon=epsilon, delta=DELTA))
+            demos = method.synthesize(self.data, backend=self.backend, budget=budget, rng=rng)
+            info = {"epsilon": demos.provenance.epsilon, **{k: v for k, v in demos.provenance.extra.items()
+                                                            if isinstance(v, (int, float, str))}}  # fmt: skip
+        by_concept = {c: [list(d.token_ids) for d in demos.for_label(concept_label(c))] for c in self.train}
+        return by_concept, info
+
+    def accuracy(self, demos: dict[int, list[list[int]]] | None, queries: Sequence[GincExample]) -> float:
+        return accuracy_with_demonstrations(self.backend, queries, demos).accuracy
+
+    def real_demonstrations(self, seed: int) -> dict[int, list[list[int]]]:
+        rng = np.random.default_rng([seed, 7])
+        out = {}
+        for c, examples in self.train.items():
+            picked = rng.choice(len(examples), size=GINC["shots_per_label"], replace=False)
+            out[c] = [[*examples[i].tokens, examples[i].label] for i in picked]
+        return out
+
+
+def _validation_queries(language: Any, n: int, seed: int) -> list[GincExample]:
+    prompts = sample_icl_prompts(language, n_prompts=n, n_shots=0, k=10, rng=np.random.default_rng([seed, 99]))
+    return [GincExample(int(c), int(s), tuple(int(t) for t in q), int(y))
+            for c, s, q, y in zip(prompts.concepts, prompts.start_properties, prompts.queries, prompts.labels,
+                                  strict=True)]  # fmt: skip
+
+
+def choose_hyperparameters(
+    h: Harness, spec: Spec, log: Callable[[str], None]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The grid point with the best mean validation accuracy over ε ∈ {1, 2, 4, 8} (one seed), as PTA App. F.5."""
+    if len(spec.grid) == 1:
+        return spec.grid[0], []
+    scores = []
+    for hp in spec.grid:
+        accs = [h.accuracy(h.demonstrations(spec, e, hp, seed=1000)[0], h.validation) for e in EPSILONS[:4]]
+        scores.append({"hyperparameters": hp, "validation_accuracy": float(np.mean(accs))})
+        log(f"  {spec.name} {hp}: validation {100 * np.mean(accs):.1f}")
+    best = max(scores, key=lambda s: s["validation_accuracy"])
+    return best["hyperparameters"], scores
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="paper hyperparameters, 1 seed, 100 queries/concept")
+    parser.add_argument("--seeds", type=int, default=None, help="synthesis seeds per cell (default 5; quick 1)")
+    parser.add_argument("--test-per-concept", type=int, default=None, help="test queries per concept (400; quick 100)")
+    parser.add_argument("--methods", default=None, help="comma-separated subset of the method rows")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="JSON, Markdown and PNG go here")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    n_seeds = args.seeds or (1 if args.quick else 5)
+    per_concept = args.test_per_concept or (100 if args.quick else 400)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    backend, language = load_model(device="cpu")
+    split = pta_split(language, k=10, n_train=1600, n_test=400, rng=np.random.default_rng(2025))
+    train = {c: tr for c, (tr, _) in split.items()}
+    test = [ex for _, te in split.values() for ex in te[:per_concept]]
+    timed = TimedBackend(backend)
+    h = Harness(timed, language, private_dataset(language, train), test,
+                _validation_queries(language, 500 if not args.quick else 100, seed=1), train)  # fmt: skip
+
+    def log(text: str) -> None:
+        print(f"[{time.monotonic() - started:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+    rows: list[dict[str, Any]] = []
+    zero = h.accuracy(None, test)
+    rows.append({"method": "0-shot (ε = 0)", "epsilon": 0.0, "mean": zero, "std": 0.0, "runs": [zero]})
+    real = [h.accuracy(h.real_demonstrations(s), test) for s in range(n_seeds)]
+    rows.append({"method": "R0 (real, not private)", "epsilon": math.inf, "mean": float(np.mean(real)),
+                 "std": float(np.std(real)), "runs": real})  # fmt: skip
+    log(f"0-shot {100 * zero:.1f}; R0 {100 * np.mean(real):.1f} ± {100 * np.std(real):.1f}")
+
+    chosen_specs = specs()
+    if args.methods:
+        wanted = {m.strip() for m in args.methods.split(",")}
+        chosen_specs = [s for s in chosen_specs if s.name in wanted]
+    selection: dict[str, Any] = {}
+    speed: dict[str, Any] = {}
+    for spec in chosen_specs:
+        if args.quick:
+            hp = PAPER_CHOICE.get(spec.name, spec.grid[0])
+        else:
+            hp, scores = choose_hyperparameters(h, spec, log)
+            selection[spec.name] = {"chosen": hp, "grid": scores}
+        for epsilon in EPSILONS:
+            runs, info = [], {}
+            for seed in range(n_seeds):
+                timed.forward_seconds = 0.0
+                t0 = time.perf_counter()
+                demos, info = h.demonstrations(spec, epsilon, hp, seed)
+                wall = time.perf_counter() - t0
+                if seed == 0 and epsilon == 1.0:
+                    tokens = sum(len(d) for ds in demos.values() for d in ds)
+                    speed[spec.name] = {"tokens_per_second": tokens / wall, "seconds": wall,
+                                        "forward_share": timed.forward_seconds / wall}  # fmt: skip
+                runs.append(h.accuracy(demos, test))
+            rows.append({"method": spec.name, "epsilon": epsilon, "hyperparameters": hp, "mean": float(np.mean(runs)),
+                         "std": float(np.std(runs)), "runs": runs, "info": info})  # fmt: skip
+            log(f"{spec.name} ε = {epsilon:g}: {100 * np.mean(runs):.1f} ± {100 * np.std(runs):.1f}")
+
+    total = time.monotonic() - started
+    meta = {"command": "python benchmarks/ginc/dp_icl.py" + (" --quick" if args.quick else ""), "seeds": n_seeds,
+            "test_queries": len(test), "delta": DELTA, "setting": {k: v for k, v in GINC.items() if k != "template"},
+            "seconds": round(total, 1), "model": "committed GINC model (dp_icl_plugin/ginc/model)"}  # fmt: skip
+    write_outputs(args.out, rows, selection, speed, meta)
+    print(to_markdown(rows, speed, meta))
+    print(f"\ntotal time: {total / 60:.1f} min")
+    return 0
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return ""
+    return f"{100 * row['mean']:.1f} ± {100 * row['std']:.1f}"
+
+
+def to_markdown(rows: list[dict[str, Any]], speed: dict[str, Any], meta: dict[str, Any]) -> str:
+    methods = list(dict.fromkeys(r["method"] for r in rows if not r["method"].startswith(("0-shot", "R0"))))
+    lines = ["| method | " + " | ".join("ε = ∞" if math.isinf(e) else f"ε = {e:g}" for e in EPSILONS) + " |",
+             "|---" * (len(EPSILONS) + 1) + "|"]  # fmt: skip
+    for m in methods:
+        cells = [_cell(next((r for r in rows if r["method"] == m and r["epsilon"] == e), None)) for e in EPSILONS]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    for r in rows:
+        if r["method"].startswith(("0-shot", "R0")):
+            lines.append(f"| {r['method']} | " + " | ".join([_cell(r)] * len(EPSILONS)) + " |")
+    lines.append(f"\n4-shot accuracy (%), mean ± std over {meta['seeds']} seeds, {meta['test_queries']} test queries, "
+                 f"δ = 1/1600.")  # fmt: skip
+    if speed:
+        lines += ["", "| method | synthesis tokens/s | forward passes' share of the time |", "|---|---|---|"]
+        for m, s in speed.items():
+            lines.append(f"| {m} | {s['tokens_per_second']:.1f} | {100 * s['forward_share']:.0f}% |")
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, rows: list[dict[str, Any]], selection: dict[str, Any], speed: dict[str, Any],
+                  meta: dict[str, Any]) -> None:  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and math.isinf(x):
+            return "inf"
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [clean(v) for v in x]
+        return x
+
+    (out / "dp_icl.json").write_text(json.dumps(clean({"meta": meta, "rows": rows, "selection": selection,
+                                                       "speed": speed}), indent=2) + "\n")  # fmt: skip
+    (out / "dp_icl.md").write_text(to_markdown(rows, speed, meta) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = list(range(len(EPSILONS)))
+    for m in dict.fromkeys(r["method"] for r in rows):
+        if m.startswith(("0-shot", "R0")):
+            r = next(r for r in rows if r["method"] == m)
+            real = m.startswith("R0")
+            ax.axhline(100 * r["mean"], linestyle="--" if real else ":", color="grey" if real else "black", label=m)
+            continue
+        pts = [next((r for r in rows if r["method"] == m and r["epsilon"] == e), None) for e in EPSILONS]
+        ax.errorbar([x for x, p in zip(xs, pts, strict=True) if p], [100 * p["mean"] for p in pts if p],
+                    yerr=[100 * p["std"] for p in pts if p], marker="o", capsize=3, label=m)  # fmt: skip
+    ax.set_xticks(xs, ["∞" if math.isinf(e) else f"{e:g}" for e in EPSILONS])
+    ax.set_xlabel("ε (per concept, δ = 1/1600)")
+    ax.set_ylabel("4-shot accuracy (%)")
+    ax.set_title("GINC: DP-ICL accuracy against ε")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "dp_icl.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
