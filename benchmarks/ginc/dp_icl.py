@@ -38,7 +38,13 @@ from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.ginc import load_model
 from dp_icl_plugin.ginc.dp_icl import accuracy_with_demonstrations, concept_label, private_dataset
 from dp_icl_plugin.ginc.prompts import GincExample, pta_split, sample_icl_prompts
-from dp_icl_plugin.methods import PRESETS, PTASynthesizer, SynthesisMethod, TangSynthesizer
+from dp_icl_plugin.methods import (
+    PRESETS,
+    AdaDPSynSynthesizer,
+    PTASynthesizer,
+    SynthesisMethod,
+    TangSynthesizer,
+)
 
 HERE = Path(__file__).resolve().parent
 EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
@@ -49,7 +55,7 @@ ALPHAS = (1.0, 1.5, 2.0, 5.0)
 TOP_PS = (0.7, 0.8, 0.9)
 # PTA Table 7, 4-layer model (MA1): the --quick run uses these instead of searching.
 PAPER_CHOICE = {"BA2": {"top_p": 0.9}, "P1": {"alpha": 5.0}, "PA2": {"alpha": 5.0, "top_p": 0.9},
-                "PA3": {"alpha": 2.0, "top_p": 0.9}}  # fmt: skip
+                "PA3": {"alpha": 2.0, "top_p": 0.9}, "AdaDPSyn": {"lam": 0.2}}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,12 @@ def _pta(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
     return PTASynthesizer(**GINC, **privacy, **hp)
 
 
+def _adadpsyn(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
+    # AdaDPSyn's AG News setting (Table 13: T̂ = 1, σ0 = 10, σ2 = 3) on PTA's GINC sampling (M = 5, N = 4).
+    privacy = {"epsilon": epsilon, "delta": DELTA} if epsilon is not None else {"sigma1": 1.0}
+    return AdaDPSynSynthesizer(**GINC, t_hat=1, sigma0=10.0, sigma2=3.0, **privacy, **hp)
+
+
 def specs() -> list[Spec]:
     alpha_p = [{"alpha": a, "top_p": p} for a in ALPHAS for p in TOP_PS]
     return [
@@ -79,6 +91,7 @@ def specs() -> list[Spec]:
         Spec("P1", _pta, [{"alpha": a} for a in ALPHAS]),
         Spec("PA2", _pta, alpha_p),
         Spec("PA3", lambda e, hp: _pta(e, {"use_base": False, **hp}), alpha_p),
+        Spec("AdaDPSyn", _adadpsyn, [{"lam": lam} for lam in (0.15, 0.2, 0.25)]),
     ]
 
 

@@ -256,10 +256,13 @@ class RDPCurveEvent(DPEvent):
 
 @dataclass(frozen=True)
 class MozoTokenEvent(DPEvent):
-    """One DPS-MOZO token before subsampling: (α, 4βα)-RDP (Flemings et al., Theorem B.3).
+    """One DPS-MOZO token before subsampling: (α, 4βα)-RDP (the claim of Flemings et al., Theorem B.3).
 
-    The bound is proven at the order α the mixing weights were fitted for and holds at every order
-    ≤ α (monotonicity of Rényi divergence); above α nothing is known. Wrap it in
+    The claim's proof fails for the published mechanism (a ball at one Rényi order and a normalised product
+    bound nothing between neighbours; counterexamples in ``tests/test_mozo.py``). It is a theorem for the
+    projected mechanism this library releases through (``mechanisms.mozo.project_output``: Hölder's
+    inequality, Mironov 2017 Prop. 11), at the order α and every order ≤ α (monotonicity of Rényi
+    divergence); above α nothing is known. Wrap it in
     :class:`SampledWithoutReplacementEvent` for the per-token sampling of n_shots records.
     """
 

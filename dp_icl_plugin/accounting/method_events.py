@@ -76,8 +76,9 @@ def adadpsyn_event(
 def mozo_event(*, beta: float, order: float, sampling_rate: float, steps: int) -> ev.DPEvent:
     """DPS-MOZO (Flemings et al., Theorem B.3 and App. B): ``steps`` = n_queries × T_max tokens.
 
-    Replace-one neighbours. Each token is (α, 4βα)-RDP, amplified by sampling n_shots records without
-    replacement (q = n_shots/|D|), composed over every token of every answer.
+    Replace-one neighbours. Each token is (α, 4βα)-RDP (proven for the projected mechanism this library
+    releases through, see ``MozoTokenEvent``), amplified by sampling n_shots records without replacement
+    (q = n_shots/|D|), composed over every token of every answer.
     """
     per_token = ev.MozoTokenEvent(beta=beta, order=order)
     token = ev.SampledWithoutReplacementEvent(sampling_rate=sampling_rate, event=per_token)

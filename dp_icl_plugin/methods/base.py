@@ -4,7 +4,8 @@ A method is a frozen, validated config plus three calls:
 
 - ``event(dataset, labels=None)``: the exact privacy event a run on ``dataset`` will charge (its noise
   calibrated from the config's target), before anything runs;
-- ``synthesize(dataset, labels=..., backend=..., budget=..., rng=...)``: validates everything (a public
+- ``synthesize(dataset, labels=..., backend=..., budget=..., rng=...)`` (plus ``public_inputs=...`` for methods
+  that answer public inputs): validates everything (a public
   pre-flight pass through the backend included), charges ``event`` to the budget manager, and only then
   reads private records; returns a :class:`DemoSet`;
 - ``synthesize_nonprivate(...)``: the same computation without noise or charge (ε = ∞), for baselines and
@@ -102,14 +103,31 @@ class SynthesisMethod(ABC):
         return str(self.config.template.public_prompt(label))
 
     # -- the public calls -------------------------------------------------------------------------
-    def event(self, dataset: PrivateDataset, labels: Sequence[str] | None = None) -> ev.DPEvent:
+    def event(
+        self,
+        dataset: PrivateDataset,
+        labels: Sequence[str] | None = None,
+        *,
+        public_inputs: Sequence[str] | None = None,
+    ) -> ev.DPEvent:
         """The privacy event a run on ``dataset`` (for ``labels``, default all) charges."""
-        return self.plan(dataset, labels).event
+        return self.plan(dataset, labels, public_inputs=public_inputs).event
 
-    def plan(self, dataset: PrivateDataset, labels: Sequence[str] | None = None) -> Plan:
-        """Validated labels, calibrated parameters and the event, without touching a backend."""
+    def plan(
+        self,
+        dataset: PrivateDataset,
+        labels: Sequence[str] | None = None,
+        *,
+        public_inputs: Sequence[str] | None = None,
+    ) -> Plan:
+        """Validated labels, calibrated parameters and the event, without touching a backend.
+
+        ``public_inputs`` is for methods that answer public inputs (MOZO offline); the others refuse it.
+        """
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationError("dataset must be a PrivateDataset")
+        if public_inputs is not None:
+            raise ConfigurationError(f"{self.name} does not take public_inputs")
         chosen = dataset.labels if labels is None else dataset.check_labels(labels)
         return self._plan(dataset, chosen)
 
@@ -118,6 +136,7 @@ class SynthesisMethod(ABC):
         dataset: PrivateDataset,
         *,
         labels: Sequence[str] | None = None,
+        public_inputs: Sequence[str] | None = None,
         backend: NextTokenBackend,
         budget: BudgetManager,
         rng: np.random.Generator,
@@ -135,7 +154,7 @@ class SynthesisMethod(ABC):
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (every synthesis is charged to one)")
         check_rng(rng)
-        plan = self.plan(dataset, labels)
+        plan = self.plan(dataset, labels, public_inputs=public_inputs)
         check_backend(backend)
         self._preflight(plan, backend)
         label = ledger_label or f"{self.name}:synthesize"
@@ -149,6 +168,7 @@ class SynthesisMethod(ABC):
         dataset: PrivateDataset,
         *,
         labels: Sequence[str] | None = None,
+        public_inputs: Sequence[str] | None = None,
         backend: NextTokenBackend,
         rng: np.random.Generator,
         progress: bool | None = None,
@@ -158,7 +178,7 @@ class SynthesisMethod(ABC):
         For the ε = ∞ rows of benchmarks and for tests. Never release its output.
         """
         check_rng(rng)
-        plan = self.plan(dataset, labels)
+        plan = self.plan(dataset, labels, public_inputs=public_inputs)
         check_backend(backend)
         self._preflight(plan, backend)
         demos = self._generate(dataset, plan, backend, rng, private=False, progress=progress)

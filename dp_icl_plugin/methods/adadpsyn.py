@@ -1,0 +1,209 @@
+"""AdaDPSyn (Gao et al., ICLR 2025): DP synthetic demonstrations with data-adaptive aggregation.
+
+Per generated token, for label y (Algorithm 1 with Algorithm 3; ``REFERENCE.md`` §3): draw M·N records of
+D_y uniformly without replacement and cut them into M prompts of N (:func:`~.prompting.fixed_size_subsets`);
+p_i = next-token distribution of prompt i restricted to V_pub = top-K of the public prompt's distribution
+and renormalised (each token gets its own model probability, however small); aggregate p_1..p_M with
+GoodRadius, a noisy mean, and up to T̂ coverage-checked projected means
+(:func:`~dp_icl_plugin.mechanisms.adadpsyn.release_token`); emit the argmax. Records and noise are drawn
+afresh for every token from the one ``rng`` (the public code's seed reset inside the token loop, which
+reuses the subset and the noise of the first token, is not repeated).
+
+Privacy claim. Neighbouring datasets differ in one record **within a label**: one record of D_y is
+replaced by another record with the same label y, so every |D_y| (public, as in the paper, see
+:mod:`~.data`) is unchanged. Per token the M·N prompt records are a uniform draw without replacement from
+D_y; replacing one record changes at most one prompt, hence one p_i, and the token's release is an RDP
+mechanism of the draw made of 2⌈log2(√2/(2θ))⌉ GoodRadius queries (sensitivity 2, noise std 2σ0), at most
+T̂ + 1 projected means (sensitivity 2R, std 2Rσ1) and at most T̂ coverage counts (sensitivity 1, std σ2).
+Its RDP is amplified by sampling without replacement at γ_y = M·N/|D_y| (Wang, Balle & Kasiviswanathan
+2019, Theorem 9; the paper's Theorem 7), composed over shots_per_label × T tokens and converted to (ε, δ)
+by the RDP accountant (Balle et al. 2020): :func:`~dp_icl_plugin.accounting.method_events.adadpsyn_event`
+(App. B, Theorem 3). Labels partition the data and generation for y reads only D_y, so the run costs the
+label with the fewest records, γ = M·N/min_y |D_y| (a larger γ only increases the bound). T tokens are
+charged even when a demonstration stops early at EOS. σ1 for a target ε is the smallest on a 0.01 grid
+(``calibrate_adadpsyn``, what ``dp-icl calibrate adadpsyn`` prints); δ defaults to 1/|D| (the paper).
+
+Not covered: a replacement that changes a record's label. It removes a record from D_y and adds one to
+D_y': both partitions change (parallel composition over labels no longer gives the maximum: both labels'
+generations would have to be composed), each by an add/remove step that changes the population size
+|D_y| the M·N records are drawn from. Theorem 9 compares two datasets of the *same* size differing in one
+element, so it does not apply to that pair; the public label counts, which set the sampling rates, change
+too. The guarantee therefore treats the label counts as public, as the paper does (its neighbours "differ
+by a single entry" while its sampling rate is set by |D_y|). Adding or removing a record is not covered
+either (replace-one only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin._progress import progress_bar
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.calibration import calibrate_adadpsyn
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.errors import BackendError, ConfigurationError
+from dp_icl_plugin.mechanisms.adadpsyn import release_token
+from dp_icl_plugin.mechanisms.gaussian_aggregation import restrict
+from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
+from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text, fixed_size_subsets
+from dp_icl_plugin.methods.tang import check_privacy_target
+from dp_icl_plugin.methods.templates import PromptTemplate
+
+__all__ = ["AdaDPSynConfig", "AdaDPSynSynthesizer"]
+
+
+@dataclass(frozen=True)
+class AdaDPSynConfig:
+    """AdaDPSyn's parameters (defaults: the paper's AG News setting, Table 13, with λ = 0.2).
+
+    Attributes:
+        n_prompts: M, prompts per token.
+        records_per_prompt: N, records per prompt (M·N drawn without replacement per token).
+        max_tokens: T (the paper's T_max), tokens per demonstration (all charged; generation may stop at EOS).
+        shots_per_label: demonstrations generated per label (each costs T compositions).
+        top_k: K, the public vocabulary's size.
+        t_hat: T̂, the maximum number of radius-reduction rounds per token.
+        sigma0: GoodRadius's noise multiplier (std 2σ0 on each score).
+        sigma2: the coverage counts' noise std.
+        theta: GoodRadius's tolerance θ (⌈log2(√2/(2θ))⌉ search steps).
+        rho: the fraction ρ of prompts GoodRadius's ball should hold (t = ⌈ρM⌉; the paper's 0.8).
+        mu: the coverage threshold μ (the paper's 0.55).
+        lam: λ in the margin 2λRσ1√K/M (the paper searches {0.15, 0.2, 0.25}; Tables 13–17 use 0.1–0.35).
+        epsilon: target ε of the whole run (σ1 calibrated), or None when ``sigma1`` is given.
+        sigma1: the projected means' noise multiplier (std 2Rσ1 on the sum), instead of a target ε.
+        delta: δ of the target (default 1/|D|, as in the paper).
+        template: the prompt layout (public; see ``templates.PRESETS``).
+    """
+
+    n_prompts: int = 10
+    records_per_prompt: int = 2
+    max_tokens: int = 100
+    shots_per_label: int = 1
+    top_k: int = 100
+    t_hat: int = 1
+    sigma0: float = 10.0
+    sigma2: float = 3.0
+    theta: float = 0.1
+    rho: float = 0.8
+    mu: float = 0.55
+    lam: float = 0.2
+    epsilon: float | None = None
+    sigma1: float | None = None
+    delta: float | None = None
+    template: PromptTemplate = field(default_factory=PromptTemplate)
+
+    def __post_init__(self) -> None:
+        for name in ("n_prompts", "records_per_prompt", "max_tokens", "shots_per_label", "top_k", "t_hat"):
+            check.positive_int(name, getattr(self, name))
+        for name in ("sigma0", "sigma2", "theta"):
+            check.positive_finite(name, getattr(self, name))
+        for name in ("rho", "mu"):
+            if not 0.0 < check.real(name, getattr(self, name)) <= 1.0:
+                raise ConfigurationError(f"{name} must lie in (0, 1], got {getattr(self, name)!r}")
+        check.non_negative_finite("lam", self.lam)
+        check_privacy_target(self.epsilon, self.delta, self.sigma1, "sigma1")
+        if not isinstance(self.template, PromptTemplate):
+            raise ConfigurationError("template must be a PromptTemplate")
+
+
+class AdaDPSynSynthesizer(SynthesisMethod):
+    """DP synthetic demonstrations by AdaDPSyn (Gao et al. 2025); the privacy claim is in the module docstring.
+
+    Example::
+
+        method = AdaDPSynSynthesizer(epsilon=1.0, lam=0.1, template=PRESETS["agnews"])
+        demos = method.synthesize(dataset, backend=backend, budget=budget, rng=np.random.default_rng())
+    """
+
+    name: ClassVar[str] = "adadpsyn"
+    config: AdaDPSynConfig
+
+    def __init__(self, config: AdaDPSynConfig | None = None, **overrides: Any) -> None:
+        if config is not None and overrides:
+            raise ConfigurationError("pass a config or keyword settings, not both")
+        self.config = config if config is not None else AdaDPSynConfig(**overrides)
+        if not isinstance(self.config, AdaDPSynConfig):
+            raise ConfigurationError("config must be an AdaDPSynConfig")
+
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+        c = self.config
+        per_token = c.n_prompts * c.records_per_prompt
+        smallest = min(dataset.count(y) for y in labels)
+        if smallest < per_token:
+            raise ConfigurationError(
+                f"a label has {smallest} records; M·N = {per_token} are drawn without replacement per token"
+            )
+        rate = per_token / smallest
+        steps = c.shots_per_label * c.max_tokens
+        delta = c.delta if c.delta is not None else 1.0 / len(dataset)
+        if c.sigma1 is not None:
+            sigma1, target = float(c.sigma1), None
+        else:
+            assert c.epsilon is not None
+            result = calibrate_adadpsyn(epsilon=float(c.epsilon), delta=float(delta), sampling_rate=rate, steps=steps,
+                                        t_hat=c.t_hat, sigma0=float(c.sigma0), sigma2=float(c.sigma2),
+                                        theta=float(c.theta))  # fmt: skip
+            sigma1, target = result.value, result.epsilon
+        event = me.adadpsyn_event(sigma0=float(c.sigma0), sigma1=sigma1, sigma2=float(c.sigma2), sampling_rate=rate,
+                                  steps=steps, t_hat=c.t_hat, theta=float(c.theta))  # fmt: skip
+        params = {"sigma0": float(c.sigma0), "sigma1": sigma1, "sigma2": float(c.sigma2), "sampling_rate": rate,
+                  "steps": steps, "target_delta": delta, "calibrated_epsilon": target}  # fmt: skip
+        return Plan(labels, event, params)
+
+    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
+        super()._preflight(plan, backend)
+        if self.config.top_k > backend.vocab_size:
+            raise ConfigurationError(f"top_k = {self.config.top_k} exceeds the vocabulary ({backend.vocab_size})")
+
+    def _generate(
+        self,
+        dataset: PrivateDataset,
+        plan: Plan,
+        backend: NextTokenBackend,
+        rng: np.random.Generator,
+        *,
+        private: bool,
+        progress: bool | None,
+    ) -> list[Demonstration]:
+        c = self.config
+        # private=False: the same computation with every noise multiplier (and so the margin) at 0
+        sigmas = {name: plan.params[name] if private else 0.0 for name in ("sigma0", "sigma1", "sigma2")}
+        ids = PromptIds(backend, c.template)
+        eos = backend.eos_token_id if c.template.stop_at_eos else None
+        bar = progress_bar(len(plan.labels) * c.shots_per_label * c.max_tokens, desc=f"{self.name} synthesis",
+                           unit="token", enabled=progress)  # fmt: skip
+        demos = []
+        for label in plan.labels:
+            records = dataset.records(label)
+            for _ in range(c.shots_per_label):
+                generated: list[int] = []
+                for _ in range(c.max_tokens):
+                    subsets = fixed_size_subsets(records, n_prompts=c.n_prompts, per_prompt=c.records_per_prompt,
+                                                 rng=rng)  # fmt: skip
+                    prompts = [ids.public(label, generated)]
+                    prompts += [ids.private(label, subset, generated) for subset in subsets]
+                    logprobs = check_logprobs(backend.next_token_logprobs(prompts))
+                    if logprobs.shape[0] != len(prompts):
+                        raise BackendError(f"the backend returned {logprobs.shape[0]} rows for {len(prompts)} prompts")
+                    vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k)
+                    # each prompt's own probabilities on V_pub, renormalised (a token it finds unlikely stays so)
+                    candidates = restrict(np.exp(logprobs[1:].astype(np.float64)), vocabulary, renormalize=True)
+                    release = release_token(candidates, t_hat=c.t_hat, theta=c.theta, rho=c.rho, mu=c.mu, lam=c.lam,
+                                            rng=rng, **sigmas)  # fmt: skip
+                    token = int(vocabulary[release.index])
+                    generated.append(token)
+                    bar.update(1)
+                    if eos is not None and token == eos:
+                        bar.update(c.max_tokens - len(generated))
+                        generated.pop()
+                        break
+                text = demonstration_text(backend, generated, c.template.stop)
+                demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated)))
+        bar.close()
+        return demos

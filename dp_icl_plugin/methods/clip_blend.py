@@ -1,0 +1,455 @@
+"""Clip-blend synthesis (Bhusal et al., "Privacy-Aware In-Context Learning for Large Language Models", Algorithm 1).
+
+For each label y, the records of D_y are dealt once, before decoding, to the ``shots_per_label``
+demonstrations (:func:`assign_groups`); demonstration k is generated from its own group's prompts (one
+record each, ``template.private_prompt(y, [record])``) and the public prompt. Per token (the mechanism is
+:mod:`dp_icl_plugin.mechanisms.clip_blend`): clip every prompt's logits (eq. 2), average the private ones
+with the fixed divisor s, blend with the public row, sample from softmax(ẑ/τ). The prompts never change, so
+decoding runs on the backend's incremental session (one KV cache per prompt, cost linear in T, §1); stopping
+at EOS or at the template's stop string is post-processing.
+
+Privacy claim (add/remove of one record, the paper's relation; ``neighbouring="replace_one"`` doubles ε0):
+
+- Assignment. Each record of D_y independently joins group k with probability s/n_y for each of the
+  K = ``shots_per_label`` groups, or no group with probability 1 − K·s/n_y (zero when n_y = K·s, e.g. the
+  smallest label at the default s = ⌊min_y n_y / K⌋; for larger labels groups keep the expected size s,
+  the paper's "prompt set of expected size s"). Groups are disjoint, and adding or removing a record changes
+  exactly one group (or none) and leaves the others as they were; a random permutation cut into chunks
+  would shift records between groups instead. The rates s/n_y and s's default use the label counts n_y,
+  which are treated as public parameters, as the papers do (Tang et al.'s q = M·N/|D_y| likewise): the claim
+  is for D and D' run with the same (n_y, s).
+- One assignment. Fix the draws of the records common to D and D' = D ∪ {r} and r's own draw. The two runs
+  then differ in at most one private prompt of one group. That group's demonstration is T adaptively
+  composed tokens, each an exponential mechanism that is ε0-DP and ε0-bounded-range with ε0 = c/(sτ),
+  because ẑ divides by the fixed s and so moves by at most c/(2s) per entry (Lemma 2; dividing by the
+  number of prompts present would not bound it). Every other demonstration, of this label or another
+  (labels partition D), is computed from identical inputs with its own randomness: parallel composition.
+- Mixture. Each record's draw is independent of the others', so the runs on D and D' are mixtures over
+  the same draws with the same weights; hockey-stick divergences are jointly convex, so the (ε, δ) the
+  accountant certifies for T tokens holds for the whole run:
+  :func:`~dp_icl_plugin.accounting.method_events.clip_blend_event` with ``steps = max_tokens``, whatever
+  ``shots_per_label`` and the number of labels.
+- Replace-one: the new record takes the old one's draw, so one prompt of one group changes and ẑ moves
+  by c/s: ε0 = 2c/(sτ). If the label changes too, one group loses a prompt and a group of another label
+  gains one; the two demonstrations are generated independently, so token t of both together is 2ε0-DP
+  and 2ε0-bounded-range: the same event covers it.
+
+The paper composes T tokens with advanced composition and keeps only its leading term, c·√(2T ln(1/δ))/(sτ)
+(Theorem 1): not a valid bound when ε0 is not small. It is reported in the provenance as ``paper_epsilon``,
+next to the guarantee (``epsilon``, the tightest valid accounting of the same event), never instead of it.
+τ for a target ε is :func:`~dp_icl_plugin.accounting.calibration.calibrate_clip_blend_temperature`.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin._progress import progress_bar
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.accountants import tightest
+from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
+from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend, Prompt, appended_ids, check_logprobs
+from dp_icl_plugin.errors import BackendError, ConfigurationError
+from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
+from dp_icl_plugin.methods.prompting import demonstration_text
+from dp_icl_plugin.methods.tang import check_privacy_target
+from dp_icl_plugin.methods.templates import PromptTemplate
+
+__all__ = [
+    "PAPER_PROMPTS",
+    "ClipBlendConfig",
+    "ClipBlendSynthesizer",
+    "DecodingSpeedup",
+    "ReencodingSession",
+    "assign_groups",
+    "clip_blend_decode",
+    "measure_decoding_speedup",
+]
+
+NEIGHBOURING = (ev.ADD_REMOVE, ev.REPLACE_ONE)
+
+
+def assign_groups(n_records: int, *, n_groups: int, subset_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Deal record positions 0..n−1 to ``n_groups`` disjoint groups of expected size ``subset_size``.
+
+    Each record independently draws a uniform integer v in [0, n): it joins group ⌊v/s⌋ when v < K·s (so
+    each group with probability s/n exactly), no group otherwise. With n = K·s every record joins one
+    group. Adding a record adds one draw and leaves every other record's group unchanged in distribution
+    (see the module docstring).
+
+    Returns:
+        One sorted array of positions per group.
+    """
+    n = check.positive_int("n_records", n_records)
+    k = check.positive_int("n_groups", n_groups)
+    s = check.positive_int("subset_size", subset_size)
+    if k * s > n:
+        raise ConfigurationError(f"{k} groups of expected size {s} need at least {k * s} records, got {n}")
+    slot = rng.integers(0, n, size=n) // s
+    return [np.flatnonzero(slot == g) for g in range(k)]
+
+
+def _label_only(name: str, fmt: object) -> str:
+    if not isinstance(fmt, str) or not fmt.strip():
+        raise ConfigurationError(f"{name} must be a non-empty format string")
+    try:
+        names = {f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None}
+    except ValueError as exc:
+        raise ConfigurationError(f"{name}: bad format string: {exc}") from None
+    if names - {"label"}:
+        raise ConfigurationError(f"{name} may only use {{label}}, not {sorted(names - {'label'})}")
+    return fmt
+
+
+@dataclass(frozen=True)
+class ClipBlendConfig:
+    """Clip-blend synthesis settings (defaults: the paper's c = 10; App. B).
+
+    Attributes:
+        clip: c, the clipping threshold of eq. 2.
+        subset_size: s, the fixed divisor of z̄ and the expected number of prompts per demonstration;
+            None (default) = ⌊min_y |D_y| / shots_per_label⌋ (label counts are public, as in the papers).
+        max_tokens: T, tokens per demonstration; every record is charged T tokens (generation may stop
+            earlier at EOS or at ``template.stop``).
+        shots_per_label: K, demonstrations per label, each from its own disjoint group of records.
+        temperature: τ itself, or None when ``epsilon`` is given.
+        epsilon: target ε of the run (τ calibrated with the tightest accounting), or None.
+        delta: δ of the target and of the reported figures (default 1/min_y |D_y|).
+        neighbouring: ``"add_remove"`` (the paper's, ε0 = c/(sτ)) or ``"replace_one"`` (ε0 = 2c/(sτ)).
+        template: the private prompt layout: ``template.private_prompt(label, [record])``.
+        public_prompt: a format string with ``{label}`` for the public prompt (App. F words it differently
+            from the private one); None = ``template.public_prompt(label)``.
+    """
+
+    clip: float = 10.0
+    subset_size: int | None = None
+    max_tokens: int = 100
+    shots_per_label: int = 1
+    temperature: float | None = None
+    epsilon: float | None = None
+    delta: float | None = None
+    neighbouring: str = ev.ADD_REMOVE
+    template: PromptTemplate = field(default_factory=PromptTemplate)
+    public_prompt: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clip", check.positive_finite("clip", self.clip))
+        for name in ("max_tokens", "shots_per_label"):
+            check.positive_int(name, getattr(self, name))
+        if self.subset_size is not None:
+            check.positive_int("subset_size", self.subset_size)
+        check_privacy_target(self.epsilon, self.delta, self.temperature, "temperature")
+        if self.neighbouring not in NEIGHBOURING:
+            raise ConfigurationError(f"neighbouring must be one of {NEIGHBOURING}, got {self.neighbouring!r}")
+        if not isinstance(self.template, PromptTemplate):
+            raise ConfigurationError("template must be a PromptTemplate")
+        if self.public_prompt is not None:
+            _label_only("public_prompt", self.public_prompt)
+
+    def public_text(self, label: str) -> str:
+        """The public prompt for ``label`` (no private data)."""
+        if self.public_prompt is None:
+            return self.template.public_prompt(label)
+        return self.public_prompt.format(label=label)
+
+
+# App. F, Figs. 6–11, as plain text (the figures' "# [User]" / "# [Assistant]" turns are a chat layout;
+# apply the model's chat template yourself for instruction-tuned models).
+PAPER_PROMPTS: dict[str, dict[str, Any]] = {
+    "agnews": {
+        "template": PromptTemplate(header="Here are texts with News Type: {label}.\n\n", example="{text}\n\n",
+                                   query="Please give me another one.\n\nText:"),
+        "public_prompt": "Generate only a text of news type {label}.\n\nText:",
+    },
+    "dbpedia": {
+        "template": PromptTemplate(header="Here are entries of Category: {label}.\n\n", example="{text}\n\n",
+                                   query="Please give me another one.\n\nEntry:"),
+        "public_prompt": "Generate only a wiki entry of Category {label}.\n\nText:",
+    },
+    "trec": {
+        "template": PromptTemplate(header="Here are questions with Answer Type: {label}.\n\n", example="{text}\n\n",
+                                   query="Please give me another one.\n\nQuestion:"),
+        "public_prompt": "Generate only a question with Answer Type {label}.\n\nQuestion:",
+    },
+}  # fmt: skip
+"""The paper's prompts (App. F): ``ClipBlendSynthesizer(**PAPER_PROMPTS["agnews"], epsilon=1.0, ...)``."""
+
+
+class ClipBlendSynthesizer(SynthesisMethod):
+    """DP synthetic demonstrations by clip-blend decoding (Bhusal et al., Algorithm 1); see the module docstring.
+
+    Example::
+
+        # ≥ 4 × 255 records per label; each demonstration blends ~255 one-record prompts with the public one
+        method = ClipBlendSynthesizer(epsilon=1.0, max_tokens=64, shots_per_label=4, subset_size=255)
+        demos = method.synthesize(dataset, backend=backend, budget=budget, rng=np.random.default_rng())
+        demos.provenance.extra["epsilon"], demos.provenance.extra["paper_epsilon"]
+
+    ``synthesize_nonprivate`` decodes greedily (argmax ẑ, the τ → 0 limit) from the same groups: ε = ∞.
+    """
+
+    name: ClassVar[str] = "clip_blend"
+    config: ClipBlendConfig
+
+    def __init__(self, config: ClipBlendConfig | None = None, **overrides: Any) -> None:
+        if config is not None and overrides:
+            raise ConfigurationError("pass a config or keyword settings, not both")
+        self.config = config if config is not None else ClipBlendConfig(**overrides)
+        if not isinstance(self.config, ClipBlendConfig):
+            raise ConfigurationError("config must be a ClipBlendConfig")
+
+    # -- planning -----------------------------------------------------------------------------------
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+        c = self.config
+        k = c.shots_per_label
+        smallest = min(dataset.count(y) for y in labels)
+        if smallest < k:
+            raise ConfigurationError(
+                f"a label has {smallest} records; shots_per_label = {k} demonstrations need at least one each"
+            )
+        s = c.subset_size if c.subset_size is not None else smallest // k
+        if k * s > smallest:
+            raise ConfigurationError(
+                f"a label has {smallest} records; shots_per_label × subset_size = {k * s} need at least as many"
+            )
+        steps = c.max_tokens  # each record sits in one group: it takes part in T tokens (parallel composition)
+        delta = c.delta if c.delta is not None else 1.0 / smallest
+        if c.temperature is not None:
+            tau, target = float(c.temperature), None
+        else:
+            assert c.epsilon is not None
+            result = calibrate_clip_blend_temperature(epsilon=c.epsilon, delta=delta, clip=c.clip, subset_size=s,
+                                                      steps=steps, neighbouring=c.neighbouring)  # fmt: skip
+            tau, target = result.value, result.epsilon
+        event = me.clip_blend_event(clip=c.clip, subset_size=s, temperature=tau, steps=steps,
+                                    neighbouring=c.neighbouring)  # fmt: skip
+        token_epsilon = me.clip_blend_token_epsilon(clip=c.clip, subset_size=s, temperature=tau,
+                                                    neighbouring=c.neighbouring)  # fmt: skip
+        # the paper's figure (add/remove, leading term of advanced composition) only beside the guarantee
+        paper = me.clip_blend_paper_epsilon(clip=c.clip, subset_size=s, temperature=tau, steps=steps, delta=delta)
+        params = {"subset_size": s, "temperature": tau, "steps": steps, "target_delta": delta,
+                  "calibrated_epsilon": target, "token_epsilon": token_epsilon,
+                  "epsilon": tightest().epsilon(event, delta=delta), "paper_epsilon": paper}  # fmt: skip
+        return Plan(labels, event, params)
+
+    def _public_probe(self, label: str) -> str:
+        return self.config.public_text(label)
+
+    def _capacity(self, backend: NextTokenBackend) -> int | None:
+        """Longest prompt (tokens) that leaves room for T − 1 appended tokens; None = unlimited."""
+        max_length: int | None = getattr(backend, "max_length", None)
+        return None if max_length is None else max_length - self.config.max_tokens + 1
+
+    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
+        """Public checks: the context fits T tokens, and the backend's incremental session works."""
+        super()._preflight(plan, backend)
+        capacity = self._capacity(backend)
+        if capacity is not None and capacity < 1:
+            raise ConfigurationError(f"max_tokens = {self.config.max_tokens} does not fit the model's context")
+        ids = _fit(backend.encode(self.config.public_text(plan.labels[0]), add_special_tokens=True), capacity)
+        with backend.start([ids]) as session:
+            first = check_logprobs(session.logprobs)
+            if first.shape != (1, backend.vocab_size):
+                raise BackendError(f"the session returned shape {first.shape}; expected (1, {backend.vocab_size})")
+            if self.config.max_tokens > 1:
+                check_logprobs(session.append(int(np.argmax(first[0]))))
+
+    # -- generation ---------------------------------------------------------------------------------
+    def _generate(
+        self,
+        dataset: PrivateDataset,
+        plan: Plan,
+        backend: NextTokenBackend,
+        rng: np.random.Generator,
+        *,
+        private: bool,
+        progress: bool | None,
+    ) -> list[Demonstration]:
+        c = self.config
+        s = plan.params["subset_size"]
+        tau = plan.params["temperature"] if private else None
+        capacity = self._capacity(backend)
+        eos = backend.eos_token_id if c.template.stop_at_eos else None
+        stop = c.template.stop
+        done = _stop_check(backend, stop)
+        bar = progress_bar(len(plan.labels) * c.shots_per_label * c.max_tokens, desc=f"{self.name} synthesis",
+                           unit="token", enabled=progress)  # fmt: skip
+        demos = []
+        sampled = 0
+
+        def tick() -> None:
+            nonlocal sampled
+            sampled += 1
+            bar.update(1)
+
+        for label in plan.labels:
+            records = dataset.records(label)
+            public = _fit(backend.encode(c.public_text(label), add_special_tokens=True), capacity)
+            for group in assign_groups(len(records), n_groups=c.shots_per_label, subset_size=s, rng=rng):
+                prompts = [public] + [
+                    _fit(backend.encode(c.template.private_prompt(label, [records[int(i)]]), add_special_tokens=True),
+                         capacity)
+                    for i in group
+                ]  # fmt: skip
+                sampled = 0
+                with backend.start(prompts) as session:
+                    generated = clip_blend_decode(session, clip=c.clip, subset_size=s, temperature=tau,
+                                                  max_tokens=c.max_tokens, rng=rng, eos_token_id=eos, done=done,
+                                                  on_token=tick)  # fmt: skip
+                bar.update(c.max_tokens - sampled)  # the tokens not generated after a stop (charged all the same)
+                text = demonstration_text(backend, generated, stop)
+                demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated)))
+        bar.close()
+        return demos
+
+
+def _fit(ids: list[int], capacity: int | None) -> list[int]:
+    """Keep the last ``capacity`` tokens (the query survives; the oldest text goes, as in ``PromptIds``)."""
+    return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]
+
+
+def _stop_check(backend: NextTokenBackend, stop: str | None) -> Callable[[list[int]], bool] | None:
+    if stop is None:
+        return None
+    return lambda generated: stop in backend.decode(generated)
+
+
+def clip_blend_decode(
+    session: IncrementalSession,
+    *,
+    clip: float,
+    subset_size: int,
+    temperature: float | None,
+    max_tokens: int,
+    rng: np.random.Generator,
+    eos_token_id: int | None = None,
+    done: Callable[[list[int]], bool] | None = None,
+    on_token: Callable[[], None] | None = None,
+) -> list[int]:
+    """Clip-blend decoding of one demonstration on an open session: row 0 public, rows 1.. private.
+
+    At most ``max_tokens`` tokens, each :func:`~dp_icl_plugin.mechanisms.clip_blend.clip_blend_token`
+    (ε0-DP per token; the caller charges ``max_tokens`` of them). Stops after EOS (not kept) or once
+    ``done(generated)`` holds (post-processing of released tokens). ``temperature=None`` = noiseless argmax.
+    """
+    generated: list[int] = []
+    logprobs = check_logprobs(session.logprobs)
+    for step in range(max_tokens):
+        token = clip_blend_token(logprobs[1:], logprobs[0], clip=clip, subset_size=subset_size,
+                                 temperature=temperature, rng=rng)  # fmt: skip
+        if on_token is not None:
+            on_token()
+        if eos_token_id is not None and token == eos_token_id:
+            break
+        generated.append(token)
+        if done is not None and done(generated):
+            break
+        if step + 1 < max_tokens:  # the last token needs no forward pass
+            logprobs = check_logprobs(session.append(token))
+    return generated
+
+
+# -- measuring what the KV cache buys -----------------------------------------------------------------------
+
+
+class ReencodingSession:
+    """An :class:`~dp_icl_plugin.backends.base.IncrementalSession` that re-encodes every prompt at every step.
+
+    For measurement only (the cost clip-blend avoids: quadratic in T instead of linear); it returns what
+    ``backend.start`` returns, up to float rounding.
+    """
+
+    def __init__(self, backend: NextTokenBackend, prompts: Sequence[Prompt]) -> None:
+        self._backend = backend
+        self._ids = [list(x) if not isinstance(x, str) else backend.encode(x, add_special_tokens=True) for x in prompts]
+        self._logprobs = check_logprobs(backend.next_token_logprobs(self._ids))
+        self._open = True
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self._ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self._ids], dtype=np.int64)
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return self._logprobs.copy()
+
+    def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
+        if not self._open:
+            raise ConfigurationError("this session is closed")
+        new = appended_ids(token_ids, n_prompts=self.n_prompts, vocab_size=self._backend.vocab_size)
+        for ids, token in zip(self._ids, new, strict=True):
+            ids.append(int(token))
+        self._logprobs = check_logprobs(self._backend.next_token_logprobs(self._ids))
+        return self._logprobs.copy()
+
+    def close(self) -> None:
+        self._open = False
+
+    def __enter__(self) -> ReencodingSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class DecodingSpeedup:
+    """Wall-clock seconds of the same decoding with the KV cache and by re-encoding, and their agreement.
+
+    Attributes:
+        cached_seconds: ``backend.start`` + appends.
+        reencode_seconds: :class:`ReencodingSession` (every prompt re-encoded at every step).
+        max_logprob_difference: largest |difference| of any next-token log-probability over all steps
+            (finite entries; both must agree on which are −inf).
+    """
+
+    cached_seconds: float
+    reencode_seconds: float
+    max_logprob_difference: float
+
+    @property
+    def speedup(self) -> float:
+        return self.reencode_seconds / self.cached_seconds if self.cached_seconds > 0 else math.inf
+
+
+def measure_decoding_speedup(
+    backend: NextTokenBackend, prompts: Sequence[Prompt], *, tokens: Sequence[int]
+) -> DecodingSpeedup:
+    """Time appending ``tokens`` (one at a time, to every prompt) with the cache and by re-encoding.
+
+    The benchmark's measure of §1's efficiency claim: pass the prompts of one clip-blend demonstration
+    (public first, then the private ones, e.g. as token ids) and a token sequence (e.g. a released
+    demonstration's ``token_ids``). No sampling, no privacy cost by itself (the logits are not returned).
+    """
+    appended = [int(t) for t in tokens]
+    traces: list[list[np.ndarray]] = []
+    seconds: list[float] = []
+    for make in (backend.start, lambda p: ReencodingSession(backend, p)):
+        start = time.perf_counter()
+        with make(list(prompts)) as session:
+            trace = [session.logprobs]
+            trace += [session.append(t) for t in appended]
+        seconds.append(time.perf_counter() - start)
+        traces.append(trace)
+    worst = 0.0
+    for cached, reencoded in zip(*traces, strict=True):
+        finite = np.isfinite(cached)
+        if not np.array_equal(finite, np.isfinite(reencoded)):
+            return DecodingSpeedup(seconds[0], seconds[1], math.inf)
+        worst = max(worst, float(np.max(np.abs(cached[finite].astype(np.float64) - reencoded[finite]), initial=0)))
+    return DecodingSpeedup(seconds[0], seconds[1], worst)

@@ -1,0 +1,327 @@
+"""DPS-MOZO+Off (Flemings et al., App. C, Algorithm 3): DP outputs for public inputs, used as demonstrations.
+
+The caller supplies public, unlabeled inputs (PATE-style, §4.2). For each one, DPS-MOZO (Algorithm 1,
+:mod:`dp_icl_plugin.mechanisms.mozo`) generates an output token by token: per token, n_shots records are
+drawn uniformly without replacement from the whole private dataset D, each gives a one-shot prompt (the
+record as an input→output example, the public input, the output so far), the zero-shot prompt is the public
+input and the output so far, and the token is sampled from the product of the mixed distributions. The
+pairs (public input, DP output) are the demonstrations; anything done with them afterwards is free
+(post-processing).
+
+Privacy: replace-one neighbours; each token is (α, 4βα)-RDP, amplified by sampling n_shots of |D| records
+without replacement (q = n_shots/|D|; Wang, Balle & Kasiviswanathan 2019, Thm 9), composed over every token
+that can be generated, ``len(public_inputs) × max_tokens``
+(:func:`~dp_icl_plugin.accounting.method_events.mozo_event`), converted with Balle et al. 2020; δ defaults to
+1/|D|. Algorithm 3 line 6 divides the budget by n_test·T̃_max, but the tokens generated offline are
+|D_pub|·T̃_max: we charge what is generated. β for a target ε is the largest meeting it
+(:func:`~dp_icl_plugin.accounting.calibration.calibrate_mozo`). Records are drawn from all of D, so labels
+partition nothing here.
+
+The per-token bound is the paper's (Theorem B.3), but its proof does not hold for the published mechanism
+(a one-order Rényi ball and a normalised product; counterexamples in ``tests/test_mozo.py``). This method
+therefore always releases through the *projected* mechanism (:func:`~dp_icl_plugin.mechanisms.mozo.
+project_output`): the paper's λ_i and product, shrunk towards the public zero-shot centre until Hölder's
+inequality proves D_α ≤ 4βα between any two datasets, so the same event accounts for it soundly. When the
+paper's output already lies in that ball, the two release the same distribution.
+
+Prompt layout (:class:`AnswerTemplate`, input→output, unlike the label→text synthesis templates)::
+
+    {header}                          (instruction; public)
+    {example}  one private record     Text: <record.text>\\nLabel: <record.label>\\n\\n
+    {query}    the public input       Text: <public input>\\nLabel:<output generated so far>
+
+The zero-shot prompt is ``header + query``; a one-shot prompt is ``header + example + query``.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin._progress import progress_bar
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.calibration import calibrate_mozo
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.errors import BackendError, ConfigurationError
+from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token, nonprivate_token
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.demoset import Provenance
+from dp_icl_plugin.methods.prompting import demonstration_text
+from dp_icl_plugin.methods.tang import check_privacy_target
+
+__all__ = ["ANSWER_PRESETS", "AnswerTemplate", "MozoOfflineConfig", "MozoOfflineSynthesizer", "check_public_inputs"]
+
+
+def _fields(fmt: str) -> set[str]:
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(fmt) if name is not None}
+    except ValueError as exc:
+        raise ConfigurationError(f"bad format string: {exc}") from None
+
+
+@dataclass(frozen=True)
+class AnswerTemplate:
+    """Format strings of MOZO's input→output prompts (public; they must not contain private data).
+
+    Attributes:
+        header: printed first in every prompt (an instruction and its separator); no fields.
+        example: one private record as a demonstration: ``{text}`` is the record's input, ``{label}`` its
+            output (e.g. a class name).
+        query: the public input, using ``{input}``; the output is generated right after it.
+        stop: text that ends an output once generated (generation stops; the text is cut there).
+        stop_at_eos: end an output at the model's EOS token (off for GINC, whose delimiter is EOS).
+    """
+
+    header: str = ""
+    example: str = "Text: {text}\nLabel: {label}\n\n"
+    query: str = "Text: {input}\nLabel:"
+    stop: str | None = "\n"
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("header", "example", "query"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigurationError(f"template.{name} must be a string")
+        if self.stop is not None and (not isinstance(self.stop, str) or not self.stop):
+            raise ConfigurationError("template.stop must be a non-empty string or None")
+        if not isinstance(self.stop_at_eos, bool):
+            raise ConfigurationError("template.stop_at_eos must be a bool")
+        if _fields(self.header):
+            raise ConfigurationError("template.header must not use fields")
+        example = _fields(self.example)
+        if "text" not in example or example - {"text", "label"}:
+            raise ConfigurationError("template.example must use {text} and may use {label}, nothing else")
+        if _fields(self.query) != {"input"}:
+            raise ConfigurationError("template.query must use {input} and nothing else")
+
+    def zero_shot_prompt(self, public_input: str) -> str:
+        """The public prompt: header, then the public input."""
+        return self.header + self.query.format(input=public_input)
+
+    def one_shot_prompt(self, record: PrivateRecord, public_input: str) -> str:
+        """A private prompt: header, one record as an example, then the public input."""
+        return (
+            self.header
+            + self.example.format(text=record.text, label=record.label)
+            + self.query.format(input=public_input)
+        )
+
+
+ANSWER_PRESETS: dict[str, AnswerTemplate] = {
+    # a record is (text, class name); the output is the class name, ended by the newline
+    "classification": AnswerTemplate(),
+    # GINC: a record's text is the 9-token input, its label the 1-token output; examples are delimited by
+    # "/" as in the GINC prompts (the delimiter is also EOS, so EOS does not stop generation; use max_tokens=1)
+    "ginc": AnswerTemplate(header="/ ", example="{text} {label} / ", query="{input}", stop=None, stop_at_eos=False),
+    # the paper's prompts (Figures 5 and 7), outputs ended by the newline
+    "e2e": AnswerTemplate(
+        header="Please convert the structured data into natural language.\n",
+        example="Input:\n{text}\nAnswer: {label}\n\n",
+        query="Input:\n{input}\nAnswer:",
+    ),
+    "samsum": AnswerTemplate(
+        example="Dialogue:\n{text}\nSummarize the above dialogue: {label}\n\n",
+        query="Dialogue:\n{input}\nSummarize the above dialogue:",
+    ),
+}
+"""Layouts for MOZO; pass ``template=ANSWER_PRESETS["classification"]`` or build your own."""
+
+
+def check_public_inputs(public_inputs: object) -> tuple[str, ...]:
+    """A non-empty sequence of non-empty strings (public inputs; errors give positions only)."""
+    if public_inputs is None:
+        raise ConfigurationError("mozo_offline needs public_inputs=[...] (the public inputs to answer)")
+    if isinstance(public_inputs, (str, bytes)) or not isinstance(public_inputs, Sequence):
+        raise ConfigurationError("public_inputs must be a sequence of strings")
+    result = tuple(public_inputs)
+    if not result:
+        raise ConfigurationError("public_inputs must not be empty")
+    for i, text in enumerate(result):
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigurationError(f"public input {i} is empty or not a string")
+    return result
+
+
+@dataclass(frozen=True)
+class MozoOfflineConfig:
+    """DPS-MOZO+Off's settings (defaults: the paper's Table 4 and §4.1 where it has one).
+
+    Attributes:
+        n_shots: records drawn per token (one one-shot prompt each); q = n_shots/|D|.
+        max_tokens: T̃_max, tokens per output (all charged; generation may stop early).
+        top_k: k of the public top-k support of the zero-shot output.
+        order: the Rényi order α the mixing constraint is fitted at (the paper: 14, 8, 5 for ε = 1, 2, 4).
+        lambda_max: the upper limit of each λ_i.
+        epsilon: target ε of the whole run (β calibrated), or None when ``beta`` is given.
+        beta: target leakage β itself, instead of a target ε.
+        delta: δ of the target (default 1/|D|).
+        template: the prompt layout (see ``ANSWER_PRESETS``).
+        demo_label: the ``label`` of every demonstration; None (default) puts the DP output there too,
+            which is what a classification task wants (the output is the label).
+    """
+
+    n_shots: int = 4
+    max_tokens: int = 20
+    top_k: int = 100
+    order: float = 8.0
+    lambda_max: float = LAMBDA_MAX
+    epsilon: float | None = None
+    beta: float | None = None
+    delta: float | None = None
+    template: AnswerTemplate = field(default_factory=AnswerTemplate)
+    demo_label: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_shots", "max_tokens", "top_k"):
+            check.positive_int(name, getattr(self, name))
+        object.__setattr__(self, "order", check.order("order", self.order))
+        object.__setattr__(self, "lambda_max", check.positive_finite("lambda_max", self.lambda_max))
+        check_privacy_target(self.epsilon, self.delta, self.beta, "beta")
+        if not isinstance(self.template, AnswerTemplate):
+            raise ConfigurationError("template must be an AnswerTemplate")
+        if self.demo_label is not None and not isinstance(self.demo_label, str):
+            raise ConfigurationError("demo_label must be a string or None")
+
+
+class MozoOfflineSynthesizer(SynthesisMethod):
+    """DP demonstrations for public inputs by DPS-MOZO (Flemings et al., Algorithm 3); see the module docstring.
+
+    ``plan``, ``event``, ``synthesize`` and ``synthesize_nonprivate`` take the public inputs as the
+    keyword ``public_inputs`` (required; ``labels`` is not used: records are drawn from all of D).
+
+    Example::
+
+        method = MozoOfflineSynthesizer(epsilon=2.0, order=8, max_tokens=5)
+        demos = method.synthesize(dataset, public_inputs=["a public text", ...], backend=backend,
+                                  budget=budget, rng=np.random.default_rng())
+    """
+
+    name: ClassVar[str] = "mozo_offline"
+    config: MozoOfflineConfig
+
+    def __init__(self, config: MozoOfflineConfig | None = None, **overrides: Any) -> None:
+        if config is not None and overrides:
+            raise ConfigurationError("pass a config or keyword settings, not both")
+        self.config = config if config is not None else MozoOfflineConfig(**overrides)
+        if not isinstance(self.config, MozoOfflineConfig):
+            raise ConfigurationError("config must be a MozoOfflineConfig")
+
+    # -- planning -----------------------------------------------------------------------------------
+    def plan(
+        self,
+        dataset: PrivateDataset,
+        labels: Sequence[str] | None = None,
+        *,
+        public_inputs: Sequence[str] | None = None,
+    ) -> Plan:
+        """Validated inputs, calibrated β and the event, without touching a backend."""
+        if not isinstance(dataset, PrivateDataset):
+            raise ConfigurationError("dataset must be a PrivateDataset")
+        if labels is not None:
+            raise ConfigurationError("mozo_offline draws records from the whole dataset; do not pass labels")
+        inputs = check_public_inputs(public_inputs)
+        c = self.config
+        size = len(dataset)
+        if c.n_shots > size:
+            raise ConfigurationError(f"n_shots = {c.n_shots} exceeds the {size} records (q = n_shots/|D| ≤ 1)")
+        rate = c.n_shots / size
+        steps = len(inputs) * c.max_tokens  # the tokens generated offline (Algorithm 3 writes n_test·T̃_max)
+        delta = c.delta if c.delta is not None else 1.0 / size
+        if c.beta is not None:
+            beta, target = float(c.beta), None
+        else:
+            assert c.epsilon is not None
+            result = calibrate_mozo(epsilon=c.epsilon, delta=delta, sampling_rate=rate, steps=steps, order=c.order)
+            beta, target = result.value, result.epsilon
+        event = me.mozo_event(beta=beta, order=c.order, sampling_rate=rate, steps=steps)
+        params = {"beta": beta, "sampling_rate": rate, "steps": steps, "target_delta": delta,
+                  "calibrated_epsilon": target, "public_inputs": inputs}  # fmt: skip
+        return Plan(dataset.labels, event, params)
+
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+        raise ConfigurationError("mozo_offline needs public inputs: call plan(dataset, public_inputs=[...])")
+
+    def _provenance(
+        self, plan: Plan, backend: NextTokenBackend, epsilon: float, delta: float, entry_id: int | None, label: str
+    ) -> Provenance:
+        provenance = super()._provenance(plan, backend, epsilon, delta, entry_id, label)
+        extra = {k: v for k, v in provenance.extra.items() if k != "public_inputs"}  # they are in the demos
+        extra["n_public_inputs"] = len(plan.params["public_inputs"])
+        return Provenance(**{**provenance.to_dict(), "extra": extra})
+
+    # -- generation ---------------------------------------------------------------------------------
+    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
+        """Public checks: every zero-shot prompt encodes, the model answers the first, top_k fits."""
+        template = self.config.template
+        prompts = [backend.encode(template.zero_shot_prompt(x), add_special_tokens=True)
+                   for x in plan.params["public_inputs"]]  # fmt: skip
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise ConfigurationError(f"the zero-shot prompt of public input {i} has no tokens")
+        probe = check_logprobs(backend.next_token_logprobs([prompts[0]]))
+        if probe.shape != (1, backend.vocab_size):
+            raise BackendError(f"the backend returned shape {probe.shape}; expected (1, {backend.vocab_size})")
+        if self.config.top_k > backend.vocab_size:
+            raise ConfigurationError(f"top_k = {self.config.top_k} exceeds the vocabulary ({backend.vocab_size})")
+
+    def _generate(
+        self,
+        dataset: PrivateDataset,
+        plan: Plan,
+        backend: NextTokenBackend,
+        rng: np.random.Generator,
+        *,
+        private: bool,
+        progress: bool | None,
+    ) -> list[Demonstration]:
+        c = self.config
+        records = [r for y in dataset.labels for r in dataset.records(y)]
+        inputs: tuple[str, ...] = plan.params["public_inputs"]
+        eos = backend.eos_token_id if c.template.stop_at_eos else None
+        max_length: int | None = getattr(backend, "max_length", None)
+
+        def fit(ids: list[int]) -> list[int]:
+            # keep the end: the generated output and the query are never cut, the example's start may be
+            return ids[-max_length:] if max_length is not None and len(ids) > max_length else ids
+
+        bar = progress_bar(len(inputs) * c.max_tokens, desc=f"{self.name} synthesis", unit="token",
+                           enabled=progress)  # fmt: skip
+        demos = []
+        for public_input in inputs:
+            zero_shot = backend.encode(c.template.zero_shot_prompt(public_input), add_special_tokens=True)
+            one_shot: dict[int, list[int]] = {}  # record index -> prompt ids, for this input
+            generated: list[int] = []
+            steps_done = 0
+            for _ in range(c.max_tokens):
+                # n_shots records uniformly without replacement (WBK 2019 Thm 9's sampling), fresh per token
+                picked = [int(i) for i in rng.choice(len(records), size=c.n_shots, replace=False)]
+                for i in picked:
+                    if i not in one_shot:
+                        text = c.template.one_shot_prompt(records[i], public_input)
+                        one_shot[i] = backend.encode(text, add_special_tokens=True)
+                prompts = [fit(zero_shot + generated)] + [fit(one_shot[i] + generated) for i in picked]
+                logprobs = check_logprobs(backend.next_token_logprobs(prompts))
+                if private:
+                    step = mozo_token(logprobs[1:], logprobs[0], beta=plan.params["beta"], order=c.order,
+                                      top_k=c.top_k, rng=rng, lambda_max=c.lambda_max, variant="projected")  # fmt: skip
+                else:
+                    step = nonprivate_token(logprobs[1:], logprobs[0], top_k=c.top_k, rng=rng)
+                steps_done += 1
+                bar.update(1)
+                if eos is not None and step.token_id == eos:
+                    break
+                generated.append(step.token_id)
+                if c.template.stop is not None and c.template.stop in backend.decode(generated):
+                    break
+            bar.update(c.max_tokens - steps_done)  # the tokens not generated were charged all the same
+            text = demonstration_text(backend, generated, c.template.stop)
+            label = c.demo_label if c.demo_label is not None else text
+            demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated), input=public_input))
+        bar.close()
+        return demos
