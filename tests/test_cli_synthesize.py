@@ -88,3 +88,52 @@ def test_unreadable_data_is_bad_input(tmp_path: Path, capsys) -> None:
     code = main(["synthesize", *ARGS, "--data", str(bad), "--epsilon", "1", "--ledger", str(tmp_path / "l.db"),
                  "--budget-epsilon", "2", "--budget-delta", "0.01", "--out", str(tmp_path / "o.jsonl")])  # fmt: skip
     assert code == 2 and "csv" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "method_args",
+    [
+        ["--method", "adadpsyn", "--template", "ginc", "--n-prompts", "5", "--records-per-prompt", "4",
+         "--max-tokens", "3", "--top-k", "10", "--lam", "0.2"],
+        ["--method", "clip-blend", "--template", "ginc", "--max-tokens", "3", "--clip", "10"],
+    ],
+    ids=["adadpsyn", "clip-blend"],
+)  # fmt: skip
+def test_other_synthesis_methods(data_file: Path, tmp_path: Path, capsys, method_args: list[str]) -> None:
+    out = tmp_path / "demos.jsonl"
+    common = ["--text-column", "text", "--label-column", "concept", "--model", "ginc", "--seed", "1"]
+    status, result = _run(["synthesize", *common, *method_args, "--data", str(data_file), "--epsilon", "8",
+                           "--ledger", str(tmp_path / "l.db"), "--budget-epsilon", "8", "--budget-delta", "0.01",
+                           "--out", str(out)], capsys)  # fmt: skip
+    assert status == 0, result
+    assert result["method"] == method_args[1].replace("-", "_") and result["demonstrations"] == 2
+    assert 0 < result["epsilon"] <= 8 and DemoSet.load(out).provenance.ledger_entry_id == 1
+
+
+def test_mozo_offline_answers_public_inputs(data_file: Path, tmp_path: Path, capsys) -> None:
+    language = GincLanguage(GincConfig())
+    queries = tmp_path / "inputs.txt"
+    queries.write_text("\n".join(language.render(range(1, 10)) for _ in range(2)) + "\n")
+    rows = [line.split(",") for line in data_file.read_text().splitlines()[1:]]
+    qa = tmp_path / "qa.csv"
+    with qa.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["input", "output"])
+        for text, _ in rows:
+            words = text.split()
+            writer.writerow([" ".join(words[:-1]), words[-1]])
+    out = tmp_path / "demos.jsonl"
+    status, result = _run(["synthesize", "--method", "mozo-offline", "--data", str(qa), "--text-column", "input",
+                           "--label-column", "output", "--labels", ",".join(language.vocab), "--public-inputs",
+                           str(queries), "--model", "ginc", "--template", "ginc", "--max-tokens", "1", "--top-k",
+                           "10", "--order", "8", "--epsilon", "2", "--ledger", str(tmp_path / "l.db"),
+                           "--budget-epsilon", "2", "--budget-delta", "0.001", "--out", str(out), "--seed", "0"],
+                          capsys)  # fmt: skip
+    assert status == 0, result
+    demos = DemoSet.load(out)
+    assert [d.input for d in demos] == [language.render(range(1, 10))] * 2
+    assert all(len(d.token_ids) == 1 for d in demos) and result["epsilon"] <= 2
+    code = main(["synthesize", "--method", "pta", "--data", str(qa), "--text-column", "input", "--label-column",
+                 "output", "--public-inputs", str(queries), "--model", "ginc", "--epsilon", "1", "--ledger",
+                 str(tmp_path / "l.db"), "--out", str(tmp_path / "x.jsonl")])  # fmt: skip
+    assert code == 2 and "mozo-offline" in capsys.readouterr().out

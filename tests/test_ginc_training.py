@@ -184,6 +184,13 @@ def test_cli_train_then_resume(tmp_path: Path, capsys):
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["finished"] and out["step"] == 4 and out["tokens"] == 4 * 2 * 32
+    log = (tmp_path / "training_log.jsonl").read_text()
+    weights = (tmp_path / "model.safetensors").read_bytes()
+    assert main(args) == 0  # the same command after it finished: nothing to train, nothing rewritten
+    again = json.loads(capsys.readouterr().out)
+    assert again["finished"] and again["step"] == 4 and again["validation_loss"] == out["validation_loss"]
+    assert (tmp_path / "training_log.jsonl").read_text() == log
+    assert (tmp_path / "model.safetensors").read_bytes() == weights
 
 
 # ---------------------------------------------------------------------------- the committed model

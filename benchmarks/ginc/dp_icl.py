@@ -36,15 +36,24 @@ import numpy as np
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.ginc import load_model
-from dp_icl_plugin.ginc.dp_icl import accuracy_with_demonstrations, concept_label, private_dataset
+from dp_icl_plugin.ginc.dp_icl import (
+    accuracy_with_demonstrations,
+    concept_label,
+    private_dataset,
+    query_answer_dataset,
+)
 from dp_icl_plugin.ginc.prompts import GincExample, pta_split, sample_icl_prompts
 from dp_icl_plugin.methods import (
+    ANSWER_PRESETS,
     PRESETS,
     AdaDPSynSynthesizer,
+    ClipBlendSynthesizer,
+    MozoOfflineSynthesizer,
     PTASynthesizer,
     SynthesisMethod,
     TangSynthesizer,
 )
+from dp_icl_plugin.methods.clip_blend import measure_decoding_speedup
 
 HERE = Path(__file__).resolve().parent
 EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
@@ -60,11 +69,15 @@ PAPER_CHOICE = {"BA2": {"top_p": 0.9}, "P1": {"alpha": 5.0}, "PA2": {"alpha": 5.
 
 @dataclass(frozen=True)
 class Spec:
-    """A method row: how to build it for a target ε (``None`` = ε = ∞) and its hyperparameter grid."""
+    """A method row: how to build it for a target ε (``None`` = ε = ∞) and its hyperparameter grid.
+
+    ``answers_inputs``: the method answers public inputs (MOZO offline) instead of generating from labels.
+    """
 
     name: str
     build: Callable[[float | None, dict[str, Any]], SynthesisMethod]
     grid: list[dict[str, Any]] = field(default_factory=lambda: [{}])
+    answers_inputs: bool = False
 
 
 def _tang(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
@@ -83,6 +96,24 @@ def _adadpsyn(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
     return AdaDPSynSynthesizer(**GINC, t_hat=1, sigma0=10.0, sigma2=3.0, **privacy, **hp)
 
 
+def _clip_blend(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
+    # The paper's clip c = 10; s = 1,600/4 = 400 records per demonstration (one per prompt, disjoint groups).
+    privacy = {"epsilon": epsilon, "delta": DELTA} if epsilon is not None else {"temperature": 1.0}
+    return ClipBlendSynthesizer(clip=10.0, max_tokens=GINC["max_tokens"], shots_per_label=GINC["shots_per_label"],
+                                template=GINC["template"], **privacy, **hp)  # fmt: skip
+
+
+MOZO_ORDER = {1.0: 14.0, 2.0: 8.0, 4.0: 5.0, 8.0: 4.0}  # the paper's α for ε = 1, 2, 4 (Table 4); 4 for ε = 8
+
+
+def _mozo(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
+    # One DP output token per public input (the label of a GINC example), 4 shots per token, top-k = 10.
+    privacy = {"epsilon": epsilon, "delta": DELTA, "order": MOZO_ORDER[epsilon]} if epsilon is not None \
+        else {"beta": 1.0}  # fmt: skip
+    return MozoOfflineSynthesizer(n_shots=4, max_tokens=1, top_k=GINC["top_k"], template=ANSWER_PRESETS["ginc"],
+                                  **privacy, **hp)  # fmt: skip
+
+
 def specs() -> list[Spec]:
     alpha_p = [{"alpha": a, "top_p": p} for a in ALPHAS for p in TOP_PS]
     return [
@@ -92,6 +123,8 @@ def specs() -> list[Spec]:
         Spec("PA2", _pta, alpha_p),
         Spec("PA3", lambda e, hp: _pta(e, {"use_base": False, **hp}), alpha_p),
         Spec("AdaDPSyn", _adadpsyn, [{"lam": lam} for lam in (0.15, 0.2, 0.25)]),
+        Spec("clip-blend", _clip_blend),
+        Spec("MOZO-offline", _mozo, answers_inputs=True),
     ]
 
 
@@ -171,11 +204,14 @@ class Harness:
     test: list[GincExample]
     validation: list[GincExample]
     train: dict[int, list[GincExample]]
+    public_inputs: dict[int, list[GincExample]]
 
     def demonstrations(
         self, spec: Spec, epsilon: float, hp: dict[str, Any], seed: int
     ) -> tuple[dict[int, list[list[int]]], dict[str, Any]]:
         rng = np.random.default_rng([seed, int(min(epsilon, 1e6) * 100)])
+        if spec.answers_inputs:
+            return self._answers(spec, epsilon, hp, seed, rng)
         if math.isinf(epsilon):
             demos = spec.build(None, hp).synthesize_nonprivate(self.data, backend=self.backend, rng=rng)
             info: dict[str, Any] = {"epsilon": math.inf}
@@ -188,6 +224,42 @@ class Harness:
         by_concept = {c: [list(d.token_ids) for d in demos.for_label(concept_label(c))] for c in self.train}
         return by_concept, info
 
+    def inputs_for(self, concept: int, seed: int) -> list[GincExample]:
+        pool = self.public_inputs[concept]
+        shots = GINC["shots_per_label"]
+        return pool[(seed % (len(pool) // shots)) * shots :][:shots]
+
+    def _answers(
+        self, spec: Spec, epsilon: float, hp: dict[str, Any], seed: int, rng: np.random.Generator
+    ) -> tuple[dict[int, list[list[int]]], dict[str, Any]]:
+        """MOZO offline, one run per concept (its own private dataset and budget: parallel composition)."""
+        by_concept: dict[int, list[list[int]]] = {}
+        info: dict[str, Any] = {}
+        for c, examples in self.train.items():
+            data = query_answer_dataset(self.language, examples)
+            inputs = [self.language.render(ex.tokens) for ex in self.inputs_for(c, seed)]
+            if math.isinf(epsilon):
+                demos = spec.build(None, hp).synthesize_nonprivate(data, public_inputs=inputs, backend=self.backend,
+                                                                    rng=rng)  # fmt: skip
+                info = {"epsilon": math.inf}
+            else:
+                budget = BudgetManager(PrivacyBudget(epsilon=epsilon, delta=DELTA))
+                demos = spec.build(epsilon, hp).synthesize(data, public_inputs=inputs, backend=self.backend,
+                                                           budget=budget, rng=rng)  # fmt: skip
+                info = {"epsilon": demos.provenance.epsilon, **{k: v for k, v in demos.provenance.extra.items()
+                                                                if isinstance(v, (int, float, str))}}  # fmt: skip
+            by_concept[c] = [self.language.parse(d.input or "") + list(d.token_ids) for d in demos]
+        return by_concept, info
+
+    def zero_shot_answers(self, seed: int) -> dict[int, list[list[int]]]:
+        """MOZO's public inputs with the model's own zero-shot outputs: what the inputs give without private data."""
+        out = {}
+        for c in self.train:
+            queries = [list(ex.tokens) for ex in self.inputs_for(c, seed)]
+            answers = self.backend.next_token_logprobs([[0, *q] for q in queries]).argmax(axis=1)
+            out[c] = [[*q, int(a)] for q, a in zip(queries, answers, strict=True)]
+        return out
+
     def accuracy(self, demos: dict[int, list[list[int]]] | None, queries: Sequence[GincExample]) -> float:
         return accuracy_with_demonstrations(self.backend, queries, demos).accuracy
 
@@ -198,6 +270,13 @@ class Harness:
             picked = rng.choice(len(examples), size=GINC["shots_per_label"], replace=False)
             out[c] = [[*examples[i].tokens, examples[i].label] for i in picked]
         return out
+
+
+def _public_input_pool(language: Any, split: Any, *, per_concept: int) -> dict[int, list[GincExample]]:
+    """Fresh GINC queries per concept from the generator (public), none equal to a private or test query."""
+    taken = {ex.tokens for train, test in split.values() for ex in (*train, *test)}
+    fresh = pta_split(language, k=10, n_train=per_concept + 50, n_test=1, rng=np.random.default_rng(4242))
+    return {c: [ex for ex in train if ex.tokens not in taken][:per_concept] for c, (train, _) in fresh.items()}
 
 
 def _validation_queries(language: Any, n: int, seed: int) -> list[GincExample]:
@@ -244,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     test = [ex for _, te in split.values() for ex in te[:per_concept]]
     timed = TimedBackend(backend)
     h = Harness(timed, language, private_dataset(language, train), test,
-                _validation_queries(language, 500 if not args.quick else 100, seed=1), train)  # fmt: skip
+                _validation_queries(language, 500 if not args.quick else 100, seed=1), train,
+                _public_input_pool(language, split, per_concept=4 * n_seeds))  # fmt: skip
 
     def log(text: str) -> None:
         print(f"[{time.monotonic() - started:7.1f}s] {text}", file=sys.stderr, flush=True)
@@ -256,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     rows.append({"method": "R0 (real, not private)", "epsilon": math.inf, "mean": float(np.mean(real)),
                  "std": float(np.std(real)), "runs": real})  # fmt: skip
     log(f"0-shot {100 * zero:.1f}; R0 {100 * np.mean(real):.1f} ± {100 * np.std(real):.1f}")
+    public = [h.accuracy(h.zero_shot_answers(s), test) for s in range(n_seeds)]
+    rows.append({"method": "MOZO inputs, 0-shot outputs (no private data)", "epsilon": 0.0,
+                 "mean": float(np.mean(public)), "std": float(np.std(public)), "runs": public})  # fmt: skip
 
     chosen_specs = specs()
     if args.methods:
@@ -285,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                          "std": float(np.std(runs)), "runs": runs, "info": info})  # fmt: skip
             log(f"{spec.name} ε = {epsilon:g}: {100 * np.mean(runs):.1f} ± {100 * np.std(runs):.1f}")
 
+    if not args.methods or "clip-blend" in args.methods:
+        speed["clip-blend cached vs re-encoded (T = 100)"] = clip_blend_speedup(h, n_prompts=32 if args.quick else 128)
+        log(f"clip-blend cache speed-up at T = 100: {speed['clip-blend cached vs re-encoded (T = 100)']}")
     total = time.monotonic() - started
     meta = {"command": "python benchmarks/ginc/dp_icl.py" + (" --quick" if args.quick else ""), "seeds": n_seeds,
             "test_queries": len(test), "delta": DELTA, "setting": {k: v for k, v in GINC.items() if k != "template"},
@@ -295,6 +381,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+REFERENCE_ROWS = ("0-shot", "R0", "MOZO inputs")
+
+
+def clip_blend_speedup(h: Harness, *, n_prompts: int) -> dict[str, float]:
+    """Decode 100 tokens for one clip-blend group (the public prompt + ``n_prompts`` one-record prompts) with the
+    KV cache and by re-encoding every prompt at every step; the same prompts and tokens both ways."""
+    template = GINC["template"]
+    label = concept_label(0)
+    records = h.data.records(label)[:n_prompts]
+    prompts = [template.public_prompt(label)] + [template.private_prompt(label, [r]) for r in records]
+    tokens = np.random.default_rng(0).integers(1, h.backend.vocab_size, size=100).tolist()
+    result = measure_decoding_speedup(h.backend._inner, prompts, tokens=tokens)
+    return {"cached_seconds": result.cached_seconds, "reencode_seconds": result.reencode_seconds,
+            "speedup": result.speedup, "max_logprob_difference": result.max_logprob_difference,
+            "prompts": len(prompts)}  # fmt: skip
+
+
 def _cell(row: dict[str, Any] | None) -> str:
     if row is None:
         return ""
@@ -302,21 +405,29 @@ def _cell(row: dict[str, Any] | None) -> str:
 
 
 def to_markdown(rows: list[dict[str, Any]], speed: dict[str, Any], meta: dict[str, Any]) -> str:
-    methods = list(dict.fromkeys(r["method"] for r in rows if not r["method"].startswith(("0-shot", "R0"))))
+    methods = list(dict.fromkeys(r["method"] for r in rows if not r["method"].startswith(REFERENCE_ROWS)))
     lines = ["| method | " + " | ".join("ε = ∞" if math.isinf(e) else f"ε = {e:g}" for e in EPSILONS) + " |",
              "|---" * (len(EPSILONS) + 1) + "|"]  # fmt: skip
     for m in methods:
         cells = [_cell(next((r for r in rows if r["method"] == m and r["epsilon"] == e), None)) for e in EPSILONS]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     for r in rows:
-        if r["method"].startswith(("0-shot", "R0")):
+        if r["method"].startswith(REFERENCE_ROWS):
             lines.append(f"| {r['method']} | " + " | ".join([_cell(r)] * len(EPSILONS)) + " |")
     lines.append(f"\n4-shot accuracy (%), mean ± std over {meta['seeds']} seeds, {meta['test_queries']} test queries, "
                  f"δ = 1/1600.")  # fmt: skip
-    if speed:
-        lines += ["", "| method | synthesis tokens/s | forward passes' share of the time |", "|---|---|---|"]
-        for m, s in speed.items():
-            lines.append(f"| {m} | {s['tokens_per_second']:.1f} | {100 * s['forward_share']:.0f}% |")
+    methods_speed = {m: v for m, v in speed.items() if "tokens_per_second" in v}
+    if methods_speed:
+        lines += ["", "| method (ε = 1, seed 0) | synthesis tokens/s | forward passes' share | mechanism + "
+                  "accounting |", "|---|---|---|---|"]  # fmt: skip
+        for m, v in methods_speed.items():
+            lines.append(f"| {m} | {v['tokens_per_second']:.1f} | {100 * v['forward_share']:.0f}% | "
+                         f"{100 * (1 - v['forward_share']):.0f}% |")  # fmt: skip
+    for m, v in speed.items():
+        if "speedup" in v:
+            lines.append(f"\n{m}: {v['speedup']:.1f}× ({v['reencode_seconds']:.1f} s re-encoded vs "
+                         f"{v['cached_seconds']:.1f} s cached, {v['prompts']} prompts, max |Δ log p| = "
+                         f"{v['max_logprob_difference']:.1e})")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -344,10 +455,10 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], selection: dict[str, An
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = list(range(len(EPSILONS)))
     for m in dict.fromkeys(r["method"] for r in rows):
-        if m.startswith(("0-shot", "R0")):
+        if m.startswith(REFERENCE_ROWS):
             r = next(r for r in rows if r["method"] == m)
-            real = m.startswith("R0")
-            ax.axhline(100 * r["mean"], linestyle="--" if real else ":", color="grey" if real else "black", label=m)
+            style = {"R0": ("--", "grey"), "0-": (":", "black"), "MO": ("-.", "tab:brown")}[m[:2]]
+            ax.axhline(100 * r["mean"], linestyle=style[0], color=style[1], label=m)
             continue
         pts = [next((r for r in rows if r["method"] == m and r["epsilon"] == e), None) for e in EPSILONS]
         ax.errorbar([x for x, p in zip(xs, pts, strict=True) if p], [100 * p["mean"] for p in pts if p],

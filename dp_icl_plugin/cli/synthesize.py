@@ -15,7 +15,11 @@ import numpy as np
 
 __all__ = ["METHOD_CHOICES", "add_parser", "synthesize"]
 
-METHOD_CHOICES = ("tang", "pta")
+METHOD_CHOICES = ("tang", "pta", "adadpsyn", "clip-blend", "mozo-offline")
+
+# CLI option -> config field; a method refuses the options its config does not have.
+_SETTINGS = ("n_prompts", "records_per_prompt", "max_tokens", "shots_per_label", "top_k", "top_p", "alpha",
+             "t_hat", "sigma0", "sigma2", "lam", "clip", "subset_size", "neighbouring", "n_shots", "order")  # fmt: skip
 
 
 def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: Any) -> None:
@@ -26,23 +30,37 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--label-column", required=True)
     p.add_argument("--labels", default=None, help="the public label set, comma-separated (default: the file's)")
     p.add_argument("--generate-for", default=None, help="labels to generate for, comma-separated (default: all)")
+    p.add_argument("--public-inputs", default=None, help="mozo-offline: public inputs (.txt, one per line, or "
+                   ".csv/.jsonl with --input-column)")  # fmt: skip
+    p.add_argument("--input-column", default=None, help="the column of --public-inputs in a .csv/.jsonl file")
     p.add_argument("--model", required=True, help="a local Hugging Face causal LM directory, or 'ginc'")
     p.add_argument("--device", default="auto")
     p.add_argument("--epsilon", type=number, required=True, help="target ε of this synthesis")
-    p.add_argument("--delta", type=number, default=None, help="target δ (default 1/min_y |D_y|)")
+    p.add_argument("--delta", type=number, default=None, help="target δ (default: the ledger's δ)")
     p.add_argument("--ledger", required=True, help="the budget ledger file charged for the run")
     p.add_argument("--budget-epsilon", type=number, default=None, help="create the ledger with this ε")
     p.add_argument("--budget-delta", type=number, default=None, help="create the ledger with this δ")
     p.add_argument("--out", required=True, help="where the demonstrations go (JSONL)")
-    p.add_argument("--template", default=None, help="agnews, trec, dbpedia, sst2, ginc (default: a plain layout)")
-    p.add_argument("--n-prompts", type=integer, default=None, help="M (default 10)")
-    p.add_argument("--records-per-prompt", type=integer, default=None, help="N (default 2)")
-    p.add_argument("--max-tokens", type=integer, default=None, help="T (default 100)")
-    p.add_argument("--shots-per-label", type=integer, default=None, help="demonstrations per label (default 1)")
-    p.add_argument("--top-k", type=integer, default=None, help="public vocabulary size k (default 100)")
-    p.add_argument("--top-p", type=number, default=None, help="adaptive vocabulary limit p (BA2/PA2)")
-    p.add_argument("--alpha", type=number, default=None, help="PTA amplification α (default 1)")
-    p.add_argument("--no-base", action="store_true", help="PTA without the base probability (PA3)")
+    p.add_argument("--template", default=None, help="a preset: agnews, trec, dbpedia, sst2, ginc; for mozo-offline "
+                   "classification, ginc, e2e, samsum (default: a plain layout)")  # fmt: skip
+    g = p.add_argument_group("method settings (each method takes those of its config)")
+    g.add_argument("--n-prompts", type=integer, default=None, help="M (tang, pta, adadpsyn)")
+    g.add_argument("--records-per-prompt", type=integer, default=None, help="N (tang, pta, adadpsyn)")
+    g.add_argument("--max-tokens", type=integer, default=None, help="T, tokens per demonstration")
+    g.add_argument("--shots-per-label", type=integer, default=None, help="demonstrations per label")
+    g.add_argument("--top-k", type=integer, default=None, help="public vocabulary size k")
+    g.add_argument("--top-p", type=number, default=None, help="adaptive vocabulary limit p (BA2/PA2/PA3)")
+    g.add_argument("--alpha", type=number, default=None, help="PTA amplification α")
+    g.add_argument("--no-base", action="store_true", help="PTA without the base probability (PA3)")
+    g.add_argument("--t-hat", type=integer, default=None, help="AdaDPSyn radius-reduction rounds T̂")
+    g.add_argument("--sigma0", type=number, default=None, help="AdaDPSyn GoodRadius noise σ0")
+    g.add_argument("--sigma2", type=number, default=None, help="AdaDPSyn coverage-count noise σ2")
+    g.add_argument("--lam", type=number, default=None, help="AdaDPSyn margin λ")
+    g.add_argument("--clip", type=number, default=None, help="clip-blend logit clip c")
+    g.add_argument("--subset-size", type=integer, default=None, help="clip-blend fixed divisor s")
+    g.add_argument("--neighbouring", default=None, choices=["add_remove", "replace_one"], help="clip-blend")
+    g.add_argument("--n-shots", type=integer, default=None, help="MOZO records per token")
+    g.add_argument("--order", type=number, default=None, help="MOZO Rényi order α")
     p.add_argument("--seed", type=integer, default=None, help="noise seed (tests and benchmarks only)")
     p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     p.set_defaults(handler=synthesize)
@@ -52,26 +70,64 @@ def _labels(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _method(a: argparse.Namespace) -> Any:
+def _method(a: argparse.Namespace, delta: float) -> Any:
     from dp_icl_plugin.errors import ConfigurationError
-    from dp_icl_plugin.methods import PRESETS, PTASynthesizer, TangSynthesizer
+    from dp_icl_plugin.methods import (
+        ANSWER_PRESETS,
+        PRESETS,
+        AdaDPSynSynthesizer,
+        ClipBlendSynthesizer,
+        MozoOfflineSynthesizer,
+        PTASynthesizer,
+        TangSynthesizer,
+    )
 
-    cls = {"tang": TangSynthesizer, "pta": PTASynthesizer}[a.method]
-    settings: dict[str, Any] = {"epsilon": a.epsilon, "delta": a.delta}
-    for name in ("n_prompts", "records_per_prompt", "max_tokens", "shots_per_label", "top_k", "top_p", "alpha"):
-        if getattr(a, name) is not None:
-            settings[name] = getattr(a, name)
+    cls = {"tang": TangSynthesizer, "pta": PTASynthesizer, "adadpsyn": AdaDPSynSynthesizer,
+           "clip-blend": ClipBlendSynthesizer, "mozo-offline": MozoOfflineSynthesizer}[a.method]  # fmt: skip
+    settings: dict[str, Any] = {"epsilon": a.epsilon, "delta": delta}
+    settings.update({name: getattr(a, name) for name in _SETTINGS if getattr(a, name) is not None})
     if a.no_base:
         settings["use_base"] = False
     if a.template is not None:
-        if a.template not in PRESETS:
-            raise ConfigurationError(f"unknown template {a.template!r}; choose from {sorted(PRESETS)}")
-        settings["template"] = PRESETS[a.template]
-    known = {f.name for f in dataclasses.fields(cls._config_type())}
+        presets = ANSWER_PRESETS if a.method == "mozo-offline" else PRESETS
+        if a.template not in presets:
+            raise ConfigurationError(f"unknown template {a.template!r} for {a.method}; choose from {sorted(presets)}")
+        settings["template"] = presets[a.template]
+    config_type = _config_type(cls)
+    known = {f.name for f in dataclasses.fields(config_type)}
     unsupported = sorted(set(settings) - known)
     if unsupported:
-        raise ConfigurationError(f"--method {a.method} does not take {', '.join(unsupported)}")
+        flags = ", ".join("--no-base" if n == "use_base" else "--" + n.replace("_", "-") for n in unsupported)
+        raise ConfigurationError(f"--method {a.method} does not take {flags}")
     return cls(**settings)
+
+
+def _config_type(cls: Any) -> Any:
+    import typing
+
+    return typing.get_type_hints(cls)["config"]
+
+
+def _public_inputs(a: argparse.Namespace) -> list[str] | None:
+    from dp_icl_plugin.errors import ConfigurationError
+    from dp_icl_plugin.methods.loading import read_rows
+
+    if a.method != "mozo-offline":
+        if a.public_inputs is not None:
+            raise ConfigurationError("--public-inputs is for --method mozo-offline")
+        return None
+    if a.public_inputs is None:
+        raise ConfigurationError("--method mozo-offline needs --public-inputs (the public inputs to answer)")
+    path = Path(a.public_inputs)
+    if path.suffix.lower() == ".txt":
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"cannot read {path}: {type(exc).__name__}") from None
+        return [line for line in lines if line.strip()]
+    if a.input_column is None:
+        raise ConfigurationError("--public-inputs in a .csv/.jsonl file needs --input-column")
+    return [row[0] for row in read_rows(path, [a.input_column])]
 
 
 def synthesize(a: argparse.Namespace) -> dict[str, Any]:
@@ -79,15 +135,24 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     from dp_icl_plugin.errors import ConfigurationError
     from dp_icl_plugin.methods.loading import load_dataset
 
-    method = _method(a)  # config errors first: nothing read, nothing charged
-    data = load_dataset(a.data, text_column=a.text_column, label_column=a.label_column, labels=_labels(a.labels))
-    plan = method.plan(data, _labels(a.generate_for))
     if (a.budget_epsilon is None) != (a.budget_delta is None):
         raise ConfigurationError("give both --budget-epsilon and --budget-delta to create a ledger, or neither")
     ledger = Path(a.ledger)
     if a.budget_epsilon is None and not ledger.exists():
         raise ConfigurationError(f"no ledger at {ledger}: create it with `dp-icl budget init` or --budget-epsilon")
     budget_arg = None if a.budget_epsilon is None else PrivacyBudget(epsilon=a.budget_epsilon, delta=a.budget_delta)
+    if a.delta is not None:
+        delta = a.delta
+    elif budget_arg is not None:
+        delta = budget_arg.delta
+    else:
+        existing = BudgetManager.open(ledger)
+        delta = existing.budget.delta
+        existing.close()
+    method = _method(a, delta)  # config errors before any private record is read, nothing charged
+    inputs = _public_inputs(a)
+    data = load_dataset(a.data, text_column=a.text_column, label_column=a.label_column, labels=_labels(a.labels))
+    plan = method.plan(data, _labels(a.generate_for), public_inputs=inputs)
     if a.model == "ginc":
         from dp_icl_plugin.ginc import load_model
 
@@ -98,7 +163,8 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
         backend = HFBackend.from_pretrained(a.model, device=a.device)
     budget = BudgetManager(budget_arg, ledger=ledger)
     try:
-        demos = method.synthesize(data, labels=plan.labels, backend=backend, budget=budget,
+        labels = None if inputs is not None else plan.labels
+        demos = method.synthesize(data, labels=labels, public_inputs=inputs, backend=backend, budget=budget,
                                   rng=np.random.default_rng(a.seed), progress=a.progress or None)  # fmt: skip
         out = demos.save(a.out)
         spent, remaining = budget.spent(), budget.remaining()
@@ -107,5 +173,6 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     p = demos.provenance
     return {"out": str(out), "method": p.method, "demonstrations": len(demos), "labels": list(demos.labels),
             "epsilon": p.epsilon, "delta": p.delta, "ledger": str(ledger), "ledger_entry": p.ledger_entry_id,
-            "noise_multiplier": p.extra.get("noise_multiplier"), "spent_epsilon": spent.epsilon,
+            "parameters": {k: v for k, v in p.extra.items() if isinstance(v, (int, float, str)) or v is None},
+            "spent_epsilon": spent.epsilon,
             "remaining_epsilon": remaining.epsilon, "model": p.model_id}  # fmt: skip

@@ -111,6 +111,22 @@ def _batch_indices(step: int, n_chunks: int, batch_size: int, seed: int) -> np.n
     return order[offset * batch_size : (offset + 1) * batch_size]
 
 
+def _finished_run(out: Path, identity: dict[str, Any]) -> TrainingResult | None:
+    """The result of a finished run of exactly this identity in ``out`` (its ``ginc.json``), or None."""
+    try:
+        meta = json.loads((out / GINC_METADATA).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(meta, dict) or {k: meta.get(k) for k in identity} != identity:
+        return None
+    steps = identity["training"]["steps"]
+    seconds = float(meta.get("training_seconds") or 0.0)
+    tokens = steps * identity["training"]["batch_size"] * identity["training"]["seq_len"]
+    return TrainingResult(out, True, steps, float(meta.get("train_loss", math.nan)),
+                          float(meta.get("validation_loss", math.nan)), seconds,
+                          tokens / seconds if seconds else 0.0)  # fmt: skip
+
+
 def train(
     output_dir: str | os.PathLike[str],
     config: TrainingConfig | None = None,
@@ -122,6 +138,8 @@ def train(
     on_eval: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainingResult:
     """Train (or resume training) a GPT-2 on GINC and save it with ``save_pretrained`` (safetensors).
+
+    Running the same run again resumes from its checkpoint, or returns at once if it already finished.
 
     Args:
         output_dir: where the model, tokenizer, ``ginc.json`` and ``training_log.jsonl`` go; a checkpoint
@@ -147,6 +165,9 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out / _CHECKPOINT
     identity = {"training": asdict(config), "language": language.to_dict()}
+    done = _finished_run(out, identity)
+    if done is not None:  # the same command again after it finished: nothing to do
+        return done
 
     torch.set_num_threads(config.threads)
     lang = GincLanguage(language)

@@ -117,6 +117,18 @@ def _as_logprobs(name: str, values: np.ndarray, ndim: int) -> np.ndarray:
     return x
 
 
+def _renyi_rows(lp: np.ndarray, lq: np.ndarray, a: float) -> np.ndarray:
+    """D_α between normalised log-probability rows (shapes broadcast to (n, K)); no validation (internal)."""
+    # where P(x) = 0 the term is 0 whatever Q(x) is (α > 1); keep −inf there, avoiding −inf + inf
+    with np.errstate(invalid="ignore"):
+        terms = np.where(np.isneginf(lp), -np.inf, a * lp + (1.0 - a) * lq)
+    top = np.max(terms, axis=-1)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        log_sum = safe + np.log(np.sum(np.exp(terms - safe[..., None]), axis=-1))
+    return np.where(np.isposinf(top), np.inf, np.maximum(0.0, log_sum / (a - 1.0)))
+
+
 def renyi_divergence(log_p: np.ndarray, log_q: np.ndarray, order: float) -> float:
     """D_α(P‖Q) = 1/(α−1) · log Σ_x P(x)^α Q(x)^(1−α), computed in log space.
 
@@ -217,20 +229,37 @@ def fit_lambda(
     """
     b, a = check.positive_finite("beta", beta), check.order("order", order)
     lam_max = check.positive_finite("lambda_max", lambda_max)
-    check.positive_finite("tolerance", tolerance)
+    tol = check.positive_finite("tolerance", tolerance)
     one = _as_logprobs("one_shot_logprobs", one_shot_logprobs, 1)[None, :]
     zero = _log_normalize(_as_logprobs("zero_shot_logprobs", zero_shot_logprobs, 1))
-    radius = b * a
+    if one.shape[1:] != zero.shape or not np.all(np.isfinite(zero)):
+        raise ConfigurationError("one- and zero-shot rows need the same shape; the zero-shot row must be finite")
+    return float(_fit_lambdas(_log_normalize(one), zero, radius=b * a, order=a, lambda_max=lam_max, tolerance=tol)[0])
 
-    def meets(lam: float) -> bool:
-        return symmetric_renyi_divergence(mix(one, zero, np.array([lam]))[0], zero, a) <= radius
 
-    if meets(lam_max):
-        return lam_max
-    good, bad = 0.0, lam_max  # invariant: good meets the constraint, bad does not
-    while bad - good > tolerance:
+def _fit_lambdas(
+    one: np.ndarray, zero: np.ndarray, *, radius: float, order: float, lambda_max: float, tolerance: float
+) -> np.ndarray:
+    """:func:`fit_lambda` for every row of ``one`` at once (rows bisect in lockstep; internal, no validation)."""
+
+    def meets(lams: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore"):
+            mixed = zero + lams[:, None] * (one - zero)
+        mixed = _log_normalize(np.where(lams[:, None] == 0, zero, mixed))
+        forward, backward = _renyi_rows(mixed, zero, order), _renyi_rows(zero[None, :], mixed, order)
+        return np.asarray(np.maximum(forward, backward) <= radius)
+
+    n = one.shape[0]
+    at_max = meets(np.full(n, lambda_max))
+    good = np.where(at_max, lambda_max, 0.0)  # invariant: good meets the constraint, bad does not
+    bad = np.full(n, lambda_max)
+    active = ~at_max
+    while active.any() and np.max(bad[active] - good[active]) > tolerance:
         mid = 0.5 * (good + bad)
-        good, bad = (mid, bad) if meets(mid) else (good, mid)
+        ok = meets(mid)
+        good = np.where(active & ok, mid, good)
+        bad = np.where(active & ~ok, mid, bad)
+        active = active & (bad - good > tolerance)
     return good
 
 
@@ -294,8 +323,8 @@ def project_output(
         return c0 if t == 0 else _log_normalize(c0 + t * direction)
 
     def meets(t: float) -> bool:
-        o = at(t)
-        return renyi_divergence(o, c0, 2.0 * a) <= r1 and renyi_divergence(c0, o, 2.0 * a - 1.0) <= r2
+        o, c = at(t)[None, :], c0[None, :]
+        return bool(_renyi_rows(o, c, 2.0 * a)[0] <= r1 and _renyi_rows(c, o, 2.0 * a - 1.0)[0] <= r2)
 
     if meets(1.0):
         return out, 1.0
@@ -351,8 +380,10 @@ def mozo_distribution(
     if variant not in VARIANTS:
         raise ConfigurationError(f"variant must be one of {VARIANTS}, got {variant!r}")
     support, one, zero = _support_rows(one_shot_logprobs, zero_shot_logprobs, top_k)
-    lambdas = np.array([fit_lambda(row, zero, beta=beta, order=order, lambda_max=lambda_max, tolerance=tolerance)
-                        for row in one])  # fmt: skip
+    a = check.order("order", order)
+    lambdas = _fit_lambdas(one, zero, radius=check.positive_finite("beta", beta) * a, order=a,
+                           lambda_max=check.positive_finite("lambda_max", lambda_max),
+                           tolerance=check.positive_finite("tolerance", tolerance))  # fmt: skip
     output, scale = product_logprobs(mix(one, zero, lambdas)), 1.0
     if variant == "projected":
         center = _log_normalize(one.shape[0] * zero)
