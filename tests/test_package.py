@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -69,9 +71,21 @@ def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:
 def test_demo_and_example_run(tmp_path: Path) -> None:
     outputs = []
     for argv in (["-m", "dp_icl_plugin.demo", "--ledger", str(tmp_path / "demo.db"), "--prompts", "200"],
-                 [str(REPO_ROOT / "examples" / "shared_budget.py"), str(tmp_path / "example.db")]):  # fmt: skip
+                 [str(REPO_ROOT / "examples" / "shared_budget.py"), str(tmp_path / "example.db")],
+                 [str(REPO_ROOT / "examples" / "synthesize_demonstrations.py"), str(tmp_path / "synth.db"),
+                  str(tmp_path / "demos.jsonl")]):  # fmt: skip
         done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert "spent ε" in done.stdout
         outputs.append(done.stdout)
     assert "4 real demonstrations lift accuracy" in outputs[0]  # the GINC model ran through HFBackend
+    assert "DemoSet(n=20" in outputs[2] and (tmp_path / "demos.jsonl").exists()
+
+
+def test_readme_quickstarts_are_copied_from_the_examples() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    for example in sorted((REPO_ROOT / "examples").glob("*.py")):
+        text = example.read_text()
+        for name in re.findall(r"# --8<-- \[start:(\w+)\]", text):
+            block = text.split(f"# --8<-- [start:{name}]\n")[1].split(f"    # --8<-- [end:{name}]")[0]
+            assert textwrap.dedent(block) in readme, f"README is missing {example.name}:{name} as it stands"
