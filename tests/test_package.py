@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -74,7 +75,9 @@ def test_demo_and_example_run(tmp_path: Path) -> None:
                  [str(REPO_ROOT / "examples" / "shared_budget.py"), str(tmp_path / "example.db")],
                  [str(REPO_ROOT / "examples" / "synthesize_demonstrations.py"), str(tmp_path / "synth.db"),
                   str(tmp_path / "demos.jsonl")]):  # fmt: skip
-        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
+        # one torch thread: two threads beside any other busy process run several times slower on 2 cores
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr
         assert "spent ε" in done.stdout
         outputs.append(done.stdout)
