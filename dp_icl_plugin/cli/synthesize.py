@@ -82,8 +82,9 @@ def _method(a: argparse.Namespace, delta: float) -> Any:
         TangSynthesizer,
     )
 
-    cls = {"tang": TangSynthesizer, "pta": PTASynthesizer, "adadpsyn": AdaDPSynSynthesizer,
-           "clip-blend": ClipBlendSynthesizer, "mozo-offline": MozoOfflineSynthesizer}[a.method]  # fmt: skip
+    classes: dict[str, Any] = {"tang": TangSynthesizer, "pta": PTASynthesizer, "adadpsyn": AdaDPSynSynthesizer,
+           "clip-blend": ClipBlendSynthesizer, "mozo-offline": MozoOfflineSynthesizer}  # fmt: skip
+    cls = classes[a.method]
     settings: dict[str, Any] = {"epsilon": a.epsilon, "delta": delta}
     settings.update({name: getattr(a, name) for name in _SETTINGS if getattr(a, name) is not None})
     if a.no_base:
@@ -93,19 +94,12 @@ def _method(a: argparse.Namespace, delta: float) -> Any:
         if a.template not in presets:
             raise ConfigurationError(f"unknown template {a.template!r} for {a.method}; choose from {sorted(presets)}")
         settings["template"] = presets[a.template]
-    config_type = _config_type(cls)
-    known = {f.name for f in dataclasses.fields(config_type)}
+    known = {f.name for f in dataclasses.fields(cls.config_type)}
     unsupported = sorted(set(settings) - known)
     if unsupported:
         flags = ", ".join("--no-base" if n == "use_base" else "--" + n.replace("_", "-") for n in unsupported)
         raise ConfigurationError(f"--method {a.method} does not take {flags}")
     return cls(**settings)
-
-
-def _config_type(cls: Any) -> Any:
-    import typing
-
-    return typing.get_type_hints(cls)["config"]
 
 
 def _public_inputs(a: argparse.Namespace) -> list[str] | None:

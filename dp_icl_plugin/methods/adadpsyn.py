@@ -36,7 +36,7 @@ either (replace-one only).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -49,10 +49,9 @@ from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.adadpsyn import release_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import restrict
 from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
 from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text, fixed_size_subsets
-from dp_icl_plugin.methods.tang import check_privacy_target
 from dp_icl_plugin.methods.templates import PromptTemplate
 
 __all__ = ["AdaDPSynConfig", "AdaDPSynSynthesizer"]
@@ -122,14 +121,8 @@ class AdaDPSynSynthesizer(SynthesisMethod):
     """
 
     name: ClassVar[str] = "adadpsyn"
+    config_type: ClassVar[type] = AdaDPSynConfig
     config: AdaDPSynConfig
-
-    def __init__(self, config: AdaDPSynConfig | None = None, **overrides: Any) -> None:
-        if config is not None and overrides:
-            raise ConfigurationError("pass a config or keyword settings, not both")
-        self.config = config if config is not None else AdaDPSynConfig(**overrides)
-        if not isinstance(self.config, AdaDPSynConfig):
-            raise ConfigurationError("config must be an AdaDPSynConfig")
 
     def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
         c = self.config

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager
@@ -34,7 +35,7 @@ from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
 
-__all__ = ["Plan", "SynthesisMethod", "check_backend", "check_rng", "config_dict"]
+__all__ = ["Plan", "SynthesisMethod", "check_backend", "check_privacy_target", "check_rng", "config_dict"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,18 @@ class Plan:
     labels: tuple[str, ...]
     event: ev.DPEvent
     params: dict[str, Any]
+
+
+def check_privacy_target(epsilon: float | None, delta: float | None, noise: float | None, noise_name: str) -> None:
+    """Exactly one of a target ``epsilon`` or an explicit noise parameter; δ in (0, 1) when given."""
+    if (epsilon is None) == (noise is None):
+        raise ConfigurationError(f"give either epsilon (the noise is calibrated) or {noise_name}, not both or neither")
+    if epsilon is not None:
+        check.positive_finite("epsilon", epsilon)
+    if noise is not None:
+        check.positive_finite(noise_name, noise)
+    if delta is not None:
+        check.probability_open("delta", delta)
 
 
 def check_rng(rng: object) -> np.random.Generator:
@@ -73,7 +86,16 @@ class SynthesisMethod(ABC):
     """Base of the DP synthetic-demonstration methods; subclasses define ``_plan`` and ``_generate``."""
 
     name: ClassVar[str]
+    config_type: ClassVar[type]
     config: Any
+
+    def __init__(self, config: Any = None, **overrides: Any) -> None:
+        """Take a config object, or its fields as keywords (validated by the config)."""
+        if config is not None and overrides:
+            raise ConfigurationError("pass a config or keyword settings, not both")
+        self.config = config if config is not None else self.config_type(**overrides)
+        if not isinstance(self.config, self.config_type):
+            raise ConfigurationError(f"config must be a {self.config_type.__name__}")
 
     # -- what subclasses provide ------------------------------------------------------------------
     @abstractmethod

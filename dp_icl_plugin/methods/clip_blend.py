@@ -43,7 +43,6 @@ next to the guarantee (``epsilon``, the tightest valid accounting of the same ev
 from __future__ import annotations
 
 import math
-import string
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,11 +59,10 @@ from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperatur
 from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend, Prompt, appended_ids, check_logprobs
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
 from dp_icl_plugin.methods.prompting import demonstration_text
-from dp_icl_plugin.methods.tang import check_privacy_target
-from dp_icl_plugin.methods.templates import PromptTemplate
+from dp_icl_plugin.methods.templates import PromptTemplate, format_fields
 
 __all__ = [
     "PAPER_PROMPTS",
@@ -103,10 +101,7 @@ def assign_groups(n_records: int, *, n_groups: int, subset_size: int, rng: np.ra
 def _label_only(name: str, fmt: object) -> str:
     if not isinstance(fmt, str) or not fmt.strip():
         raise ConfigurationError(f"{name} must be a non-empty format string")
-    try:
-        names = {f for _, f, _, _ in string.Formatter().parse(fmt) if f is not None}
-    except ValueError as exc:
-        raise ConfigurationError(f"{name}: bad format string: {exc}") from None
+    names = format_fields(fmt)
     if names - {"label"}:
         raise ConfigurationError(f"{name} may only use {{label}}, not {sorted(names - {'label'})}")
     return fmt
@@ -200,14 +195,8 @@ class ClipBlendSynthesizer(SynthesisMethod):
     """
 
     name: ClassVar[str] = "clip_blend"
+    config_type: ClassVar[type] = ClipBlendConfig
     config: ClipBlendConfig
-
-    def __init__(self, config: ClipBlendConfig | None = None, **overrides: Any) -> None:
-        if config is not None and overrides:
-            raise ConfigurationError("pass a config or keyword settings, not both")
-        self.config = config if config is not None else ClipBlendConfig(**overrides)
-        if not isinstance(self.config, ClipBlendConfig):
-            raise ConfigurationError("config must be a ClipBlendConfig")
 
     # -- planning -----------------------------------------------------------------------------------
     def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:

@@ -35,10 +35,9 @@ The zero-shot prompt is ``header + query``; a one-shot prompt is ``header + exam
 
 from __future__ import annotations
 
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -49,20 +48,13 @@ from dp_icl_plugin.accounting.calibration import calibrate_mozo
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token, nonprivate_token
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import Provenance
 from dp_icl_plugin.methods.prompting import demonstration_text
-from dp_icl_plugin.methods.tang import check_privacy_target
+from dp_icl_plugin.methods.templates import format_fields
 
 __all__ = ["ANSWER_PRESETS", "AnswerTemplate", "MozoOfflineConfig", "MozoOfflineSynthesizer", "check_public_inputs"]
-
-
-def _fields(fmt: str) -> set[str]:
-    try:
-        return {name for _, name, _, _ in string.Formatter().parse(fmt) if name is not None}
-    except ValueError as exc:
-        raise ConfigurationError(f"bad format string: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -92,12 +84,12 @@ class AnswerTemplate:
             raise ConfigurationError("template.stop must be a non-empty string or None")
         if not isinstance(self.stop_at_eos, bool):
             raise ConfigurationError("template.stop_at_eos must be a bool")
-        if _fields(self.header):
+        if format_fields(self.header):
             raise ConfigurationError("template.header must not use fields")
-        example = _fields(self.example)
+        example = format_fields(self.example)
         if "text" not in example or example - {"text", "label"}:
             raise ConfigurationError("template.example must use {text} and may use {label}, nothing else")
-        if _fields(self.query) != {"input"}:
+        if format_fields(self.query) != {"input"}:
             raise ConfigurationError("template.query must use {input} and nothing else")
 
     def zero_shot_prompt(self, public_input: str) -> str:
@@ -203,14 +195,8 @@ class MozoOfflineSynthesizer(SynthesisMethod):
     """
 
     name: ClassVar[str] = "mozo_offline"
+    config_type: ClassVar[type] = MozoOfflineConfig
     config: MozoOfflineConfig
-
-    def __init__(self, config: MozoOfflineConfig | None = None, **overrides: Any) -> None:
-        if config is not None and overrides:
-            raise ConfigurationError("pass a config or keyword settings, not both")
-        self.config = config if config is not None else MozoOfflineConfig(**overrides)
-        if not isinstance(self.config, MozoOfflineConfig):
-            raise ConfigurationError("config must be a MozoOfflineConfig")
 
     # -- planning -----------------------------------------------------------------------------------
     def plan(

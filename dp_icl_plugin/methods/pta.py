@@ -53,12 +53,9 @@ class PTASynthesizer(TangSynthesizer):
     """DP synthetic demonstrations with Plausible Token Amplification; see the module docstring."""
 
     name: ClassVar[str] = "pta"
+    config_type: ClassVar[type] = PTAConfig
     config: PTAConfig
     _clip_negative: ClassVar[bool] = True
-
-    @classmethod
-    def _config_type(cls) -> type:
-        return PTAConfig
 
     def _uses_base(self) -> bool:
         return self.config.use_base

@@ -18,7 +18,7 @@ the others (post-processing).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
@@ -30,24 +30,12 @@ from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, restrict
 from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
 from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text, poisson_prompts
 from dp_icl_plugin.methods.templates import PromptTemplate
 
-__all__ = ["TangConfig", "TangSynthesizer", "check_privacy_target"]
-
-
-def check_privacy_target(epsilon: float | None, delta: float | None, noise: float | None, noise_name: str) -> None:
-    """Exactly one of a target ``epsilon`` or an explicit noise parameter; δ in (0, 1) when given."""
-    if (epsilon is None) == (noise is None):
-        raise ConfigurationError(f"give either epsilon (the noise is calibrated) or {noise_name}, not both or neither")
-    if epsilon is not None:
-        check.positive_finite("epsilon", epsilon)
-    if noise is not None:
-        check.positive_finite(noise_name, noise)
-    if delta is not None:
-        check.probability_open("delta", delta)
+__all__ = ["TangConfig", "TangSynthesizer"]
 
 
 @dataclass(frozen=True)
@@ -92,18 +80,8 @@ class TangSynthesizer(SynthesisMethod):
     """DP synthetic demonstrations by Gaussian aggregation (Tang et al. 2024); see the module docstring."""
 
     name: ClassVar[str] = "tang"
+    config_type: ClassVar[type] = TangConfig
     config: TangConfig
-
-    def __init__(self, config: TangConfig | None = None, **overrides: Any) -> None:
-        if config is not None and overrides:
-            raise ConfigurationError("pass a config or keyword settings, not both")
-        self.config = config if config is not None else self._config_type()(**overrides)
-        if not isinstance(self.config, self._config_type()):
-            raise ConfigurationError(f"config must be a {self._config_type().__name__}")
-
-    @classmethod
-    def _config_type(cls) -> type:
-        return TangConfig
 
     def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
         c = self.config

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateRecord
 
-__all__ = ["PRESETS", "PromptTemplate"]
+__all__ = ["PRESETS", "PromptTemplate", "format_fields"]
 
 
-def _fields(fmt: str) -> set[str]:
+def format_fields(fmt: str) -> set[str]:
+    """The ``{field}`` names of a format string; ConfigurationError if it is malformed."""
     try:
         return {name for _, name, _, _ in string.Formatter().parse(fmt) if name is not None}
     except ValueError as exc:
@@ -62,10 +63,10 @@ class PromptTemplate:
                 raise ConfigurationError(f"template.{name} must be a string")
         if self.stop is not None and (not isinstance(self.stop, str) or not self.stop):
             raise ConfigurationError("template.stop must be a non-empty string or None")
-        if "text" not in _fields(self.example):
+        if "text" not in format_fields(self.example):
             raise ConfigurationError("template.example must contain {text}")
         for name in ("header", "query", "base"):
-            extra = _fields(getattr(self, name)) - {"label"}
+            extra = format_fields(getattr(self, name)) - {"label"}
             if extra:
                 raise ConfigurationError(f"template.{name} may only use {{label}}, not {sorted(extra)}")
         if not self.base.strip():
