@@ -10,6 +10,7 @@
     ├── BudgetExhaustedError                      a charge refused: it would overspend (nothing committed)
     ├── LedgerError                               a ledger file that cannot be used
     │   ├── LedgerFormatError                     not a dp-icl ledger (foreign or newer schema)
+    │   │   └── FilterMismatchError               a privacy filter file of another index or budget
     │   └── LedgerCorruptError                    torn, truncated or inconsistent
     └── BackendError                              a model backend failed
 
@@ -25,6 +26,7 @@ __all__ = [
     "CalibrationError",
     "ConfigurationError",
     "DPICLError",
+    "FilterMismatchError",
     "LedgerCorruptError",
     "LedgerError",
     "LedgerFormatError",
@@ -81,6 +83,10 @@ class LedgerError(DPICLError):
 
 class LedgerFormatError(LedgerError):
     """The file is not a dp-icl-plugin ledger, or was written by an incompatible version."""
+
+
+class FilterMismatchError(LedgerFormatError):
+    """A per-record privacy filter file that belongs to another index or was made with another budget."""
 
 
 class LedgerCorruptError(LedgerError):

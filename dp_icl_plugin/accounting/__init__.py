@@ -27,6 +27,7 @@ from dp_icl_plugin.accounting.events import (
     ComposedEvent,
     DPEvent,
     ExponentialMechanismEvent,
+    FilteredReleaseEvent,
     GaussianEvent,
     MozoTokenEvent,
     PoissonSampledEvent,
@@ -37,7 +38,9 @@ from dp_icl_plugin.accounting.events import (
     compose,
     event_from_dict,
 )
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
+from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore
 
 __all__ = [
@@ -49,8 +52,10 @@ __all__ = [
     "ComposedEvent",
     "DPEvent",
     "ExponentialMechanismEvent",
+    "FilteredReleaseEvent",
     "GaussianEvent",
     "InMemoryStore",
+    "IndividualBudget",
     "LedgerEntry",
     "LedgerStore",
     "MozoTokenEvent",
@@ -61,6 +66,8 @@ __all__ = [
     "PureDPEvent",
     "RDPAccountant",
     "RDPCurveEvent",
+    "ReleaseCost",
+    "RenyiFilter",
     "SQLiteStore",
     "SampledWithoutReplacementEvent",
     "SelfComposedEvent",

@@ -91,9 +91,11 @@ class Accountant(ABC):
         """The ε of ``event`` at ``delta`` (``inf`` when this analysis cannot bound it)."""
         delta = check.probability_open("delta", delta)
         self.require_supported(event)
-        return self._cached(ev.atoms(event), delta)
+        return self._cached(ev.costly(ev.atoms(event)), delta)
 
     def _cached(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
+        if not atoms:  # nothing that costs privacy (e.g. only records of filtered releases)
+            return 0.0
         key = (frozenset(atoms.items()), delta)
         hit = self._cache.get(key)
         if hit is None:
@@ -208,7 +210,7 @@ class TightestAccountant(Accountant):
     def first_fitting(self, event: ev.DPEvent, *, epsilon: float, delta: float) -> float | None:
         """The first valid ε bound (cheapest first) that is ≤ ``epsilon``, or None if none is."""
         delta = check.probability_open("delta", delta)
-        atoms = ev.atoms(event)
+        atoms = ev.costly(ev.atoms(event))
         return next((eps for eps in self._candidates(atoms, delta, target=epsilon) if eps <= epsilon), None)
 
     def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
@@ -217,6 +219,9 @@ class TightestAccountant(Accountant):
     def _candidates(self, atoms: Counter[ev.DPEvent], delta: float, target: float | None = None):
         """Valid ε bounds, cheapest first. The fine PRV analysis is skipped when a coarse one certifies
         that it cannot come out below both ``target`` (if given) and the best bound seen so far."""
+        if not atoms:
+            yield 0.0
+            return
         whole = [m for m in self.members if all(m.name in a.supported_accountants for a in atoms)]
         best = math.inf
         for m in whole:

@@ -35,6 +35,7 @@ __all__ = [
     "ComposedEvent",
     "DPEvent",
     "ExponentialMechanismEvent",
+    "FilteredReleaseEvent",
     "GaussianEvent",
     "MozoTokenEvent",
     "PoissonSampledEvent",
@@ -44,6 +45,7 @@ __all__ = [
     "SelfComposedEvent",
     "atoms",
     "compose",
+    "costly",
     "event_from_dict",
     "event_key",
 ]
@@ -282,6 +284,39 @@ class MozoTokenEvent(DPEvent):
     @property
     def supported_accountants(self) -> frozenset[str]:
         return frozenset({RDP})
+
+
+@dataclass(frozen=True)
+class FilteredReleaseEvent(DPEvent):
+    """A release paid by individual privacy filters: a record of it, costing the ledger nothing more.
+
+    The per-record filter of a private index makes *all* of its releases together (ε, δ)-DP, and that
+    total is charged to the ledger once (entry ``covered_by``) before the first release. Each release is
+    then recorded with what it cost each record that took part (``per_unit``) and how many units paid
+    (``units``); accountants skip it (see :func:`costly`), so it never counts twice.
+    """
+
+    type_name: ClassVar[str] = "filtered_release"
+    per_unit: DPEvent
+    units: int
+    covered_by: int
+
+    def __post_init__(self) -> None:
+        _require_event("per_unit", self.per_unit)
+        if isinstance(self.units, bool) or not isinstance(self.units, int) or self.units < 0:
+            raise ConfigurationError("units must be a non-negative integer")
+        object.__setattr__(self, "covered_by", check.positive_int("covered_by", self.covered_by))
+
+    @property
+    def supported_accountants(self) -> frozenset[str]:
+        return frozenset({BASIC, PRV, RDP})
+
+
+def costly(counted: Counter[DPEvent]) -> Counter[DPEvent]:
+    """The atoms that cost privacy at the ledger level (drops :class:`FilteredReleaseEvent` records)."""
+    if not any(isinstance(a, FilteredReleaseEvent) for a in counted):
+        return counted
+    return Counter({a: n for a, n in counted.items() if not isinstance(a, FilteredReleaseEvent)})
 
 
 @dataclass(frozen=True)

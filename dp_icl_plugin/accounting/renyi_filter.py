@@ -1,0 +1,339 @@
+"""The durable individual Rényi filter: per-unit spend in one SQLite file (or in memory), charged atomically.
+
+See :mod:`dp_icl_plugin.accounting.individual_filter` for the privacy argument. A *unit* is whatever the
+budget protects: one record, or one person (all records sharing a user id). Units are non-negative
+integers chosen by the caller (the private index uses its record or person ids).
+
+Each :meth:`RenyiFilter.charge` is one ``BEGIN IMMEDIATE`` transaction: it reads the units' spend, admits
+exactly those that can pay, adds the cost to them and commits; concurrent processes sharing the file are
+serialised by SQLite's write lock, so no unit is ever admitted past its budget. The spend is kept as one
+float64 row per unit (one column per order), read and written only for the units a release touches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
+from dp_icl_plugin.errors import (
+    ConfigurationError,
+    FilterMismatchError,
+    LedgerCorruptError,
+    LedgerError,
+    LedgerFormatError,
+)
+
+__all__ = ["RenyiFilter"]
+
+APPLICATION_ID = 0x44504946  # "DPIF"
+SCHEMA_VERSION = 1
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+class RenyiFilter:
+    """Per-unit RDP spend at fixed orders with a per-unit (ε, δ) budget.
+
+    Args:
+        budget: each unit's lifetime budget. May be omitted when opening an existing file.
+        path: an SQLite file (created when missing and a budget is given), or ``None`` for memory only.
+        owner: an identifier of what the units belong to (e.g. the private index's id); a file made for
+            another owner is refused with :class:`FilterMismatchError`.
+        busy_timeout: seconds to wait for another process's charge.
+    """
+
+    def __init__(
+        self,
+        budget: IndividualBudget | None = None,
+        *,
+        path: str | os.PathLike[str] | None = None,
+        owner: str = "",
+        busy_timeout: float = 60.0,
+    ) -> None:
+        if budget is not None and not isinstance(budget, IndividualBudget):
+            raise ConfigurationError("budget must be an IndividualBudget")
+        if not isinstance(owner, str):
+            raise ConfigurationError("owner must be a string")
+        self.path = None if path is None else Path(path)
+        self.owner = owner
+        self._timeout = float(busy_timeout)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+        if self.path is None:
+            if budget is None:
+                raise ConfigurationError("an in-memory filter needs a budget")
+            self.budget = budget
+            self._memory: dict[int, tuple[np.ndarray, float]] = {}
+        else:
+            self.budget = self._open(budget)
+
+    def __repr__(self) -> str:
+        where = "memory" if self.path is None else str(self.path)
+        return f"RenyiFilter(epsilon={self.budget.epsilon}, delta={self.budget.delta}, at={where!r})"
+
+    # -- charging ---------------------------------------------------------------------------------
+    def charge(self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost]) -> np.ndarray:
+        """Admit the units that can pay ``cost`` and charge them, atomically.
+
+        Args:
+            units: distinct unit ids, shape (n,).
+            cost: one cost for every unit, or one per unit (e.g. a person with several records in the
+                release pays for all of them).
+
+        Returns:
+            Boolean mask over ``units``: True where the unit was admitted (and charged). Units refused are
+            not charged and must not take part in the release.
+        """
+        ids = self._units(units)
+        rdp_cost, delta_cost = self._costs(cost, len(ids))
+        with self._transaction() as (read, write):
+            spent, spent_delta = read(ids)
+            ok = admissible(self.budget, spent, spent_delta, rdp_cost, delta_cost)
+            if ok.any():
+                write(ids[ok], (spent + rdp_cost)[ok], (spent_delta + delta_cost)[ok])
+        return ok
+
+    def would_admit(self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost]) -> np.ndarray:
+        """Dry run of :meth:`charge` (nothing is charged)."""
+        ids = self._units(units)
+        rdp_cost, delta_cost = self._costs(cost, len(ids))
+        spent, spent_delta = self.spent(ids)
+        return admissible(self.budget, spent, spent_delta, rdp_cost, delta_cost)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def spent(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Accumulated RDP (n, n_orders) and approximate δ (n,) of ``units`` (zeros for unseen units)."""
+        ids = self._units(units)
+        with self._transaction(write=False) as (read, _):
+            return read(ids)
+
+    def all_spent(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(unit ids, RDP spend, approximate δ spend) of every unit charged at least once."""
+        if self.path is None:
+            with self._lock:
+                ids = np.array(sorted(self._memory), dtype=np.int64)
+            spent, spent_delta = self.spent(ids)
+            return ids, spent, spent_delta
+        with self._lock:
+            rows = self._sql("SELECT unit, spent, spent_delta FROM units ORDER BY unit").fetchall()
+        return self._decode_rows(rows)
+
+    def epsilon_spent(self, units: np.ndarray) -> np.ndarray:
+        """The best (ε, δ) guarantee each unit has lost so far, as ε at the budget's δ (0 when unused)."""
+        spent, _ = self.spent(units)
+        b = self.budget
+        a = np.asarray(b.orders)
+        delta_k = b.conversion_delta / len(a)
+        eps = spent + np.log1p(-1.0 / a) - (np.log(delta_k) + np.log(a)) / (a - 1)
+        return np.where(spent.sum(axis=1) > 0, np.maximum(eps.min(axis=1), 0.0), 0.0)
+
+    def copy_to(self, path: str | os.PathLike[str], *, owner: str | None = None) -> RenyiFilter:
+        """A new filter file at ``path`` with this filter's budget and every unit's spend."""
+        if Path(path).exists():
+            raise ConfigurationError(f"{path} exists; copy_to writes a new filter file")
+        copy = RenyiFilter(self.budget, path=path, owner=self.owner if owner is None else owner)
+        units, spent, spent_delta = self.all_spent()
+        with copy._transaction() as (_, write):
+            if len(units):
+                write(units, spent, spent_delta)
+        return copy
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    # -- internals --------------------------------------------------------------------------------
+    def _units(self, units: np.ndarray) -> np.ndarray:
+        ids = np.asarray(units)
+        if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+            raise ConfigurationError("units must be a 1-d array of integer ids")
+        ids = ids.astype(np.int64)
+        if ids.size and ids.min() < 0:
+            raise ConfigurationError("unit ids must be non-negative")
+        if np.unique(ids).size != ids.size:
+            raise ConfigurationError("unit ids in one charge must be distinct")
+        return ids
+
+    def _costs(self, cost: ReleaseCost | list[ReleaseCost], n: int) -> tuple[np.ndarray, np.ndarray]:
+        m = len(self.budget.orders)
+        costs = [cost] * n if isinstance(cost, ReleaseCost) else list(cost)
+        if len(costs) != n or not all(isinstance(c, ReleaseCost) for c in costs):
+            raise ConfigurationError("cost must be one ReleaseCost or one per unit")
+        rdp_cost = np.array([c.rdp for c in costs], dtype=float).reshape(n, m) if n else np.zeros((0, m))
+        if rdp_cost.shape != (n, m) or np.isnan(rdp_cost).any() or (rdp_cost < 0).any():
+            raise ConfigurationError(f"each cost must be a non-negative RDP curve at the filter's {m} orders")
+        return rdp_cost, np.array([c.delta for c in costs], dtype=float)
+
+    @contextmanager
+    def _transaction(self, write: bool = True) -> Iterator[tuple]:
+        if self.path is None:
+            with self._lock:
+                yield self._memory_read, self._memory_write
+            return
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from None
+            try:
+                yield self._sql_read, self._sql_write
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK")
+                raise self._fail(exc) from None
+
+    def _memory_read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        m = len(self.budget.orders)
+        spent = np.zeros((len(ids), m))
+        spent_delta = np.zeros(len(ids))
+        for i, unit in enumerate(ids.tolist()):
+            row = self._memory.get(unit)
+            if row is not None:
+                spent[i], spent_delta[i] = row
+        return spent, spent_delta
+
+    def _memory_write(self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
+        for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True):
+            self._memory[unit] = (row.copy(), d)
+
+    _CHUNK = 900  # stays under SQLite's limit on bound parameters
+
+    def _sql_read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        m = len(self.budget.orders)
+        spent = np.zeros((len(ids), m))
+        spent_delta = np.zeros(len(ids))
+        position = {unit: i for i, unit in enumerate(ids.tolist())}
+        for start in range(0, len(ids), self._CHUNK):
+            chunk = ids[start : start + self._CHUNK].tolist()
+            marks = ",".join("?" * len(chunk))
+            rows = self._sql(f"SELECT unit, spent, spent_delta FROM units WHERE unit IN ({marks})", chunk).fetchall()
+            for unit, blob, d in rows:
+                spent[position[unit]] = self._row(blob)
+                spent_delta[position[unit]] = d
+        return spent, spent_delta
+
+    def _sql_write(self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
+        rows = [
+            (unit, row.astype("<f8").tobytes(), d) for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)
+        ]
+        try:
+            self._connection().executemany(
+                "INSERT INTO units (unit, spent, spent_delta) VALUES (?, ?, ?) "
+                "ON CONFLICT(unit) DO UPDATE SET spent = excluded.spent, spent_delta = excluded.spent_delta",
+                rows,
+            )
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from None
+
+    def _row(self, blob: bytes) -> np.ndarray:
+        row = np.frombuffer(blob, dtype="<f8")
+        if row.shape != (len(self.budget.orders),) or not np.isfinite(row).all() or (row < 0).any():
+            raise LedgerCorruptError(f"filter {self.path} holds a damaged spend row")
+        return row
+
+    def _decode_rows(self, rows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        m = len(self.budget.orders)
+        ids = np.array([r[0] for r in rows], dtype=np.int64)
+        spent = np.array([self._row(r[1]) for r in rows]).reshape(len(rows), m)
+        return ids, spent, np.array([r[2] for r in rows], dtype=float)
+
+    # -- the file ---------------------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():  # never reuse a connection across fork()
+            try:
+                self._conn = sqlite3.connect(
+                    self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
+                )
+            except sqlite3.Error as exc:
+                raise LedgerError(f"cannot open filter {self.path}: {exc}") from None
+            self._pid = os.getpid()
+        return self._conn
+
+    def _sql(self, query: str, params: tuple | list = ()) -> sqlite3.Cursor:
+        try:
+            return self._connection().execute(query, params)
+        except sqlite3.Error as exc:
+            raise self._fail(exc) from None
+
+    def _fail(self, exc: sqlite3.Error) -> LedgerError:
+        text = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
+            return LedgerError(f"filter {self.path} stayed locked for {self._timeout:g}s: {text}")
+        if "not a database" in text:
+            return LedgerFormatError(f"{self.path} is not a dp-icl filter (not an SQLite database)")
+        return LedgerCorruptError(f"filter {self.path} is damaged or unreadable: {text}")
+
+    def _open(self, budget: IndividualBudget | None) -> IndividualBudget:
+        assert self.path is not None
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        if not existed and budget is None:
+            raise LedgerError(f"no filter at {self.path}; create one with a budget first")
+        if existed:
+            with open(self.path, "rb") as fh:
+                head = fh.read(len(_SQLITE_HEADER))
+            if head != _SQLITE_HEADER:
+                raise LedgerFormatError(f"{self.path} is not a dp-icl filter (not an SQLite database)")
+        with self._lock:
+            conn = self._connection()
+            try:
+                app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+                if existed and app_id != APPLICATION_ID:
+                    raise LedgerFormatError(f"{self.path} is not a dp-icl filter file")
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    stored = self._read_or_create(conn, budget)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise self._fail(exc) from None
+        return stored
+
+    def _read_or_create(self, conn: sqlite3.Connection, budget: IndividualBudget | None) -> IndividualBudget:
+        if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            if budget is None:
+                raise LedgerError(f"no filter at {self.path}; create one with a budget first")
+            conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            conn.execute(
+                "CREATE TABLE units (unit INTEGER PRIMARY KEY, spent BLOB NOT NULL, spent_delta REAL NOT NULL)"
+            )
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("budget", json.dumps(budget.to_dict())), ("owner", self.owner)],
+            )
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return budget
+        if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            raise LedgerFormatError(f"filter {self.path} has a schema this library does not read")
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        try:
+            stored = IndividualBudget.from_dict(json.loads(meta["budget"]))
+        except (KeyError, ValueError, TypeError):
+            raise LedgerCorruptError(f"filter {self.path} has no valid budget record") from None
+        if meta.get("owner", "") != self.owner:
+            raise FilterMismatchError(f"filter {self.path} belongs to another index; refusing to use it here")
+        if budget is not None and budget != stored:
+            raise FilterMismatchError(
+                f"filter {self.path} was made with epsilon={stored.epsilon}, delta={stored.delta}; "
+                f"refusing to use it with epsilon={budget.epsilon}, delta={budget.delta}"
+            )
+        return stored

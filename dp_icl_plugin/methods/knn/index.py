@@ -1,0 +1,506 @@
+"""The private index: records, their unit-length embeddings in an exact FAISS index, and their privacy filter.
+
+Exact (flat inner-product) search is what the privacy analysis needs: it is *stable*, changing one record
+changes the top-k set by at most one element (Wu et al.; the kNN DP-ICL paper, §2.2), and a record's
+similarity to a query depends on that record alone, which lets the retriever charge records by a public
+similarity threshold (see :mod:`dp_icl_plugin.accounting.individual_filter`).
+
+Records whose unit can no longer afford the cheapest release seen are masked out of every search with a
+FAISS ``IDSelectorBitmap`` (no rebuild). The mask is only a speed-up: admission is decided by the filter
+inside its own transaction, so another process's charges are always respected.
+
+On disk an index is a directory: ``records.sqlite`` (text, label, answer, user id and embedding of every
+record; the source of truth, FAISS is rebuilt from it on :meth:`PrivateIndex.open`) and ``filter.sqlite``
+(per-unit spend, bound to this index by its id). Removing a record deletes its text and embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
+from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
+from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError, LedgerFormatError
+from dp_icl_plugin.methods.knn.embedding import default_embedder, embed_texts, embedder_name
+
+__all__ = ["Candidates", "PrivateIndex", "StoredRecord"]
+
+RECORDS_FILE = "records.sqlite"
+FILTER_FILE = "filter.sqlite"
+APPLICATION_ID = 0x44504958  # "DPIX"
+SCHEMA_VERSION = 1
+
+_SCHEMA = (
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE users (unit INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE)",
+    "CREATE TABLE records (id INTEGER PRIMARY KEY AUTOINCREMENT, unit INTEGER NOT NULL, text TEXT NOT NULL, "
+    "label TEXT, answer TEXT, embedding BLOB NOT NULL)",
+)
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError:
+        raise ImportError("faiss is missing: pip install 'dp-icl-plugin[retrieval]'") from None
+    return faiss
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Record ids with their similarity to a query, most similar first (internal: never released)."""
+
+    ids: np.ndarray
+    similarities: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"Candidates(n={len(self.ids)})"
+
+    def take(self, mask: np.ndarray) -> Candidates:
+        return Candidates(self.ids[mask], self.similarities[mask])
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """One private record as stored (internal: the private text never leaves through a repr)."""
+
+    id: int
+    text: str
+    label: str | None
+    answer: str | None
+
+    def __repr__(self) -> str:
+        return f"StoredRecord(id={self.id}, label={'set' if self.label is not None else None})"
+
+
+def _optional_column(name: str, values: Sequence[object] | None, n: int) -> list[str | None]:
+    if values is None:
+        return [None] * n
+    if isinstance(values, str) or len(values) != n:
+        raise ConfigurationError(f"{name} must be a sequence with one entry per text ({n})")
+    out: list[str | None] = []
+    for i, v in enumerate(values):
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise ConfigurationError(f"{name}[{i}] must be a non-empty string or None")
+        out.append(v)
+    return out
+
+
+class PrivateIndex:
+    """Private records in an exact inner-product index, each with its own privacy budget.
+
+    Args:
+        budget: every unit's lifetime (ε, δ) budget (see :class:`IndividualBudget`).
+        embedder: a SentenceTransformer or a callable mapping a list of texts to vectors; the default is
+            the offline all-MiniLM-L6-v2.
+        group_by_user: protect people instead of records: all records with one user id share one budget
+            (and every record must then have a user id).
+        path: a directory to keep the index in (created; must not hold an index yet), or ``None`` for
+            memory only (:meth:`save` writes it out later).
+    """
+
+    def __init__(
+        self,
+        *,
+        budget: IndividualBudget,
+        embedder: object | None = None,
+        group_by_user: bool = False,
+        path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not isinstance(budget, IndividualBudget):
+            raise ConfigurationError("budget must be an IndividualBudget")
+        if not isinstance(group_by_user, bool):
+            raise ConfigurationError("group_by_user must be True or False")
+        self._embedder = embedder if embedder is not None else default_embedder()
+        self.id = uuid.uuid4().hex
+        self.group_by_user = group_by_user
+        self.embedder_name = embedder_name(self._embedder)
+        self.dim: int | None = None
+        self.path = None if path is None else Path(path)
+        self._lock = threading.RLock()
+        if self.path is not None:
+            self._claim_directory(self.path)
+        self._conn = self._connect(None if self.path is None else self.path / RECORDS_FILE)
+        self._create_schema()
+        self.filter = RenyiFilter(
+            budget, path=None if self.path is None else self.path / FILTER_FILE, owner=self.id
+        )
+        self._init_memory()
+
+    # -- opening ----------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, embedder: object | None = None) -> PrivateIndex:
+        """Load an index directory written by this class (records, FAISS vectors and filter state).
+
+        Raises:
+            LedgerError: no index there; LedgerFormatError: not an index; FilterMismatchError: its filter
+            file belongs to another index; ConfigurationError: the embedder differs from the index's.
+        """
+        root = Path(path)
+        records = root / RECORDS_FILE
+        if not records.is_file():
+            raise LedgerError(f"no private index at {root} (missing {RECORDS_FILE})")
+        self = cls.__new__(cls)
+        self.path = root
+        self._lock = threading.RLock()
+        self._conn = self._connect(records)
+        meta = self._read_meta()
+        self.id = meta["id"]
+        self.group_by_user = meta["group_by_user"] == "1"
+        self.dim = int(meta["dim"]) if meta.get("dim") else None
+        self.embedder_name = meta["embedder"]
+        self._embedder = embedder if embedder is not None else default_embedder()
+        if embedder_name(self._embedder) != self.embedder_name:
+            raise ConfigurationError(
+                f"this index was built with embedder {self.embedder_name!r}, not {embedder_name(self._embedder)!r}"
+            )
+        if not (root / FILTER_FILE).is_file():
+            raise LedgerCorruptError(f"private index {root} has no {FILTER_FILE}: its privacy spend is missing")
+        self.filter = RenyiFilter(path=root / FILTER_FILE, owner=self.id)
+        self._init_memory()
+        self._load_vectors()
+        self._restore_floor(meta.get("floor"))
+        return self
+
+    def save(self, path: str | os.PathLike[str]) -> PrivateIndex:
+        """Write an in-memory index (records, vectors, filter state) to a new directory; returns it opened."""
+        with self._lock:
+            if self.path is not None:
+                raise ConfigurationError(f"this index already lives in {self.path}; it is saved on every change")
+            root = Path(path)
+            self._claim_directory(root)
+            target = sqlite3.connect(root / RECORDS_FILE)
+            try:
+                self._conn.backup(target)
+            finally:
+                target.close()
+            self.filter.copy_to(root / FILTER_FILE).close()
+        return PrivateIndex.open(root, embedder=self._embedder)
+
+    # -- records ----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._faiss_index.ntotal)
+
+    def __repr__(self) -> str:
+        where = "memory" if self.path is None else str(self.path)
+        unit = "user" if self.group_by_user else "record"
+        return f"PrivateIndex(records={len(self)}, per={unit}, embedder={self.embedder_name!r}, at={where!r})"
+
+    def add(
+        self,
+        texts: Sequence[str],
+        *,
+        labels: Sequence[str | None] | None = None,
+        answers: Sequence[str | None] | None = None,
+        user_ids: Sequence[str | None] | None = None,
+    ) -> np.ndarray:
+        """Embed and add records; returns their ids. Nothing is released, so nothing is charged."""
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise ConfigurationError("texts must be a sequence of strings (pass [text] for one record)")
+        n = len(texts)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str) or not t.strip():
+                raise ConfigurationError(f"texts[{i}] must be a non-empty string")
+        label_col = _optional_column("labels", labels, n)
+        answer_col = _optional_column("answers", answers, n)
+        user_col = _optional_column("user_ids", user_ids, n)
+        if self.group_by_user and any(u is None for u in user_col):
+            raise ConfigurationError("an index grouped by user needs a user id for every record")
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        vectors = embed_texts(self._embedder, texts)
+        with self._lock:
+            if self.dim is not None and vectors.shape[1] != self.dim:
+                raise ConfigurationError(f"the embedder returned {vectors.shape[1]}-d vectors; this index holds {self.dim}-d")
+            ids, units = self._insert(list(texts), label_col, answer_col, user_col, vectors)
+            self._faiss_index.add_with_ids(vectors, ids)
+            self._grow(ids, units)
+        return ids
+
+    def remove(self, ids: Sequence[int] | np.ndarray) -> int:
+        """Delete records (text and embedding); returns how many existed. Their spend stays on record."""
+        arr = np.unique(np.asarray(ids, dtype=np.int64))
+        with self._lock:
+            present = arr[(arr >= 0) & (arr < len(self._unit_of))]
+            present = present[self._unit_of[present] >= 0]
+            if not len(present):
+                return 0
+            with self._conn:
+                self._conn.executemany("DELETE FROM records WHERE id = ?", [(int(i),) for i in present])
+            self._faiss_index.remove_ids(present)
+            self._unit_of[present] = -1
+            self._active[present] = False
+            self._bitmap_stale = True
+        return len(present)
+
+    def records(self, ids: np.ndarray) -> list[StoredRecord]:
+        """The stored records with these ids, in that order (for a release step; never log them)."""
+        out: dict[int, StoredRecord] = {}
+        id_list = [int(i) for i in np.asarray(ids).tolist()]
+        for start in range(0, len(id_list), 900):
+            chunk = id_list[start : start + 900]
+            marks = ",".join("?" * len(chunk))
+            rows = self._conn.execute(
+                f"SELECT id, text, label, answer FROM records WHERE id IN ({marks})", chunk
+            ).fetchall()
+            out.update({r[0]: StoredRecord(*r) for r in rows})
+        missing = [i for i in id_list if i not in out]
+        if missing:
+            raise ConfigurationError(f"{len(missing)} record ids are not in this index")
+        return [out[i] for i in id_list]
+
+    def units_of(self, ids: np.ndarray) -> np.ndarray:
+        """The privacy unit (record or person) of each record id."""
+        return self._unit_of[np.asarray(ids, dtype=np.int64)]
+
+    # -- search -----------------------------------------------------------------------------------
+    def embed_query(self, query: str) -> np.ndarray:
+        """The unit-length embedding of a (public) query."""
+        if not isinstance(query, str) or not query.strip():
+            raise ConfigurationError("query must be a non-empty string")
+        vector = embed_texts(self._embedder, [query])
+        if self.dim is not None and vector.shape[1] != self.dim:
+            raise ConfigurationError(f"the embedder returned {vector.shape[1]}-d vectors; this index holds {self.dim}-d")
+        return vector[0]
+
+    def search(self, query: np.ndarray, k: int) -> Candidates:
+        """The ``k`` most similar active records (fewer if fewer are active); exact, stable."""
+        k = check.positive_int("k", k)
+        q = self._query_matrix(query)
+        with self._lock:
+            if not len(self):
+                return Candidates(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+            sims, ids = self._faiss_index.search(q, min(k, len(self)), params=self._params())
+        keep = ids[0] >= 0
+        return Candidates(ids[0][keep].astype(np.int64), sims[0][keep])
+
+    def within(self, query: np.ndarray, min_similarity: float) -> Candidates:
+        """Every active record with cosine similarity ≥ ``min_similarity``, most similar first."""
+        tau = check.real("min_similarity", min_similarity)
+        if not -1.0 <= tau <= 1.0:
+            raise ConfigurationError(f"min_similarity must lie in [-1, 1], got {tau!r}")
+        q = self._query_matrix(query)
+        with self._lock:
+            if not len(self):
+                return Candidates(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
+            # FAISS keeps inner products strictly above the radius: step just below τ, then filter exactly.
+            _, sims, ids = self._faiss_index.range_search(q, np.nextafter(np.float32(tau), np.float32(-2)), params=self._params())
+        keep = sims >= np.float32(tau)
+        sims, ids = sims[keep], ids[keep].astype(np.int64)
+        order = np.lexsort((ids, -sims))  # most similar first; ties broken by id, a public order
+        return Candidates(ids[order], sims[order])
+
+    # -- charging ---------------------------------------------------------------------------------
+    def charge(self, candidates: Candidates, cost_of: Callable[[int], ReleaseCost]) -> Candidates:
+        """Charge the units behind ``candidates`` and return the candidates whose unit was admitted.
+
+        Args:
+            candidates: records that may take part in a release (all are charged if their unit fits).
+            cost_of: the cost of the release to a unit with ``c`` records among the candidates.
+        """
+        if not len(candidates):
+            return candidates
+        units = self.units_of(candidates.ids)
+        present = units >= 0  # a record removed meanwhile takes no part and pays nothing
+        uniq, counts = np.unique(units[present], return_counts=True)
+        by_count: dict[int, ReleaseCost] = {}
+        costs = [by_count.setdefault(int(c), cost_of(int(c))) for c in counts]
+        admitted_units = uniq[self.filter.charge(uniq, costs)]
+        with self._lock:
+            self._update_mask(uniq, costs)
+        return candidates.take(present & np.isin(units, admitted_units))
+
+    # -- internals --------------------------------------------------------------------------------
+    def _query_matrix(self, query: np.ndarray) -> np.ndarray:
+        q = np.asarray(query, dtype=np.float32).reshape(1, -1)
+        if self.dim is not None and q.shape[1] != self.dim:
+            raise ConfigurationError(f"query has dimension {q.shape[1]}; this index holds {self.dim}-d vectors")
+        if not np.isfinite(q).all():
+            raise ConfigurationError("query embedding contains NaN or inf")
+        return np.ascontiguousarray(q)
+
+    def _claim_directory(self, root: Path) -> None:
+        if (root / RECORDS_FILE).exists() or (root / FILTER_FILE).exists():
+            raise ConfigurationError(f"{root} already holds a private index; use PrivateIndex.open")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LedgerError(f"cannot create index directory {root}: {exc}") from None
+
+    @staticmethod
+    def _connect(path: Path | None) -> sqlite3.Connection:
+        if path is not None and path.exists():
+            with open(path, "rb") as fh:
+                if fh.read(16) != b"SQLite format 3\x00":
+                    raise LedgerFormatError(f"{path} is not a dp-icl private index")
+        conn = sqlite3.connect(":memory:" if path is None else path, check_same_thread=False)
+        if path is not None:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+        return conn
+
+    def _create_schema(self) -> None:
+        with self._conn:
+            for statement in _SCHEMA:
+                self._conn.execute(statement)
+            self._conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [
+                    ("id", self.id),
+                    ("group_by_user", "1" if self.group_by_user else "0"),
+                    ("embedder", self.embedder_name),
+                    ("dim", ""),
+                ],
+            )
+            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _read_meta(self) -> dict[str, str]:
+        try:
+            app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
+            if app_id != APPLICATION_ID:
+                raise LedgerFormatError("the records file is not a dp-icl private index")
+            if self._conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                raise LedgerFormatError("the private index has a schema this library does not read")
+            meta = dict(self._conn.execute("SELECT key, value FROM meta"))
+        except sqlite3.Error as exc:
+            raise LedgerCorruptError(f"private index is damaged or unreadable: {exc}") from None
+        if not {"id", "group_by_user", "embedder", "dim"} <= meta.keys():
+            raise LedgerCorruptError("private index has an incomplete meta table")
+        return meta
+
+    def _init_memory(self) -> None:
+        self._faiss_index = None
+        self._unit_of = np.zeros(0, dtype=np.int64)  # by record id; -1: no such record
+        self._active = np.zeros(0, dtype=bool)  # by record id: present and not known to be exhausted
+        self._bitmap = np.zeros(1, dtype=np.uint8)
+        self._bitmap_stale = True
+        self._selector = None
+        self._floor: tuple[np.ndarray, float] | None = None  # element-wise cheapest cost charged so far
+        if self.dim is not None:
+            self._new_faiss(self.dim)
+
+    def _new_faiss(self, dim: int) -> None:
+        faiss = _faiss()
+        self._faiss_index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+
+    def _insert(self, texts, labels, answers, users, vectors) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            with self._conn:
+                if self.dim is None:
+                    self.dim = int(vectors.shape[1])
+                    self._conn.execute("UPDATE meta SET value = ? WHERE key = 'dim'", (str(self.dim),))
+                    self._new_faiss(self.dim)
+                units: list[int | None] = [None] * len(texts)
+                if self.group_by_user:
+                    self._conn.executemany("INSERT OR IGNORE INTO users (name) VALUES (?)", [(u,) for u in set(users)])
+                    names = dict(self._conn.execute("SELECT name, unit FROM users"))
+                    units = [names[u] for u in users]
+                ids, unit_ids = [], []
+                for text, label, answer, unit, vec in zip(texts, labels, answers, units, vectors, strict=True):
+                    cur = self._conn.execute(
+                        "INSERT INTO records (unit, text, label, answer, embedding) VALUES (-1, ?, ?, ?, ?)",
+                        (text, label, answer, vec.tobytes()),
+                    )
+                    rid = int(cur.lastrowid or 0)
+                    unit_id = rid if unit is None else unit  # per-record budgets: the unit is the record
+                    self._conn.execute("UPDATE records SET unit = ? WHERE id = ?", (unit_id, rid))
+                    ids.append(rid)
+                    unit_ids.append(unit_id)
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot store records: {exc}") from None
+        return np.asarray(ids, dtype=np.int64), np.asarray(unit_ids, dtype=np.int64)
+
+    def _grow(self, ids: np.ndarray, units: np.ndarray) -> None:
+        top = int(ids.max()) + 1
+        if top > len(self._unit_of):
+            size = max(top, 2 * len(self._unit_of))
+            self._unit_of = np.concatenate([self._unit_of, np.full(size - len(self._unit_of), -1, dtype=np.int64)])
+            self._active = np.concatenate([self._active, np.zeros(size - len(self._active), dtype=bool)])
+        self._unit_of[ids] = units
+        self._active[ids] = True
+        if self._floor is not None:
+            self._update_mask(np.unique(self._unit_of[ids]), None)
+        self._bitmap_stale = True
+
+    def _load_vectors(self) -> None:
+        rows = self._conn.execute("SELECT id, unit, embedding FROM records ORDER BY id").fetchall()
+        if not rows:
+            return
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        units = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        assert self.dim is not None
+        vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32)
+        if vectors.size != len(rows) * self.dim:
+            raise LedgerCorruptError("private index holds embeddings of the wrong size")
+        self._faiss_index.add_with_ids(vectors.reshape(len(rows), self.dim), ids)
+        self._grow(ids, units)
+
+    def _update_mask(self, units: np.ndarray, costs: list[ReleaseCost] | None) -> None:
+        """Mask out the records of units that cannot afford the cheapest release charged so far."""
+        if costs:
+            rdp = np.min([c.rdp for c in costs], axis=0)
+            d = min(c.delta for c in costs)
+            if self._floor is None or (rdp < self._floor[0]).any() or d < self._floor[1]:
+                floor = (
+                    rdp if self._floor is None else np.minimum(rdp, self._floor[0]),
+                    d if self._floor is None else min(d, self._floor[1]),
+                )
+                self._set_floor(floor)
+                units, _, _ = self.filter.all_spent()  # a cheaper release: every unit may be affordable again
+                self._active[self._unit_of >= 0] = True
+        if self._floor is None or not len(units):
+            return
+        spent, spent_delta = self.filter.spent(units)
+        broke = units[~admissible(self.filter.budget, spent, spent_delta, self._floor[0], self._floor[1])]
+        if len(broke):
+            if self.group_by_user:
+                self._active[np.isin(self._unit_of, broke)] = False
+            else:  # the unit is the record itself
+                self._active[broke] = False
+            self._bitmap_stale = True
+
+    def _set_floor(self, floor: tuple[np.ndarray, float]) -> None:
+        self._floor = floor
+        value = json.dumps({"rdp": [float(x) for x in floor[0]], "delta": floor[1]})
+        with self._conn:
+            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('floor', ?)", (value,))
+
+    def _restore_floor(self, stored: str | None) -> None:
+        """Re-apply the search mask of a reopened index (units that cannot pay the cheapest release)."""
+        if not stored:
+            return
+        try:
+            data = json.loads(stored)
+            rdp = np.asarray(data["rdp"], dtype=float)
+            floor = (rdp, float(data["delta"]))
+        except (ValueError, KeyError, TypeError):
+            raise LedgerCorruptError("private index has a damaged search-mask record") from None
+        if rdp.shape != (len(self.filter.budget.orders),):
+            raise LedgerCorruptError("private index has a damaged search-mask record")
+        self._floor = floor
+        units, _, _ = self.filter.all_spent()
+        self._update_mask(units, None)
+
+    def _params(self):
+        if self._bitmap_stale:
+            faiss = _faiss()
+            self._bitmap = np.packbits(self._active, bitorder="little")
+            if not len(self._bitmap):
+                self._bitmap = np.zeros(1, dtype=np.uint8)
+            self._selector = faiss.IDSelectorBitmap(len(self._active), faiss.swig_ptr(self._bitmap))
+            self._bitmap_stale = False
+        return _faiss().SearchParameters(sel=self._selector)

@@ -1,0 +1,464 @@
+"""DP-ICL with nearest-neighbour retrieval and individual privacy filters (REFERENCE §6; kNN DP-ICL paper).
+
+Three releases, each answering one public query from the private records nearest to it:
+
+- :meth:`PrivateRetriever.vote` ("nearest neighbours only"): report-noisy-max over the labels of the k
+  nearest records; no language model.
+- :meth:`PrivateRetriever.classify`: the records are split into shards, the LLM labels the query once per
+  shard with the shard's records as demonstrations, and report-noisy-max picks a label from the shards'
+  votes (Wu et al. ICLR 2024, RNM-Gaussian).
+- :meth:`PrivateRetriever.answer`: each shard's LLM answer adds its tokens to a keyword histogram; the
+  top keywords are released by propose-test-release and a public prompt with only those keywords (or
+  the 0-shot prompt when the test fails) produces the answer (keyword-space aggregation, Wu et al.).
+
+**Who pays.** Neighbouring relation: add/remove one unit (a record, or every record of one person). A
+record is a *candidate* when it is active (its unit can still pay) and its cosine similarity to the query
+is at least ``min_similarity``. Every candidate's unit is charged, whether or not the record ends up among
+the k used: that keeps each unit's charge a function of its own records and the public query alone, the
+condition under which Feldman & Zrnic's individual filter is valid (charging only the records actually
+used would let one record's presence change which *other* records pay, and so the later retrievals).
+``min_similarity`` therefore sets how many records pay per query; the paper charges only the k used,
+which has no such guarantee.
+
+**Sensitivity.** Shards are assigned by a keyed hash of each record's id with a fresh random key per
+query, and each shard takes its r = k / shards most similar candidates: removing one candidate changes
+one shard (the next candidate of that shard moves up). So the vote histogram moves by at most √2 in ℓ2
+per shard touched (one vote moves from one label to another), i.e. √2·min(c, shards) for a unit with c
+candidate records; for :meth:`vote`, √2·min(c, k) (each removed record swaps one vote). The keyword
+histogram changes in at most min(c, shards) shards (:mod:`dp_icl_plugin.mechanisms.keyword_ptr`).
+
+**Accounting.** Each unit pays the Gaussian RDP of its own sensitivity (plus δ₀ for the PTR test) in the
+index's :class:`~dp_icl_plugin.accounting.RenyiFilter`; the ledger is charged once for the filter's total
+(ε, δ) and records every release as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting.budget import BudgetManager
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
+from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.generation import greedy_generate
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
+from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
+from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
+from dp_icl_plugin.methods.knn.prompts import AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
+
+__all__ = [
+    "Answer",
+    "Classification",
+    "KNNConfig",
+    "PrivateRetriever",
+    "PrivateText",
+    "RetrievedRecord",
+    "Retrieval",
+    "noise_for_uses",
+]
+
+SQRT2 = math.sqrt(2.0)
+RELEASES = ("vote", "classify", "answer")
+
+
+def noise_for_uses(budget: IndividualBudget, *, uses: int, sensitivity: float) -> float:
+    """The smallest Gaussian σ such that a unit can pay for ``uses`` releases of this ℓ2 sensitivity.
+
+    Closed form: uses·α·Δ²/(2σ²) ≤ B_α at the best order, σ² = uses·Δ²·min_α(α/B_α)/2.
+    """
+    uses = check.positive_int("uses", uses)
+    delta_sens = check.positive_finite("sensitivity", sensitivity)
+    a = np.asarray(budget.orders)
+    caps = budget.caps
+    ok = np.isfinite(caps) & (caps > 0)
+    ratio = float(np.min(a[ok] / caps[ok]))
+    return math.sqrt(uses * delta_sens**2 * ratio / 2.0) * (1 + 1e-9)
+
+
+@dataclass(frozen=True)
+class KNNConfig:
+    """What a release uses and costs.
+
+    Args:
+        k: records used per release (for classify/answer: ``shards`` × demonstrations per shard).
+        shards: LLM calls per classify/answer release (the paper: 10 shards × 4 demonstrations).
+        min_similarity: public cosine threshold τ; every active record at least this similar pays.
+        uses: releases a record can take part in; sets the noise when ``noise_std`` is not given.
+        noise_std: σ of the Gaussian noise on vote histograms (default: calibrated from ``uses``).
+        ptr_noise_std: σ of the keyword stability test (default: calibrated from ``uses``).
+        keywords: how many keywords an answer release publishes.
+        max_answer_tokens: the length limit of every generated answer.
+    """
+
+    k: int = 40
+    shards: int = 10
+    min_similarity: float = 0.5
+    uses: int = 1
+    noise_std: float | None = None
+    ptr_noise_std: float | None = None
+    keywords: int = 5
+    max_answer_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("k", "shards", "uses", "keywords", "max_answer_tokens"):
+            object.__setattr__(self, name, check.positive_int(name, getattr(self, name)))
+        if self.k % self.shards:
+            raise ConfigurationError(f"k ({self.k}) must be a multiple of shards ({self.shards})")
+        tau = check.real("min_similarity", self.min_similarity)
+        if not -1.0 <= tau <= 1.0:
+            raise ConfigurationError(f"min_similarity must lie in [-1, 1], got {tau!r}")
+        object.__setattr__(self, "min_similarity", tau)
+        for name in ("noise_std", "ptr_noise_std"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check.positive_finite(name, getattr(self, name)))
+
+    @property
+    def per_shard(self) -> int:
+        return self.k // self.shards
+
+
+class PrivateText:
+    """Private text that will not print: ``str``, ``repr`` and formatting give ``<private text>``.
+
+    Only a DP release step should read it (:meth:`reveal`); putting it into a prompt of a non-private
+    LLM, a log line or a trace is exactly what this wrapper is there to stop.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The raw private text. Anything computed from it must go through a DP release."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "<private text>"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return "<private text>"
+
+    def __reduce__(self):  # never pickled along with a component
+        raise TypeError("private text cannot be pickled")
+
+
+@dataclass(frozen=True)
+class RetrievedRecord:
+    """One retrieved private record; its fields print as ``<private text>``."""
+
+    text: PrivateText
+    label: PrivateText | None
+    answer: PrivateText | None
+    similarity: float
+
+    def __repr__(self) -> str:
+        return "RetrievedRecord(<private>)"
+
+
+class Retrieval(Sequence[RetrievedRecord]):
+    """The records charged for one release, most similar first; consumed by one release step.
+
+    ``complete`` is False when fewer than the configured k records were available: the release then
+    uses fewer (never padded). Both the records and that flag are private: only the release's output is DP.
+    """
+
+    def __init__(
+        self, release: str, query: str, candidates: Candidates, records: list[RetrievedRecord], k: int, entry: int
+    ) -> None:
+        self.release = release
+        self.ledger_entry = entry
+        self._query = query
+        self._candidates = candidates
+        self._records = records
+        self.complete = len(records) >= k
+        self._used = False
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._records[i]
+
+    def __iter__(self) -> Iterator[RetrievedRecord]:
+        return iter(self._records)
+
+    def __repr__(self) -> str:
+        return f"Retrieval(release={self.release!r}, <private records>)"
+
+    def __reduce__(self):
+        raise TypeError("a retrieval holds private records and cannot be pickled")
+
+
+@dataclass(frozen=True)
+class Classification:
+    """A DP label: ``label`` is the release; ``ledger_entry`` is the ledger entry that records it."""
+
+    label: str
+    release: str
+    ledger_entry: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A DP answer: text generated from released keywords only (or 0-shot when the test failed)."""
+
+    text: str
+    keywords: tuple[str, ...] | None
+    ledger_entry: int
+
+    @property
+    def fell_back(self) -> bool:
+        """Whether the stability test failed and the 0-shot answer was given."""
+        return self.keywords is None
+
+
+def _shard_keys(ids: np.ndarray, salt: int, shards: int) -> np.ndarray:
+    """splitmix64(salt ⊕ id) mod shards: a shard per record that depends on no other record."""
+    with np.errstate(over="ignore"):
+        z = ids.astype(np.uint64) ^ np.uint64(salt)
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(shards)).astype(np.int64)
+
+
+class PrivateRetriever:
+    """Private nearest-neighbour DP-ICL over a :class:`PrivateIndex`, charged to one shared ledger.
+
+    Nothing this class returns to callers contains private text except :meth:`retrieve`'s records,
+    which are wrapped in :class:`PrivateText` and meant only for a DP release step
+    (:meth:`vote`, :meth:`classify`, :meth:`answer` accept a :class:`Retrieval`). A RAG pipeline that
+    needs context for a non-private LLM should use :meth:`answer` (keyword-aggregated, DP).
+
+    Args:
+        index: the private records and their filter.
+        budget: the app's ledger. On construction it is charged once with the filter's total (ε, δ)
+            unless an earlier retriever over this index already did; every release is then recorded in it.
+        backend: the language model for :meth:`classify` and :meth:`answer` (not needed for :meth:`vote`).
+        labels: the public label set for :meth:`vote` and :meth:`classify`.
+        config: sizes, threshold and noise (see :class:`KNNConfig`).
+    """
+
+    def __init__(
+        self,
+        index: PrivateIndex,
+        *,
+        budget: BudgetManager,
+        backend: NextTokenBackend | None = None,
+        labels: Sequence[str] | None = None,
+        config: KNNConfig | None = None,
+        classification_prompt: ClassificationPrompt | None = None,
+        answer_prompt: AnswerPrompt | None = None,
+        keyword_prompt: KeywordAnswerPrompt | None = None,
+    ) -> None:
+        if not isinstance(index, PrivateIndex):
+            raise ConfigurationError("index must be a PrivateIndex")
+        if not isinstance(budget, BudgetManager):
+            raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
+        self.index = index
+        self.budget = budget
+        self.backend = backend
+        self.config = config if config is not None else KNNConfig()
+        if not isinstance(self.config, KNNConfig):
+            raise ConfigurationError("config must be a KNNConfig")
+        self.labels = None if labels is None else self._check_labels(labels)
+        self.classification_prompt = classification_prompt or ClassificationPrompt()
+        self.answer_prompt = answer_prompt or AnswerPrompt()
+        self.keyword_prompt = keyword_prompt or KeywordAnswerPrompt()
+        filt = index.filter.budget
+        self.noise_std = self.config.noise_std or noise_for_uses(filt, uses=self.config.uses, sensitivity=SQRT2)
+        self.ptr_noise_std = self.config.ptr_noise_std or noise_for_uses(filt, uses=self.config.uses, sensitivity=1.0)
+        self.ptr_delta = float(filt.approximate_delta or 0.0) / self.config.uses
+        self._label_tokens: np.ndarray | None = None
+        self.cover_entry = self._cover()
+
+    def __repr__(self) -> str:
+        return f"PrivateRetriever(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
+
+    # -- public API -------------------------------------------------------------------------------
+    def retrieve(self, query: str, *, release: str = "vote") -> Retrieval:
+        """Charge every candidate's unit for one ``release`` and return the records that release may use.
+
+        Raises:
+            ConfigurationError: bad query or release kind, or a release this retriever cannot run (no
+                labels / no backend / no approximate δ for answers); nothing is charged then.
+        """
+        if release not in RELEASES:
+            raise ConfigurationError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
+        self._require(release)
+        query_vector = self.index.embed_query(query)
+        candidates = self.index.within(query_vector, self.config.min_similarity)
+        admitted = self.index.charge(candidates, lambda c: self._cost(release, c))
+        entry = self.budget.spend(
+            ev.FilteredReleaseEvent(self._event(release, 1), units=self._units(admitted), covered_by=self.cover_entry),
+            label=f"knn-{release}:{self.index.id}",
+        )
+        used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < self.config.k)
+        records = [
+            RetrievedRecord(
+                PrivateText(r.text),
+                None if r.label is None else PrivateText(r.label),
+                None if r.answer is None else PrivateText(r.answer),
+                float(s),
+            )
+            for r, s in zip(self.index.records(used.ids), used.similarities, strict=True)
+        ]
+        return Retrieval(release, query, used, records, self.config.k, entry.id)
+
+    def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
+        """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates."""
+        retrieval = self._retrieval(query, "vote", rng)
+        assert self.labels is not None
+        counts = np.zeros(len(self.labels))
+        position = {label: i for i, label in enumerate(self.labels)}
+        for record in retrieval:
+            if record.label is not None and record.label.reveal() in position:
+                counts[position[record.label.reveal()]] += 1
+        label = self.labels[report_noisy_max(counts, noise_std=self.noise_std, rng=rng)]
+        return Classification(label, "vote", retrieval.ledger_entry)
+
+    def classify(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
+        """Shards of nearest records as demonstrations, one LLM vote per shard, report-noisy-max."""
+        retrieval = self._retrieval(query, "classify", rng)
+        assert self.labels is not None and self.backend is not None
+        shards = self._shards(retrieval, rng, need="label")
+        counts = np.zeros(len(self.labels))
+        prompts = [
+            self.classification_prompt.render(demos, retrieval._query, self.labels) for demos in shards if demos
+        ]
+        if prompts:
+            scores = self.backend.next_token_logprobs(prompts)[:, self._label_token_ids()]
+            np.add.at(counts, np.argmax(scores, axis=1), 1.0)
+        label = self.labels[report_noisy_max(counts, noise_std=self.noise_std, rng=rng)]
+        return Classification(label, "classify", retrieval.ledger_entry)
+
+    def answer(self, query: str | Retrieval, *, rng: np.random.Generator) -> Answer:
+        """Keyword-space aggregation: shard answers → keyword histogram → PTR top keywords → public answer."""
+        retrieval = self._retrieval(query, "answer", rng)
+        backend = self.backend
+        assert backend is not None
+        shards = [demos for demos in self._shards(retrieval, rng, need="answer") if demos]
+        histogram: dict[int, int] = {}
+        if shards:
+            prompts = [self.answer_prompt.render(demos, retrieval._query) for demos in shards]
+            for tokens in greedy_generate(backend, prompts, max_new_tokens=self.config.max_answer_tokens):
+                for token in set(tokens):
+                    if backend.decode([token]).strip():
+                        histogram[token] = histogram.get(token, 0) + 1
+        group = 1 if not self.index.group_by_user else self.config.shards
+        released = stable_top_k(
+            np.fromiter(histogram.keys(), dtype=np.int64, count=len(histogram)),
+            np.fromiter(histogram.values(), dtype=np.int64, count=len(histogram)),
+            k=self.config.keywords,
+            noise_std=self.ptr_noise_std,
+            delta=self.ptr_delta,
+            rng=rng,
+            group_size=group,
+        )
+        # Everything below is post-processing of the release: the query is public, the keywords are DP.
+        keywords = None if released.keywords is None else tuple(backend.decode([t]).strip() for t in released.keywords)
+        final = self.keyword_prompt.render(keywords, retrieval._query)
+        text = backend.decode(greedy_generate(backend, [final], max_new_tokens=self.config.max_answer_tokens)[0])
+        return Answer(text.strip(), keywords, retrieval.ledger_entry)
+
+    def per_record_epsilon(self) -> float:
+        """The (ε, δ) each unit is protected with over all releases of this index (the filter's budget)."""
+        return self.index.filter.budget.epsilon
+
+    # -- internals --------------------------------------------------------------------------------
+    def _cover(self) -> int:
+        label = f"knn-filter:{self.index.id}"
+        for entry in self.budget.history():
+            if entry.label == label:
+                if entry.event != self.index.filter.budget.as_event():
+                    raise ConfigurationError("the ledger holds this index's filter charge with another budget")
+                return entry.id
+        return self.budget.spend(self.index.filter.budget.as_event(), label=label).id
+
+    def _check_labels(self, labels: Sequence[str]) -> tuple[str, ...]:
+        if isinstance(labels, str) or not isinstance(labels, Sequence) or len(labels) < 2:
+            raise ConfigurationError("labels must be a sequence of at least two label names")
+        out = tuple(labels)
+        if not all(isinstance(x, str) and x.strip() for x in out) or len(set(out)) != len(out):
+            raise ConfigurationError("labels must be distinct non-empty strings")
+        return out
+
+    def _require(self, release: str) -> None:
+        if release in ("vote", "classify") and self.labels is None:
+            raise ConfigurationError(f"a {release} release needs the retriever's labels")
+        if release in ("classify", "answer") and self.backend is None:
+            raise ConfigurationError(f"a {release} release needs a backend (a language model)")
+        if release == "classify":
+            self._label_token_ids()
+        if release == "answer" and self.ptr_delta <= 0:
+            raise ConfigurationError("answer releases need approximate_delta > 0 in the index's IndividualBudget")
+
+    def _label_token_ids(self) -> np.ndarray:
+        if self._label_tokens is None:
+            assert self.backend is not None and self.labels is not None
+            # The first token after the label prefix, as the tokenizer splits "<prefix> <label>" in context.
+            prefix = self.classification_prompt.label_prefix
+            base = self.backend.encode(prefix)
+            first = []
+            for label in self.labels:
+                ids = self.backend.encode(f"{prefix} {label}")
+                if len(ids) <= len(base) or ids[: len(base)] != base:
+                    raise ConfigurationError(f"label {label!r} does not tokenize as a continuation of {prefix!r}")
+                first.append(ids[len(base)])
+            if len(set(first)) != len(first):
+                raise ConfigurationError("labels must start with distinct tokens: each is scored by its first token")
+            self._label_tokens = np.asarray(first, dtype=np.int64)
+        return self._label_tokens
+
+    def _event(self, release: str, c: int) -> ev.DPEvent:
+        cap = self.config.k if release == "vote" else self.config.shards
+        if release == "answer":
+            return ev.GaussianEvent(self.ptr_noise_std, sensitivity=1.0)
+        sensitivity = SQRT2 * min(c, cap)
+        return ev.GaussianEvent(self.noise_std / sensitivity, sensitivity=sensitivity)
+
+    def _cost(self, release: str, c: int) -> ReleaseCost:
+        delta = self.ptr_delta if release == "answer" else 0.0
+        return ReleaseCost.of(self._event(release, c), self.index.filter.budget.orders, delta=delta)
+
+    def _units(self, admitted: Candidates) -> int:
+        return int(np.unique(self.index.units_of(admitted.ids)).size)
+
+    def _retrieval(self, query: str | Retrieval, release: str, rng: np.random.Generator) -> Retrieval:
+        if not isinstance(rng, np.random.Generator):
+            raise ConfigurationError("rng must be a numpy.random.Generator")
+        if isinstance(query, Retrieval):
+            if query.release != release:
+                raise ConfigurationError(f"this retrieval was charged for a {query.release} release, not {release}")
+            if query._used:
+                raise ConfigurationError("a retrieval can be released once")
+            retrieval = query
+        else:
+            retrieval = self.retrieve(query, release=release)
+        retrieval._used = True
+        return retrieval
+
+    def _shards(self, retrieval: Retrieval, rng: np.random.Generator, *, need: str) -> list[list[tuple[str, str]]]:
+        """Per-query shards: each shard's r most similar candidates; records lacking ``need`` sit idle."""
+        cfg = self.config
+        keys = _shard_keys(retrieval._candidates.ids, int(rng.integers(0, 2**63)), cfg.shards)
+        shards: list[list[tuple[str, str]]] = [[] for _ in range(cfg.shards)]
+        taken = np.zeros(cfg.shards, dtype=np.int64)
+        for record, key in zip(retrieval, keys.tolist(), strict=True):  # most similar first
+            if taken[key] >= cfg.per_shard:
+                continue
+            taken[key] += 1
+            field = record.label if need == "label" else record.answer
+            if field is not None:
+                shards[key].append((record.text.reveal(), field.reveal()))
+        return shards
