@@ -111,7 +111,7 @@ class RenyiFilter:
     # -- reading ----------------------------------------------------------------------------------
     def spent(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Accumulated RDP (n, n_orders) and approximate δ (n,) of ``units`` (zeros for unseen units)."""
-        ids = self._units(units)
+        ids = self._units(units, distinct=False)
         with self._transaction(write=False) as (read, _):
             return read(ids)
 
@@ -153,14 +153,14 @@ class RenyiFilter:
             self._conn = None
 
     # -- internals --------------------------------------------------------------------------------
-    def _units(self, units: np.ndarray) -> np.ndarray:
+    def _units(self, units: np.ndarray, *, distinct: bool = True) -> np.ndarray:
         ids = np.asarray(units)
         if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
             raise ConfigurationError("units must be a 1-d array of integer ids")
         ids = ids.astype(np.int64)
         if ids.size and ids.min() < 0:
             raise ConfigurationError("unit ids must be non-negative")
-        if np.unique(ids).size != ids.size:
+        if distinct and np.unique(ids).size != ids.size:
             raise ConfigurationError("unit ids in one charge must be distinct")
         return ids
 
@@ -169,9 +169,11 @@ class RenyiFilter:
         costs = [cost] * n if isinstance(cost, ReleaseCost) else list(cost)
         if len(costs) != n or not all(isinstance(c, ReleaseCost) for c in costs):
             raise ConfigurationError("cost must be one ReleaseCost or one per unit")
-        rdp_cost = np.array([c.rdp for c in costs], dtype=float).reshape(n, m) if n else np.zeros((0, m))
-        if rdp_cost.shape != (n, m) or np.isnan(rdp_cost).any() or (rdp_cost < 0).any():
-            raise ConfigurationError(f"each cost must be a non-negative RDP curve at the filter's {m} orders")
+        if any(np.shape(c.rdp) != (m,) for c in costs):
+            raise ConfigurationError(f"each cost must be an RDP curve at the filter's {m} orders")
+        rdp_cost = np.array([c.rdp for c in costs], dtype=float).reshape(n, m)
+        if np.isnan(rdp_cost).any() or (rdp_cost < 0).any():
+            raise ConfigurationError("RDP costs must be non-negative numbers")
         return rdp_cost, np.array([c.delta for c in costs], dtype=float)
 
     @contextmanager
@@ -217,14 +219,16 @@ class RenyiFilter:
         m = len(self.budget.orders)
         spent = np.zeros((len(ids), m))
         spent_delta = np.zeros(len(ids))
-        position = {unit: i for i, unit in enumerate(ids.tolist())}
-        for start in range(0, len(ids), self._CHUNK):
-            chunk = ids[start : start + self._CHUNK].tolist()
+        found: dict[int, tuple[np.ndarray, float]] = {}
+        distinct = np.unique(ids)
+        for start in range(0, len(distinct), self._CHUNK):
+            chunk = distinct[start : start + self._CHUNK].tolist()
             marks = ",".join("?" * len(chunk))
             rows = self._sql(f"SELECT unit, spent, spent_delta FROM units WHERE unit IN ({marks})", chunk).fetchall()
-            for unit, blob, d in rows:
-                spent[position[unit]] = self._row(blob)
-                spent_delta[position[unit]] = d
+            found.update({unit: (self._row(blob), d) for unit, blob, d in rows})
+        for i, unit in enumerate(ids.tolist()):
+            if unit in found:
+                spent[i], spent_delta[i] = found[unit]
         return spent, spent_delta
 
     def _sql_write(self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:

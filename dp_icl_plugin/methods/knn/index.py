@@ -192,7 +192,7 @@ class PrivateIndex:
 
     # -- records ----------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return int(self._faiss_index.ntotal)
+        return 0 if self._faiss_index is None else int(self._faiss_index.ntotal)
 
     def __repr__(self) -> str:
         where = "memory" if self.path is None else str(self.path)

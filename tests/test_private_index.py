@@ -1,0 +1,202 @@
+"""The private index: exact search, stability, masking of exhausted units, persistence, bad input."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp_icl_plugin import ConfigurationError, GaussianEvent, LedgerError, LedgerFormatError
+from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost
+from dp_icl_plugin.errors import FilterMismatchError
+from dp_icl_plugin.methods.knn import PrivateIndex
+from dp_icl_plugin.methods.knn.index import FILTER_FILE
+
+
+class TableEmbedder:
+    """Texts of the form 'r<number>' map to fixed random vectors; anything else hashes its words."""
+
+    name = "table-embedder"
+
+    def __init__(self, dim: int = 8, seed: int = 0) -> None:
+        self.dim = dim
+        self.rng = np.random.default_rng(seed)
+        self.table: dict[str, np.ndarray] = {}
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        out = []
+        for t in texts:
+            if t not in self.table:
+                self.table[t] = self.rng.normal(size=self.dim)
+            out.append(self.table[t])
+        return np.array(out)
+
+
+BUDGET = IndividualBudget(epsilon=1.0, delta=1e-5)
+
+
+def make_index(n: int = 30, **kwargs) -> tuple[PrivateIndex, TableEmbedder]:
+    emb = TableEmbedder()
+    index = PrivateIndex(budget=kwargs.pop("budget", BUDGET), embedder=emb, **kwargs)
+    index.add([f"r{i}" for i in range(n)], labels=["x" if i % 2 else "y" for i in range(n)])
+    return index, emb
+
+
+def brute_force(vectors: np.ndarray, q: np.ndarray, k: int) -> list[int]:
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    sims = unit @ (q / np.linalg.norm(q))
+    return list(np.argsort(-sims, kind="stable")[:k])
+
+
+def test_search_is_exact_and_within_keeps_everything_above_the_threshold() -> None:
+    index, emb = make_index(50)
+    vectors = np.array([emb.table[f"r{i}"] for i in range(50)])
+    q = index.embed_query("some query")
+    got = index.search(q, 7)
+    assert [int(i) - 1 for i in got.ids] == brute_force(vectors, emb.table["some query"], 7)  # ids start at 1
+    within = index.within(q, 0.2)
+    sims = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)) @ q
+    assert sorted(int(i) - 1 for i in within.ids) == sorted(np.flatnonzero(sims >= 0.2).tolist())
+    assert np.all(np.diff(within.similarities) <= 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 12), victim=st.integers(0, 29))
+def test_replacing_one_record_changes_the_top_k_set_by_at_most_one(seed: int, k: int, victim: int) -> None:
+    rng = np.random.default_rng(seed)
+    vectors = rng.normal(size=(30, 6))
+    replaced = vectors.copy()
+    replaced[victim] = rng.normal(size=6)
+    q = rng.normal(size=6)
+
+    def top(vs: np.ndarray) -> set[tuple[float, ...]]:
+        table = {f"r{i}": v for i, v in enumerate(vs)}
+        index = PrivateIndex(budget=BUDGET, embedder=lambda texts: np.array([table[t] for t in texts]))
+        ids = index.add(list(table))
+        got = index.search((q / np.linalg.norm(q)).astype(np.float32), k)
+        return {tuple(np.round(vs[int(np.flatnonzero(ids == i)[0])], 6)) for i in got.ids}
+
+    a, b = top(vectors), top(replaced)
+    assert len(a - b) <= 1 and len(b - a) <= 1
+
+
+def test_exhausted_records_are_never_returned_and_the_mask_survives_a_reopen(tmp_path: Path) -> None:
+    emb = TableEmbedder()
+    index = PrivateIndex(budget=BUDGET, embedder=emb, path=tmp_path / "ix")
+    ids = index.add([f"r{i}" for i in range(20)])
+    q = index.embed_query("query")
+    heavy = ReleaseCost.of(GaussianEvent(1.0), BUDGET.orders)  # more than a record can ever pay
+    light = ReleaseCost.of(GaussianEvent(30.0), BUDGET.orders)
+    first = index.search(q, 5)
+    admitted = index.charge(first, lambda c: light)
+    assert len(admitted) == 5
+    # Exhaust the 5 nearest with light charges until they cannot pay any more.
+    while len(index.charge(first, lambda c: light)):
+        pass
+    nearest_now = index.search(q, 20)
+    assert not set(first.ids.tolist()) & set(nearest_now.ids.tolist())
+    assert len(nearest_now) == 15  # fewer than asked: nothing is padded
+    assert not len(index.charge(first, lambda c: heavy))
+    reopened = PrivateIndex.open(tmp_path / "ix", embedder=emb)
+    np.testing.assert_array_equal(reopened.search(q, 20).ids, nearest_now.ids)
+    np.testing.assert_array_equal(reopened.filter.spent(ids)[0], index.filter.spent(ids)[0])
+
+
+def test_save_open_round_trip_and_removal(tmp_path: Path) -> None:
+    index, emb = make_index(25)
+    q = index.embed_query("query")
+    index.charge(index.search(q, 3), lambda c: ReleaseCost.of(GaussianEvent(20.0), BUDGET.orders))
+    assert index.remove([1, 2, 999]) == 2
+    assert len(index) == 23
+    assert 1 not in index.search(q, 25).ids and 2 not in index.search(q, 25).ids
+    saved = index.save(tmp_path / "copy")
+    assert len(saved) == 23 and saved.id == index.id
+    np.testing.assert_array_equal(saved.search(q, 10).ids, index.search(q, 10).ids)
+    units = np.arange(1, 26)
+    np.testing.assert_array_equal(saved.filter.spent(units)[0], index.filter.spent(units)[0])
+    assert [r.label for r in saved.records(np.array([3, 4]))] == ["y", "x"]
+    with sqlite3.connect(tmp_path / "copy" / "records.sqlite") as conn:  # deleted text is gone from disk
+        assert conn.execute("SELECT count(*) FROM records WHERE id IN (1, 2)").fetchone()[0] == 0
+
+
+def test_persistence_refuses_mismatched_parts(tmp_path: Path) -> None:
+    a, emb = make_index(5)
+    b, _ = make_index(5)
+    a.save(tmp_path / "a")
+    b.save(tmp_path / "b")
+    (tmp_path / "a" / FILTER_FILE).replace(tmp_path / "spare.sqlite")
+    (tmp_path / "b" / FILTER_FILE).replace(tmp_path / "a" / FILTER_FILE)
+    with pytest.raises(FilterMismatchError, match="another index"):
+        PrivateIndex.open(tmp_path / "a", embedder=emb)
+    (tmp_path / "a" / FILTER_FILE).unlink()
+    with pytest.raises(LedgerError, match="privacy spend is missing"):
+        PrivateIndex.open(tmp_path / "a", embedder=emb)
+    with pytest.raises(LedgerError, match="no private index"):
+        PrivateIndex.open(tmp_path / "nothing", embedder=emb)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "records.sqlite").write_bytes(b"garbage that is not sqlite")
+    with pytest.raises(LedgerFormatError):
+        PrivateIndex.open(tmp_path / "c", embedder=emb)
+    with pytest.raises(ConfigurationError, match="embedder"):
+        PrivateIndex.open(tmp_path / "b", embedder=lambda texts: np.ones((len(texts), 8)))
+    with pytest.raises(ConfigurationError, match="already holds"):
+        a.save(tmp_path / "b")
+
+
+def test_bad_input_is_refused_and_nothing_is_added() -> None:
+    index, emb = make_index(4)
+    with pytest.raises(ConfigurationError, match="dimension"):
+        index.search(np.ones(3, dtype=np.float32), 2)
+    with pytest.raises(ConfigurationError, match="NaN"):
+        index.search(np.full(8, np.nan, dtype=np.float32), 2)
+    emb.table["nan"] = np.full(8, np.nan)
+    emb.table["other dim"] = np.ones(5)
+    with pytest.raises(ConfigurationError, match="NaN"):
+        index.add(["nan"])
+    with pytest.raises(ConfigurationError, match="8-d"):
+        index.add(["other dim"])
+    with pytest.raises(ConfigurationError, match="texts"):
+        index.add("a single string")
+    with pytest.raises(ConfigurationError, match=r"texts\[1\]"):
+        index.add(["fine", "  "])
+    with pytest.raises(ConfigurationError, match="labels"):
+        index.add(["one", "two"], labels=["only one"])
+    with pytest.raises(ConfigurationError, match="user id"):
+        PrivateIndex(budget=BUDGET, embedder=emb, group_by_user=True).add(["r1"], user_ids=[None])
+    with pytest.raises(ConfigurationError, match="k must be"):
+        index.search(index.embed_query("q"), 0)
+    with pytest.raises(ConfigurationError, match="min_similarity"):
+        index.within(index.embed_query("q"), 1.5)
+    assert len(index) == 4
+
+
+def test_an_empty_index_returns_nothing() -> None:
+    index = PrivateIndex(budget=BUDGET, embedder=TableEmbedder())
+    q = np.ones(8, dtype=np.float32) / math.sqrt(8)
+    assert len(index.search(q, 3)) == 0 and len(index.within(q, 0.0)) == 0
+    assert "records=0" in repr(index)
+
+
+def test_user_grouping_charges_a_person_once_for_all_their_records() -> None:
+    emb = TableEmbedder()
+    index = PrivateIndex(budget=BUDGET, embedder=emb, group_by_user=True)
+    ids = index.add(["r0", "r1", "r2"], user_ids=["ann", "ann", "bob"])
+    units = index.units_of(ids)
+    assert units[0] == units[1] != units[2]
+    seen: list[int] = []
+
+    def cost(c: int) -> ReleaseCost:
+        seen.append(c)
+        return ReleaseCost.of(GaussianEvent(40.0 / c), BUDGET.orders)
+
+    from dp_icl_plugin.methods.knn.index import Candidates
+
+    admitted = index.charge(Candidates(ids, np.ones(3, dtype=np.float32)), cost)
+    assert len(admitted) == 3 and sorted(seen) == [1, 2]
+    spent = index.filter.spent(units)[0]
+    np.testing.assert_allclose(spent[0], 4 * spent[2])  # two records: twice the sensitivity, 4× the RDP
