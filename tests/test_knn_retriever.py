@@ -1,0 +1,260 @@
+"""PrivateRetriever: who pays, the ledger, determinism, private text, bad input; end to end on a tiny GPT-2
+with the real MiniLM embedder and TREC."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests_support import SHARED, tiny_text_gpt2
+
+from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
+from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget
+from dp_icl_plugin.methods.knn import (
+    AnswerPrompt,
+    ClassificationPrompt,
+    KeywordAnswerPrompt,
+    KNNConfig,
+    PrivateIndex,
+    PrivateRetriever,
+    Retrieval,
+)
+from dp_icl_plugin.methods.knn.retriever import _shard_keys
+
+LABELS = ["red", "green", "blue"]
+CANARY = "zzcanaryzz"
+
+
+class BagEmbedder:
+    """Bag of words hashed into 32 dimensions: similar word sets, similar vectors."""
+
+    name = "bag32"
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), 32))
+        for i, text in enumerate(texts):
+            for word in text.split():
+                out[i, sum(map(ord, word)) % 32] += 1.0
+            out[i, 31] += 0.1  # never a zero vector
+        return out
+
+
+def records(n: int = 60) -> tuple[list[str], list[str], list[str]]:
+    texts = [f"{LABELS[i % 3]} thing number{i % 7} {CANARY}{i}" for i in range(n)]
+    return texts, [LABELS[i % 3] for i in range(n)], [f"{LABELS[i % 3]}" for i in range(n)]
+
+
+def fake_backend(texts: list[str]) -> FakeBackend:
+    words: set[str] = set()
+    for t in texts + LABELS:
+        words |= set(t.split()) | {w + "," for w in t.split()}
+    for rendered in (
+        ClassificationPrompt().render([("x", "y")], "q", LABELS),
+        AnswerPrompt().render([("x", "y")], "q"),
+        KeywordAnswerPrompt().render(["k"], "q"),
+    ):
+        words |= set(rendered.split())
+    return FakeBackend(sorted(words | {"<eos>"}), eos_token="<eos>", seed=3)
+
+
+def setup(*, config: KNNConfig | None = None, n: int = 60, group_by_user: bool = False, **budget_kwargs):
+    texts, labels, answers = records(n)
+    index = PrivateIndex(
+        budget=IndividualBudget(epsilon=budget_kwargs.pop("epsilon", 2.0), delta=1e-5), embedder=BagEmbedder(),
+        group_by_user=group_by_user,
+    )
+    users = [f"user{i % 10}" for i in range(n)] if group_by_user else None
+    index.add(texts, labels=labels, answers=answers, user_ids=users)
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
+    retriever = PrivateRetriever(
+        index, budget=ledger, backend=fake_backend(texts), labels=LABELS,
+        config=config or KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2),
+    )  # fmt: skip
+    return index, ledger, retriever
+
+
+def test_the_ledger_holds_the_filter_total_once_and_a_record_of_every_release() -> None:
+    index, ledger, retriever = setup()
+    rng = np.random.default_rng(0)
+    retriever.vote("red thing number1", rng=rng)
+    retriever.classify("green thing number2", rng=rng)
+    retriever.answer("blue thing number3", rng=rng)
+    again = PrivateRetriever(index, budget=ledger, labels=LABELS)  # a second retriever: no second charge
+    assert again.cover_entry == retriever.cover_entry
+    history = ledger.history()
+    assert [e.label.split(":")[0] for e in history] == ["knn-filter", "knn-vote", "knn-classify", "knn-answer"]
+    assert history[0].event == index.filter.budget.as_event()
+    assert all(isinstance(e.event, FilteredReleaseEvent) and e.event.covered_by == history[0].id for e in history[1:])
+    assert ledger.spent().epsilon == pytest.approx(2.0)  # the filter's ε, however many releases
+
+
+def test_every_candidate_pays_and_nobody_else() -> None:
+    index, _, retriever = setup()
+    query = "red thing number1"
+    q = index.embed_query(query)
+    candidates = set(index.within(q, 0.6).ids.tolist())
+    outside = sorted(set(range(1, 61)) - candidates)
+    assert candidates and outside
+    retriever.vote(query, rng=np.random.default_rng(0))
+    spent = index.filter.spent(np.arange(1, 61))[0].sum(axis=1)
+    assert {i + 1 for i in np.flatnonzero(spent > 0)} == candidates
+    expected = retriever._cost("vote", 1).rdp
+    for rid in candidates:
+        np.testing.assert_allclose(index.filter.spent(np.array([rid]))[0][0], expected)
+
+
+def test_records_are_used_at_most_uses_times_then_skipped() -> None:
+    index, _, retriever = setup(config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=2))
+    rng = np.random.default_rng(1)
+    query = "red thing number1"
+    first = retriever.retrieve(query, release="vote")
+    assert len(first) == 8
+    retriever.retrieve(query, release="vote")
+    third = retriever.retrieve(query, release="vote")
+    used_before = set(index.within(index.embed_query(query), 0.6).ids.tolist())
+    assert not used_before  # all candidates above τ are exhausted after 2 uses
+    assert len(third) == 0 and not third.complete
+    assert retriever.vote(third, rng=rng).label in LABELS  # a release on nothing is pure noise, still valid
+
+
+def test_a_person_pays_for_all_their_records() -> None:
+    index, _, retriever = setup(group_by_user=True, config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=50))
+    query = "red thing number1"
+    candidates = index.within(index.embed_query(query), 0.6)
+    units, counts = np.unique(index.units_of(candidates.ids), return_counts=True)
+    retriever.classify(query, rng=np.random.default_rng(0))
+    spent = index.filter.spent(units)[0]
+    for row, c in zip(spent, counts, strict=True):
+        np.testing.assert_allclose(row, retriever._cost("classify", int(c)).rdp)
+        assert retriever._event("classify", int(c)).sensitivity == pytest.approx(math.sqrt(2) * min(c, 4))
+
+
+def test_fixed_seed_gives_identical_releases() -> None:
+    outs = []
+    for _ in range(2):
+        _, _, retriever = setup()
+        rng = np.random.default_rng(42)
+        outs.append(
+            [retriever.vote("red thing number1", rng=rng).label, retriever.classify("blue thing number5", rng=rng).label,
+             retriever.answer("green thing number4", rng=rng).text]
+        )  # fmt: skip
+    assert outs[0] == outs[1]
+
+
+def test_removing_one_candidate_changes_at_most_one_shard() -> None:
+    ids = np.arange(1, 200)
+    keys = _shard_keys(ids, 12345, 10)
+    assert np.bincount(keys, minlength=10).min() > 5  # spread over all shards
+    np.testing.assert_array_equal(_shard_keys(np.delete(ids, 17), 12345, 10), np.delete(keys, 17))
+
+
+def test_private_text_never_prints_pickles_or_leaks_into_errors() -> None:
+    _, _, retriever = setup()
+    retrieval = retriever.retrieve("red thing number1", release="vote")
+    shown = f"{retrieval} {list(retrieval)} {retrieval[0].text} {retrieval[0]!r} {retriever!r} {retriever.index!r}"
+    assert CANARY not in shown and "<private" in shown
+    assert CANARY in retrieval[0].text.reveal()
+    with pytest.raises(TypeError):
+        pickle.dumps(retrieval)
+    with pytest.raises(TypeError):
+        pickle.dumps(retrieval[0].text)
+    with pytest.raises(ConfigurationError) as info:
+        retriever.classify(retrieval, rng=np.random.default_rng(0))
+    assert CANARY not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda r: r.retrieve("red", release="summarise"), "release must be"),
+        (lambda r: r.retrieve("   "), "query"),
+        (lambda r: r.vote("red", rng=None), "rng"),
+        (lambda r: PrivateRetriever(r.index, budget=r.budget).vote("red", rng=np.random.default_rng(0)), "labels"),
+        (lambda r: PrivateRetriever(r.index, budget=r.budget, labels=LABELS).classify("red", rng=np.random.default_rng(0)), "backend"),
+        (lambda r: PrivateRetriever(r.index, budget=r.budget, labels=["red", "red"]), "distinct"),
+        (lambda r: PrivateRetriever(r.index, budget=None), "BudgetManager"),
+        (lambda r: KNNConfig(k=10, shards=4), "multiple"),
+        (lambda r: KNNConfig(min_similarity=2.0), "min_similarity"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_charged(call, message) -> None:
+    index, ledger, retriever = setup()
+    before = (len(ledger.history()), index.filter.all_spent()[0].size)
+    with pytest.raises(ConfigurationError, match=message):
+        call(retriever)
+    assert (len(ledger.history()), index.filter.all_spent()[0].size) == before
+
+
+def test_answers_need_an_approximate_delta_share() -> None:
+    texts, labels, answers = records(9)
+    index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-5, approximate_delta=0.0), embedder=BagEmbedder())
+    index.add(texts, labels=labels, answers=answers)
+    retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(5.0, 1e-4)), backend=fake_backend(texts))
+    with pytest.raises(ConfigurationError, match="approximate_delta"):
+        retriever.answer("red thing", rng=np.random.default_rng(0))
+
+
+def test_a_retrieval_is_released_once_and_by_its_own_kind() -> None:
+    _, _, retriever = setup()
+    retrieval = retriever.retrieve("red thing number1", release="classify")
+    assert isinstance(retrieval, Retrieval)
+    with pytest.raises(ConfigurationError, match="classify"):
+        retriever.vote(retrieval, rng=np.random.default_rng(0))
+    retriever.classify(retrieval, rng=np.random.default_rng(0))
+    with pytest.raises(ConfigurationError, match="once"):
+        retriever.classify(retrieval, rng=np.random.default_rng(0))
+
+
+# ------------------------------------------------------------------ the real embedder and a tiny GPT-2
+
+
+def _trec(limit: int) -> tuple[list[str], list[str]]:
+    path = SHARED / "data" / "trec" / "train.txt"
+    if not path.is_file():
+        pytest.skip("../shared/data/trec is not available")
+    lines = path.read_text(encoding="latin-1").splitlines()[:limit]
+    coarse = [line.split(" ", 1)[0].split(":")[0] for line in lines]
+    return [line.split(" ", 1)[1] for line in lines], coarse
+
+
+@pytest.mark.slow
+def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
+    pytest.importorskip("faiss")
+    pytest.importorskip("sentence_transformers")
+    torch = pytest.importorskip("torch")
+    from dp_icl_plugin.backends.hf import HFBackend
+
+    torch.set_num_threads(1)
+    texts, coarse = _trec(300)
+    names = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
+             "NUM": "number"}  # fmt: skip
+    labels = [names[c] for c in coarse]
+    prompts = [ClassificationPrompt(item="question", text_prefix="Question:").render([(t, lab)], t, list(names.values()))
+               for t, lab in zip(texts, labels, strict=True)]  # fmt: skip
+    model_dir = tiny_text_gpt2(tmp_path / "gpt2", prompts + [AnswerPrompt().render([("a", "b")], "c"),
+                               KeywordAnswerPrompt().render(["k"], "q")])  # fmt: skip
+    backend = HFBackend.from_pretrained(model_dir, device="cpu", dtype="float32")
+    index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-5), path=tmp_path / "index")
+    index.add(texts, labels=labels, answers=labels)
+    ledger = BudgetManager(PrivacyBudget(8.0, 1e-4), ledger=tmp_path / "ledger.db")
+    retriever = PrivateRetriever(
+        index, budget=ledger, backend=backend, labels=list(names.values()),
+        config=KNNConfig(k=8, shards=4, min_similarity=0.3, uses=3, keywords=2, max_answer_tokens=4),
+        classification_prompt=ClassificationPrompt(item="question", text_prefix="Question:"),
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    query = "How far is it from Denver to Aspen ?"
+    assert retriever.vote(query, rng=rng).label in names.values()
+    assert retriever.classify(query, rng=rng).label in names.values()
+    answer = retriever.answer(query, rng=rng)
+    assert isinstance(answer.text, str)
+    assert answer.keywords is None or len(answer.keywords) == 2
+    charged = index.filter.all_spent()[0]
+    assert 0 < len(charged) < len(texts)  # the near records paid, the others did not
+    reopened = PrivateIndex.open(tmp_path / "index")
+    np.testing.assert_array_equal(reopened.filter.all_spent()[1], index.filter.all_spent()[1])
+    assert [e.label.split(":")[0] for e in BudgetManager.open(tmp_path / "ledger.db").history()] == [
+        "knn-filter", "knn-vote", "knn-classify", "knn-answer"]  # fmt: skip
