@@ -63,7 +63,8 @@ def fake_backend(texts: list[str]) -> FakeBackend:
 def setup(*, config: KNNConfig | None = None, n: int = 60, group_by_user: bool = False, **budget_kwargs):
     texts, labels, answers = records(n)
     index = PrivateIndex(
-        budget=IndividualBudget(epsilon=budget_kwargs.pop("epsilon", 2.0), delta=1e-5), embedder=BagEmbedder(),
+        budget=IndividualBudget(epsilon=budget_kwargs.pop("epsilon", 2.0), delta=1e-5),
+        embedder=BagEmbedder(),
         group_by_user=group_by_user,
     )
     users = [f"user{i % 10}" for i in range(n)] if group_by_user else None
@@ -173,7 +174,12 @@ def test_private_text_never_prints_pickles_or_leaks_into_errors() -> None:
         (lambda r: r.retrieve("   "), "query"),
         (lambda r: r.vote("red", rng=None), "rng"),
         (lambda r: PrivateRetriever(r.index, budget=r.budget).vote("red", rng=np.random.default_rng(0)), "labels"),
-        (lambda r: PrivateRetriever(r.index, budget=r.budget, labels=LABELS).classify("red", rng=np.random.default_rng(0)), "backend"),
+        (
+            lambda r: PrivateRetriever(r.index, budget=r.budget, labels=LABELS).classify(
+                "red", rng=np.random.default_rng(0)
+            ),
+            "backend",
+        ),
         (lambda r: PrivateRetriever(r.index, budget=r.budget, labels=["red", "red"]), "distinct"),
         (lambda r: PrivateRetriever(r.index, budget=None), "BudgetManager"),
         (lambda r: KNNConfig(k=10, shards=4), "multiple"),
@@ -190,7 +196,9 @@ def test_bad_input_is_refused_before_anything_is_charged(call, message) -> None:
 
 def test_answers_need_an_approximate_delta_share() -> None:
     texts, labels, answers = records(9)
-    index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-5, approximate_delta=0.0), embedder=BagEmbedder())
+    index = PrivateIndex(
+        budget=IndividualBudget(epsilon=2.0, delta=1e-5, approximate_delta=0.0), embedder=BagEmbedder()
+    )
     index.add(texts, labels=labels, answers=answers)
     retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(5.0, 1e-4)), backend=fake_backend(texts))
     with pytest.raises(ConfigurationError, match="approximate_delta"):
@@ -234,8 +242,8 @@ def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
     labels = [names[c] for c in coarse]
     prompts = [ClassificationPrompt(item="question", text_prefix="Question:").render([(t, lab)], t, list(names.values()))
                for t, lab in zip(texts, labels, strict=True)]  # fmt: skip
-    model_dir = tiny_text_gpt2(tmp_path / "gpt2", prompts + [AnswerPrompt().render([("a", "b")], "c"),
-                               KeywordAnswerPrompt().render(["k"], "q")])  # fmt: skip
+    extra = [AnswerPrompt().render([("a", "b")], "c"), KeywordAnswerPrompt().render(["k"], "q")]
+    model_dir = tiny_text_gpt2(tmp_path / "gpt2", [*prompts, *extra])
     backend = HFBackend.from_pretrained(model_dir, device="cpu", dtype="float32")
     index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-5), path=tmp_path / "index")
     index.add(texts, labels=labels, answers=labels)

@@ -108,7 +108,7 @@ def test_exhausted_records_are_never_returned_and_the_mask_survives_a_reopen(tmp
 
 
 def test_save_open_round_trip_and_removal(tmp_path: Path) -> None:
-    index, emb = make_index(25)
+    index, _ = make_index(25)
     q = index.embed_query("query")
     index.charge(index.search(q, 3), lambda c: ReleaseCost.of(GaussianEvent(20.0), BUDGET.orders))
     assert index.remove([1, 2, 999]) == 2

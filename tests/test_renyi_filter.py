@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from dp_icl_plugin import ConfigurationError, GaussianEvent, LedgerError, LedgerFormatError
 from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost, RenyiFilter
-from dp_icl_plugin.accounting.individual_filter import FILTER_ORDERS, order_caps
+from dp_icl_plugin.accounting.individual_filter import order_caps
 from dp_icl_plugin.accounting.rdp import rdp_to_epsilon
 from dp_icl_plugin.errors import FilterMismatchError
 from dp_icl_plugin.methods.knn.retriever import noise_for_uses
@@ -61,12 +61,14 @@ def test_the_filter_never_admits_a_unit_past_its_budget(sigmas, deltas, who) -> 
     f = RenyiFilter(b)
     for sigma, d, units in zip(sigmas, deltas, who, strict=False):
         ids = np.asarray(units)
-        before, before_d = f.spent(ids)
+        before, _ = f.spent(ids)
         admitted = f.charge(ids, gaussian_cost(sigma, b, d))
         after, after_d = f.spent(ids)
         # Refused units pay nothing; admitted units pay exactly the cost.
         np.testing.assert_array_equal(after[~admitted], before[~admitted])
-        np.testing.assert_allclose(after[admitted] - before[admitted], np.broadcast_to(gaussian_cost(sigma, b).rdp, after[admitted].shape))
+        np.testing.assert_allclose(
+            after[admitted] - before[admitted], np.broadcast_to(gaussian_cost(sigma, b).rdp, after[admitted].shape)
+        )
         # Every unit stays within its cap at some order and within its approximate δ.
         fits = (after <= b.caps * (1 + 1e-12)).any(axis=1) | (after.sum(axis=1) == 0)
         assert fits.all()

@@ -6,7 +6,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 
 
-def tiny_text_gpt2(out: Path, corpus: list[str], *, vocab_size: int = 400, n_positions: int = 1024, seed: int = 0) -> Path:
+def tiny_text_gpt2(
+    out: Path, corpus: list[str], *, vocab_size: int = 400, n_positions: int = 1024, seed: int = 0
+) -> Path:
     """A randomly initialised 2-layer GPT-2 with a byte-level BPE tokenizer trained on ``corpus``, saved
     with ``save_pretrained`` (loads back with ``HFBackend.from_pretrained``); nothing is downloaded."""
     import torch

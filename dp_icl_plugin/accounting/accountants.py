@@ -261,6 +261,7 @@ def tightest() -> TightestAccountant:
     assert isinstance(acc, TightestAccountant)
     return acc
 
+
 _SHARED_LOCK = threading.Lock()
 
 

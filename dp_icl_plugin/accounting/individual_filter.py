@@ -77,7 +77,9 @@ class IndividualBudget:
     def __post_init__(self) -> None:
         eps = check.positive_finite("epsilon", self.epsilon)
         delta = check.probability_open("delta", self.delta)
-        approx = delta / 2 if self.approximate_delta is None else check.real("approximate_delta", self.approximate_delta)
+        approx = (
+            delta / 2 if self.approximate_delta is None else check.real("approximate_delta", self.approximate_delta)
+        )
         if not 0.0 <= approx < delta:
             raise ConfigurationError(f"approximate_delta must lie in [0, delta={delta}), got {approx!r}")
         orders = tuple(check.order("orders[i]", a) for a in self.orders)

@@ -233,7 +233,8 @@ class RenyiFilter:
 
     def _sql_write(self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
         rows = [
-            (unit, row.astype("<f8").tobytes(), d) for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)
+            (unit, row.astype("<f8").tobytes(), d)
+            for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)
         ]
         try:
             self._connection().executemany(
@@ -259,6 +260,7 @@ class RenyiFilter:
     # -- the file ---------------------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._pid != os.getpid():  # never reuse a connection across fork()
+            assert self.path is not None
             try:
                 self._conn = sqlite3.connect(
                     self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False

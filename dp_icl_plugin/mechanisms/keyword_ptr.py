@@ -23,7 +23,7 @@ from scipy.stats import norm
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["StableTopK", "stable_top_k", "stability_distance"]
+__all__ = ["StableTopK", "stability_distance", "stable_top_k"]
 
 
 @dataclass(frozen=True)

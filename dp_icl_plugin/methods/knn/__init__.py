@@ -13,8 +13,8 @@ from dp_icl_plugin.methods.knn.retriever import (
     KNNConfig,
     PrivateRetriever,
     PrivateText,
-    RetrievedRecord,
     Retrieval,
+    RetrievedRecord,
     noise_for_uses,
 )
 
@@ -29,8 +29,8 @@ __all__ = [
     "PrivateIndex",
     "PrivateRetriever",
     "PrivateText",
-    "RetrievedRecord",
     "Retrieval",
+    "RetrievedRecord",
     "default_embedder",
     "noise_for_uses",
 ]

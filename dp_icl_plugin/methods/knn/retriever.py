@@ -58,8 +58,8 @@ __all__ = [
     "KNNConfig",
     "PrivateRetriever",
     "PrivateText",
-    "RetrievedRecord",
     "Retrieval",
+    "RetrievedRecord",
     "noise_for_uses",
 ]
 
@@ -333,9 +333,7 @@ class PrivateRetriever:
         assert self.labels is not None and self.backend is not None
         shards = self._shards(retrieval, rng, need="label")
         counts = np.zeros(len(self.labels))
-        prompts = [
-            self.classification_prompt.render(demos, retrieval._query, self.labels) for demos in shards if demos
-        ]
+        prompts = [self.classification_prompt.render(demos, retrieval._query, self.labels) for demos in shards if demos]
         if prompts:
             scores = self.backend.next_token_logprobs(prompts)[:, self._label_token_ids()]
             np.add.at(counts, np.argmax(scores, axis=1), 1.0)
