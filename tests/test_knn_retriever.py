@@ -266,3 +266,36 @@ def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
     np.testing.assert_array_equal(reopened.filter.all_spent()[1], index.filter.all_spent()[1])
     assert [e.label.split(":")[0] for e in BudgetManager.open(tmp_path / "ledger.db").history()] == [
         "knn-filter", "knn-vote", "knn-classify", "knn-answer"]  # fmt: skip
+
+
+def test_k_per_call_and_fewer_records_than_k_are_flagged_never_padded() -> None:
+    _, _, retriever = setup()
+    small = retriever.retrieve("red thing number1", release="vote", k=3)
+    assert len(small) == 3 and small.complete
+    big = retriever.retrieve("red thing number1", release="vote", k=1000)
+    assert 0 < len(big) < 1000 and not big.complete
+    with pytest.raises(ConfigurationError, match="multiple"):
+        retriever.retrieve("red thing number1", release="classify", k=6)
+
+
+def test_an_empty_index_is_an_error_and_nothing_is_charged() -> None:
+    index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-5), embedder=BagEmbedder())
+    ledger = BudgetManager(PrivacyBudget(2.0, 1e-4))
+    retriever = PrivateRetriever(index, budget=ledger, labels=LABELS)
+    with pytest.raises(ConfigurationError, match="empty"):
+        retriever.vote("red thing", rng=np.random.default_rng(0))
+    assert [e.label.split(":")[0] for e in ledger.history()] == ["knn-filter"]
+
+
+def test_records_without_a_label_take_a_place_but_cast_no_vote() -> None:
+    index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-5), embedder=BagEmbedder())
+    index.add(["red thing a", "red thing b", "red thing c"], labels=[None, None, "green"])
+    retriever = PrivateRetriever(
+        index, budget=BudgetManager(PrivacyBudget(2.0, 1e-4)), labels=LABELS,
+        config=KNNConfig(k=2, shards=1, min_similarity=0.5),
+    )  # fmt: skip
+    retrieval = retriever.retrieve("red thing", release="vote")
+    assert len(retrieval) == 2  # the two most similar, whatever their labels
+    assert index.filter.all_spent()[0].size == 3  # all three candidates paid
+    label = retriever.vote(retrieval, rng=np.random.default_rng(0)).label
+    assert label in LABELS  # the two used cast no vote: the noise alone decides

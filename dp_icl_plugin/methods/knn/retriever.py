@@ -179,6 +179,7 @@ class Retrieval(Sequence[RetrievedRecord]):
         self._query = query
         self._candidates = candidates
         self._records = records
+        self.k = k
         self.complete = len(records) >= k
         self._used = False
 
@@ -286,24 +287,36 @@ class PrivateRetriever:
         return f"PrivateRetriever(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
 
     # -- public API -------------------------------------------------------------------------------
-    def retrieve(self, query: str, *, release: str = "vote") -> Retrieval:
+    def retrieve(self, query: str, *, release: str = "vote", k: int | None = None) -> Retrieval:
         """Charge every candidate's unit for one ``release`` and return the records that release may use.
 
+        Args:
+            query: the public query text.
+            release: the release the records are for (``vote``, ``classify`` or ``answer``); it sets the cost.
+            k: records to use (default ``config.k``; for classify/answer a multiple of ``config.shards``).
+
         Raises:
-            ConfigurationError: bad query or release kind, or a release this retriever cannot run (no
-                labels / no backend / no approximate δ for answers); nothing is charged then.
+            ConfigurationError: bad query, k or release kind, an empty index, or a release this retriever
+                cannot run (no labels / no backend / no approximate δ for answers); nothing is charged then.
         """
         if release not in RELEASES:
             raise ConfigurationError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
+        k = self.config.k if k is None else check.positive_int("k", k)
+        if release != "vote" and k % self.config.shards:
+            raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
         self._require(release)
         query_vector = self.index.embed_query(query)
+        if not len(self.index):
+            raise ConfigurationError("the private index is empty: add records before releasing anything")
         candidates = self.index.within(query_vector, self.config.min_similarity)
-        admitted = self.index.charge(candidates, lambda c: self._cost(release, c))
+        admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k))
         entry = self.budget.spend(
-            ev.FilteredReleaseEvent(self._event(release, 1), units=self._units(admitted), covered_by=self.cover_entry),
+            ev.FilteredReleaseEvent(
+                self._event(release, 1, k), units=self._units(admitted), covered_by=self.cover_entry
+            ),
             label=f"knn-{release}:{self.index.id}",
         )
-        used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < self.config.k)
+        used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
         records = [
             RetrievedRecord(
                 PrivateText(r.text),
@@ -313,7 +326,7 @@ class PrivateRetriever:
             )
             for r, s in zip(self.index.records(used.ids), used.similarities, strict=True)
         ]
-        return Retrieval(release, query, used, records, self.config.k, entry.id)
+        return Retrieval(release, query, used, records, k, entry.id)
 
     def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
         """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates."""
@@ -418,16 +431,16 @@ class PrivateRetriever:
             self._label_tokens = np.asarray(first, dtype=np.int64)
         return self._label_tokens
 
-    def _event(self, release: str, c: int) -> ev.DPEvent:
-        cap = self.config.k if release == "vote" else self.config.shards
+    def _event(self, release: str, c: int, k: int | None = None) -> ev.DPEvent:
+        cap = (self.config.k if k is None else k) if release == "vote" else self.config.shards
         if release == "answer":
             return ev.GaussianEvent(self.ptr_noise_std, sensitivity=1.0)
         sensitivity = SQRT2 * min(c, cap)
         return ev.GaussianEvent(self.noise_std / sensitivity, sensitivity=sensitivity)
 
-    def _cost(self, release: str, c: int) -> ReleaseCost:
+    def _cost(self, release: str, c: int, k: int | None = None) -> ReleaseCost:
         delta = self.ptr_delta if release == "answer" else 0.0
-        return ReleaseCost.of(self._event(release, c), self.index.filter.budget.orders, delta=delta)
+        return ReleaseCost.of(self._event(release, c, k), self.index.filter.budget.orders, delta=delta)
 
     def _units(self, admitted: Candidates) -> int:
         return int(np.unique(self.index.units_of(admitted.ids)).size)
@@ -450,10 +463,11 @@ class PrivateRetriever:
         """Per-query shards: each shard's r most similar candidates; records lacking ``need`` sit idle."""
         cfg = self.config
         keys = _shard_keys(retrieval._candidates.ids, int(rng.integers(0, 2**63)), cfg.shards)
+        per_shard = retrieval.k // cfg.shards
         shards: list[list[tuple[str, str]]] = [[] for _ in range(cfg.shards)]
         taken = np.zeros(cfg.shards, dtype=np.int64)
         for record, key in zip(retrieval, keys.tolist(), strict=True):  # most similar first
-            if taken[key] >= cfg.per_shard:
+            if taken[key] >= per_shard:
                 continue
             taken[key] += 1
             field = record.label if need == "label" else record.answer
