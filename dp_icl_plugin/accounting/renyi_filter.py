@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
+from dp_icl_plugin.accounting.stores.sqlite_file import SQLiteFile
 from dp_icl_plugin.errors import (
     ConfigurationError,
     FilterMismatchError,
@@ -35,7 +36,6 @@ __all__ = ["RenyiFilter"]
 
 APPLICATION_ID = 0x44504946  # "DPIF"
 SCHEMA_VERSION = 1
-_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class RenyiFilter:
@@ -63,10 +63,12 @@ class RenyiFilter:
             raise ConfigurationError("owner must be a string")
         self.path = None if path is None else Path(path)
         self.owner = owner
-        self._timeout = float(busy_timeout)
-        self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = 0
+        self._file = (
+            None
+            if path is None
+            else SQLiteFile(path, kind="filter", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
+        )
+        self._lock = threading.RLock() if self._file is None else self._file.lock
         if self.path is None:
             if budget is None:
                 raise ConfigurationError("an in-memory filter needs a budget")
@@ -147,10 +149,8 @@ class RenyiFilter:
         return copy
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
+        if self._file is not None:
+            self._file.close()
 
     # -- internals --------------------------------------------------------------------------------
     def _units(self, units: np.ndarray, *, distinct: bool = True) -> np.ndarray:
@@ -178,26 +178,12 @@ class RenyiFilter:
 
     @contextmanager
     def _transaction(self, write: bool = True) -> Iterator[tuple]:
-        if self.path is None:
+        if self._file is None:
             with self._lock:
                 yield self._memory_read, self._memory_write
             return
-        with self._lock:
-            conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            except sqlite3.Error as exc:
-                raise self._fail(exc) from None
-            try:
-                yield self._sql_read, self._sql_write
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
-                raise self._fail(exc) from None
+        with self._file.transaction(write=write):
+            yield self._sql_read, self._sql_write
 
     def _memory_read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         m = len(self.budget.orders)
@@ -236,14 +222,15 @@ class RenyiFilter:
             (unit, row.astype("<f8").tobytes(), d)
             for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)
         ]
+        assert self._file is not None
         try:
-            self._connection().executemany(
+            self._file.connection().executemany(
                 "INSERT INTO units (unit, spent, spent_delta) VALUES (?, ?, ?) "
                 "ON CONFLICT(unit) DO UPDATE SET spent = excluded.spent, spent_delta = excluded.spent_delta",
                 rows,
             )
         except sqlite3.Error as exc:
-            raise self._fail(exc) from None
+            raise self._file.fail(exc) from None
 
     def _row(self, blob: bytes) -> np.ndarray:
         row = np.frombuffer(blob, dtype="<f8")
@@ -258,63 +245,23 @@ class RenyiFilter:
         return ids, spent, np.array([r[2] for r in rows], dtype=float)
 
     # -- the file ---------------------------------------------------------------------------------
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None or self._pid != os.getpid():  # never reuse a connection across fork()
-            assert self.path is not None
-            try:
-                self._conn = sqlite3.connect(
-                    self.path, timeout=self._timeout, isolation_level=None, check_same_thread=False
-                )
-            except sqlite3.Error as exc:
-                raise LedgerError(f"cannot open filter {self.path}: {exc}") from None
-            self._pid = os.getpid()
-        return self._conn
-
     def _sql(self, query: str, params: tuple | list = ()) -> sqlite3.Cursor:
+        assert self._file is not None
         try:
-            return self._connection().execute(query, params)
+            return self._file.connection().execute(query, params)
         except sqlite3.Error as exc:
-            raise self._fail(exc) from None
-
-    def _fail(self, exc: sqlite3.Error) -> LedgerError:
-        text = str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
-            return LedgerError(f"filter {self.path} stayed locked for {self._timeout:g}s: {text}")
-        if "not a database" in text:
-            return LedgerFormatError(f"{self.path} is not a dp-icl filter (not an SQLite database)")
-        return LedgerCorruptError(f"filter {self.path} is damaged or unreadable: {text}")
+            raise self._file.fail(exc) from None
 
     def _open(self, budget: IndividualBudget | None) -> IndividualBudget:
-        assert self.path is not None
-        existed = self.path.exists() and self.path.stat().st_size > 0
-        if not existed and budget is None:
+        assert self._file is not None
+        if not (self._file.path.exists() and self._file.path.stat().st_size > 0) and budget is None:
             raise LedgerError(f"no filter at {self.path}; create one with a budget first")
-        if existed:
-            with open(self.path, "rb") as fh:
-                head = fh.read(len(_SQLITE_HEADER))
-            if head != _SQLITE_HEADER:
-                raise LedgerFormatError(f"{self.path} is not a dp-icl filter (not an SQLite database)")
-        with self._lock:
-            conn = self._connection()
-            try:
-                app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-                if existed and app_id != APPLICATION_ID:
-                    raise LedgerFormatError(f"{self.path} is not a dp-icl filter file")
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    stored = self._read_or_create(conn, budget)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise self._fail(exc) from None
-        return stored
+        return self._file.open(lambda conn, fresh: self._read_or_create(conn, budget, fresh))
 
-    def _read_or_create(self, conn: sqlite3.Connection, budget: IndividualBudget | None) -> IndividualBudget:
-        if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+    def _read_or_create(
+        self, conn: sqlite3.Connection, budget: IndividualBudget | None, fresh: bool
+    ) -> IndividualBudget:
+        if fresh:
             if budget is None:
                 raise LedgerError(f"no filter at {self.path}; create one with a budget first")
             conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")

@@ -13,22 +13,20 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
 from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction
+from dp_icl_plugin.accounting.stores.sqlite_file import SQLiteFile
 from dp_icl_plugin.errors import BudgetMismatchError, LedgerCorruptError, LedgerError, LedgerFormatError
 
 __all__ = ["SQLiteStore"]
 
 APPLICATION_ID = 0x44504943  # "DPIC"
 SCHEMA_VERSION = 1
-_SQLITE_HEADER = b"SQLite format 3\x00"
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -76,55 +74,24 @@ class SQLiteStore(LedgerStore):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 60.0) -> None:
-        self.path = Path(path)
-        self.busy_timeout = float(busy_timeout)
-        self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = None
-        self._pid = 0
+        self._file = SQLiteFile(path, kind="ledger", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
+        self.path = self._file.path
+        self.busy_timeout = self._file.busy_timeout
+        self._lock = self._file.lock
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
 
-    # -- connection -------------------------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
-        if self._conn is None or self._pid != os.getpid():  # never reuse a connection across fork()
-            try:
-                self._conn = sqlite3.connect(
-                    self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-                )
-            except sqlite3.Error as exc:
-                raise LedgerError(f"cannot open ledger {self.path}: {exc}") from None
-            self._pid = os.getpid()
-        return self._conn
+        return self._file.connection()
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
+        self._file.close()
 
     def _fail(self, exc: sqlite3.Error) -> LedgerError:
-        text = str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in text:
-            return LedgerError(f"ledger {self.path} stayed locked for {self.busy_timeout:g}s: {text}")
-        if "not a database" in text:
-            return LedgerFormatError(f"{self.path} is not a dp-icl ledger (not an SQLite database)")
-        return LedgerCorruptError(f"ledger {self.path} is damaged or unreadable: {text}")
+        return self._file.fail(exc)
 
     # -- set-up -----------------------------------------------------------------------------------
-    def _check_header(self) -> None:
-        try:
-            with open(self.path, "rb") as fh:
-                head = fh.read(len(_SQLITE_HEADER))
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise LedgerError(f"cannot read ledger {self.path}: {exc}") from None
-        if head and head != _SQLITE_HEADER:
-            if len(head) < len(_SQLITE_HEADER) and _SQLITE_HEADER.startswith(head):
-                raise LedgerCorruptError(f"ledger {self.path} is truncated")
-            raise LedgerFormatError(f"{self.path} is not a dp-icl ledger (not an SQLite database)")
-
     def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
         with self._lock:
             existed = self.path.exists() and self.path.stat().st_size > 0
@@ -132,26 +99,8 @@ class SQLiteStore(LedgerStore):
                 raise LedgerError(f"no ledger at {self.path}; create one with a budget first")
             if not self.path.parent.is_dir():
                 raise LedgerError(f"directory {self.path.parent} does not exist")
-            self._check_header()
-            conn = self._connection()
-            try:
-                app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-                if existed and app_id not in (0, APPLICATION_ID):
-                    raise LedgerFormatError(f"{self.path} is an SQLite file of another application")
-                if app_id == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                    raise LedgerFormatError(f"{self.path} is an SQLite database but not a dp-icl ledger")
-                conn.execute("PRAGMA journal_mode=WAL")
-                conn.execute("PRAGMA synchronous=FULL")
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    stored = self._read_or_create(conn, budget)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise self._fail(exc) from None
-            self._check_integrity(conn)
+            stored = self._file.open(lambda conn, fresh: self._read_or_create(conn, budget))
+            self._check_integrity(self._connection())
             return stored
 
     def _read_or_create(self, conn: sqlite3.Connection, budget: PrivacyBudget | None) -> PrivacyBudget:
@@ -203,30 +152,20 @@ class SQLiteStore(LedgerStore):
     # -- use --------------------------------------------------------------------------------------
     @contextmanager
     def transaction(self) -> Iterator[LedgerTransaction]:
-        with self._lock:
-            conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise self._fail(exc) from None
-            try:
-                yield _SQLiteTransaction(conn)
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
-                raise self._fail(exc) from None
+        with self._file.transaction() as conn:
+            yield _SQLiteTransaction(conn)
 
     def rows(self) -> Iterator[LedgerRow]:
         with self._lock:
             try:
-                result = self._connection().execute(
-                    "SELECT e.id, e.ts, e.label, v.key, e.certified_epsilon "
-                    "FROM entries e JOIN events v ON v.id = e.event_id ORDER BY e.id"
-                ).fetchall()
+                result = (
+                    self._connection()
+                    .execute(
+                        "SELECT e.id, e.ts, e.label, v.key, e.certified_epsilon "
+                        "FROM entries e JOIN events v ON v.id = e.event_id ORDER BY e.id"
+                    )
+                    .fetchall()
+                )
             except sqlite3.Error as exc:
                 raise self._fail(exc) from None
         return iter([LedgerRow(*row) for row in result])

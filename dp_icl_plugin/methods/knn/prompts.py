@@ -6,21 +6,25 @@ Every field is public text chosen by the app; demonstrations and the query are f
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["AnswerPrompt", "ClassificationPrompt", "KeywordAnswerPrompt"]
 
 
-def _check_fields(obj: object, names: Sequence[str]) -> None:
-    for name in names:
-        if not isinstance(getattr(obj, name), str):
-            raise ConfigurationError(f"{type(obj).__name__}.{name} must be a string")
+@dataclass(frozen=True)
+class _TextFields:
+    """A frozen set of public text fields, each checked to be a string."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if not isinstance(getattr(self, f.name), str):
+                raise ConfigurationError(f"{type(self).__name__}.{f.name} must be a string")
 
 
 @dataclass(frozen=True)
-class ClassificationPrompt:
+class ClassificationPrompt(_TextFields):
     """``Instruction: Classify each article into one of the following categories ...`` (App. F).
 
     The label is scored as the token that follows ``label_prefix`` (plus a space), so labels must start
@@ -33,9 +37,6 @@ class ClassificationPrompt:
     label_prefix: str = "Class:"
     separator: str = "\n"
 
-    def __post_init__(self) -> None:
-        _check_fields(self, ("instruction", "item", "text_prefix", "label_prefix", "separator"))
-
     def render(self, demos: Sequence[tuple[str, str]], query: str, labels: Sequence[str]) -> str:
         head = "Instruction: " + self.instruction.format(item=self.item, labels=", ".join(labels))
         lines = [head] + [f"{self.text_prefix} {text}, {self.label_prefix} {label}" for text, label in demos]
@@ -44,16 +45,13 @@ class ClassificationPrompt:
 
 
 @dataclass(frozen=True)
-class AnswerPrompt:
+class AnswerPrompt(_TextFields):
     """Question answering with demonstrations (App. G): ``Read the text: ... Answer the question ...``."""
 
     context_prefix: str = "Read the text:"
     question_prefix: str = "Answer the question with at most 4 words:"
     answer_prefix: str = "Do not provide a Yes/No answer:"
     separator: str = "\n"
-
-    def __post_init__(self) -> None:
-        _check_fields(self, ("context_prefix", "question_prefix", "answer_prefix", "separator"))
 
     def render(self, demos: Sequence[tuple[str, str]], query: str) -> str:
         """``demos`` are (record text, record answer); the record text holds the context and question."""
@@ -65,16 +63,13 @@ class AnswerPrompt:
 
 
 @dataclass(frozen=True)
-class KeywordAnswerPrompt:
+class KeywordAnswerPrompt(_TextFields):
     """The final, public prompt of keyword-space aggregation: only released keywords and the query."""
 
     instruction: str = "Using the following keywords, answer the question concisely: {keywords}"
     question_prefix: str = "Question:"
     answer_prefix: str = "Answer:"
     separator: str = "\n"
-
-    def __post_init__(self) -> None:
-        _check_fields(self, ("instruction", "question_prefix", "answer_prefix", "separator"))
 
     def render(self, keywords: Sequence[str] | None, query: str) -> str:
         """The keyword prompt, or the 0-shot prompt when no keywords were released."""
