@@ -277,7 +277,7 @@ EXAMPLES = {
     "sampled_without_replacement": SWR,
     "self_composed": SelfComposedEvent(POISSON, 100),
     "composed": ComposedEvent((ApproxDPEvent(0.5, 1e-6), SelfComposedEvent(SWR, 5000))),
-    "filtered_release": ev.FilteredReleaseEvent(GaussianEvent(3.2, sensitivity=math.sqrt(2)), units=37, covered_by=4),
+    "filtered_release": ev.FilteredReleaseEvent(GaussianEvent(3.2, sensitivity=math.sqrt(2)), covered_by=4),
 }
 
 
@@ -481,7 +481,7 @@ def test_filtered_releases_cost_the_ledger_nothing_more() -> None:
     from dp_icl_plugin.accounting import get_accountant
 
     cover = ApproxDPEvent(1.0, 1e-6)
-    record = ev.FilteredReleaseEvent(GaussianEvent(0.5), units=10, covered_by=1)
+    record = ev.FilteredReleaseEvent(GaussianEvent(0.5), covered_by=1)
     for name in ("basic", "rdp", "prv", "auto"):
         accountant = get_accountant(name)
         assert accountant.epsilon(record, delta=1e-5) == 0.0
@@ -492,7 +492,7 @@ def test_filtered_releases_cost_the_ledger_nothing_more() -> None:
     ledger = BudgetManager(PrivacyBudget(1.0, 1e-6))
     first = ledger.spend(cover, label="filter")
     for _ in range(5):
-        ledger.spend(ev.FilteredReleaseEvent(GaussianEvent(0.5), units=3, covered_by=first.id), label="release")
+        ledger.spend(ev.FilteredReleaseEvent(GaussianEvent(0.5), covered_by=first.id), label="release")
     assert ledger.spent().epsilon == pytest.approx(1.0)
     with pytest.raises(ConfigurationError):
-        ev.FilteredReleaseEvent(GaussianEvent(0.5), units=-1, covered_by=1)
+        ev.FilteredReleaseEvent(GaussianEvent(0.5), covered_by=0)

@@ -134,7 +134,7 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
                         retrieval = retriever.retrieve(text, release="vote")
                         short.append(not retrieval.complete)
                         hits += retriever.vote(retrieval, rng=rng).label == y
-                    paid.append(sum(e.event.units for e in ledger.history()[1:]) / len(query_x))
+                    paid.append(sum(int(e.label.rsplit("units=", 1)[1]) for e in ledger.history()[1:]) / len(query_x))
                     accs.append(hits / len(query_x))
                 payers, short_share = round(float(np.mean(paid)), 1), round(float(np.mean(short)), 2)
                 add(f"NN-only DP vote (ours), τ = {tau}, uses = {uses}", epsilon, accs,

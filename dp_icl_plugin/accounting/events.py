@@ -292,19 +292,17 @@ class FilteredReleaseEvent(DPEvent):
 
     The per-record filter of a private index makes *all* of its releases together (ε, δ)-DP, and that
     total is charged to the ledger once (entry ``covered_by``) before the first release. Each release is
-    then recorded with what it cost each record that took part (``per_unit``) and how many units paid
-    (``units``); accountants skip it (see :func:`costly`), so it never counts twice.
+    then recorded with what it cost each record that took part (``per_unit``; the number of units that paid
+    goes into the entry's label, so that the ledger keeps few distinct events); accountants skip it (see
+    :func:`costly`), so it never counts twice.
     """
 
     type_name: ClassVar[str] = "filtered_release"
     per_unit: DPEvent
-    units: int
     covered_by: int
 
     def __post_init__(self) -> None:
         _require_event("per_unit", self.per_unit)
-        if isinstance(self.units, bool) or not isinstance(self.units, int) or self.units < 0:
-            raise ConfigurationError("units must be a non-negative integer")
         object.__setattr__(self, "covered_by", check.positive_int("covered_by", self.covered_by))
 
     @property

@@ -311,10 +311,8 @@ class PrivateRetriever:
         candidates = self.index.within(query_vector, self.config.min_similarity)
         admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k))
         entry = self.budget.spend(
-            ev.FilteredReleaseEvent(
-                self._event(release, 1, k), units=self._units(admitted), covered_by=self.cover_entry
-            ),
-            label=f"knn-{release}:{self.index.id}",
+            ev.FilteredReleaseEvent(self._event(release, 1, k), covered_by=self.cover_entry),
+            label=f"knn-{release}:{self.index.id} units={self._units(admitted)}",
         )
         used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
         records = [
