@@ -200,3 +200,17 @@ def test_user_grouping_charges_a_person_once_for_all_their_records() -> None:
     assert len(admitted) == 3 and sorted(seen) == [1, 2]
     spent = index.filter.spent(units)[0]
     np.testing.assert_allclose(spent[0], 4 * spent[2])  # two records: twice the sensitivity, 4× the RDP
+
+
+def test_search_falls_back_to_the_bitmap_selector_when_the_nearest_are_all_masked() -> None:
+    index, emb = make_index(100)
+    q = index.embed_query("query")
+    nearest = index.search(q, 60)
+    full = ReleaseCost.of(GaussianEvent(30.0), BUDGET.orders)
+    while len(index.charge(nearest, lambda c: full)):
+        pass  # exhaust the 60 nearest
+    got = index.search(q, 5)  # the unfiltered over-fetch (26) holds only masked records
+    vectors = np.array([emb.table[f"r{i}"] for i in range(100)])
+    expected = [i + 1 for i in brute_force(vectors, emb.table["query"], 100) if i + 1 not in set(nearest.ids.tolist())]
+    assert got.ids.tolist() == expected[:5]
+    assert not set(index.within(q, -1.0).ids.tolist()) & set(nearest.ids.tolist())

@@ -39,7 +39,7 @@ EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
 DELTA = 1e-5
 K = 40
 SUBSAMPLE_RATE = 0.1
-THRESHOLDS = (0.3, 0.4, 0.5)
+THRESHOLDS = (0.2, 0.3, 0.4, 0.5)
 USES = (1, 4)
 
 
@@ -207,7 +207,7 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 4.5), squeeze=False)
     for ax, dataset in zip(axes[0], datasets, strict=True):
         chosen = [m for m in dict.fromkeys(r["method"] for r in rows if r["dataset"] == dataset)
-                  if "τ = 0.4" in m or "paper" in m or "subsample" in m]  # fmt: skip
+                  if "τ = 0.3" in m or "paper" in m or "subsample" in m]  # fmt: skip
         for method in chosen:
             pts = sorted((r["epsilon"], r["mean"], r["std"]) for r in rows
                          if r["dataset"] == dataset and r["method"] == method)  # fmt: skip

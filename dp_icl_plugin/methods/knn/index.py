@@ -5,9 +5,10 @@ changes the top-k set by at most one element (Wu et al.; the kNN DP-ICL paper, �
 similarity to a query depends on that record alone, which lets the retriever charge records by a public
 similarity threshold (see :mod:`dp_icl_plugin.accounting.individual_filter`).
 
-Records whose unit can no longer afford the cheapest release seen are masked out of every search with a
-FAISS ``IDSelectorBitmap`` (no rebuild). The mask is only a speed-up: admission is decided by the filter
-inside its own transaction, so another process's charges are always respected.
+Records whose unit can no longer afford the cheapest release seen are masked out of every search, without a
+rebuild: a scan fetches a few extra neighbours and drops masked ones, falling back to a FAISS
+``IDSelectorBitmap`` scan when too many are masked. The mask is only a speed-up: admission is decided by the
+filter inside its own transaction, so another process's charges are always respected.
 
 On disk an index is a directory: ``records.sqlite`` (text, label, answer, user id and embedding of every
 record; the source of truth, FAISS is rebuilt from it on :meth:`PrivateIndex.open`) and ``filter.sqlite``
@@ -280,15 +281,28 @@ class PrivateIndex:
         return vector[0]
 
     def search(self, query: np.ndarray, k: int) -> Candidates:
-        """The ``k`` most similar active records (fewer if fewer are active); exact, stable."""
+        """The ``k`` most similar active records (fewer if fewer are active); exact, stable.
+
+        One unfiltered scan fetches a few more than ``k`` and drops masked records; only when too many of
+        those are masked does a second scan run with the FAISS bitmap selector. Either way the result is
+        the exact top-k of the active records.
+        """
         k = check.positive_int("k", k)
         q = self._query_matrix(query)
         with self._lock:
-            if not len(self):
+            n = len(self)
+            if not n:
                 return Candidates(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
-            sims, ids = self._faiss_index.search(q, min(k, len(self)), params=self._params())
-        keep = ids[0] >= 0
-        return Candidates(ids[0][keep].astype(np.int64), sims[0][keep])
+            fetch = min(n, 2 * k + 16)
+            sims, ids = self._faiss_index.search(q, fetch)
+            sims, ids = sims[0], ids[0]
+            ok = (ids >= 0) & self._active[np.maximum(ids, 0)]
+            if ok.sum() < k and fetch < n:
+                sims, ids = self._faiss_index.search(q, min(k, n), params=self._params())
+                sims, ids = sims[0], ids[0]
+                ok = ids >= 0
+        keep = np.flatnonzero(ok)[:k]
+        return Candidates(ids[keep].astype(np.int64), sims[keep])
 
     def within(self, query: np.ndarray, min_similarity: float) -> Candidates:
         """Every active record with cosine similarity ≥ ``min_similarity``, most similar first."""
@@ -300,10 +314,8 @@ class PrivateIndex:
             if not len(self):
                 return Candidates(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
             # FAISS keeps inner products strictly above the radius: step just below τ, then filter exactly.
-            _, sims, ids = self._faiss_index.range_search(
-                q, np.nextafter(np.float32(tau), np.float32(-2)), params=self._params()
-            )
-        keep = sims >= np.float32(tau)
+            _, sims, ids = self._faiss_index.range_search(q, np.nextafter(np.float32(tau), np.float32(-2)))
+            keep = (sims >= np.float32(tau)) & self._active[ids]  # masked (exhausted) records are skipped
         sims, ids = sims[keep], ids[keep].astype(np.int64)
         order = np.lexsort((ids, -sims))  # most similar first; ties broken by id, a public order
         return Candidates(ids[order], sims[order])

@@ -98,7 +98,7 @@ class KNNConfig:
 
     k: int = 40
     shards: int = 10
-    min_similarity: float = 0.5
+    min_similarity: float = 0.3
     uses: int = 1
     noise_std: float | None = None
     ptr_noise_std: float | None = None
