@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tests_support import REPO_ROOT
+from tests_support import REPO_ROOT, SHARED
 
 import dp_icl_plugin
 from dp_icl_plugin import accounting
@@ -83,6 +83,18 @@ def test_demo_and_example_run(tmp_path: Path) -> None:
         outputs.append(done.stdout)
     assert "4 real demonstrations lift accuracy" in outputs[0]  # the GINC model ran through HFBackend
     assert "DemoSet(n=20" in outputs[2] and (tmp_path / "demos.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_knn_example_runs(tmp_path: Path) -> None:
+    if not (SHARED / "data" / "trec").is_dir():
+        pytest.skip("../shared/data/trec is not available")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = REPO_ROOT / "examples" / "private_knn_classification.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "knn.db")], capture_output=True, text=True,
+                          timeout=300, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "DP nearest-neighbour vote on 50 TREC questions" in done.stdout and "spent ε = 2.000" in done.stdout
 
 
 def test_readme_quickstarts_are_copied_from_the_examples() -> None:
