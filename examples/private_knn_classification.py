@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +49,9 @@ def main() -> None:
     accuracy = np.mean([a == t for a, t in zip(answers, truth, strict=True)])
     print(f"DP nearest-neighbour vote on {len(queries)} TREC questions: accuracy {100 * accuracy:.0f}%")
     print(f"records that paid at least once: {len(index.filter.all_spent()[0])} of {len(index)}")
+    kinds = Counter(entry.label.split(":")[0] for entry in budget.history())  # labels also name the index
     print(f"ledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
-          f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}")  # fmt: skip
+          f"(δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}")  # fmt: skip
     budget.close()
 
 
