@@ -104,6 +104,10 @@ def _optional_column(name: str, values: Sequence[object] | None, n: int) -> list
 class PrivateIndex:
     """Private records in an exact inner-product index, each with its own privacy budget.
 
+    This is the data holder's store: :meth:`search`, :meth:`within` and :meth:`records` return private
+    data and are no DP release. Apps answer queries through :class:`PrivateRetriever`, which charges the
+    filter and releases only DP outputs.
+
     Args:
         budget: every unit's lifetime (ε, δ) budget (see :class:`IndividualBudget`).
         embedder: a SentenceTransformer or a callable mapping a list of texts to vectors; the default is
