@@ -351,8 +351,12 @@ class PrivateRetriever:
         label = self.labels[report_noisy_max(counts, noise_std=self.noise_std, rng=rng)]
         return Classification(label, "classify", retrieval.ledger_entry)
 
-    def answer(self, query: str | Retrieval, *, rng: np.random.Generator) -> Answer:
-        """Keyword-space aggregation: shard answers → keyword histogram → PTR top keywords → public answer."""
+    def answer(self, query: str | Retrieval, *, rng: np.random.Generator, keywords: int | None = None) -> Answer:
+        """Keyword-space aggregation: shard answers → keyword histogram → PTR top keywords → public answer.
+
+        ``keywords`` overrides ``config.keywords`` (how many keywords to release; the cost does not change).
+        """
+        n_keywords = self.config.keywords if keywords is None else check.positive_int("keywords", keywords)
         retrieval = self._retrieval(query, "answer", rng)
         backend = self.backend
         assert backend is not None
@@ -368,17 +372,17 @@ class PrivateRetriever:
         released = stable_top_k(
             np.fromiter(histogram.keys(), dtype=np.int64, count=len(histogram)),
             np.fromiter(histogram.values(), dtype=np.int64, count=len(histogram)),
-            k=self.config.keywords,
+            k=n_keywords,
             noise_std=self.ptr_noise_std,
             delta=self.ptr_delta,
             rng=rng,
             group_size=group,
         )
         # Everything below is post-processing of the release: the query is public, the keywords are DP.
-        keywords = None if released.keywords is None else tuple(backend.decode([t]).strip() for t in released.keywords)
-        final = self.keyword_prompt.render(keywords, retrieval._query)
+        words = None if released.keywords is None else tuple(backend.decode([t]).strip() for t in released.keywords)
+        final = self.keyword_prompt.render(words, retrieval._query)
         text = backend.decode(greedy_generate(backend, [final], max_new_tokens=self.config.max_answer_tokens)[0])
-        return Answer(text.strip(), keywords, retrieval.ledger_entry)
+        return Answer(text.strip(), words, retrieval.ledger_entry)
 
     def per_record_epsilon(self) -> float:
         """The (ε, δ) each unit is protected with over all releases of this index (the filter's budget)."""

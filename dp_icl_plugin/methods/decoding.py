@@ -1,0 +1,384 @@
+"""DP decoding (pay per answer): private records steer each generated token of an answer to a public query.
+
+- :class:`MozoDecoder` (DPS-MOZO "On", Flemings et al., REFERENCE §5): per token, ``n_shots`` records drawn
+  without replacement give one-shot prompts; their next-token distributions are mixed with the zero-shot one
+  (top-k support of the zero-shot output, λ_i by bisection on the symmetric Rényi divergence) and the token is
+  drawn from the product, released through the projected mechanism (see :mod:`dp_icl_plugin.methods.mozo`).
+  Replace-one neighbours; each token (α, 4βα)-RDP amplified by sampling without replacement (q = n_shots/|D|).
+- :class:`ClipBlendDecoder` (Bhusal et al., REFERENCE §4, online): a fixed private subset of expected size s
+  (one record per prompt, chosen once), clipped logits averaged with the fixed divisor s, blended with the
+  clipped public logits, sampled at temperature τ. Add/remove neighbours; each token ε0 = c/(sτ) pure and
+  bounded-range. The prompts stay fixed while decoding, so decoding runs on the backend's KV cache.
+
+**Budget.** The caller assigns each decoder a share of the ledger: ``epsilon`` (and δ) for ``n_queries``
+answers of at most ``max_tokens`` tokens each; β (MOZO) or τ (clip-blend) is calibrated so that all of them
+together meet it. Every answer is charged *before its first token is computed*, for its worst case (every
+token up to its limit), so a stream never yields a token that is not paid for, and a refusal
+(:class:`~dp_icl_plugin.errors.BudgetExhaustedError`) happens before anything is released. Stopping early
+(EOS, a stop sequence) is post-processing and refunds nothing.
+
+A query is public: a completion text, or a chat (a list of ``{"role", "content"}`` messages ending with the
+user's). A record enters a chat prompt as one earlier exchange (its text from the user, its label from the
+assistant) after any system message, formatted with the tokenizer's chat template when it has one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
+from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
+from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
+from dp_icl_plugin.methods.clip_blend import assign_groups
+from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.mozo import AnswerTemplate
+
+__all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "check_query"]
+
+Query = str | Sequence[Mapping[str, str]]
+ROLES = ("system", "user", "assistant")
+
+
+def check_query(query: object) -> str | tuple[dict[str, str], ...]:
+    """A non-empty completion text, or a chat whose last message is the user's (errors never echo text)."""
+    if isinstance(query, str):
+        if not query.strip():
+            raise ConfigurationError("the prompt is empty")
+        return query
+    if not isinstance(query, Sequence) or not query:
+        raise ConfigurationError("a query is a non-empty text or a non-empty list of chat messages")
+    messages = []
+    for i, m in enumerate(query):
+        if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ConfigurationError(f"message {i} needs a role in {ROLES} and a string content")
+        messages.append({"role": str(m["role"]), "content": str(m["content"])})
+    if messages[-1]["role"] != "user":
+        raise ConfigurationError("the last message of a chat must be the user's")
+    if not messages[-1]["content"].strip():
+        raise ConfigurationError("the last user message is empty")
+    return tuple(messages)
+
+
+@dataclass(frozen=True)
+class DecodedAnswer:
+    """A DP answer: the text (cut before any stop sequence), its tokens, why it ended, the ledger entry."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
+    ledger_entry: int
+
+
+@dataclass
+class _Stream:
+    """Bookkeeping of one answer while it is generated."""
+
+    tokens: list[int] = field(default_factory=list)
+    emitted: int = 0  # characters of the decoded text already yielded
+    finish_reason: str = "length"
+
+
+class _Decoder:
+    """Shared plumbing: prompt building, the per-answer charge, stop sequences, streaming."""
+
+    kind = ""
+
+    def __init__(
+        self,
+        dataset: PrivateDataset,
+        *,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        max_tokens: int,
+        template: AnswerTemplate | None,
+    ) -> None:
+        if not isinstance(dataset, PrivateDataset):
+            raise ConfigurationError("dataset must be a PrivateDataset")
+        if not isinstance(budget, BudgetManager):
+            raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
+        for name in ("encode", "decode", "next_token_logprobs", "start"):
+            if not callable(getattr(backend, name, None)):
+                raise ConfigurationError("backend must be a NextTokenBackend")
+        self.dataset = dataset
+        self.backend = backend
+        self.budget = budget
+        self.max_tokens = check.positive_int("max_tokens", max_tokens)
+        self.template = template if template is not None else AnswerTemplate(stop=None)
+        if not isinstance(self.template, AnswerTemplate):
+            raise ConfigurationError("template must be an AnswerTemplate")
+        self._records = [r for y in dataset.labels for r in dataset.records(y)]
+        self._lock = threading.Lock()  # the backend and the rng may not be thread-safe
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(records={len(self._records)}, max_tokens={self.max_tokens})"
+
+    # -- what an answer costs -------------------------------------------------------------------------
+    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
+        """The event one answer of at most ``max_tokens`` tokens is charged (its worst case)."""
+        raise NotImplementedError
+
+    # -- answering ------------------------------------------------------------------------------------
+    def stream(
+        self,
+        query: Query,
+        *,
+        rng: np.random.Generator,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> Iterator[str]:
+        """Yield the answer's text piece by piece; the whole answer is charged before the first piece.
+
+        Raises:
+            ConfigurationError: at once, for a bad query, stop sequences or limits (nothing charged).
+            BudgetExhaustedError: on the first ``next``, before anything is computed from private data.
+        """
+        limit, stops, prompt = self._prepare(query, rng, max_tokens, stop)
+        return self._run(prompt, limit, stops, rng, None)
+
+    def generate(
+        self,
+        query: Query,
+        *,
+        rng: np.random.Generator,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> DecodedAnswer:
+        """The whole answer (charged first)."""
+        limit, stops, prompt = self._prepare(query, rng, max_tokens, stop)
+        state = _Stream()
+        entry_box: list[LedgerEntry] = []
+        for _ in self._run(prompt, limit, stops, rng, (state, entry_box)):
+            pass
+        text = self._cut(self.backend.decode(state.tokens), stops)
+        return DecodedAnswer(text, tuple(state.tokens), state.finish_reason, entry_box[0].id)
+
+    # -- internals ------------------------------------------------------------------------------------
+    def _prepare(self, query, rng, max_tokens, stop) -> tuple[int, tuple[str, ...], str | tuple[dict[str, str], ...]]:
+        if not isinstance(rng, np.random.Generator):
+            raise ConfigurationError("rng must be a numpy.random.Generator")
+        limit = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
+        if limit > self.max_tokens:
+            raise ConfigurationError(f"max_tokens = {limit} exceeds the {self.max_tokens} this decoder's budget covers")
+        if stop is None:
+            stops: tuple[str, ...] = ()
+        elif isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+            raise ConfigurationError("stop must be a list of non-empty strings")
+        else:
+            stops = tuple(stop)
+        prompt = check_query(query)
+        if not self._ids(prompt, None):
+            raise ConfigurationError("the prompt encodes to no tokens")
+        return limit, stops, prompt
+
+    def _ids(self, query: str | tuple[dict[str, str], ...], record: PrivateRecord | None) -> list[int]:
+        b, t = self.backend, self.template
+        if isinstance(query, str):
+            text = t.zero_shot_prompt(query) if record is None else t.one_shot_prompt(record, query)
+            ids = b.encode(text, add_special_tokens=True)
+        else:
+            messages = list(query)
+            if record is not None:
+                at = 1 if messages[0]["role"] == "system" else 0
+                example = [{"role": "user", "content": record.text}, {"role": "assistant", "content": record.label}]
+                messages[at:at] = example
+            if b.has_chat_template:
+                ids = b.apply_chat_template(messages, add_generation_prompt=True)
+            else:
+                text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+                ids = b.encode(text, add_special_tokens=True)
+        capacity = getattr(b, "max_length", None)
+        room = None if capacity is None else capacity - 1  # one position left for the next token
+        return ids if room is None or len(ids) <= room else ids[-room:]
+
+    def _fit(self, ids: list[int]) -> list[int]:
+        """Keep the most recent tokens when a prompt outgrows the model (the query and output survive)."""
+        capacity = getattr(self.backend, "max_length", None)
+        return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]
+
+    @staticmethod
+    def _cut(text: str, stops: tuple[str, ...]) -> str:
+        ends = [text.index(s) for s in stops if s in text]
+        return text[: min(ends)] if ends else text
+
+    def _run(self, prompt, limit, stops, rng, sink) -> Iterator[str]:
+        # The charge comes first: nothing below runs, and nothing is yielded, unless it is committed.
+        entry = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
+        state, boxes = sink if sink is not None else (_Stream(), [])
+        boxes.append(entry)
+        with self._lock:
+            for token in self._tokens(prompt, limit, rng):
+                if token == self.backend.eos_token_id and self.template.stop_at_eos:
+                    state.finish_reason = "stop"
+                    break
+                state.tokens.append(token)
+                text = self.backend.decode(state.tokens)
+                cut = self._cut(text, stops)
+                # Hold back a tail that may still grow into a stop sequence.
+                hold = max((len(s) - 1 for s in stops), default=0)
+                safe = len(cut) if len(cut) < len(text) else max(len(cut) - hold, state.emitted)
+                if safe > state.emitted:
+                    yield cut[state.emitted : safe]
+                    state.emitted = safe
+                if len(cut) < len(text):
+                    state.finish_reason = "stop"
+                    break
+            final = self._cut(self.backend.decode(state.tokens), stops)
+            if len(final) > state.emitted:
+                yield final[state.emitted :]
+                state.emitted = len(final)
+
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
+        raise NotImplementedError
+
+
+class MozoDecoder(_Decoder):
+    """DPS-MOZO online decoding; see the module docstring.
+
+    Args:
+        dataset: the private records (their text and label form each one-shot example).
+        backend: the language model.
+        budget: the shared ledger; every answer is charged to it before it is computed.
+        epsilon: this decoder's share of the budget, for ``n_queries`` answers (β is calibrated); or give
+            ``beta`` directly.
+        delta: δ of that share (default 1/|D|).
+        n_queries: how many answers the share covers.
+        max_tokens: the most tokens of one answer (charged in full).
+        n_shots, top_k, order, lambda_max: the mechanism's settings (paper defaults 4, 100, 8, 1.5).
+        template: how a record and a completion query form a prompt (default: ``AnswerTemplate``).
+    """
+
+    kind = "mozo"
+
+    def __init__(
+        self,
+        dataset: PrivateDataset,
+        *,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        n_queries: int,
+        max_tokens: int = 32,
+        epsilon: float | None = None,
+        beta: float | None = None,
+        delta: float | None = None,
+        n_shots: int = 4,
+        top_k: int = 100,
+        order: float = 8.0,
+        lambda_max: float = LAMBDA_MAX,
+        template: AnswerTemplate | None = None,
+    ) -> None:
+        super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template)
+        self.n_queries = check.positive_int("n_queries", n_queries)
+        self.n_shots = check.positive_int("n_shots", n_shots)
+        self.top_k = min(check.positive_int("top_k", top_k), backend.vocab_size)
+        self.order = check.order("order", order)
+        self.lambda_max = check.positive_finite("lambda_max", lambda_max)
+        if self.n_shots > len(self._records):
+            raise ConfigurationError(f"n_shots = {self.n_shots} exceeds the {len(self._records)} records")
+        self.sampling_rate = self.n_shots / len(self._records)
+        if (epsilon is None) == (beta is None):
+            raise ConfigurationError("give exactly one of epsilon (β is calibrated) and beta")
+        self.delta = check.probability_open("delta", delta) if delta is not None else 1.0 / len(self._records)
+        if beta is None:
+            result = calibrate_mozo(epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta,
+                                    sampling_rate=self.sampling_rate, steps=self.n_queries * self.max_tokens,
+                                    order=self.order)  # fmt: skip
+            self.beta = result.value
+        else:
+            self.beta = check.positive_finite("beta", beta)
+
+    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
+        steps = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
+        return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
+
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
+        zero_shot = self._ids(prompt, None)
+        one_shot: dict[int, list[int]] = {}
+        generated: list[int] = []
+        for _ in range(limit):
+            # n_shots records uniformly without replacement, fresh per token (WBK 2019 Thm 9's sampling)
+            picked = [int(i) for i in rng.choice(len(self._records), size=self.n_shots, replace=False)]
+            for i in picked:
+                if i not in one_shot:
+                    one_shot[i] = self._ids(prompt, self._records[i])
+            prompts = [self._fit(zero_shot + generated)] + [self._fit(one_shot[i] + generated) for i in picked]
+            logprobs = check_logprobs(self.backend.next_token_logprobs(prompts))
+            token = mozo_token(logprobs[1:], logprobs[0], beta=self.beta, order=self.order, top_k=self.top_k,
+                               rng=rng, lambda_max=self.lambda_max, variant="projected").token_id  # fmt: skip
+            generated.append(token)
+            yield token
+
+
+class ClipBlendDecoder(_Decoder):
+    """Clip-blend online decoding over a fixed private subset; see the module docstring.
+
+    Args:
+        dataset: the private records; a subset of expected size ``subset_size`` is drawn once (each record
+            with probability s/|D|, ``rng_subset``) and serves every answer.
+        backend, budget, n_queries, max_tokens, template: as :class:`MozoDecoder`.
+        epsilon, delta: this decoder's share (τ is calibrated), or give ``temperature``.
+        clip: the clipping bound c (the paper: 10).
+    """
+
+    kind = "clip-blend"
+
+    def __init__(
+        self,
+        dataset: PrivateDataset,
+        *,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        n_queries: int,
+        subset_size: int,
+        rng_subset: np.random.Generator,
+        max_tokens: int = 32,
+        epsilon: float | None = None,
+        temperature: float | None = None,
+        delta: float | None = None,
+        clip: float = 10.0,
+        template: AnswerTemplate | None = None,
+    ) -> None:
+        super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template)
+        self.n_queries = check.positive_int("n_queries", n_queries)
+        self.subset_size = check.positive_int("subset_size", subset_size)
+        self.clip = check.positive_finite("clip", clip)
+        if not isinstance(rng_subset, np.random.Generator):
+            raise ConfigurationError("rng_subset must be a numpy.random.Generator")
+        if (epsilon is None) == (temperature is None):
+            raise ConfigurationError("give exactly one of epsilon (τ is calibrated) and temperature")
+        self.delta = check.probability_open("delta", delta) if delta is not None else 1.0 / len(self._records)
+        if temperature is None:
+            result = calibrate_clip_blend_temperature(
+                epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta, clip=self.clip,
+                subset_size=self.subset_size, steps=self.n_queries * self.max_tokens,
+            )  # fmt: skip
+            self.temperature = result.value
+        else:
+            self.temperature = check.positive_finite("temperature", temperature)
+        (members,) = assign_groups(len(self._records), n_groups=1, subset_size=self.subset_size, rng=rng_subset)
+        self._subset = [self._records[int(i)] for i in members]
+
+    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
+        steps = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
+        return me.clip_blend_event(clip=self.clip, subset_size=self.subset_size, temperature=self.temperature,
+                                   steps=steps)  # fmt: skip
+
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
+        prompts = [self._ids(prompt, None)] + [self._ids(prompt, r) for r in self._subset]
+        with self.backend.start(prompts) as session:  # the prompts stay fixed: one KV cache each
+            logprobs = check_logprobs(session.logprobs)
+            for step in range(limit):
+                token = clip_blend_token(logprobs[1:], logprobs[0], clip=self.clip, subset_size=self.subset_size,
+                                         temperature=self.temperature, rng=rng)  # fmt: skip
+                yield token
+                if step + 1 < limit:
+                    logprobs = check_logprobs(session.append(token))

@@ -1,0 +1,155 @@
+"""A drop-in few-shot example selector that serves DP synthetic demonstrations.
+
+Few-shot templates call ``select_examples`` on every format, so per-call private selection would spend
+budget on every prompt. This selector serves a :class:`~dp_icl_plugin.methods.DemoSet` (DP already, so
+serving and choosing among its demonstrations is free post-processing), or synthesizes one on first use,
+charging the shared ledger exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from langchain_core.example_selectors import BaseExampleSelector
+
+from dp_icl_plugin.accounting.budget import BudgetManager
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.methods import DemoSet, PrivateDataset, SynthesisMethod
+from dp_icl_plugin.methods.data import Demonstration
+
+__all__ = ["DPFewShotExampleSelector"]
+
+DEMO_FIELDS = ("text", "label", "input")
+
+
+class DPFewShotExampleSelector(BaseExampleSelector):
+    """Few-shot examples from DP synthetic demonstrations, for ``FewShotPromptTemplate`` and
+    ``FewShotChatMessagePromptTemplate``.
+
+    Args:
+        demos: a ready :class:`DemoSet` (no charge, ever), or None to synthesize lazily.
+        synthesizer, dataset, backend, budget, rng: for lazy synthesis on the first selection (all
+            required then; the budget is charged once, by the synthesizer, before any private record is read).
+        fields: example-prompt variable → demonstration field (``text``, ``label`` or ``input``); the default
+            ``{"input": "text", "output": "label"}``.
+        k: how many examples to return (default: all), taken round-robin over labels.
+        example_prompt: the template's example prompt, to check its variables here rather than at format time.
+        embed: optional callable (texts → vectors); when given, the k demonstrations most similar to the
+            query (``query_key`` of the input variables) are returned (post-processing of DP output).
+        save_to: where to save a lazily synthesized DemoSet (JSONL), so that a restart reuses it.
+
+    ``add_example`` refuses: an example added by the app is not differentially private, and mixing it into
+    DP demonstrations without saying so would mislead. Use :meth:`add_public_example` for examples that are
+    public by nature (they are served as given).
+    """
+
+    def __init__(
+        self,
+        demos: DemoSet | None = None,
+        *,
+        synthesizer: SynthesisMethod | None = None,
+        dataset: PrivateDataset | None = None,
+        backend: Any = None,
+        budget: BudgetManager | None = None,
+        rng: np.random.Generator | None = None,
+        fields: Mapping[str, str] | None = None,
+        k: int | None = None,
+        example_prompt: Any = None,
+        embed: Callable[[list[str]], Any] | None = None,
+        query_key: str = "input",
+        save_to: str | None = None,
+    ) -> None:
+        self.fields = dict(fields) if fields is not None else {"input": "text", "output": "label"}
+        bad = [f for f in self.fields.values() if f not in DEMO_FIELDS]
+        if not self.fields or bad:
+            raise ConfigurationError(f"fields must map prompt variables to {DEMO_FIELDS}; got {sorted(set(bad))}")
+        if example_prompt is not None:
+            needed = set(getattr(example_prompt, "input_variables", []))
+            missing = needed - set(self.fields)
+            if missing:
+                raise ConfigurationError(f"the example prompt needs {sorted(missing)}, which fields does not provide")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ConfigurationError("k must be a positive integer or None")
+        self.k = k
+        self.embed = embed
+        self.query_key = query_key
+        self.save_to = save_to
+        self._public: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        if demos is not None:
+            if not isinstance(demos, DemoSet):
+                raise ConfigurationError("demos must be a DemoSet")
+            self._demos: DemoSet | None = demos
+        else:
+            if synthesizer is None or dataset is None or backend is None:
+                raise ConfigurationError("without demos, give synthesizer, dataset and backend to synthesize once")
+            if not isinstance(budget, BudgetManager):
+                raise ConfigurationError("lazy synthesis needs budget=BudgetManager (the app's shared ledger)")
+            if not isinstance(rng, np.random.Generator):
+                raise ConfigurationError("lazy synthesis needs rng=numpy.random.Generator")
+            self._demos = None
+        self._lazy = (synthesizer, dataset, backend, budget, rng)
+
+    def __repr__(self) -> str:
+        state = "pending synthesis" if self._demos is None else f"{len(self._demos)} DP demonstrations"
+        return f"DPFewShotExampleSelector({state}, k={self.k})"
+
+    @property
+    def demos(self) -> DemoSet:
+        """The DemoSet served (synthesized and charged once on first access when lazy)."""
+        with self._lock:
+            if self._demos is None:
+                synthesizer, dataset, backend, budget, rng = self._lazy
+                assert synthesizer is not None
+                self._demos = synthesizer.synthesize(dataset, backend=backend, budget=budget, rng=rng)
+                if self.save_to is not None:
+                    self._demos.save(self.save_to)
+                self._lazy = (None, None, None, None, None)  # drop the private records
+            return self._demos
+
+    def add_example(self, example: dict[str, str]) -> Any:
+        raise ConfigurationError(
+            "add_example would mix an example that is not differentially private into DP demonstrations; "
+            "use add_public_example for examples that are public by nature"
+        )
+
+    def add_public_example(self, example: Mapping[str, str]) -> None:
+        """Serve ``example`` (a public example with every prompt variable) after the DP demonstrations."""
+        if set(example) != set(self.fields) or not all(isinstance(v, str) for v in example.values()):
+            raise ConfigurationError(f"a public example needs exactly the variables {sorted(self.fields)}")
+        self._public.append(dict(example))
+
+    def select_examples(self, input_variables: dict[str, str]) -> list[dict]:
+        demos = list(self.demos)
+        chosen = self._similar(demos, input_variables) if self.embed is not None else _round_robin(demos)
+        if self.k is not None:
+            chosen = chosen[: self.k]
+        return [self._as_example(d) for d in chosen] + [dict(e) for e in self._public]
+
+    def _as_example(self, demo: Demonstration) -> dict[str, str]:
+        return {var: str(getattr(demo, name) or "") for var, name in self.fields.items()}
+
+    def _similar(self, demos: Sequence[Demonstration], input_variables: Mapping[str, str]) -> list[Demonstration]:
+        query = input_variables.get(self.query_key)
+        if not isinstance(query, str):
+            raise ConfigurationError(f"similarity selection needs the input variable {self.query_key!r}")
+        assert self.embed is not None
+        vectors = np.asarray(self.embed([query] + [d.text for d in demos]), dtype=float)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        order = np.argsort(-(vectors[1:] @ vectors[0]), kind="stable")
+        return [demos[i] for i in order]
+
+
+def _round_robin(demos: Sequence[Demonstration]) -> list[Demonstration]:
+    by_label: dict[str, list[Demonstration]] = {}
+    for d in demos:
+        by_label.setdefault(d.label, []).append(d)
+    out: list[Demonstration] = []
+    while any(by_label.values()):
+        for label in list(by_label):
+            if by_label[label]:
+                out.append(by_label[label].pop(0))
+    return out
