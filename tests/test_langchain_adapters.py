@@ -50,7 +50,7 @@ def backend():
 
     torch.set_num_threads(1)
     root = Path(__import__("tempfile").mkdtemp(prefix="dp-icl-lc-"))
-    return HFBackend.from_pretrained(tiny_text_gpt2(root / "gpt2", CORPUS * 5, n_positions=256), device="cpu",
+    return HFBackend.from_pretrained(tiny_text_gpt2(root / "gpt2", CORPUS * 5, n_positions=1024), device="cpu",
                                      dtype="float32")  # fmt: skip
 
 

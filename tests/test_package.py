@@ -56,7 +56,25 @@ def test_adapter_packages_are_importable() -> None:
     import dp_icl_langchain
     import dp_icl_llamaindex
 
-    assert dp_icl_langchain.__all__ == [] and dp_icl_llamaindex.__all__ == []
+    assert dp_icl_langchain.__all__ == ["DPLLM", "DPChatModel", "DPFewShotExampleSelector", "DPPrivateRetriever",
+                                        "build_decoder"]  # fmt: skip
+    assert dp_icl_llamaindex.__all__ == ["DPLLM", "DPRetriever", "DPSpendEvent"]
+
+
+@pytest.mark.parametrize(("package", "extra"), [("dp_icl_langchain", "langchain"), ("dp_icl_llamaindex", "llamaindex")])
+def test_a_missing_extra_is_named(package: str, extra: str) -> None:
+    # Hide the framework from a fresh interpreter and import the adapter package.
+    blocked = {"dp_icl_langchain": "langchain_core", "dp_icl_llamaindex": "llama_index"}[package]
+    code = (
+        "import sys\n"
+        f"class Block:\n    def find_spec(self, name, *a):\n        return None if not name.startswith({blocked!r}) "
+        "else (_ for _ in ()).throw(ImportError(name=name))\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"import {package}\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"pip install 'dp-icl-plugin[{extra}]'" in done.stderr
 
 
 def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:

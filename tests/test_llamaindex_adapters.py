@@ -1,0 +1,91 @@
+"""LlamaIndex adapters: the DP retriever in a query engine (sync and async), spend events, the DP LLM
+(complete, stream, chat), and private data kept out of serialisation; on a tiny byte-level GPT-2."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_index.core")
+pytest.importorskip("torch")
+
+from dp_icl_llamaindex import DPLLM, DPRetriever, DPSpendEvent
+from llama_index.core.base.llms.types import ChatMessage
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.query_engine import RetrieverQueryEngine
+from test_langchain_adapters import CANARY, _knn_retriever, backend, dataset
+
+from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
+from dp_icl_plugin.methods.decoding import MozoDecoder
+
+
+class Spends(BaseEventHandler):
+    events: list[Any] = []
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Spends"
+
+    def handle(self, event: Any, **kwargs: Any) -> None:
+        if isinstance(event, DPSpendEvent):
+            self.events.append(event)
+
+
+@functools.cache
+def llm_and_ledger() -> tuple[DPLLM, BudgetManager]:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=6, beta=0.5,
+                          top_k=20)  # fmt: skip
+    return DPLLM(decoder, rng=np.random.default_rng(0)), ledger
+
+
+def test_query_engine_with_the_dp_retriever_and_llm_sync_and_async() -> None:
+    llm, ledger = llm_and_ledger()
+    handler = Spends()
+    get_dispatcher().add_event_handler(handler)
+    retriever = DPRetriever(_knn_retriever(), rng=np.random.default_rng(0))
+    engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
+    before = len(ledger.history())
+    response = engine.query("where did the cat sit?")
+    assert isinstance(str(response), str)
+    assert all(n.node.metadata["kind"] == "dp_answer" for n in response.source_nodes)
+    assert len(ledger.history()) > before  # the LLM's answer was charged
+    response = asyncio.run(engine.aquery("where is the mat?"))
+    assert isinstance(str(response), str)
+    assert len(handler.events) >= 2 and all(e.release == "knn-answer" for e in handler.events)
+    texts = " ".join(n.node.get_content() for n in response.source_nodes)
+    assert CANARY not in texts
+
+
+def test_keyword_mode_returns_one_node_per_released_keyword() -> None:
+    retriever = DPRetriever(_knn_retriever(), rng=np.random.default_rng(0), mode="keywords", keywords=2)
+    nodes = retriever.retrieve("where did the cat sit?")
+    assert len(nodes) <= 2 and all(n.node.metadata["kind"] == "dp_keyword" for n in nodes)
+
+
+def test_llm_complete_stream_chat_each_charged_and_private_data_not_serialised() -> None:
+    llm, ledger = llm_and_ledger()
+    before = len(ledger.history())
+    assert isinstance(llm.complete("Hello").text, str)
+    pieces = list(llm.stream_complete("Hello there"))
+    assert all(p.text.endswith(p.delta or "") for p in pieces)
+    reply = llm.chat([ChatMessage(role="system", content="be brief"), ChatMessage(role="user", content="Hi")])
+    assert reply.message.role == "assistant"
+    assert len(ledger.history()) == before + 3
+    assert CANARY not in str(llm.to_dict()) and CANARY not in repr(llm)
+    assert llm.metadata.num_output == 6
+    with pytest.raises(ConfigurationError, match="last message"):
+        llm.chat([ChatMessage(role="user", content="Hi"), ChatMessage(role="assistant", content="Hello")])
+    assert len(ledger.history()) == before + 3
+
+
+def test_bad_construction() -> None:
+    with pytest.raises(ConfigurationError):
+        DPRetriever("not a retriever", rng=np.random.default_rng(0))  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError):
+        DPLLM("not a decoder", rng=np.random.default_rng(0))  # type: ignore[arg-type]
