@@ -33,8 +33,17 @@ def main() -> None:
 
     # --8<-- [start:synthesize]
     budget = BudgetManager(PrivacyBudget(epsilon=3.0, delta=1 / 1600), ledger=ledger)
-    method = PTASynthesizer(epsilon=1.0, delta=1 / 1600, alpha=2.0, n_prompts=5, records_per_prompt=4,
-                            max_tokens=10, shots_per_label=4, top_k=10, template=PRESETS["ginc"])
+    method = PTASynthesizer(
+        epsilon=1.0,
+        delta=1 / 1600,
+        alpha=2.0,
+        n_prompts=5,
+        records_per_prompt=4,
+        max_tokens=10,
+        shots_per_label=4,
+        top_k=10,
+        template=PRESETS["ginc"],
+    )
     print("this run will charge:", method.event(private))
     demos = method.synthesize(private, backend=backend, budget=budget, rng=np.random.default_rng())
     demos.save(out)

@@ -25,7 +25,7 @@ from dp_icl_plugin.methods.decoding import MozoDecoder
 
 
 class Spends(BaseEventHandler):
-    events: list[Any] = []
+    events: list[Any] = []  # noqa: RUF012  (a pydantic field: copied per instance)
 
     @classmethod
     def class_name(cls) -> str:

@@ -104,15 +104,27 @@ def test_demo_and_example_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_knn_example_runs(tmp_path: Path) -> None:
-    if not (SHARED / "data" / "trec").is_dir():
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("private_knn_classification.py", "DP nearest-neighbour vote on 50 TREC questions"),
+        ("few_shot_chain.py", "4 DP demonstrations (PTA, ε = 1)"),
+        ("rag_chain.py", "'knn-answer': 2"),
+        ("chat_chain.py", "'mozo-answer': 2"),
+        ("llamaindex_query_engine.py", "'mozo-answer': 1"),
+        ("shared_ledger_components.py", "20 × clip-blend-answer"),
+    ],
+)
+def test_adapter_and_retrieval_examples_run(tmp_path: Path, script: str, expected: str) -> None:
+    if script != "few_shot_chain.py" and not (SHARED / "data" / "trec").is_dir():
         pytest.skip("../shared/data/trec is not available")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    script = REPO_ROOT / "examples" / "private_knn_classification.py"
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "knn.db")], capture_output=True, text=True,
-                          timeout=300, env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "DP nearest-neighbour vote on 50 TREC questions" in done.stdout and "spent ε = 2.000" in done.stdout
+    argv = [sys.executable, str(REPO_ROOT / "examples" / script), str(tmp_path / "ledger.db")]
+    if script == "few_shot_chain.py":
+        argv += ["--queries", "40"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert expected in done.stdout and "spent ε" in done.stdout
 
 
 def test_readme_quickstarts_are_copied_from_the_examples() -> None:

@@ -226,6 +226,8 @@ class _Decoder:
                 # Hold back a tail that may still grow into a stop sequence.
                 hold = max((len(s) - 1 for s in stops), default=0)
                 safe = len(cut) if len(cut) < len(text) else max(len(cut) - hold, state.emitted)
+                # ... and an unfinished multi-byte character (decoded as U+FFFD until its last byte arrives)
+                safe = min(safe, max(len(cut.rstrip("\ufffd")), state.emitted))
                 if safe > state.emitted:
                     yield cut[state.emitted : safe]
                     state.emitted = safe

@@ -40,6 +40,8 @@ class DPFewShotExampleSelector(BaseExampleSelector):
         embed: optional callable (texts → vectors); when given, the k demonstrations most similar to the
             query (``query_key`` of the input variables) are returned (post-processing of DP output).
         save_to: where to save a lazily synthesized DemoSet (JSONL), so that a restart reuses it.
+        label_key: when set and present in the input variables, serve only the demonstrations of that label
+            (e.g. the class a query is known to belong to, as in GINC's per-concept prompts).
 
     ``add_example`` refuses: an example added by the app is not differentially private, and mixing it into
     DP demonstrations without saying so would mislead. Use :meth:`add_public_example` for examples that are
@@ -61,6 +63,7 @@ class DPFewShotExampleSelector(BaseExampleSelector):
         embed: Callable[[list[str]], Any] | None = None,
         query_key: str = "input",
         save_to: str | None = None,
+        label_key: str | None = None,
     ) -> None:
         self.fields = dict(fields) if fields is not None else {"input": "text", "output": "label"}
         bad = [f for f in self.fields.values() if f not in DEMO_FIELDS]
@@ -77,6 +80,7 @@ class DPFewShotExampleSelector(BaseExampleSelector):
         self.embed = embed
         self.query_key = query_key
         self.save_to = save_to
+        self.label_key = label_key
         self._public: list[dict[str, str]] = []
         self._lock = threading.Lock()
         if demos is not None:
@@ -124,6 +128,8 @@ class DPFewShotExampleSelector(BaseExampleSelector):
 
     def select_examples(self, input_variables: dict[str, str]) -> list[dict]:
         demos = list(self.demos)
+        if self.label_key is not None and self.label_key in input_variables:
+            demos = [d for d in demos if d.label == input_variables[self.label_key]]
         chosen = self._similar(demos, input_variables) if self.embed is not None else _round_robin(demos)
         if self.k is not None:
             chosen = chosen[: self.k]

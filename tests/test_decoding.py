@@ -1,0 +1,132 @@
+"""DP decoding on FakeBackend: the whole answer is charged before its first token, calibration meets the
+caller's share, stop sequences, limits, determinism and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dp_icl_plugin import BudgetExhaustedError, BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
+from dp_icl_plugin.accounting import get_accountant
+from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+
+WORDS = ["a", "b", "c", "d", "e", "Text:", "Label:", "user:", "assistant:", "system:", "<eos>"]
+
+
+def data(n: int = 40) -> PrivateDataset:
+    rng = np.random.default_rng(0)
+    return PrivateDataset([PrivateRecord(" ".join(rng.choice(list("abcde"), 3)), "ab"[i % 2]) for i in range(n)])
+
+
+class Counting(FakeBackend):
+    """Counts forward passes, so tests can see that nothing ran before a charge."""
+
+    calls = 0
+
+    def next_token_logprobs(self, prompts):  # type: ignore[override]
+        Counting.calls += 1
+        return super().next_token_logprobs(prompts)
+
+    def start(self, prompts):  # type: ignore[override]
+        Counting.calls += 1
+        return super().start(prompts)
+
+
+def backend() -> FakeBackend:
+    return Counting(WORDS, eos_token="<eos>", seed=3)
+
+
+def mozo(budget: BudgetManager, **kw) -> MozoDecoder:
+    return MozoDecoder(data(), backend=backend(), budget=budget, **{"n_queries": 5, "max_tokens": 4,
+                       "epsilon": 2.0, "top_k": 6, **kw})  # fmt: skip
+
+
+def clip(budget: BudgetManager, **kw) -> ClipBlendDecoder:
+    return ClipBlendDecoder(data(), backend=backend(), budget=budget, **{"n_queries": 5, "max_tokens": 4,
+                            "subset_size": 10, "rng_subset": np.random.default_rng(1), "epsilon": 2.0, **kw})  # fmt: skip
+
+
+@pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
+def test_the_calibrated_share_pays_for_exactly_n_queries_answers(make) -> None:
+    ledger = BudgetManager(PrivacyBudget(2.0, 1 / 40))
+    decoder = make(ledger)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        decoder.generate("a b", rng=rng)
+    assert get_accountant("auto").epsilon(decoder.answer_event(4), delta=1 / 40) > 0
+    assert ledger.spent().epsilon <= 2.0
+    before = Counting.calls
+    with pytest.raises(BudgetExhaustedError):
+        next(decoder.stream("a b", rng=rng))  # a sixth answer does not fit: refused before any forward pass
+    assert Counting.calls == before and len(ledger.history()) == 5
+
+
+@pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
+def test_each_answer_is_charged_its_worst_case_before_the_first_token(make) -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    decoder = make(ledger)
+    stream = decoder.stream("a b", rng=np.random.default_rng(0), max_tokens=3)
+    assert ledger.history() == []  # nothing happens until the stream is read
+    pieces = list(stream)
+    assert len(ledger.history()) == 1 and ledger.history()[0].event == decoder.answer_event(3)
+    assert isinstance("".join(pieces), str)
+
+
+def test_stop_sequences_cut_and_end_the_answer() -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    decoder = mozo(ledger, max_tokens=12)
+    full = decoder.generate("a b", rng=np.random.default_rng(5))
+    assert full.finish_reason in ("stop", "length")
+    if full.text.strip():
+        stop = full.text.strip().split()[0]
+        cut = decoder.generate("a b", rng=np.random.default_rng(5), stop=[stop])
+        assert stop not in cut.text and cut.finish_reason == "stop"
+        streamed = "".join(decoder.stream("a b", rng=np.random.default_rng(5), stop=[stop]))
+        assert streamed == cut.text
+
+
+@pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
+def test_fixed_seed_gives_identical_answers_and_chats_work(make) -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    a = make(ledger).generate([{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}],
+                              rng=np.random.default_rng(9))  # fmt: skip
+    b = make(ledger).generate([{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}],
+                              rng=np.random.default_rng(9))  # fmt: skip
+    assert a.token_ids == b.token_ids and a.text == b.text
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda d: d.generate("", rng=np.random.default_rng(0)), "empty"),
+        (
+            lambda d: d.generate(
+                [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], rng=np.random.default_rng(0)
+            ),
+            "last message",
+        ),  # fmt: skip
+        (lambda d: d.generate([{"role": "robot", "content": "a"}], rng=np.random.default_rng(0)), "role"),
+        (lambda d: d.generate("a", rng=np.random.default_rng(0), max_tokens=99), "exceeds"),
+        (lambda d: d.generate("a", rng=np.random.default_rng(0), stop="x"), "stop"),
+        (lambda d: d.generate("a", rng=None), "rng"),
+        (lambda d: d.stream("", rng=np.random.default_rng(0)), "empty"),
+    ],
+)
+def test_bad_input_is_refused_before_any_charge(call, message) -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    with pytest.raises(ConfigurationError, match=message):
+        call(mozo(ledger))
+    assert ledger.history() == []
+
+
+def test_bad_construction() -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        mozo(ledger, beta=0.1)
+    with pytest.raises(ConfigurationError, match="n_shots"):
+        mozo(ledger, n_shots=100)
+    with pytest.raises(ConfigurationError, match="BudgetManager"):
+        MozoDecoder(data(), backend=backend(), budget=None, n_queries=1, epsilon=1.0)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        clip(ledger, temperature=1.0)
