@@ -33,7 +33,7 @@ def main() -> None:
     lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:500]
     questions = [ln.split(" ", 1)[1] for ln in lines]
     classes = [ln.split(":", 1)[0] for ln in lines]
-    model_dir = tiny_text_model(questions + ["user: assistant: system:"])
+    model_dir = tiny_text_model([*questions, "user: assistant: system:"])
 
     # --8<-- [start:chat]
     private = PrivateDataset.from_pairs(questions, classes)  # the private records

@@ -36,16 +36,17 @@ def main() -> None:
     texts, labels = read(DATA / "train.txt", 2000)
     queries, truth = read(DATA / "test.txt", 50)
 
+    # fmt: off
     # --8<-- [start:knn]
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-5))  # per record, over all releases
     index.add(texts, labels=labels)
     budget = BudgetManager(PrivacyBudget(epsilon=4.0, delta=1e-4), ledger=ledger)
-    retriever = PrivateRetriever(
-        index, budget=budget, labels=sorted(set(labels)), config=KNNConfig(k=40, min_similarity=0.35, uses=4)
-    )
+    retriever = PrivateRetriever(index, budget=budget, labels=sorted(set(labels)),
+                                 config=KNNConfig(k=40, min_similarity=0.35, uses=4))
     rng = np.random.default_rng()
     answers = [retriever.vote(question, rng=rng).label for question in queries]
     # --8<-- [end:knn]
+    # fmt: on
 
     accuracy = np.mean([a == t for a, t in zip(answers, truth, strict=True)])
     print(f"DP nearest-neighbour vote on {len(queries)} TREC questions: accuracy {100 * accuracy:.0f}%")

@@ -105,7 +105,7 @@ def test_fixed_seed_gives_identical_answers_and_chats_work(make) -> None:
                 [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], rng=np.random.default_rng(0)
             ),
             "last message",
-        ),  # fmt: skip
+        ),
         (lambda d: d.generate([{"role": "robot", "content": "a"}], rng=np.random.default_rng(0)), "role"),
         (lambda d: d.generate("a", rng=np.random.default_rng(0), max_tokens=99), "exceeds"),
         (lambda d: d.generate("a", rng=np.random.default_rng(0), stop="x"), "stop"),
