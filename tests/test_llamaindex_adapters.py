@@ -89,3 +89,24 @@ def test_bad_construction() -> None:
         DPRetriever("not a retriever", rng=np.random.default_rng(0))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError):
         DPLLM("not a decoder", rng=np.random.default_rng(0))  # type: ignore[arg-type]
+
+
+def test_aretrieve_leaves_the_event_loop_free() -> None:
+    retriever = DPRetriever(_knn_retriever(), rng=np.random.default_rng(0))
+
+    async def main() -> tuple[int, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        task = asyncio.create_task(ticker())
+        nodes = await retriever.aretrieve("where did the cat sit?")
+        task.cancel()
+        return ticks, len(nodes)
+
+    ticks, n = asyncio.run(main())
+    assert n == 1 and ticks > 1  # the loop kept running while the release ran in a worker thread
