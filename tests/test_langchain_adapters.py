@@ -70,6 +70,10 @@ def shared_decoder() -> MozoDecoder:
                        beta=0.5, top_k=20)  # fmt: skip
 
 
+def chat_params() -> dict[str, Any]:
+    return {"decoder": shared_decoder(), "rng": np.random.default_rng(0), "model": "tiny-gpt2"}
+
+
 class Recorder(BaseCallbackHandler):
     """Keeps the string form of everything every callback receives."""
 
@@ -92,7 +96,7 @@ class TestDPChatModelUnit(ChatModelUnitTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"decoder": shared_decoder(), "rng": np.random.default_rng(0), "model": "tiny-gpt2"}
+        return chat_params()
 
 
 class TestDPChatModelIntegration(ChatModelIntegrationTests):
@@ -102,7 +106,7 @@ class TestDPChatModelIntegration(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"decoder": shared_decoder(), "rng": np.random.default_rng(0), "model": "tiny-gpt2"}
+        return chat_params()
 
 
 def _knn_retriever() -> PrivateRetriever:

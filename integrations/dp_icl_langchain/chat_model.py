@@ -10,7 +10,7 @@ query without any private record) and the generated tokens, never the private pr
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -70,11 +70,26 @@ class _DPModelMixin:
     rng: Any
     max_tokens: int | None
 
-    def _check(self) -> None:
+    def model_post_init(self, context: Any) -> None:
         if not isinstance(self.decoder, _Decoder):
             raise ConfigurationError("decoder must be a MozoDecoder or ClipBlendDecoder (see build_decoder)")
         if not isinstance(self.rng, np.random.Generator):
             raise ConfigurationError("rng must be a numpy.random.Generator")
+
+    @classmethod
+    def from_model_id(
+        cls, model_id: str, dataset: PrivateDataset, *, budget: BudgetManager, rng: np.random.Generator,
+        method: str = "mozo", **settings: Any,
+    ) -> Self:  # fmt: skip
+        """The model over a local Hugging Face model (a path or a cached hub id); ``settings`` go to the
+        decoder (see :func:`build_decoder`)."""
+        return cls(
+            decoder=build_decoder(model_id, dataset, budget=budget, method=method, **settings), rng=rng, model=model_id
+        )
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return False  # the decoder holds private records
 
     def _limit(self, kwargs: dict[str, Any]) -> int:
         """The call's token limit, at most the decoder's (which its budget share covers)."""
@@ -109,18 +124,6 @@ class DPChatModel(_DPModelMixin, BaseChatModel):
     max_retries: int | None = None
     model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
 
-    def model_post_init(self, context: Any) -> None:
-        self._check()
-
-    @classmethod
-    def from_model_id(
-        cls, model_id: str, dataset: PrivateDataset, *, budget: BudgetManager, rng: np.random.Generator,
-        method: str = "mozo", **settings: Any,
-    ) -> DPChatModel:  # fmt: skip
-        """A DP chat model over a local Hugging Face model; ``settings`` go to the decoder."""
-        return cls(decoder=build_decoder(model_id, dataset, budget=budget, method=method, **settings), rng=rng,
-                   model=model_id)  # fmt: skip
-
     @property
     def _llm_type(self) -> str:
         return "dp-icl-chat"
@@ -129,10 +132,6 @@ class DPChatModel(_DPModelMixin, BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "decoder": type(self.decoder).__name__,
                 "max_tokens": self.max_tokens or self.decoder.max_tokens}  # fmt: skip
-
-    @classmethod
-    def is_lc_serializable(cls) -> bool:
-        return False
 
     def _generate(
         self,
@@ -189,18 +188,6 @@ class DPLLM(_DPModelMixin, LLM):
     stop: list[str] | None = None
     model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
 
-    def model_post_init(self, context: Any) -> None:
-        self._check()
-
-    @classmethod
-    def from_model_id(
-        cls, model_id: str, dataset: PrivateDataset, *, budget: BudgetManager, rng: np.random.Generator,
-        method: str = "mozo", **settings: Any,
-    ) -> DPLLM:  # fmt: skip
-        """A DP LLM over a local Hugging Face model; ``settings`` go to the decoder."""
-        return cls(decoder=build_decoder(model_id, dataset, budget=budget, method=method, **settings), rng=rng,
-                   model=model_id)  # fmt: skip
-
     @property
     def _llm_type(self) -> str:
         return "dp-icl"
@@ -208,10 +195,6 @@ class DPLLM(_DPModelMixin, LLM):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "decoder": type(self.decoder).__name__}
-
-    @classmethod
-    def is_lc_serializable(cls) -> bool:
-        return False
 
     def _call(
         self,
