@@ -1,7 +1,7 @@
 """The ``dp-icl`` command: JSON on stdout for machines, readable text with ``--human``.
 
 Exit status: 0 success, 2 bad input (including an unusable ledger file), 3 a charge refused for lack of
-budget (nothing committed), 1 an unexpected failure.
+budget (nothing committed), 1 an unexpected failure or a failed audit.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dp_icl_plugin.cli import bench, commands, synthesize
+from dp_icl_plugin.cli import audit, bench, commands, synthesize
 from dp_icl_plugin.errors import BudgetExhaustedError, DPICLError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_REFUSED", "build_parser", "main"]
@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     synthesize.add_parser(top, common, _float, _int)
     bench.add_parsers(top, common, _float, _int)
+    audit.add_parser(top, common, _int)
     return parser
 
 
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dp-icl: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     _emit(result, args.human)
-    return 0
+    return 1 if result.get("audit_failed") else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
