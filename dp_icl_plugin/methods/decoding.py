@@ -122,6 +122,9 @@ class _Decoder:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(records={len(self._records)}, max_tokens={self.max_tokens})"
 
+    def __reduce__(self):  # a decoder holds private records: never pickled along with a model or chain
+        raise TypeError(f"{type(self).__name__} holds private records and cannot be pickled")
+
     # -- what an answer costs -------------------------------------------------------------------------
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
         """The event one answer of at most ``max_tokens`` tokens is charged (its worst case)."""

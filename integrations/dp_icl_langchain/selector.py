@@ -101,6 +101,15 @@ class DPFewShotExampleSelector(BaseExampleSelector):
         state = "pending synthesis" if self._demos is None else f"{len(self._demos)} DP demonstrations"
         return f"DPFewShotExampleSelector({state}, k={self.k})"
 
+    def __getstate__(self) -> dict[str, Any]:
+        if self._demos is None:  # still holds the private dataset for its one synthesis
+            raise TypeError("a selector that has not synthesized yet holds private records and cannot be pickled")
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     @property
     def demos(self) -> DemoSet:
         """The DemoSet served (synthesized and charged once on first access when lazy)."""
