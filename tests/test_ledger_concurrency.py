@@ -87,3 +87,14 @@ def test_concurrent_cli_spends(tmp_path: Path) -> None:
     assert codes.count(0) == expected
     assert codes.count(3) == 18 - expected
     assert len(BudgetManager.open(ledger).history()) == expected
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_points_never_releases_an_uncommitted_charge(tmp_path: Path) -> None:
+    harness = Path(__file__).with_name("crash_harness.py")
+    done = subprocess.run([sys.executable, str(harness), str(tmp_path / "crash.db"), "200", "7"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = __import__("json").loads(done.stdout)
+    assert result["rounds"] == 200 and result["released_without_commit"] == 0
+    assert result["committed"] >= result["released"] > 0
