@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 from numbers import Integral, Real
 
 from dp_icl_plugin.errors import ConfigurationError
@@ -65,3 +66,8 @@ def order(name: str, value: object) -> float:
     if not (1.0 < result < math.inf):
         raise ConfigurationError(f"{name} must be a Rényi order in (1, inf), got {result!r}")
     return result
+
+
+def has_text(value: str) -> bool:
+    """Whether ``value`` has a visible character (not only spaces, separators, controls or zero-width marks)."""
+    return any(not unicodedata.category(ch).startswith(("Z", "C")) for ch in value)

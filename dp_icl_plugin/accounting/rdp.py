@@ -84,7 +84,9 @@ def pure_dp_rdp(orders: Orders, epsilon: float) -> np.ndarray:
     a = _as_orders(orders)
     log_p = epsilon - np.logaddexp(0.0, epsilon)  # p = e^ε / (1 + e^ε)
     log_q = -np.logaddexp(0.0, epsilon)
-    rr = np.logaddexp(a * log_p + (1 - a) * log_q, a * log_q + (1 - a) * log_p) / (a - 1)
+    with np.errstate(over="ignore", invalid="ignore"):  # astronomically large ε: the cap ε is the answer
+        rr = np.logaddexp(a * log_p + (1 - a) * log_q, a * log_q + (1 - a) * log_p) / (a - 1)
+    rr = np.where(np.isfinite(rr), rr, epsilon)
     return np.minimum(np.maximum(rr, 0.0), epsilon)
 
 

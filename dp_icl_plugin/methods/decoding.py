@@ -52,7 +52,7 @@ ROLES = ("system", "user", "assistant")
 def check_query(query: object) -> str | tuple[dict[str, str], ...]:
     """A non-empty completion text, or a chat whose last message is the user's (errors never echo text)."""
     if isinstance(query, str):
-        if not query.strip():
+        if not check.has_text(query):
             raise ConfigurationError("the prompt is empty")
         return query
     if not isinstance(query, Sequence) or not query:
@@ -64,7 +64,7 @@ def check_query(query: object) -> str | tuple[dict[str, str], ...]:
         messages.append({"role": str(m["role"]), "content": str(m["content"])})
     if messages[-1]["role"] != "user":
         raise ConfigurationError("the last message of a chat must be the user's")
-    if not messages[-1]["content"].strip():
+    if not check.has_text(messages[-1]["content"]):
         raise ConfigurationError("the last user message is empty")
     return tuple(messages)
 

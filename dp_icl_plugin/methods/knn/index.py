@@ -275,7 +275,7 @@ class PrivateIndex:
     # -- search -----------------------------------------------------------------------------------
     def embed_query(self, query: str) -> np.ndarray:
         """The unit-length embedding of a (public) query."""
-        if not isinstance(query, str) or not query.strip():
+        if not isinstance(query, str) or not check.has_text(query):
             raise ConfigurationError("query must be a non-empty string")
         vector = embed_texts(self._embedder, [query])
         if self.dim is not None and vector.shape[1] != self.dim:
