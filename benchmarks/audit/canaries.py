@@ -75,9 +75,7 @@ def main() -> int:
     for name, demos_by_concept in settings.items():
         exposed, ranks = 0, []
         for c, planted in canaries.items():
-            for k, (prefix, secret) in enumerate(planted):
-                if name.startswith("ε = ∞: real"):
-                    continue
+            for prefix, secret in planted:
                 demos = [] if demos_by_concept is None else demos_by_concept[c]
                 exposed += any(language.render([*prefix, secret]) in language.render(d) for d in demos)
                 ranks.append(_rank(backend, demos, prefix, secret))
@@ -92,8 +90,8 @@ def main() -> int:
             ranks.append(_rank(backend, demos, prefix, secret))
     rows.insert(1, _row("ε = ∞: real records (the canary among them)", exposed, ranks))
 
-    table = ["| setting | canaries in the demonstrations (exact text) | secret ranked 1st | median rank of the secret |",
-             "|---|---:|---:|---:|"]  # fmt: skip
+    header = "| setting | canaries in the demonstrations (exact text) | secret ranked 1st | median rank of the secret |"
+    table = [header, "|---|---:|---:|---:|"]
     total = CANARIES_PER_CONCEPT * len(canaries)
     for r in rows:
         table.append(f"| {r['setting']} | {r['exposed']} / {total} | {r['rank1']} / {total} | {r['median_rank']:g} |")
