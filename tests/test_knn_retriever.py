@@ -299,3 +299,29 @@ def test_records_without_a_label_take_a_place_but_cast_no_vote() -> None:
     assert index.filter.all_spent()[0].size == 3  # all three candidates paid
     label = retriever.vote(retrieval, rng=np.random.default_rng(0)).label
     assert label in LABELS  # the two used cast no vote: the noise alone decides
+
+
+def test_private_demonstrations_too_long_for_the_model_shorten_the_prompt_instead_of_raising() -> None:
+    texts, labels, answers = records(30)
+
+    class Short(FakeBackend):
+        max_length = 40
+
+        def next_token_logprobs(self, prompts):  # type: ignore[override]
+            assert all(len(p) <= self.max_length for p in prompts)
+            return super().next_token_logprobs(prompts)
+
+        def start(self, prompts):  # type: ignore[override]
+            assert all(len(p) < self.max_length for p in prompts)
+            return super().start(prompts)
+
+    index = PrivateIndex(budget=IndividualBudget(epsilon=50.0, delta=1e-5), embedder=BagEmbedder())
+    index.add([t + " thing thing thing thing" for t in texts], labels=labels, answers=answers)
+    base = fake_backend(texts)
+    short = Short(base.vocab, eos_token="<eos>", seed=3)
+    retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(60.0, 1e-4)), backend=short, labels=LABELS,
+                                 config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2,
+                                                  max_answer_tokens=4))  # fmt: skip
+    rng = np.random.default_rng(0)
+    assert retriever.classify("red thing number1", rng=rng).label in LABELS
+    assert isinstance(retriever.answer("red thing number1", rng=rng).text, str)

@@ -13,7 +13,7 @@ Exposure, per canary: the exact canary text inside a demonstration (substring), 
 among all 150 symbols when the model is asked for the next symbol after ``demos / canary prefix`` (rank 1:
 the model answers with the secret).
 
-    python benchmarks/audit/canaries.py        # about a minute on 2 CPU cores
+    python benchmarks/audit/canaries.py        # about 20 s on 2 CPU cores
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ labels of k = 40 neighbours with report-noisy-max (Gaussian noise):
   Poisson-samples the pool at rate q = 0.1 and takes the 40 nearest of the sample; the 200 queries are
   composed with PRV accounting at (ε, δ) for the whole dataset.
 
-    python benchmarks/knn/accuracy.py              # ≈ 10 minutes on 2 CPU cores
+    python benchmarks/knn/accuracy.py              # ≈ 5 minutes on 2 CPU cores
     python benchmarks/knn/accuracy.py --quick      # 1 seed, 100 queries, TREC only
 """
 

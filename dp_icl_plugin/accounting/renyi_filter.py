@@ -103,13 +103,6 @@ class RenyiFilter:
                 write(ids[ok], (spent + rdp_cost)[ok], (spent_delta + delta_cost)[ok])
         return ok
 
-    def would_admit(self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost]) -> np.ndarray:
-        """Dry run of :meth:`charge` (nothing is charged)."""
-        ids = self._units(units)
-        rdp_cost, delta_cost = self._costs(cost, len(ids))
-        spent, spent_delta = self.spent(ids)
-        return admissible(self.budget, spent, spent_delta, rdp_cost, delta_cost)
-
     # -- reading ----------------------------------------------------------------------------------
     def spent(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Accumulated RDP (n, n_orders) and approximate δ (n,) of ``units`` (zeros for unseen units)."""

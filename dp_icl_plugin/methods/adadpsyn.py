@@ -126,14 +126,7 @@ class AdaDPSynSynthesizer(SynthesisMethod):
 
     def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
         c = self.config
-        per_token = c.n_prompts * c.records_per_prompt
-        smallest = min(dataset.count(y) for y in labels)
-        if smallest < per_token:
-            raise ConfigurationError(
-                f"a label has {smallest} records; M·N = {per_token} are drawn without replacement per token"
-            )
-        rate = per_token / smallest
-        steps = c.shots_per_label * c.max_tokens
+        rate, _, steps = self._sampling(dataset, labels, drawn="are drawn without replacement per token")
         delta = c.delta if c.delta is not None else 1.0 / len(dataset)
         if c.sigma1 is not None:
             sigma1, target = float(c.sigma1), None
@@ -148,11 +141,6 @@ class AdaDPSynSynthesizer(SynthesisMethod):
         params = {"sigma0": float(c.sigma0), "sigma1": sigma1, "sigma2": float(c.sigma2), "sampling_rate": rate,
                   "steps": steps, "target_delta": delta, "calibrated_epsilon": target}  # fmt: skip
         return Plan(labels, event, params)
-
-    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
-        super()._preflight(plan, backend)
-        if self.config.top_k > backend.vocab_size:
-            raise ConfigurationError(f"top_k = {self.config.top_k} exceeds the vocabulary ({backend.vocab_size})")
 
     def _generate(
         self,

@@ -35,7 +35,21 @@ from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
 
-__all__ = ["Plan", "SynthesisMethod", "check_backend", "check_privacy_target", "check_rng", "config_dict"]
+__all__ = [
+    "Plan",
+    "SynthesisMethod",
+    "check_backend",
+    "check_privacy_target",
+    "check_rng",
+    "check_top_k",
+    "config_dict",
+]
+
+
+def check_top_k(top_k: int | None, backend: NextTokenBackend) -> None:
+    """A public top-k support cannot be wider than the vocabulary."""
+    if top_k is not None and top_k > backend.vocab_size:
+        raise ConfigurationError(f"top_k = {top_k} exceeds the vocabulary ({backend.vocab_size})")
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,17 @@ class SynthesisMethod(ABC):
         probe = check_logprobs(backend.next_token_logprobs([self._public_probe(plan.labels[0])]))
         if probe.shape != (1, backend.vocab_size):
             raise BackendError(f"the backend returned shape {probe.shape}; expected (1, {backend.vocab_size})")
+        check_top_k(getattr(self.config, "top_k", None), backend)
+
+    def _sampling(self, dataset: PrivateDataset, labels: tuple[str, ...], *, drawn: str) -> tuple[float, int, int]:
+        """(q = M·N/|D_y| at the smallest label, that label's size, steps = shots × tokens) for methods that
+        draw M·N records per token; ``drawn`` says how, for the error when a label is too small."""
+        c = self.config
+        per_token = c.n_prompts * c.records_per_prompt
+        smallest = min(dataset.count(y) for y in labels)
+        if smallest < per_token:
+            raise ConfigurationError(f"a label has {smallest} records; M·N = {per_token} {drawn}")
+        return per_token / smallest, smallest, c.shots_per_label * c.max_tokens
 
     def _public_probe(self, label: str) -> str:
         return str(self.config.template.public_prompt(label))

@@ -85,14 +85,7 @@ class TangSynthesizer(SynthesisMethod):
 
     def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
         c = self.config
-        per_token = c.n_prompts * c.records_per_prompt
-        smallest = min(dataset.count(y) for y in labels)
-        if smallest < per_token:
-            raise ConfigurationError(
-                f"a label has {smallest} records; M·N = {per_token} need at least as many (q = M·N/|D_y| ≤ 1)"
-            )
-        rate = per_token / smallest
-        steps = c.shots_per_label * c.max_tokens
+        rate, smallest, steps = self._sampling(dataset, labels, drawn="need at least as many (q = M·N/|D_y| ≤ 1)")
         delta = c.delta if c.delta is not None else 1.0 / smallest
         if c.noise_multiplier is not None:
             sigma, target = float(c.noise_multiplier), None
@@ -105,15 +98,8 @@ class TangSynthesizer(SynthesisMethod):
                   "calibrated_epsilon": target}  # fmt: skip
         return Plan(labels, event, params)
 
-    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
-        super()._preflight(plan, backend)
-        if self.config.top_k > backend.vocab_size:
-            raise ConfigurationError(f"top_k = {self.config.top_k} exceeds the vocabulary ({backend.vocab_size})")
-
     # -- one token ----------------------------------------------------------------------------------
-    def _candidate_distributions(
-        self, logprobs: np.ndarray, vocabulary: np.ndarray, has_base: bool
-    ) -> np.ndarray:
+    def _candidate_distributions(self, logprobs: np.ndarray, vocabulary: np.ndarray, has_base: bool) -> np.ndarray:
         """Tang et al.: each private distribution restricted to V_pub and renormalised."""
         private = logprobs[1 + has_base :]
         return restrict(np.exp(private.astype(np.float64)), vocabulary, renormalize=True)

@@ -118,10 +118,6 @@ class KNNConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check.positive_finite(name, getattr(self, name)))
 
-    @property
-    def per_shard(self) -> int:
-        return self.k // self.shards
-
 
 class PrivateText:
     """Private text that will not print: ``str``, ``repr`` and formatting give ``<private text>``.
@@ -344,7 +340,11 @@ class PrivateRetriever:
         assert self.labels is not None and self.backend is not None
         shards = self._shards(retrieval, rng, need="label")
         counts = np.zeros(len(self.labels))
-        prompts = [self.classification_prompt.render(demos, retrieval._query, self.labels) for demos in shards if demos]
+        prompts = [
+            self._fit(self.classification_prompt.render(demos, retrieval._query, self.labels), room=1)
+            for demos in shards
+            if demos
+        ]
         if prompts:
             scores = self.backend.next_token_logprobs(prompts)[:, self._label_token_ids()]
             np.add.at(counts, np.argmax(scores, axis=1), 1.0)
@@ -363,7 +363,8 @@ class PrivateRetriever:
         shards = [demos for demos in self._shards(retrieval, rng, need="answer") if demos]
         histogram: dict[int, int] = {}
         if shards:
-            prompts = [self.answer_prompt.render(demos, retrieval._query) for demos in shards]
+            room = self.config.max_answer_tokens + 1
+            prompts = [self._fit(self.answer_prompt.render(demos, retrieval._query), room=room) for demos in shards]
             for tokens in greedy_generate(backend, prompts, max_new_tokens=self.config.max_answer_tokens):
                 for token in set(tokens):
                     if backend.decode([token]).strip():
@@ -443,6 +444,17 @@ class PrivateRetriever:
     def _cost(self, release: str, c: int, k: int | None = None) -> ReleaseCost:
         delta = self.ptr_delta if release == "answer" else 0.0
         return ReleaseCost.of(self._event(release, c, k), self.index.filter.budget.orders, delta=delta)
+
+    def _fit(self, text: str, *, room: int) -> list[int]:
+        """A prompt's tokens, oldest cut first so that ``room`` positions stay free: a private demonstration
+        too long for the model shortens the prompt (inside the release) instead of raising an error whose
+        occurrence would depend on private text."""
+        assert self.backend is not None
+        ids = self.backend.encode(text, add_special_tokens=True)
+        capacity = getattr(self.backend, "max_length", None)
+        if capacity is None or len(ids) + room <= capacity:
+            return ids
+        return ids[len(ids) + room - capacity :]
 
     def _units(self, admitted: Candidates) -> int:
         return int(np.unique(self.index.units_of(admitted.ids)).size)
