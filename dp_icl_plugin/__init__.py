@@ -38,6 +38,7 @@ from dp_icl_plugin.errors import (
     LedgerFormatError,
     UnsupportedEventError,
 )
+from dp_icl_plugin.timing import FixedLatency
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "DPICLError",
     "ExponentialMechanismEvent",
     "FakeBackend",
+    "FixedLatency",
     "GaussianEvent",
     "HFBackend",
     "IncrementalSession",

@@ -42,6 +42,7 @@ from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
 from dp_icl_plugin.methods.clip_blend import assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.mozo import AnswerTemplate
+from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 
 __all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "check_query"]
 
@@ -101,6 +102,7 @@ class _Decoder:
         budget: BudgetManager,
         max_tokens: int,
         template: AnswerTemplate | None,
+        fixed_latency: float | FixedLatency | None,
     ) -> None:
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationError("dataset must be a PrivateDataset")
@@ -116,6 +118,7 @@ class _Decoder:
         self.template = template if template is not None else AnswerTemplate(stop=None)
         if not isinstance(self.template, AnswerTemplate):
             raise ConfigurationError("template must be an AnswerTemplate")
+        self.fixed_latency = as_fixed_latency(fixed_latency)
         self._records = [r for y in dataset.labels for r in dataset.records(y)]
         self._lock = threading.Lock()  # the backend and the rng may not be thread-safe
 
@@ -214,6 +217,15 @@ class _Decoder:
         return text[: min(ends)] if ends else text
 
     def _run(self, prompt, limit, stops, rng, sink) -> Iterator[str]:
+        if self.fixed_latency is None:
+            yield from self._release(prompt, limit, stops, rng, sink)
+            return
+        with self.fixed_latency.hold():  # the whole answer first, then one piece at the fixed time
+            text = "".join(self._release(prompt, limit, stops, rng, sink))
+        if text:
+            yield text
+
+    def _release(self, prompt, limit, stops, rng, sink) -> Iterator[str]:
         # The charge comes first: nothing below runs, and nothing is yielded, unless it is committed.
         entry = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
         state, boxes = sink if sink is not None else (_Stream(), [])
@@ -260,6 +272,8 @@ class MozoDecoder(_Decoder):
         max_tokens: the most tokens of one answer (charged in full).
         n_shots, top_k, order, lambda_max: the mechanism's settings (paper defaults 4, 100, 8, 1.5).
         template: how a record and a completion query form a prompt (default: ``AnswerTemplate``).
+        fixed_latency: hide timing: every answer returns this many seconds after it starts, streams in one
+            piece at the end (seconds or a shared :class:`~dp_icl_plugin.timing.FixedLatency`).
     """
 
     kind = "mozo"
@@ -280,8 +294,10 @@ class MozoDecoder(_Decoder):
         order: float = 8.0,
         lambda_max: float = LAMBDA_MAX,
         template: AnswerTemplate | None = None,
+        fixed_latency: float | FixedLatency | None = None,
     ) -> None:
-        super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template)
+        super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template,
+                         fixed_latency=fixed_latency)  # fmt: skip
         self.n_queries = check.positive_int("n_queries", n_queries)
         self.n_shots = check.positive_int("n_shots", n_shots)
         self.top_k = min(check.positive_int("top_k", top_k), backend.vocab_size)
@@ -332,6 +348,7 @@ class ClipBlendDecoder(_Decoder):
         backend, budget, n_queries, max_tokens, template: as :class:`MozoDecoder`.
         epsilon, delta: this decoder's share (τ is calibrated), or give ``temperature``.
         clip: the clipping bound c (the paper: 10).
+        fixed_latency: as :class:`MozoDecoder` (hides timing).
     """
 
     kind = "clip-blend"
@@ -351,8 +368,10 @@ class ClipBlendDecoder(_Decoder):
         delta: float | None = None,
         clip: float = 10.0,
         template: AnswerTemplate | None = None,
+        fixed_latency: float | FixedLatency | None = None,
     ) -> None:
-        super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template)
+        super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template,
+                         fixed_latency=fixed_latency)  # fmt: skip
         self.n_queries = check.positive_int("n_queries", n_queries)
         self.subset_size = check.positive_int("subset_size", subset_size)
         self.clip = check.positive_finite("clip", clip)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,7 @@ from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
 from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
 from dp_icl_plugin.methods.knn.prompts import AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
+from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 
 __all__ = [
     "Answer",
@@ -244,6 +246,10 @@ class PrivateRetriever:
         backend: the language model for :meth:`classify` and :meth:`answer` (not needed for :meth:`vote`).
         labels: the public label set for :meth:`vote` and :meth:`classify`.
         config: sizes, threshold and noise (see :class:`KNNConfig`).
+        fixed_latency: hide timing: :meth:`vote`, :meth:`classify` and :meth:`answer` each return this many
+            seconds after they start (seconds or a shared :class:`~dp_icl_plugin.timing.FixedLatency`), and
+            the ledger labels leave out the number of paying records. A :class:`Retrieval` passed to them
+            was timed by its own :meth:`retrieve` call: pass the query text to time the whole release.
     """
 
     def __init__(
@@ -257,6 +263,7 @@ class PrivateRetriever:
         classification_prompt: ClassificationPrompt | None = None,
         answer_prompt: AnswerPrompt | None = None,
         keyword_prompt: KeywordAnswerPrompt | None = None,
+        fixed_latency: float | FixedLatency | None = None,
     ) -> None:
         if not isinstance(index, PrivateIndex):
             raise ConfigurationError("index must be a PrivateIndex")
@@ -272,6 +279,7 @@ class PrivateRetriever:
         self.classification_prompt = classification_prompt or ClassificationPrompt()
         self.answer_prompt = answer_prompt or AnswerPrompt()
         self.keyword_prompt = keyword_prompt or KeywordAnswerPrompt()
+        self.fixed_latency = as_fixed_latency(fixed_latency)
         filt = index.filter.budget
         self.noise_std = self.config.noise_std or noise_for_uses(filt, uses=self.config.uses, sensitivity=SQRT2)
         self.ptr_noise_std = self.config.ptr_noise_std or noise_for_uses(filt, uses=self.config.uses, sensitivity=1.0)
@@ -308,7 +316,7 @@ class PrivateRetriever:
         admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k))
         entry = self.budget.spend(
             ev.FilteredReleaseEvent(self._event(release, 1, k), covered_by=self.cover_entry),
-            label=f"knn-{release}:{self.index.id} units={self._units(admitted)}",
+            label=self._label(release, admitted),
         )
         used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
         records = [
@@ -324,6 +332,10 @@ class PrivateRetriever:
 
     def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
         """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates."""
+        with self._hold():
+            return self._vote(query, rng)
+
+    def _vote(self, query: str | Retrieval, rng: np.random.Generator) -> Classification:
         retrieval = self._retrieval(query, "vote", rng)
         assert self.labels is not None
         counts = np.zeros(len(self.labels))
@@ -336,6 +348,10 @@ class PrivateRetriever:
 
     def classify(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
         """Shards of nearest records as demonstrations, one LLM vote per shard, report-noisy-max."""
+        with self._hold():
+            return self._classify(query, rng)
+
+    def _classify(self, query: str | Retrieval, rng: np.random.Generator) -> Classification:
         retrieval = self._retrieval(query, "classify", rng)
         assert self.labels is not None and self.backend is not None
         shards = self._shards(retrieval, rng, need="label")
@@ -357,6 +373,10 @@ class PrivateRetriever:
         ``keywords`` overrides ``config.keywords`` (how many keywords to release; the cost does not change).
         """
         n_keywords = self.config.keywords if keywords is None else check.positive_int("keywords", keywords)
+        with self._hold():
+            return self._answer(query, rng, n_keywords)
+
+    def _answer(self, query: str | Retrieval, rng: np.random.Generator, n_keywords: int) -> Answer:
         retrieval = self._retrieval(query, "answer", rng)
         backend = self.backend
         assert backend is not None
@@ -456,8 +476,14 @@ class PrivateRetriever:
             return ids
         return ids[len(ids) + room - capacity :]
 
-    def _units(self, admitted: Candidates) -> int:
-        return int(np.unique(self.index.units_of(admitted.ids)).size)
+    def _label(self, release: str, admitted: Candidates) -> str:
+        label = f"knn-{release}:{self.index.id}"
+        if self.fixed_latency is not None:  # hiding side channels: no data-dependent count in the ledger
+            return label
+        return f"{label} units={int(np.unique(self.index.units_of(admitted.ids)).size)}"
+
+    def _hold(self) -> AbstractContextManager[None]:
+        return nullcontext() if self.fixed_latency is None else self.fixed_latency.hold()
 
     def _retrieval(self, query: str | Retrieval, release: str, rng: np.random.Generator) -> Retrieval:
         if not isinstance(rng, np.random.Generator):
