@@ -18,7 +18,7 @@ from dp_icl_plugin import accounting
 PUBLIC_API = {
     "ApproxDPEvent", "BackendError", "BudgetExhaustedError", "BudgetManager", "BudgetMismatchError",
     "CalibrationError", "ComposedEvent", "ConfigurationError", "DPEvent", "DPICLError",
-    "ExponentialMechanismEvent", "FakeBackend", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
+    "ExponentialMechanismEvent", "FakeBackend", "FixedLatency", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
     "LedgerFormatError", "MozoTokenEvent", "NextTokenBackend", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
     "RDPCurveEvent", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
     "__version__", "calibrate", "compose", "get_accountant",
