@@ -1,6 +1,9 @@
-"""A separate process that charges one SQLite ledger from several threads; prints its commit count.
+"""A separate process that charges one ledger from several threads; prints its commit count.
 
-Usage: python ledger_worker.py LEDGER EPSILON_PER_CHARGE THREADS ATTEMPTS_PER_THREAD
+Usage: python ledger_worker.py LEDGER EPSILON_PER_CHARGE THREADS ATTEMPTS_PER_THREAD [LEDGER_NAME]
+
+LEDGER is an SQLite file or a ``postgresql://`` DSN; LEDGER_NAME picks a named ledger in that database
+(default: "default").
 """
 
 from __future__ import annotations
@@ -13,7 +16,12 @@ from dp_icl_plugin import BudgetExhaustedError, BudgetManager, PureDPEvent
 
 def main() -> None:
     ledger, eps, threads, attempts = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    manager = BudgetManager.open(ledger)
+    if len(sys.argv) > 5:
+        from dp_icl_plugin.accounting.stores import PostgresStore
+
+        manager = BudgetManager(None, ledger=PostgresStore(ledger, ledger=sys.argv[5]))
+    else:
+        manager = BudgetManager.open(ledger)
     committed: list[int] = []
     lock = threading.Lock()
 

@@ -41,7 +41,7 @@ from dp_icl_plugin.accounting.events import (
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
-from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore
+from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, PostgresStore, SQLiteStore
 
 __all__ = [
     "Accountant",
@@ -61,6 +61,7 @@ __all__ = [
     "MozoTokenEvent",
     "PRVAccountant",
     "PoissonSampledEvent",
+    "PostgresStore",
     "PrivacyBudget",
     "PrivacySpend",
     "PureDPEvent",

@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
-from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, SQLiteStore
+from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, PostgresStore, SQLiteStore
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
 
 __all__ = ["BudgetManager", "LedgerEntry"]
 
 MAX_LABEL_LENGTH = 200
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,9 @@ class BudgetManager:
 
     Args:
         budget: the total budget. May be omitted when opening an existing ledger file.
-        ledger: ``None`` for an in-memory ledger, a path for an SQLite ledger file, or any
+        ledger: ``None`` for an in-memory ledger, a path for an SQLite ledger file, a
+            ``postgresql://`` URL for the ledger ``"default"`` in a PostgreSQL database (needs the ``postgres``
+            extra; :class:`~dp_icl_plugin.accounting.stores.PostgresStore` names others), or any
             :class:`~dp_icl_plugin.accounting.stores.LedgerStore`.
         accountant: ``"auto"`` (tightest valid bound; the default), ``"basic"``, ``"rdp"`` or ``"prv"``.
 
@@ -92,6 +95,8 @@ class BudgetManager:
             store: LedgerStore = InMemoryStore()
         elif isinstance(ledger, LedgerStore):
             store = ledger
+        elif isinstance(ledger, str) and ledger.startswith(_POSTGRES_SCHEMES):
+            store = PostgresStore(ledger)
         elif isinstance(ledger, (str, os.PathLike)):
             store = SQLiteStore(ledger)
         else:
@@ -104,7 +109,7 @@ class BudgetManager:
 
     @classmethod
     def open(cls, ledger: str | os.PathLike[str], *, accountant: str | Accountant = "auto") -> BudgetManager:
-        """Open an existing ledger file with the budget it was created with."""
+        """Open an existing ledger (file or ``postgresql://`` URL) with the budget it was created with."""
         return cls(None, ledger=ledger, accountant=accountant)
 
     @property

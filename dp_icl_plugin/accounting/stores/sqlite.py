@@ -140,8 +140,10 @@ class SQLiteStore(LedgerStore):
             status = conn.execute("PRAGMA quick_check").fetchone()[0]
             if status != "ok":
                 raise LedgerCorruptError(f"ledger {self.path} failed its integrity check: {status}")
-            n_entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
-            n_counted = conn.execute("SELECT coalesce(sum(count), 0) FROM events").fetchone()[0]
+            # One statement, so one snapshot: two would race a concurrent charge between them.
+            n_entries, n_counted = conn.execute(
+                "SELECT (SELECT count(*) FROM entries), (SELECT coalesce(sum(count), 0) FROM events)"
+            ).fetchone()
         except sqlite3.Error as exc:
             raise self._fail(exc) from None
         if n_entries != n_counted:
