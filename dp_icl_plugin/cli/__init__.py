@@ -1,7 +1,8 @@
 """The ``dp-icl`` command: JSON on stdout for machines, readable text with ``--human``.
 
-Exit status: 0 success, 2 bad input (including an unusable ledger file), 3 a charge refused for lack of
-budget (nothing committed), 1 an unexpected failure or a failed audit.
+Exit status: 0 success, 2 bad input (including an unusable ledger file or path), 3 a charge refused for lack
+of budget (nothing committed), 1 an unexpected failure or a failed audit. Every failure writes one line to
+stderr (never a traceback) and, except for malformed arguments, a JSON ``error`` object to stdout.
 """
 
 from __future__ import annotations
@@ -141,27 +142,41 @@ def _jsonable(value: Any) -> Any:
 def _emit(result: dict[str, Any], human: bool, stream: Any = None) -> None:
     stream = stream or sys.stdout
     if human:
-        stream.write(commands.to_text(result) + "\n")
+        stream.write(_printable(commands.to_text(result)) + "\n")
     else:
         stream.write(json.dumps(_jsonable(result), sort_keys=True) + "\n")
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate from a file name
+
+
+def _one_line(exc: BaseException) -> str:
+    return _printable(" ".join(str(exc).split()) or type(exc).__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dp-icl``; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on malformed arguments
+    if any(isinstance(v, str) and "\x00" in v for v in vars(args).values()):
+        parser.error("arguments cannot contain NUL characters")  # no file name can; open() would raise
     try:
         result = args.handler(args)
     except BudgetExhaustedError as exc:
         refusal = {"error": "BudgetExhaustedError", "message": str(exc), "committed": False,
                    "requested_epsilon": exc.requested_epsilon, "remaining_epsilon": exc.remaining_epsilon}  # fmt: skip
         _emit(refusal, args.human)
-        print(f"dp-icl: refused: {exc}", file=sys.stderr)
+        print(f"dp-icl: refused: {_one_line(exc)}", file=sys.stderr)
         return EXIT_REFUSED
-    except DPICLError as exc:
+    except (DPICLError, OSError) as exc:  # OSError: a path that cannot be read or written
         _emit({"error": type(exc).__name__, "message": str(exc)}, args.human)
-        print(f"dp-icl: error: {exc}", file=sys.stderr)
+        print(f"dp-icl: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as exc:  # a bug: report it in one line rather than a traceback
+        _emit({"error": type(exc).__name__, "message": str(exc)}, args.human)
+        print(f"dp-icl: unexpected error ({type(exc).__name__}): {_one_line(exc)}", file=sys.stderr)
+        return 1
     _emit(result, args.human)
     return 1 if result.get("audit_failed") else 0
 

@@ -27,8 +27,12 @@ def add_parser(top: Any, common: argparse.ArgumentParser, integer: Any) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dp_icl_plugin.audit import run_audit, to_markdown
+    from dp_icl_plugin.errors import ConfigurationError
 
-    samples = args.samples or (QUICK_SAMPLES if args.quick else FULL_SAMPLES)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ConfigurationError(f"--out {args.out} is a file, not a folder")  # before the audit, not after it
+    default = QUICK_SAMPLES if args.quick else FULL_SAMPLES
+    samples = default if args.samples is None else args.samples  # --samples 0 is an error, not the full audit
     started = time.monotonic()
     rows = run_audit(samples=samples, seed=args.seed)
     table = to_markdown(rows)

@@ -17,6 +17,8 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("empty list")
+    if min(values) < 0:
+        raise argparse.ArgumentTypeError(f"negative values in {text!r}")
     return values
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +125,23 @@ def _public_inputs(a: argparse.Namespace) -> list[str] | None:
     return [row[0] for row in read_rows(path, [a.input_column])]
 
 
+def _check_out(path: Path) -> None:
+    """Refuse an output path that cannot be written before the run is charged (else the charge buys nothing)."""
+    from dp_icl_plugin.errors import ConfigurationError
+
+    if path.is_dir():
+        raise ConfigurationError(f"--out {path} is a folder; give a file path")
+    parent = next(p for p in path.absolute().parents if p.exists())  # save() creates the missing folders
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ConfigurationError(f"--out {path}: cannot create a file under {parent}")
+
+
 def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget
     from dp_icl_plugin.errors import ConfigurationError
     from dp_icl_plugin.methods.loading import load_dataset
 
+    _check_out(Path(a.out))
     if (a.budget_epsilon is None) != (a.budget_delta is None):
         raise ConfigurationError("give both --budget-epsilon and --budget-delta to create a ledger, or neither")
     ledger = Path(a.ledger)

@@ -17,9 +17,10 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import LLM, BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, GenerationChunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult, GenerationChunk, LLMResult
 from pydantic import ConfigDict, Field
 
+from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateDataset
@@ -75,6 +76,8 @@ class _DPModelMixin:
             raise ConfigurationError("decoder must be a MozoDecoder or ClipBlendDecoder (see build_decoder)")
         if not isinstance(self.rng, np.random.Generator):
             raise ConfigurationError("rng must be a numpy.random.Generator")
+        if self.max_tokens is not None:
+            check.positive_int("max_tokens", self.max_tokens)
 
     @classmethod
     def from_model_id(
@@ -94,11 +97,21 @@ class _DPModelMixin:
     def _limit(self, kwargs: dict[str, Any]) -> int:
         """The call's token limit, at most the decoder's (which its budget share covers)."""
         wanted = kwargs.get("max_tokens", self.max_tokens)
-        return self.decoder.max_tokens if wanted is None else min(int(wanted), self.decoder.max_tokens)
+        if wanted is None:
+            return self.decoder.max_tokens
+        return min(check.positive_int("max_tokens", wanted), self.decoder.max_tokens)
 
     def _stops(self, stop: list[str] | None) -> list[str] | None:
-        merged = list(getattr(self, "stop", None) or []) + list(stop or [])
+        merged: list[str] = []
+        for given in (getattr(self, "stop", None), stop):
+            if given is not None and (isinstance(given, str) or not isinstance(given, (list, tuple))):
+                raise ConfigurationError("stop must be a list of non-empty strings")  # not split into characters
+            merged += given or []
         return merged or None
+
+    def _check(self, query: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> None:
+        """Refuse a bad query before anything is charged (the decoder's own checks, run early)."""
+        self.decoder._prepare(query, self.rng, self._limit(kwargs), self._stops(stop))
 
     def _usage(self, query: Any, output_tokens: int) -> UsageMetadata:
         public = len(self.decoder._ids(query, None))  # the public prompt only: never a private record's length
@@ -132,6 +145,22 @@ class DPChatModel(_DPModelMixin, BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "decoder": type(self.decoder).__name__,
                 "max_tokens": self.max_tokens or self.decoder.max_tokens}  # fmt: skip
+
+    def batch(
+        self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+    ) -> list[Any]:
+        if not return_exceptions:  # one bad input fails the batch: refuse it before any answer is charged
+            for item in inputs:
+                self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"), kwargs)
+        return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+
+    async def abatch(
+        self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+    ) -> list[Any]:
+        if not return_exceptions:
+            for item in inputs:
+                self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"), kwargs)
+        return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
     def _generate(
         self,
@@ -195,6 +224,17 @@ class DPLLM(_DPModelMixin, LLM):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "decoder": type(self.decoder).__name__}
+
+    def _generate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        for prompt in prompts:  # a batch fails as a whole: refuse it before its first answer is charged
+            self._check(prompt, stop, kwargs)
+        return super()._generate(prompts, stop=stop, run_manager=run_manager, **kwargs)
 
     def _call(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,8 @@ class DPFewShotExampleSelector(BaseExampleSelector):
         save_to: str | None = None,
         label_key: str | None = None,
     ) -> None:
+        if fields is not None and not isinstance(fields, Mapping):
+            raise ConfigurationError("fields must be a mapping of prompt variables to demonstration fields")
         self.fields = dict(fields) if fields is not None else {"input": "text", "output": "label"}
         bad = [f for f in self.fields.values() if f not in DEMO_FIELDS]
         if not self.fields or bad:
@@ -76,6 +79,10 @@ class DPFewShotExampleSelector(BaseExampleSelector):
                 raise ConfigurationError(f"the example prompt needs {sorted(missing)}, which fields does not provide")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ConfigurationError("k must be a positive integer or None")
+        if embed is not None and not callable(embed):
+            raise ConfigurationError("embed must be a callable (texts -> vectors) or None")
+        if save_to is not None and Path(save_to).is_dir():
+            raise ConfigurationError("save_to must be a file path, not a directory")  # else it fails after the charge
         self.k = k
         self.embed = embed
         self.query_key = query_key
@@ -90,6 +97,8 @@ class DPFewShotExampleSelector(BaseExampleSelector):
         else:
             if synthesizer is None or dataset is None or backend is None:
                 raise ConfigurationError("without demos, give synthesizer, dataset and backend to synthesize once")
+            if not isinstance(synthesizer, SynthesisMethod):
+                raise ConfigurationError("synthesizer must be a SynthesisMethod (e.g. TangSynthesizer)")
             if not isinstance(budget, BudgetManager):
                 raise ConfigurationError("lazy synthesis needs budget=BudgetManager (the app's shared ledger)")
             if not isinstance(rng, np.random.Generator):
@@ -131,11 +140,14 @@ class DPFewShotExampleSelector(BaseExampleSelector):
 
     def add_public_example(self, example: Mapping[str, str]) -> None:
         """Serve ``example`` (a public example with every prompt variable) after the DP demonstrations."""
-        if set(example) != set(self.fields) or not all(isinstance(v, str) for v in example.values()):
+        if not isinstance(example, Mapping) or set(example) != set(self.fields) \
+                or not all(isinstance(v, str) for v in example.values()):  # fmt: skip
             raise ConfigurationError(f"a public example needs exactly the variables {sorted(self.fields)}")
         self._public.append(dict(example))
 
     def select_examples(self, input_variables: dict[str, str]) -> list[dict]:
+        if not isinstance(input_variables, Mapping):
+            raise ConfigurationError("input_variables must be a mapping of prompt variables to values")
         demos = list(self.demos)
         if self.label_key is not None and self.label_key in input_variables:
             demos = [d for d in demos if d.label == input_variables[self.label_key]]
@@ -152,7 +164,13 @@ class DPFewShotExampleSelector(BaseExampleSelector):
         if not isinstance(query, str):
             raise ConfigurationError(f"similarity selection needs the input variable {self.query_key!r}")
         assert self.embed is not None
-        vectors = np.asarray(self.embed([query] + [d.text for d in demos]), dtype=float)
+        raw = self.embed([query] + [d.text for d in demos])
+        try:
+            vectors = np.asarray(raw, dtype=float)
+        except (TypeError, ValueError):
+            raise ConfigurationError("embed must return numbers") from None
+        if vectors.ndim != 2 or len(vectors) != len(demos) + 1 or not np.all(np.isfinite(vectors)):
+            raise ConfigurationError(f"embed must return {len(demos) + 1} finite vectors (one per text)")
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         order = np.argsort(-(vectors[1:] @ vectors[0]), kind="stable")
         return [demos[i] for i in order]

@@ -24,6 +24,7 @@ from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from pydantic import PrivateAttr
 
+from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.decoding import _Decoder
 
@@ -44,6 +45,8 @@ class DPLLM(CustomLLM):
         if not isinstance(rng, np.random.Generator):
             raise ConfigurationError("rng must be a numpy.random.Generator")
         super().__init__(**kwargs)
+        if self.max_tokens is not None:
+            check.positive_int("max_tokens", self.max_tokens)
         self._decoder = decoder
         self._rng = rng
 
@@ -57,17 +60,31 @@ class DPLLM(CustomLLM):
         return LLMMetadata(context_window=capacity, num_output=self._limit(), is_chat_model=False,
                            model_name=self.model_name)  # fmt: skip
 
+    @staticmethod
+    def _stop(kwargs: dict[str, Any]) -> list[str] | None:
+        stop = kwargs.get("stop")
+        if stop is not None and (isinstance(stop, str) or not isinstance(stop, (list, tuple))):
+            raise ConfigurationError("stop must be a list of non-empty strings")
+        return stop
+
+    @staticmethod
+    def _chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) \
+                or not all(isinstance(m, ChatMessage) for m in messages):  # fmt: skip
+            raise ConfigurationError("messages must be a list of llama_index ChatMessage")
+        return [{"role": m.role.value, "content": m.content or ""} for m in messages]
+
     def _limit(self) -> int:
         return self._decoder.max_tokens if self.max_tokens is None else min(self.max_tokens, self._decoder.max_tokens)
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        answer = self._decoder.generate(prompt, rng=self._rng, max_tokens=self._limit(), stop=kwargs.get("stop"))
+        answer = self._decoder.generate(prompt, rng=self._rng, max_tokens=self._limit(), stop=self._stop(kwargs))
         return CompletionResponse(text=answer.text, additional_kwargs={"ledger_entry": answer.ledger_entry})
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        pieces = self._decoder.stream(prompt, rng=self._rng, max_tokens=self._limit(), stop=kwargs.get("stop"))
+        pieces = self._decoder.stream(prompt, rng=self._rng, max_tokens=self._limit(), stop=self._stop(kwargs))
 
         def gen() -> CompletionResponseGen:
             text = ""
@@ -82,15 +99,15 @@ class DPLLM(CustomLLM):
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        chat = [{"role": m.role.value, "content": m.content or ""} for m in messages]
-        answer = self._decoder.generate(chat, rng=self._rng, max_tokens=self._limit(), stop=kwargs.get("stop"))
+        chat = self._chat(messages)
+        answer = self._decoder.generate(chat, rng=self._rng, max_tokens=self._limit(), stop=self._stop(kwargs))
         return ChatResponse(message=ChatMessage(role="assistant", content=answer.text),
                             additional_kwargs={"ledger_entry": answer.ledger_entry})  # fmt: skip
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        chat = [{"role": m.role.value, "content": m.content or ""} for m in messages]
-        pieces = self._decoder.stream(chat, rng=self._rng, max_tokens=self._limit(), stop=kwargs.get("stop"))
+        chat = self._chat(messages)
+        pieces = self._decoder.stream(chat, rng=self._rng, max_tokens=self._limit(), stop=self._stop(kwargs))
 
         def gen() -> ChatResponseGen:
             text = ""

@@ -401,7 +401,8 @@ class PrivateRetriever:
         )
         # Everything below is post-processing of the release: the query is public, the keywords are DP.
         words = None if released.keywords is None else tuple(backend.decode([t]).strip() for t in released.keywords)
-        final = self.keyword_prompt.render(words, retrieval._query)
+        # Fitted like the shard prompts: a long query or long keywords shorten it rather than fail after the charge.
+        final = self._fit(self.keyword_prompt.render(words, retrieval._query), room=self.config.max_answer_tokens + 1)
         text = backend.decode(greedy_generate(backend, [final], max_new_tokens=self.config.max_answer_tokens)[0])
         return Answer(text.strip(), words, retrieval.ledger_entry)
 
