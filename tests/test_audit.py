@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from dp_icl_plugin.audit import clopper_pearson, epsilon_lower_bound
+from dp_icl_plugin.audit import cases, clopper_pearson, epsilon_lower_bound
 from dp_icl_plugin.cli import main
 
 
@@ -35,6 +35,16 @@ def test_randomized_response_bound_is_valid_and_tight() -> None:
     assert same < 0.05  # identical mechanisms prove (almost) nothing
 
 
+def test_filter_case_halts_the_target_and_adadpsyn_case_draws_tokens() -> None:
+    # The transcript audit's real row rests on the shipped filter stopping the target after its uses.
+    _, cost = cases._filter_release()
+    assert cases._admissions(cost) == [True] * cases._USES + [False] * (cases._RELEASES - cases._USES)
+    # The AdaDPSyn sampler calls the real release_token and returns its token ids (K = 2 candidates).
+    (sampler,) = cases._adadpsyn_pairs(False)
+    out = sampler(False, 20, np.random.default_rng(0))
+    assert out.shape == (20,) and set(out.tolist()) <= {0, 1}
+
+
 @pytest.mark.slow
 def test_audit_quick_passes_the_shipped_mechanisms_and_catches_the_broken_ones(capsys, tmp_path) -> None:
     status = main(["audit", "--quick", "--out", str(tmp_path)])
@@ -42,4 +52,4 @@ def test_audit_quick_passes_the_shipped_mechanisms_and_catches_the_broken_ones(c
     verdicts = {(r["mechanism"], r["variant"]): r["verdict"] for r in result["rows"]}
     assert status == 0, verdicts
     assert result["shipped_mechanisms_consistent"] and result["broken_mechanisms_caught"]
-    assert len(verdicts) == 10 and (tmp_path / "audit.md").exists()
+    assert len(verdicts) == 14 and (tmp_path / "audit.md").exists()

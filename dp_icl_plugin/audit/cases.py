@@ -2,9 +2,10 @@
 
 A case names the privacy claim the library makes for one call of the mechanism (the event it charges, its ε
 at the audit's δ from the tightest accountant) and draws outputs by calling the real mechanism function. The
-*broken* variant runs the same code with half the noise (for MOZO: without its mixing constraint) while
-keeping the claim, so the audit must catch it. Inputs are chosen so that the telling output is rare but
-observable: a family of neighbouring pairs, tuned for the claimed noise and for half of it.
+*broken* variant runs the same code with half the noise (for MOZO: without its mixing constraint; for the
+individual filter: with the filter's refusal ignored) while keeping the claim, so the audit must catch it.
+Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
+for the claimed noise and for half of it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
+from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
+from dp_icl_plugin.mechanisms.adadpsyn import release_token
 from dp_icl_plugin.mechanisms.clip_blend import blended_scores, clip_blend_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
@@ -41,6 +46,8 @@ class AuditCase:
         claim_delta: the δ the event's ε is computed at (smaller than ``delta`` by the δ₀ of an
             approximate-DP mechanism such as PTR; equal otherwise).
         pairs: for ``broken`` False/True, samplers ``(neighbour, n, rng) -> outputs``, one per neighbouring pair.
+        sample_share: the fraction of the audit's samples this case draws (a case whose one output costs
+            many mechanism calls draws fewer, so that ``--quick`` stays quick).
     """
 
     name: str
@@ -49,6 +56,7 @@ class AuditCase:
     pairs: Callable[[bool], list[Sampler]]
     claim_delta: float | None = None
     broken_as: str = "noise halved"
+    sample_share: float = 1.0
 
     @property
     def claimed_epsilon(self) -> float:
@@ -155,6 +163,94 @@ def _mozo_pairs(broken: bool) -> list[Sampler]:
     return [sampler]
 
 
+# -- AdaDPSyn, one token (Algorithm 1): one prompt's next-token distribution is replaced ------------------------
+# Replace-one neighbours on the M = _ADA_M rows (label-preserving replace-one of a record changes one prompt).
+# Claim: the per-token event of ``adadpsyn_event`` (App. B, Theorem 3): 2⌈log2(√2/(2θ))⌉ GoodRadius queries
+# (sensitivity 2, std 2σ0), T̂ + 1 = 2 means (sensitivity 2R, std 2Rσ1), T̂ = 1 coverage count (sensitivity 1,
+# std σ2), at δ = 0.05, a point of the claimed curve whose telling events the quick run can observe. σ0 and
+# σ2 are the paper's (Table 13). λ is large so that the round stops at lines 15–17 (R < r + m(R)): the token
+# is the argmax of the first noisy mean, whose sum moves by the full 2R = √2 when one row goes from one
+# vertex of the simplex to the other. The output reveals one of the charged means only, so the real
+# mechanism's bound stays well below the claim; half the noise doubles that mean's shift in sds.
+_ADA_SIGMAS, _ADA_M, _ADA_LAMBDA, _ADA_DELTA = (10.0, 1.0, 3.0), 6, 1e3, 0.05
+
+
+def _adadpsyn_step() -> ev.DPEvent:
+    """The per-token event inside ``adadpsyn_event``: what one ``release_token`` call costs on fixed prompts
+    (the audit's pair is the M prompts after the draw, so without the sampling amplification)."""
+    s0, s1, s2 = _ADA_SIGMAS
+    run = me.adadpsyn_event(sigma0=s0, sigma1=s1, sigma2=s2, sampling_rate=1.0, steps=1, t_hat=1)
+    assert isinstance(run, ev.SelfComposedEvent) and isinstance(run.event, ev.SampledWithoutReplacementEvent)
+    return run.event.event
+
+
+def _adadpsyn_pairs(broken: bool) -> list[Sampler]:
+    s0, s1, s2 = (s / (2 if broken else 1) for s in _ADA_SIGMAS)
+    # Row 0 is (1, 0) on D and (0, 1) on D′; the other M − 1 rows are equal and put token 0 behind by g in
+    # the sum on D′ (by g − 2 on D). One pair, tuned for half the noise (the difference of the two noisy
+    # sums has std 2σ1): there token 0 is 2.8 sds behind on D′, rare but observable.
+    g = 2.0 * (_ADA_SIGMAS[1] / 2) * 2.8
+    x = (1.0 - (g - 1.0) / (_ADA_M - 1)) / 2.0
+    others = np.tile([x, 1.0 - x], (_ADA_M - 1, 1))
+    rows = {False: np.vstack([[1.0, 0.0], others]), True: np.vstack([[0.0, 1.0], others])}
+
+    def sampler(nb: bool, n: int, rng: np.random.Generator) -> np.ndarray:
+        return _loop(
+            lambda r: release_token(rows[nb], sigma0=s0, sigma1=s1, sigma2=s2, t_hat=1, lam=_ADA_LAMBDA, rng=r).index
+        )(n, rng)
+
+    return [sampler]
+
+
+# -- individual Rényi filter (kNN votes): one record's whole transcript over _RELEASES releases ---------------
+# Add/remove the target record (the filter's relation). In each report-noisy-max vote (k = 4 nearest) the
+# other records vote (1, 3); with the target (label 0) among the 4 nearest the 4th neighbour drops out and
+# the votes are (2, 2): ℓ2 sensitivity √2, charged as the retriever charges a record with one candidate
+# (Gaussian, noise multiplier σ/√2, sensitivity √2) in the real in-memory RenyiFilter, σ from the retriever's
+# ``noise_for_uses`` for _USES releases. The target votes only while the filter admits it. Claim: the
+# budget's (ε, δ) for the whole transcript, however many releases (Feldman & Zrnic 2021, Thm. 4.5; kNN
+# DP-ICL Thm. 1). The output is the transcript reduced to the number of releases won by label 0 (the
+# releases are exchangeable given who votes) and then to one bit: did label 0 win at least m of them, m about
+# 3 sds above its mean on D′ (a tail event: rare but observable). Broken: the caller ignores the filter's
+# refusal (uses every candidate, not the admitted ones), so the target votes in every release.
+_FILTER = IndividualBudget(epsilon=2.0, delta=1e-3, approximate_delta=0.0)  # votes need no approximate δ
+_USES, _RELEASES = 2, 48
+
+
+def _filter_release() -> tuple[float, ReleaseCost]:
+    """The vote noise σ (calibrated for _USES releases) and what one release costs the target."""
+    from dp_icl_plugin.methods.knn.retriever import SQRT2, noise_for_uses  # imported here: a heavy module
+
+    std = noise_for_uses(_FILTER, uses=_USES, sensitivity=SQRT2)
+    return std, ReleaseCost.of(ev.GaussianEvent(std / SQRT2, sensitivity=SQRT2), _FILTER.orders)
+
+
+def _admissions(cost: ReleaseCost) -> list[bool]:
+    """Which of the releases a fresh filter admits the target to (charging it each time it does)."""
+    target, filt = np.array([0]), RenyiFilter(_FILTER)
+    return [bool(filt.charge(target, cost)[0]) for _ in range(_RELEASES)]
+
+
+def _filter_pairs(broken: bool) -> list[Sampler]:
+    std, cost = _filter_release()
+    votes = {True: np.array([2.0, 2.0]), False: np.array([1.0, 3.0])}  # by "the target votes"
+    q = 0.5 * math.erfc(1.0 / std)  # P(label 0 wins) without the target: P(N(0, 2σ²) > 2)
+    m = round(_RELEASES * q + 3.0 * math.sqrt(_RELEASES * q * (1.0 - q)))
+
+    def sampler(nb: bool, n: int, rng: np.random.Generator) -> np.ndarray:
+        # On D′ the target is absent: never charged, never votes. On D its charges depend on the public
+        # schedule only, never on the outputs, so one run of the filter gives every transcript's admissions.
+        plays = [False] * _RELEASES if nb else [True] * _RELEASES if broken else _admissions(cost)
+        wins = np.zeros(n, dtype=np.int64)
+        for play in plays:
+            counts = votes[play]
+            wins += np.fromiter((report_noisy_max(counts, noise_std=std, rng=rng) == 0 for _ in range(n)),
+                                dtype=np.int64, count=n)  # fmt: skip
+        return (wins >= m).astype(np.int64)
+
+    return [sampler]
+
+
 CASES: tuple[AuditCase, ...] = (
     AuditCase("report-noisy-max (kNN vote)", ev.GaussianEvent(_RNM_STD / math.sqrt(2), math.sqrt(2)), 1e-4,
               _rnm_pairs),
@@ -164,5 +260,8 @@ CASES: tuple[AuditCase, ...] = (
     AuditCase("clip-blend token", ev.ExponentialMechanismEvent(_CLIP / (_S * _TAU)), 1e-6, _clip_pairs),
     AuditCase("DPS-MOZO token (projected)", ev.MozoTokenEvent(beta=_BETA, order=_ORDER), 1e-3, _mozo_pairs,
               broken_as="mixing constraint off"),
+    AuditCase("AdaDPSyn token (projected means)", _adadpsyn_step(), _ADA_DELTA, _adadpsyn_pairs, sample_share=0.25),
+    AuditCase("individual Rényi filter (kNN transcript)", _FILTER.as_event(), _FILTER.delta, _filter_pairs,
+              broken_as="refusal ignored (votes past its cap)", sample_share=0.12),
 )  # fmt: skip
 """The mechanisms audited; their claims are the per-call events the library charges."""

@@ -43,6 +43,7 @@ class AuditRow:
 def audit_case(case: AuditCase, *, broken: bool, samples: int, seed: int, confidence: float = 0.95) -> AuditRow:
     """Sample the case's pairs and keep the largest lower bound (Bonferroni over the pairs)."""
     started = time.perf_counter()
+    samples = max(4, round(samples * case.sample_share))
     samplers = case.pairs(broken)
     level = 1 - (1 - confidence) / len(samplers)
     best, best_event = 0.0, "none"
