@@ -65,10 +65,13 @@ CASES: dict[str, Callable[[World], Any]] = {
     "budget ε wrong type": lambda w: PrivacyBudget("1", 1e-5),
     "event σ = −1": lambda w: GaussianEvent(-1.0),
     "event σ = inf": lambda w: GaussianEvent(INF),
+    "σ = 1e-300 then spend (ε = inf, refused)": lambda w: w.ledger.spend(GaussianEvent(1e-300), label="x"),
     "pure ε huge then spend": lambda w: w.ledger.spend(PureDPEvent(HUGE), label="x"),
     "spend not an event": lambda w: w.ledger.spend("epsilon=1", label="x"),
     "spend empty label": lambda w: w.ledger.spend(PureDPEvent(0.1), label=""),
     "spend label with control characters": lambda w: w.ledger.spend(PureDPEvent(0.1), label="a\x00b"),
+    "spend label of zero-width and bidi characters": lambda w: w.ledger.spend(PureDPEvent(0.1), label="\u200b\u202e"),
+    "spend label with a lone surrogate": lambda w: w.ledger.spend(PureDPEvent(0.1), label="a\ud800"),
     "exhausted budget": lambda w: w.ledger.spend(PureDPEvent(6.0), label="too much"),
     "individual budget ε = 0": lambda w: IndividualBudget(epsilon=0.0, delta=1e-5),
     "filter cost of the wrong shape": lambda w: RenyiFilter(IndividualBudget(epsilon=1.0, delta=1e-5)).charge(
@@ -115,6 +118,8 @@ CASES: dict[str, Callable[[World], Any]] = {
                                                    beta=0.1),
     "decoder chat of the wrong shape": lambda w: MozoDecoder(w.data, backend=w.backend, budget=w.ledger, n_queries=1,
                                                              beta=0.1).generate([["user", "hi"]], rng=w.rng),
+    "decoder stop not a list": lambda w: MozoDecoder(w.data, backend=w.backend, budget=w.ledger, n_queries=1,
+                                                     beta=0.1).generate("a b", rng=w.rng, stop=7),
     "decoder prompt of unknown words": lambda w: MozoDecoder(w.data, backend=w.backend, budget=w.ledger,
                                                              n_queries=1, beta=0.1).generate("zzz", rng=w.rng),
 }  # fmt: skip
@@ -133,6 +138,9 @@ def test_bad_input_ends_in_a_typed_error_with_nothing_charged(tmp_path: Path, na
 
 def test_documented_results_for_oversized_requests(tmp_path: Path) -> None:
     world = World(tmp_path)
+    fresh = BudgetManager(PrivacyBudget(1.0, 1e-5))
+    fresh.spend(GaussianEvent(1e300), label="σ = 1e300")  # no overflow: a tiny, valid charge
+    assert 0 <= fresh.spent().epsilon < 0.05
     found = world.index.search(world.index.embed_query("a"), 10**30)  # more than there are: fewer, never padded
     assert len(found) == 10
     retrieval = world.retriever.retrieve("a b", release="vote", k=10**6)

@@ -162,6 +162,7 @@ GOOD = dict(epsilon=1.0, delta=1e-5, lo=0.3, hi=3.0, accountant="rdp")
         dict(grid=0.0),
         dict(grid=-0.01),
         dict(grid=math.nan),
+        dict(grid=1e-300),  # 10^300 points: refused at once, never materialised or searched
         dict(tolerance=0.0),
         dict(tolerance=-1e-6),
         dict(accountant="moments"),
@@ -250,3 +251,8 @@ def test_calibrate_accepts_an_accountant_instance() -> None:
     by_name = calibrate(make, epsilon=1.5, delta=1e-6, lo=0.3, hi=5.0, grid=0.05, accountant="rdp")
     by_instance = calibrate(make, epsilon=1.5, delta=1e-6, lo=0.3, hi=5.0, grid=0.05, accountant=RDP)
     assert by_name == by_instance
+
+
+def test_a_tolerance_below_float_resolution_still_terminates() -> None:
+    result = calibrate(_noise_event(0.01, 10), **{**GOOD, "tolerance": 1e-300})
+    assert result.epsilon <= GOOD["epsilon"]

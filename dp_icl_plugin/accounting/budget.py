@@ -61,7 +61,8 @@ class LedgerEntry:
 def _check_label(label: object) -> str:
     if not isinstance(label, str) or not label.strip():
         raise ConfigurationError("label must be a non-empty string naming the component and call")
-    if len(label) > MAX_LABEL_LENGTH or any(ord(ch) < 32 for ch in label):
+    # isprintable() also refuses format characters (zero-width, bidi overrides) and lone surrogates.
+    if len(label) > MAX_LABEL_LENGTH or not label.isprintable():
         raise ConfigurationError(f"label must be at most {MAX_LABEL_LENGTH} printable characters")
     return label
 

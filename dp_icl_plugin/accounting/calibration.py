@@ -39,9 +39,19 @@ class CalibrationResult:
     accountant: str
 
 
-def _grid_points(lo: float, hi: float, grid: float) -> list[float]:
-    n = math.floor((hi - lo) / grid + 1e-9)
-    return [round(lo + i * grid, 12) for i in range(n + 1)]
+MAX_GRID_POINTS = 10**9
+
+
+def _grid_size(lo: float, hi: float, grid: float) -> int:
+    """How many grid points ``lo, lo + grid, …`` lie in ``[lo, hi]`` (refused past MAX_GRID_POINTS)."""
+    n = (hi - lo) / grid + 1e-9
+    if not n < MAX_GRID_POINTS:
+        raise ConfigurationError(f"grid={grid} puts more than {MAX_GRID_POINTS:,} points in [{lo}, {hi}]")
+    return math.floor(n) + 1
+
+
+def _grid_point(lo: float, grid: float, i: int) -> float:
+    return round(lo + i * grid, 12)
 
 
 def calibrate(
@@ -79,18 +89,21 @@ def calibrate(
 
     # Orient the search so that "good" values are at the high end of `points` / the interval.
     if grid is not None:
-        points = _grid_points(lo, hi, check.positive_finite("grid", grid))
-        if find == "largest":
-            points = points[::-1]
-        if not meets(points[-1]):
+        step = check.positive_finite("grid", grid)
+        size = _grid_size(lo, hi, step)
+
+        def point(i: int) -> float:  # the i-th point in search order (the grid is never materialised)
+            return _grid_point(lo, step, i if find == "smallest" else size - 1 - i)
+
+        if not meets(point(size - 1)):
             raise CalibrationError(
                 f"no value in [{lo}, {hi}] meets epsilon={epsilon} at delta={delta}; widen the range"
             )
-        bad, good = -1, len(points) - 1  # invariant: points[good] meets; points[bad] does not (or -1)
+        bad, good = -1, size - 1  # invariant: point(good) meets; point(bad) does not (or -1)
         while good - bad > 1:
             i = (bad + good) // 2
-            bad, good = (bad, i) if meets(points[i]) else (i, good)
-        value = points[good]
+            bad, good = (bad, i) if meets(point(i)) else (i, good)
+        value = point(good)
     else:
         tolerance = check.positive_finite("tolerance", tolerance)
         good_end, bad_end = (hi, lo) if find == "smallest" else (lo, hi)
@@ -102,6 +115,8 @@ def calibrate(
             good_end = bad_end
         while abs(good_end - bad_end) > tolerance:
             mid = (good_end + bad_end) / 2
+            if mid in (good_end, bad_end):  # adjacent floats: a tolerance below float resolution stops here
+                break
             good_end, bad_end = (mid, bad_end) if meets(mid) else (good_end, mid)
         value = good_end
     return CalibrationResult(value=value, epsilon=eps_at(value), delta=delta, accountant=acc.name)

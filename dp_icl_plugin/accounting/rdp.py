@@ -58,7 +58,8 @@ def _log_binom(n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
 
 def gaussian_rdp(orders: Orders, noise_multiplier: float) -> np.ndarray:
     """RDP of the Gaussian mechanism with noise multiplier σ: α / (2σ²)."""
-    return _as_orders(orders) / (2.0 * noise_multiplier**2)
+    with np.errstate(over="ignore", under="ignore"):  # σ near 0 gives inf (no privacy), σ huge gives 0
+        return _as_orders(orders) / 2.0 / noise_multiplier / noise_multiplier
 
 
 def poisson_subsampled_gaussian_rdp(orders: Orders, sampling_rate: float, noise_multiplier: float) -> np.ndarray:

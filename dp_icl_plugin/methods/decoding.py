@@ -177,7 +177,7 @@ class _Decoder:
             raise ConfigurationError(f"max_tokens = {limit} exceeds the {self.max_tokens} this decoder's budget covers")
         if stop is None:
             stops: tuple[str, ...] = ()
-        elif isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+        elif not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
             raise ConfigurationError("stop must be a list of non-empty strings")
         else:
             stops = tuple(stop)
