@@ -319,7 +319,7 @@ MESSAGES: dict[str, str] = {
     "lc retriever empty query": "query must be a non-empty string",
     "lc retriever zero-width query": "query must be a non-empty string",
     "lc retriever RTL marks only": "query must be a non-empty string",
-    "lc retriever lone surrogate only": "rejected a prompt",
+    "lc retriever lone surrogate only": "query must be a non-empty string",
     "lc retriever text with a lone surrogate": "rejected a prompt",
     "lc retriever huge query": "the query is too long",
     "lc retriever query an int": "query must be a non-empty string",

@@ -325,5 +325,10 @@ def test_private_demonstrations_too_long_for_the_model_shorten_the_prompt_instea
     rng = np.random.default_rng(0)
     assert retriever.classify("red thing number1", rng=rng).label in LABELS
     assert isinstance(retriever.answer("red thing number1", rng=rng).text, str)
-    # A (public) query longer than the model's positions: shard prompts and the final keyword prompt are fitted.
-    assert isinstance(retriever.answer("red thing number1" + " thing" * 60, rng=rng).text, str)
+    # More keywords than configured lengthen the final prompt, which is fitted too (after the charge: no error).
+    assert isinstance(retriever.answer("red thing number1 thing thing", rng=rng, keywords=12).text, str)
+    # A (public) query whose answer prompt cannot fit the model is refused before anything is charged.
+    spent = retriever.budget.spent()
+    with pytest.raises(ConfigurationError, match="query is too long"):
+        retriever.answer("red thing number1" + " thing" * 60, rng=rng)
+    assert retriever.budget.spent() == spent

@@ -24,7 +24,7 @@ from dp_icl_plugin.accounting.individual_filter import IndividualBudget, Release
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
 from dp_icl_plugin.mechanisms.adadpsyn import release_token
 from dp_icl_plugin.mechanisms.clip_blend import blended_scores, clip_blend_token
-from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax
+from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, pta_distributions, restrict
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.mozo import mozo_distribution
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
@@ -83,7 +83,7 @@ def _rnm_pairs(broken: bool) -> list[Sampler]:
     return samplers
 
 
-# -- Gaussian aggregation (Tang / PTA): one prompt's distribution moves to the other token --------------------
+# -- Gaussian aggregation (Tang et al.): one prompt's distribution moves to the other token --------------------
 _TANG_SIGMA = 1.0
 
 
@@ -96,6 +96,36 @@ def _tang_pairs(broken: bool) -> list[Sampler]:
         rows = {False: np.vstack([[1.0, 0.0], others]), True: np.vstack([[0.0, 1.0], others])}
         samplers.append(
             lambda nb, n, rng, r=rows: _loop(lambda g: noisy_argmax(r[nb], noise_multiplier=sigma, rng=g))(n, rng)
+        )
+    return samplers
+
+
+# -- PTA (Yamasaki et al. 2025): one prompt's reshaped distribution moves to the other candidate ---------------
+# The rows go through the real reshaping (eq. 13, α = 2, with the base term) and restriction to a public
+# vocabulary without renormalising, then the clipped noisy argmax (Algorithm 1, line 10), as PTASynthesizer
+# calls them. Private log-probabilities near a vertex make the reshaped rows near vertices too, so the one
+# replaced prompt moves the sum by almost the full √2. Claim: Tang's per-token event (PTA App. D.2).
+_PTA_ALPHA, _PTA_VOCAB = 2.0, np.array([0, 1])  # 3 tokens; the candidates are the first two
+
+
+def _pta_rows(m: int, first: int) -> np.ndarray:
+    log = np.log(np.full((m, 3), 1e-6))
+    log[0, first] = log[1:, 1] = math.log1p(-2e-6)
+    flat = np.log(np.full(3, 1.0 / 3.0))
+    reshaped = pta_distributions(log, flat, alpha=_PTA_ALPHA, base_logprobs=flat)
+    return restrict(reshaped, _PTA_VOCAB, renormalize=False)
+
+
+def _pta_pairs(broken: bool) -> list[Sampler]:
+    sigma = _TANG_SIGMA / (2 if broken else 1)
+    samplers: list[Any] = []  # Samplers (the lambdas bind their pair's inputs as defaults)
+    for tuned in (_TANG_SIGMA, _TANG_SIGMA / 2):
+        m = max(2, round(3.0 * 2 * tuned))
+        rows = {False: _pta_rows(m, 0), True: _pta_rows(m, 1)}
+        samplers.append(
+            lambda nb, n, rng, r=rows: _loop(
+                lambda g: noisy_argmax(r[nb], noise_multiplier=sigma, rng=g, clip_negative=True)
+            )(n, rng)
         )
     return samplers
 
@@ -254,8 +284,10 @@ def _filter_pairs(broken: bool) -> list[Sampler]:
 CASES: tuple[AuditCase, ...] = (
     AuditCase("report-noisy-max (kNN vote)", ev.GaussianEvent(_RNM_STD / math.sqrt(2), math.sqrt(2)), 1e-4,
               _rnm_pairs),
-    AuditCase("Gaussian aggregation (Tang/PTA token)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2)), 1e-4,
+    AuditCase("Gaussian aggregation (Tang token)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2)), 1e-4,
               _tang_pairs),
+    AuditCase("PTA token (reshaped, clipped argmax)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2)), 1e-4,
+              _pta_pairs),
     AuditCase("keyword PTR test", ev.GaussianEvent(_PTR_STD), _PTR_DELTA + 1e-3, _ptr_pairs, claim_delta=1e-3),
     AuditCase("clip-blend token", ev.ExponentialMechanismEvent(_CLIP / (_S * _TAU)), 1e-6, _clip_pairs),
     AuditCase("DPS-MOZO token (projected)", ev.MozoTokenEvent(beta=_BETA, order=_ORDER), 1e-3, _mozo_pairs,

@@ -24,21 +24,6 @@ from dp_icl_plugin.methods.knn import PrivateRetriever
 __all__ = ["DPPrivateRetriever"]
 
 
-def _check_query(core: PrivateRetriever, query: object) -> None:
-    """Refuse, before the core charges, a public query that the release could only fail on after its charge:
-    text the tokenizer rejects (a lone surrogate) or too long for the model with the answer's room."""
-    backend = core.backend
-    if not isinstance(query, str) or backend is None:
-        return  # the core refuses these before charging
-    placeholders = ["x"] * core.config.keywords  # the final prompt with released keywords is the longest
-    ids = backend.encode(core.keyword_prompt.render(placeholders, query), add_special_tokens=True)
-    capacity = getattr(backend, "max_length", None)
-    if capacity is not None and len(ids) + core.config.max_answer_tokens > capacity:
-        room = core.config.max_answer_tokens
-        raise ConfigurationError(f"the query is too long: its answer prompt takes {len(ids)} of the model's "
-                                 f"{capacity} positions and the answer {room} more")  # fmt: skip
-
-
 class DPPrivateRetriever(BaseRetriever):
     """DP context for RAG from a :class:`~dp_icl_plugin.methods.knn.PrivateRetriever`.
 
@@ -73,7 +58,6 @@ class DPPrivateRetriever(BaseRetriever):
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[Document]:
         wanted = k if k is not None else self.k
-        _check_query(self.retriever, query)
         answer = self.retriever.answer(query, rng=self.rng, keywords=wanted)
         spend = {"ledger_entry": answer.ledger_entry, "release": "knn-answer",
                  "per_record_epsilon": self.retriever.per_record_epsilon(),

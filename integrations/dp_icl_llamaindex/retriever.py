@@ -23,21 +23,6 @@ from dp_icl_plugin.methods.knn import PrivateRetriever
 __all__ = ["DPRetriever", "DPSpendEvent"]
 
 
-def _check_query(core: PrivateRetriever, query: object) -> None:
-    """Refuse, before the core charges, a public query that the release could only fail on after its charge:
-    text the tokenizer rejects (a lone surrogate) or too long for the model with the answer's room."""
-    backend = core.backend
-    if not isinstance(query, str) or backend is None:
-        return  # the core refuses these before charging
-    placeholders = ["x"] * core.config.keywords  # the final prompt with released keywords is the longest
-    ids = backend.encode(core.keyword_prompt.render(placeholders, query), add_special_tokens=True)
-    capacity = getattr(backend, "max_length", None)
-    if capacity is not None and len(ids) + core.config.max_answer_tokens > capacity:
-        room = core.config.max_answer_tokens
-        raise ConfigurationError(f"the query is too long: its answer prompt takes {len(ids)} of the model's "
-                                 f"{capacity} positions and the answer {room} more")  # fmt: skip
-
-
 dispatcher = get_dispatcher(__name__)
 
 
@@ -90,7 +75,6 @@ class DPRetriever(BaseRetriever):
         return f"DPRetriever(mode={self._mode!r}, {self._core!r})"
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        _check_query(self._core, query_bundle.query_str)
         answer = self._core.answer(query_bundle.query_str, rng=self._rng, keywords=self._keywords)
         spend = DPSpendEvent(ledger_entry=answer.ledger_entry, release="knn-answer",
                              per_record_epsilon=self._core.per_record_epsilon(),

@@ -310,6 +310,8 @@ class PrivateRetriever:
             raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
         self._require(release)
         query_vector = self.index.embed_query(query)
+        if release == "answer":
+            self._check_answer_room(query)
         if not len(self.index):
             raise ConfigurationError("the private index is empty: add records before releasing anything")
         candidates = self.index.within(query_vector, self.config.min_similarity)
@@ -437,6 +439,19 @@ class PrivateRetriever:
             self._label_token_ids()
         if release == "answer" and self.ptr_delta <= 0:
             raise ConfigurationError("answer releases need approximate_delta > 0 in the index's IndividualBudget")
+
+    def _check_answer_room(self, query: str) -> None:
+        """Refuse, before the charge, a (public) query whose answer prompt cannot fit the model: the final
+        keyword prompt with ``config.keywords`` keywords and the answer's tokens (also surfaces text the
+        tokenizer rejects). Otherwise the release would be paid for and then cut the prompt's instruction."""
+        assert self.backend is not None
+        placeholders = ["x"] * self.config.keywords
+        ids = self.backend.encode(self.keyword_prompt.render(placeholders, query), add_special_tokens=True)
+        capacity = getattr(self.backend, "max_length", None)
+        room = self.config.max_answer_tokens
+        if capacity is not None and len(ids) + room > capacity:
+            raise ConfigurationError(f"the query is too long: its answer prompt takes {len(ids)} of the model's "
+                                     f"{capacity} positions and the answer {room} more")  # fmt: skip
 
     def _label_token_ids(self) -> np.ndarray:
         if self._label_tokens is None:
