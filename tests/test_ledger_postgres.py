@@ -5,16 +5,14 @@ Needs the PostgreSQL binaries and psycopg (``tests/postgres_server.py`` starts a
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 from postgres_server import PostgresServer, postgres_database_fixture, postgres_server_fixture  # noqa: F401
-from test_ledger_concurrency import max_charges
+from test_ledger_concurrency import race_for_the_budget
 
 from dp_icl_plugin import (
     BudgetExhaustedError,
@@ -30,7 +28,6 @@ from dp_icl_plugin.accounting.stores import PostgresStore
 from dp_icl_plugin.accounting.stores.postgres import mask_dsn
 
 BUDGET = PrivacyBudget(5.0, 1e-6)
-WORKER = Path(__file__).with_name("ledger_worker.py")
 
 
 def _sql(dsn: str, *statements: str) -> list[Any]:
@@ -206,25 +203,4 @@ def test_exception_rolls_back_and_the_row_lock_blocks_other_hosts(pg_dsn: str) -
 @pytest.mark.slow
 @pytest.mark.parametrize("repeat", range(3))
 def test_processes_and_threads_commit_exactly_the_maximum(postgres: PostgresServer, repeat: int) -> None:
-    dsn = postgres.create_database()
-    eps0, budget = 0.25, PrivacyBudget(4.0, 1e-8)
-    BudgetManager(budget, ledger=dsn).close()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), dsn, str(eps0), "4", "3"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(8)
-    ]  # 8 processes × 4 threads × 3 attempts = 96 attempts for 16 slots
-    committed = 0
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        committed += int(out.strip())
-    expected = max_charges(eps0, budget.epsilon, budget.delta)
-    assert committed == expected  # no overspend, no lost charge
-    after = BudgetManager.open(dsn)
-    assert len(after.history()) == expected
-    assert after.spent().epsilon == pytest.approx(expected * eps0)
+    race_for_the_budget(postgres.create_database(), timeout=120)
