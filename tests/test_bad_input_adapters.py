@@ -30,16 +30,16 @@ selector ``fields``/``embed``/``save_to``/``synthesizer``/``input_variables``/``
 wrong type or shape; retriever queries with a lone surrogate or too long for the model (charged, then
 failed); ``stop`` not a list (split into characters, or ``TypeError``); ``max_tokens`` NaN/inf/str/float
 (``ValueError``/``OverflowError``, or silently truncated) and ≤ 0 at construction; a LangChain batch with one
-bad input (the good ones charged, then discarded); a LlamaIndex chat of dicts; the CLI's ``--grid 1e-300``
+bad input (the good ones charged, then discarded); a LlamaIndex chat of dicts; ``--grid 1e-300``
 (would not end), ``audit --samples 0`` (ran the full audit), ``--shots -1``, NUL characters and surrogates
 in arguments, outputs that are folders or files (tracebacks; ``synthesize`` charged before failing), and an
-accountant overflow (traceback, now one line and exit 1).
+accountant overflow at σ = 1e300 (traceback; now a valid tiny ε, fixed in the RDP accountant).
 """
 
 from __future__ import annotations
 
 import asyncio
-import csv
+import json
 import math
 import re
 import shutil
@@ -61,6 +61,7 @@ from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.schema import QueryBundle
 from pydantic import ValidationError
 from test_langchain_adapters import _demos, backend, dataset
+from tests_support import write_ginc_csv
 
 from dp_icl_plugin import (
     BudgetExhaustedError,
@@ -483,26 +484,11 @@ def test_selector_documented_results(world: World) -> None:
 # ------------------------------------------------------------------------------------------ the CLI
 
 
-def _ginc_csv(path: Path) -> Path:
-    from dp_icl_plugin.ginc import GincConfig, GincLanguage
-    from dp_icl_plugin.ginc.prompts import pta_split
-
-    language = GincLanguage(GincConfig())
-    split = pta_split(language, n_train=100, n_test=1, rng=np.random.default_rng(0))
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["text", "label"])
-        for concept in (0, 1):
-            for ex in split[concept][0]:
-                writer.writerow([language.render([*ex.tokens, ex.label]), f"c{concept}"])
-    return path
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The inputs of the CLI cases; ledgers are copied per case from these templates."""
     root = tmp_path_factory.mktemp("cli")
-    f = {"root": root, "ginc": _ginc_csv(root / "ginc.csv"), "folder": root / "a folder"}
+    f = {"root": root, "ginc": write_ginc_csv(root / "ginc.csv"), "folder": root / "a folder"}
     f["folder"].mkdir()
     for name, content in {"empty.csv": b"", "binary.csv": b"\xff\xfe\x00\x01garbage\x00\n",
                           "torn.jsonl": b'{"text": "a", "label": ', "array.jsonl": b'["a", "pos"]\n',
@@ -553,7 +539,6 @@ CLI_CASES: dict[str, tuple[list[str], int]] = {
     "calibrate mozo order = inf": (["calibrate", "mozo", "--epsilon", "1", "--delta", "1e-5", "--sampling-rate",
                                     "0.01", "--steps", "10", "--order", "inf"], 2),
     "epsilon σ = −1": ([*EPS, "--noise-multiplier", "-1"], 2),
-    "epsilon σ = 1e300 (an accountant overflow)": ([*EPS, "--noise-multiplier", "1e300"], 1),
     "epsilon clip-blend τ = 0": ([*CB, "--temperature", "0"], 2),
     "epsilon clip-blend unknown relation": ([*CB, "--temperature", "1", "--neighbouring", "swap"], 2),
     "audit samples = 0 (not the full audit)": (["audit", "--samples", "0"], 2),
@@ -650,12 +635,11 @@ CLI_MESSAGES: dict[str, str] = {
     "calibrate steps = 0": "steps must be at least 1,",
     "calibrate steps = 1.5": "argument --steps: not an integer",
     "calibrate grid = 0": "grid must be positive and finite,",
-    "calibrate grid = 1e-300 (would not end)": "--grid 1e-300 gives more than 1,000,000 points in",
+    "calibrate grid = 1e-300 (would not end)": "grid=1e-300 puts more than 1,000,000,000 points in",
     "calibrate max = inf": "need finite lo < hi, got",
-    "calibrate adadpsyn grid = 1e-300": "--grid 1e-300 gives more than 1,000,000 points in",
+    "calibrate adadpsyn grid = 1e-300": "grid=1e-300 puts more than 1,000,000,000 points in",
     "calibrate mozo order = inf": "order must be a Rényi order in (1, inf),",
     "epsilon σ = −1": "noise_multiplier must be positive and finite,",
-    "epsilon σ = 1e300 (an accountant overflow)": "unexpected error (OverflowError)",
     "epsilon clip-blend τ = 0": "temperature must be positive and finite,",
     "epsilon clip-blend unknown relation": "argument --neighbouring: invalid choice",
     "audit samples = 0 (not the full audit)": "samples must be at least 1,",
@@ -743,3 +727,27 @@ def test_bad_cli_input_exits_nonzero_with_one_line_and_charges_nothing(
     assert CLI_MESSAGES[name] in messages[0]
     assert _ledger_states(root) == before, "a failed command must not charge or change any ledger"
     assert not (root / "o.jsonl").exists() and not (root / "new.db").exists(), "nothing may be released"
+
+
+def test_cli_documents_extreme_noise_instead_of_overflowing(capsys: pytest.CaptureFixture[str]) -> None:
+    for sigma, expected in (("1e300", lambda e: 0 < e < 0.05), ("1e-300", lambda e: e == "inf")):
+        assert main([*EPS, "--noise-multiplier", sigma]) == 0
+        assert expected(json.loads(capsys.readouterr().out)["epsilon"])
+
+
+def test_cli_unexpected_error_is_one_line_without_its_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    canary = "CANARY-private-record-7f3a"
+
+    def broken(_: object) -> dict[str, object]:
+        raise KeyError(canary)  # a bug whose message quotes a private record
+
+    from dp_icl_plugin.cli import commands
+
+    monkeypatch.setattr(commands, "budget_show", broken)
+    assert main(["budget", "show", "--ledger", "any.db"]) == 1
+    out, err = capsys.readouterr()
+    assert canary not in out + err and "Traceback" not in out + err
+    (line,) = err.splitlines()
+    assert ONE_LINE.match(line) and "unexpected error (KeyError): at " in line

@@ -6,15 +6,15 @@ import csv
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
+from tests_support import write_ginc_csv
+
 from dp_icl_plugin import BudgetManager
 from dp_icl_plugin.cli import main
 from dp_icl_plugin.ginc import GincConfig, GincLanguage
-from dp_icl_plugin.ginc.prompts import pta_split
 from dp_icl_plugin.methods import DemoSet
 
 ARGS = ["--method", "pta", "--text-column", "text", "--label-column", "concept", "--model", "ginc",
@@ -24,16 +24,7 @@ ARGS = ["--method", "pta", "--text-column", "text", "--label-column", "concept",
 
 @pytest.fixture(scope="module")
 def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    language = GincLanguage(GincConfig())
-    split = pta_split(language, n_train=100, n_test=1, rng=np.random.default_rng(0))
-    path = tmp_path_factory.mktemp("data") / "ginc.csv"
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["text", "concept"])
-        for concept in (0, 1):
-            for ex in split[concept][0]:
-                writer.writerow([language.render([*ex.tokens, ex.label]), f"c{concept}"])
-    return path
+    return write_ginc_csv(tmp_path_factory.mktemp("data") / "ginc.csv", label_column="concept")
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict]:

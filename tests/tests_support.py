@@ -1,4 +1,4 @@
-"""Paths shared by tests (importable from test modules, unlike conftest)."""
+"""Paths and fixtures' helpers shared by tests (importable from test modules, unlike conftest)."""
 
 from pathlib import Path
 
@@ -31,3 +31,23 @@ def tiny_text_gpt2(
     GPT2LMHeadModel(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def write_ginc_csv(path: Path, *, label_column: str = "label") -> Path:
+    """100 GINC training examples of each of concepts 0 and 1 as a CSV (``text``, ``label_column`` = c0/c1)."""
+    import csv
+
+    import numpy as np
+
+    from dp_icl_plugin.ginc import GincConfig, GincLanguage
+    from dp_icl_plugin.ginc.prompts import pta_split
+
+    language = GincLanguage(GincConfig())
+    split = pta_split(language, n_train=100, n_test=1, rng=np.random.default_rng(0))
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", label_column])
+        for concept in (0, 1):
+            for ex in split[concept][0]:
+                writer.writerow([language.render([*ex.tokens, ex.label]), f"c{concept}"])
+    return path

@@ -75,7 +75,9 @@ def poisson_subsampled_gaussian_rdp(orders: Orders, sampling_rate: float, noise_
     for i in np.flatnonzero(_is_integer(a)):
         alpha = int(np.rint(a[i]))
         k = np.arange(alpha + 1, dtype=float)
-        terms = _log_binom(alpha, k) + k * log_q + (alpha - k) * log_1mq + (k * k - k) / (2.0 * noise_multiplier**2)
+        with np.errstate(over="ignore"):  # σ near 0: inf (no privacy); never σ² (overflows for huge σ)
+            exponent = (k * k - k) / 2.0 / noise_multiplier / noise_multiplier
+        terms = _log_binom(alpha, k) + k * log_q + (alpha - k) * log_1mq + exponent
         out[i] = float(logsumexp(terms)) / (alpha - 1)
     return out
 

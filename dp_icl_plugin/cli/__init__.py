@@ -11,7 +11,9 @@ import argparse
 import json
 import math
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dp_icl_plugin.cli import audit, bench, commands, synthesize
@@ -155,6 +157,12 @@ def _one_line(exc: BaseException) -> str:
     return _printable(" ".join(str(exc).split()) or type(exc).__name__)
 
 
+def _raised_at(exc: BaseException) -> str:
+    """Where ``exc`` was raised (file name and line), for a bug report that quotes no data."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dp-icl``; returns the exit status."""
     parser = build_parser()
@@ -173,9 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _emit({"error": type(exc).__name__, "message": str(exc)}, args.human)
         print(f"dp-icl: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except Exception as exc:  # a bug: report it in one line rather than a traceback
-        _emit({"error": type(exc).__name__, "message": str(exc)}, args.human)
-        print(f"dp-icl: unexpected error ({type(exc).__name__}): {_one_line(exc)}", file=sys.stderr)
+    except Exception as exc:  # a bug: one line, and not its message, which could quote a private record
+        where = _raised_at(exc)
+        _emit({"error": type(exc).__name__, "message": f"unexpected error at {where}"}, args.human)
+        print(f"dp-icl: unexpected error ({type(exc).__name__}): at {where}; please report it", file=sys.stderr)
         return 1
     _emit(result, args.human)
     return 1 if result.get("audit_failed") else 0

@@ -146,20 +146,22 @@ class DPChatModel(_DPModelMixin, BaseChatModel):
         return {"model_name": self.model_name, "decoder": type(self.decoder).__name__,
                 "max_tokens": self.max_tokens or self.decoder.max_tokens}  # fmt: skip
 
+    def _check_batch(self, inputs: list[Any], return_exceptions: bool, kwargs: dict[str, Any]) -> None:
+        """One bad input fails the whole batch: refuse it before any answer is charged."""
+        if not return_exceptions:
+            for item in inputs:
+                self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"), kwargs)
+
     def batch(
         self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
     ) -> list[Any]:
-        if not return_exceptions:  # one bad input fails the batch: refuse it before any answer is charged
-            for item in inputs:
-                self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"), kwargs)
+        self._check_batch(inputs, return_exceptions, kwargs)
         return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
     async def abatch(
         self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
     ) -> list[Any]:
-        if not return_exceptions:
-            for item in inputs:
-                self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"), kwargs)
+        self._check_batch(inputs, return_exceptions, kwargs)
         return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
     def _generate(

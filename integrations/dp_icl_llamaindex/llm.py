@@ -61,13 +61,6 @@ class DPLLM(CustomLLM):
                            model_name=self.model_name)  # fmt: skip
 
     @staticmethod
-    def _stop(kwargs: dict[str, Any]) -> list[str] | None:
-        stop = kwargs.get("stop")
-        if stop is not None and (isinstance(stop, str) or not isinstance(stop, (list, tuple))):
-            raise ConfigurationError("stop must be a list of non-empty strings")
-        return stop
-
-    @staticmethod
     def _chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) \
                 or not all(isinstance(m, ChatMessage) for m in messages):  # fmt: skip
@@ -79,12 +72,12 @@ class DPLLM(CustomLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        answer = self._decoder.generate(prompt, rng=self._rng, max_tokens=self._limit(), stop=self._stop(kwargs))
+        answer = self._decoder.generate(prompt, rng=self._rng, max_tokens=self._limit(), stop=kwargs.get("stop"))
         return CompletionResponse(text=answer.text, additional_kwargs={"ledger_entry": answer.ledger_entry})
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        pieces = self._decoder.stream(prompt, rng=self._rng, max_tokens=self._limit(), stop=self._stop(kwargs))
+        pieces = self._decoder.stream(prompt, rng=self._rng, max_tokens=self._limit(), stop=kwargs.get("stop"))
 
         def gen() -> CompletionResponseGen:
             text = ""
@@ -100,14 +93,14 @@ class DPLLM(CustomLLM):
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         chat = self._chat(messages)
-        answer = self._decoder.generate(chat, rng=self._rng, max_tokens=self._limit(), stop=self._stop(kwargs))
+        answer = self._decoder.generate(chat, rng=self._rng, max_tokens=self._limit(), stop=kwargs.get("stop"))
         return ChatResponse(message=ChatMessage(role="assistant", content=answer.text),
                             additional_kwargs={"ledger_entry": answer.ledger_entry})  # fmt: skip
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         chat = self._chat(messages)
-        pieces = self._decoder.stream(chat, rng=self._rng, max_tokens=self._limit(), stop=self._stop(kwargs))
+        pieces = self._decoder.stream(chat, rng=self._rng, max_tokens=self._limit(), stop=kwargs.get("stop"))
 
         def gen() -> ChatResponseGen:
             text = ""

@@ -22,7 +22,6 @@ from dp_icl_plugin.methods.knn import PrivateRetriever
 
 __all__ = ["DPRetriever", "DPSpendEvent"]
 
-
 dispatcher = get_dispatcher(__name__)
 
 

@@ -17,8 +17,28 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
+from dp_icl_plugin.errors import BudgetMismatchError, LedgerCorruptError
 
-__all__ = ["LedgerRow", "LedgerStore", "LedgerTransaction"]
+__all__ = ["LedgerRow", "LedgerStore", "LedgerTransaction", "stored_budget"]
+
+
+def stored_budget(epsilon: object, delta: object, *, given: PrivacyBudget | None, where: str) -> PrivacyBudget:
+    """The budget a ledger holds (``epsilon``, ``delta`` as read back), checked against the one ``given``.
+
+    Raises:
+        LedgerCorruptError: the stored values are not a valid budget.
+        BudgetMismatchError: ``given`` is not the stored budget (a ledger keeps the budget it was made with).
+    """
+    try:
+        stored = PrivacyBudget(epsilon=float(epsilon), delta=float(delta))  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # ConfigurationError is a ValueError: an invalid stored budget
+        raise LedgerCorruptError(f"{where} has no valid budget record") from None
+    if given is not None and given != stored:
+        raise BudgetMismatchError(
+            f"{where} was created with epsilon={stored.epsilon}, delta={stored.delta}; "
+            f"refusing to use it with epsilon={given.epsilon}, delta={given.delta}"
+        )
+    return stored
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
-from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction
+from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction, stored_budget
 from dp_icl_plugin.errors import (
-    BudgetMismatchError,
     ConfigurationError,
     LedgerCorruptError,
     LedgerError,
@@ -247,16 +246,7 @@ class PostgresStore(LedgerStore):
             ).fetchone()
             return budget
         self._ledger_id = int(row[0])
-        try:
-            stored = PrivacyBudget(epsilon=float(row[1]), delta=float(row[2]))
-        except ValueError:  # ConfigurationError is a ValueError: an invalid stored budget
-            raise LedgerCorruptError(f"{self._where()} has no valid budget record") from None
-        if budget is not None and budget != stored:
-            raise BudgetMismatchError(
-                f"{self._where()} was created with epsilon={stored.epsilon}, delta={stored.delta}; "
-                f"refusing to use it with epsilon={budget.epsilon}, delta={budget.delta}"
-            )
-        return stored
+        return stored_budget(row[1], row[2], given=budget, where=self._where())
 
     def _check_integrity(self, conn: Any) -> None:
         n_entries, n_counted = conn.execute(

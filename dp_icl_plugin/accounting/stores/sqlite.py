@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
-from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction
+from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction, stored_budget
 from dp_icl_plugin.accounting.stores.sqlite_file import SQLiteFile
-from dp_icl_plugin.errors import BudgetMismatchError, LedgerCorruptError, LedgerError, LedgerFormatError
+from dp_icl_plugin.errors import LedgerCorruptError, LedgerError, LedgerFormatError
 
 __all__ = ["SQLiteStore"]
 
@@ -124,16 +124,7 @@ class SQLiteStore(LedgerStore):
                 f"ledger {self.path} has schema version {version}; this library reads {SCHEMA_VERSION}"
             )
         meta = dict(conn.execute("SELECT key, value FROM meta"))
-        try:
-            stored = PrivacyBudget(epsilon=float(meta["epsilon"]), delta=float(meta["delta"]))
-        except (KeyError, ValueError):  # ConfigurationError is a ValueError: an invalid stored budget
-            raise LedgerCorruptError(f"ledger {self.path} has no valid budget record") from None
-        if budget is not None and budget != stored:
-            raise BudgetMismatchError(
-                f"ledger {self.path} was created with epsilon={stored.epsilon}, delta={stored.delta}; "
-                f"refusing to use it with epsilon={budget.epsilon}, delta={budget.delta}"
-            )
-        return stored
+        return stored_budget(meta.get("epsilon"), meta.get("delta"), given=budget, where=f"ledger {self.path}")
 
     def _check_integrity(self, conn: sqlite3.Connection) -> None:
         try:
