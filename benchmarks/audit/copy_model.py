@@ -3,17 +3,20 @@
 The GINC model does not repeat random sequences it sees in its prompt, so neither a planted canary nor a
 member demonstration changes its answers. This model does: it is trained on token streams in which earlier
 spans repeat later (the induction-head task), so given ``... w1 w2 w3 w4 417 ... w1 w2 w3 w4`` it answers
-``417``. That is the behaviour of a real LLM that leaks its demonstrations, in 0.7 M parameters.
+``417``. That is the behaviour of a real LLM that leaks its demonstrations, in 0.6 M parameters.
 
 Vocabulary (word level, one token per word, split on whitespace and punctuation; decoding joins tokens with
 spaces): ``<|endoftext|>``, ``[UNK]``, a few punctuation marks and template words, 600 three-letter
 "names" (``bak``, ``mir``, ...) and the 900 three-digit numbers ``100`` ... ``999`` (the secrets).
 
 The model is trained once (seeded) and cached in ``results/copy_model/`` (2.5 MB, committed); every audit
-loads it with :meth:`dp_icl_plugin.backends.HFBackend.from_pretrained`, the loader users call. Induction heads
-form late (the loss sits on a plateau for ~3,000 steps, then copy accuracy jumps to ~0.9): the committed
-weights took 22,259 steps of 64 sequences, 420 s on one H100 (``--device cuda``). On 2 CPU cores a step takes
-~0.3 s, so retraining there takes about two hours; 2 minutes (~400 steps) leave a model that does not copy.
+loads it with :meth:`dp_icl_plugin.backends.HFBackend.from_pretrained`, the loader users call. The committed
+weights took 22,259 steps of 64 sequences, 420 s on one H100 (``--device cuda``; ``training.json``). Induction
+heads form late: in that run's progress lines (printed every 50 steps) the loss sat on a plateau for about
+3,000 steps before copy accuracy jumped to ~0.9; its ``training.json`` kept only the last 5 points (a retrain
+now keeps them all). On 2 CPU cores, 2 minutes of training (``--retrain --seconds 120 --out /tmp/cm``) reach 375
+steps at copy accuracy 0.09, and that model ranks the secret first for 0 of 100 canaries in context: so the
+model is cached, not retrained on each run.
 
     python benchmarks/audit/copy_model.py                                # load and check that it copies
     python benchmarks/audit/copy_model.py --retrain --device cuda        # train again (7 minutes on an H100)
@@ -145,7 +148,7 @@ def train(out: Path = CACHE, *, seed: int = 0, steps: int = 40_000, seconds: flo
     model.eval().to("cpu").save_pretrained(out)
     tokenizer.save_pretrained(out)
     meta = {"seed": seed, "steps": step, "loss": round(loss_value, 4), "device": device,
-            "seconds": round(time.monotonic() - started, 1), "history": history[-5:]}  # fmt: skip
+            "seconds": round(time.monotonic() - started, 1), "history": history}  # fmt: skip
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
