@@ -21,8 +21,8 @@ algorithm with its noise switched off. A second block plants every canary 10 tim
 ``--model ginc``: the earlier table on the GINC model (PTA only; that model does not copy random sequences,
 so only the exact-text measure separates the settings there).
 
-    python benchmarks/audit/canaries.py               # about 40 s on 2 CPU cores
-    python benchmarks/audit/canaries.py --quick       # 5 canaries among 25 records, about 30 s
+    python benchmarks/audit/canaries.py               # about 20-40 s on 2 CPU cores
+    python benchmarks/audit/canaries.py --quick       # 5 canaries among 25 records, about 15 s
     python benchmarks/audit/canaries.py --model ginc  # the GINC table, about 20 s
 """
 

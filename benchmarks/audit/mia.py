@@ -17,8 +17,8 @@ MOZO and clip-blend DP decoding at ε = 1, 4; kNN keyword-space answers (:meth:`
 
 ``--model ginc``: the earlier GINC rows (a target's label after the demonstrations; no power on that model).
 
-    python benchmarks/audit/mia.py                      # 200 attacks per setting, about 4 minutes on 2 CPU cores
-    python benchmarks/audit/mia.py --quick              # 10 attacks, about 30 s
+    python benchmarks/audit/mia.py                      # 200 attacks per setting, about 3-4 minutes on 2 CPU cores
+    python benchmarks/audit/mia.py --quick              # 10 attacks, about 20 s
     python benchmarks/audit/mia.py --model ginc --trials 200   # the GINC rows, about 5 minutes
 """
 
