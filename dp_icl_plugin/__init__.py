@@ -6,6 +6,8 @@ llama_index. Layers (imports point one way): ``accounting`` ← ``mechanisms`` /
 """
 
 from dp_icl_plugin.accounting import (
+    ADD_REMOVE,
+    REPLACE_ONE,
     ApproxDPEvent,
     BudgetManager,
     ComposedEvent,
@@ -24,6 +26,7 @@ from dp_icl_plugin.accounting import (
     calibrate,
     compose,
     get_accountant,
+    to_relation,
 )
 from dp_icl_plugin.backends import FakeBackend, IncrementalSession, NextTokenBackend
 from dp_icl_plugin.errors import (
@@ -43,6 +46,8 @@ from dp_icl_plugin.timing import FixedLatency
 __version__ = "0.1.0"
 
 __all__ = [
+    "ADD_REMOVE",
+    "REPLACE_ONE",
     "ApproxDPEvent",
     "BackendError",
     "BudgetExhaustedError",
@@ -77,6 +82,7 @@ __all__ = [
     "calibrate",
     "compose",
     "get_accountant",
+    "to_relation",
 ]
 
 

@@ -3,11 +3,18 @@
 - :class:`BasicAccountant` (``"basic"``): pure and (ε, δ) atoms; ε and δ add up (Dwork et al. 2006).
 - :class:`RDPAccountant` (``"rdp"``): Rényi DP curves added order by order, converted with Balle et al.
   2020 (see ``rdp.py`` for each mechanism's curve).
-- :class:`PRVAccountant` (``"prv"``): numerical composition of privacy random variables (``prv.py``).
-- :class:`TightestAccountant` (``"auto"``, the default everywhere): every valid bound is a bound, so it
-  returns the smallest ε among the accountants that support the event. When none supports the whole
-  event (an (ε, δ) atom next to an RDP-only atom), it composes the two parts with basic composition,
-  giving the RDP part the δ the (ε, δ) atoms leave over.
+- :class:`PLDAccountant` (``"pld"``): numerical composition of privacy loss distributions with Google's
+  ``dp-accounting`` (``pld.py``); the direct analysis of Poisson subsampling under replace-one.
+- :class:`PRVAccountant` (``"prv"``): numerical composition of privacy random variables (``prv.py``), kept
+  to reproduce PTA's Table 4 (add/remove only); not a member of the default tightest accountant.
+- :class:`TightestAccountant` (``"auto"``, the default everywhere; members basic, RDP and PLD): every
+  valid bound is a bound, so it returns the smallest ε among its members that support the event. When
+  none supports the whole event (e.g. an (ε, δ) atom or a replace-one Poisson atom next to an RDP-only
+  atom), it also splits the atoms into parts analysed separately and adds their ε with basic composition
+  over a split of δ (Dwork et al. 2006): (ε1, δ1) and (ε2, δ2) compose to (ε1 + ε2, δ1 + δ2).
+
+Every event an accountant analyses is under one neighbouring relation (a ledger converts charges to its
+own first; ``conversion.py``); the relation selects the analysis of Poisson subsampling.
 
 Results are cached per (multiset of atoms, δ), so a ledger of ten thousand charges of a few kinds is
 analysed once per kind-count combination.
@@ -26,12 +33,13 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
-from dp_icl_plugin.accounting import prv, rdp
+from dp_icl_plugin.accounting import pld, prv, rdp
 from dp_icl_plugin.errors import ConfigurationError, UnsupportedEventError
 
 __all__ = [
     "Accountant",
     "BasicAccountant",
+    "PLDAccountant",
     "PRVAccountant",
     "RDPAccountant",
     "TightestAccountant",
@@ -187,6 +195,25 @@ class PRVAccountant(Accountant):
         return hit
 
 
+class PLDAccountant(Accountant):
+    """Privacy loss distributions (Google's ``dp-accounting``, pessimistic); reports an upper bound on ε."""
+
+    name = ev.PLD
+
+    def __init__(self, value_discretization_interval: float = pld.DEFAULT_DISCRETIZATION) -> None:
+        super().__init__()
+        self.value_discretization_interval = check.positive_finite(
+            "value_discretization_interval", value_discretization_interval
+        )
+
+    def _compute(self, atoms: Counter[ev.DPEvent], delta: float) -> float:
+        return pld.pld_epsilon(atoms, delta, interval=self.value_discretization_interval)
+
+
+DELTA_SPLITS = (0.5, 0.9, 0.1, 0.99, 0.75, 0.25, 0.01)
+"""Shares of δ tried for the first part when a composition is split between two analyses."""
+
+
 class TightestAccountant(Accountant):
     """The smallest valid ε among its members, cheapest first; splits events no single member supports."""
 
@@ -194,7 +221,7 @@ class TightestAccountant(Accountant):
 
     def __init__(self, members: tuple[Accountant, ...] | None = None) -> None:
         super().__init__()
-        self.members = members if members is not None else (BasicAccountant(), RDPAccountant(), PRVAccountant())
+        self.members = members if members is not None else (BasicAccountant(), RDPAccountant(), PLDAccountant())
 
     def supports(self, event: ev.DPEvent) -> bool:
         return all(a.supported_accountants & {m.name for m in self.members} for a in ev.atoms(event))
@@ -234,22 +261,33 @@ class TightestAccountant(Accountant):
             eps = m._cached(atoms, delta)
             best = min(best, eps)
             yield eps
-        if whole:
-            return
-        # No member takes every atom: (ε, δ)-only atoms by basic composition, the rest with the δ left.
+        yield from self._split(atoms, delta)
+
+    def _split(self, atoms: Counter[ev.DPEvent], delta: float):
+        """Valid bounds from analysing two parts of ``atoms`` separately (basic composition over a δ split).
+
+        Parts: the atoms without an RDP curve ((ε, δ) steps, composed exactly by basic composition) against
+        the rest; and the atoms a numerical accountant (PLD) takes against the rest. Each part gets its own
+        best analysis (cached).
+        """
         approx = Counter({a: n for a, n in atoms.items() if ev.RDP not in a.supported_accountants})
-        rest = Counter({a: n for a, n in atoms.items() if a not in approx})
-        eps_a, delta_a = _basic_totals(approx)
-        if delta_a >= delta or not rest:
-            yield math.inf
-            return
-        yield eps_a + self._compute(rest, delta - delta_a)
+        rest = atoms - approx
+        if approx and rest and all(ev.BASIC in a.supported_accountants for a in approx):
+            eps_a, delta_a = _basic_totals(approx)
+            yield eps_a + self._cached(rest, delta - delta_a) if delta_a < delta else math.inf
+        numerical = {m.name for m in self.members} & ev.NUMERICAL
+        first = Counter({a: n for a, n in atoms.items() if numerical & a.supported_accountants})
+        rest = atoms - first
+        if first and rest:
+            for share in DELTA_SPLITS:
+                yield self._cached(first, share * delta) + self._cached(rest, (1.0 - share) * delta)
 
 
 _NAMED: dict[str, type[Accountant]] = {
     "auto": TightestAccountant,
     ev.BASIC: BasicAccountant,
     ev.RDP: RDPAccountant,
+    ev.PLD: PLDAccountant,
     ev.PRV: PRVAccountant,
 }
 _SHARED: dict[str, Accountant] = {}
@@ -266,7 +304,7 @@ _SHARED_LOCK = threading.Lock()
 
 
 def get_accountant(name: str | Accountant = "auto") -> Accountant:
-    """The shared accountant called ``name`` (``auto``, ``basic``, ``rdp`` or ``prv``), or ``name`` itself."""
+    """The shared accountant called ``name`` (``auto``, ``basic``, ``rdp``, ``pld`` or ``prv``), or ``name`` itself."""
     if isinstance(name, Accountant):
         return name
     if name not in _NAMED:

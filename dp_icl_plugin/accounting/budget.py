@@ -6,6 +6,13 @@ commits a new charge atomically or refuses it with :class:`BudgetExhaustedError`
 There are no refunds. With an SQLite ledger the spend survives restarts and is shared safely by threads
 and processes.
 
+**One relation per ledger.** A ledger is created with one neighbouring relation (its budget's
+``neighbouring``, replace-one by default) and its total is a guarantee under that relation. Every charge
+is converted to it first (``conversion.to_relation``: itself, a direct analysis, or a stated conversion
+such as group privacy); a charge with no valid conversion (a replace-one analysis into an add/remove
+ledger) is refused with :class:`~dp_icl_plugin.errors.UnsupportedEventError` and nothing is committed.
+The ledger stores each event as charged (its own relation) and converts when it analyses.
+
 Speed: the ledger keeps a count per distinct event, and the check tries the cheap valid bounds (basic
 composition, RDP) before numerical PRV composition, stopping at the first bound that shows the charge
 fits. Refusals and :meth:`BudgetManager.spent` use the tightest bound.
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant
+from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, PostgresStore, SQLiteStore
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
@@ -71,7 +79,8 @@ class BudgetManager:
     """Charges privacy events against one (ε, δ) budget, durably and atomically.
 
     Args:
-        budget: the total budget. May be omitted when opening an existing ledger file.
+        budget: the total budget and its neighbouring relation (``PrivacyBudget(1.0, 1e-5)`` is under
+            replace-one). May be omitted when opening an existing ledger file.
         ledger: ``None`` for an in-memory ledger, a path for an SQLite ledger file, a
             ``postgresql://`` URL for the ledger ``"default"`` in a PostgreSQL database (needs the ``postgres``
             extra; :class:`~dp_icl_plugin.accounting.stores.PostgresStore` names others), or any
@@ -79,7 +88,7 @@ class BudgetManager:
         accountant: ``"auto"`` (tightest valid bound; the default), ``"basic"``, ``"rdp"`` or ``"prv"``.
 
     Raises:
-        BudgetMismatchError: the ledger exists with a different budget.
+        BudgetMismatchError: the ledger exists with a different budget or relation.
         LedgerError: the ledger file is missing (and no budget given), foreign or damaged.
     """
 
@@ -105,7 +114,7 @@ class BudgetManager:
         self._accountant = get_accountant(accountant)
         self._store = store
         self._budget = store.initialize(budget)
-        self._decoded: dict[str, ev.DPEvent] = {}
+        self._decoded: dict[str, ev.DPEvent] = {}  # event key → the event converted to the ledger's relation
         self._decode_lock = threading.Lock()
 
     @classmethod
@@ -118,8 +127,15 @@ class BudgetManager:
         """The total budget."""
         return self._budget
 
+    @property
+    def neighbouring(self) -> str:
+        """The ledger's neighbouring relation: every total it reports is a guarantee under it."""
+        return self._budget.neighbouring
+
     def __repr__(self) -> str:
-        return f"BudgetManager(epsilon={self._budget.epsilon}, delta={self._budget.delta}, ledger={self._store!r})"
+        b = self._budget
+        relation = f"neighbouring={b.neighbouring!r}"
+        return f"BudgetManager(epsilon={b.epsilon}, delta={b.delta}, {relation}, ledger={self._store!r})"
 
     # -- charging ---------------------------------------------------------------------------------
     def spend(self, event: ev.DPEvent, *, label: str) -> LedgerEntry:
@@ -130,10 +146,12 @@ class BudgetManager:
 
         Raises:
             BudgetExhaustedError: the charge would overspend; nothing was committed.
+            UnsupportedEventError: the event has no valid analysis under the ledger's relation (nothing
+                was committed).
             ConfigurationError: bad event or label (nothing was committed).
         """
         label = _check_label(label)
-        self._check_event(event)
+        event = self._check_event(event)
         key = ev.event_key(event)
         # Decide once without the lock (this may run the slow numerical analysis and fills the caches);
         # inside the exclusive section the decision is only recomputed if another charge landed meanwhile.
@@ -152,7 +170,7 @@ class BudgetManager:
 
     def would_fit(self, event: ev.DPEvent) -> bool:
         """Dry run of :meth:`spend`: whether ``event`` would be admitted now (nothing is committed)."""
-        self._check_event(event)
+        event = self._check_event(event)
         return self._admitting_bound(self._total(self._store.event_counts(), event)) is not None
 
     # -- reading ----------------------------------------------------------------------------------
@@ -169,9 +187,9 @@ class BudgetManager:
         return PrivacySpend(max(self._budget.epsilon - self.spent().epsilon, 0.0), self._budget.delta)
 
     def history(self) -> list[LedgerEntry]:
-        """Every committed charge, oldest first."""
+        """Every committed charge, oldest first, with its event as charged (under its own relation)."""
         return [
-            LedgerEntry(r.id, r.label, self._decode(r.event_key), r.timestamp, r.certified_epsilon)
+            LedgerEntry(r.id, r.label, ev.event_from_dict(json.loads(r.event_key)), r.timestamp, r.certified_epsilon)
             for r in self._store.rows()
         ]
 
@@ -184,14 +202,21 @@ class BudgetManager:
         self._store.close()
 
     # -- internals --------------------------------------------------------------------------------
-    def _check_event(self, event: object) -> None:
-        self._accountant.require_supported(event)
+    def _check_event(self, event: object) -> ev.DPEvent:
+        """``event`` as charged (validated: it converts to the ledger's relation and can be analysed)."""
+        if not isinstance(event, ev.DPEvent):
+            raise ConfigurationError(f"expected a DPEvent, got {type(event).__name__}")
+        self._accountant.require_supported(self._converted(event))
+        return event
+
+    def _converted(self, event: ev.DPEvent) -> ev.DPEvent:
+        return to_relation(event, self._budget.neighbouring)
 
     def _decode(self, key: str) -> ev.DPEvent:
         with self._decode_lock:
             event = self._decoded.get(key)
         if event is None:
-            event = ev.event_from_dict(json.loads(key))
+            event = self._converted(ev.event_from_dict(json.loads(key)))
             with self._decode_lock:
                 self._decoded[key] = event
         return event
@@ -199,8 +224,8 @@ class BudgetManager:
     def _total(self, counts: Counter[str], extra: ev.DPEvent | None) -> ev.DPEvent:
         parts: list[ev.DPEvent] = [ev.SelfComposedEvent(self._decode(k), n) for k, n in counts.items() if n > 0]
         if extra is not None:
-            parts.append(extra)
-        return ev.compose(*parts)  # raises ConfigurationError when neighbouring relations conflict
+            parts.append(self._converted(extra))
+        return ev.compose(*parts)
 
     def _admitting_bound(self, total: ev.DPEvent) -> float | None:
         """A valid ε bound on ``total`` within the budget (the cheapest found), or None: refuse."""
@@ -219,7 +244,7 @@ class BudgetManager:
     def _refusal(self, event: ev.DPEvent, total: ev.DPEvent, counts: Counter[str]) -> BudgetExhaustedError:
         b = self._budget
         total_eps = self._epsilon(total)
-        requested = self._epsilon(event)
+        requested = self._epsilon(self._converted(event))
         remaining = max(b.epsilon - self._spent_epsilon(counts), 0.0)
         return BudgetExhaustedError(
             f"charge refused: epsilon would reach {_fmt(total_eps)} > budget {b.epsilon} at delta={b.delta} "

@@ -17,6 +17,7 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import Accountant, get_accountant
+from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 
 __all__ = [
@@ -132,17 +133,19 @@ def calibrate_subsampled_gaussian(
     grid: float | None = 0.01,
     lo: float = 0.3,
     hi: float = 3.0,
-    accountant: str = "prv",
+    accountant: str = "auto",
+    neighbouring: str = REPLACE_ONE,
 ) -> CalibrationResult:
     """σ for ``steps`` Poisson-subsampled Gaussian aggregations (Tang et al. / PTA, App. D.3).
 
-    Defaults follow PTA: PRV accounting (eps_error 0.01, delta_error 1e-10), the smallest σ on a 0.01 grid
-    in [0.3, 3.0].
+    The smallest σ on a 0.01 grid in [0.3, 3.0] (PTA's search) under ``neighbouring`` with the tightest
+    accountant (what a ledger of that relation admits). ``accountant="prv", neighbouring="add_remove"``
+    is PTA's own calibration (PRV, eps_error 0.01, delta_error 1e-10) and reproduces its Table 4.
     """
     q = check.probability_half_open("sampling_rate", sampling_rate)
     n = check.positive_int("steps", steps)
     return calibrate(
-        lambda s: me.tang_event(noise_multiplier=s, sampling_rate=q, steps=n),
+        lambda s: me.tang_event(noise_multiplier=s, sampling_rate=q, steps=n, neighbouring=neighbouring),
         epsilon=epsilon, delta=delta, lo=lo, hi=hi, grid=grid, accountant=accountant,
     )  # fmt: skip
 
@@ -158,17 +161,22 @@ def calibrate_adadpsyn(
     sigma0: float,
     sigma2: float,
     theta: float = 0.1,
+    labels_touched: int = 1,
     grid: float | None = 0.01,
     lo: float = 0.01,
     hi: float = 50.0,
 ) -> CalibrationResult:
-    """σ1 of AdaDPSyn's projected means for given σ0, σ2 (Gao et al. 2025, App. B; RDP accounting)."""
+    """σ1 of AdaDPSyn's projected means for given σ0, σ2 (Gao et al. 2025, App. B; RDP accounting).
+
+    ``labels_touched=1`` is the paper's analysis (a swap within one label); see ``method_events.adadpsyn_event``.
+    """
     q = check.probability_half_open("sampling_rate", sampling_rate)
     n, t = check.positive_int("steps", steps), check.positive_int("t_hat", t_hat)
     s0, s2 = check.positive_finite("sigma0", sigma0), check.positive_finite("sigma2", sigma2)
+    touched = check.positive_int("labels_touched", labels_touched)
     return calibrate(
         lambda s1: me.adadpsyn_event(
-            sigma0=s0, sigma1=s1, sigma2=s2, sampling_rate=q, steps=n, t_hat=t, theta=theta
+            sigma0=s0, sigma1=s1, sigma2=s2, sampling_rate=q, steps=n, t_hat=t, theta=theta, labels_touched=touched
         ),
         epsilon=epsilon, delta=delta, lo=lo, hi=hi, grid=grid, accountant="rdp",
     )  # fmt: skip
@@ -206,7 +214,7 @@ def calibrate_clip_blend_temperature(
     clip: float,
     subset_size: int,
     steps: int,
-    neighbouring: str = ev.ADD_REMOVE,
+    neighbouring: str = REPLACE_ONE,
     tolerance: float = 1e-6,
 ) -> CalibrationResult:
     """The smallest temperature τ for clip-blend decoding meeting (ε, δ) under the tightest accounting.

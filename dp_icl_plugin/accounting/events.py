@@ -7,10 +7,13 @@ dict (the ledger stores that form), and names the accountants that can analyse i
 into atoms with counts before accounting (:func:`atoms`), so ten thousand identical charges cost one
 analysis.
 
-Neighbouring relations: Poisson subsampling is analysed for add/remove neighbours, sampling without
-replacement (Wang, Balle & Kasiviswanathan 2019) for replace-one neighbours. The other events are
-relation-agnostic: their guarantee holds for whatever relation the mechanism's sensitivity was computed
-for. One event may not mix both relations (see :attr:`DPEvent.neighbouring`).
+Neighbouring relations (``neighbouring.py``): every event states the relation its analysis assumed in its
+``neighbouring`` field (``"replace_one"`` or ``"add_remove"``); none is untagged. For a Gaussian, pure,
+exponential-mechanism or (ε, δ) event the tag says for which relation its sensitivity or ε was computed.
+Poisson subsampling has an analysis under both (its inner Gaussian's sensitivity bounds one record's
+contribution, an add/remove quantity); sampling without replacement (Wang, Balle & Kasiviswanathan 2019)
+and the DPS-MOZO token only under replace-one. A composition takes its children's relation and refuses to
+mix two; a ledger converts a charge to its own relation (``conversion.py``) or refuses it.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, REPLACE_ONE, check_relation
 from dp_icl_plugin.errors import ConfigurationError, UnsupportedEventError
 
 __all__ = [
     "ADD_REMOVE",
     "BASIC",
+    "PLD",
     "PRV",
     "RDP",
     "REPLACE_ONE",
@@ -54,20 +59,27 @@ PRV = "prv"
 """Numerical composition of privacy random variables (Gopi et al. 2021)."""
 RDP = "rdp"
 """Rényi DP composition with the Balle et al. 2020 conversion."""
+PLD = "pld"
+"""Numerical composition of privacy loss distributions with Google's ``dp-accounting`` (pessimistic)."""
 BASIC = "basic"
 """Basic composition of pure / approximate DP guarantees (ε and δ add up)."""
 
-ADD_REMOVE = "add_remove"
-REPLACE_ONE = "replace_one"
+NUMERICAL = frozenset({PRV, PLD})
 
 _REGISTRY: dict[str, type[DPEvent]] = {}
 
 
 @dataclass(frozen=True)
 class DPEvent:
-    """Base class of all privacy events."""
+    """Base class of all privacy events.
+
+    Attributes:
+        neighbouring: the relation the event's analysis assumed (``"replace_one"`` or ``"add_remove"``);
+            a keyword every atomic event requires, derived from the children for compositions.
+    """
 
     type_name: ClassVar[str] = ""
+    neighbouring: str = field(kw_only=True)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -79,10 +91,13 @@ class DPEvent:
         """Names of the accountants that can analyse this event (``PRV``, ``RDP``, ``BASIC``)."""
         raise NotImplementedError
 
-    @property
-    def neighbouring(self) -> frozenset[str]:
-        """Neighbouring relations this event's analysis is tied to (empty: relation-agnostic)."""
-        return frozenset()
+    def _tag(self, allowed: tuple[str, ...] = (REPLACE_ONE, ADD_REMOVE)) -> None:
+        relation = check_relation(self.neighbouring)
+        if relation not in allowed:
+            raise UnsupportedEventError(
+                f"a {self.type_name!r} event has an analysis only for {' or '.join(allowed)} neighbours, "
+                f"not {relation}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical JSON-ready form; :func:`event_from_dict` inverts it exactly."""
@@ -131,23 +146,33 @@ def _require_event(name: str, value: object) -> DPEvent:
     return value
 
 
-def _merge_relations(children: Iterable[DPEvent]) -> frozenset[str]:
-    relations = frozenset().union(*(c.neighbouring for c in children))
-    if len(relations) > 1:
+def _merge_relations(children: Iterable[DPEvent]) -> str:
+    relations = {c.neighbouring for c in children}
+    if len(relations) != 1:
         raise ConfigurationError(
             "cannot compose events analysed under different neighbouring relations "
-            f"({', '.join(sorted(relations))}) into one guarantee"
+            f"({', '.join(sorted(relations))}) into one guarantee; convert them to one relation first "
+            "(conversion.to_relation)"
         )
-    return relations
+    return relations.pop()
+
+
+def _derive_relation(event: DPEvent, children: Iterable[DPEvent]) -> None:
+    """Set a composition's relation from its children's (one relation; a given tag must agree)."""
+    relation = _merge_relations(children)
+    if event.neighbouring and event.neighbouring != relation:
+        raise ConfigurationError(f"a composition of {relation} events cannot be tagged {event.neighbouring!r}")
+    object.__setattr__(event, "neighbouring", relation)
 
 
 @dataclass(frozen=True)
 class GaussianEvent(DPEvent):
     """The Gaussian mechanism: noise of std ``noise_multiplier * sensitivity`` on an ℓ2-bounded query.
 
-    Privacy depends on the noise multiplier only; ``sensitivity`` records the ℓ2 sensitivity the
-    mechanism scales its noise by (e.g. √2 for a sum of probability vectors, Tang et al. 2024).
-    RDP: α / (2σ²) (Mironov 2017, Prop. 7). PRV: Gopi et al. 2021, Prop. B.1.
+    Privacy depends on the noise multiplier only; ``sensitivity`` records the ℓ2 sensitivity under
+    ``neighbouring`` that the mechanism scales its noise by (e.g. √2 for a sum of probability vectors,
+    Tang et al. 2024). RDP: α / (2σ²) (Mironov 2017, Prop. 7). PRV: Gopi et al. 2021, Prop. B.1. PLD:
+    ``dp_accounting`` (Doroshenko et al. 2022).
     """
 
     type_name: ClassVar[str] = "gaussian"
@@ -155,6 +180,7 @@ class GaussianEvent(DPEvent):
     sensitivity: float = 1.0
 
     def __post_init__(self) -> None:
+        self._tag()
         object.__setattr__(self, "noise_multiplier", check.positive_finite("noise_multiplier", self.noise_multiplier))
         object.__setattr__(self, "sensitivity", check.positive_finite("sensitivity", self.sensitivity))
 
@@ -165,7 +191,7 @@ class GaussianEvent(DPEvent):
 
     @property
     def supported_accountants(self) -> frozenset[str]:
-        return frozenset({PRV, RDP})
+        return frozenset({PRV, PLD, RDP})
 
 
 @dataclass(frozen=True)
@@ -175,11 +201,12 @@ class _EpsilonEvent(DPEvent):
     epsilon: float
 
     def __post_init__(self) -> None:
+        self._tag()
         object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
 
     @property
     def supported_accountants(self) -> frozenset[str]:
-        return frozenset({BASIC, PRV, RDP})
+        return frozenset({BASIC, PRV, PLD, RDP})
 
 
 @dataclass(frozen=True)
@@ -198,12 +225,13 @@ class ApproxDPEvent(DPEvent):
     delta: float
 
     def __post_init__(self) -> None:
+        self._tag()
         object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
         object.__setattr__(self, "delta", check.probability_open("delta", self.delta))
 
     @property
     def supported_accountants(self) -> frozenset[str]:
-        return frozenset({BASIC, PRV})
+        return frozenset({BASIC, PRV, PLD})
 
 
 @dataclass(frozen=True)
@@ -231,6 +259,7 @@ class RDPCurveEvent(DPEvent):
     epsilon_inf: float = math.inf
 
     def __post_init__(self) -> None:
+        self._tag()
         orders = tuple(check.order("orders[i]", a) for a in self.orders)
         eps = tuple(check.non_negative_finite("epsilons[i]", e) for e in self.epsilons)
         if not orders or len(orders) != len(eps):
@@ -260,19 +289,22 @@ class RDPCurveEvent(DPEvent):
 class MozoTokenEvent(DPEvent):
     """One DPS-MOZO token before subsampling: (α, 4βα)-RDP (the claim of Flemings et al., Theorem B.3).
 
-    The claim's proof fails for the published mechanism (a ball at one Rényi order and a normalised product
-    bound nothing between neighbours; counterexamples in ``tests/test_mozo.py``). It is a theorem for the
-    projected mechanism this library releases through (``mechanisms.mozo.project_output``: Hölder's
-    inequality, Mironov 2017 Prop. 11), at the order α and every order ≤ α (monotonicity of Rényi
-    divergence); above α nothing is known. Wrap it in
-    :class:`SampledWithoutReplacementEvent` for the per-token sampling of n_shots records.
+    Replace-one: the token reads a fixed number of one-shot prompts, one record each, and neighbours swap
+    one record. The claim's proof fails for the published mechanism (a ball at one Rényi order and a
+    normalised product bound nothing between neighbours; counterexamples in ``tests/test_mozo.py``). It is a
+    theorem for the projected mechanism this library releases through (``mechanisms.mozo.project_output``:
+    Hölder's inequality, Mironov 2017 Prop. 11), at the order α and every order ≤ α (monotonicity of Rényi
+    divergence); above α nothing is known. Wrap it in :class:`SampledWithoutReplacementEvent` for the
+    per-token sampling of n_shots records.
     """
 
     type_name: ClassVar[str] = "mozo_token"
     beta: float
     order: float
+    neighbouring: str = field(default=REPLACE_ONE, kw_only=True)
 
     def __post_init__(self) -> None:
+        self._tag((REPLACE_ONE,))
         object.__setattr__(self, "beta", check.positive_finite("beta", self.beta))
         object.__setattr__(self, "order", check.order("order", self.order))
 
@@ -292,9 +324,9 @@ class FilteredReleaseEvent(DPEvent):
 
     The per-record filter of a private index makes *all* of its releases together (ε, δ)-DP, and that
     total is charged to the ledger once (entry ``covered_by``) before the first release. Each release is
-    then recorded with what it cost each record that took part (``per_unit``; the number of units that paid
-    goes into the entry's label, so that the ledger keeps few distinct events); accountants skip it (see
-    :func:`costly`), so it never counts twice.
+    then recorded with what it cost each record that took part (``per_unit``, under the filter's
+    add/remove relation); accountants skip it (see :func:`costly`), so it never counts twice. Its own
+    ``neighbouring`` is the relation of the ledger that holds the covering charge.
     """
 
     type_name: ClassVar[str] = "filtered_release"
@@ -302,12 +334,13 @@ class FilteredReleaseEvent(DPEvent):
     covered_by: int
 
     def __post_init__(self) -> None:
+        self._tag()
         _require_event("per_unit", self.per_unit)
         object.__setattr__(self, "covered_by", check.positive_int("covered_by", self.covered_by))
 
     @property
     def supported_accountants(self) -> frozenset[str]:
-        return frozenset({BASIC, PRV, RDP})
+        return frozenset({BASIC, PRV, PLD, RDP})
 
 
 def costly(counted: Counter[DPEvent]) -> Counter[DPEvent]:
@@ -319,10 +352,17 @@ def costly(counted: Counter[DPEvent]) -> Counter[DPEvent]:
 
 @dataclass(frozen=True)
 class PoissonSampledEvent(DPEvent):
-    """Each record enters the mechanism independently with probability ``sampling_rate`` (add/remove).
+    """Each record enters the mechanism independently with probability ``sampling_rate``, then a Gaussian.
 
-    Analysed for a Gaussian inner mechanism: PRV (Gopi et al. 2021, Prop. B.3) and RDP (Mironov, Talwar &
-    Zhang 2019, integer orders).
+    The inner Gaussian is tagged add/remove: its sensitivity bounds one record's contribution (the change
+    its presence makes). ``neighbouring`` says which pair is analysed:
+
+    - add/remove: the mixture (1−q)·N(0, σ²) + q·N(1, σ²) against N(0, σ²). PRV (Gopi et al. 2021, Prop.
+      B.3), PLD (``dp_accounting``), RDP (Mironov, Talwar & Zhang 2019, every order).
+    - replace-one: the replaced record keeps the other's coin, so the pair is (1−q)·N(0, σ²) + q·N(−1, σ²)
+      against (1−q)·N(0, σ²) + q·N(1, σ²): PLD (``dp_accounting``'s REPLACE adjacency) and RDP by the
+      weak triangle inequality from the add/remove curve (Mironov 2017, Prop. 11). At q = 1 it is a
+      Gaussian of twice the sensitivity.
     """
 
     type_name: ClassVar[str] = "poisson_sampled"
@@ -330,43 +370,53 @@ class PoissonSampledEvent(DPEvent):
     event: DPEvent
 
     def __post_init__(self) -> None:
+        self._tag()
         object.__setattr__(self, "sampling_rate", check.probability_half_open("sampling_rate", self.sampling_rate))
         inner = _require_event("event", self.event)
         if not isinstance(inner, GaussianEvent):
             raise UnsupportedEventError(
                 f"Poisson subsampling is analysed only for a Gaussian event, not {inner.type_name!r}"
             )
+        if inner.neighbouring != ADD_REMOVE:
+            raise ConfigurationError(
+                "the Gaussian inside Poisson subsampling must be tagged add_remove: its sensitivity bounds one "
+                "record's contribution"
+            )
 
     @property
     def supported_accountants(self) -> frozenset[str]:
-        return frozenset({PRV, RDP})
-
-    @property
-    def neighbouring(self) -> frozenset[str]:
-        return frozenset({ADD_REMOVE})
+        if self.neighbouring == ADD_REMOVE:
+            return frozenset({PRV, PLD, RDP})
+        return frozenset({PLD, RDP})
 
 
 @dataclass(frozen=True)
 class SampledWithoutReplacementEvent(DPEvent):
     """A fixed-size subset of m of n records (rate γ = m/n) drawn without replacement, then ``event``.
 
-    Replace-one neighbours; RDP amplification by Wang, Balle & Kasiviswanathan 2019, Theorem 9
-    (integer orders ≥ 2). The inner event must itself be analysable with RDP.
+    Replace-one neighbours only (n is the same for both); the inner event, also replace-one, is the
+    mechanism on the subset, where the swap changes at most one element. RDP amplification by Wang,
+    Balle & Kasiviswanathan 2019, Theorem 9 (integer orders ≥ 2). The inner event must itself be
+    analysable with RDP.
     """
 
     type_name: ClassVar[str] = "sampled_without_replacement"
     sampling_rate: float
     event: DPEvent
+    neighbouring: str = field(default=REPLACE_ONE, kw_only=True)
 
     def __post_init__(self) -> None:
+        self._tag((REPLACE_ONE,))
         object.__setattr__(self, "sampling_rate", check.probability_half_open("sampling_rate", self.sampling_rate))
         inner = _require_event("event", self.event)
         if RDP not in inner.supported_accountants:
             raise UnsupportedEventError(
                 f"sampling without replacement needs an inner event with an RDP curve, not {inner.type_name!r}"
             )
-        if ADD_REMOVE in inner.neighbouring:
-            raise ConfigurationError("an add/remove (Poisson) event cannot sit inside sampling without replacement")
+        if inner.neighbouring != REPLACE_ONE:
+            raise ConfigurationError(
+                "the event inside sampling without replacement must be analysed for replace-one neighbours"
+            )
 
     @classmethod
     def from_sizes(cls, sample_size: int, population_size: int, event: DPEvent) -> SampledWithoutReplacementEvent:
@@ -381,38 +431,32 @@ class SampledWithoutReplacementEvent(DPEvent):
     def supported_accountants(self) -> frozenset[str]:
         return frozenset({RDP})
 
-    @property
-    def neighbouring(self) -> frozenset[str]:
-        return frozenset({REPLACE_ONE})
-
 
 @dataclass(frozen=True)
 class SelfComposedEvent(DPEvent):
-    """``event`` run ``count`` times (adaptively)."""
+    """``event`` run ``count`` times (adaptively); its relation is ``event``'s."""
 
     type_name: ClassVar[str] = "self_composed"
     event: DPEvent
     count: int
+    neighbouring: str = field(default="", kw_only=True)
 
     def __post_init__(self) -> None:
-        _require_event("event", self.event)
+        _derive_relation(self, [_require_event("event", self.event)])
         object.__setattr__(self, "count", check.positive_int("count", self.count))
 
     @property
     def supported_accountants(self) -> frozenset[str]:
         return self.event.supported_accountants
 
-    @property
-    def neighbouring(self) -> frozenset[str]:
-        return self.event.neighbouring
-
 
 @dataclass(frozen=True)
 class ComposedEvent(DPEvent):
-    """Adaptive composition of several events."""
+    """Adaptive composition of several events, all analysed under one relation (which it takes)."""
 
     type_name: ClassVar[str] = "composed"
     events: tuple[DPEvent, ...] = field(default=())
+    neighbouring: str = field(default="", kw_only=True)
 
     def __post_init__(self) -> None:
         events = tuple(self.events)
@@ -420,7 +464,7 @@ class ComposedEvent(DPEvent):
             raise ConfigurationError("a composition needs at least one event")
         for e in events:
             _require_event("events[i]", e)
-        _merge_relations(events)
+        _derive_relation(self, events)
         object.__setattr__(self, "events", events)
 
     @property
@@ -429,10 +473,6 @@ class ComposedEvent(DPEvent):
         for e in self.events[1:]:
             result = result & e.supported_accountants
         return result
-
-    @property
-    def neighbouring(self) -> frozenset[str]:
-        return _merge_relations(self.events)
 
 
 def atoms(event: DPEvent) -> Counter[DPEvent]:
@@ -451,7 +491,7 @@ def atoms(event: DPEvent) -> Counter[DPEvent]:
 
 
 def compose(*events: DPEvent) -> DPEvent:
-    """Compose events into one canonical event (identical atoms grouped into counts)."""
+    """Compose events of one relation into one canonical event (identical atoms grouped into counts)."""
     if not events:
         raise ConfigurationError("compose() needs at least one event")
     total: Counter[DPEvent] = Counter()

@@ -103,8 +103,9 @@ class IndividualBudget:
         return self.delta - float(self.approximate_delta or 0.0)
 
     def as_event(self) -> ev.ApproxDPEvent:
-        """What the whole filtered mechanism costs the dataset: (ε, δ)-DP for every unit."""
-        return ev.ApproxDPEvent(self.epsilon, self.delta)
+        """What the whole filtered mechanism costs the dataset: (ε, δ)-DP for every unit, under add/remove
+        (a replace-one ledger converts it by group privacy to (2ε, (1 + e^ε)δ); ``conversion.py``)."""
+        return ev.ApproxDPEvent(self.epsilon, self.delta, neighbouring=ev.ADD_REMOVE)
 
     def to_dict(self) -> dict[str, object]:
         return {

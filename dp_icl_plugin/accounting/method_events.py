@@ -1,7 +1,8 @@
 """The privacy events of the published DP-ICL methods, built from their parameters.
 
-Each factory states the paper's accounting; the methods issue builds its runs on these, so that what is
-charged is exactly what is analysed. See ``../shared/REFERENCE.md`` §1–5 for the algorithms.
+Each factory states the paper's accounting and the relation it holds under; the methods build their runs
+on these, so that what is charged is exactly what is analysed. See ``../shared/REFERENCE.md`` §1–5 for
+the algorithms and :mod:`~dp_icl_plugin.accounting.neighbouring` for the relations.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import math
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, REPLACE_ONE, check_relation
+from dp_icl_plugin.errors import UnsupportedEventError
 
 __all__ = [
+    "SIMPLEX_SENSITIVITY",
     "adadpsyn_event",
     "clip_blend_event",
     "clip_blend_paper_epsilon",
@@ -20,6 +23,7 @@ __all__ = [
     "good_radius_steps",
     "mozo_event",
     "mozo_rdp_target",
+    "require_replace_one",
     "tang_event",
 ]
 
@@ -27,17 +31,38 @@ SIMPLEX_SENSITIVITY = math.sqrt(2.0)
 """ℓ2 distance between two probability vectors is at most √2 (Tang et al. 2024)."""
 
 
-def tang_event(*, noise_multiplier: float, sampling_rate: float, steps: int) -> ev.DPEvent:
+def tang_event(
+    *, noise_multiplier: float, sampling_rate: float, steps: int, neighbouring: str = REPLACE_ONE
+) -> ev.DPEvent:
     """Tang et al. 2024 / PTA (Yamasaki et al. 2025): ``steps`` Poisson-subsampled Gaussian aggregations.
 
-    Add/remove neighbours; each token releases argmax of Σ_i p_i + N(0, 2σ²): a sum of probability
-    vectors (ℓ2 sensitivity √2) with noise multiplier σ, after Poisson sampling at rate q = M·N/|D_y|.
-    ``steps`` = T × demonstrations per label (PTA, App. D.3). PTA's reshaping keeps each p_i a
-    probability vector, so its accounting is identical.
+    Each token releases argmax of Σ_i p_i + N(0, 2σ²). One record's presence changes one prompt, hence one
+    probability vector p_i: ℓ2 contribution at most √2 (the inner Gaussian's add/remove sensitivity,
+    noise multiplier σ), after Poisson sampling at a fixed rate q = M·N/n_y (n_y the declared public size).
+    ``steps`` = T × demonstrations per label (PTA, App. D.3). PTA's reshaping keeps each p_i a probability
+    vector, so its accounting is identical.
+
+    - add/remove (the papers'): the Poisson-subsampled Gaussian pair.
+    - replace-one: the replaced record keeps the other's coin, prompt and place, so the pair is
+      (1−q)·N(0) + q·N(−1) against (1−q)·N(0) + q·N(1) (``PoissonSampledEvent``). A replacement that changes
+      the label removes a record from one label's run and adds one to another's; token t of the two runs
+      together is then (1−q)·N(0) + q·N((a, 0)) against (1−q)·N(0) + q·N((0, a')) with |a|, |a'| ≤ 1 (at the
+      largest rate; a smaller one is post-processing of it), which the same pair covers.
     """
-    gaussian = ev.GaussianEvent(noise_multiplier=noise_multiplier, sensitivity=SIMPLEX_SENSITIVITY)
-    token = ev.PoissonSampledEvent(sampling_rate=sampling_rate, event=gaussian)
+    relation = check_relation(neighbouring)
+    gaussian = ev.GaussianEvent(noise_multiplier=noise_multiplier, sensitivity=SIMPLEX_SENSITIVITY,
+                                neighbouring=ADD_REMOVE)  # fmt: skip
+    token = ev.PoissonSampledEvent(sampling_rate=sampling_rate, event=gaussian, neighbouring=relation)
     return ev.SelfComposedEvent(token, check.positive_int("steps", steps))
+
+
+def require_replace_one(method: str, neighbouring: str) -> None:
+    """Refuse, before any charge, a method whose only analysis is replace-one under an add/remove ledger."""
+    if check_relation(neighbouring) != REPLACE_ONE:
+        raise UnsupportedEventError(
+            f"{method} samples records without replacement and has an analysis only for replace-one neighbours; "
+            "an add/remove ledger cannot hold it (use a replace-one ledger, the default)"
+        )
 
 
 def good_radius_steps(theta: float) -> int:
@@ -55,32 +80,41 @@ def adadpsyn_event(
     steps: int,
     t_hat: int,
     theta: float = 0.1,
+    labels_touched: int = 1,
 ) -> ev.DPEvent:
     """AdaDPSyn (Gao et al. 2025, Theorem 1 and App. B): per token, sampled without replacement.
 
-    Replace-one neighbours. Per token: GoodRadius = 2⌈log2(√2/(2θ))⌉ Gaussian queries of a sensitivity-2
-    score with noise std 2σ0 (multiplier σ0); T̂+1 projected means with sensitivity 2R and std 2Rσ1
-    (multiplier σ1); T̂ coverage counts with sensitivity 1 and std σ2. The per-token RDP is amplified by
-    sampling M·N of |D_y| records without replacement (WBK 2019, Thm 9) and composed over ``steps`` tokens.
+    Replace-one neighbours of the slots a label's records are drawn from (n_y slots, the declared size;
+    see ``methods/adadpsyn.py``): a swap changes one slot. Per token: GoodRadius = 2⌈log2(√2/(2θ))⌉
+    Gaussian queries of a sensitivity-2 score with noise std 2σ0 (multiplier σ0); T̂+1 projected means with
+    sensitivity 2R and std 2Rσ1 (multiplier σ1); T̂ coverage counts with sensitivity 1 and std σ2. The
+    per-token RDP is amplified by sampling M·N of n_y slots without replacement (WBK 2019, Thm 9) and
+    composed over ``steps`` tokens; ``labels_touched`` such runs (2 when a replacement may change a record's
+    label: one slot of each of two labels' runs changes, and the independent runs' RDP adds up).
     """
     t_hat = check.positive_int("t_hat", t_hat)
+    ro = {"neighbouring": REPLACE_ONE}
     parts = ev.compose(
-        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma0), sensitivity=2.0), 2 * good_radius_steps(theta)),
-        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma1)), t_hat + 1),
-        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma2)), t_hat),
+        ev.SelfComposedEvent(
+            ev.GaussianEvent(float(sigma0), sensitivity=2.0, **ro), 2 * good_radius_steps(theta)
+        ),
+        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma1), **ro), t_hat + 1),
+        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma2), **ro), t_hat),
     )
     token = ev.SampledWithoutReplacementEvent(sampling_rate=sampling_rate, event=parts)
-    return ev.SelfComposedEvent(token, check.positive_int("steps", steps))
+    total = check.positive_int("steps", steps) * check.positive_int("labels_touched", labels_touched)
+    return ev.SelfComposedEvent(token, total)
 
 
 def mozo_event(*, beta: float, order: float, sampling_rate: float, steps: int) -> ev.DPEvent:
     """DPS-MOZO (Flemings et al., Theorem B.3 and App. B): ``steps`` = n_queries × T_max tokens.
 
-    Replace-one neighbours. Each token is (α, 4βα)-RDP (proven for the projected mechanism this library
-    releases through, see ``MozoTokenEvent``), amplified by sampling n_shots records without replacement
-    (q = n_shots/|D|), composed over every token of every answer.
+    Replace-one neighbours only (n = |D| is the same for both; no add/remove analysis exists). Each token
+    is (α, 4βα)-RDP (proven for the projected mechanism this library releases through, see
+    ``MozoTokenEvent``), amplified by sampling n_shots records without replacement (q = n_shots/|D|),
+    composed over every token of every answer.
     """
-    per_token = ev.MozoTokenEvent(beta=beta, order=order)
+    per_token = ev.MozoTokenEvent(beta=beta, order=order, neighbouring=REPLACE_ONE)
     token = ev.SampledWithoutReplacementEvent(sampling_rate=sampling_rate, event=per_token)
     return ev.SelfComposedEvent(token, check.positive_int("steps", steps))
 
@@ -94,26 +128,25 @@ def mozo_rdp_target(*, epsilon: float, delta: float, order: float) -> float:
 
 
 def clip_blend_token_epsilon(
-    *, clip: float, subset_size: int, temperature: float, neighbouring: str = ev.ADD_REMOVE
+    *, clip: float, subset_size: int, temperature: float, neighbouring: str = REPLACE_ONE
 ) -> float:
     """ε0 of one clip-blend token: an exponential mechanism on ẑ = (z̄ + u)/2 with temperature τ.
 
     Clipped logits lie in [−c, c] and z̄ divides their sum by the fixed subset size s.
     - add/remove one prompt (the paper's relation, Lemma 2): ẑ moves by at most c/(2s) per entry, so
-      ε0 = 2Δ/τ = c/(sτ). Requires the mechanism to divide by the fixed s, not by the prompts present.
+      ε0 = 2Δ/τ = c/(sτ). Requires the divisor s to be public and fixed (not the number of prompts present,
+      not computed from the data) and the group's members not to depend on other records.
     - replace-one (a prompt's record swapped): an entry can move from −c to c, ẑ by c/s per entry, so
       ε0 = 2c/(sτ): twice the paper's figure.
     """
     c = check.positive_finite("clip", clip)
     s = check.positive_int("subset_size", subset_size)
     tau = check.positive_finite("temperature", temperature)
-    if neighbouring not in (ev.ADD_REMOVE, ev.REPLACE_ONE):
-        raise ConfigurationError(f"neighbouring must be {ev.ADD_REMOVE!r} or {ev.REPLACE_ONE!r}")
-    return (c if neighbouring == ev.ADD_REMOVE else 2.0 * c) / (s * tau)
+    return (c if check_relation(neighbouring) == ADD_REMOVE else 2.0 * c) / (s * tau)
 
 
 def clip_blend_event(
-    *, clip: float, subset_size: int, temperature: float, steps: int, neighbouring: str = ev.ADD_REMOVE
+    *, clip: float, subset_size: int, temperature: float, steps: int, neighbouring: str = REPLACE_ONE
 ) -> ev.DPEvent:
     """Clip-blend synthesis or decoding (Bhusal et al., Algorithm 1, Lemma 2): ``steps`` exponential mechanisms.
 
@@ -123,13 +156,15 @@ def clip_blend_event(
     """
     eps0 = clip_blend_token_epsilon(clip=clip, subset_size=subset_size, temperature=temperature,
                                     neighbouring=neighbouring)  # fmt: skip
-    return ev.SelfComposedEvent(ev.ExponentialMechanismEvent(eps0), check.positive_int("steps", steps))
+    token = ev.ExponentialMechanismEvent(eps0, neighbouring=check_relation(neighbouring))
+    return ev.SelfComposedEvent(token, check.positive_int("steps", steps))
 
 
 def clip_blend_paper_epsilon(*, clip: float, subset_size: int, temperature: float, steps: int, delta: float) -> float:
     """The paper's figure c·√(2T ln(1/δ))/(sτ) (add/remove): advanced composition without its
     T·ε0(e^ε0−1) term. Not a valid bound when ε0 is not small: report it only next to the real guarantee.
     """
-    eps0 = clip_blend_token_epsilon(clip=clip, subset_size=subset_size, temperature=temperature)
+    eps0 = clip_blend_token_epsilon(clip=clip, subset_size=subset_size, temperature=temperature,
+                                    neighbouring=ADD_REMOVE)  # fmt: skip
     t = check.positive_int("steps", steps)
     return eps0 * math.sqrt(2.0 * t * math.log(1.0 / check.probability_open("delta", delta)))

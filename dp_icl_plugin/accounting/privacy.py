@@ -5,20 +5,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting.neighbouring import DEFAULT_NEIGHBOURING, check_relation
 
 __all__ = ["PrivacyBudget", "PrivacySpend"]
 
 
 @dataclass(frozen=True)
 class PrivacyBudget:
-    """A total (ε, δ) that all charges together may not exceed."""
+    """A total (ε, δ) that all charges together may not exceed, under one neighbouring relation.
+
+    Attributes:
+        epsilon, delta: the guarantee.
+        neighbouring: the pairs of datasets it compares: ``"replace_one"`` (default; see
+            :mod:`~dp_icl_plugin.accounting.neighbouring` for why) or ``"add_remove"``.
+    """
 
     epsilon: float
     delta: float
+    neighbouring: str = DEFAULT_NEIGHBOURING
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", check.positive_finite("epsilon", self.epsilon))
         object.__setattr__(self, "delta", check.probability_open("delta", self.delta))
+        check_relation(self.neighbouring)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Every function returns the RDP ε(α) at each order of ``orders`` (``inf`` where no bound is known).
 References:
 - Gaussian: Mironov 2017, Prop. 7: α / (2σ²).
-- Poisson-subsampled Gaussian: Mironov, Talwar & Zhang 2019, §3.3 (exact at integer α ≥ 2).
+- Poisson-subsampled Gaussian (add/remove): Mironov, Talwar & Zhang 2019, §3.3: the closed form at
+  integer α ≥ 2, the two-sided series at fractional α. Replace-one: the weak triangle inequality from
+  the add/remove curve (Mironov 2017, Prop. 11; ``conversion.weak_triangle``).
 - Pure ε-DP: the Rényi divergence of randomized response with parameter ε, which dominates every ε-DP
   pair (each is a post-processing of it); also ≤ ε.
 - Bounded-range ε0 (the exponential mechanism): ε0²/8-zCDP, Cesar & Rogers 2021.
@@ -18,7 +20,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
+from scipy.special import gammaln, log_ndtr, logsumexp
 
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.errors import UnsupportedEventError
@@ -27,10 +29,12 @@ __all__ = [
     "DEFAULT_ORDERS",
     "bounded_range_rdp",
     "event_rdp",
+    "event_rdp_at",
     "gaussian_rdp",
     "poisson_subsampled_gaussian_rdp",
     "pure_dp_rdp",
     "rdp_to_epsilon",
+    "replace_one_poisson_subsampled_gaussian_rdp",
     "without_replacement_rdp",
 ]
 
@@ -63,23 +67,105 @@ def gaussian_rdp(orders: Orders, noise_multiplier: float) -> np.ndarray:
 
 
 def poisson_subsampled_gaussian_rdp(orders: Orders, sampling_rate: float, noise_multiplier: float) -> np.ndarray:
-    """RDP of the Poisson-subsampled Gaussian (add/remove), exact at integer orders, ``inf`` elsewhere.
+    """RDP of the Poisson-subsampled Gaussian (add/remove) at every order (Mironov, Talwar & Zhang 2019, §3.3).
 
-    ε(α) = log Σ_k C(α,k) (1−q)^(α−k) q^k exp((k²−k)/(2σ²)) / (α−1)  (Mironov, Talwar & Zhang 2019, §3.3).
+    Integer α: ε(α) = log Σ_k C(α,k) (1−q)^(α−k) q^k exp((k²−k)/(2σ²)) / (α−1). Fractional α: the series of
+    :func:`_log_a_fractional`, and never more than the next integer order's value (ε is non-decreasing in α).
     """
     a = _as_orders(orders)
     if sampling_rate >= 1.0:
         return gaussian_rdp(a, noise_multiplier)
     out = np.full(a.shape, np.inf)
-    log_q, log_1mq = math.log(sampling_rate), math.log1p(-sampling_rate)
-    for i in np.flatnonzero(_is_integer(a)):
-        alpha = int(np.rint(a[i]))
-        k = np.arange(alpha + 1, dtype=float)
-        with np.errstate(over="ignore"):  # σ near 0: inf (no privacy); never σ² (overflows for huge σ)
-            exponent = (k * k - k) / 2.0 / noise_multiplier / noise_multiplier
-        terms = _log_binom(alpha, k) + k * log_q + (alpha - k) * log_1mq + exponent
-        out[i] = float(logsumexp(terms)) / (alpha - 1)
+    for i, alpha in enumerate(a.tolist()):
+        ceiling = math.ceil(alpha - 1e-12)
+        out[i] = _integer_poisson_rdp(ceiling, sampling_rate, noise_multiplier)
+        if not _is_integer(np.asarray(alpha)):
+            log_a = _log_a_fractional(alpha, sampling_rate, noise_multiplier)
+            out[i] = min(out[i], log_a / (alpha - 1.0))
     return out
+
+
+@lru_cache(maxsize=65536)
+def _integer_poisson_rdp(alpha: int, sampling_rate: float, noise_multiplier: float) -> float:
+    k = np.arange(alpha + 1, dtype=float)
+    log_q, log_1mq = math.log(sampling_rate), math.log1p(-sampling_rate)
+    with np.errstate(over="ignore"):  # σ near 0: inf (no privacy); never σ² (overflows for huge σ)
+        exponent = (k * k - k) / 2.0 / noise_multiplier / noise_multiplier
+    terms = _log_binom(alpha, k) + k * log_q + (alpha - k) * log_1mq + exponent
+    return float(logsumexp(terms)) / (alpha - 1)
+
+
+FRACTIONAL_MAX_TERMS = 1 << 18
+
+
+@lru_cache(maxsize=65536)
+def _log_a_fractional(alpha: float, sampling_rate: float, noise_multiplier: float) -> float:
+    """log A_α = log E_{N(0,σ²)}[(μ/μ0)^α] for fractional α > 1, μ = (1−q)·N(0,σ²) + q·N(1,σ²); an upper bound.
+
+    Split at z0 = σ² log(1/q − 1) + 1/2, where q·μ1 = (1−q)·μ0, and expand (μ/μ0)^α binomially in the
+    smaller of the two ratios on each side (MTZ 2019, §3.3)::
+
+        A_α = Σ_i C(α,i) q^i (1−q)^(α−i) e^{(i²−i)/(2σ²)} Φ((z0−i)/σ)
+            + Σ_i C(α,i) q^(α−i) (1−q)^i e^{(j²−j)/(2σ²)} Φ((j−z0)/σ),   j = α − i.
+
+    Past i > α the generalised binomial C(α,i) alternates in sign and the terms shrink, so each series is
+    alternating: stopping after n terms errs by less than the last term, which is added to the sum (an
+    upper bound). ``inf`` if the last terms do not fall below e^−20 of the sum within FRACTIONAL_MAX_TERMS;
+    the caller then keeps the next integer order's bound.
+    """
+    sigma2 = noise_multiplier * noise_multiplier
+    if not math.isfinite(sigma2) or sigma2 == 0.0:
+        return 0.0 if sigma2 > 0 else math.inf
+    z0 = sigma2 * math.log(1.0 / sampling_rate - 1.0) + 0.5
+    log_q, log_1mq = math.log(sampling_rate), math.log1p(-sampling_rate)
+    sigma = math.sqrt(sigma2)
+    n = max(64, 2 * math.ceil(alpha), 2 * math.ceil(z0))
+    while n <= FRACTIONAL_MAX_TERMS:
+        i = np.arange(n, dtype=float)
+        j = alpha - i
+        log_coef = gammaln(alpha + 1.0) - gammaln(i + 1.0) - gammaln(j + 1.0)  # log |C(α, i)|
+        sign = np.where((i > alpha) & ((i - math.ceil(alpha)) % 2 == 1), -1.0, 1.0)  # of C(α, i)
+        with np.errstate(over="ignore", divide="ignore"):
+            below = log_coef + i * log_q + j * log_1mq + (i * i - i) / (2.0 * sigma2) + log_ndtr((z0 - i) / sigma)
+            above = log_coef + j * log_q + i * log_1mq + (j * j - j) / (2.0 * sigma2) + log_ndtr((j - z0) / sigma)
+        if np.isposinf(below).any() or np.isposinf(above).any() or np.isnan(below).any() or np.isnan(above).any():
+            return math.inf
+        total, total_sign = logsumexp(np.concatenate([below, above]), b=np.concatenate([sign, sign]),
+                                      return_sign=True)  # fmt: skip
+        shrinking = below[-1] <= below[-2] and above[-1] <= above[-2]
+        last = max(float(below[-1]), float(above[-1]))
+        if total_sign > 0 and shrinking and last < float(total) - 20.0:
+            # the truncation error of both series, plus float rounding of the cancelling sum
+            return float(np.logaddexp(total, math.log(2.0) + last)) + 1e-12
+        n *= 4
+    return math.inf
+
+
+WEAK_TRIANGLE_MAX_ORDER = 2048.0
+
+
+def replace_one_poisson_subsampled_gaussian_rdp(
+    orders: Orders, sampling_rate: float, noise_multiplier: float
+) -> np.ndarray:
+    """RDP of the Poisson-subsampled Gaussian for replace-one neighbours.
+
+    At q = 1 a Gaussian of twice the sensitivity (σ/2); below, the weak triangle inequality (Mironov 2017,
+    Prop. 11) through the dataset without the record, on the add/remove curve (orders above
+    WEAK_TRIANGLE_MAX_ORDER are not evaluated, which only drops candidate bounds).
+    """
+    from dp_icl_plugin.accounting.conversion import weak_triangle
+
+    a = _as_orders(orders)
+    if sampling_rate >= 1.0:
+        return gaussian_rdp(a, noise_multiplier / 2.0)
+
+    def add_remove(b: np.ndarray) -> np.ndarray:
+        out = np.full(b.shape, np.inf)
+        ok = b <= WEAK_TRIANGLE_MAX_ORDER
+        out[ok] = poisson_subsampled_gaussian_rdp(b[ok], sampling_rate, noise_multiplier)
+        return out
+
+    return weak_triangle(a, add_remove)
 
 
 def pure_dp_rdp(orders: Orders, epsilon: float) -> np.ndarray:
@@ -179,6 +265,8 @@ def _atom_rdp(event: ev.DPEvent, orders: tuple[float, ...]) -> np.ndarray:
     if isinstance(event, ev.PoissonSampledEvent):
         inner = event.event
         assert isinstance(inner, ev.GaussianEvent)
+        if event.neighbouring == ev.REPLACE_ONE:
+            return replace_one_poisson_subsampled_gaussian_rdp(a, event.sampling_rate, inner.noise_multiplier)
         return poisson_subsampled_gaussian_rdp(a, event.sampling_rate, inner.noise_multiplier)
     if isinstance(event, ev.PureDPEvent):
         return pure_dp_rdp(a, event.epsilon)
@@ -210,6 +298,11 @@ def _epsilon_inf(event: ev.DPEvent) -> float:
         else:
             return math.inf
     return total
+
+
+def event_rdp_at(event: ev.DPEvent, orders: Orders) -> np.ndarray:
+    """:func:`event_rdp` at any array of orders (e.g. the orders the weak triangle inequality asks for)."""
+    return event_rdp(event, tuple(float(x) for x in np.asarray(orders, dtype=float).ravel()))
 
 
 def event_rdp(event: ev.DPEvent, orders: tuple[float, ...] = DEFAULT_ORDERS) -> np.ndarray:

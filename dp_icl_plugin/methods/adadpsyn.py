@@ -1,7 +1,8 @@
 """AdaDPSyn (Gao et al., ICLR 2025): DP synthetic demonstrations with data-adaptive aggregation.
 
-Per generated token, for label y (Algorithm 1 with Algorithm 3; ``REFERENCE.md`` §3): draw M·N records of
-D_y uniformly without replacement and cut them into M prompts of N (:func:`~.prompting.fixed_size_subsets`);
+Per generated token, for label y (Algorithm 1 with Algorithm 3; ``REFERENCE.md`` §3): draw M·N of the n_y
+slots the records of D_y were placed in (n_y the declared public size; :func:`~.prompting.slot_placement`)
+uniformly without replacement and cut them into M prompts of N (:func:`~.prompting.fixed_size_subsets`);
 p_i = next-token distribution of prompt i restricted to V_pub = top-K of the public prompt's distribution
 and renormalised (each token gets its own model probability, however small); aggregate p_1..p_M with
 GoodRadius, a noisy mean, and up to T̂ coverage-checked projected means
@@ -9,28 +10,25 @@ GoodRadius, a noisy mean, and up to T̂ coverage-checked projected means
 afresh for every token from the one ``rng`` (the public code's seed reset inside the token loop, which
 reuses the subset and the noise of the first token, is not repeated).
 
-Privacy claim. Neighbouring datasets differ in one record **within a label**: one record of D_y is
-replaced by another record with the same label y, so every |D_y| (public, as in the paper, see
-:mod:`~.data`) is unchanged. Per token the M·N prompt records are a uniform draw without replacement from
-D_y; replacing one record changes at most one prompt, hence one p_i, and the token's release is an RDP
-mechanism of the draw made of 2⌈log2(√2/(2θ))⌉ GoodRadius queries (sensitivity 2, noise std 2σ0), at most
-T̂ + 1 projected means (sensitivity 2R, std 2Rσ1) and at most T̂ coverage counts (sensitivity 1, std σ2).
-Its RDP is amplified by sampling without replacement at γ_y = M·N/|D_y| (Wang, Balle & Kasiviswanathan
-2019, Theorem 9; the paper's Theorem 7), composed over shots_per_label × T tokens and converted to (ε, δ)
-by the RDP accountant (Balle et al. 2020): :func:`~dp_icl_plugin.accounting.method_events.adadpsyn_event`
-(App. B, Theorem 3). Labels partition the data and generation for y reads only D_y, so the run costs the
-label with the fewest records, γ = M·N/min_y |D_y| (a larger γ only increases the bound). T tokens are
-charged even when a demonstration stops early at EOS. σ1 for a target ε is the smallest on a 0.01 grid
-(``calibrate_adadpsyn``, what ``dp-icl calibrate adadpsyn`` prints); δ defaults to 1/|D| (the paper).
-
-Not covered: a replacement that changes a record's label. It removes a record from D_y and adds one to
-D_y': both partitions change (parallel composition over labels no longer gives the maximum: both labels'
-generations would have to be composed), each by an add/remove step that changes the population size
-|D_y| the M·N records are drawn from. Theorem 9 compares two datasets of the *same* size differing in one
-element, so it does not apply to that pair; the public label counts, which set the sampling rates, change
-too. The guarantee therefore treats the label counts as public, as the paper does (its neighbours "differ
-by a single entry" while its sampling rate is set by |D_y|). Adding or removing a record is not covered
-either (replace-one only).
+Privacy claim. Replace-one neighbours (D and D' differ in one record, text and label; |D| is the same).
+The records of each label sit in n_y slots, n_y declared public (``PrivateDataset(public_label_counts=...)``)
+and never read from the records; a dataset with more records in a label than its declared size is refused
+before any charge (the guarantee covers datasets within the declared sizes). A replacement within label y
+changes the record in one slot of y's run; one that changes the label empties a slot of y's run and fills
+one of y''s. Per token the M·N prompt slots are a uniform draw without replacement from the n_y slots, and
+changing one slot changes at most one prompt, hence one p_i: the token's release is an RDP mechanism of the
+draw made of 2⌈log2(√2/(2θ))⌉ GoodRadius queries (sensitivity 2, noise std 2σ0), at most T̂ + 1 projected
+means (sensitivity 2R, std 2Rσ1) and at most T̂ coverage counts (sensitivity 1, std σ2). Its RDP is
+amplified by sampling without replacement at γ_y = M·N/n_y (Wang, Balle & Kasiviswanathan 2019, Theorem 9;
+the paper's Theorem 7), composed over shots_per_label × T tokens and converted to (ε, δ) by the RDP
+accountant (Balle et al. 2020): :func:`~dp_icl_plugin.accounting.method_events.adadpsyn_event` (App. B,
+Theorem 3). Labels partition the data and generation for y reads only D_y, so a replacement within a label
+costs one label's run at γ = M·N/min_y n_y; a replacement across labels touches two independent runs, whose
+RDP adds up: with two or more labels generated, the event is two runs' worth (``labels_touched=2``), which
+the paper's analysis (label-preserving swaps only, ``labels_touched=1``, what reproduces its σ1) omits.
+T tokens are charged even when a demonstration stops early at EOS. σ1 for a target ε is the smallest on a
+0.01 grid (``calibrate_adadpsyn``, what ``dp-icl calibrate adadpsyn`` prints); δ defaults to 1/|D| (the
+paper; public under replace-one). There is no add/remove analysis: an add/remove ledger refuses it.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ from dp_icl_plugin.mechanisms.gaussian_aggregation import restrict
 from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
 from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
-from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text, fixed_size_subsets
+from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text, fixed_size_subsets, slot_placement
 from dp_icl_plugin.methods.templates import PromptTemplate
 
 __all__ = ["AdaDPSynConfig", "AdaDPSynSynthesizer"]
@@ -124,9 +122,14 @@ class AdaDPSynSynthesizer(SynthesisMethod):
     config_type: ClassVar[type] = AdaDPSynConfig
     config: AdaDPSynConfig
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
         c = self.config
+        me.require_replace_one("AdaDPSyn", neighbouring)
         rate, _, steps = self._sampling(dataset, labels, drawn="are drawn without replacement per token")
+        for y in labels:
+            if dataset.count(y) > dataset.public_count(y):  # refused before any charge (see the module docstring)
+                raise ConfigurationError(f"label {y!r} has more records than its declared public size")
+        touched = min(2, len(labels))
         delta = c.delta if c.delta is not None else 1.0 / len(dataset)
         if c.sigma1 is not None:
             sigma1, target = float(c.sigma1), None
@@ -134,12 +137,14 @@ class AdaDPSynSynthesizer(SynthesisMethod):
             assert c.epsilon is not None
             result = calibrate_adadpsyn(epsilon=float(c.epsilon), delta=float(delta), sampling_rate=rate, steps=steps,
                                         t_hat=c.t_hat, sigma0=float(c.sigma0), sigma2=float(c.sigma2),
-                                        theta=float(c.theta))  # fmt: skip
+                                        theta=float(c.theta), labels_touched=touched)  # fmt: skip
             sigma1, target = result.value, result.epsilon
         event = me.adadpsyn_event(sigma0=float(c.sigma0), sigma1=sigma1, sigma2=float(c.sigma2), sampling_rate=rate,
-                                  steps=steps, t_hat=c.t_hat, theta=float(c.theta))  # fmt: skip
+                                  steps=steps, t_hat=c.t_hat, theta=float(c.theta), labels_touched=touched)  # fmt: skip
         params = {"sigma0": float(c.sigma0), "sigma1": sigma1, "sigma2": float(c.sigma2), "sampling_rate": rate,
-                  "steps": steps, "target_delta": delta, "calibrated_epsilon": target}  # fmt: skip
+                  "steps": steps, "target_delta": delta, "calibrated_epsilon": target, "labels_touched": touched,
+                  "neighbouring": neighbouring,
+                  "public_label_counts": {y: dataset.public_count(y) for y in labels}}  # fmt: skip
         return Plan(labels, event, params)
 
     def _generate(
@@ -162,11 +167,12 @@ class AdaDPSynSynthesizer(SynthesisMethod):
         demos = []
         for label in plan.labels:
             records = dataset.records(label)
+            placement = slot_placement(len(records), dataset.public_count(label), rng)
             for _ in range(c.shots_per_label):
                 generated: list[int] = []
                 for _ in range(c.max_tokens):
-                    subsets = fixed_size_subsets(records, n_prompts=c.n_prompts, per_prompt=c.records_per_prompt,
-                                                 rng=rng)  # fmt: skip
+                    subsets = fixed_size_subsets(records, placement=placement, n_prompts=c.n_prompts,
+                                                 per_prompt=c.records_per_prompt, rng=rng)  # fmt: skip
                     prompts = [ids.public(label, generated)]
                     prompts += [ids.private(label, subset, generated) for subset in subsets]
                     logprobs = check_logprobs(backend.next_token_logprobs(prompts))

@@ -2,18 +2,20 @@
 
 A method is a frozen, validated config plus three calls:
 
-- ``event(dataset, labels=None)``: the exact privacy event a run on ``dataset`` will charge (its noise
-  calibrated from the config's target), before anything runs;
+- ``event(dataset, labels=None, neighbouring="replace_one")``: the exact privacy event a run on ``dataset``
+  will charge under that neighbouring relation (its noise calibrated from the config's target for it),
+  before anything runs;
 - ``synthesize(dataset, labels=..., backend=..., budget=..., rng=...)`` (plus ``public_inputs=...`` for methods
   that answer public inputs): validates everything (a public
-  pre-flight pass through the backend included), charges ``event`` to the budget manager, and only then
-  reads private records; returns a :class:`DemoSet`;
+  pre-flight pass through the backend included), charges ``event`` for the budget manager's relation,
+  and only then reads private records; returns a :class:`DemoSet`;
 - ``synthesize_nonprivate(...)``: the same computation without noise or charge (ε = ∞), for baselines and
   tests only; its output is *not* differentially private.
 
 Labels partition the private data (each record has one label, generation for label y reads only D_y), so a
 run over several labels costs what the costliest label costs (parallel composition): ``event`` is the
-event of the label with the fewest records.
+event of the label with the smallest declared size. Label-conditioned methods size their sampling by the
+sizes the caller declares public (``PrivateDataset(public_label_counts=...)``), never by the records.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager
+from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
@@ -113,8 +116,8 @@ class SynthesisMethod(ABC):
 
     # -- what subclasses provide ------------------------------------------------------------------
     @abstractmethod
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
-        """Check the data against the config and calibrate; raise ConfigurationError before any charge."""
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
+        """Check the data against the config and calibrate for ``neighbouring``; raise before any charge."""
 
     @abstractmethod
     def _generate(
@@ -137,13 +140,13 @@ class SynthesisMethod(ABC):
         check_top_k(getattr(self.config, "top_k", None), backend)
 
     def _sampling(self, dataset: PrivateDataset, labels: tuple[str, ...], *, drawn: str) -> tuple[float, int, int]:
-        """(q = M·N/|D_y| at the smallest label, that label's size, steps = shots × tokens) for methods that
+        """(q = M·N/n_y at the smallest declared size n_y, that size, steps = shots × tokens) for methods that
         draw M·N records per token; ``drawn`` says how, for the error when a label is too small."""
         c = self.config
         per_token = c.n_prompts * c.records_per_prompt
-        smallest = min(dataset.count(y) for y in labels)
+        smallest = min(dataset.public_count(y) for y in labels)
         if smallest < per_token:
-            raise ConfigurationError(f"a label has {smallest} records; M·N = {per_token} {drawn}")
+            raise ConfigurationError(f"a label's declared size is {smallest}; M·N = {per_token} {drawn}")
         return per_token / smallest, smallest, c.shots_per_label * c.max_tokens
 
     def _public_probe(self, label: str) -> str:
@@ -156,9 +159,10 @@ class SynthesisMethod(ABC):
         labels: Sequence[str] | None = None,
         *,
         public_inputs: Sequence[str] | None = None,
+        neighbouring: str = REPLACE_ONE,
     ) -> ev.DPEvent:
-        """The privacy event a run on ``dataset`` (for ``labels``, default all) charges."""
-        return self.plan(dataset, labels, public_inputs=public_inputs).event
+        """The privacy event a run on ``dataset`` (for ``labels``, default all) charges under ``neighbouring``."""
+        return self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring).event
 
     def plan(
         self,
@@ -166,17 +170,20 @@ class SynthesisMethod(ABC):
         labels: Sequence[str] | None = None,
         *,
         public_inputs: Sequence[str] | None = None,
+        neighbouring: str = REPLACE_ONE,
     ) -> Plan:
-        """Validated labels, calibrated parameters and the event, without touching a backend.
+        """Validated labels, calibrated parameters and the event under ``neighbouring`` (the relation of the
+        ledger it will be charged to), without touching a backend.
 
         ``public_inputs`` is for methods that answer public inputs (MOZO offline); the others refuse it.
         """
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationError("dataset must be a PrivateDataset")
+        relation = check_relation(neighbouring)
         if public_inputs is not None:
             raise ConfigurationError(f"{self.name} does not take public_inputs")
         chosen = dataset.labels if labels is None else dataset.check_labels(labels)
-        return self._plan(dataset, chosen)
+        return self._plan(dataset, chosen, relation)
 
     def synthesize(
         self,
@@ -201,13 +208,13 @@ class SynthesisMethod(ABC):
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (every synthesis is charged to one)")
         check_rng(rng)
-        plan = self.plan(dataset, labels, public_inputs=public_inputs)
+        plan = self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=budget.neighbouring)
         check_backend(backend)
         self._preflight(plan, backend)
         label = ledger_label or f"{self.name}:synthesize"
         entry = budget.spend(plan.event, label=label)
         demos = self._generate(dataset, plan, backend, rng, private=True, progress=progress)
-        epsilon = tightest().epsilon(plan.event, delta=budget.budget.delta)
+        epsilon = tightest().epsilon(plan.event, delta=budget.budget.delta)  # the event is under the ledger's relation
         return DemoSet(demos, self._provenance(plan, backend, epsilon, budget.budget.delta, entry.id, label))
 
     def synthesize_nonprivate(

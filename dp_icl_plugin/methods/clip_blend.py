@@ -8,31 +8,32 @@ with the fixed divisor s, blend with the public row, sample from softmax(ẑ/τ)
 decoding runs on the backend's incremental session (one KV cache per prompt, cost linear in T, §1); stopping
 at EOS or at the template's stop string is post-processing.
 
-Privacy claim (add/remove of one record, the paper's relation; ``neighbouring="replace_one"`` doubles ε0):
+Privacy claim. Neighbouring relation: the ledger's (replace-one by default; add/remove is the paper's).
+Everything the analysis holds fixed is public and fixed before any record is read: the divisor s (given,
+or ⌊min_y n_y / K⌋) and the population size n_y of each label are the sizes the caller declares public
+(``PrivateDataset(public_label_counts=...)``), never the observed counts. (Reading them from the data broke
+the claim: with s = |D_y| and τ calibrated from it, D and D ∪ {x} used s = 100 and 101, and a token's
+log-probabilities moved by 0.379 against a charged ε0 of 0.203.)
 
-- Assignment. Each record of D_y independently joins group k with probability s/n_y for each of the
-  K = ``shots_per_label`` groups, or no group with probability 1 − K·s/n_y (zero when n_y = K·s, e.g. the
-  smallest label at the default s = ⌊min_y n_y / K⌋; for larger labels groups keep the expected size s,
-  the paper's "prompt set of expected size s"). Groups are disjoint, and adding or removing a record changes
-  exactly one group (or none) and leaves the others as they were; a random permutation cut into chunks
-  would shift records between groups instead. The rates s/n_y and s's default use the label counts n_y,
-  which are treated as public parameters, as the papers do (Tang et al.'s q = M·N/|D_y| likewise): the claim
-  is for D and D' run with the same (n_y, s).
-- One assignment. Fix the draws of the records common to D and D' = D ∪ {r} and r's own draw. The two runs
-  then differ in at most one private prompt of one group. That group's demonstration is T adaptively
-  composed tokens, each an exponential mechanism that is ε0-DP and ε0-bounded-range with ε0 = c/(sτ),
-  because ẑ divides by the fixed s and so moves by at most c/(2s) per entry (Lemma 2; dividing by the
-  number of prompts present would not bound it). Every other demonstration, of this label or another
-  (labels partition D), is computed from identical inputs with its own randomness: parallel composition.
+- Assignment. Each record of D_y independently draws a uniform v in [0, n_y) and joins group ⌊v/s⌋ when
+  v < K·s (each of the K = ``shots_per_label`` groups with probability s/n_y), no group otherwise. A
+  record's group depends on its own draw only: adding or removing a record changes exactly one group (or
+  none) and leaves the others as they were; a random permutation cut into chunks, or a rate s/|D_y| read
+  from the data, would let one record move others.
+- One assignment. Fix the draws of the records common to D and D' and the differing record's own draw
+  (a replacement takes the replaced record's draw). Under add/remove the two runs differ in at most one
+  private prompt of one group; that group's demonstration is T adaptively composed tokens, each an
+  exponential mechanism that is ε0-DP and ε0-bounded-range with ε0 = c/(sτ), because ẑ divides by the fixed
+  s and so moves by at most c/(2s) per entry (Lemma 2). Under replace-one one prompt of one group is
+  swapped: ẑ moves by c/s, ε0 = 2c/(sτ); if the label changes too, one group loses a prompt and a group of
+  another label gains one, and token t of both demonstrations together is again 2·c/(sτ)-DP and
+  -bounded-range. Every other demonstration, of this label or another (labels partition D), is computed
+  from identical inputs with its own randomness: parallel composition.
 - Mixture. Each record's draw is independent of the others', so the runs on D and D' are mixtures over
   the same draws with the same weights; hockey-stick divergences are jointly convex, so the (ε, δ) the
   accountant certifies for T tokens holds for the whole run:
   :func:`~dp_icl_plugin.accounting.method_events.clip_blend_event` with ``steps = max_tokens``, whatever
-  ``shots_per_label`` and the number of labels.
-- Replace-one: the new record takes the old one's draw, so one prompt of one group changes and ẑ moves
-  by c/s: ε0 = 2c/(sτ). If the label changes too, one group loses a prompt and a group of another label
-  gains one; the two demonstrations are generated independently, so token t of both together is 2ε0-DP
-  and 2ε0-bounded-range: the same event covers it.
+  ``shots_per_label`` and the number of labels. (Amplification by the draw is not used.)
 
 The paper composes T tokens with advanced composition and keeps only its leading term, c·√(2T ln(1/δ))/(sτ)
 (Theorem 1): not a valid bound when ε0 is not small. It is reported in the provenance as ``paper_epsilon``,
@@ -52,7 +53,6 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin._progress import progress_bar
-from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
@@ -75,26 +75,26 @@ __all__ = [
     "measure_decoding_speedup",
 ]
 
-NEIGHBOURING = (ev.ADD_REMOVE, ev.REPLACE_ONE)
+def assign_groups(
+    n_records: int, *, population: int, n_groups: int, subset_size: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Deal record positions 0..n_records−1 to ``n_groups`` disjoint groups of expected size ``subset_size``.
 
-
-def assign_groups(n_records: int, *, n_groups: int, subset_size: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Deal record positions 0..n−1 to ``n_groups`` disjoint groups of expected size ``subset_size``.
-
-    Each record independently draws a uniform integer v in [0, n): it joins group ⌊v/s⌋ when v < K·s (so
-    each group with probability s/n exactly), no group otherwise. With n = K·s every record joins one
-    group. Adding a record adds one draw and leaves every other record's group unchanged in distribution
-    (see the module docstring).
+    Each record independently draws a uniform integer v in [0, N), N = ``population`` (a public, declared
+    size, not ``n_records``): it joins group ⌊v/s⌋ when v < K·s (each group with probability s/N exactly),
+    no group otherwise. With n_records = N = K·s every record joins one group. A record's group depends on
+    its own draw only (see the module docstring).
 
     Returns:
         One sorted array of positions per group.
     """
-    n = check.positive_int("n_records", n_records)
+    n = check.positive_int("n_records + 1", n_records + 1) - 1  # a label may have no records
+    big_n = check.positive_int("population", population)
     k = check.positive_int("n_groups", n_groups)
     s = check.positive_int("subset_size", subset_size)
-    if k * s > n:
-        raise ConfigurationError(f"{k} groups of expected size {s} need at least {k * s} records, got {n}")
-    slot = rng.integers(0, n, size=n) // s
+    if k * s > big_n:
+        raise ConfigurationError(f"{k} groups of expected size {s} need a population of at least {k * s}, got {big_n}")
+    slot = rng.integers(0, big_n, size=n) // s
     return [np.flatnonzero(slot == g) for g in range(k)]
 
 
@@ -113,15 +113,16 @@ class ClipBlendConfig:
 
     Attributes:
         clip: c, the clipping threshold of eq. 2.
-        subset_size: s, the fixed divisor of z̄ and the expected number of prompts per demonstration;
-            None (default) = ⌊min_y |D_y| / shots_per_label⌋ (label counts are public, as in the papers).
+        subset_size: s, the fixed divisor of z̄ and the expected number of prompts per demonstration (the
+            group of label y has expected size s·|D_y|/n_y); None (default) = ⌊min_y n_y / shots_per_label⌋
+            over the declared public sizes n_y.
         max_tokens: T, tokens per demonstration; every record is charged T tokens (generation may stop
             earlier at EOS or at ``template.stop``).
         shots_per_label: K, demonstrations per label, each from its own disjoint group of records.
         temperature: τ itself, or None when ``epsilon`` is given.
-        epsilon: target ε of the run (τ calibrated with the tightest accounting), or None.
-        delta: δ of the target and of the reported figures (default 1/min_y |D_y|).
-        neighbouring: ``"add_remove"`` (the paper's, ε0 = c/(sτ)) or ``"replace_one"`` (ε0 = 2c/(sτ)).
+        epsilon: target ε of the run (τ calibrated with the tightest accounting for the ledger's relation:
+            ε0 = c/(sτ) under add/remove, 2c/(sτ) under replace-one), or None.
+        delta: δ of the target and of the reported figures (default 1/min_y n_y).
         template: the private prompt layout: ``template.private_prompt(label, [record])``.
         public_prompt: a format string with ``{label}`` for the public prompt (App. F words it differently
             from the private one); None = ``template.public_prompt(label)``.
@@ -134,7 +135,6 @@ class ClipBlendConfig:
     temperature: float | None = None
     epsilon: float | None = None
     delta: float | None = None
-    neighbouring: str = ev.ADD_REMOVE
     template: PromptTemplate = field(default_factory=PromptTemplate)
     public_prompt: str | None = None
 
@@ -145,8 +145,6 @@ class ClipBlendConfig:
         if self.subset_size is not None:
             check.positive_int("subset_size", self.subset_size)
         check_privacy_target(self.epsilon, self.delta, self.temperature, "temperature")
-        if self.neighbouring not in NEIGHBOURING:
-            raise ConfigurationError(f"neighbouring must be one of {NEIGHBOURING}, got {self.neighbouring!r}")
         if not isinstance(self.template, PromptTemplate):
             raise ConfigurationError("template must be a PromptTemplate")
         if self.public_prompt is not None:
@@ -199,18 +197,19 @@ class ClipBlendSynthesizer(SynthesisMethod):
     config: ClipBlendConfig
 
     # -- planning -----------------------------------------------------------------------------------
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
         c = self.config
         k = c.shots_per_label
-        smallest = min(dataset.count(y) for y in labels)
+        smallest = min(dataset.public_count(y) for y in labels)  # declared sizes: never the observed counts
         if smallest < k:
             raise ConfigurationError(
-                f"a label has {smallest} records; shots_per_label = {k} demonstrations need at least one each"
+                f"a label's declared size is {smallest}; shots_per_label = {k} demonstrations need at least one each"
             )
         s = c.subset_size if c.subset_size is not None else smallest // k
         if k * s > smallest:
             raise ConfigurationError(
-                f"a label has {smallest} records; shots_per_label × subset_size = {k * s} need at least as many"
+                f"a label's declared size is {smallest}; shots_per_label × subset_size = {k * s} need at least as "
+                "many"
             )
         steps = c.max_tokens  # each record sits in one group: it takes part in T tokens (parallel composition)
         delta = c.delta if c.delta is not None else 1.0 / smallest
@@ -219,17 +218,19 @@ class ClipBlendSynthesizer(SynthesisMethod):
         else:
             assert c.epsilon is not None
             result = calibrate_clip_blend_temperature(epsilon=c.epsilon, delta=delta, clip=c.clip, subset_size=s,
-                                                      steps=steps, neighbouring=c.neighbouring)  # fmt: skip
+                                                      steps=steps, neighbouring=neighbouring)  # fmt: skip
             tau, target = result.value, result.epsilon
         event = me.clip_blend_event(clip=c.clip, subset_size=s, temperature=tau, steps=steps,
-                                    neighbouring=c.neighbouring)  # fmt: skip
+                                    neighbouring=neighbouring)  # fmt: skip
         token_epsilon = me.clip_blend_token_epsilon(clip=c.clip, subset_size=s, temperature=tau,
-                                                    neighbouring=c.neighbouring)  # fmt: skip
+                                                    neighbouring=neighbouring)  # fmt: skip
         # the paper's figure (add/remove, leading term of advanced composition) only beside the guarantee
         paper = me.clip_blend_paper_epsilon(clip=c.clip, subset_size=s, temperature=tau, steps=steps, delta=delta)
         params = {"subset_size": s, "temperature": tau, "steps": steps, "target_delta": delta,
                   "calibrated_epsilon": target, "token_epsilon": token_epsilon,
-                  "epsilon": tightest().epsilon(event, delta=delta), "paper_epsilon": paper}  # fmt: skip
+                  "epsilon": tightest().epsilon(event, delta=delta), "paper_epsilon": paper,
+                  "neighbouring": neighbouring,
+                  "public_label_counts": {y: dataset.public_count(y) for y in labels}}  # fmt: skip
         return Plan(labels, event, params)
 
     def _public_probe(self, label: str) -> str:
@@ -285,7 +286,9 @@ class ClipBlendSynthesizer(SynthesisMethod):
         for label in plan.labels:
             records = dataset.records(label)
             public = _fit(backend.encode(c.public_text(label), add_special_tokens=True), capacity)
-            for group in assign_groups(len(records), n_groups=c.shots_per_label, subset_size=s, rng=rng):
+            groups = assign_groups(len(records), population=dataset.public_count(label), n_groups=c.shots_per_label,
+                                   subset_size=s, rng=rng)  # fmt: skip
+            for group in groups:
                 prompts = [public] + [
                     _fit(backend.encode(c.template.private_prompt(label, [records[int(i)]]), add_special_tokens=True),
                          capacity)

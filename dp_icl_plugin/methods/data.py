@@ -8,15 +8,23 @@ Public prompt parts (instructions, label names, templates) are plain strings sup
 nothing in this package turns a ``PrivateRecord`` into a string except a method's private prompts, whose
 outputs are only released through a DP mechanism after the budget was charged.
 
-Label names are public, and so are the record counts per label: every published method sets its sampling
-rate from |D_y| (Tang et al. 2024; PTA; AdaDPSyn) and this library follows them. Under add/remove the
-counts change by one; treat them as public side information, as the papers do.
+**Which counts are public.** Label names are public (they appear in prompts). The number of records |D|
+is public under replace-one neighbours (the relation keeps it fixed), not under add/remove. The count of
+each label |D_y| is public under neither: a replacement may change a record's label. Every published
+label-conditioned method sets a sampling rate or a divisor from |D_y| (Tang et al. 2024; PTA; AdaDPSyn;
+clip-blend), and an analysis that assumes such a quantity fixed breaks when it is read from the data
+(adding one record to a label of M·N records moves q from 1 to M·N/(M·N+1) and drops another record
+with probability ≈ 0.63). So those methods take the per-label sizes the caller *declares* public
+(``public_label_counts``): fixed numbers, published with the output, used as the population sizes of the
+sampling and never recomputed from the records. ``public_label_counts="observed"`` declares the observed
+counts public (the caller accepts that they are released).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral
 from typing import Any
 
 from dp_icl_plugin.errors import ConfigurationError
@@ -52,20 +60,34 @@ def check_label_set(labels: object) -> tuple[str, ...]:
     return result
 
 
+OBSERVED = "observed"
+
+
 class PrivateDataset:
     """Private records grouped by label, validated once.
 
     Args:
         records: the private records.
-        labels: the public label set, in display order (default: the records' labels, sorted). Every
-            record's label must be in it; a label may have no records.
+        labels: the public label set, in display order (default: the keys of ``public_label_counts`` when
+            it is a mapping, else the records' labels, sorted). Every record's label must be in it; a label
+            may have no records.
+        public_label_counts: the size of each label the caller declares public (see the module docstring):
+            a mapping ``{label: size}`` over the whole label set, or ``"observed"`` to declare the observed
+            counts public. Label-conditioned methods (Tang, PTA, AdaDPSyn, clip-blend) refuse to run
+            without it. ``None`` (default): nothing declared.
 
     Raises:
-        ConfigurationError: no records, an empty or non-string text, a label outside ``labels``. Messages
-            give a record's position, never its content.
+        ConfigurationError: no records, an empty or non-string text, a label outside ``labels``, a bad
+            declaration. Messages give a record's position, never its content.
     """
 
-    def __init__(self, records: Iterable[PrivateRecord], *, labels: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        records: Iterable[PrivateRecord],
+        *,
+        labels: Sequence[str] | None = None,
+        public_label_counts: Mapping[str, int] | str | None = None,
+    ) -> None:
         items = list(records) if not isinstance(records, (str, bytes)) else None
         if items is None:
             raise ConfigurationError("records must be an iterable of PrivateRecord")
@@ -78,6 +100,8 @@ class PrivateDataset:
                 raise ConfigurationError(f"record {i} has an empty or non-string text")
             if not isinstance(record.label, str):
                 raise ConfigurationError(f"record {i} has a non-string label")
+        if labels is None and isinstance(public_label_counts, Mapping):
+            labels = list(public_label_counts)
         label_set = check_label_set(labels if labels is not None else sorted({r.label for r in items}))
         known = set(label_set)
         for i, record in enumerate(items):
@@ -88,16 +112,65 @@ class PrivateDataset:
             name: tuple(r for r in items if r.label == name) for name in label_set
         }
         self._size = len(items)
+        self._public_counts = self._declared(public_label_counts)
+
+    def _declared(self, counts: Mapping[str, int] | str | None) -> dict[str, int] | None:
+        if counts is None:
+            return None
+        if counts == OBSERVED:
+            return {y: len(rs) for y, rs in self._by_label.items()}
+        if isinstance(counts, str) or not isinstance(counts, Mapping):
+            raise ConfigurationError('public_label_counts must be a mapping {label: size} or "observed"')
+        if set(counts) != set(self._labels):
+            raise ConfigurationError(f"public_label_counts must give a size for each label of {list(self._labels)}")
+        out = {}
+        for y in self._labels:
+            n = counts[y]
+            if isinstance(n, bool) or not isinstance(n, Integral) or int(n) < 0:
+                raise ConfigurationError(f"the declared size of label {y!r} must be a non-negative integer")
+            out[y] = int(n)
+        return out
 
     @classmethod
     def from_pairs(
-        cls, texts: Iterable[str], record_labels: Iterable[str], *, labels: Sequence[str] | None = None
+        cls,
+        texts: Iterable[str],
+        record_labels: Iterable[str],
+        *,
+        labels: Sequence[str] | None = None,
+        public_label_counts: Mapping[str, int] | str | None = None,
     ) -> PrivateDataset:
         """Records from parallel columns of texts and labels."""
         text_list, label_list = list(texts), list(record_labels)
         if len(text_list) != len(label_list):
             raise ConfigurationError(f"{len(text_list)} texts but {len(label_list)} labels")
-        return cls((PrivateRecord(t, y) for t, y in zip(text_list, label_list, strict=True)), labels=labels)
+        return cls((PrivateRecord(t, y) for t, y in zip(text_list, label_list, strict=True)), labels=labels,
+                   public_label_counts=public_label_counts)  # fmt: skip
+
+    def with_public_label_counts(self, counts: Mapping[str, int] | str) -> PrivateDataset:
+        """The same records and labels with ``counts`` declared public (a mapping or ``"observed"``)."""
+        records = [r for y in self._labels for r in self._by_label[y]]
+        return PrivateDataset(records, labels=self._labels, public_label_counts=counts)
+
+    @property
+    def public_label_counts(self) -> dict[str, int] | None:
+        """The declared public size of each label, or None when nothing was declared."""
+        return None if self._public_counts is None else dict(self._public_counts)
+
+    def public_count(self, label: str) -> int:
+        """The declared public size n_y of ``label``: the population size its sampling uses.
+
+        Raises:
+            ConfigurationError: no sizes were declared (nothing is read from the data instead).
+        """
+        self.check_labels([label])
+        if self._public_counts is None:
+            raise ConfigurationError(
+                "this method sets its sampling from each label's size, which is private unless declared: "
+                'build the dataset with public_label_counts={label: size, ...} (or "observed" to publish the '
+                "observed counts)"
+            )
+        return self._public_counts[label]
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -110,7 +183,7 @@ class PrivateDataset:
         return self._by_label[label]
 
     def count(self, label: str) -> int:
-        """|D_y|, treated as public (see the module docstring)."""
+        """|D_y| as observed: private (use :meth:`public_count` for a size an analysis may rely on)."""
         self.check_labels([label])
         return len(self._by_label[label])
 
@@ -126,7 +199,8 @@ class PrivateDataset:
         return self._size
 
     def __repr__(self) -> str:
-        return f"PrivateDataset(n_records={self._size}, labels={list(self._labels)})"
+        declared = "" if self._public_counts is None else f", public_label_counts={self._public_counts}"
+        return f"PrivateDataset(n_records={self._size}, labels={list(self._labels)}{declared})"
 
 
 @dataclass(frozen=True)

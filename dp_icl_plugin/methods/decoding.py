@@ -4,11 +4,16 @@
   without replacement give one-shot prompts; their next-token distributions are mixed with the zero-shot one
   (top-k support of the zero-shot output, λ_i by bisection on the symmetric Rényi divergence) and the token is
   drawn from the product, released through the projected mechanism (see :mod:`dp_icl_plugin.methods.mozo`).
-  Replace-one neighbours; each token (α, 4βα)-RDP amplified by sampling without replacement (q = n_shots/|D|).
-- :class:`ClipBlendDecoder` (Bhusal et al., REFERENCE §4, online): a fixed private subset of expected size s
-  (one record per prompt, chosen once), clipped logits averaged with the fixed divisor s, blended with the
-  clipped public logits, sampled at temperature τ. Add/remove neighbours; each token ε0 = c/(sτ) pure and
-  bounded-range. The prompts stay fixed while decoding, so decoding runs on the backend's KV cache.
+  Replace-one neighbours only (|D| public by the relation; an add/remove ledger refuses it); each token
+  (α, 4βα)-RDP amplified by sampling without replacement (q = n_shots/|D|).
+- :class:`ClipBlendDecoder` (Bhusal et al., REFERENCE §4, online): a fixed private subset (one record per
+  prompt, chosen once: each record joins with probability s/N, N the population size, public), clipped
+  logits averaged with the fixed divisor s, blended with the clipped public logits, sampled at temperature
+  τ. Under the ledger's relation: replace-one, N = |D| (public by the relation), the replaced record keeps
+  the other's draw and one prompt changes, ε0 = 2c/(sτ) per token; add/remove (the paper's), N must be
+  declared (``population_size``), a record's membership then depends on its own draw only and one prompt
+  appears or goes, ε0 = c/(sτ). Either way pure and bounded-range, over every token of every answer (the
+  subset serves them all). The prompts stay fixed while decoding, so decoding runs on the backend's KV cache.
 
 **Budget.** The caller assigns each decoder a share of the ledger: ``epsilon`` (and δ) for ``n_queries``
 answers of at most ``max_tokens`` tokens each; β (MOZO) or τ (clip-blend) is calibrated so that all of them
@@ -35,6 +40,7 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
+from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
@@ -298,6 +304,7 @@ class MozoDecoder(_Decoder):
     ) -> None:
         super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template,
                          fixed_latency=fixed_latency)  # fmt: skip
+        me.require_replace_one("DPS-MOZO", budget.neighbouring)
         self.n_queries = check.positive_int("n_queries", n_queries)
         self.n_shots = check.positive_int("n_shots", n_shots)
         self.top_k = min(check.positive_int("top_k", top_k), backend.vocab_size)
@@ -344,10 +351,13 @@ class ClipBlendDecoder(_Decoder):
 
     Args:
         dataset: the private records; a subset of expected size ``subset_size`` is drawn once (each record
-            with probability s/|D|, ``rng_subset``) and serves every answer.
+            with probability s/N, ``rng_subset``) and serves every answer.
         backend, budget, n_queries, max_tokens, template: as :class:`MozoDecoder`.
-        epsilon, delta: this decoder's share (τ is calibrated), or give ``temperature``.
+        epsilon, delta: this decoder's share (τ is calibrated for the ledger's relation), or give
+            ``temperature``. δ defaults to 1/N.
         clip: the clipping bound c (the paper: 10).
+        population_size: N, the public population size the draw uses: required under an add/remove ledger
+            (where |D| is private); under replace-one it defaults to |D|, which the relation keeps fixed.
         fixed_latency: as :class:`MozoDecoder` (hides timing).
     """
 
@@ -367,34 +377,47 @@ class ClipBlendDecoder(_Decoder):
         temperature: float | None = None,
         delta: float | None = None,
         clip: float = 10.0,
+        population_size: int | None = None,
         template: AnswerTemplate | None = None,
         fixed_latency: float | FixedLatency | None = None,
     ) -> None:
         super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template,
                          fixed_latency=fixed_latency)  # fmt: skip
+        self.neighbouring = budget.neighbouring
+        if population_size is None and self.neighbouring == ADD_REMOVE:
+            raise ConfigurationError(
+                "under an add/remove ledger |D| is private: declare the public population_size the subset is "
+                "drawn from (the paper's relation needs it fixed)"
+            )
+        self.population_size = (
+            len(self._records) if population_size is None else check.positive_int("population_size", population_size)
+        )
         self.n_queries = check.positive_int("n_queries", n_queries)
         self.subset_size = check.positive_int("subset_size", subset_size)
+        if self.subset_size > self.population_size:
+            raise ConfigurationError(f"subset_size {self.subset_size} exceeds population_size {self.population_size}")
         self.clip = check.positive_finite("clip", clip)
         if not isinstance(rng_subset, np.random.Generator):
             raise ConfigurationError("rng_subset must be a numpy.random.Generator")
         if (epsilon is None) == (temperature is None):
             raise ConfigurationError("give exactly one of epsilon (τ is calibrated) and temperature")
-        self.delta = check.probability_open("delta", delta) if delta is not None else 1.0 / len(self._records)
+        self.delta = check.probability_open("delta", delta) if delta is not None else 1.0 / self.population_size
         if temperature is None:
             result = calibrate_clip_blend_temperature(
                 epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta, clip=self.clip,
-                subset_size=self.subset_size, steps=self.n_queries * self.max_tokens,
+                subset_size=self.subset_size, steps=self.n_queries * self.max_tokens, neighbouring=self.neighbouring,
             )  # fmt: skip
             self.temperature = result.value
         else:
             self.temperature = check.positive_finite("temperature", temperature)
-        (members,) = assign_groups(len(self._records), n_groups=1, subset_size=self.subset_size, rng=rng_subset)
+        (members,) = assign_groups(len(self._records), population=self.population_size, n_groups=1,
+                                   subset_size=self.subset_size, rng=rng_subset)  # fmt: skip
         self._subset = [self._records[int(i)] for i in members]
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
         steps = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
         return me.clip_blend_event(clip=self.clip, subset_size=self.subset_size, temperature=self.temperature,
-                                   steps=steps)  # fmt: skip
+                                   steps=steps, neighbouring=self.neighbouring)  # fmt: skip
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
         prompts = [self._ids(prompt, None)] + [self._ids(prompt, r) for r in self._subset]

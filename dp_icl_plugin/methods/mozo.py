@@ -8,7 +8,8 @@ input and the output so far, and the token is sampled from the product of the mi
 pairs (public input, DP output) are the demonstrations; anything done with them afterwards is free
 (post-processing).
 
-Privacy: replace-one neighbours; each token is (α, 4βα)-RDP, amplified by sampling n_shots of |D| records
+Privacy: replace-one neighbours only (|D| is then public; an add/remove ledger refuses it); each token is
+(α, 4βα)-RDP, amplified by sampling n_shots of |D| records
 without replacement (q = n_shots/|D|; Wang, Balle & Kasiviswanathan 2019, Thm 9), composed over every token
 that can be generated, ``len(public_inputs) × max_tokens``
 (:func:`~dp_icl_plugin.accounting.method_events.mozo_event`), converted with Balle et al. 2020; δ defaults to
@@ -45,6 +46,7 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_mozo
+from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token, nonprivate_token
@@ -205,15 +207,17 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         labels: Sequence[str] | None = None,
         *,
         public_inputs: Sequence[str] | None = None,
+        neighbouring: str = REPLACE_ONE,
     ) -> Plan:
-        """Validated inputs, calibrated β and the event, without touching a backend."""
+        """Validated inputs, calibrated β and the event, without touching a backend (replace-one only)."""
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationError("dataset must be a PrivateDataset")
+        me.require_replace_one("DPS-MOZO", neighbouring)
         if labels is not None:
             raise ConfigurationError("mozo_offline draws records from the whole dataset; do not pass labels")
         inputs = check_public_inputs(public_inputs)
         c = self.config
-        size = len(dataset)
+        size = len(dataset)  # public: replace-one neighbours have the same number of records
         if c.n_shots > size:
             raise ConfigurationError(f"n_shots = {c.n_shots} exceeds the {size} records (q = n_shots/|D| ≤ 1)")
         rate = c.n_shots / size
@@ -227,10 +231,10 @@ class MozoOfflineSynthesizer(SynthesisMethod):
             beta, target = result.value, result.epsilon
         event = me.mozo_event(beta=beta, order=c.order, sampling_rate=rate, steps=steps)
         params = {"beta": beta, "sampling_rate": rate, "steps": steps, "target_delta": delta,
-                  "calibrated_epsilon": target, "public_inputs": inputs}  # fmt: skip
+                  "calibrated_epsilon": target, "public_inputs": inputs, "neighbouring": REPLACE_ONE}  # fmt: skip
         return Plan(dataset.labels, event, params)
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
         raise ConfigurationError("mozo_offline needs public inputs: call plan(dataset, public_inputs=[...])")
 
     def _provenance(

@@ -2,12 +2,17 @@
 
 Sampling here is exactly what the accountant assumes:
 
-- :func:`poisson_prompts`: each record joins the token's sample independently with probability q
-  (Poisson sampling, add/remove neighbours) and is assigned to one of the M prompts uniformly and
-  independently, in an order set by independent uniform keys. Adding a record therefore changes at most one
-  prompt and leaves the others exactly as they were (the coupling behind the √2 sensitivity).
-- :func:`fixed_size_subsets`: M·N records drawn uniformly without replacement and cut into M prompts of N
-  (sampling without replacement, replace-one neighbours; AdaDPSyn, MOZO).
+- :func:`poisson_prompts`: each record joins the token's sample independently with probability q (a fixed
+  rate from a declared size) and is assigned to one of the M prompts uniformly and independently, in an
+  order set by independent uniform keys. Adding a record therefore changes at most one prompt and leaves
+  the others exactly as they were (the coupling behind the √2 sensitivity); replacing one keeps its coin,
+  prompt and place.
+- :func:`slot_placement` and :func:`fixed_size_subsets`: the records of a label are placed uniformly at
+  random into n_y slots (n_y its declared size; slots left over stay empty), and M·N slots are drawn
+  uniformly without replacement and cut into M prompts of N (an empty slot leaves its prompt one example
+  short). A replacement, within a label or across two, changes one slot of each run it touches, and the
+  population n_y never depends on the data (sampling without replacement, replace-one; AdaDPSyn). With
+  n_y = |D_y| every slot holds a record and this is a uniform draw of M·N records.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateRecord
 from dp_icl_plugin.methods.templates import PromptTemplate
 
-__all__ = ["PromptIds", "demonstration_text", "fixed_size_subsets", "poisson_prompts"]
+__all__ = ["PromptIds", "demonstration_text", "fixed_size_subsets", "poisson_prompts", "slot_placement"]
 
 
 def poisson_prompts(
@@ -40,12 +46,33 @@ def poisson_prompts(
     return prompts
 
 
+def slot_placement(n_records: int, n_slots: int, rng: np.random.Generator) -> np.ndarray:
+    """The record in each of ``n_slots`` slots (−1 for an empty one): ``n_records`` placed uniformly at random.
+
+    Raises:
+        ConfigurationError: more records than slots (the label's declared size is too small).
+    """
+    if n_records > n_slots:
+        raise ConfigurationError(f"a label has more records than its declared public size ({n_slots})")
+    placement = np.full(n_slots, -1, dtype=np.int64)
+    placement[rng.permutation(n_slots)[:n_records]] = np.arange(n_records)
+    return placement
+
+
 def fixed_size_subsets(
-    records: Sequence[PrivateRecord], *, n_prompts: int, per_prompt: int, rng: np.random.Generator
+    records: Sequence[PrivateRecord],
+    *,
+    placement: np.ndarray,
+    n_prompts: int,
+    per_prompt: int,
+    rng: np.random.Generator,
 ) -> list[list[PrivateRecord]]:
-    """``n_prompts · per_prompt`` records drawn uniformly without replacement, ``per_prompt`` per prompt."""
-    picked = rng.choice(len(records), size=n_prompts * per_prompt, replace=False)
-    return [[records[int(i)] for i in picked[j * per_prompt : (j + 1) * per_prompt]] for j in range(n_prompts)]
+    """``n_prompts · per_prompt`` slots of ``placement`` drawn uniformly without replacement, ``per_prompt``
+    per prompt; each prompt gets the records in its slots (empty slots are skipped)."""
+    picked = placement[rng.choice(len(placement), size=n_prompts * per_prompt, replace=False)]
+    return [
+        [records[int(i)] for i in picked[j * per_prompt : (j + 1) * per_prompt] if i >= 0] for j in range(n_prompts)
+    ]
 
 
 class PromptIds:

@@ -1,18 +1,24 @@
 """Tang et al. 2024 (ICLR), DP few-shot generation: the Gaussian-aggregation baseline ("B1"; "BA2" with top-p).
 
-Per generated token, for label y: Poisson-sample D_y at rate q_y = M·N/|D_y| and deal the sample to M
+Per generated token, for label y: Poisson-sample D_y at rate q_y = M·N/n_y (n_y the label's declared
+public size, ``PrivateDataset(public_label_counts=...)``; never the observed count) and deal the sample to M
 prompts S_priv^(i) (instruction, the records as examples, the label and the tokens generated so far); take
 each prompt's next-token distribution restricted to V_pub = top-k (∩ top-p) of the public prompt's
 distribution, renormalised; release argmax over V_pub of Σ_i p_i + N(0, 2σ²) (``REFERENCE.md`` §1).
 
-Privacy: add/remove neighbours; each token is a Poisson-subsampled Gaussian mechanism (sensitivity √2,
-noise multiplier σ) and T × shots-per-label of them are composed with PRV accounting
-(:func:`~dp_icl_plugin.accounting.method_events.tang_event`). Labels partition the data, so the run costs
-the label with the largest rate q = M·N/min_y |D_y|. σ for a target ε is the smallest on a 0.01 grid in
-[0.3, 3.0] (PTA App. D.3), exactly what ``dp-icl calibrate subsampled-gaussian`` prints. Unlike the public
-code of the baseline (fixed-size subsets accounted as Poisson), records are Poisson-sampled here, the way
-they are accounted. Noise is added only on V_pub's coordinates: the argmax over V_pub does not depend on
-the others (post-processing).
+Privacy: each token is a Poisson-subsampled Gaussian mechanism (one record's presence moves one p_i: ℓ2
+contribution √2, noise multiplier σ) at a fixed rate, and T × shots-per-label of them are composed
+(:func:`~dp_icl_plugin.accounting.method_events.tang_event`). Neighbouring relation: the ledger's.
+Add/remove is the papers' analysis; replace-one is analysed directly (the replaced record keeps the other's
+coin, prompt and place: ``dp-accounting``'s replace-one pair, which also covers a replacement that moves a
+record between labels). Labels partition the data, so the run costs the label with the largest rate
+q = M·N/min_y n_y. σ for a target ε is the smallest on a 0.01 grid in [0.3, 3.0] (PTA App. D.3) under
+the ledger's relation with the tightest accountant, what ``dp-icl calibrate subsampled-gaussian`` prints
+(``--neighbouring add_remove --accountant prv`` gives PTA's Table 4). The rate must not come from the
+observed counts: with |D_y| = M·N, adding a record would move q from 1 to M·N/(M·N+1) and drop another
+record with probability ≈ 0.63, changing two rows. Unlike the public code of the baseline (fixed-size
+subsets accounted as Poisson), records are Poisson-sampled here, the way they are accounted. Noise is
+added only on V_pub's coordinates: the argmax over V_pub does not depend on the others (post-processing).
 """
 
 from __future__ import annotations
@@ -49,8 +55,9 @@ class TangConfig:
         shots_per_label: demonstrations generated per label (each costs T compositions).
         top_k: the public vocabulary's static limit k.
         top_p: the adaptive limit p ("BA2"/"PA2"), or None.
-        epsilon: target ε of the whole run (σ calibrated with PRV), or None when ``noise_multiplier`` is given.
-        delta: δ of the target (default 1/min_y |D_y|, as in the papers).
+        epsilon: target ε of the whole run (σ calibrated for the ledger's relation), or None when
+            ``noise_multiplier`` is given.
+        delta: δ of the target (default 1/min_y n_y over the declared sizes, as in the papers).
         noise_multiplier: σ itself, instead of a target ε.
         template: the prompt layout (public; see ``templates.PRESETS``).
     """
@@ -83,19 +90,21 @@ class TangSynthesizer(SynthesisMethod):
     config_type: ClassVar[type] = TangConfig
     config: TangConfig
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...]) -> Plan:
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
         c = self.config
-        rate, smallest, steps = self._sampling(dataset, labels, drawn="need at least as many (q = M·N/|D_y| ≤ 1)")
+        rate, smallest, steps = self._sampling(dataset, labels, drawn="need at least as many (q = M·N/n_y ≤ 1)")
         delta = c.delta if c.delta is not None else 1.0 / smallest
         if c.noise_multiplier is not None:
             sigma, target = float(c.noise_multiplier), None
         else:
             assert c.epsilon is not None
-            result = calibrate_subsampled_gaussian(epsilon=c.epsilon, delta=delta, sampling_rate=rate, steps=steps)
+            result = calibrate_subsampled_gaussian(epsilon=c.epsilon, delta=delta, sampling_rate=rate, steps=steps,
+                                                   neighbouring=neighbouring)  # fmt: skip
             sigma, target = result.value, result.epsilon
-        event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps)
+        event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps, neighbouring=neighbouring)
         params = {"noise_multiplier": sigma, "sampling_rate": rate, "steps": steps, "target_delta": delta,
-                  "calibrated_epsilon": target}  # fmt: skip
+                  "calibrated_epsilon": target, "neighbouring": neighbouring,
+                  "public_label_counts": {y: dataset.public_count(y) for y in labels}}  # fmt: skip
         return Plan(labels, event, params)
 
     # -- one token ----------------------------------------------------------------------------------
@@ -129,7 +138,7 @@ class TangSynthesizer(SynthesisMethod):
         demos = []
         for label in plan.labels:
             records = dataset.records(label)
-            rate = c.n_prompts * c.records_per_prompt / len(records)
+            rate = c.n_prompts * c.records_per_prompt / dataset.public_count(label)  # a fixed, declared size
             for _ in range(c.shots_per_label):
                 generated: list[int] = []
                 for _ in range(c.max_tokens):

@@ -19,24 +19,33 @@ from dataclasses import dataclass
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
 from dp_icl_plugin.errors import BudgetMismatchError, LedgerCorruptError
 
-__all__ = ["LedgerRow", "LedgerStore", "LedgerTransaction", "stored_budget"]
+__all__ = ["OLD_SCHEMA_HINT", "LedgerRow", "LedgerStore", "LedgerTransaction", "stored_budget"]
+
+OLD_SCHEMA_HINT = (
+    " (schema 1 predates neighbouring relations: its charges mixed add/remove and replace-one analyses and "
+    "cannot be re-analysed under one; start a new ledger and carry the old spend over as a declared event)"
+)
+"""Why a schema-1 ledger (before neighbouring relations) is refused, for the error message."""
 
 
-def stored_budget(epsilon: object, delta: object, *, given: PrivacyBudget | None, where: str) -> PrivacyBudget:
-    """The budget a ledger holds (``epsilon``, ``delta`` as read back), checked against the one ``given``.
+def stored_budget(
+    epsilon: object, delta: object, neighbouring: object, *, given: PrivacyBudget | None, where: str
+) -> PrivacyBudget:
+    """The budget a ledger holds (``epsilon``, ``delta``, ``neighbouring`` as read back), checked against ``given``.
 
     Raises:
         LedgerCorruptError: the stored values are not a valid budget.
         BudgetMismatchError: ``given`` is not the stored budget (a ledger keeps the budget it was made with).
     """
     try:
-        stored = PrivacyBudget(epsilon=float(epsilon), delta=float(delta))  # type: ignore[arg-type]
+        stored = PrivacyBudget(epsilon=float(epsilon), delta=float(delta), neighbouring=neighbouring)  # type: ignore[arg-type]
     except (TypeError, ValueError):  # ConfigurationError is a ValueError: an invalid stored budget
         raise LedgerCorruptError(f"{where} has no valid budget record") from None
     if given is not None and given != stored:
         raise BudgetMismatchError(
-            f"{where} was created with epsilon={stored.epsilon}, delta={stored.delta}; "
-            f"refusing to use it with epsilon={given.epsilon}, delta={given.delta}"
+            f"{where} was created with epsilon={stored.epsilon}, delta={stored.delta} under "
+            f"{stored.neighbouring}; refusing to use it with epsilon={given.epsilon}, delta={given.delta} "
+            f"under {given.neighbouring}"
         )
     return stored
 

@@ -22,7 +22,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
-from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction, stored_budget
+from dp_icl_plugin.accounting.stores.base import (
+    OLD_SCHEMA_HINT,
+    LedgerRow,
+    LedgerStore,
+    LedgerTransaction,
+    stored_budget,
+)
 from dp_icl_plugin.errors import (
     ConfigurationError,
     LedgerCorruptError,
@@ -33,13 +39,14 @@ from dp_icl_plugin.errors import (
 __all__ = ["PostgresStore", "mask_dsn"]
 
 APPLICATION = "dp-icl-plugin ledger"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: each ledger records its neighbouring relation
 _TABLES = ("dp_icl_meta", "dp_icl_ledgers", "dp_icl_events", "dp_icl_entries")
 _CREATE_LOCK = 0x44504943  # pg_advisory_xact_lock key ("DPIC"): one creator of the schema at a time
 _SCHEMA = (
     "CREATE TABLE dp_icl_meta (key text PRIMARY KEY, value text NOT NULL)",
     "CREATE TABLE dp_icl_ledgers (id bigserial PRIMARY KEY, name text NOT NULL UNIQUE,"
-    " epsilon double precision NOT NULL, delta double precision NOT NULL, created double precision NOT NULL)",
+    " epsilon double precision NOT NULL, delta double precision NOT NULL, neighbouring text NOT NULL,"
+    " created double precision NOT NULL)",
     "CREATE TABLE dp_icl_events (id bigserial PRIMARY KEY, ledger_id bigint NOT NULL REFERENCES dp_icl_ledgers(id),"
     " key text NOT NULL, count bigint NOT NULL CHECK (count >= 0), UNIQUE (ledger_id, key))",
     "CREATE TABLE dp_icl_entries (id bigserial PRIMARY KEY, ledger_id bigint NOT NULL REFERENCES dp_icl_ledgers(id),"
@@ -49,7 +56,7 @@ _SCHEMA = (
 )
 # Every column the store reads: a table of the right name with other columns is not ours.
 _PROBES = (
-    "SELECT id, name, epsilon, delta, created FROM dp_icl_ledgers LIMIT 0",
+    "SELECT id, name, epsilon, delta, neighbouring, created FROM dp_icl_ledgers LIMIT 0",
     "SELECT id, ledger_id, key, count FROM dp_icl_events LIMIT 0",
     "SELECT id, ledger_id, ts, label, event_id, certified_epsilon FROM dp_icl_entries LIMIT 0",
 )
@@ -227,7 +234,7 @@ class PostgresStore(LedgerStore):
         if meta.get("schema_version") != str(SCHEMA_VERSION):
             raise LedgerFormatError(
                 f"the ledger tables at {where} have schema version {meta.get('schema_version')}; "
-                f"this library reads {SCHEMA_VERSION}"
+                f"this library reads {SCHEMA_VERSION}" + (OLD_SCHEMA_HINT if meta.get("schema_version") == "1" else "")
             )
         missing = [t for t, ok in zip(_TABLES, present, strict=True) if not ok]
         if missing:
@@ -236,17 +243,20 @@ class PostgresStore(LedgerStore):
             conn.execute(probe)
 
     def _read_or_create(self, conn: Any, budget: PrivacyBudget | None) -> PrivacyBudget:
-        row = conn.execute("SELECT id, epsilon, delta FROM dp_icl_ledgers WHERE name = %s", (self.ledger,)).fetchone()
+        row = conn.execute(
+            "SELECT id, epsilon, delta, neighbouring FROM dp_icl_ledgers WHERE name = %s", (self.ledger,)
+        ).fetchone()
         if row is None:
             if budget is None:
                 raise LedgerError(f"no {self._where()}; create one with a budget first")
             (self._ledger_id,) = conn.execute(
-                "INSERT INTO dp_icl_ledgers (name, epsilon, delta, created) VALUES (%s, %s, %s, %s) RETURNING id",
-                (self.ledger, budget.epsilon, budget.delta, time.time()),
+                "INSERT INTO dp_icl_ledgers (name, epsilon, delta, neighbouring, created)"
+                " VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                (self.ledger, budget.epsilon, budget.delta, budget.neighbouring, time.time()),
             ).fetchone()
             return budget
         self._ledger_id = int(row[0])
-        return stored_budget(row[1], row[2], given=budget, where=self._where())
+        return stored_budget(row[1], row[2], row[3], given=budget, where=self._where())
 
     def _check_integrity(self, conn: Any) -> None:
         n_entries, n_counted = conn.execute(

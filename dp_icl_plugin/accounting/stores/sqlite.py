@@ -6,7 +6,9 @@ a crashed process leaves no partial charge (the transaction rolls back). ``synch
 committed charge survive a crash, so a release that follows the commit is always on record.
 
 The file identifies itself with ``PRAGMA application_id`` and a schema version in ``user_version``;
-anything else is refused rather than silently treated as an empty budget.
+anything else is refused rather than silently treated as an empty budget. Schema 2 records the ledger's
+neighbouring relation; a schema-1 file (from before every event named its relation) is refused with a
+:class:`~dp_icl_plugin.errors.LedgerFormatError`: its charges cannot be re-analysed under one relation.
 """
 
 from __future__ import annotations
@@ -19,14 +21,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
-from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction, stored_budget
+from dp_icl_plugin.accounting.stores.base import (
+    OLD_SCHEMA_HINT,
+    LedgerRow,
+    LedgerStore,
+    LedgerTransaction,
+    stored_budget,
+)
 from dp_icl_plugin.accounting.stores.sqlite_file import SQLiteFile
 from dp_icl_plugin.errors import LedgerCorruptError, LedgerError, LedgerFormatError
 
 __all__ = ["SQLiteStore"]
 
 APPLICATION_ID = 0x44504943  # "DPIC"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -113,7 +121,12 @@ class SQLiteStore(LedgerStore):
                     conn.execute(statement)
             conn.executemany(
                 "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [("epsilon", repr(budget.epsilon)), ("delta", repr(budget.delta)), ("created", repr(time.time()))],
+                [
+                    ("epsilon", repr(budget.epsilon)),
+                    ("delta", repr(budget.delta)),
+                    ("neighbouring", budget.neighbouring),
+                    ("created", repr(time.time())),
+                ],
             )
             conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -122,9 +135,12 @@ class SQLiteStore(LedgerStore):
         if version != SCHEMA_VERSION:
             raise LedgerFormatError(
                 f"ledger {self.path} has schema version {version}; this library reads {SCHEMA_VERSION}"
+                + (OLD_SCHEMA_HINT if version == 1 else "")
             )
         meta = dict(conn.execute("SELECT key, value FROM meta"))
-        return stored_budget(meta.get("epsilon"), meta.get("delta"), given=budget, where=f"ledger {self.path}")
+        return stored_budget(
+            meta.get("epsilon"), meta.get("delta"), meta.get("neighbouring"), given=budget, where=f"ledger {self.path}"
+        )
 
     def _check_integrity(self, conn: sqlite3.Connection) -> None:
         try:

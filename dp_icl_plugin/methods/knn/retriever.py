@@ -29,7 +29,10 @@ histogram changes in at most min(c, shards) shards (:mod:`dp_icl_plugin.mechanis
 
 **Accounting.** Each unit pays the Gaussian RDP of its own sensitivity (plus δ₀ for the PTR test) in the
 index's :class:`~dp_icl_plugin.accounting.RenyiFilter`; the ledger is charged once for the filter's total
-(ε, δ) and records every release as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`.
+(ε, δ) under add/remove (converted by a replace-one ledger, the default, to (2ε, (1 + e^ε)δ) by group
+privacy) and records every release as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`. Ledger
+labels name the release kind and the index, never a count computed from the records (how many were near
+the query).
 """
 
 from __future__ import annotations
@@ -317,8 +320,10 @@ class PrivateRetriever:
         candidates = self.index.within(query_vector, self.config.min_similarity)
         admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k))
         entry = self.budget.spend(
-            ev.FilteredReleaseEvent(self._event(release, 1, k), covered_by=self.cover_entry),
-            label=self._label(release, admitted),
+            ev.FilteredReleaseEvent(
+                self._event(release, 1, k), covered_by=self.cover_entry, neighbouring=ev.ADD_REMOVE
+            ),
+            label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
         )
         used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
         records = [
@@ -473,9 +478,9 @@ class PrivateRetriever:
     def _event(self, release: str, c: int, k: int | None = None) -> ev.DPEvent:
         cap = (self.config.k if k is None else k) if release == "vote" else self.config.shards
         if release == "answer":
-            return ev.GaussianEvent(self.ptr_noise_std, sensitivity=1.0)
+            return ev.GaussianEvent(self.ptr_noise_std, sensitivity=1.0, neighbouring=ev.ADD_REMOVE)
         sensitivity = SQRT2 * min(c, cap)
-        return ev.GaussianEvent(self.noise_std / sensitivity, sensitivity=sensitivity)
+        return ev.GaussianEvent(self.noise_std / sensitivity, sensitivity=sensitivity, neighbouring=ev.ADD_REMOVE)
 
     def _cost(self, release: str, c: int, k: int | None = None) -> ReleaseCost:
         delta = self.ptr_delta if release == "answer" else 0.0
@@ -491,12 +496,6 @@ class PrivateRetriever:
         if capacity is None or len(ids) + room <= capacity:
             return ids
         return ids[len(ids) + room - capacity :]
-
-    def _label(self, release: str, admitted: Candidates) -> str:
-        label = f"knn-{release}:{self.index.id}"
-        if self.fixed_latency is not None:  # hiding side channels: no data-dependent count in the ledger
-            return label
-        return f"{label} units={int(np.unique(self.index.units_of(admitted.ids)).size)}"
 
     def _hold(self) -> AbstractContextManager[None]:
         return nullcontext() if self.fixed_latency is None else self.fixed_latency.hold()
