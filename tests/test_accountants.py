@@ -34,12 +34,12 @@ class _Opaque(ev.DPEvent):
         return frozenset()
 
 
-G = ev.GaussianEvent(2.0)
-POISSON = ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.0))
-PURE = ev.PureDPEvent(0.3)
-APPROX = ev.ApproxDPEvent(0.3, 1e-7)
-EXPMECH = ev.ExponentialMechanismEvent(0.5)
-CURVE = ev.RDPCurveEvent((2.0, 8.0, 32.0), (0.05, 0.3, 1.5))
+G = ev.GaussianEvent(2.0, neighbouring="add_remove")
+POISSON = ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.0, neighbouring="add_remove"), neighbouring="add_remove")
+PURE = ev.PureDPEvent(0.3, neighbouring="add_remove")
+APPROX = ev.ApproxDPEvent(0.3, 1e-7, neighbouring="add_remove")
+EXPMECH = ev.ExponentialMechanismEvent(0.5, neighbouring="add_remove")
+CURVE = ev.RDPCurveEvent((2.0, 8.0, 32.0), (0.05, 0.3, 1.5), neighbouring="add_remove")
 MOZO = me.mozo_event(beta=0.081, order=14, sampling_rate=4 / 14732, steps=50)
 ADADPSYN_TOKEN = me.adadpsyn_event(sigma0=10.0, sigma1=1.23, sigma2=3.0, sampling_rate=20 / 30000, steps=1, t_hat=1)
 
@@ -53,10 +53,10 @@ UNSUPPORTED = {
     "basic": [G, POISSON, CURVE, MOZO],
     "rdp": [APPROX, ev.ComposedEvent((PURE, APPROX))],
     "prv": [CURVE, MOZO, ev.MozoTokenEvent(0.1, 4)],
-    "auto": [_Opaque(), ev.ComposedEvent((PURE, _Opaque()))],
+    "auto": [_Opaque(neighbouring="add_remove"), ev.ComposedEvent((PURE, _Opaque(neighbouring="add_remove")))],
 }
 # A representative supported event per accountant for the monotonicity contracts (cheap under PRV).
-REPRESENTATIVE = {"basic": ev.ApproxDPEvent(0.2, 1e-8), "rdp": POISSON, "prv": POISSON, "auto": POISSON}
+REPRESENTATIVE = {"basic": ev.ApproxDPEvent(0.2, 1e-8, neighbouring="add_remove"), "rdp": POISSON, "prv": POISSON, "auto": POISSON}
 NAMES = ["basic", "rdp", "prv", "auto"]
 
 
@@ -171,15 +171,15 @@ def test_accountant_constructor_validation() -> None:
 
 def test_basic_ten_pure_tenths_is_exactly_one() -> None:
     basic = get_accountant("basic")
-    assert basic.epsilon(ev.SelfComposedEvent(ev.PureDPEvent(0.1), 10), delta=1e-5) == 1.0
-    assert basic.epsilon(ev.ComposedEvent((ev.PureDPEvent(0.1),) * 10), delta=1e-5) == 1.0
+    assert basic.epsilon(ev.SelfComposedEvent(ev.PureDPEvent(0.1, neighbouring="add_remove"), 10), delta=1e-5) == 1.0
+    assert basic.epsilon(ev.ComposedEvent((ev.PureDPEvent(0.1, neighbouring="add_remove"),) * 10), delta=1e-5) == 1.0
     assert sum([0.1] * 10) != 1.0  # naive float summation would not be exact
 
 
 def test_basic_sums_exactly_and_respects_delta() -> None:
     basic = BasicAccountant()
     event = ev.compose(
-        ev.SelfComposedEvent(ev.ApproxDPEvent(0.1, 1e-6), 7), ev.PureDPEvent(0.2), ev.ExponentialMechanismEvent(0.3)
+        ev.SelfComposedEvent(ev.ApproxDPEvent(0.1, 1e-6, neighbouring="add_remove"), 7), ev.PureDPEvent(0.2, neighbouring="add_remove"), ev.ExponentialMechanismEvent(0.3, neighbouring="add_remove")
     )
     expected_eps = float(7 * Fraction(0.1) + Fraction(0.2) + Fraction(0.3))
     used_delta = float(7 * Fraction(1e-6))
@@ -209,7 +209,7 @@ def test_gaussian_composition_against_exact_answer(sigma: float, count: int) -> 
     # count Gaussians with multiplier σ compose exactly to one Gaussian with multiplier σ/√count.
     delta = 1e-5
     exact = _exact_gaussian_epsilon(sigma / math.sqrt(count), delta)
-    event = ev.SelfComposedEvent(ev.GaussianEvent(sigma), count)
+    event = ev.SelfComposedEvent(ev.GaussianEvent(sigma, neighbouring="add_remove"), count)
     prv_eps = get_accountant("prv").epsilon(event, delta=delta)
     rdp_eps = get_accountant("rdp").epsilon(event, delta=delta)
     assert exact <= prv_eps <= exact + 0.02
@@ -223,8 +223,8 @@ def test_rdp_of_pure_dp_is_a_valid_bound() -> None:
     delta = 1e-6
     p = math.exp(eps) / (1 + math.exp(eps))
     exact = eps + math.log1p(-delta / p)  # δ(ε') = p(1 − e^{ε' − ε}) for ε' < ε
-    assert get_accountant("rdp").epsilon(ev.PureDPEvent(eps), delta=delta) >= exact
-    assert get_accountant("prv").epsilon(ev.PureDPEvent(eps), delta=delta) >= exact
+    assert get_accountant("rdp").epsilon(ev.PureDPEvent(eps, neighbouring="add_remove"), delta=delta) >= exact
+    assert get_accountant("prv").epsilon(ev.PureDPEvent(eps, neighbouring="add_remove"), delta=delta) >= exact
 
 
 def _exact_randomized_response_composition(eps0: float, steps: int, delta: float) -> float:
@@ -242,12 +242,12 @@ def _exact_randomized_response_composition(eps0: float, steps: int, delta: float
 # (event, a valid lower bound on its ε at δ = 1e-5): ε0-randomized response is ε0-DP, and ε0/2-randomized
 # response is ε0-bounded-range (its log-ratios are ±ε0/2), so no valid analysis may report less.
 LOWER_BOUNDED = [
-    pytest.param(ev.PureDPEvent(1.0), 64, 1.0, id="pure-1x64"),
-    pytest.param(ev.PureDPEvent(8.0), 8, 8.0, id="pure-8x8"),
-    pytest.param(ev.PureDPEvent(3.0), 64, 3.0, id="pure-3x64"),
-    pytest.param(ev.ApproxDPEvent(8.0, 1e-8), 8, 8.0, id="approx-8x8"),
-    pytest.param(ev.ExponentialMechanismEvent(15.0), 8, 7.5, id="expmech-15x8"),
-    pytest.param(ev.ExponentialMechanismEvent(3.0), 64, 1.5, id="expmech-3x64"),
+    pytest.param(ev.PureDPEvent(1.0, neighbouring="add_remove"), 64, 1.0, id="pure-1x64"),
+    pytest.param(ev.PureDPEvent(8.0, neighbouring="add_remove"), 8, 8.0, id="pure-8x8"),
+    pytest.param(ev.PureDPEvent(3.0, neighbouring="add_remove"), 64, 3.0, id="pure-3x64"),
+    pytest.param(ev.ApproxDPEvent(8.0, 1e-8, neighbouring="add_remove"), 8, 8.0, id="approx-8x8"),
+    pytest.param(ev.ExponentialMechanismEvent(15.0, neighbouring="add_remove"), 8, 7.5, id="expmech-15x8"),
+    pytest.param(ev.ExponentialMechanismEvent(3.0, neighbouring="add_remove"), 64, 1.5, id="expmech-3x64"),
 ]
 
 
@@ -276,12 +276,12 @@ def test_rdp_best_order() -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 AUTO_EVENTS = [
-    ev.SelfComposedEvent(ev.PureDPEvent(0.1), 10),
+    ev.SelfComposedEvent(ev.PureDPEvent(0.1, neighbouring="add_remove"), 10),
     ev.SelfComposedEvent(POISSON, 20),
-    ev.SelfComposedEvent(ev.ExponentialMechanismEvent(0.2), 50),
-    ev.SelfComposedEvent(ev.GaussianEvent(3.0), 5),
-    ev.SelfComposedEvent(ev.ApproxDPEvent(0.2, 1e-8), 5),
-    ev.compose(ev.PureDPEvent(0.5), ev.SelfComposedEvent(ev.GaussianEvent(4.0), 3)),
+    ev.SelfComposedEvent(ev.ExponentialMechanismEvent(0.2, neighbouring="add_remove"), 50),
+    ev.SelfComposedEvent(ev.GaussianEvent(3.0, neighbouring="add_remove"), 5),
+    ev.SelfComposedEvent(ev.ApproxDPEvent(0.2, 1e-8, neighbouring="add_remove"), 5),
+    ev.compose(ev.PureDPEvent(0.5, neighbouring="add_remove"), ev.SelfComposedEvent(ev.GaussianEvent(4.0, neighbouring="add_remove"), 3)),
     MOZO,
     CURVE,
 ]
@@ -312,7 +312,7 @@ def test_auto_is_the_minimum_of_its_members(event: ev.DPEvent) -> None:
 
 
 def _hybrid(approx_delta: float) -> ev.DPEvent:
-    return ev.compose(ev.ApproxDPEvent(0.5, approx_delta), MOZO)
+    return ev.compose(ev.ApproxDPEvent(0.5, approx_delta, neighbouring="add_remove"), MOZO)
 
 
 def test_auto_handles_approx_dp_next_to_rdp_only_events() -> None:
@@ -336,7 +336,7 @@ def test_auto_handles_approx_dp_next_to_rdp_only_events() -> None:
 
 def test_auto_hybrid_with_pure_and_gaussian_atoms() -> None:
     # Pure-DP and Gaussian atoms (RDP-capable) go with the RDP part; ApproxDP is charged by basic composition.
-    extra = ev.compose(ev.PureDPEvent(0.05), ev.GaussianEvent(20.0))
+    extra = ev.compose(ev.PureDPEvent(0.05, neighbouring="add_remove"), ev.GaussianEvent(20.0, neighbouring="add_remove"))
     event = ev.compose(_hybrid(1e-7), extra)
     delta = 1e-4
     expected = 0.5 + get_accountant("rdp").epsilon(ev.compose(MOZO, extra), delta=delta - 1e-7)
@@ -345,6 +345,6 @@ def test_auto_hybrid_with_pure_and_gaussian_atoms() -> None:
 
 def test_auto_with_custom_members() -> None:
     only_basic = TightestAccountant(members=(BasicAccountant(),))
-    assert only_basic.epsilon(ev.SelfComposedEvent(ev.PureDPEvent(0.1), 10), delta=1e-5) == 1.0
+    assert only_basic.epsilon(ev.SelfComposedEvent(ev.PureDPEvent(0.1, neighbouring="add_remove"), 10), delta=1e-5) == 1.0
     with pytest.raises(UnsupportedEventError):
         only_basic.epsilon(G, delta=1e-5)

@@ -37,10 +37,10 @@ def manager(request: pytest.FixtureRequest, tmp_path: Path) -> BudgetManager:
 
 def test_spend_commits_until_exhausted_then_refuses_without_committing(manager: BudgetManager) -> None:
     for i in range(10):
-        entry = manager.spend(PureDPEvent(0.1), label=f"call-{i}")
+        entry = manager.spend(PureDPEvent(0.1, neighbouring="add_remove"), label=f"call-{i}")
         assert entry.id == i + 1
     with pytest.raises(BudgetExhaustedError) as info:
-        manager.spend(PureDPEvent(0.1), label="one-too-many")
+        manager.spend(PureDPEvent(0.1, neighbouring="add_remove"), label="one-too-many")
     assert len(manager.history()) == 10  # nothing committed by the refusal
     assert info.value.requested_epsilon == pytest.approx(0.1)
     assert info.value.remaining_epsilon == 0.0
@@ -50,24 +50,24 @@ def test_spend_commits_until_exhausted_then_refuses_without_committing(manager: 
 
 
 def test_refused_charge_reports_requested_and_remaining(manager: BudgetManager) -> None:
-    manager.spend(PureDPEvent(0.75), label="a")
+    manager.spend(PureDPEvent(0.75, neighbouring="add_remove"), label="a")
     with pytest.raises(BudgetExhaustedError) as info:
-        manager.spend(PureDPEvent(0.5), label="b")
+        manager.spend(PureDPEvent(0.5, neighbouring="add_remove"), label="b")
     assert info.value.requested_epsilon == 0.5
     assert info.value.remaining_epsilon == pytest.approx(0.25)
     assert "nothing was committed" in str(info.value)
-    manager.spend(PureDPEvent(0.25), label="c")  # what is left still fits exactly
+    manager.spend(PureDPEvent(0.25, neighbouring="add_remove"), label="c")  # what is left still fits exactly
     assert manager.label_counts() == {"a": 1, "c": 1}
 
 
 def test_would_fit_is_a_dry_run(manager: BudgetManager) -> None:
-    assert manager.would_fit(PureDPEvent(1.0))
-    assert not manager.would_fit(PureDPEvent(1.5))
+    assert manager.would_fit(PureDPEvent(1.0, neighbouring="add_remove"))
+    assert not manager.would_fit(PureDPEvent(1.5, neighbouring="add_remove"))
     assert manager.history() == []
 
 
 def test_history_keeps_labels_events_and_time_order(manager: BudgetManager) -> None:
-    e1, e2 = PureDPEvent(0.2), me.tang_event(noise_multiplier=2.0, sampling_rate=0.01, steps=10)
+    e1, e2 = PureDPEvent(0.2, neighbouring="add_remove"), me.tang_event(noise_multiplier=2.0, sampling_rate=0.01, steps=10)
     manager.spend(e1, label="selector")
     manager.spend(e2, label="retriever")
     hist = manager.history()
@@ -86,8 +86,8 @@ def test_spent_uses_the_tightest_accountant(manager: BudgetManager) -> None:
 
 
 def test_mixing_neighbouring_relations_is_refused_before_charging(manager: BudgetManager) -> None:
-    manager.spend(PoissonSampledEvent(0.1, GaussianEvent(5.0)), label="poisson")
-    wor = SampledWithoutReplacementEvent(0.1, GaussianEvent(5.0))
+    manager.spend(PoissonSampledEvent(0.1, GaussianEvent(5.0, neighbouring="add_remove"), neighbouring="add_remove"), label="poisson")
+    wor = SampledWithoutReplacementEvent(0.1, GaussianEvent(5.0, neighbouring="add_remove"))
     with pytest.raises(ConfigurationError, match="neighbouring"):
         manager.spend(wor, label="wor")
     assert len(manager.history()) == 1
@@ -96,7 +96,7 @@ def test_mixing_neighbouring_relations_is_refused_before_charging(manager: Budge
 @pytest.mark.parametrize("label", ["", "   ", "x" * 201, "bad\nlabel", None, 3])
 def test_bad_labels_are_rejected(manager: BudgetManager, label: object) -> None:
     with pytest.raises(ConfigurationError):
-        manager.spend(PureDPEvent(0.1), label=label)  # type: ignore[arg-type]
+        manager.spend(PureDPEvent(0.1, neighbouring="add_remove"), label=label)  # type: ignore[arg-type]
     assert manager.history() == []
 
 
@@ -106,7 +106,7 @@ def test_non_events_and_unsupported_events_are_rejected(tmp_path: Path) -> None:
         m.spend(0.5, label="x")  # type: ignore[arg-type]
     prv_only = BudgetManager(PrivacyBudget(1.0, 1e-6), accountant="prv")
     with pytest.raises(UnsupportedEventError):
-        prv_only.spend(RDPCurveEvent(orders=(2.0,), epsilons=(0.1,)), label="x")
+        prv_only.spend(RDPCurveEvent(orders=(2.0,), epsilons=(0.1,), neighbouring="add_remove"), label="x")
     with pytest.raises(ConfigurationError):
         BudgetManager(PrivacyBudget(1.0, 1e-6), accountant="nope")
 
@@ -121,21 +121,21 @@ def test_bad_budgets_are_rejected(epsilon: float, delta: float) -> None:
 
 
 def test_approx_dp_events_spend_delta(manager: BudgetManager) -> None:
-    manager.spend(ApproxDPEvent(0.1, 4e-7), label="a")
-    manager.spend(ApproxDPEvent(0.1, 4e-7), label="b")
+    manager.spend(ApproxDPEvent(0.1, 4e-7, neighbouring="add_remove"), label="a")
+    manager.spend(ApproxDPEvent(0.1, 4e-7, neighbouring="add_remove"), label="b")
     with pytest.raises(BudgetExhaustedError):  # 1.2e-6 of δ exceeds the budget's 1e-6
-        manager.spend(ApproxDPEvent(0.1, 4e-7), label="c")
+        manager.spend(ApproxDPEvent(0.1, 4e-7, neighbouring="add_remove"), label="c")
 
 
 def test_sqlite_spend_survives_a_restart(ledger_path: Path) -> None:
     first = BudgetManager(PrivacyBudget(2.0, 1e-6), ledger=ledger_path)
-    first.spend(PureDPEvent(1.5), label="before-restart")
+    first.spend(PureDPEvent(1.5, neighbouring="add_remove"), label="before-restart")
     first.close()
     second = BudgetManager.open(ledger_path)
     assert second.budget == PrivacyBudget(2.0, 1e-6)
     assert second.spent().epsilon == 1.5
     with pytest.raises(BudgetExhaustedError):
-        second.spend(PureDPEvent(1.0), label="after-restart")
+        second.spend(PureDPEvent(1.0, neighbouring="add_remove"), label="after-restart")
     same_budget = BudgetManager(PrivacyBudget(2.0, 1e-6), ledger=ledger_path)
     assert same_budget.spent().epsilon == 1.5
     with pytest.raises(BudgetMismatchError):
@@ -149,7 +149,7 @@ def test_threads_never_overspend() -> None:
     def worker() -> None:
         for _ in range(10):
             try:
-                manager.spend(PureDPEvent(0.25), label="t")
+                manager.spend(PureDPEvent(0.25, neighbouring="add_remove"), label="t")
                 successes.append(1)
             except BudgetExhaustedError:
                 pass
@@ -171,7 +171,7 @@ def test_pure_dp_charges_never_exceed_the_budget(charges: list[float]) -> None:
     committed: list[float] = []
     for c in charges:
         try:
-            manager.spend(PureDPEvent(c), label="p")
+            manager.spend(PureDPEvent(c, neighbouring="add_remove"), label="p")
             committed.append(c)
         except BudgetExhaustedError:
             assert math.fsum([*committed, c]) > 1.0  # basic composition alone would admit it otherwise

@@ -36,8 +36,8 @@ BAD_RATE = [0.0, -0.1, 1.0000001, 2.0, math.nan, math.inf, True]
 BAD_COUNT = [0, -1, 2.0, 1.5, True, "3", None]
 BAD_ORDER = [1.0, 0.5, -2.0, math.inf, math.nan, True]
 
-G = GaussianEvent(1.0)
-POISSON = PoissonSampledEvent(0.01, G)
+G = GaussianEvent(1.0, neighbouring="add_remove")
+POISSON = PoissonSampledEvent(0.01, G, neighbouring="add_remove")
 SWR = SampledWithoutReplacementEvent(0.01, MozoTokenEvent(beta=0.1, order=8))
 
 
@@ -56,11 +56,11 @@ def test_error_tree() -> None:
 @pytest.mark.parametrize(
     "factory",
     [
-        lambda x: GaussianEvent(x),
-        lambda x: GaussianEvent(1.0, sensitivity=x),
-        lambda x: PureDPEvent(x),
-        lambda x: ApproxDPEvent(x, 1e-5),
-        lambda x: ExponentialMechanismEvent(x),
+        lambda x: GaussianEvent(x, neighbouring="add_remove"),
+        lambda x: GaussianEvent(1.0, sensitivity=x, neighbouring="add_remove"),
+        lambda x: PureDPEvent(x, neighbouring="add_remove"),
+        lambda x: ApproxDPEvent(x, 1e-5, neighbouring="add_remove"),
+        lambda x: ExponentialMechanismEvent(x, neighbouring="add_remove"),
         lambda x: MozoTokenEvent(beta=x, order=4),
     ],
     ids=["gaussian.noise", "gaussian.sensitivity", "pure.eps", "approx.eps", "expmech.eps", "mozo.beta"],
@@ -73,13 +73,13 @@ def test_positive_finite_parameters_rejected(factory, bad) -> None:
 @pytest.mark.parametrize("bad", BAD_OPEN_PROBABILITY)
 def test_approx_dp_delta_must_lie_in_open_unit_interval(bad) -> None:
     with pytest.raises(ConfigurationError):
-        ApproxDPEvent(1.0, bad)
+        ApproxDPEvent(1.0, bad, neighbouring="add_remove")
 
 
 @pytest.mark.parametrize("bad", BAD_RATE)
 @pytest.mark.parametrize(
     "factory",
-    [lambda q: PoissonSampledEvent(q, G), lambda q: SampledWithoutReplacementEvent(q, G)],
+    [lambda q: PoissonSampledEvent(q, G, neighbouring="add_remove"), lambda q: SampledWithoutReplacementEvent(q, G)],
     ids=["poisson", "without_replacement"],
 )
 def test_sampling_rate_must_lie_in_half_open_unit_interval(factory, bad) -> None:
@@ -88,8 +88,8 @@ def test_sampling_rate_must_lie_in_half_open_unit_interval(factory, bad) -> None
 
 
 def test_sampling_rate_one_is_allowed() -> None:
-    assert PoissonSampledEvent(1.0, G).sampling_rate == 1.0
-    assert SampledWithoutReplacementEvent(1.0, G).sampling_rate == 1.0
+    assert PoissonSampledEvent(1.0, G, neighbouring="add_remove").sampling_rate == 1.0
+    assert SampledWithoutReplacementEvent(1.0, GaussianEvent(1.0, neighbouring="replace_one")).sampling_rate == 1.0
 
 
 @pytest.mark.parametrize("bad", BAD_COUNT)
@@ -107,7 +107,7 @@ def test_mozo_order_must_be_renyi_order(bad) -> None:
 @pytest.mark.parametrize("not_an_event", [None, 1.0, "gaussian", {"type": "gaussian", "noise_multiplier": 1.0}])
 def test_inner_must_be_an_event(not_an_event) -> None:
     with pytest.raises(ConfigurationError):
-        PoissonSampledEvent(0.1, not_an_event)
+        PoissonSampledEvent(0.1, not_an_event, neighbouring="add_remove")
     with pytest.raises(ConfigurationError):
         SampledWithoutReplacementEvent(0.1, not_an_event)
     with pytest.raises(ConfigurationError):
@@ -121,11 +121,11 @@ def test_inner_must_be_an_event(not_an_event) -> None:
 @pytest.mark.parametrize(
     "inner",
     [
-        PureDPEvent(1.0),
-        ApproxDPEvent(1.0, 1e-6),
-        ExponentialMechanismEvent(1.0),
+        PureDPEvent(1.0, neighbouring="add_remove"),
+        ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove"),
+        ExponentialMechanismEvent(1.0, neighbouring="add_remove"),
         MozoTokenEvent(0.1, 4),
-        RDPCurveEvent((2.0,), (0.1,)),
+        RDPCurveEvent((2.0,), (0.1,), neighbouring="add_remove"),
         SelfComposedEvent(G, 2),
         ComposedEvent((G, G)),
         POISSON,
@@ -134,14 +134,14 @@ def test_inner_must_be_an_event(not_an_event) -> None:
 )
 def test_poisson_over_non_gaussian_is_unsupported(inner) -> None:
     with pytest.raises(UnsupportedEventError):
-        PoissonSampledEvent(0.1, inner)
+        PoissonSampledEvent(0.1, inner, neighbouring="add_remove")
 
 
 def test_without_replacement_needs_an_rdp_inner_event() -> None:
     with pytest.raises(UnsupportedEventError):
-        SampledWithoutReplacementEvent(0.1, ApproxDPEvent(1.0, 1e-6))
+        SampledWithoutReplacementEvent(0.1, ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove"))
     with pytest.raises(UnsupportedEventError):
-        SampledWithoutReplacementEvent(0.1, ComposedEvent((G, ApproxDPEvent(1.0, 1e-6))))
+        SampledWithoutReplacementEvent(0.1, ComposedEvent((G, ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove"))))
 
 
 def test_without_replacement_cannot_wrap_a_poisson_event() -> None:
@@ -152,12 +152,13 @@ def test_without_replacement_cannot_wrap_a_poisson_event() -> None:
 
 
 def test_from_sizes() -> None:
-    e = SampledWithoutReplacementEvent.from_sizes(4, 14732, G)
+    g = GaussianEvent(1.0, neighbouring=ev.REPLACE_ONE)
+    e = SampledWithoutReplacementEvent.from_sizes(4, 14732, g)
     assert e.sampling_rate == 4 / 14732
-    assert SampledWithoutReplacementEvent.from_sizes(5, 5, G).sampling_rate == 1.0
+    assert SampledWithoutReplacementEvent.from_sizes(5, 5, g).sampling_rate == 1.0
     for m, n in [(6, 5), (0, 5), (1, 0), (2.0, 5), (1, True)]:
         with pytest.raises(ConfigurationError):
-            SampledWithoutReplacementEvent.from_sizes(m, n, G)
+            SampledWithoutReplacementEvent.from_sizes(m, n, g)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +166,7 @@ def test_from_sizes() -> None:
     [
         (POISSON, SWR),
         (SelfComposedEvent(POISSON, 3), SWR),
-        (ComposedEvent((G, POISSON)), SelfComposedEvent(ComposedEvent((PureDPEvent(1.0), SWR)), 2)),
+        (ComposedEvent((G, POISSON)), SelfComposedEvent(ComposedEvent((PureDPEvent(1.0, neighbouring="replace_one"), SWR)), 2)),
     ],
     ids=["flat", "self-composed", "nested"],
 )
@@ -176,11 +177,53 @@ def test_mixing_neighbouring_relations_is_refused(events) -> None:
         compose(*events)
 
 
-def test_relation_agnostic_events_compose_with_either_relation() -> None:
-    assert ComposedEvent((G, PureDPEvent(1.0), POISSON)).neighbouring == frozenset({ev.ADD_REMOVE})
-    assert ComposedEvent((ApproxDPEvent(1.0, 1e-6), SWR)).neighbouring == frozenset({ev.REPLACE_ONE})
-    assert ComposedEvent((G, PureDPEvent(1.0))).neighbouring == frozenset()
-    assert SelfComposedEvent(POISSON, 2).neighbouring == frozenset({ev.ADD_REMOVE})
+def test_compositions_take_their_childrens_one_relation() -> None:
+    assert ComposedEvent((G, PureDPEvent(1.0, neighbouring="add_remove"), POISSON)).neighbouring == ev.ADD_REMOVE
+    assert ComposedEvent((ApproxDPEvent(1.0, 1e-6, neighbouring="replace_one"), SWR)).neighbouring == ev.REPLACE_ONE
+    assert SelfComposedEvent(POISSON, 2).neighbouring == ev.ADD_REMOVE
+    assert compose(SWR, SWR).neighbouring == ev.REPLACE_ONE
+    with pytest.raises(ConfigurationError, match="tagged"):
+        ComposedEvent((G,), neighbouring=ev.REPLACE_ONE)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GaussianEvent(1.0),
+        lambda: PureDPEvent(1.0),
+        lambda: ApproxDPEvent(1.0, 1e-6),
+        lambda: ExponentialMechanismEvent(1.0),
+        lambda: RDPCurveEvent((2.0,), (0.1,)),
+        lambda: PoissonSampledEvent(0.1, G),
+    ],
+    ids=["gaussian", "pure", "approx", "exponential", "curve", "poisson"],
+)
+def test_every_atomic_event_must_name_its_relation(make) -> None:
+    with pytest.raises(TypeError, match="neighbouring"):
+        make()
+
+
+@pytest.mark.parametrize("bad", ["swap", "", None, 3, "Add_Remove"])
+def test_unknown_relations_are_refused(bad) -> None:
+    with pytest.raises(ConfigurationError, match="neighbouring"):
+        GaussianEvent(1.0, neighbouring=bad)
+
+
+def test_replace_one_only_events_refuse_add_remove() -> None:
+    with pytest.raises(UnsupportedEventError):
+        MozoTokenEvent(beta=0.1, order=8.0, neighbouring=ev.ADD_REMOVE)
+    with pytest.raises(UnsupportedEventError):
+        SampledWithoutReplacementEvent(0.1, MozoTokenEvent(beta=0.1, order=8.0), neighbouring=ev.ADD_REMOVE)
+    with pytest.raises(ConfigurationError, match="replace-one"):
+        SampledWithoutReplacementEvent(0.1, G)  # an add/remove inner event cannot sit inside
+    with pytest.raises(ConfigurationError, match="add_remove"):
+        PoissonSampledEvent(0.1, GaussianEvent(1.0, neighbouring=ev.REPLACE_ONE), neighbouring=ev.REPLACE_ONE)
+
+
+def test_poisson_relation_selects_the_accountants() -> None:
+    assert ev.PRV in POISSON.supported_accountants
+    replace = PoissonSampledEvent(0.01, G, neighbouring=ev.REPLACE_ONE)
+    assert replace.supported_accountants == frozenset({ev.PLD, ev.RDP})
 
 
 def test_empty_composition_is_refused() -> None:
@@ -191,11 +234,11 @@ def test_empty_composition_is_refused() -> None:
 
 
 def test_rdp_curve_validation_and_sorting() -> None:
-    curve = RDPCurveEvent(orders=(8, 2, 4), epsilons=(0.8, 0.2, 0.4))
+    curve = RDPCurveEvent(orders=(8, 2, 4), epsilons=(0.8, 0.2, 0.4), neighbouring="add_remove")
     assert curve.orders == (2.0, 4.0, 8.0)
     assert curve.epsilons == (0.2, 0.4, 0.8)
     assert curve.epsilon_inf == math.inf
-    assert RDPCurveEvent((2.0,), (0.1,), epsilon_inf=None).epsilon_inf == math.inf
+    assert RDPCurveEvent((2.0,), (0.1,), epsilon_inf=None, neighbouring="add_remove").epsilon_inf == math.inf
     bad = [
         dict(orders=(), epsilons=()),
         dict(orders=(2.0, 3.0), epsilons=(0.1,)),
@@ -211,15 +254,15 @@ def test_rdp_curve_validation_and_sorting() -> None:
     ]
     for kwargs in bad:
         with pytest.raises(ConfigurationError):
-            RDPCurveEvent(**kwargs)
+            RDPCurveEvent(**kwargs, neighbouring=ev.ADD_REMOVE)
 
 
 def test_numbers_are_normalised_to_float() -> None:
-    e = GaussianEvent(2)
+    e = GaussianEvent(2, neighbouring="add_remove")
     assert type(e.noise_multiplier) is float
-    assert e == GaussianEvent(2.0)
+    assert e == GaussianEvent(2.0, neighbouring="add_remove")
     assert MozoTokenEvent(beta=1, order=14).order == 14.0
-    assert GaussianEvent(1.5, sensitivity=2.0).noise_std == 3.0
+    assert GaussianEvent(1.5, sensitivity=2.0, neighbouring="add_remove").noise_std == 3.0
     assert MozoTokenEvent(beta=0.1, order=5).rdp_bound == pytest.approx(2.0)
 
 
@@ -232,24 +275,33 @@ probability = st.floats(min_value=0.0, max_value=1.0, exclude_min=True, exclude_
 rate = st.floats(min_value=0.0, max_value=1.0, exclude_min=True)
 order = st.floats(min_value=1.0, max_value=1e4, exclude_min=True, allow_nan=False)
 
-gaussians = st.builds(GaussianEvent, positive, positive)
-pures = st.builds(PureDPEvent, positive)
-approxes = st.builds(ApproxDPEvent, positive, probability)
-expmechs = st.builds(ExponentialMechanismEvent, positive)
 mozos = st.builds(MozoTokenEvent, positive, order)
 
 
 @st.composite
-def rdp_curves(draw: st.DrawFn) -> RDPCurveEvent:
+def rdp_curves(draw: st.DrawFn, relation: str) -> RDPCurveEvent:
     orders = draw(st.lists(order, min_size=1, max_size=6, unique=True))
     eps = draw(st.lists(st.floats(0.0, 1e3), min_size=len(orders), max_size=len(orders)))
     eps_inf = draw(st.one_of(st.none(), st.just(math.inf), positive))
-    return RDPCurveEvent(tuple(orders), tuple(eps), eps_inf)
+    return RDPCurveEvent(tuple(orders), tuple(eps), eps_inf, neighbouring=relation)
 
 
-poissons = st.builds(PoissonSampledEvent, rate, gaussians)
-rdp_atoms = st.one_of(gaussians, pures, expmechs, mozos, rdp_curves())
-agnostic_atoms = st.one_of(rdp_atoms, approxes)
+def _rdp_atoms(relation: str) -> st.SearchStrategy:
+    tag = st.just(relation)
+    return st.one_of(
+        st.builds(GaussianEvent, positive, positive, neighbouring=tag),
+        st.builds(PureDPEvent, positive, neighbouring=tag),
+        st.builds(ExponentialMechanismEvent, positive, neighbouring=tag),
+        rdp_curves(relation),
+        *([mozos] if relation == ev.REPLACE_ONE else []),
+    )
+
+
+def _atoms(relation: str) -> st.SearchStrategy:
+    gaussians = st.builds(GaussianEvent, positive, positive, neighbouring=st.just(ev.ADD_REMOVE))
+    poissons = st.builds(PoissonSampledEvent, rate, gaussians, neighbouring=st.just(relation))
+    approxes = st.builds(ApproxDPEvent, positive, probability, neighbouring=st.just(relation))
+    return st.one_of(_rdp_atoms(relation), approxes, poissons)
 
 
 def _composites(children: st.SearchStrategy) -> st.SearchStrategy:
@@ -260,24 +312,24 @@ def _composites(children: st.SearchStrategy) -> st.SearchStrategy:
 
 
 # Replace-one trees: without-replacement sampling over RDP-analysable (possibly composed) inner events.
-rdp_trees = st.recursive(rdp_atoms, _composites, max_leaves=6)
+rdp_trees = st.recursive(_rdp_atoms(ev.REPLACE_ONE), _composites, max_leaves=6)
 without_replacements = st.builds(SampledWithoutReplacementEvent, rate, rdp_trees)
-replace_one_trees = st.recursive(st.one_of(agnostic_atoms, without_replacements), _composites, max_leaves=8)
-add_remove_trees = st.recursive(st.one_of(agnostic_atoms, poissons), _composites, max_leaves=8)
+replace_one_trees = st.recursive(st.one_of(_atoms(ev.REPLACE_ONE), without_replacements), _composites, max_leaves=8)
+add_remove_trees = st.recursive(_atoms(ev.ADD_REMOVE), _composites, max_leaves=8)
 any_event = st.one_of(replace_one_trees, add_remove_trees)
 
 EXAMPLES = {
-    "gaussian": GaussianEvent(0.7, sensitivity=math.sqrt(2)),
-    "pure_dp": PureDPEvent(0.1),
-    "approx_dp": ApproxDPEvent(0.5, 1e-6),
-    "exponential_mechanism": ExponentialMechanismEvent(2 / 3),
-    "rdp_curve": RDPCurveEvent((2.0, 3.5), (0.1, 0.3), epsilon_inf=5.0),
+    "gaussian": GaussianEvent(0.7, sensitivity=math.sqrt(2), neighbouring="add_remove"),
+    "pure_dp": PureDPEvent(0.1, neighbouring="add_remove"),
+    "approx_dp": ApproxDPEvent(0.5, 1e-6, neighbouring="add_remove"),
+    "exponential_mechanism": ExponentialMechanismEvent(2 / 3, neighbouring="add_remove"),
+    "rdp_curve": RDPCurveEvent((2.0, 3.5), (0.1, 0.3), epsilon_inf=5.0, neighbouring="add_remove"),
     "mozo_token": MozoTokenEvent(beta=0.081, order=14),
-    "poisson_sampled": PoissonSampledEvent(20 / 30000, GaussianEvent(0.51, math.sqrt(2))),
+    "poisson_sampled": PoissonSampledEvent(20 / 30000, GaussianEvent(0.51, math.sqrt(2), neighbouring="add_remove"), neighbouring="add_remove"),
     "sampled_without_replacement": SWR,
     "self_composed": SelfComposedEvent(POISSON, 100),
-    "composed": ComposedEvent((ApproxDPEvent(0.5, 1e-6), SelfComposedEvent(SWR, 5000))),
-    "filtered_release": ev.FilteredReleaseEvent(GaussianEvent(3.2, sensitivity=math.sqrt(2)), covered_by=4),
+    "composed": ComposedEvent((ApproxDPEvent(0.5, 1e-6, neighbouring="replace_one"), SelfComposedEvent(SWR, 5000))),
+    "filtered_release": ev.FilteredReleaseEvent(GaussianEvent(3.2, sensitivity=math.sqrt(2), neighbouring="add_remove"), covered_by=4, neighbouring="add_remove"),
 }
 
 
@@ -321,7 +373,7 @@ def test_round_trip_property(event: ev.DPEvent) -> None:
 
 
 def test_rdp_curve_infinity_serialises_as_null() -> None:
-    data = RDPCurveEvent((2.0,), (0.1,)).to_dict()
+    data = RDPCurveEvent((2.0,), (0.1,), neighbouring="add_remove").to_dict()
     assert data["epsilon_inf"] is None
     assert event_from_dict(data).epsilon_inf == math.inf
 
@@ -337,9 +389,12 @@ def test_rdp_curve_infinity_serialises_as_null() -> None:
         ({"type": "gaussian", "noise_multiplier": "1.0"}, ConfigurationError),
         ({"type": "approx_dp", "epsilon": 1.0, "delta": 0.0}, ConfigurationError),
         (
-            {"type": "poisson_sampled", "sampling_rate": 0.1, "event": {"type": "pure_dp", "epsilon": 1.0}},
+            {"type": "poisson_sampled", "sampling_rate": 0.1, "neighbouring": "add_remove",
+             "event": {"type": "pure_dp", "epsilon": 1.0, "neighbouring": "add_remove"}},
             UnsupportedEventError,
         ),
+        ({"type": "pure_dp", "epsilon": 1.0}, ConfigurationError),  # untagged: refused
+        ({"type": "pure_dp", "epsilon": 1.0, "neighbouring": "swap"}, ConfigurationError),
         ({"type": "self_composed", "event": {"type": "pure_dp", "epsilon": 1.0}, "count": 0}, ConfigurationError),
     ],
 )
@@ -350,20 +405,25 @@ def test_event_from_dict_rejects_malformed_input(data, error) -> None:
 
 def test_event_key_is_canonical_and_stable() -> None:
     # Literal strings: the key must not depend on the process (hash seeds, dict order).
-    assert event_key(GaussianEvent(1.5)) == '{"noise_multiplier":1.5,"sensitivity":1.0,"type":"gaussian"}'
-    assert event_key(SelfComposedEvent(PureDPEvent(0.1), 10)) == (
-        '{"count":10,"event":{"epsilon":0.1,"type":"pure_dp"},"type":"self_composed"}'
+    assert event_key(GaussianEvent(1.5, neighbouring="add_remove")) == (
+        '{"neighbouring":"add_remove","noise_multiplier":1.5,"sensitivity":1.0,"type":"gaussian"}'
     )
-    assert event_key(RDPCurveEvent((3.0, 2.0), (0.2, 0.1))) == (
-        '{"epsilon_inf":null,"epsilons":[0.1,0.2],"orders":[2.0,3.0],"type":"rdp_curve"}'
+    assert event_key(SelfComposedEvent(PureDPEvent(0.1, neighbouring="add_remove"), 10)) == (
+        '{"count":10,"event":{"epsilon":0.1,"neighbouring":"add_remove","type":"pure_dp"},'
+        '"neighbouring":"add_remove","type":"self_composed"}'
     )
+    assert event_key(RDPCurveEvent((3.0, 2.0), (0.2, 0.1), neighbouring="add_remove")) == (
+        '{"epsilon_inf":null,"epsilons":[0.1,0.2],"neighbouring":"add_remove","orders":[2.0,3.0],"type":"rdp_curve"}'
+    )
+    # The relation is part of the identity: the same numbers under another relation are another event.
+    assert event_key(PureDPEvent(0.1, neighbouring="add_remove")) != event_key(PureDPEvent(0.1, neighbouring="replace_one"))
     # Equal events have equal keys; distinct parameters give distinct keys.
-    assert event_key(GaussianEvent(1)) == event_key(GaussianEvent(1.0))
-    assert event_key(GaussianEvent(1.0, 2.0)) != event_key(GaussianEvent(1.0))
-    assert event_key(PureDPEvent(1.0)) != event_key(ExponentialMechanismEvent(1.0))
+    assert event_key(GaussianEvent(1, neighbouring="add_remove")) == event_key(GaussianEvent(1.0, neighbouring="add_remove"))
+    assert event_key(GaussianEvent(1.0, 2.0, neighbouring="add_remove")) != event_key(GaussianEvent(1.0, neighbouring="add_remove"))
+    assert event_key(PureDPEvent(1.0, neighbouring="add_remove")) != event_key(ExponentialMechanismEvent(1.0, neighbouring="add_remove"))
     # Floats round-trip exactly through the key.
     x = 0.1 + 0.2
-    assert json.loads(event_key(PureDPEvent(x)))["epsilon"] == x
+    assert json.loads(event_key(PureDPEvent(x, neighbouring="add_remove")))["epsilon"] == x
 
 
 @settings(max_examples=100, deadline=None)
@@ -381,12 +441,13 @@ def test_atoms_of_an_atom() -> None:
     assert atoms(G) == Counter({G: 1})
     assert atoms(POISSON) == Counter({POISSON: 1})
     # Sampled events are atoms: their inner composition is not flattened.
-    inner = ComposedEvent((G, G))
+    g = GaussianEvent(1.0, neighbouring="replace_one")
+    inner = ComposedEvent((g, g))
     assert atoms(SampledWithoutReplacementEvent(0.1, inner)) == Counter({SampledWithoutReplacementEvent(0.1, inner): 1})
 
 
 def test_atoms_flattens_nested_compositions() -> None:
-    a, b, c = PureDPEvent(0.1), GaussianEvent(2.0), ExponentialMechanismEvent(0.3)
+    a, b, c = PureDPEvent(0.1, neighbouring="add_remove"), GaussianEvent(2.0, neighbouring="add_remove"), ExponentialMechanismEvent(0.3, neighbouring="add_remove")
     event = SelfComposedEvent(
         ComposedEvent((a, SelfComposedEvent(ComposedEvent((b, a)), 3), SelfComposedEvent(SelfComposedEvent(c, 2), 5))),
         4,
@@ -405,7 +466,7 @@ def test_atoms_multiply_under_self_composition(event: ev.DPEvent, n: int) -> Non
 
 
 def test_compose_groups_identical_events() -> None:
-    a, b = PureDPEvent(0.1), GaussianEvent(2.0)
+    a, b = PureDPEvent(0.1, neighbouring="add_remove"), GaussianEvent(2.0, neighbouring="add_remove")
     composed = compose(a, b, a, SelfComposedEvent(a, 3), ComposedEvent((b, a)))
     assert isinstance(composed, ComposedEvent)
     assert atoms(composed) == Counter({a: 6, b: 2})
@@ -416,7 +477,7 @@ def test_compose_groups_identical_events() -> None:
 
 
 def test_compose_single_kind() -> None:
-    a = PureDPEvent(0.1)
+    a = PureDPEvent(0.1, neighbouring="add_remove")
     assert compose(a) == a
     assert compose(a, a) == SelfComposedEvent(a, 2)
     assert compose(SelfComposedEvent(a, 2), a) == SelfComposedEvent(a, 3)
@@ -440,17 +501,17 @@ def test_compose_is_canonical(events: list[ev.DPEvent], rng) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 SUPPORT = {
-    "gaussian": {ev.PRV, ev.RDP},
-    "pure_dp": {ev.BASIC, ev.PRV, ev.RDP},
-    "approx_dp": {ev.BASIC, ev.PRV},
-    "exponential_mechanism": {ev.BASIC, ev.PRV, ev.RDP},
+    "gaussian": {ev.PRV, ev.PLD, ev.RDP},
+    "pure_dp": {ev.BASIC, ev.PRV, ev.PLD, ev.RDP},
+    "approx_dp": {ev.BASIC, ev.PRV, ev.PLD},
+    "exponential_mechanism": {ev.BASIC, ev.PRV, ev.PLD, ev.RDP},
     "rdp_curve": {ev.RDP},
     "mozo_token": {ev.RDP},
-    "poisson_sampled": {ev.PRV, ev.RDP},
+    "poisson_sampled": {ev.PRV, ev.PLD, ev.RDP},  # add/remove; replace-one drops PRV
     "sampled_without_replacement": {ev.RDP},
-    "self_composed": {ev.PRV, ev.RDP},  # of a Poisson-sampled Gaussian
+    "self_composed": {ev.PRV, ev.PLD, ev.RDP},  # of a Poisson-sampled Gaussian
     "composed": set(),  # (ε, δ) next to an RDP-only atom: no single accountant
-    "filtered_release": {ev.BASIC, ev.PRV, ev.RDP},  # costs nothing, so every accountant takes it
+    "filtered_release": {ev.BASIC, ev.PRV, ev.PLD, ev.RDP},  # costs nothing, so every accountant takes it
 }
 
 
@@ -460,11 +521,15 @@ def test_supported_accountants(name: str) -> None:
 
 
 def test_composite_support_is_the_intersection() -> None:
-    assert SelfComposedEvent(ApproxDPEvent(1.0, 1e-6), 3).supported_accountants == {ev.BASIC, ev.PRV}
-    assert ComposedEvent((PureDPEvent(1.0), G)).supported_accountants == {ev.PRV, ev.RDP}
-    assert ComposedEvent((PureDPEvent(1.0), ApproxDPEvent(1.0, 1e-6))).supported_accountants == {ev.BASIC, ev.PRV}
-    assert ComposedEvent((PureDPEvent(1.0), SWR)).supported_accountants == {ev.RDP}
-    assert SampledWithoutReplacementEvent(0.1, ComposedEvent((G, PureDPEvent(1.0)))).supported_accountants == {ev.RDP}
+    ar = {"neighbouring": "add_remove"}
+    assert SelfComposedEvent(ApproxDPEvent(1.0, 1e-6, **ar), 3).supported_accountants == {ev.BASIC, ev.PRV, ev.PLD}
+    assert ComposedEvent((PureDPEvent(1.0, **ar), G)).supported_accountants == {ev.PRV, ev.PLD, ev.RDP}
+    assert ComposedEvent((PureDPEvent(1.0, **ar), ApproxDPEvent(1.0, 1e-6, **ar))).supported_accountants == {
+        ev.BASIC, ev.PRV, ev.PLD,
+    }
+    assert ComposedEvent((PureDPEvent(1.0, neighbouring="replace_one"), SWR)).supported_accountants == {ev.RDP}
+    g = GaussianEvent(1.0, neighbouring="replace_one")
+    assert SampledWithoutReplacementEvent(0.1, ComposedEvent((g, PureDPEvent(1.0, neighbouring="replace_one")))).supported_accountants == {ev.RDP}
 
 
 @pytest.mark.parametrize("name", list(EXAMPLES))
@@ -480,8 +545,8 @@ def test_filtered_releases_cost_the_ledger_nothing_more() -> None:
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.accounting import get_accountant
 
-    cover = ApproxDPEvent(1.0, 1e-6)
-    record = ev.FilteredReleaseEvent(GaussianEvent(0.5), covered_by=1)
+    cover = ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove")
+    record = ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=1, neighbouring="add_remove")
     for name in ("basic", "rdp", "prv", "auto"):
         accountant = get_accountant(name)
         assert accountant.epsilon(record, delta=1e-5) == 0.0
@@ -489,10 +554,15 @@ def test_filtered_releases_cost_the_ledger_nothing_more() -> None:
             assert accountant.epsilon(compose(cover, SelfComposedEvent(record, 1000)), delta=1e-5) == pytest.approx(
                 accountant.epsilon(cover, delta=1e-5)
             )
-    ledger = BudgetManager(PrivacyBudget(1.0, 1e-6))
+    ledger = BudgetManager(PrivacyBudget(1.0, 1e-6, neighbouring="add_remove"))
     first = ledger.spend(cover, label="filter")
     for _ in range(5):
-        ledger.spend(ev.FilteredReleaseEvent(GaussianEvent(0.5), covered_by=first.id), label="release")
+        ledger.spend(ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"), label="release")
     assert ledger.spent().epsilon == pytest.approx(1.0)
+    # Under replace-one (the default) the cover converts by group privacy: (2ε, (1 + e^ε)δ).
+    replace = BudgetManager(PrivacyBudget(2.0, 1e-5))
+    first = replace.spend(cover, label="filter")
+    replace.spend(ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"), label="release")
+    assert replace.spent().epsilon == pytest.approx(2.0)
     with pytest.raises(ConfigurationError):
-        ev.FilteredReleaseEvent(GaussianEvent(0.5), covered_by=0)
+        ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=0, neighbouring="add_remove")

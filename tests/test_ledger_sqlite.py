@@ -24,7 +24,7 @@ BUDGET = PrivacyBudget(5.0, 1e-6)
 def _filled_ledger(path: Path, n: int = 300) -> None:
     m = BudgetManager(BUDGET, ledger=path)
     for i in range(n):
-        m.spend(PureDPEvent(0.01), label=f"component-{i % 7}")
+        m.spend(PureDPEvent(0.01, neighbouring="add_remove"), label=f"component-{i % 7}")
     m.close()
 
 

@@ -90,8 +90,8 @@ def test_exhausted_records_are_never_returned_and_the_mask_survives_a_reopen(tmp
     index = PrivateIndex(budget=BUDGET, embedder=emb, path=tmp_path / "ix")
     ids = index.add([f"r{i}" for i in range(20)])
     q = index.embed_query("query")
-    heavy = ReleaseCost.of(GaussianEvent(1.0), BUDGET.orders)  # more than a record can ever pay
-    light = ReleaseCost.of(GaussianEvent(30.0), BUDGET.orders)
+    heavy = ReleaseCost.of(GaussianEvent(1.0, neighbouring="add_remove"), BUDGET.orders)  # more than a record can ever pay
+    light = ReleaseCost.of(GaussianEvent(30.0, neighbouring="add_remove"), BUDGET.orders)
     first = index.search(q, 5)
     admitted = index.charge(first, lambda c: light)
     assert len(admitted) == 5
@@ -110,7 +110,7 @@ def test_exhausted_records_are_never_returned_and_the_mask_survives_a_reopen(tmp
 def test_save_open_round_trip_and_removal(tmp_path: Path) -> None:
     index, _ = make_index(25)
     q = index.embed_query("query")
-    index.charge(index.search(q, 3), lambda c: ReleaseCost.of(GaussianEvent(20.0), BUDGET.orders))
+    index.charge(index.search(q, 3), lambda c: ReleaseCost.of(GaussianEvent(20.0, neighbouring="add_remove"), BUDGET.orders))
     assert index.remove([1, 2, 999]) == 2
     assert len(index) == 23
     assert 1 not in index.search(q, 25).ids and 2 not in index.search(q, 25).ids
@@ -192,7 +192,7 @@ def test_user_grouping_charges_a_person_once_for_all_their_records() -> None:
 
     def cost(c: int) -> ReleaseCost:
         seen.append(c)
-        return ReleaseCost.of(GaussianEvent(40.0 / c), BUDGET.orders)
+        return ReleaseCost.of(GaussianEvent(40.0 / c, neighbouring="add_remove"), BUDGET.orders)
 
     from dp_icl_plugin.methods.knn.index import Candidates
 
@@ -206,7 +206,7 @@ def test_search_falls_back_to_the_bitmap_selector_when_the_nearest_are_all_maske
     index, emb = make_index(100)
     q = index.embed_query("query")
     nearest = index.search(q, 60)
-    full = ReleaseCost.of(GaussianEvent(30.0), BUDGET.orders)
+    full = ReleaseCost.of(GaussianEvent(30.0, neighbouring="add_remove"), BUDGET.orders)
     while len(index.charge(nearest, lambda c: full)):
         pass  # exhaust the 60 nearest
     got = index.search(q, 5)  # the unfiltered over-fetch (26) holds only masked records

@@ -40,7 +40,7 @@ def rr_epsilon(k: int, eps0: float, delta: float) -> float:
 def test_prv_pure_dp_composition_is_never_below_the_exact_value(eps0: float, k: int) -> None:
     delta = 1e-5
     exact = rr_epsilon(k, eps0, delta)
-    lower, upper = prv.prv_bounds(Counter({ev.PureDPEvent(eps0): k}), delta)
+    lower, upper = prv.prv_bounds(Counter({ev.PureDPEvent(eps0, neighbouring="add_remove"): k}), delta)
     assert upper >= exact - 1e-9, f"PRV certified {upper} below the exact {exact}"
     if math.isfinite(upper):
         assert upper - exact <= 0.03  # eps_error 0.01 plus discretisation
@@ -49,8 +49,8 @@ def test_prv_pure_dp_composition_is_never_below_the_exact_value(eps0: float, k: 
 
 @pytest.mark.parametrize(("eps0", "k"), [(5.0, 64), (10.0, 64), (40.0, 64)])
 def test_the_tightest_answer_stays_valid_where_prv_gives_up(eps0: float, k: int) -> None:
-    event = ev.SelfComposedEvent(ev.ExponentialMechanismEvent(eps0), k)
-    pure = ev.SelfComposedEvent(ev.PureDPEvent(eps0), k)
+    event = ev.SelfComposedEvent(ev.ExponentialMechanismEvent(eps0, neighbouring="add_remove"), k)
+    pure = ev.SelfComposedEvent(ev.PureDPEvent(eps0, neighbouring="add_remove"), k)
     auto = get_accountant("auto")
     assert auto.epsilon(pure, delta=1e-5) >= rr_epsilon(k, eps0, 1e-5) - 1e-9
     # Beyond PRV's domain the answer comes from basic composition or RDP, and is at most the pure-DP one.

@@ -36,7 +36,7 @@ def test_gaussian_closed_form(sigma: float) -> None:
     # The event's curve depends on the noise multiplier only, whatever the sensitivity it scales by.
     for sensitivity in (1.0, math.sqrt(2), 2.0):
         np.testing.assert_allclose(
-            rdp.event_rdp(ev.GaussianEvent(sigma, sensitivity)), ORDERS / (2 * sigma**2), rtol=1e-15
+            rdp.event_rdp(ev.GaussianEvent(sigma, sensitivity, neighbouring="add_remove")), ORDERS / (2 * sigma**2), rtol=1e-15
         )
 
 
@@ -44,7 +44,7 @@ def test_gaussian_closed_form(sigma: float) -> None:
 def test_poisson_with_rate_one_is_the_gaussian(sigma: float) -> None:
     expected = rdp.gaussian_rdp(ORDERS, sigma)
     np.testing.assert_array_equal(rdp.poisson_subsampled_gaussian_rdp(ORDERS, 1.0, sigma), expected)
-    np.testing.assert_array_equal(rdp.event_rdp(ev.PoissonSampledEvent(1.0, ev.GaussianEvent(sigma))), expected)
+    np.testing.assert_array_equal(rdp.event_rdp(ev.PoissonSampledEvent(1.0, ev.GaussianEvent(sigma, neighbouring="add_remove"), neighbouring="add_remove")), expected)
 
 
 @pytest.mark.parametrize(("q", "sigma"), [(1e-3, 0.6), (0.01, 1.0), (0.2, 0.8), (0.9, 2.0)])
@@ -108,7 +108,7 @@ def test_pure_dp_rdp_is_randomized_response_divergence(epsilon: float) -> None:
     for alpha in (1.5, 2.0, 5.0, 32.0):
         rr = math.log(p**alpha * (1 - p) ** (1 - alpha) + (1 - p) ** alpha * p ** (1 - alpha)) / (alpha - 1)
         assert rdp.pure_dp_rdp([alpha], epsilon)[0] == pytest.approx(min(rr, epsilon), rel=1e-9)
-    np.testing.assert_array_equal(rdp.event_rdp(ev.PureDPEvent(epsilon)), rdp.pure_dp_rdp(ORDERS, epsilon))
+    np.testing.assert_array_equal(rdp.event_rdp(ev.PureDPEvent(epsilon, neighbouring="add_remove")), rdp.pure_dp_rdp(ORDERS, epsilon))
 
 
 @settings(max_examples=200, deadline=None)
@@ -118,7 +118,7 @@ def test_bounded_range_rdp_bounds(epsilon: float) -> None:
     assert np.all(curve >= 0)
     assert np.all(curve <= ORDERS * epsilon**2 / 8)
     assert np.all(curve <= rdp.pure_dp_rdp(ORDERS, epsilon))
-    np.testing.assert_array_equal(rdp.event_rdp(ev.ExponentialMechanismEvent(epsilon)), curve)
+    np.testing.assert_array_equal(rdp.event_rdp(ev.ExponentialMechanismEvent(epsilon, neighbouring="add_remove")), curve)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_without_replacement_uses_epsilon_inf_cap() -> None:
     assert np.all(capped <= uncapped)
     assert np.any(capped < uncapped)
     # The event path passes the inner ε(∞) for pure-DP inner events.
-    event = ev.SampledWithoutReplacementEvent(gamma, ev.PureDPEvent(epsilon))
+    event = ev.SampledWithoutReplacementEvent(gamma, ev.PureDPEvent(epsilon, neighbouring="add_remove"))
     np.testing.assert_allclose(rdp.event_rdp(event, INT_ORDERS), capped, rtol=1e-12)
 
 
@@ -224,7 +224,7 @@ def test_rdp_to_epsilon_is_never_negative() -> None:
 
 
 def test_event_rdp_adds_compositions_order_by_order() -> None:
-    g, p = ev.GaussianEvent(2.0), ev.PureDPEvent(0.3)
+    g, p = ev.GaussianEvent(2.0, neighbouring="add_remove"), ev.PureDPEvent(0.3, neighbouring="add_remove")
     event = ev.ComposedEvent((ev.SelfComposedEvent(g, 3), p, ev.SelfComposedEvent(ev.ComposedEvent((p, g)), 2)))
     expected = 5 * rdp.gaussian_rdp(ORDERS, 2.0) + 3 * rdp.pure_dp_rdp(ORDERS, 0.3)
     np.testing.assert_allclose(rdp.event_rdp(event), expected, rtol=1e-12)
@@ -232,9 +232,9 @@ def test_event_rdp_adds_compositions_order_by_order() -> None:
 
 def test_event_rdp_refuses_unsupported_events() -> None:
     with pytest.raises(UnsupportedEventError):
-        rdp.event_rdp(ev.ApproxDPEvent(1.0, 1e-6))
+        rdp.event_rdp(ev.ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove"))
     with pytest.raises(UnsupportedEventError):
-        rdp.event_rdp(ev.ComposedEvent((ev.PureDPEvent(1.0), ev.ApproxDPEvent(1.0, 1e-6))))
+        rdp.event_rdp(ev.ComposedEvent((ev.PureDPEvent(1.0, neighbouring="add_remove"), ev.ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove"))))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -243,14 +243,14 @@ def test_event_rdp_refuses_unsupported_events() -> None:
 
 
 def test_rdp_curve_uses_next_larger_listed_order() -> None:
-    curve = ev.RDPCurveEvent(orders=(2.0, 4.0, 8.0), epsilons=(0.1, 0.3, 0.9))
+    curve = ev.RDPCurveEvent(orders=(2.0, 4.0, 8.0), epsilons=(0.1, 0.3, 0.9), neighbouring="add_remove")
     query = (1.5, 2.0, 2.5, 3.0, 4.0, 4.0000001, 7.9, 8.0, 8.5, 64.0)
     expected = [0.1, 0.1, 0.3, 0.3, 0.3, 0.9, 0.9, 0.9, math.inf, math.inf]
     np.testing.assert_array_equal(rdp.event_rdp(curve, query), expected)
 
 
 def test_rdp_curve_capped_by_epsilon_inf() -> None:
-    curve = ev.RDPCurveEvent(orders=(2.0, 4.0, 8.0), epsilons=(0.1, 0.3, 0.9), epsilon_inf=0.5)
+    curve = ev.RDPCurveEvent(orders=(2.0, 4.0, 8.0), epsilons=(0.1, 0.3, 0.9), epsilon_inf=0.5, neighbouring="add_remove")
     np.testing.assert_array_equal(rdp.event_rdp(curve, (2.0, 3.0, 8.0, 100.0)), [0.1, 0.3, 0.5, 0.5])
 
 
@@ -261,7 +261,7 @@ def test_rdp_curve_capped_by_epsilon_inf() -> None:
     st.floats(1.01, 600.0),
 )
 def test_rdp_curve_is_a_valid_reading_of_the_listed_bounds(orders, eps, query: float) -> None:
-    curve = ev.RDPCurveEvent(tuple(orders), tuple(eps[: len(orders)]))
+    curve = ev.RDPCurveEvent(tuple(orders), tuple(eps[: len(orders)]), neighbouring="add_remove")
     got = rdp.event_rdp(curve, (query,))[0]
     larger = [e for a, e in zip(curve.orders, curve.epsilons, strict=True) if a >= query]
     assume(not any(abs(a - query) < 1e-9 for a in curve.orders) or query in curve.orders)

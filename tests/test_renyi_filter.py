@@ -20,7 +20,7 @@ from dp_icl_plugin.methods.knn.retriever import noise_for_uses
 
 
 def gaussian_cost(sigma: float, budget: IndividualBudget, delta: float = 0.0) -> ReleaseCost:
-    return ReleaseCost.of(GaussianEvent(sigma), budget.orders, delta=delta)
+    return ReleaseCost.of(GaussianEvent(sigma, neighbouring="add_remove"), budget.orders, delta=delta)
 
 
 def test_caps_convert_back_to_the_target_epsilon_at_each_orders_share_of_delta() -> None:
@@ -39,13 +39,13 @@ def test_calibrated_noise_fits_exactly_uses_releases_and_not_one_more(uses: int)
     b = IndividualBudget(epsilon=2.0, delta=1e-6, approximate_delta=0.0)
     sigma = noise_for_uses(b, uses=uses, sensitivity=math.sqrt(2))
     f = RenyiFilter(b)
-    cost = ReleaseCost.of(GaussianEvent(sigma / math.sqrt(2), sensitivity=math.sqrt(2)), b.orders)
+    cost = ReleaseCost.of(GaussianEvent(sigma / math.sqrt(2), sensitivity=math.sqrt(2), neighbouring="add_remove"), b.orders)
     units = np.arange(3)
     for _ in range(uses):
         assert f.charge(units, cost).all()
     assert not f.charge(units, cost).any()
     # A slightly smaller σ would not have allowed the last use: the calibration is tight.
-    tighter = ReleaseCost.of(GaussianEvent(sigma * 0.999 / math.sqrt(2)), b.orders)
+    tighter = ReleaseCost.of(GaussianEvent(sigma * 0.999 / math.sqrt(2), neighbouring="add_remove"), b.orders)
     g = RenyiFilter(b)
     assert sum(bool(g.charge(units[:1], tighter)[0]) for _ in range(uses + 1)) == uses - 1
 
@@ -142,7 +142,7 @@ def test_sqlite_filter_persists_and_refuses_foreign_or_mismatched_files(tmp_path
 
 def _hammer(path: str, rounds: int, queue) -> None:
     f = RenyiFilter(path=path, owner="shared")
-    cost = ReleaseCost.of(GaussianEvent(6.0), f.budget.orders)
+    cost = ReleaseCost.of(GaussianEvent(6.0, neighbouring="add_remove"), f.budget.orders)
     admitted = 0
     for _ in range(rounds):
         admitted += int(f.charge(np.arange(4), cost).sum())
@@ -154,7 +154,7 @@ def test_processes_sharing_a_filter_file_admit_exactly_what_fits(tmp_path: Path)
     path = tmp_path / "filter.sqlite"
     RenyiFilter(b, path=path, owner="shared").close()
     single = RenyiFilter(b)
-    cost = ReleaseCost.of(GaussianEvent(6.0), b.orders)
+    cost = ReleaseCost.of(GaussianEvent(6.0, neighbouring="add_remove"), b.orders)
     fits = 0
     while single.charge(np.array([0]), cost)[0]:
         fits += 1

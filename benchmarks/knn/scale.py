@@ -90,7 +90,7 @@ def run(size: int, *, queries: int, exhausted_share: float, workdir: Path, log) 
     log(f"{size:,}: built in {build:.1f}s")
 
     # Exhaust a share of the records: one charge that uses up every order's cap.
-    full = ReleaseCost.of(GaussianEvent(noise_for_uses(budget, uses=1, sensitivity=1.0)), budget.orders)
+    full = ReleaseCost.of(GaussianEvent(noise_for_uses(budget, uses=1, sensitivity=1.0), neighbouring="add_remove"), budget.orders)
     n_out = int(exhausted_share * size)
     out_ids = rng.choice(np.arange(1, size + 1), size=n_out, replace=False)
     for start in range(0, n_out, 20_000):
@@ -106,7 +106,7 @@ def run(size: int, *, queries: int, exhausted_share: float, workdir: Path, log) 
     found = index.search(q[0], K)
     assert not set(found.ids.tolist()) & set(out_ids.tolist())
 
-    light = ReleaseCost.of(GaussianEvent(200.0), budget.orders)
+    light = ReleaseCost.of(GaussianEvent(200.0, neighbouring="add_remove"), budget.orders)
     active = np.setdiff1d(np.arange(1, size + 1), out_ids)
     batches = [rng.choice(active, size=K, replace=False) for _ in range(51)]
     index.charge(Candidates(batches[50], np.ones(K, dtype=np.float32)), lambda c: light)  # a new, cheaper floor

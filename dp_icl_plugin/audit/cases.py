@@ -252,7 +252,8 @@ def _filter_release() -> tuple[float, ReleaseCost]:
     from dp_icl_plugin.methods.knn.retriever import SQRT2, noise_for_uses  # imported here: a heavy module
 
     std = noise_for_uses(_FILTER, uses=_USES, sensitivity=SQRT2)
-    return std, ReleaseCost.of(ev.GaussianEvent(std / SQRT2, sensitivity=SQRT2), _FILTER.orders)
+    return std, ReleaseCost.of(ev.GaussianEvent(std / SQRT2, sensitivity=SQRT2, neighbouring=ev.ADD_REMOVE),
+                               _FILTER.orders)  # fmt: skip
 
 
 def _admissions(cost: ReleaseCost) -> list[bool]:
@@ -281,15 +282,18 @@ def _filter_pairs(broken: bool) -> list[Sampler]:
     return [sampler]
 
 
+_AR, _RO = {"neighbouring": ev.ADD_REMOVE}, {"neighbouring": ev.REPLACE_ONE}
+
 CASES: tuple[AuditCase, ...] = (
-    AuditCase("report-noisy-max (kNN vote)", ev.GaussianEvent(_RNM_STD / math.sqrt(2), math.sqrt(2)), 1e-4,
+    AuditCase("report-noisy-max (kNN vote)", ev.GaussianEvent(_RNM_STD / math.sqrt(2), math.sqrt(2), **_AR), 1e-4,
               _rnm_pairs),
-    AuditCase("Gaussian aggregation (Tang token)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2)), 1e-4,
+    AuditCase("Gaussian aggregation (Tang token)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2), **_RO), 1e-4,
               _tang_pairs),
-    AuditCase("PTA token (reshaped, clipped argmax)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2)), 1e-4,
+    AuditCase("PTA token (reshaped, clipped argmax)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2), **_RO), 1e-4,
               _pta_pairs),
-    AuditCase("keyword PTR test", ev.GaussianEvent(_PTR_STD), _PTR_DELTA + 1e-3, _ptr_pairs, claim_delta=1e-3),
-    AuditCase("clip-blend token", ev.ExponentialMechanismEvent(_CLIP / (_S * _TAU)), 1e-6, _clip_pairs),
+    AuditCase("keyword PTR test", ev.GaussianEvent(_PTR_STD, **_AR), _PTR_DELTA + 1e-3, _ptr_pairs,
+              claim_delta=1e-3),
+    AuditCase("clip-blend token", ev.ExponentialMechanismEvent(_CLIP / (_S * _TAU), **_AR), 1e-6, _clip_pairs),
     AuditCase("DPS-MOZO token (projected)", ev.MozoTokenEvent(beta=_BETA, order=_ORDER), 1e-3, _mozo_pairs,
               broken_as="mixing constraint off"),
     AuditCase("AdaDPSyn token (projected means)", _adadpsyn_step(), _ADA_DELTA, _adadpsyn_pairs, sample_share=0.25),

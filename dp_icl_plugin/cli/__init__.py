@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dp_icl_plugin.accounting.neighbouring import DEFAULT_NEIGHBOURING, RELATIONS
 from dp_icl_plugin.cli import audit, bench, commands, synthesize
 from dp_icl_plugin.errors import BudgetExhaustedError, DPICLError
 
@@ -52,20 +53,23 @@ def build_parser() -> argparse.ArgumentParser:
     cal = top.add_parser("calibrate", help="the least noise / most signal meeting (ε, δ)").add_subparsers(
         dest="what", required=True, metavar="MECHANISM"
     )
-    p = cal.add_parser("subsampled-gaussian", parents=[common], help="σ for Tang et al. / PTA (PRV, Poisson)")
+    p = cal.add_parser("subsampled-gaussian", parents=[common], help="σ for Tang et al. / PTA (Poisson)")
     _privacy_target(p)
-    p.add_argument("--sampling-rate", type=_float, required=True, help="Poisson rate q = M·N/|D_y|")
+    _relation(p, "PTA's Table 4: --neighbouring add_remove --accountant prv")
+    p.add_argument("--sampling-rate", type=_float, required=True, help="Poisson rate q = M·N/n_y")
     p.add_argument("--steps", type=_int, required=True, help="compositions (tokens × demos per label)")
     p.add_argument("--grid", type=_float, default=0.01)
     p.add_argument("--min", dest="lo", type=_float, default=0.3)
     p.add_argument("--max", dest="hi", type=_float, default=3.0)
-    p.add_argument("--accountant", default="prv", choices=["prv", "rdp", "auto"])
+    p.add_argument("--accountant", default="auto", choices=["auto", "pld", "prv", "rdp"])
     p.set_defaults(handler=commands.calibrate_subsampled_gaussian)
 
     p = cal.add_parser("adadpsyn", parents=[common], help="σ1 of AdaDPSyn (RDP, sampling w/o replacement)")
     _privacy_target(p)
-    p.add_argument("--sampling-rate", type=_float, required=True, help="γ = M·N/|D_y|")
+    p.add_argument("--sampling-rate", type=_float, required=True, help="γ = M·N/n_y")
     p.add_argument("--steps", type=_int, required=True, help="T_max tokens")
+    p.add_argument("--labels-touched", type=_int, default=1,
+                   help="label runs one swap touches: 1 (the paper, label kept) or 2 (label changed)")  # fmt: skip
     p.add_argument("--t-hat", type=_int, required=True, help="radius-reduction rounds T̂")
     p.add_argument("--sigma0", type=_float, required=True)
     p.add_argument("--sigma2", type=_float, required=True)
@@ -89,8 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=_float, required=True)
     p.add_argument("--steps", type=_int, required=True)
     p.add_argument("--delta", type=_float, required=True)
-    p.add_argument("--neighbouring", default="add_remove", choices=["add_remove", "replace_one"],
-                   help="add/remove one prompt (the paper's relation) or replace one record (ε0 doubles)")  # fmt: skip
+    _relation(p, "add_remove: one prompt added or removed (the paper's); replace_one: ε0 doubles")
     p.set_defaults(handler=commands.epsilon_clip_blend)
 
     p = eps.add_parser("subsampled-gaussian", parents=[common], help="ε of Poisson-subsampled Gaussian steps")
@@ -98,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sampling-rate", type=_float, required=True)
     p.add_argument("--steps", type=_int, required=True)
     p.add_argument("--delta", type=_float, required=True)
-    p.add_argument("--accountant", default="auto", choices=["auto", "prv", "rdp"])
+    _relation(p, "replace_one analyses the swapped record's coin directly (dp-accounting PLD)")
+    p.add_argument("--accountant", default="auto", choices=["auto", "pld", "prv", "rdp"])
     p.set_defaults(handler=commands.epsilon_subsampled_gaussian)
 
     bud = top.add_parser("budget", help="create, charge and inspect a ledger").add_subparsers(
@@ -107,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = bud.add_parser("init", parents=[common], help="create a ledger file with a budget")
     p.add_argument("--ledger", required=True)
     _privacy_target(p)
+    _relation(p, "the ledger's one relation; every charge is converted to it or refused")
     p.set_defaults(handler=commands.budget_init)
 
     p = bud.add_parser("spend", parents=[common], help="charge one pure-DP or (ε, δ)-DP event")
@@ -114,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pure-epsilon", type=_float, required=True, help="ε of the event")
     p.add_argument("--delta", type=_float, default=None, help="δ of the event (omit for pure DP)")
     p.add_argument("--label", required=True)
+    p.add_argument("--neighbouring", default=None, choices=list(RELATIONS),
+                   help="the relation the event's ε holds under (default: the ledger's)")  # fmt: skip
     p.set_defaults(handler=commands.budget_spend)
 
     p = bud.add_parser("show", parents=[common], help="spent, remaining and events per label")
@@ -124,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parsers(top, common, _float, _int)
     audit.add_parser(top, common, _int)
     return parser
+
+
+def _relation(p: argparse.ArgumentParser, note: str) -> None:
+    p.add_argument("--neighbouring", default=DEFAULT_NEIGHBOURING, choices=list(RELATIONS),
+                   help=f"neighbouring relation (default {DEFAULT_NEIGHBOURING}); {note}")  # fmt: skip
 
 
 def _privacy_target(p: argparse.ArgumentParser) -> None:

@@ -27,20 +27,21 @@ __all__ = [
 def calibrate_subsampled_gaussian(a: argparse.Namespace) -> dict[str, Any]:
     r = calibration.calibrate_subsampled_gaussian(
         epsilon=a.epsilon, delta=a.delta, sampling_rate=a.sampling_rate, steps=a.steps,
-        grid=a.grid, lo=a.lo, hi=a.hi, accountant=a.accountant,
+        grid=a.grid, lo=a.lo, hi=a.hi, accountant=a.accountant, neighbouring=a.neighbouring,
     )  # fmt: skip
     return {"noise_multiplier": r.value, "epsilon": r.epsilon, "target_epsilon": a.epsilon, "delta": a.delta,
             "sampling_rate": a.sampling_rate, "steps": a.steps, "accountant": r.accountant,
-            "sampling": "poisson", "neighbouring": "add_remove"}  # fmt: skip
+            "sampling": "poisson", "neighbouring": a.neighbouring}  # fmt: skip
 
 
 def calibrate_adadpsyn(a: argparse.Namespace) -> dict[str, Any]:
     r = calibration.calibrate_adadpsyn(
         epsilon=a.epsilon, delta=a.delta, sampling_rate=a.sampling_rate, steps=a.steps, t_hat=a.t_hat,
-        sigma0=a.sigma0, sigma2=a.sigma2, theta=a.theta, grid=a.grid,
+        sigma0=a.sigma0, sigma2=a.sigma2, theta=a.theta, grid=a.grid, labels_touched=a.labels_touched,
     )  # fmt: skip
     return {"sigma1": r.value, "epsilon": r.epsilon, "target_epsilon": a.epsilon, "delta": a.delta,
-            "accountant": r.accountant, "sampling": "without_replacement", "neighbouring": "replace_one"}  # fmt: skip
+            "accountant": r.accountant, "sampling": "without_replacement", "neighbouring": "replace_one",
+            "labels_touched": a.labels_touched}  # fmt: skip
 
 
 def calibrate_mozo(a: argparse.Namespace) -> dict[str, Any]:
@@ -72,14 +73,16 @@ def epsilon_clip_blend(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def epsilon_subsampled_gaussian(a: argparse.Namespace) -> dict[str, Any]:
-    event = me.tang_event(noise_multiplier=a.noise_multiplier, sampling_rate=a.sampling_rate, steps=a.steps)
+    event = me.tang_event(noise_multiplier=a.noise_multiplier, sampling_rate=a.sampling_rate, steps=a.steps,
+                          neighbouring=a.neighbouring)  # fmt: skip
     acc = get_accountant(a.accountant)
     return {"epsilon": acc.epsilon(event, delta=a.delta), "delta": a.delta, "accountant": acc.name,
-            "noise_multiplier": a.noise_multiplier, "sampling_rate": a.sampling_rate, "steps": a.steps}  # fmt: skip
+            "noise_multiplier": a.noise_multiplier, "sampling_rate": a.sampling_rate, "steps": a.steps,
+            "neighbouring": a.neighbouring}  # fmt: skip
 
 
 def budget_init(a: argparse.Namespace) -> dict[str, Any]:
-    manager = BudgetManager(PrivacyBudget(a.epsilon, a.delta), ledger=a.ledger)
+    manager = BudgetManager(PrivacyBudget(a.epsilon, a.delta, neighbouring=a.neighbouring), ledger=a.ledger)
     try:
         return {"ledger": a.ledger, **_summary(manager)}
     finally:
@@ -87,11 +90,14 @@ def budget_init(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def budget_spend(a: argparse.Namespace) -> dict[str, Any]:
-    event: events.DPEvent = (
-        events.PureDPEvent(a.pure_epsilon) if a.delta is None else events.ApproxDPEvent(a.pure_epsilon, a.delta)
-    )
     manager = BudgetManager.open(a.ledger)
     try:
+        tag = {"neighbouring": a.neighbouring or manager.neighbouring}
+        event: events.DPEvent = (
+            events.PureDPEvent(a.pure_epsilon, **tag)
+            if a.delta is None
+            else events.ApproxDPEvent(a.pure_epsilon, a.delta, **tag)
+        )
         entry = manager.spend(event, label=a.label)
         return {"committed": True, "entry_id": entry.id, "label": entry.label, "event": event.to_dict(),
                 "certified_epsilon": entry.certified_epsilon, "ledger": a.ledger}  # fmt: skip
@@ -112,6 +118,7 @@ def _summary(manager: BudgetManager) -> dict[str, Any]:
     counts = manager.label_counts()
     return {
         "budget": {"epsilon": manager.budget.epsilon, "delta": manager.budget.delta},
+        "neighbouring": manager.neighbouring,
         "spent": {"epsilon": spent.epsilon, "delta": spent.delta},
         "remaining": {"epsilon": remaining.epsilon, "delta": remaining.delta},
         "events": sum(counts.values()),

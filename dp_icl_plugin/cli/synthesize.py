@@ -20,7 +20,7 @@ METHOD_CHOICES = ("tang", "pta", "adadpsyn", "clip-blend", "mozo-offline")
 
 # CLI option -> config field; a method refuses the options its config does not have.
 _SETTINGS = ("n_prompts", "records_per_prompt", "max_tokens", "shots_per_label", "top_k", "top_p", "alpha",
-             "t_hat", "sigma0", "sigma2", "lam", "clip", "subset_size", "neighbouring", "n_shots", "order")  # fmt: skip
+             "t_hat", "sigma0", "sigma2", "lam", "clip", "subset_size", "n_shots", "order")  # fmt: skip
 
 
 def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: Any) -> None:
@@ -31,6 +31,9 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--label-column", required=True)
     p.add_argument("--labels", default=None, help="the public label set, comma-separated (default: the file's)")
     p.add_argument("--generate-for", default=None, help="labels to generate for, comma-separated (default: all)")
+    p.add_argument("--public-label-counts", default=None,
+                   help="label sizes declared public, 'label=size,...' or 'observed' (publishes the file's "
+                        "counts); tang, pta, adadpsyn and clip-blend size their sampling by them")  # fmt: skip
     p.add_argument("--public-inputs", default=None, help="mozo-offline: public inputs (.txt, one per line, or "
                    ".csv/.jsonl with --input-column)")  # fmt: skip
     p.add_argument("--input-column", default=None, help="the column of --public-inputs in a .csv/.jsonl file")
@@ -41,6 +44,8 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--ledger", required=True, help="the budget ledger file charged for the run")
     p.add_argument("--budget-epsilon", type=number, default=None, help="create the ledger with this ε")
     p.add_argument("--budget-delta", type=number, default=None, help="create the ledger with this δ")
+    p.add_argument("--neighbouring", default=None, choices=["replace_one", "add_remove"],
+                   help="the relation of a ledger created here (default replace_one)")  # fmt: skip
     p.add_argument("--out", required=True, help="where the demonstrations go (JSONL)")
     p.add_argument("--template", default=None, help="a preset: agnews, trec, dbpedia, sst2, ginc; for mozo-offline "
                    "classification, ginc, e2e, samsum (default: a plain layout)")  # fmt: skip
@@ -59,7 +64,6 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     g.add_argument("--lam", type=number, default=None, help="AdaDPSyn margin λ")
     g.add_argument("--clip", type=number, default=None, help="clip-blend logit clip c")
     g.add_argument("--subset-size", type=integer, default=None, help="clip-blend fixed divisor s")
-    g.add_argument("--neighbouring", default=None, choices=["add_remove", "replace_one"], help="clip-blend")
     g.add_argument("--n-shots", type=integer, default=None, help="MOZO records per token")
     g.add_argument("--order", type=number, default=None, help="MOZO Rényi order α")
     p.add_argument("--seed", type=integer, default=None, help="noise seed (tests and benchmarks only)")
@@ -69,6 +73,20 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
 
 def _labels(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _label_counts(text: str | None) -> dict[str, int] | str | None:
+    from dp_icl_plugin.errors import ConfigurationError
+
+    if text is None or text.strip() == "observed":
+        return None if text is None else "observed"
+    counts: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, size = part.rpartition("=")
+        if not sep or not name.strip() or not size.strip().isdigit():
+            raise ConfigurationError("--public-label-counts takes 'label=size,...' or 'observed'")
+        counts[name.strip()] = int(size)
+    return counts
 
 
 def _method(a: argparse.Namespace, delta: float) -> Any:
@@ -147,19 +165,28 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     ledger = Path(a.ledger)
     if a.budget_epsilon is None and not ledger.exists():
         raise ConfigurationError(f"no ledger at {ledger}: create it with `dp-icl budget init` or --budget-epsilon")
-    budget_arg = None if a.budget_epsilon is None else PrivacyBudget(epsilon=a.budget_epsilon, delta=a.budget_delta)
-    if a.delta is not None:
-        delta = a.delta
-    elif budget_arg is not None:
-        delta = budget_arg.delta
-    else:
+    if a.budget_epsilon is None and a.neighbouring is not None:
+        raise ConfigurationError("--neighbouring sets the relation of a ledger created with --budget-epsilon")
+    relation = a.neighbouring or "replace_one"
+    budget_arg = (
+        None
+        if a.budget_epsilon is None
+        else PrivacyBudget(epsilon=a.budget_epsilon, delta=a.budget_delta, neighbouring=relation)
+    )
+    if ledger.exists():  # its own relation and δ (a different --budget-* is refused when it is opened below)
         existing = BudgetManager.open(ledger)
-        delta = existing.budget.delta
+        relation, delta = existing.neighbouring, existing.budget.delta
         existing.close()
+    else:
+        assert budget_arg is not None
+        delta = budget_arg.delta
+    delta = a.delta if a.delta is not None else delta
     method = _method(a, delta)  # config errors before any private record is read, nothing charged
     inputs = _public_inputs(a)
-    data = load_dataset(a.data, text_column=a.text_column, label_column=a.label_column, labels=_labels(a.labels))
-    plan = method.plan(data, _labels(a.generate_for), public_inputs=inputs)
+    counts = _label_counts(a.public_label_counts)
+    data = load_dataset(a.data, text_column=a.text_column, label_column=a.label_column, labels=_labels(a.labels),
+                        public_label_counts=counts)  # fmt: skip
+    plan = method.plan(data, _labels(a.generate_for), public_inputs=inputs, neighbouring=relation)
     if a.model == "ginc":
         from dp_icl_plugin.ginc import load_model
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from dp_icl_plugin.errors import ConfigurationError
@@ -80,9 +80,15 @@ def read_rows(path: str | os.PathLike[str], columns: Sequence[str]) -> list[tupl
 
 
 def load_dataset(
-    path: str | os.PathLike[str], *, text_column: str, label_column: str, labels: Sequence[str] | None = None
+    path: str | os.PathLike[str],
+    *,
+    text_column: str,
+    label_column: str,
+    labels: Sequence[str] | None = None,
+    public_label_counts: Mapping[str, int] | str | None = None,
 ) -> PrivateDataset:
     """A :class:`PrivateDataset` from a CSV/JSONL file; ``labels`` is the public label set (default: the
-    file's labels, sorted)."""
+    file's labels, sorted); ``public_label_counts`` the label sizes declared public (see ``PrivateDataset``)."""
     rows = read_rows(path, [text_column, label_column])
-    return PrivateDataset((PrivateRecord(text, label.strip()) for text, label in rows), labels=labels)
+    records = (PrivateRecord(text, label.strip()) for text, label in rows)
+    return PrivateDataset(records, labels=labels, public_label_counts=public_label_counts)
