@@ -29,9 +29,9 @@ BUDGET = PrivacyBudget(epsilon=8.0, delta=1e-5)
 MIX: list[tuple[str, ev.DPEvent]] = [
     ("pta:token", me.tang_event(noise_multiplier=3.0, sampling_rate=20 / 30_000, steps=1)),
     ("clip-blend:token", ev.ExponentialMechanismEvent(me.clip_blend_token_epsilon(clip=10, subset_size=380,
-                                                                                  temperature=2.1), neighbouring="add_remove")),
-    ("knn:vote", PureDPEvent(1e-4, neighbouring="add_remove")),
-    ("stats:gaussian", GaussianEvent(noise_multiplier=400.0, neighbouring="add_remove")),
+                                                                                  temperature=2.1), neighbouring="replace_one")),
+    ("knn:vote", PureDPEvent(1e-4, neighbouring="replace_one")),
+    ("stats:gaussian", GaussianEvent(noise_multiplier=400.0, neighbouring="replace_one")),
 ]  # fmt: skip
 
 
@@ -76,7 +76,7 @@ def main() -> None:
             start = time.perf_counter()
             # A charge no cheap bound admits: the tightest (PRV) analysis decides, then refuses.
             with contextlib.suppress(BudgetExhaustedError):
-                manager.spend(PureDPEvent(BUDGET.epsilon, neighbouring="add_remove"), label="too-big")
+                manager.spend(PureDPEvent(BUDGET.epsilon, neighbouring="replace_one"), label="too-big")
             refusal = (time.perf_counter() - start) * 1000.0
             results[recorded] = (*results[recorded], refusal)
             assert manager.spent().epsilon <= BUDGET.epsilon

@@ -31,7 +31,7 @@ def main() -> None:
 
     # Online: answers charged one by one until the budget refuses.
     answer = me.clip_blend_event(clip=10.0, subset_size=380, temperature=1.5, steps=30)
-    vote = PureDPEvent(0.05, neighbouring="add_remove")
+    vote = PureDPEvent(0.05, neighbouring="replace_one")
     served = 0
     while True:
         event, label = (answer, "llm:clip-blend") if served % 2 == 0 else (vote, "retriever:noisy-vote")

@@ -23,7 +23,7 @@ def child(ledger: str, log: str) -> None:
     manager = BudgetManager.open(ledger)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     while True:
-        entry = manager.spend(PureDPEvent(1e-4, neighbouring="add_remove"), label="crash-test")
+        entry = manager.spend(PureDPEvent(1e-4, neighbouring="replace_one"), label="crash-test")
         os.write(fd, f"{entry.id}\n".encode())  # the "release": only after the charge is committed
 
 

@@ -28,7 +28,7 @@ def main() -> None:
     def charge() -> None:
         for _ in range(attempts):
             try:
-                manager.spend(PureDPEvent(eps, neighbouring="add_remove"), label="hammer")
+                manager.spend(PureDPEvent(eps, neighbouring="replace_one"), label="hammer")
             except BudgetExhaustedError:
                 continue
             with lock:

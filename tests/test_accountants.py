@@ -212,9 +212,11 @@ def test_gaussian_composition_against_exact_answer(sigma: float, count: int) -> 
     event = ev.SelfComposedEvent(ev.GaussianEvent(sigma, neighbouring="add_remove"), count)
     prv_eps = get_accountant("prv").epsilon(event, delta=delta)
     rdp_eps = get_accountant("rdp").epsilon(event, delta=delta)
+    pld_eps = get_accountant("pld").epsilon(event, delta=delta)
     assert exact <= prv_eps <= exact + 0.02
+    assert exact <= pld_eps <= exact + 0.005  # pessimistic PLD: an upper bound, close at interval 1e-3
     assert exact <= rdp_eps
-    assert get_accountant("auto").epsilon(event, delta=delta) == min(prv_eps, rdp_eps)
+    assert get_accountant("auto").epsilon(event, delta=delta) == min(pld_eps, rdp_eps)
 
 
 def test_rdp_of_pure_dp_is_a_valid_bound() -> None:
@@ -312,7 +314,7 @@ def test_auto_is_the_minimum_of_its_members(event: ev.DPEvent) -> None:
 
 
 def _hybrid(approx_delta: float) -> ev.DPEvent:
-    return ev.compose(ev.ApproxDPEvent(0.5, approx_delta, neighbouring="add_remove"), MOZO)
+    return ev.compose(ev.ApproxDPEvent(0.5, approx_delta, neighbouring="replace_one"), MOZO)
 
 
 def test_auto_handles_approx_dp_next_to_rdp_only_events() -> None:
@@ -326,8 +328,8 @@ def test_auto_handles_approx_dp_next_to_rdp_only_events() -> None:
     assert auto.supports(event)
     eps = auto.epsilon(event, delta=delta)
     assert 0.5 < eps < math.inf
-    # Basic composition of the (ε, δ) part with the RDP part at the δ left over.
-    assert eps == pytest.approx(0.5 + get_accountant("rdp").epsilon(MOZO, delta=delta - 1e-6), rel=1e-12)
+    # Basic composition of the (ε, δ) part with the RDP part at the δ left over, or better.
+    assert eps <= 0.5 + get_accountant("rdp").epsilon(MOZO, delta=delta - 1e-6) * (1 + 1e-12)
     assert auto.fits(event, epsilon=eps, delta=delta)
     # No δ left for the RDP part: no finite bound.
     assert auto.epsilon(_hybrid(delta), delta=delta) == math.inf
@@ -336,11 +338,11 @@ def test_auto_handles_approx_dp_next_to_rdp_only_events() -> None:
 
 def test_auto_hybrid_with_pure_and_gaussian_atoms() -> None:
     # Pure-DP and Gaussian atoms (RDP-capable) go with the RDP part; ApproxDP is charged by basic composition.
-    extra = ev.compose(ev.PureDPEvent(0.05, neighbouring="add_remove"), ev.GaussianEvent(20.0, neighbouring="add_remove"))
+    extra = ev.compose(ev.PureDPEvent(0.05, neighbouring="replace_one"), ev.GaussianEvent(20.0, neighbouring="replace_one"))
     event = ev.compose(_hybrid(1e-7), extra)
     delta = 1e-4
     expected = 0.5 + get_accountant("rdp").epsilon(ev.compose(MOZO, extra), delta=delta - 1e-7)
-    assert get_accountant("auto").epsilon(event, delta=delta) == pytest.approx(expected, rel=1e-12)
+    assert get_accountant("auto").epsilon(event, delta=delta) <= expected * (1 + 1e-12)
 
 
 def test_auto_with_custom_members() -> None:

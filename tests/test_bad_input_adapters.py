@@ -118,7 +118,7 @@ class World:
 
     def exhaust(self) -> World:
         """Spend all but a sliver of the ledger: any further answer is refused."""
-        self.ledger.spend(PureDPEvent(self.ledger.remaining().epsilon * (1 - 1e-9), neighbouring="add_remove"), label="fill")
+        self.ledger.spend(PureDPEvent(self.ledger.remaining().epsilon * (1 - 1e-9), neighbouring="replace_one"), label="fill")
         return self
 
 
@@ -499,7 +499,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, spend in (("ledger.db", None), ("spent.db", 4.99)):
         manager = BudgetManager(PrivacyBudget(5.0, 1e-2), ledger=root / name)
         if spend:
-            manager.spend(PureDPEvent(spend, neighbouring="add_remove"), label="earlier work")
+            manager.spend(PureDPEvent(spend, neighbouring="replace_one"), label="earlier work")
         manager.close()
     (root / "torn.db").write_bytes((root / "ledger.db").read_bytes()[:300])
     return f

@@ -63,16 +63,16 @@ CASES: dict[str, Callable[[World], Any]] = {
     "budget ε = NaN": lambda w: PrivacyBudget(NAN, 1e-5),
     "budget δ = 1": lambda w: PrivacyBudget(1.0, 1.0),
     "budget ε wrong type": lambda w: PrivacyBudget("1", 1e-5),
-    "event σ = −1": lambda w: GaussianEvent(-1.0, neighbouring="add_remove"),
-    "event σ = inf": lambda w: GaussianEvent(INF, neighbouring="add_remove"),
-    "σ = 1e-300 then spend (ε = inf, refused)": lambda w: w.ledger.spend(GaussianEvent(1e-300, neighbouring="add_remove"), label="x"),
-    "pure ε huge then spend": lambda w: w.ledger.spend(PureDPEvent(HUGE, neighbouring="add_remove"), label="x"),
+    "event σ = −1": lambda w: GaussianEvent(-1.0, neighbouring="replace_one"),
+    "event σ = inf": lambda w: GaussianEvent(INF, neighbouring="replace_one"),
+    "σ = 1e-300 then spend (ε = inf, refused)": lambda w: w.ledger.spend(GaussianEvent(1e-300, neighbouring="replace_one"), label="x"),
+    "pure ε huge then spend": lambda w: w.ledger.spend(PureDPEvent(HUGE, neighbouring="replace_one"), label="x"),
     "spend not an event": lambda w: w.ledger.spend("epsilon=1", label="x"),
-    "spend empty label": lambda w: w.ledger.spend(PureDPEvent(0.1, neighbouring="add_remove"), label=""),
-    "spend label with control characters": lambda w: w.ledger.spend(PureDPEvent(0.1, neighbouring="add_remove"), label="a\x00b"),
-    "spend label of zero-width and bidi characters": lambda w: w.ledger.spend(PureDPEvent(0.1, neighbouring="add_remove"), label="\u200b\u202e"),
-    "spend label with a lone surrogate": lambda w: w.ledger.spend(PureDPEvent(0.1, neighbouring="add_remove"), label="a\ud800"),
-    "exhausted budget": lambda w: w.ledger.spend(PureDPEvent(6.0, neighbouring="add_remove"), label="too much"),
+    "spend empty label": lambda w: w.ledger.spend(PureDPEvent(0.1, neighbouring="replace_one"), label=""),
+    "spend label with control characters": lambda w: w.ledger.spend(PureDPEvent(0.1, neighbouring="replace_one"), label="a\x00b"),
+    "spend label of zero-width and bidi characters": lambda w: w.ledger.spend(PureDPEvent(0.1, neighbouring="replace_one"), label="\u200b\u202e"),
+    "spend label with a lone surrogate": lambda w: w.ledger.spend(PureDPEvent(0.1, neighbouring="replace_one"), label="a\ud800"),
+    "exhausted budget": lambda w: w.ledger.spend(PureDPEvent(6.0, neighbouring="replace_one"), label="too much"),
     "individual budget ε = 0": lambda w: IndividualBudget(epsilon=0.0, delta=1e-5),
     "filter cost of the wrong shape": lambda w: RenyiFilter(IndividualBudget(epsilon=1.0, delta=1e-5)).charge(
         np.array([1]), ReleaseCost(np.ones(3))),
@@ -139,7 +139,7 @@ def test_bad_input_ends_in_a_typed_error_with_nothing_charged(tmp_path: Path, na
 def test_documented_results_for_oversized_requests(tmp_path: Path) -> None:
     world = World(tmp_path)
     fresh = BudgetManager(PrivacyBudget(1.0, 1e-5))
-    fresh.spend(GaussianEvent(1e300, neighbouring="add_remove"), label="σ = 1e300")  # no overflow: a tiny, valid charge
+    fresh.spend(GaussianEvent(1e300, neighbouring="replace_one"), label="σ = 1e300")  # no overflow: a tiny, valid charge
     assert 0 <= fresh.spent().epsilon < 0.05
     found = world.index.search(world.index.embed_query("a"), 10**30)  # more than there are: fewer, never padded
     assert len(found) == 10

@@ -230,11 +230,11 @@ def test_clip_blend_temperature_is_the_smallest_within_tolerance() -> None:
 def test_clip_blend_replace_one_needs_twice_the_temperature() -> None:
     """Replace-one doubles ε0 = c/(sτ), so the same guarantee needs τ twice as large."""
     kwargs = dict(epsilon=4.0, delta=1e-5, clip=10.0, subset_size=50, steps=64)
-    add_remove = calibrate_clip_blend_temperature(**kwargs)
-    replace_one = calibrate_clip_blend_temperature(**kwargs, neighbouring=REPLACE_ONE)
+    add_remove = calibrate_clip_blend_temperature(**kwargs, neighbouring=ADD_REMOVE)
+    replace_one = calibrate_clip_blend_temperature(**kwargs)  # replace-one is the default
     assert replace_one.epsilon <= 4.0
     assert replace_one.value == pytest.approx(2 * add_remove.value, rel=1e-3)
-    assert calibrate_clip_blend_temperature(**kwargs, neighbouring=ADD_REMOVE) == add_remove
+    assert calibrate_clip_blend_temperature(**kwargs, neighbouring=REPLACE_ONE) == replace_one
 
 
 def test_calibration_result_is_consistent_with_the_event_factory() -> None:

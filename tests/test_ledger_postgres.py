@@ -41,7 +41,7 @@ def _sql(dsn: str, *statements: str) -> list[Any]:
 def _filled(dsn: str, n: int = 5, *, ledger: str = "default") -> None:
     m = BudgetManager(BUDGET, ledger=PostgresStore(dsn, ledger=ledger))
     for i in range(n):
-        m.spend(PureDPEvent(0.01, neighbouring="add_remove"), label=f"component-{i % 3}")
+        m.spend(PureDPEvent(0.01, neighbouring="replace_one"), label=f"component-{i % 3}")
     m.close()
 
 
@@ -74,12 +74,12 @@ def test_unreachable_server_is_a_ledger_error_without_the_password() -> None:
 # -- on a server ------------------------------------------------------------------------------------
 def test_create_open_and_persist_across_managers(pg_dsn: str) -> None:
     m = BudgetManager(BUDGET, ledger=pg_dsn)  # a postgresql:// string selects the PostgreSQL store
-    m.spend(PureDPEvent(0.5, neighbouring="add_remove"), label="selector")
+    m.spend(PureDPEvent(0.5, neighbouring="replace_one"), label="selector")
     m.close()
     again = BudgetManager.open(pg_dsn)
     assert again.budget == BUDGET
     assert again.spent().epsilon == pytest.approx(0.5)
-    again.spend(PureDPEvent(0.25, neighbouring="add_remove"), label="llm")
+    again.spend(PureDPEvent(0.25, neighbouring="replace_one"), label="llm")
     assert [e.label for e in BudgetManager.open(pg_dsn).history()] == ["selector", "llm"]
     meta = dict(_sql(pg_dsn, "SELECT key, value FROM dp_icl_meta")[0])
     assert meta == {"application": "dp-icl-plugin ledger", "schema_version": "1"}
@@ -88,18 +88,18 @@ def test_create_open_and_persist_across_managers(pg_dsn: str) -> None:
 def test_spend_refuse_and_never_overspend(pg_dsn: str) -> None:
     m = BudgetManager(PrivacyBudget(1.0, 1e-6), ledger=PostgresStore(pg_dsn))
     for _ in range(3):
-        m.spend(PureDPEvent(0.3, neighbouring="add_remove"), label="x")
+        m.spend(PureDPEvent(0.3, neighbouring="replace_one"), label="x")
     with pytest.raises(BudgetExhaustedError):
-        m.spend(PureDPEvent(0.3, neighbouring="add_remove"), label="x")
+        m.spend(PureDPEvent(0.3, neighbouring="replace_one"), label="x")
     assert len(m.history()) == 3 and m.spent().epsilon == pytest.approx(0.9)
-    assert m.would_fit(PureDPEvent(0.1, neighbouring="add_remove")) and not m.would_fit(PureDPEvent(0.11, neighbouring="add_remove"))
+    assert m.would_fit(PureDPEvent(0.1, neighbouring="replace_one")) and not m.would_fit(PureDPEvent(0.11, neighbouring="replace_one"))
 
 
 def test_named_ledgers_share_a_database(pg_dsn: str) -> None:
     _filled(pg_dsn, 4, ledger="team-a")
     b = BudgetManager(PrivacyBudget(1.0, 1e-6), ledger=PostgresStore(pg_dsn, ledger="team-b"))
     assert b.spent().epsilon == 0.0
-    b.spend(PureDPEvent(0.5, neighbouring="add_remove"), label="b")
+    b.spend(PureDPEvent(0.5, neighbouring="replace_one"), label="b")
     a = BudgetManager(None, ledger=PostgresStore(pg_dsn, ledger="team-a"))
     assert a.budget == BUDGET and len(a.history()) == 4
     assert [e.id for e in a.history()] == sorted(e.id for e in a.history())

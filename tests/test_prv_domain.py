@@ -53,7 +53,7 @@ def test_the_tightest_answer_stays_valid_where_prv_gives_up(eps0: float, k: int)
     pure = ev.SelfComposedEvent(ev.PureDPEvent(eps0, neighbouring="add_remove"), k)
     auto = get_accountant("auto")
     assert auto.epsilon(pure, delta=1e-5) >= rr_epsilon(k, eps0, 1e-5) - 1e-9
-    # Beyond PRV's domain the answer comes from basic composition or RDP, and is at most the pure-DP one.
+    # Beyond PRV's domain the answer comes from PLD, basic composition or RDP: never above the last two.
     fallback = min(get_accountant(name).epsilon(event, delta=1e-5) for name in ("basic", "rdp"))
-    assert auto.epsilon(event, delta=1e-5) == fallback
+    assert auto.epsilon(event, delta=1e-5) <= fallback
     assert auto.epsilon(event, delta=1e-5) <= auto.epsilon(pure, delta=1e-5)
