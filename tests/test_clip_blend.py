@@ -41,7 +41,7 @@ def _dataset(n_per_label: int = 40, labels: Sequence[str] = ("a", "b")) -> Priva
     """Records with distinct texts "wI wJ" (I < 20 ≤ J), so prompts can be traced back to records."""
     records = [PrivateRecord(f"w{i % 20} w{20 + i // 20 + 10 * j}", label)
                for j, label in enumerate(labels) for i in range(n_per_label)]  # fmt: skip
-    return PrivateDataset(records, labels=list(labels))
+    return PrivateDataset(records, labels=list(labels), public_label_counts="observed")
 
 
 def _budget(epsilon: float = 10.0) -> BudgetManager:
@@ -235,7 +235,7 @@ def test_mechanism_refuses_bad_input(call: Any) -> None:
 
 def test_groups_are_disjoint_and_cover_the_records_when_n_is_k_times_s() -> None:
     for seed in range(20):
-        groups = assign_groups(24, n_groups=3, subset_size=8, rng=np.random.default_rng(seed))
+        groups = assign_groups(24, n_groups=3, subset_size=8, rng=np.random.default_rng(seed), population=24)
         joined = np.concatenate(groups)
         assert len(groups) == 3 and sorted(joined.tolist()) == list(range(24))
 
@@ -247,7 +247,7 @@ def test_each_record_joins_each_group_with_probability_s_over_n() -> None:
     rng = np.random.default_rng(11)
     hits = np.zeros((k, n))
     for _ in range(trials):
-        for g, members in enumerate(assign_groups(n, n_groups=k, subset_size=s, rng=rng)):
+        for g, members in enumerate(assign_groups(n, n_groups=k, subset_size=s, rng=rng, population=n)):
             hits[g, members] += 1
     freq = hits / trials
     se = math.sqrt(0.2 * 0.8 / trials)
@@ -255,9 +255,22 @@ def test_each_record_joins_each_group_with_probability_s_over_n() -> None:
     assert (hits.sum(axis=0) <= trials).all()  # disjoint: never in two groups at once
 
 
-def test_assign_groups_refuses_more_than_the_records() -> None:
-    with pytest.raises(ConfigurationError, match="need at least 12"):
-        assign_groups(11, n_groups=3, subset_size=4, rng=np.random.default_rng(0))
+def test_assign_groups_refuses_more_than_the_population() -> None:
+    with pytest.raises(ConfigurationError, match="population of at least 12"):
+        assign_groups(11, n_groups=3, subset_size=4, rng=np.random.default_rng(0), population=11)
+
+
+def test_a_records_group_depends_on_its_own_draw_only() -> None:
+    """The population is the declared size, not the records present: adding a record (same seed, its draw
+    comes last) leaves every other record's group exactly as it was; a label with fewer or more records than
+    declared is dealt the same way."""
+    for seed in range(20):
+        before = assign_groups(30, population=30, n_groups=3, subset_size=10, rng=np.random.default_rng(seed))
+        after = assign_groups(31, population=30, n_groups=3, subset_size=10, rng=np.random.default_rng(seed))
+        for old, new in zip(before, after, strict=True):
+            assert old.tolist() == [i for i in new.tolist() if i < 30]
+    assert [g.size for g in assign_groups(0, population=30, n_groups=3, subset_size=10,
+                                          rng=np.random.default_rng(0))] == [0, 0, 0]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ accounting
@@ -273,7 +286,8 @@ def test_charged_event_is_the_planned_event_and_provenance_reports_both_figures(
     assert s == 20  # ⌊40 / 2⌋
     assert entry.event == method.event(data)
     assert entry.event == me.clip_blend_event(clip=10.0, subset_size=20, temperature=tau, steps=6)
-    assert extra["token_epsilon"] == pytest.approx(10.0 / (20 * tau))
+    assert entry.event.neighbouring == "replace_one"  # the ledger's relation
+    assert extra["token_epsilon"] == pytest.approx(2 * 10.0 / (20 * tau))  # replace-one: ε0 = 2c/(sτ)
     assert extra["epsilon"] == pytest.approx(tightest().epsilon(entry.event, delta=1e-3)) and extra["epsilon"] <= 2.0
     assert extra["paper_epsilon"] == me.clip_blend_paper_epsilon(clip=10.0, subset_size=20, temperature=tau, steps=6,
                                                                   delta=1e-3)  # fmt: skip
@@ -284,18 +298,19 @@ def test_charged_event_is_the_planned_event_and_provenance_reports_both_figures(
 
 def test_temperature_is_the_calibrated_one_and_replace_one_doubles_it() -> None:
     data = _dataset()
-    add = _method().plan(data).params
-    expected = calibrate_clip_blend_temperature(epsilon=2.0, delta=1e-3, clip=10.0, subset_size=20, steps=6)
+    add = _method().plan(data, neighbouring="add_remove").params
+    expected = calibrate_clip_blend_temperature(epsilon=2.0, delta=1e-3, clip=10.0, subset_size=20, steps=6,
+                                                neighbouring="add_remove")  # fmt: skip
     assert add["temperature"] == expected.value and add["calibrated_epsilon"] == expected.epsilon
-    rep = _method(neighbouring="replace_one")
-    assert rep.plan(data).params["temperature"] == pytest.approx(2 * add["temperature"], rel=1e-4)
-    assert rep.event(data) == me.clip_blend_event(clip=10.0, subset_size=20, temperature=rep.plan(data).params[
-        "temperature"], steps=6, neighbouring="replace_one")  # fmt: skip
+    rep = _method().plan(data).params  # replace-one: the default
+    assert rep["temperature"] == pytest.approx(2 * add["temperature"], rel=1e-4)
+    assert _method().event(data) == me.clip_blend_event(clip=10.0, subset_size=20, temperature=rep["temperature"],
+                                                        steps=6, neighbouring="replace_one")  # fmt: skip
 
 
 def test_disjoint_groups_compose_in_parallel_over_shots_and_labels() -> None:
     """Each record takes part in T tokens: the event has T steps whatever shots_per_label and the labels."""
-    data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(30)] + [PrivateRecord("w2", "b") for _ in range(90)])
+    data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(30)] + [PrivateRecord("w2", "b") for _ in range(90)], public_label_counts="observed")
     for shots in (1, 3):
         method = _method(temperature=1.0, epsilon=None, subset_size=10, shots_per_label=shots)
         assert method.event(data) == me.clip_blend_event(clip=10.0, subset_size=10, temperature=1.0, steps=6)
@@ -305,9 +320,9 @@ def test_disjoint_groups_compose_in_parallel_over_shots_and_labels() -> None:
 
 def test_explicit_temperature_gives_the_paper_figure_beside_a_smaller_guarantee() -> None:
     """The paper's s = 255, c = 10, τ = 1.048 (App. B), T = 100: the tight ε is below the paper's figure."""
-    data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(255)])
+    data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(255)], public_label_counts="observed")
     params = _method(temperature=1.048, epsilon=None, subset_size=255, max_tokens=100, shots_per_label=1,
-                     delta=1e-5).plan(data).params  # fmt: skip
+                     delta=1e-5).plan(data, neighbouring="add_remove").params  # fmt: skip
     assert params["paper_epsilon"] == pytest.approx(10 * math.sqrt(200 * math.log(1e5)) / (255 * 1.048))
     assert params["epsilon"] < params["paper_epsilon"]
 
@@ -316,9 +331,9 @@ def test_at_a_large_token_epsilon_the_papers_figure_is_below_the_guarantee() -> 
     """The paper's s = 15, τ = 0.131 (App. B), T = 100: ε0 ≈ 5.09, far from small. Its figure (≈ 244) drops
     the T·ε0(e^ε0 − 1) term and is about half of what the tightest accounting certifies (≈ 448; pure DP
     gives T·ε0 ≈ 509): it is reported, never used as the guarantee."""
-    data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(15)])
+    data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(15)], public_label_counts="observed")
     params = _method(temperature=0.131, epsilon=None, subset_size=15, max_tokens=100, shots_per_label=1,
-                     delta=1e-5).plan(data).params  # fmt: skip
+                     delta=1e-5).plan(data, neighbouring="add_remove").params  # fmt: skip
     assert params["token_epsilon"] == pytest.approx(10 / (15 * 0.131))
     assert params["paper_epsilon"] == pytest.approx(244.2, abs=0.1)
     assert params["epsilon"] > 1.5 * params["paper_epsilon"]
@@ -381,7 +396,7 @@ def test_noiseless_run_is_the_argmax_of_the_blended_scores() -> None:
     for label in data.labels:
         records = data.records(label)
         public = backend.encode(TEMPLATE.public_prompt(label))
-        for group in assign_groups(len(records), n_groups=2, subset_size=15, rng=rng):
+        for group in assign_groups(len(records), n_groups=2, subset_size=15, rng=rng, population=len(records)):
             prompts = [public] + [backend.encode(TEMPLATE.private_prompt(label, [records[int(i)]])) for i in group]
             generated: list[int] = []
             for _ in range(6):
@@ -449,6 +464,7 @@ def test_prompts_are_cut_so_that_t_tokens_fit_the_context() -> None:
     ("make", "error"),
     [
         (lambda: (_method(shots_per_label=3), _dataset(n_per_label=2), {}), "shots_per_label = 3"),
+        (lambda: (_method(), PrivateDataset(_dataset().records("a")), {}), "public_label_counts"),
         (lambda: (_method(subset_size=21), _dataset(), {}), "shots_per_label × subset_size = 42"),
         (lambda: (_method(), _dataset(), {"labels": ["zzz"]}), "unknown label"),
         (lambda: (_method(max_tokens=9), _dataset(), {"backend": RecordingBackend(VOCAB, max_length=8)}), "context"),
@@ -482,7 +498,6 @@ def test_a_budget_too_small_charges_nothing() -> None:
         {"max_tokens": 0},
         {"shots_per_label": 1.5},
         {"delta": 1.0},
-        {"neighbouring": "swap"},
         {"template": "Text: {text}"},
         {"public_prompt": "Text: {text}"},
         {"public_prompt": ""},
@@ -545,7 +560,7 @@ def test_end_to_end_on_a_tiny_gpt2_with_cached_decoding_equal_to_reencoding(tmp_
     names = symbol_names(50)
     rng = np.random.default_rng(0)
     records = [PrivateRecord(" ".join(names[int(t)] for t in rng.integers(1, 50, size=9)), "c") for _ in range(40)]
-    data = PrivateDataset(records)
+    data = PrivateDataset(records, public_label_counts="observed")
     from dp_icl_plugin.methods import PRESETS
 
     method = ClipBlendSynthesizer(epsilon=4.0, delta=1 / 40, max_tokens=10, shots_per_label=2,
@@ -573,3 +588,43 @@ def test_end_to_end_on_a_tiny_gpt2_with_cached_decoding_equal_to_reencoding(tmp_
     speed = measure_decoding_speedup(backend, prompts, tokens=demos[0].token_ids)
     assert speed.max_logprob_difference <= 1e-4, speed
     assert speed.cached_seconds > 0 and speed.reencode_seconds > 0
+
+
+# ------------------------------------------------------------------------------------------ issue 14, defect 1
+
+# The measured case: 100 records of one label, every one with logits (0, −14.03, −13.43); the added record
+# (−19.15, −6.46, 0); the public prompt (−19.20, −15.83, 0). With s and τ read from the data (s = 100 vs 101,
+# τ recalibrated) one token's log-probabilities moved by 0.379 against a charged ε0 of 0.203 (ε ≈ 2.44 over
+# 20 tokens instead of 1).
+_ROW, _ADDED, _PUBLIC = np.array([0.0, -14.03, -13.43]), np.array([-19.15, -6.46, 0.0]), np.array([-19.20, -15.83, 0.0])
+
+
+def _token_logprobs(rows: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+    scores = mech.blended_scores(rows, _PUBLIC, clip=10.0, subset_size=params["subset_size"]) / params["temperature"]
+    return scores - np.logaddexp.reduce(scores)
+
+
+@pytest.mark.parametrize("relation", ["add_remove", "replace_one"])
+def test_default_clip_blend_on_d_and_d_plus_one_record_stays_within_the_charged_token_epsilon(relation: str) -> None:
+    """Regression (issue 14, defect 1): the default ClipBlendSynthesizer(epsilon=1.0, max_tokens=20) on D (100
+    records of one label) and D ∪ {x}. The divisor s and τ come from the declared size, so both runs use the
+    same s and τ, every record of D joins the group on both, and the largest per-token log-ratio stays within
+    the ε0 charged for the relation (the group's membership on D ∪ {x} is that of D plus x: n_y = s = 100)."""
+    method = ClipBlendSynthesizer(epsilon=1.0, max_tokens=20)
+    d = PrivateDataset([PrivateRecord(f"r{i}", "y") for i in range(100)], public_label_counts={"y": 100})
+    d_plus = PrivateDataset([*d.records("y"), PrivateRecord("x", "y")], public_label_counts={"y": 100})
+    on_d, on_plus = method.plan(d, neighbouring=relation).params, method.plan(d_plus, neighbouring=relation).params
+    assert (on_d["subset_size"], on_d["temperature"]) == (on_plus["subset_size"], on_plus["temperature"]) == (
+        100, on_d["temperature"])
+    rows = np.tile(_ROW, (100, 1))
+    worst = float(np.max(np.abs(_token_logprobs(rows, on_d) - _token_logprobs(np.vstack([rows, _ADDED]), on_plus))))
+    assert worst <= on_d["token_epsilon"] * (1 + 1e-12)
+    # The claim is what the accountant composes: 20 such tokens within ε = 1 at δ = 1/100.
+    assert tightest().epsilon(method.event(d, neighbouring=relation), delta=1 / 100) <= 1.0
+    # What the data-derived divisor did (the defect): s = 100 vs 101 and τ recalibrated for each.
+    observed = {n: method.plan(PrivateDataset([PrivateRecord(f"r{i}", "y") for i in range(n)],
+                                              public_label_counts="observed"), neighbouring="add_remove").params
+                for n in (100, 101)}  # fmt: skip
+    leak = float(np.max(np.abs(_token_logprobs(rows, observed[100])
+                               - _token_logprobs(np.vstack([rows, _ADDED]), observed[101]))))  # fmt: skip
+    assert leak == pytest.approx(0.379, abs=2e-3) and leak > observed[100]["token_epsilon"] * 1.8

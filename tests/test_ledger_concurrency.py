@@ -64,7 +64,7 @@ def race_for_the_budget(ledger: str, *, timeout: float) -> None:
     assert committed == expected  # no overspend, no lost charge
     after = BudgetManager.open(ledger)
     assert len(after.history()) == expected
-    assert after.spent().epsilon == pytest.approx(expected * eps0)
+    assert after.spent().epsilon == pytest.approx(expected * eps0, rel=1e-3)  # PLD: just under the sum at δ > 0
 
 
 @pytest.mark.slow

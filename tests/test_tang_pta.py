@@ -33,7 +33,7 @@ def _dataset(n_per_label: int = 60) -> PrivateDataset:
     rng = np.random.default_rng(7)
     records = [PrivateRecord(" ".join(f"w{int(t)}" for t in rng.integers(0, 30, size=6)), label)
                for label in ("a", "b") for _ in range(n_per_label)]  # fmt: skip
-    return PrivateDataset(records, labels=["a", "b"])
+    return PrivateDataset(records, labels=["a", "b"], public_label_counts="observed")
 
 
 def _budget(epsilon: float = 10.0) -> BudgetManager:
@@ -89,15 +89,40 @@ def test_sigma_is_what_the_calibrate_command_returns() -> None:
 def test_pta_gets_the_published_ginc_sigma(epsilon: float, sigma: float) -> None:
     """PTA Table 4, GINC: |D_y| = 1,600, M = 5, N = 4, 4 shots per label, 36 compositions (T − 1 = 9 each)."""
     records = [PrivateRecord("w1 w2", "c") for _ in range(1600)]
-    plan = PTASynthesizer(n_prompts=5, records_per_prompt=4, max_tokens=9, shots_per_label=4, epsilon=epsilon,
-                          template=TEMPLATE).plan(PrivateDataset(records))  # fmt: skip
-    assert plan.params["noise_multiplier"] == pytest.approx(sigma, abs=1e-9)
-    assert plan.params["target_delta"] == 1 / 1600
+    method = PTASynthesizer(n_prompts=5, records_per_prompt=4, max_tokens=9, shots_per_label=4, epsilon=epsilon,
+                            template=TEMPLATE)  # fmt: skip
+    data = PrivateDataset(records, public_label_counts={"c": 1600})
+    paper = method.plan(data, neighbouring="add_remove")  # PLD: at most PTA's PRV σ, within the 0.01 grid
+    assert sigma - 0.01 - 1e-9 <= paper.params["noise_multiplier"] <= sigma + 1e-9
+    assert paper.params["target_delta"] == 1 / 1600
+    default = method.plan(data)  # replace-one, the ledger default: never less noise, at most 0.02 more
+    assert paper.params["noise_multiplier"] <= default.params["noise_multiplier"] <= sigma + 0.02 + 1e-9
+
+
+def test_sampling_rate_comes_from_the_declared_size_not_the_records() -> None:
+    """Regression (issue 14, defect 3): with |D_y| = M·N read from the data, q went from 1 to M·N/(M·N + 1) when a
+    record was added, dropping another record with probability ≈ 0.63 (two rows changed). The rate is now
+    fixed by the declared size, so adding a record leaves every other record's coin alone."""
+    per_token = 4 * 3
+    base = [PrivateRecord(f"w{i % 30}", "a") for i in range(per_token)]
+    d = PrivateDataset(base, public_label_counts={"a": per_token})
+    d_plus = PrivateDataset([*base, PrivateRecord("w31", "a")], public_label_counts={"a": per_token})
+    method = _pta(noise_multiplier=1.0, epsilon=None)
+    assert method.plan(d).params["sampling_rate"] == method.plan(d_plus).params["sampling_rate"] == 1.0
+    # Coupled draws (same seed): the records of D are dealt exactly as before; only the new one can differ.
+    for seed in range(50):
+        on_d = poisson_prompts(d.records("a"), sampling_rate=1.0, n_prompts=4, rng=np.random.default_rng(seed))
+        on_plus = poisson_prompts(d_plus.records("a"), sampling_rate=1.0, n_prompts=4, rng=np.random.default_rng(seed))
+        kept = sum(r is not d_plus.records("a")[-1] for p in on_plus for r in p)
+        assert kept == sum(len(p) for p in on_d) == per_token  # no record of D dropped
+    # Undeclared sizes are refused before anything runs: nothing is read from the records instead.
+    with pytest.raises(ConfigurationError, match="public_label_counts"):
+        method.plan(PrivateDataset(base))
 
 
 def test_labels_compose_in_parallel_at_the_smallest_label() -> None:
     records = [PrivateRecord("w1", "a") for _ in range(40)] + [PrivateRecord("w2", "b") for _ in range(100)]
-    data = PrivateDataset(records)
+    data = PrivateDataset(records, public_label_counts="observed")
     method = _pta(noise_multiplier=1.0, epsilon=None)
     assert method.event(data).event.sampling_rate == pytest.approx(12 / 40)
     assert method.event(data, labels=["b"]).event.sampling_rate == pytest.approx(12 / 100)
@@ -195,7 +220,7 @@ class NaNBackend(FakeBackend):
 @pytest.mark.parametrize(
     ("make", "error"),
     [
-        (lambda: (_pta(n_prompts=30, records_per_prompt=3), _dataset(), {}), "records"),
+        (lambda: (_pta(n_prompts=30, records_per_prompt=3), _dataset(), {}), "declared size"),
         (lambda: (_pta(), _dataset(), {"labels": ["zzz"]}), "unknown label"),
         (lambda: (_pta(top_k=500), _dataset(), {}), "top_k"),
         (lambda: (_pta(epsilon=1e-6), _dataset(), {}), "meets"),
@@ -327,7 +352,7 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     budget = _budget()
     method = PTASynthesizer(n_prompts=5, records_per_prompt=4, max_tokens=10, shots_per_label=2, top_k=10,
                             epsilon=4.0, delta=1 / 40, alpha=1.5, template=PRESETS["ginc"])  # fmt: skip
-    demos = method.synthesize(PrivateDataset(records), backend=backend, budget=budget, rng=rng)
+    demos = method.synthesize(PrivateDataset(records, public_label_counts={"c": 40}), backend=backend, budget=budget, rng=rng)
     assert len(demos) == 2 and all(len(d.token_ids) == 10 for d in demos)
     assert all(d.text == " ".join(names[t] for t in d.token_ids) for d in demos)
-    assert budget.history()[0].event == method.event(PrivateDataset(records))
+    assert budget.history()[0].event == method.event(PrivateDataset(records, public_label_counts={"c": 40}))
