@@ -1,9 +1,15 @@
-"""A LlamaIndex query engine over private records: DP context from the private retriever, a DP LLM.
+"""A LlamaIndex query engine over private records: DP demonstrations, DP retrieval and a DP LLM on one ledger.
 
-Offline, under a minute: 1,000 TREC questions are the private records (per-record ε = 4, δ = 1e-5). The
-retriever releases a DP answer built from keywords that passed propose-test-release; the LLM decodes with
-DPS-MOZO over the same records. Both charge one ledger, printed at the end. The model is a tiny untrained
-GPT-2 (its words are noise; use a local model's path for real answers).
+Offline, about a minute: 1,000 TREC questions are the private records. Three methods charge one replace-one
+ledger, whose total is printed at the end:
+
+- PTA synthesizes one demonstration per large question class (label sizes declared public), shown to the LLM in
+  the query engine's prompt (free to reuse: post-processing);
+- the private retriever releases a DP answer built from keywords that passed propose-test-release (each
+  record may lose ε = 2, δ = 1e-6 under add/remove; the ledger holds its group-privacy conversion);
+- the LLM decodes with DPS-MOZO over the same records.
+
+The model is a tiny untrained GPT-2 (its words are noise; use a local model's path for real answers).
 
     python examples/llamaindex_query_engine.py [LEDGER]
 """
@@ -18,12 +24,13 @@ from pathlib import Path
 import numpy as np
 from _tiny_text_model import tiny_text_model
 from dp_icl_llamaindex import DPLLM, DPRetriever
+from llama_index.core import PromptTemplate
 from llama_index.core.query_engine import RetrieverQueryEngine
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.hf import HFBackend
-from dp_icl_plugin.methods import PrivateDataset
+from dp_icl_plugin.methods import PrivateDataset, PromptTemplate as DemoTemplate, PTASynthesizer
 from dp_icl_plugin.methods.decoding import MozoDecoder
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
 
@@ -40,30 +47,34 @@ def main() -> None:
     backend = HFBackend.from_pretrained(tiny_text_model(questions), device="cpu")
 
     # --8<-- [start:llamaindex]
-    budget = BudgetManager(PrivacyBudget(epsilon=8.0, delta=1e-4), ledger=ledger)
-    index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-5))
+    budget = BudgetManager(PrivacyBudget(epsilon=8.0, delta=1e-4), ledger=ledger)  # replace-one, the default
+    records = PrivateDataset.from_pairs(questions, classes, public_label_counts="observed")
+    demos = PTASynthesizer(epsilon=1.0, delta=1e-5, n_prompts=5, records_per_prompt=2, max_tokens=12, top_k=20,
+                           template=DemoTemplate(header="Questions of type {label}:\n", example="{text}\n",
+                                                 query="")).synthesize(
+        records, labels=["DESC", "ENTY", "HUM", "LOC", "NUM"], backend=backend, budget=budget,
+        rng=np.random.default_rng(),
+    )  # fmt: skip
+    index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))
     index.add(questions, answers=classes)
     retriever = DPRetriever(
         PrivateRetriever(index, budget=budget, backend=backend, config=KNNConfig(k=20, shards=5, uses=4, keywords=2)),
         rng=np.random.default_rng(),
     )
-    decoder = MozoDecoder(
-        PrivateDataset.from_pairs(questions, classes),
-        backend=backend,
-        budget=budget,
-        n_queries=50,
-        epsilon=2.0,
-        max_tokens=8,
-    )
-    engine = RetrieverQueryEngine.from_args(retriever, llm=DPLLM(decoder, rng=np.random.default_rng()))
+    decoder = MozoDecoder(records, backend=backend, budget=budget, n_queries=50, epsilon=2.0, max_tokens=8)
+    examples = "\n".join(f"{d.label}: {d.text}" for d in demos)  # DP output: public
+    qa = PromptTemplate("Example questions:\n" + examples.replace("{", "{{").replace("}", "}}")
+                        + "\nContext: {context_str}\nQuestion: {query_str}\nAnswer:")  # fmt: skip
+    engine = RetrieverQueryEngine.from_args(retriever, llm=DPLLM(decoder, rng=np.random.default_rng()),
+                                            text_qa_template=qa)  # fmt: skip
     response = engine.query("Who wrote Hamlet ?")
     # --8<-- [end:llamaindex]
 
     print("answer:", repr(str(response)))
     print("context:", [node.node.metadata["kind"] for node in response.source_nodes])
     kinds = Counter(entry.label.split(":")[0] for entry in budget.history())
-    print(f"ledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
-          f"(δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}")  # fmt: skip
+    print(f"ledger {ledger} ({budget.neighbouring}): spent ε = {budget.spent().epsilon:.3f} of "
+          f"{budget.budget.epsilon} (δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}")  # fmt: skip
     budget.close()
 
 

@@ -1,8 +1,8 @@
 """A RAG chain whose context comes from private records through a DP release (LangChain).
 
 Offline, under a minute: 1,000 TREC questions (``../shared/data/trec``) are the private records, with their
-coarse class as the "answer" each record carries; every record may lose at most ε = 4 (δ = 1e-5). The
-retriever returns only DP-released keywords (keyword-space aggregation with propose-test-release over the
+coarse class as the "answer" each record carries; every record may lose at most ε = 2 (δ = 1e-6) for
+adding or removing it, ε = 4 for replacing it (the ledger's relation). The retriever returns only DP-released keywords (keyword-space aggregation with propose-test-release over the
 nearest records' shard answers), which the chain puts into the prompt of a local model. The model here is a
 tiny untrained GPT-2 (its words are noise); the retrieval, the release and the ledger are real.
 
@@ -44,7 +44,7 @@ def main() -> None:
     backend = HFBackend.from_pretrained(tiny_text_model(texts + list(NAMES.values())), device="cpu")
 
     # --8<-- [start:rag]
-    index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-5))
+    index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))  # per record; (4, 8.4e-6) on the ledger
     index.add(texts, answers=answers)
     budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1e-4), ledger=ledger)
     core = PrivateRetriever(

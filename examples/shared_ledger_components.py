@@ -1,9 +1,11 @@
-"""Two components, one ledger: a DP few-shot selector and a DP LLM charge the same budget file.
+"""Three methods, one ledger: a DP few-shot selector and two DP LLMs charge the same budget file.
 
-Offline, under a minute on the committed GINC model. Concept 0's 1,600 private examples feed both: PTA
-synthesizes demonstrations for a ``DPFewShotExampleSelector`` (charged once), and a ``DPLLM`` answers GINC
-queries by clip-blend decoding over a private subset (each answer charged before it is computed). Both
-use add/remove neighbours, so the ledger composes them into one guarantee, printed at the end.
+Offline, under a minute on the committed GINC model. Concept 0's 1,600 private examples feed all three: PTA
+synthesizes demonstrations for a ``DPFewShotExampleSelector`` (charged once); one ``DPLLM`` answers GINC
+queries by clip-blend decoding over a private subset and another by DPS-MOZO (each answer charged before it
+is computed). The ledger is under replace-one neighbours (the default): PTA's Poisson sampling is analysed
+for it directly, clip-blend's ε0 is 2c/(sτ), and DPS-MOZO has no other analysis; it composes them into one
+guarantee, printed at the end.
 
     python examples/shared_ledger_components.py [LEDGER]
 """
@@ -23,7 +25,7 @@ from dp_icl_plugin.ginc import load_model
 from dp_icl_plugin.ginc.dp_icl import private_dataset, query_answer_dataset
 from dp_icl_plugin.ginc.prompts import pta_split
 from dp_icl_plugin.methods import ANSWER_PRESETS, PRESETS, PTASynthesizer
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder
+from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 
 
 def main() -> None:
@@ -33,7 +35,7 @@ def main() -> None:
     train, test = split[0]
 
     # --8<-- [start:shared]
-    budget = BudgetManager(PrivacyBudget(epsilon=4.0, delta=1 / 1600), ledger=ledger)  # one ledger for both
+    budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1 / 1600), ledger=ledger)  # one ledger for all three
     pta = PTASynthesizer(
         epsilon=1.0,
         delta=1 / 1600,
@@ -65,6 +67,18 @@ def main() -> None:
         template=ANSWER_PRESETS["ginc"],
     )
     llm = DPLLM(decoder=decoder, rng=np.random.default_rng())
+    mozo = DPLLM(
+        decoder=MozoDecoder(
+            query_answer_dataset(language, train),
+            backend=backend,
+            budget=budget,
+            n_queries=20,
+            epsilon=1.0,
+            max_tokens=1,
+            template=ANSWER_PRESETS["ginc"],
+        ),
+        rng=np.random.default_rng(),
+    )
     prompt = FewShotPromptTemplate(
         example_selector=selector,
         example_prompt=PromptTemplate.from_template("{text}"),
@@ -72,16 +86,16 @@ def main() -> None:
         suffix="{query}",
         input_variables=["query"],
     )
-    answers = [llm.invoke(prompt.format(query=language.render(ex.tokens))) for ex in test]
+    queries = [prompt.format(query=language.render(ex.tokens)) for ex in test]
+    answers = {"clip-blend": [llm.invoke(q) for q in queries], "DPS-MOZO": [mozo.invoke(q) for q in queries]}
     # --8<-- [end:shared]
 
-    accuracy = np.mean([a.strip() == language.vocab[ex.label] for a, ex in zip(answers, test, strict=True)])
-    print(
-        f"GINC concept 0, {len(test)} queries: DP demonstrations + clip-blend answers, accuracy {100 * accuracy:.0f}%"
-    )
+    for name, got in answers.items():
+        accuracy = np.mean([a.strip() == language.vocab[ex.label] for a, ex in zip(got, test, strict=True)])
+        print(f"GINC concept 0, {len(test)} queries: DP demonstrations + {name} answers, accuracy {100 * accuracy:.0f}%")
     reopened = BudgetManager.open(ledger)  # what any other process sees
     print(f"ledger {ledger}: spent ε = {reopened.spent().epsilon:.3f} of {reopened.budget.epsilon} "
-          f"(δ = {reopened.budget.delta:.3g})")  # fmt: skip
+          f"(δ = {reopened.budget.delta:.3g}, {reopened.neighbouring})")  # fmt: skip
     for label, count in sorted(reopened.label_counts().items()):
         print(f"  {count:>3} × {label}")
     budget.close()

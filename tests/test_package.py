@@ -16,6 +16,7 @@ import dp_icl_plugin
 from dp_icl_plugin import accounting
 
 PUBLIC_API = {
+    "ADD_REMOVE", "REPLACE_ONE", "to_relation",
     "ApproxDPEvent", "BackendError", "BudgetExhaustedError", "BudgetManager", "BudgetMismatchError",
     "CalibrationError", "ComposedEvent", "ConfigurationError", "DPEvent", "DPICLError",
     "ExponentialMechanismEvent", "FakeBackend", "FixedLatency", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",

@@ -266,9 +266,10 @@ class TightestAccountant(Accountant):
     def _split(self, atoms: Counter[ev.DPEvent], delta: float):
         """Valid bounds from analysing two parts of ``atoms`` separately (basic composition over a δ split).
 
-        Parts: the atoms without an RDP curve ((ε, δ) steps, composed exactly by basic composition) against
-        the rest; and the atoms a numerical accountant (PLD) takes against the rest. Each part gets its own
-        best analysis (cached).
+        Parts tried, each against the rest: the atoms without an RDP curve ((ε, δ) steps, composed exactly by
+        basic composition); the Poisson-subsampled atoms with them (their numerical analysis is much tighter
+        than RDP, while exponential mechanisms keep their bounded-range RDP); every atom a numerical
+        accountant (PLD) takes. Each part gets its own best analysis (cached).
         """
         approx = Counter({a: n for a, n in atoms.items() if ev.RDP not in a.supported_accountants})
         rest = atoms - approx
@@ -276,9 +277,17 @@ class TightestAccountant(Accountant):
             eps_a, delta_a = _basic_totals(approx)
             yield eps_a + self._cached(rest, delta - delta_a) if delta_a < delta else math.inf
         numerical = {m.name for m in self.members} & ev.NUMERICAL
-        first = Counter({a: n for a, n in atoms.items() if numerical & a.supported_accountants})
-        rest = atoms - first
-        if first and rest:
+        if not numerical:
+            return
+        takes = {a for a in atoms if numerical & a.supported_accountants}
+        sampled = {a for a in takes if isinstance(a, ev.PoissonSampledEvent) or a in approx}
+        tried: list[frozenset[ev.DPEvent]] = []
+        for chosen in (sampled, takes):
+            first = Counter({a: n for a, n in atoms.items() if a in chosen})
+            rest = atoms - first
+            if not first or not rest or frozenset(first) in tried:
+                continue
+            tried.append(frozenset(first))
             for share in DELTA_SPLITS:
                 yield self._cached(first, share * delta) + self._cached(rest, (1.0 - share) * delta)
 
