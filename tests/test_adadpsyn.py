@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import calibrate_adadpsyn
 from dp_icl_plugin.accounting import method_events as me
-from dp_icl_plugin.errors import BudgetExhaustedError, CalibrationError, ConfigurationError
+from dp_icl_plugin.errors import BudgetExhaustedError, CalibrationError, ConfigurationError, UnsupportedEventError
 from dp_icl_plugin.mechanisms import adadpsyn as mech
 from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, PromptTemplate
 from dp_icl_plugin.methods.adadpsyn import AdaDPSynConfig, AdaDPSynSynthesizer
@@ -270,7 +270,7 @@ def _dataset(n_per_label: int = 60) -> PrivateDataset:
     rng = np.random.default_rng(7)
     records = [PrivateRecord(" ".join(f"w{int(t)}" for t in rng.integers(0, 30, size=6)), label)
                for label in ("a", "b") for _ in range(n_per_label)]  # fmt: skip
-    return PrivateDataset(records, labels=["a", "b"])
+    return PrivateDataset(records, labels=["a", "b"], public_label_counts="observed")
 
 
 def _budget(epsilon: float = 10.0) -> BudgetManager:
@@ -306,8 +306,10 @@ def test_charged_event_is_the_planned_event() -> None:
     (entry,) = budget.history()
     assert entry.event == method.event(data)
     params = demos.provenance.extra
+    # Two labels: a replacement that changes a record's label touches both labels' runs (labels_touched = 2).
     assert entry.event == me.adadpsyn_event(sigma0=10.0, sigma1=params["sigma1"], sigma2=3.0, sampling_rate=10 / 60,
-                                            steps=2 * 6, t_hat=1, theta=0.1)  # fmt: skip
+                                            steps=2 * 6, t_hat=1, theta=0.1, labels_touched=2)  # fmt: skip
+    assert params["labels_touched"] == 2 and entry.event.neighbouring == "replace_one"
     assert params["target_delta"] == 1 / 120  # δ = 1/|D|
     assert demos.provenance.method == "adadpsyn" and demos.provenance.ledger_entry_id == entry.id
     assert demos.provenance.epsilon == pytest.approx(budget.spent().epsilon)
@@ -317,26 +319,57 @@ def test_charged_event_is_the_planned_event() -> None:
 @pytest.fixture(scope="module")
 def agnews_sized() -> PrivateDataset:
     """|D| = 120,000 in 4 labels of 30,000 (AG News)."""
-    return PrivateDataset(PrivateRecord("w1", label) for label in "abcd" for _ in range(30_000))
+    records = [PrivateRecord("w1", label) for label in "abcd" for _ in range(30_000)]
+    return PrivateDataset(records, public_label_counts="observed")
 
 
 @pytest.mark.parametrize(("epsilon", "lam", "sigma1"), [(1.0, 0.1, 1.23), (2.0, 0.15, 0.92)])
 def test_the_method_calibrates_the_published_sigma1(
     agnews_sized: PrivateDataset, epsilon: float, lam: float, sigma1: float
 ) -> None:
-    """Gao et al. Table 13 (AG News: M = 10, N = 2, T_max = 100, T̂ = 1, σ0 = 10, σ2 = 3, δ = 1/|D|)."""
+    """Gao et al. Table 13 (AG News: M = 10, N = 2, T_max = 100, T̂ = 1, σ0 = 10, σ2 = 3, δ = 1/|D|).
+
+    The paper's analysis covers swaps that keep the label: one label's run. Generating for one label is
+    exactly that (a replacement touches at most that run) and reproduces σ1; generating for all four, a
+    replacement may move a record between two runs, and σ1 grows to pay for both."""
     method = AdaDPSynSynthesizer(epsilon=epsilon, lam=lam, template=PRESETS["agnews"])
-    plan = method.plan(agnews_sized)
+    plan = method.plan(agnews_sized, labels=["a"])
     expected = calibrate_adadpsyn(epsilon=epsilon, delta=1 / 120_000, sampling_rate=20 / 30_000, steps=100, t_hat=1,
                                   sigma0=10.0, sigma2=3.0)  # fmt: skip
     assert plan.params["sigma1"] == expected.value == pytest.approx(sigma1, abs=1e-9)
     assert plan.params["target_delta"] == 1 / 120_000 and plan.params["sampling_rate"] == 20 / 30_000
     assert plan.params["calibrated_epsilon"] <= epsilon
+    every_label = method.plan(agnews_sized).params
+    assert every_label["labels_touched"] == 2 and every_label["sigma1"] > sigma1
+    assert every_label["sigma1"] == calibrate_adadpsyn(epsilon=epsilon, delta=1 / 120_000, sampling_rate=20 / 30_000,
+                                                       steps=100, t_hat=1, sigma0=10.0, sigma2=3.0,
+                                                       labels_touched=2).value  # fmt: skip
+
+
+def test_an_add_remove_ledger_refuses_adadpsyn_before_any_charge() -> None:
+    budget = BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove"))
+    with pytest.raises(UnsupportedEventError, match="replace-one"):
+        _method().synthesize(_dataset(), backend=FakeBackend(VOCAB), budget=budget, rng=np.random.default_rng(0))
+    assert budget.history() == []
+
+
+def test_a_label_with_more_records_than_declared_is_refused_and_fewer_leave_slots_empty() -> None:
+    records = [PrivateRecord(f"w{i % 30}", "a") for i in range(40)]
+    with pytest.raises(ConfigurationError, match="declared public size"):
+        _method(sigma1=1.0, epsilon=None).plan(PrivateDataset(records, public_label_counts={"a": 39}))
+    from dp_icl_plugin.methods.prompting import fixed_size_subsets, slot_placement
+
+    rng = np.random.default_rng(0)
+    placement = slot_placement(40, 50, rng)
+    assert sorted(placement[placement >= 0].tolist()) == list(range(40)) and (placement < 0).sum() == 10
+    sizes = [sum(len(p) for p in fixed_size_subsets(records, placement=placement, n_prompts=5, per_prompt=2, rng=rng))
+             for _ in range(2000)]  # fmt: skip
+    assert np.mean(sizes) == pytest.approx(10 * 40 / 50, abs=0.1)  # a hypergeometric share of the 10 slots
 
 
 def test_labels_compose_in_parallel_at_the_smallest_label() -> None:
     data = PrivateDataset(
-        [PrivateRecord("w1", "a") for _ in range(40)] + [PrivateRecord("w2", "b") for _ in range(100)]
+        [PrivateRecord("w1", "a") for _ in range(40)] + [PrivateRecord("w2", "b") for _ in range(100)], public_label_counts="observed"
     )
     method = _method(sigma1=1.0, epsilon=None)
     assert method.event(data).event.sampling_rate == pytest.approx(10 / 40)
@@ -355,7 +388,7 @@ def test_fixed_seed_gives_identical_demonstrations() -> None:
 def test_every_token_draws_fresh_records_without_replacement() -> None:
     records = [PrivateRecord(f"w{i}", "a") for i in range(30)]  # one distinct word per record
     backend = RecordingBackend(VOCAB, seed=3)
-    _method(max_tokens=8, shots_per_label=1).synthesize(PrivateDataset(records), backend=backend, budget=_budget(),
+    _method(max_tokens=8, shots_per_label=1).synthesize(PrivateDataset(records, public_label_counts="observed"), backend=backend, budget=_budget(),
                                                         rng=np.random.default_rng(0))  # fmt: skip
     draws = []
     for token, batch in enumerate(backend.prompts[1:]):  # the first call is the public pre-flight
@@ -402,6 +435,7 @@ def test_a_token_missing_from_the_private_prompts_keeps_its_zero_probability() -
     ("make", "error"),
     [
         (lambda: (_method(n_prompts=31, records_per_prompt=2), _dataset(), {}), "without replacement"),
+        (lambda: (_method(), PrivateDataset(_dataset().records("a")), {}), "public_label_counts"),
         (lambda: (_method(), _dataset(), {"labels": ["zzz"]}), "unknown label"),
         (lambda: (_method(top_k=500), _dataset(), {}), "top_k"),
         (lambda: (_method(epsilon=1e-4), _dataset(), {}), "meets"),
@@ -476,7 +510,7 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     names = symbol_names(50)
     records = [PrivateRecord(" ".join(names[int(t)] for t in rng.integers(1, 50, size=9)), "c") for _ in range(40)]
-    data = PrivateDataset(records)
+    data = PrivateDataset(records, public_label_counts="observed")
     budget = _budget()
     method = AdaDPSynSynthesizer(n_prompts=5, records_per_prompt=2, max_tokens=6, shots_per_label=2, top_k=10,
                                  epsilon=4.0, template=PRESETS["ginc"])  # fmt: skip

@@ -93,7 +93,8 @@ class World:
         self.ledger = BudgetManager(PrivacyBudget(1e4, 1e-3), ledger=tmp / "ledger.db")
         self.decoder = MozoDecoder(dataset(), backend=backend(), budget=self.ledger, n_queries=10, max_tokens=4,
                                    beta=0.5, top_k=20)  # fmt: skip
-        index = PrivateIndex(budget=IndividualBudget(epsilon=50.0, delta=1e-5), embedder=_embed)
+        # (5, 1e-9) per record: the replace-one ledger holds (10, 2.2e-5) for it
+        index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-9), embedder=_embed)
         index.add([f"the cat sat on the mat number {i % 4}" for i in range(40)], answers=["the cat"] * 40)
         self.index = index
         self.core = PrivateRetriever(index, budget=self.ledger, backend=backend(),

@@ -23,11 +23,17 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
 
 def test_calibrate_subsampled_gaussian_matches_pta_table4(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run(capsys, "calibrate", "subsampled-gaussian", "--epsilon", "1", "--delta", str(1 / 1600),
-                    "--sampling-rate", "0.0125", "--steps", "36")  # fmt: skip
+                    "--sampling-rate", "0.0125", "--steps", "36", "--neighbouring", "add_remove",
+                    "--accountant", "prv")  # fmt: skip
     assert code == 0
     assert out["noise_multiplier"] == pytest.approx(0.70, abs=1e-9)
     assert out["epsilon"] <= 1.0
-    assert out["accountant"] == "prv"
+    assert out["accountant"] == "prv" and out["neighbouring"] == "add_remove"
+    # The default: replace-one, the tightest accountant (what a default ledger admits)
+    code, out = run(capsys, "calibrate", "subsampled-gaussian", "--epsilon", "1", "--delta", str(1 / 1600),
+                    "--sampling-rate", "0.0125", "--steps", "36")  # fmt: skip
+    assert code == 0 and out["neighbouring"] == "replace_one" and out["accountant"] == "auto"
+    assert out["noise_multiplier"] == pytest.approx(0.72, abs=1e-9)
 
 
 def test_calibrate_adadpsyn_and_mozo(capsys: pytest.CaptureFixture[str]) -> None:
@@ -49,8 +55,11 @@ def test_epsilon_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["epsilon"] == min(out["bounds"].values())
     assert out["epsilon"] < out["epsilon_full_advanced_composition"]
     code, out = run(capsys, "epsilon", "subsampled-gaussian", "--noise-multiplier", "0.51", "--sampling-rate",
-                    str(20 / 30000), "--steps", "100", "--delta", str(1 / 30000))  # fmt: skip
+                    str(20 / 30000), "--steps", "100", "--delta", str(1 / 30000), "--neighbouring", "add_remove")  # fmt: skip
     assert code == 0 and 0.9 < out["epsilon"] <= 1.0
+    code, replace = run(capsys, "epsilon", "subsampled-gaussian", "--noise-multiplier", "0.51", "--sampling-rate",
+                        str(20 / 30000), "--steps", "100", "--delta", str(1 / 30000))  # fmt: skip
+    assert code == 0 and out["epsilon"] < replace["epsilon"] < 1.1 and replace["neighbouring"] == "replace_one"
 
 
 def test_budget_lifecycle_and_exit_codes(capsys: pytest.CaptureFixture[str], ledger_path: Path) -> None:
@@ -66,8 +75,14 @@ def test_budget_lifecycle_and_exit_codes(capsys: pytest.CaptureFixture[str], led
     code, out = run(capsys, "budget", "show", "--ledger", led)
     assert code == 0
     assert out["events"] == 2 and out["events_per_label"] == {"a": 1, "c": 1}
-    assert out["spent"]["epsilon"] == pytest.approx(0.7)
-    assert out["remaining"]["epsilon"] == pytest.approx(0.3)
+    assert out["spent"]["epsilon"] == pytest.approx(0.7, rel=1e-4)
+    assert out["remaining"]["epsilon"] == pytest.approx(0.3, rel=1e-3)
+    assert out["neighbouring"] == "replace_one"
+    # an event declared under add/remove is converted (group privacy: 2ε) by the replace-one ledger
+    code, out = run(capsys, "budget", "spend", "--ledger", led, "--pure-epsilon", "0.1", "--neighbouring",
+                    "add_remove", "--label", "d")  # fmt: skip
+    assert code == 0
+    assert run(capsys, "budget", "show", "--ledger", led)[1]["spent"]["epsilon"] == pytest.approx(0.9, rel=1e-3)
 
 
 @pytest.mark.parametrize(

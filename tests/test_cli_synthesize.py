@@ -19,7 +19,7 @@ from dp_icl_plugin.methods import DemoSet
 
 ARGS = ["--method", "pta", "--text-column", "text", "--label-column", "concept", "--model", "ginc",
         "--template", "ginc", "--n-prompts", "5", "--records-per-prompt", "4", "--max-tokens", "10",
-        "--shots-per-label", "2", "--top-k", "10", "--alpha", "2", "--seed", "0"]  # fmt: skip
+        "--shots-per-label", "2", "--top-k", "10", "--alpha", "2", "--seed", "0", "--public-label-counts", "observed"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,22 @@ def test_synthesize_charges_then_writes_demonstrations(data_file: Path, tmp_path
     assert secret not in json.dumps(result)
 
 
+def test_synthesize_needs_declared_label_sizes_and_an_add_remove_ledger_for_adadpsyn_refuses(
+    data_file: Path, tmp_path: Path, capsys
+) -> None:
+    argv = [a for a in ARGS if a not in ("--public-label-counts", "observed")]
+    ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
+    code = main(["synthesize", *argv, "--data", str(data_file), "--epsilon", "4", "--ledger", str(ledger),
+                 "--budget-epsilon", "5", "--budget-delta", "0.01", "--out", str(out)])  # fmt: skip
+    assert code == 2 and "public_label_counts" in capsys.readouterr().out and not out.exists()
+    code = main(["synthesize", "--method", "adadpsyn", "--text-column", "text", "--label-column", "concept",
+                 "--model", "ginc", "--template", "ginc", "--public-label-counts", "observed", "--data", str(data_file),
+                 "--epsilon", "4", "--ledger", str(tmp_path / "ar.db"), "--budget-epsilon", "5", "--budget-delta",
+                 "0.01", "--neighbouring", "add_remove", "--out", str(out)])  # fmt: skip
+    assert code == 2 and "replace-one" in capsys.readouterr().out and not out.exists()
+    assert not (tmp_path / "ar.db").exists()  # refused while planning, before the ledger is even created
+
+
 @pytest.mark.parametrize(
     ("extra", "status"),
     [
@@ -59,6 +75,8 @@ def test_synthesize_charges_then_writes_demonstrations(data_file: Path, tmp_path
         (["--epsilon", "4", "--budget-epsilon", "5", "--budget-delta", "0.01", "--generate-for", "c9"], 2),
         (["--epsilon", "4", "--budget-epsilon", "5", "--budget-delta", "0.01", "--template", "nope"], 2),
         (["--epsilon", "4", "--budget-epsilon", "1", "--budget-delta", "0.01"], 3),  # cannot afford ε = 4
+        (["--epsilon", "4", "--budget-epsilon", "5", "--budget-delta", "0.01", "--public-label-counts", "c0=9"], 2),
+        (["--epsilon", "4", "--budget-epsilon", "5", "--budget-delta", "0.01", "--public-label-counts", "c0=x"], 2),
     ],
 )
 def test_bad_input_and_refusals_charge_nothing(data_file: Path, tmp_path: Path, capsys, extra: list[str],
@@ -92,7 +110,8 @@ def test_unreadable_data_is_bad_input(tmp_path: Path, capsys) -> None:
 )  # fmt: skip
 def test_other_synthesis_methods(data_file: Path, tmp_path: Path, capsys, method_args: list[str]) -> None:
     out = tmp_path / "demos.jsonl"
-    common = ["--text-column", "text", "--label-column", "concept", "--model", "ginc", "--seed", "1"]
+    common = ["--text-column", "text", "--label-column", "concept", "--model", "ginc", "--seed", "1",
+              "--public-label-counts", "observed"]
     status, result = _run(["synthesize", *common, *method_args, "--data", str(data_file), "--epsilon", "8",
                            "--ledger", str(tmp_path / "l.db"), "--budget-epsilon", "8", "--budget-delta", "0.01",
                            "--out", str(out)], capsys)  # fmt: skip

@@ -89,7 +89,11 @@ def test_the_ledger_holds_the_filter_total_once_and_a_record_of_every_release() 
     assert [e.label.split(":")[0] for e in history] == ["knn-filter", "knn-vote", "knn-classify", "knn-answer"]
     assert history[0].event == index.filter.budget.as_event()
     assert all(isinstance(e.event, FilteredReleaseEvent) and e.event.covered_by == history[0].id for e in history[1:])
-    assert ledger.spent().epsilon == pytest.approx(2.0)  # the filter's ε, however many releases
+    # The filter's (ε, δ) = (2, 1e-5) under add/remove, however many releases, held by the replace-one ledger
+    # as its group-privacy conversion (2ε, (1 + e^ε)δ); no label carries a count.
+    assert ledger.neighbouring == "replace_one"
+    assert ledger.spent().epsilon == pytest.approx(4.0, rel=1e-4)
+    assert len({e.label for e in history[1:]}) == 3 and not any("units" in e.label for e in history)
 
 
 def test_every_candidate_pays_and_nobody_else() -> None:
@@ -247,7 +251,7 @@ def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
     backend = HFBackend.from_pretrained(model_dir, device="cpu", dtype="float32")
     index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-5), path=tmp_path / "index")
     index.add(texts, labels=labels, answers=labels)
-    ledger = BudgetManager(PrivacyBudget(8.0, 1e-4), ledger=tmp_path / "ledger.db")
+    ledger = BudgetManager(PrivacyBudget(8.0, 1e-4, neighbouring="add_remove"), ledger=tmp_path / "ledger.db")
     retriever = PrivateRetriever(
         index, budget=ledger, backend=backend, labels=list(names.values()),
         config=KNNConfig(k=8, shards=4, min_similarity=0.3, uses=3, keywords=2, max_answer_tokens=4),
@@ -319,7 +323,8 @@ def test_private_demonstrations_too_long_for_the_model_shorten_the_prompt_instea
     index.add([t + " thing thing thing thing" for t in texts], labels=labels, answers=answers)
     base = fake_backend(texts)
     short = Short(base.vocab, eos_token="<eos>", seed=3)
-    retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(60.0, 1e-4)), backend=short, labels=LABELS,
+    retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(60.0, 1e-4, neighbouring="add_remove")),
+                                 backend=short, labels=LABELS,
                                  config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2,
                                                   max_answer_tokens=4))  # fmt: skip
     rng = np.random.default_rng(0)

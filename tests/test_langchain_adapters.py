@@ -117,7 +117,9 @@ def _knn_retriever() -> PrivateRetriever:
 
     index = PrivateIndex(budget=IndividualBudget(epsilon=1e4, delta=1e-5), embedder=embed)
     index.add(texts, answers=["the cat"] * 40)
-    return PrivateRetriever(index, budget=shared_ledger(), backend=backend(),
+    # ε = 1e4 per record has no replace-one conversion (group privacy's δ would pass 1): an add/remove ledger
+    knn_ledger = BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove"))
+    return PrivateRetriever(index, budget=knn_ledger, backend=backend(),
                             config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=1, keywords=3,
                                              max_answer_tokens=4, ptr_noise_std=0.01))  # fmt: skip
 

@@ -23,7 +23,8 @@ WORDS = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>", CANARY]
 
 
 def dataset() -> PrivateDataset:
-    return PrivateDataset([PrivateRecord(f"a {CANARY} b", ("pos", "neg")[i % 2]) for i in range(40)])
+    return PrivateDataset([PrivateRecord(f"a {CANARY} b", ("pos", "neg")[i % 2]) for i in range(40)],
+                          public_label_counts="observed")  # fmt: skip
 
 
 def backend() -> FakeBackend:
@@ -37,7 +38,7 @@ def embed(texts: list[str]) -> np.ndarray:
 def test_reprs_logs_and_errors_never_show_private_text(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     shown: list[str] = []
-    ledger = BudgetManager(PrivacyBudget(50.0, 1e-3))
+    ledger = BudgetManager(PrivacyBudget(50.0, 1e-3, neighbouring="add_remove"))
     data = dataset()
     method = TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=2,
                              shots_per_label=1, top_k=3)  # fmt: skip
@@ -53,7 +54,8 @@ def test_reprs_logs_and_errors_never_show_private_text(caplog: pytest.LogCapture
     decoder = MozoDecoder(data, backend=backend(), budget=replace_one, n_queries=2, max_tokens=2, beta=0.1, top_k=4)
     shown += [repr(decoder), repr(decoder.generate("a b", rng=np.random.default_rng(0)))]
     # Errors raised while private records are in use say where, never what.
-    bad = PrivateDataset([PrivateRecord(f"{CANARY}x unknown", "pos"), *data.records("neg")])
+    bad = PrivateDataset([PrivateRecord(f"{CANARY}x unknown", "pos"), *data.records("neg")],
+                         public_label_counts="observed")  # fmt: skip
     all_bad = PrivateDataset([PrivateRecord(f"{CANARY}x{i} unknown", "pos") for i in range(5)])
     for call in (
         lambda: TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=1, records_per_prompt=1, max_tokens=1,
@@ -72,8 +74,8 @@ def test_reprs_logs_and_errors_never_show_private_text(caplog: pytest.LogCapture
 
 
 def test_components_holding_private_records_refuse_to_pickle() -> None:
-    ledger = BudgetManager(PrivacyBudget(50.0, 1e-3))
-    decoder = ClipBlendDecoder(dataset(), backend=backend(), budget=ledger, n_queries=1, subset_size=4,
+    ledger = BudgetManager(PrivacyBudget(50.0, 1e-3, neighbouring="add_remove"))
+    decoder = ClipBlendDecoder(dataset(), backend=backend(), budget=ledger, n_queries=1, subset_size=4, population_size=40,
                                rng_subset=np.random.default_rng(0), max_tokens=2, temperature=2.0)  # fmt: skip
     index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-5), embedder=embed)
     index.add([f"a {CANARY}"])
