@@ -119,7 +119,11 @@ class World:
 
     def exhaust(self) -> World:
         """Spend all but a sliver of the ledger: any further answer is refused."""
-        self.ledger.spend(PureDPEvent(self.ledger.remaining().epsilon * (1 - 1e-9), neighbouring="replace_one"), label="fill")
+        lo, hi = 0.0, self.ledger.remaining().epsilon * (1 + 1e-3)  # composition is not additive: bisect
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if self.ledger.would_fit(PureDPEvent(mid, neighbouring="replace_one")) else (lo, mid)
+        self.ledger.spend(PureDPEvent(lo, neighbouring="replace_one"), label="fill")
         return self
 
 
@@ -128,7 +132,8 @@ def _selector(w: World, **kwargs: Any) -> lc.DPFewShotExampleSelector:
 
 
 def _lazy(w: World, **kwargs: Any) -> lc.DPFewShotExampleSelector:
-    data = PrivateDataset([PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)])
+    data = PrivateDataset([PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)],
+                          public_label_counts="observed")  # fmt: skip
     method = TangSynthesizer(epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1,
                              shots_per_label=1, top_k=3)  # fmt: skip
     settings = {"synthesizer": method, "dataset": data, "backend": FakeBackend(WORDS, eos_token="<eos>"),
@@ -508,7 +513,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 SYN = ["synthesize", "--method", "tang", "--text-column", "text", "--label-column", "label", "--model", "ginc",
        "--template", "ginc", "--max-tokens", "2", "--n-prompts", "2", "--records-per-prompt", "2",
-       "--shots-per-label", "1", "--top-k", "5", "--seed", "0"]  # fmt: skip
+       "--shots-per-label", "1", "--top-k", "5", "--seed", "0", "--public-label-counts", "observed"]  # fmt: skip
 SG = ["calibrate", "subsampled-gaussian", "--delta", "1e-5", "--sampling-rate", "0.01", "--steps", "10"]
 EPS = ["epsilon", "subsampled-gaussian", "--sampling-rate", "0.01", "--steps", "10", "--delta", "1e-5"]
 CB = ["epsilon", "clip-blend", "--clip", "10", "--subset-size", "5", "--steps", "10", "--delta", "1e-5"]

@@ -177,8 +177,8 @@ def test_lazy_synthesis_charges_once() -> None:
     ledger = BudgetManager(PrivacyBudget(5.0, 1e-3))
     method = TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3,
                              shots_per_label=1, top_k=5)  # fmt: skip
-    selector = DPFewShotExampleSelector(synthesizer=method, dataset=dataset(), backend=backend(), budget=ledger,
-                                        rng=np.random.default_rng(0))  # fmt: skip
+    selector = DPFewShotExampleSelector(synthesizer=method, dataset=dataset().with_public_label_counts("observed"),
+                                        backend=backend(), budget=ledger, rng=np.random.default_rng(0))  # fmt: skip
     assert ledger.history() == []
     first = selector.select_examples({"input": "q"})
     second = selector.select_examples({"input": "another"})
