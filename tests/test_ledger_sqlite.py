@@ -116,3 +116,23 @@ def test_budget_changed_under_an_existing_ledger(ledger_path: Path) -> None:
 
 def test_store_repr_shows_the_path_only(ledger_path: Path) -> None:
     assert repr(SQLiteStore(ledger_path)) == f"SQLiteStore({str(ledger_path)!r})"
+
+
+def test_the_relation_is_stored_and_part_of_the_budget(ledger_path: Path) -> None:
+    add_remove = PrivacyBudget(5.0, 1e-6, neighbouring="add_remove")
+    BudgetManager(add_remove, ledger=ledger_path).close()
+    reopened = BudgetManager.open(ledger_path)
+    assert reopened.budget == add_remove and reopened.neighbouring == "add_remove"
+    reopened.close()
+    with pytest.raises(BudgetMismatchError, match="replace_one"):
+        BudgetManager(PrivacyBudget(5.0, 1e-6), ledger=ledger_path)  # same ε, δ; another relation
+
+
+def test_a_schema_1_ledger_from_before_relations_is_refused_with_the_reason(ledger_path: Path) -> None:
+    _filled_ledger(ledger_path, 1)
+    conn = sqlite3.connect(ledger_path)
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerFormatError, match="predates neighbouring relations"):
+        BudgetManager.open(ledger_path)
