@@ -66,11 +66,14 @@ def gaussian_rdp(orders: Orders, noise_multiplier: float) -> np.ndarray:
         return _as_orders(orders) / 2.0 / noise_multiplier / noise_multiplier
 
 
-def poisson_subsampled_gaussian_rdp(orders: Orders, sampling_rate: float, noise_multiplier: float) -> np.ndarray:
+def poisson_subsampled_gaussian_rdp(
+    orders: Orders, sampling_rate: float, noise_multiplier: float, *, series_below: float = math.inf
+) -> np.ndarray:
     """RDP of the Poisson-subsampled Gaussian (add/remove) at every order (Mironov, Talwar & Zhang 2019, §3.3).
 
     Integer α: ε(α) = log Σ_k C(α,k) (1−q)^(α−k) q^k exp((k²−k)/(2σ²)) / (α−1). Fractional α: the series of
-    :func:`_log_a_fractional`, and never more than the next integer order's value (ε is non-decreasing in α).
+    :func:`_log_a_fractional`, and never more than the next integer order's value (ε is non-decreasing in α);
+    at fractional orders ≥ ``series_below`` only the latter (cheaper, and close there).
     """
     a = _as_orders(orders)
     if sampling_rate >= 1.0:
@@ -79,7 +82,7 @@ def poisson_subsampled_gaussian_rdp(orders: Orders, sampling_rate: float, noise_
     for i, alpha in enumerate(a.tolist()):
         ceiling = math.ceil(alpha - 1e-12)
         out[i] = _integer_poisson_rdp(ceiling, sampling_rate, noise_multiplier)
-        if not _is_integer(np.asarray(alpha)):
+        if not _is_integer(np.asarray(alpha)) and alpha < series_below:
             log_a = _log_a_fractional(alpha, sampling_rate, noise_multiplier)
             out[i] = min(out[i], log_a / (alpha - 1.0))
     return out
@@ -162,7 +165,7 @@ def replace_one_poisson_subsampled_gaussian_rdp(
     def add_remove(b: np.ndarray) -> np.ndarray:
         out = np.full(b.shape, np.inf)
         ok = b <= WEAK_TRIANGLE_MAX_ORDER
-        out[ok] = poisson_subsampled_gaussian_rdp(b[ok], sampling_rate, noise_multiplier)
+        out[ok] = poisson_subsampled_gaussian_rdp(b[ok], sampling_rate, noise_multiplier, series_below=16.0)
         return out
 
     return weak_triangle(a, add_remove)

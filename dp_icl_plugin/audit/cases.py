@@ -3,7 +3,10 @@
 A case names the privacy claim the library makes for one call of the mechanism (the event it charges, its ε
 at the audit's δ from the tightest accountant) and draws outputs by calling the real mechanism function. The
 *broken* variant runs the same code with half the noise (for MOZO: without its mixing constraint; for the
-individual filter: with the filter's refusal ignored) while keeping the claim, so the audit must catch it.
+individual filter: with the filter's refusal ignored; for clip-blend synthesis: with s and τ read from the
+data, the defect issue 14 fixed) while keeping the claim, so the audit must catch it. The mixed-ledger case
+keeps the mechanism and breaks the claim instead: the total of its components taken at face value, the way
+a ledger that ignored neighbouring relations composed them.
 Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
 for the claimed noise and for half of it.
 """
@@ -48,6 +51,8 @@ class AuditCase:
         pairs: for ``broken`` False/True, samplers ``(neighbour, n, rng) -> outputs``, one per neighbouring pair.
         sample_share: the fraction of the audit's samples this case draws (a case whose one output costs
             many mechanism calls draws fewer, so that ``--quick`` stays quick).
+        broken_event: when set, the broken variant runs the shipped mechanism and is judged against this
+            (wrong) claim instead.
     """
 
     name: str
@@ -57,10 +62,17 @@ class AuditCase:
     claim_delta: float | None = None
     broken_as: str = "noise halved"
     sample_share: float = 1.0
+    broken_event: ev.DPEvent | None = None
 
     @property
     def claimed_epsilon(self) -> float:
         return tightest().epsilon(self.event, delta=self.claim_delta or self.delta)
+
+    def claim(self, broken: bool) -> float:
+        """The ε a variant is judged against: the shipped claim, or the broken accounting's."""
+        if broken and self.broken_event is not None:
+            return tightest().epsilon(self.broken_event, delta=self.claim_delta or self.delta)
+        return self.claimed_epsilon
 
 
 def _loop(draw: Callable[[np.random.Generator], int]) -> Callable[[int, np.random.Generator], np.ndarray]:
@@ -284,6 +296,95 @@ def _filter_pairs(broken: bool) -> list[Sampler]:
 
 _AR, _RO = {"neighbouring": ev.ADD_REMOVE}, {"neighbouring": ev.REPLACE_ONE}
 
+
+# -- clip-blend synthesis in its default configuration: D against D ∪ {x} (add/remove) ---------------------
+# ClipBlendSynthesizer(epsilon=1.0, max_tokens=20) on one label of 100 records, declared size 100: its plan
+# gives s = 100 and τ, and the claim is one token's ε0 = c/(sτ) under add/remove. Two tokens; every record
+# favours token 0 (clipped (c, c − 19.9)), the added one token 1 (clipped (c − 20, c)), the public prompt
+# leaves token 1 at probability 0.2 on D. Broken: s and τ read from the records (s = 100 on D, 101 on D',
+# τ recalibrated for each), the defect of issue 14: the divisor moves every row's weight.
+_CB_ROWS, _CB_ADDED = np.array([0.0, -19.9]), np.array([-20.0, 0.0])
+
+
+def _clip_blend_plan(n_records: int, observed: bool) -> dict[str, Any]:
+    from dp_icl_plugin.methods.clip_blend import ClipBlendSynthesizer  # a heavy module: imported when audited
+    from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
+
+    data = PrivateDataset([PrivateRecord(f"record {i}", "y") for i in range(n_records)],
+                          public_label_counts="observed" if observed else {"y": 100})  # fmt: skip
+    return ClipBlendSynthesizer(epsilon=1.0, max_tokens=20).plan(data, neighbouring=ev.ADD_REMOVE).params
+
+
+def _clip_blend_synthesis_event() -> ev.DPEvent:
+    return ev.ExponentialMechanismEvent(_clip_blend_plan(100, observed=False)["token_epsilon"], **_AR)
+
+
+def _clip_blend_synthesis_pairs(broken: bool) -> list[Sampler]:
+    plans = {False: _clip_blend_plan(100, broken), True: _clip_blend_plan(101, broken)}  # by "on D'"
+    rows = {False: np.tile(_CB_ROWS, (100, 1)), True: np.vstack([np.tile(_CB_ROWS, (100, 1)), _CB_ADDED])}
+    tau = plans[False]["temperature"]
+    public = np.array([-(19.9 - 2 * tau * math.log(4.0)), 0.0])  # token 1 at probability 0.2 on D
+
+    def sampler(nb: bool, n: int, rng: np.random.Generator) -> np.ndarray:
+        p = plans[nb]
+        return _loop(lambda g: clip_blend_token(rows[nb], public, clip=10.0, subset_size=p["subset_size"],
+                                                temperature=p["temperature"], rng=g))(n, rng)  # fmt: skip
+
+    return [sampler]
+
+
+# -- a transcript that mixes components on one replace-one ledger ------------------------------------------
+# One record x is replaced by x' (replace-one, the ledger's relation) and four components release one output
+# each: a Tang token (x's prompt moves from one vertex to the other: sensitivity √2, charged replace-one), a
+# DPS-MOZO token (projected; x's one-shot prompt changes), a clip-blend decoding token (x's prompt favours
+# token 0, x''s token 1: ẑ moves by c/s, twice the add/remove ε0 = c/(sτ)) and a kNN vote (one vote moves;
+# the filter's add/remove Gaussian). The claim: the ledger's total of the four charges, each converted to
+# replace-one (clip-blend's exponential mechanism and the vote's Gaussian by group privacy). The broken
+# accounting: the old ledger's total, every charge at face value whatever its relation (clip-blend at c/(sτ)).
+_MIX_CLIP, _MIX_S, _MIX_TAU, _MIX_TANG, _MIX_VOTE, _MIX_BETA = 10.0, 10, 0.5, 6.0, 8.0, 0.01
+
+
+def _mixed_events() -> tuple[ev.DPEvent, ev.DPEvent]:
+    from dp_icl_plugin.accounting.conversion import to_relation
+
+    tang = ev.GaussianEvent(_MIX_TANG, math.sqrt(2), **_RO)
+    mozo = ev.MozoTokenEvent(beta=_MIX_BETA, order=_ORDER)
+    clip = ev.ExponentialMechanismEvent(_MIX_CLIP / (_MIX_S * _MIX_TAU), **_AR)  # as the decoder's paper claims it
+    vote = ev.GaussianEvent(_MIX_VOTE / math.sqrt(2), math.sqrt(2), **_AR)
+    shipped = ev.compose(tang, mozo, to_relation(clip, ev.REPLACE_ONE), to_relation(vote, ev.REPLACE_ONE))
+    face_value = ev.compose(tang, mozo, ev.ExponentialMechanismEvent(clip.epsilon, **_RO),
+                            ev.GaussianEvent(vote.noise_multiplier, vote.sensitivity, **_RO))  # fmt: skip
+    return shipped, face_value
+
+
+def _mixed_pairs(broken: bool) -> list[Sampler]:
+    del broken  # the mechanism is the shipped one; the broken variant's claim differs
+    tang = {False: np.array([[1.0, 0.0], [0.0, 1.0]]), True: np.array([[0.0, 1.0], [0.0, 1.0]])}
+    zero = np.log(np.array([0.97, 0.01, 0.01, 0.01]))
+    mozo = {False: np.vstack([np.log([0.01, 0.01, 0.01, 0.97]), np.tile(zero, (3, 1))]),
+            True: np.tile(zero, (4, 1))}  # fmt: skip
+    others = np.zeros((_MIX_S - 1, 2))
+    clip = {False: np.vstack([[2 * _MIX_CLIP, 0.0], others]), True: np.vstack([[0.0, 2 * _MIX_CLIP], others])}
+    push = 0.0
+    for push in np.linspace(0, 2 * _MIX_CLIP, 401):  # token 0 rare (P ≈ 0.02) on D'
+        z = blended_scores(clip[True], np.array([0.0, push]), clip=_MIX_CLIP, subset_size=_MIX_S)
+        if z[1] - z[0] >= math.log(50.0) * _MIX_TAU:
+            break
+    public = np.array([0.0, push])
+    votes = {False: np.array([1.0, 3.0]), True: np.array([0.0, 4.0])}
+
+    def sampler(nb: bool, n: int, rng: np.random.Generator) -> np.ndarray:
+        out = mozo_distribution(mozo[nb], zero, beta=_MIX_BETA, order=_ORDER, top_k=4, variant="projected")
+        probs = np.exp(out.logprobs - out.logprobs.max())
+        m = out.support[rng.choice(len(probs), size=n, p=probs / probs.sum())]
+        t = _loop(lambda g: noisy_argmax(tang[nb], noise_multiplier=_MIX_TANG, rng=g))(n, rng)
+        c = _loop(lambda g: clip_blend_token(clip[nb], public, clip=_MIX_CLIP, subset_size=_MIX_S,
+                                             temperature=_MIX_TAU, rng=g))(n, rng)  # fmt: skip
+        v = _loop(lambda g: report_noisy_max(votes[nb], noise_std=_MIX_VOTE, rng=g))(n, rng)
+        return t + 2 * c + 4 * v + 8 * m
+
+    return [sampler]
+
 CASES: tuple[AuditCase, ...] = (
     AuditCase("report-noisy-max (kNN vote)", ev.GaussianEvent(_RNM_STD / math.sqrt(2), math.sqrt(2), **_AR), 1e-4,
               _rnm_pairs),
@@ -299,5 +400,10 @@ CASES: tuple[AuditCase, ...] = (
     AuditCase("AdaDPSyn token (projected means)", _adadpsyn_step(), _ADA_DELTA, _adadpsyn_pairs, sample_share=0.25),
     AuditCase("individual Rényi filter (kNN transcript)", _FILTER.as_event(), _FILTER.delta, _filter_pairs,
               broken_as="refusal ignored (votes past its cap)", sample_share=0.12),
+    AuditCase("clip-blend synthesis, default config (D vs D ∪ {x})", _clip_blend_synthesis_event(), 1e-6,
+              _clip_blend_synthesis_pairs, broken_as="s and τ read from the data"),
+    AuditCase("mixed transcript on one ledger (Tang, MOZO, clip-blend, kNN vote)", _mixed_events()[0], 1e-3,
+              _mixed_pairs, broken_as="charges composed at face value, relations ignored",
+              broken_event=_mixed_events()[1], sample_share=0.5),
 )  # fmt: skip
 """The mechanisms audited; their claims are the per-call events the library charges."""

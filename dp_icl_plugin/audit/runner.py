@@ -54,7 +54,7 @@ def audit_case(case: AuditCase, *, broken: bool, samples: int, seed: int, confid
         if bound > best:
             best, best_event = bound, f"pair {i}: {event}"
     variant = case.broken_as if broken else "as shipped"
-    return AuditRow(case.name, broken, variant, case.delta, case.claimed_epsilon, best, best_event, samples,
+    return AuditRow(case.name, broken, variant, case.delta, case.claim(broken), best, best_event, samples,
                     time.perf_counter() - started)  # fmt: skip
 
 
