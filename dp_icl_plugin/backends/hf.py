@@ -9,6 +9,7 @@ transformers are imported only when a backend is built (``pip install 'dp-icl-pl
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -89,6 +90,7 @@ class HFBackend:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
         self._lock = threading.Lock()
+        self._cache_keyword = _cache_keyword(model)
 
     @classmethod
     def from_pretrained(
@@ -207,12 +209,12 @@ class HFBackend:
     def _forward(self, input_ids: Any, mask: Any, positions: Any, cache: Any = None) -> tuple[np.ndarray, Any]:
         torch = _torch()
         out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-            use_cache=cache is not None,
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
+            **{self._cache_keyword: cache},
         )  # fmt: skip
         last = out.logits[:, -1, : self.vocab_size].float()
         logprobs = torch.log_softmax(last, dim=-1).cpu().numpy()
-        return check_logprobs(logprobs), out.past_key_values
+        return check_logprobs(logprobs), getattr(out, self._cache_keyword)
 
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
         ids = self._prompt_ids(prompts)
@@ -229,6 +231,13 @@ class HFBackend:
 
     def __repr__(self) -> str:
         return f"HFBackend(model_id={self.model_id!r}, device={str(self.device)!r}, vocab_size={self.vocab_size})"
+
+
+def _cache_keyword(model: Any) -> str:
+    """The KV-cache argument (and output field) of ``model.forward``: ``cache`` from transformers 5.24 on,
+    ``past_key_values`` before (5.24 still accepts the old name, with a ``FutureWarning``)."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 class HFIncrementalSession:
