@@ -30,7 +30,8 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.hf import HFBackend
-from dp_icl_plugin.methods import PrivateDataset, PromptTemplate as DemoTemplate, PTASynthesizer
+from dp_icl_plugin.methods import PrivateDataset, PTASynthesizer
+from dp_icl_plugin.methods import PromptTemplate as DemoTemplate
 from dp_icl_plugin.methods.decoding import MozoDecoder
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
 

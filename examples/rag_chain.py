@@ -2,9 +2,10 @@
 
 Offline, under a minute: 1,000 TREC questions (``../shared/data/trec``) are the private records, with their
 coarse class as the "answer" each record carries; every record may lose at most ε = 2 (δ = 1e-6) for
-adding or removing it, ε = 4 for replacing it (the ledger's relation). The retriever returns only DP-released keywords (keyword-space aggregation with propose-test-release over the
-nearest records' shard answers), which the chain puts into the prompt of a local model. The model here is a
-tiny untrained GPT-2 (its words are noise); the retrieval, the release and the ledger are real.
+adding or removing it, ε = 4 for replacing it (the ledger's relation). The retriever returns only DP-released
+keywords (keyword-space aggregation with propose-test-release over the nearest records' shard answers),
+which the chain puts into the prompt of a local model. The model here is a tiny untrained GPT-2 (its words are
+noise); the retrieval, the release and the ledger are real.
 
     python examples/rag_chain.py [LEDGER]
 """

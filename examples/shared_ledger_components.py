@@ -92,7 +92,8 @@ def main() -> None:
 
     for name, got in answers.items():
         accuracy = np.mean([a.strip() == language.vocab[ex.label] for a, ex in zip(got, test, strict=True)])
-        print(f"GINC concept 0, {len(test)} queries: DP demonstrations + {name} answers, accuracy {100 * accuracy:.0f}%")
+        print(f"GINC concept 0, {len(test)} queries: DP demonstrations + {name} answers, "
+              f"accuracy {100 * accuracy:.0f}%")
     reopened = BudgetManager.open(ledger)  # what any other process sees
     print(f"ledger {ledger}: spent ε = {reopened.spent().epsilon:.3f} of {reopened.budget.epsilon} "
           f"(δ = {reopened.budget.delta:.3g}, {reopened.neighbouring})")  # fmt: skip

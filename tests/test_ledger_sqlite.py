@@ -90,12 +90,16 @@ def test_edited_entries_are_detected(ledger_path: Path) -> None:
         BudgetManager.open(ledger_path)
 
 
-def test_newer_schema_is_refused(ledger_path: Path) -> None:
-    _filled_ledger(ledger_path, 1)
-    conn = sqlite3.connect(ledger_path)
-    conn.execute("PRAGMA user_version = 99")
+def _set_schema_version(path: Path, version: int) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {int(version)}")
     conn.commit()
     conn.close()
+
+
+def test_newer_schema_is_refused(ledger_path: Path) -> None:
+    _filled_ledger(ledger_path, 1)
+    _set_schema_version(ledger_path, 99)
     with pytest.raises(LedgerFormatError, match="schema version 99"):
         BudgetManager.open(ledger_path)
 
@@ -130,9 +134,6 @@ def test_the_relation_is_stored_and_part_of_the_budget(ledger_path: Path) -> Non
 
 def test_a_schema_1_ledger_from_before_relations_is_refused_with_the_reason(ledger_path: Path) -> None:
     _filled_ledger(ledger_path, 1)
-    conn = sqlite3.connect(ledger_path)
-    conn.execute("PRAGMA user_version = 1")
-    conn.commit()
-    conn.close()
+    _set_schema_version(ledger_path, 1)
     with pytest.raises(LedgerFormatError, match="predates neighbouring relations"):
         BudgetManager.open(ledger_path)

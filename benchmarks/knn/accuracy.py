@@ -81,7 +81,11 @@ def subsample_noise(epsilon: float, steps: int) -> float:
     from dp_icl_plugin.accounting import GaussianEvent, PoissonSampledEvent, SelfComposedEvent, calibrate
 
     result = calibrate(
-        lambda s: SelfComposedEvent(PoissonSampledEvent(SUBSAMPLE_RATE, GaussianEvent(s, math.sqrt(2), neighbouring="add_remove"), neighbouring="add_remove"), steps),
+        lambda s: SelfComposedEvent(
+            PoissonSampledEvent(SUBSAMPLE_RATE, GaussianEvent(s, math.sqrt(2), neighbouring="add_remove"),
+                                neighbouring="add_remove"),
+            steps,
+        ),
         epsilon=epsilon, delta=DELTA, lo=0.3, hi=200.0, grid=0.01, accountant="prv",
     )  # fmt: skip
     return result.value * math.sqrt(2)

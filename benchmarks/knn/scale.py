@@ -90,7 +90,8 @@ def run(size: int, *, queries: int, exhausted_share: float, workdir: Path, log) 
     log(f"{size:,}: built in {build:.1f}s")
 
     # Exhaust a share of the records: one charge that uses up every order's cap.
-    full = ReleaseCost.of(GaussianEvent(noise_for_uses(budget, uses=1, sensitivity=1.0), neighbouring="add_remove"), budget.orders)
+    noise = noise_for_uses(budget, uses=1, sensitivity=1.0)
+    full = ReleaseCost.of(GaussianEvent(noise, neighbouring="add_remove"), budget.orders)
     n_out = int(exhausted_share * size)
     out_ids = rng.choice(np.arange(1, size + 1), size=n_out, replace=False)
     for start in range(0, n_out, 20_000):

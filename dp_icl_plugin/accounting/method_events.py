@@ -93,13 +93,11 @@ def adadpsyn_event(
     label: one slot of each of two labels' runs changes, and the independent runs' RDP adds up).
     """
     t_hat = check.positive_int("t_hat", t_hat)
-    ro = {"neighbouring": REPLACE_ONE}
+    ro = REPLACE_ONE
     parts = ev.compose(
-        ev.SelfComposedEvent(
-            ev.GaussianEvent(float(sigma0), sensitivity=2.0, **ro), 2 * good_radius_steps(theta)
-        ),
-        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma1), **ro), t_hat + 1),
-        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma2), **ro), t_hat),
+        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma0), 2.0, neighbouring=ro), 2 * good_radius_steps(theta)),
+        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma1), neighbouring=ro), t_hat + 1),
+        ev.SelfComposedEvent(ev.GaussianEvent(float(sigma2), neighbouring=ro), t_hat),
     )
     token = ev.SampledWithoutReplacementEvent(sampling_rate=sampling_rate, event=parts)
     total = check.positive_int("steps", steps) * check.positive_int("labels_touched", labels_touched)

@@ -294,7 +294,8 @@ def _filter_pairs(broken: bool) -> list[Sampler]:
     return [sampler]
 
 
-_AR, _RO = {"neighbouring": ev.ADD_REMOVE}, {"neighbouring": ev.REPLACE_ONE}
+_AR: dict[str, Any] = {"neighbouring": ev.ADD_REMOVE}
+_RO: dict[str, Any] = {"neighbouring": ev.REPLACE_ONE}
 
 
 # -- clip-blend synthesis in its default configuration: D against D ∪ {x} (add/remove) ---------------------

@@ -123,7 +123,7 @@ class PrivateDataset:
             raise ConfigurationError('public_label_counts must be a mapping {label: size} or "observed"')
         if set(counts) != set(self._labels):
             raise ConfigurationError(f"public_label_counts must give a size for each label of {list(self._labels)}")
-        out = {}
+        out: dict[str, int] = {}
         for y in self._labels:
             n = counts[y]
             if isinstance(n, bool) or not isinstance(n, Integral) or int(n) < 0:
