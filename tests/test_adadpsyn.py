@@ -353,13 +353,31 @@ def test_an_add_remove_ledger_refuses_adadpsyn_before_any_charge() -> None:
     assert budget.history() == []
 
 
-def test_a_label_with_more_records_than_declared_is_refused_and_fewer_leave_slots_empty() -> None:
-    records = [PrivateRecord(f"w{i % 30}", "a") for i in range(40)]
-    with pytest.raises(ConfigurationError, match="declared public size"):
-        _method(sigma1=1.0, epsilon=None).plan(PrivateDataset(records, public_label_counts={"a": 39}))
+def test_whether_a_run_happens_never_depends_on_the_observed_label_counts() -> None:
+    """Replace-one neighbours: declared {a: 100, b: 100}, D holds 100 of each, D' swaps one b record for an a one
+    (101 a). Refusing D' but running D released that count (ε = ∞ for the pair); both must run alike."""
+    declared = {"a": 100, "b": 100}
+    d = PrivateDataset([PrivateRecord(f"w{i % 30}", y) for y in "ab" for i in range(100)],
+                       public_label_counts=declared)  # fmt: skip
+    d_prime = PrivateDataset([PrivateRecord(f"w{i % 30}", "a") for i in range(101)]
+                             + [PrivateRecord(f"w{i % 30}", "b") for i in range(99)], public_label_counts=declared)
+    method = _method(sigma1=1.0, epsilon=None)
+    assert method.plan(d).params == method.plan(d_prime).params
+    for data in (d, d_prime):
+        budget = BudgetManager(PrivacyBudget(100.0, 1e-3))
+        demos = method.synthesize(data, backend=FakeBackend(VOCAB), budget=budget, rng=np.random.default_rng(0))
+        assert {d.label for d in demos} == {"a", "b"} and len(budget.history()) == 1
+
+
+def test_slots_hold_a_uniform_arrangement_of_the_records() -> None:
     from dp_icl_plugin.methods.prompting import fixed_size_subsets, slot_placement
 
     rng = np.random.default_rng(0)
+    over = np.array([slot_placement(40, 39, rng) for _ in range(4000)])  # one record more than slots
+    assert (over >= 0).all() and all(len(set(row)) == 39 for row in over[:50])
+    left_out = np.bincount([(set(range(40)) - set(row)).pop() for row in over], minlength=40) / len(over)
+    assert np.abs(left_out - 1 / 40).max() < 0.015  # each record sits out with probability 1/40 (≈ 6 s.e.)
+    records = [PrivateRecord(f"w{i % 30}", "a") for i in range(40)]
     placement = slot_placement(40, 50, rng)
     assert sorted(placement[placement >= 0].tolist()) == list(range(40)) and (placement < 0).sum() == 10
     sizes = [sum(len(p) for p in fixed_size_subsets(records, placement=placement, n_prompts=5, per_prompt=2, rng=rng))

@@ -12,10 +12,10 @@ reuses the subset and the noise of the first token, is not repeated).
 
 Privacy claim. Replace-one neighbours (D and D' differ in one record, text and label; |D| is the same).
 The records of each label sit in n_y slots, n_y declared public (``PrivateDataset(public_label_counts=...)``)
-and never read from the records; a dataset with more records in a label than its declared size is refused
-before any charge (the guarantee covers datasets within the declared sizes). A replacement within label y
-changes the record in one slot of y's run; one that changes the label empties a slot of y's run and fills
-one of y''s. Per token the M·N prompt slots are a uniform draw without replacement from the n_y slots, and
+and never read from the records (:func:`~.prompting.slot_placement`: a uniformly random arrangement; if a
+label has more records than its declared size, a uniformly random n_y of them take part and nothing tells
+which case holds). A replacement within label y changes the record in one slot of y's run; one that changes
+the label changes one slot of y's run (emptied, or refilled by a record that had none) and one of y''s. Per token the M·N prompt slots are a uniform draw without replacement from the n_y slots, and
 changing one slot changes at most one prompt, hence one p_i: the token's release is an RDP mechanism of the
 draw made of 2⌈log2(√2/(2θ))⌉ GoodRadius queries (sensitivity 2, noise std 2σ0), at most T̂ + 1 projected
 means (sensitivity 2R, std 2Rσ1) and at most T̂ coverage counts (sensitivity 1, std σ2). Its RDP is
@@ -126,9 +126,6 @@ class AdaDPSynSynthesizer(SynthesisMethod):
         c = self.config
         me.require_replace_one("AdaDPSyn", neighbouring)
         rate, _, steps = self._sampling(dataset, labels, drawn="are drawn without replacement per token")
-        for y in labels:
-            if dataset.count(y) > dataset.public_count(y):  # refused before any charge (see the module docstring)
-                raise ConfigurationError(f"label {y!r} has more records than its declared public size")
         touched = min(2, len(labels))
         delta = c.delta if c.delta is not None else 1.0 / len(dataset)
         if c.sigma1 is not None:

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import NextTokenBackend
-from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateRecord
 from dp_icl_plugin.methods.templates import PromptTemplate
 
@@ -47,15 +47,21 @@ def poisson_prompts(
 
 
 def slot_placement(n_records: int, n_slots: int, rng: np.random.Generator) -> np.ndarray:
-    """The record in each of ``n_slots`` slots (−1 for an empty one): ``n_records`` placed uniformly at random.
+    """The record in each of ``n_slots`` slots (−1 for an empty one): a uniformly random arrangement.
 
-    Raises:
-        ConfigurationError: more records than slots (the label's declared size is too small).
+    When the records fit, every record gets a slot. When there are more (the declared size was too small), a
+    uniformly random ``n_slots`` of them get one and the rest take no part. Either way a uniform arrangement
+    admits the coupling the analysis needs, and which case holds is never revealed or branched on outside the
+    mechanism: a replaced record takes the other's slot; an added record takes a uniform slot with probability
+    min(1, n_slots/|D_y ∪ {x}|), moving its occupant (if any) out; a removed record's slot is emptied or taken
+    by a uniformly random record that had none. One slot changes in each case.
     """
-    if n_records > n_slots:
-        raise ConfigurationError(f"a label has more records than its declared public size ({n_slots})")
+    n_slots = check.positive_int("n_slots", n_slots)
     placement = np.full(n_slots, -1, dtype=np.int64)
-    placement[rng.permutation(n_slots)[:n_records]] = np.arange(n_records)
+    if n_records <= n_slots:
+        placement[rng.permutation(n_slots)[:n_records]] = np.arange(n_records)
+    else:
+        placement[:] = rng.permutation(n_records)[:n_slots]
     return placement
 
 
