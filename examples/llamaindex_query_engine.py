@@ -49,11 +49,14 @@ def main() -> None:
 
     # --8<-- [start:llamaindex]
     budget = BudgetManager(PrivacyBudget(epsilon=8.0, delta=1e-4), ledger=ledger)  # replace-one, the default
-    records = PrivateDataset.from_pairs(questions, classes, public_label_counts="observed")
+    trec = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]  # TREC's public classes
+    # each label's size is private under replace-one; |D| (public) bounds every one of them
+    records = PrivateDataset.from_pairs(questions, classes, public_label_counts=dict.fromkeys(trec, len(questions)))
+    labels = trec[1:]  # demonstrations for five classes
     demos = PTASynthesizer(epsilon=1.0, delta=1e-5, n_prompts=5, records_per_prompt=2, max_tokens=12, top_k=20,
                            template=DemoTemplate(header="Questions of type {label}:\n", example="{text}\n",
                                                  query="")).synthesize(
-        records, labels=["DESC", "ENTY", "HUM", "LOC", "NUM"], backend=backend, budget=budget,
+        records, labels=labels, backend=backend, budget=budget,
         rng=np.random.default_rng(),
     )  # fmt: skip
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))

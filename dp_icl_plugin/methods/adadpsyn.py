@@ -10,25 +10,25 @@ GoodRadius, a noisy mean, and up to T̂ coverage-checked projected means
 afresh for every token from the one ``rng`` (the public code's seed reset inside the token loop, which
 reuses the subset and the noise of the first token, is not repeated).
 
-Privacy claim. Replace-one neighbours (D and D' differ in one record, text and label; |D| is the same).
-The records of each label sit in n_y slots, n_y declared public (``PrivateDataset(public_label_counts=...)``)
-and never read from the records (:func:`~.prompting.slot_placement`: a uniformly random arrangement; if a
-label has more records than its declared size, a uniformly random n_y of them take part and nothing tells
-which case holds). A replacement within label y changes the record in one slot of y's run; one that changes
-the label changes one slot of y's run (emptied, or refilled by a record that had none) and one of y''s. Per token the M·N prompt slots are a uniform draw without replacement from the n_y slots, and
-changing one slot changes at most one prompt, hence one p_i: the token's release is an RDP mechanism of the
-draw made of 2⌈log2(√2/(2θ))⌉ GoodRadius queries (sensitivity 2, noise std 2σ0), at most T̂ + 1 projected
-means (sensitivity 2R, std 2Rσ1) and at most T̂ coverage counts (sensitivity 1, std σ2). Its RDP is
-amplified by sampling without replacement at γ_y = M·N/n_y (Wang, Balle & Kasiviswanathan 2019, Theorem 9;
-the paper's Theorem 7), composed over shots_per_label × T tokens and converted to (ε, δ) by the RDP
-accountant (Balle et al. 2020): :func:`~dp_icl_plugin.accounting.method_events.adadpsyn_event` (App. B,
-Theorem 3). Labels partition the data and generation for y reads only D_y, so a replacement within a label
-costs one label's run at γ = M·N/min_y n_y; a replacement across labels touches two independent runs, whose
-RDP adds up: with two or more labels generated, the event is two runs' worth (``labels_touched=2``), which
-the paper's analysis (label-preserving swaps only, ``labels_touched=1``, what reproduces its σ1) omits.
-T tokens are charged even when a demonstration stops early at EOS. σ1 for a target ε is the smallest on a
-0.01 grid (``calibrate_adadpsyn``, what ``dp-icl calibrate adadpsyn`` prints); δ defaults to 1/|D| (the
-paper; public under replace-one). There is no add/remove analysis: an add/remove ledger refuses it.
+Privacy claim. Replace-one neighbours (D and D' differ in one record, text and label; |D| is the same). The records
+of each label sit in n_y slots, n_y declared public (``PrivateDataset(public_label_counts=...)``) and never read
+from the records (:func:`~.prompting.slot_placement`: a uniformly random arrangement; if a label has more records
+than its declared size, a uniformly random n_y of them take part and nothing tells which case holds). A replacement
+within label y changes the record in one slot of y's run; one that changes the label changes one slot of y's run
+(emptied, or refilled by a record that had none) and one of y''s. Per token the M·N prompt slots are a uniform draw
+without replacement from the n_y slots, and changing one slot changes at most one prompt, hence one p_i: the token's
+release is an RDP mechanism of the draw made of 2⌈log2(√2/(2θ))⌉ GoodRadius queries (sensitivity 2, noise std 2σ0),
+at most T̂ + 1 projected means (sensitivity 2R, std 2Rσ1) and at most T̂ coverage counts (sensitivity 1, std σ2).
+Its RDP is amplified by sampling without replacement at γ_y = M·N/n_y (Wang, Balle & Kasiviswanathan 2019, Theorem
+9; the paper's Theorem 7), composed over shots_per_label × T tokens and converted to (ε, δ) by the RDP accountant
+(Balle et al. 2020): :func:`~dp_icl_plugin.accounting.method_events.adadpsyn_event` (App. B, Theorem 3). Labels
+partition the data and generation for y reads only D_y, so a replacement within a label costs one label's run at γ =
+M·N/min_y n_y; a replacement across labels touches two independent runs, whose RDP adds up: with two or more labels
+generated, the event is two runs' worth (``labels_touched=2``), which the paper's analysis (label-preserving swaps
+only, ``labels_touched=1``, what reproduces its σ1) omits. T tokens are charged even when a demonstration stops
+early at EOS. σ1 for a target ε is the smallest on a 0.01 grid (``calibrate_adadpsyn``, what ``dp-icl calibrate
+adadpsyn`` prints); δ defaults to 1/|D| (the paper; public under replace-one). There is no add/remove analysis: an
+add/remove ledger refuses it.
 """
 
 from __future__ import annotations

@@ -167,8 +167,8 @@ class PrivateDataset:
         if self._public_counts is None:
             raise ConfigurationError(
                 "this method sets its sampling from each label's size, which is private unless declared: "
-                'build the dataset with public_label_counts={label: size, ...} (or "observed" to publish the '
-                "observed counts)"
+                'build the dataset with public_label_counts={label: size, ...} (|D| for every label is always '
+                'valid under replace-one), or "observed" to publish the observed counts'
             )
         return self._public_counts[label]
 
