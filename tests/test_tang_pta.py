@@ -12,6 +12,7 @@ import pytest
 from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import calibrate_subsampled_gaussian
 from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.errors import BackendError, BudgetExhaustedError, ConfigurationError
 from dp_icl_plugin.methods import (
     PRESETS,
@@ -356,3 +357,30 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     assert len(demos) == 2 and all(len(d.token_ids) == 10 for d in demos)
     assert all(d.text == " ".join(names[t] for t in d.token_ids) for d in demos)
     assert budget.history()[0].event == method.event(PrivateDataset(records, public_label_counts={"c": 40}))
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma", "steps"),
+    [(20 / 1600, 0.72, 36), (0.1, 1.0, 36), (0.5, 2.0, 10), (1.0, 1.0, 1), (0.01, 0.5, 100), (0.3, 0.6, 5)],
+)
+def test_a_replacement_across_labels_is_covered_by_the_replace_one_charge(q: float, sigma: float, steps: int) -> None:
+    """A swap that moves a record from label a to label b: the record in D and its replacement in D' share one
+    coin (a coupling: an absent record's coin never affects its dataset), so token t of both runs is
+    (1−q)N(0) + qN((u, 0)) against (1−q)N(0) + qN((0, w)) with independent noise per label, i.e. a removal in
+    a's run beside an addition in b's: remove^T ⊗ add^T. ``tang_event`` charges the replace-one pair (centres
+    ∓Δ) instead; dp-accounting's PLDs show the charge is at least the cross-label pair's ε (to the 1e-3
+    discretisation)."""
+    from dp_accounting import privacy_accountant
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    relation = privacy_accountant.NeighboringRelation
+    charged = pld.from_gaussian_mechanism(sigma, sampling_prob=q, neighboring_relation=relation.REPLACE_ONE,
+                                          value_discretization_interval=1e-3).self_compose(steps)  # fmt: skip
+    one = pld.from_gaussian_mechanism(sigma, sampling_prob=q, neighboring_relation=relation.ADD_OR_REMOVE_ONE,
+                                      value_discretization_interval=1e-3)  # fmt: skip
+    cross = pld.PrivacyLossDistribution(one._pmf_remove.self_compose(steps).compose(one._pmf_add.self_compose(steps)))
+    for delta in (1e-3, 1e-5, 1e-7):
+        assert charged.get_epsilon_for_delta(delta) >= cross.get_epsilon_for_delta(delta) - 1e-3
+    # what a replace-one ledger charges for the run (std σ√2 over sensitivity √2: the same ratio) covers it too
+    event = me.tang_event(noise_multiplier=sigma, sampling_rate=q, steps=steps)
+    assert tightest().epsilon(event, delta=1e-5) >= cross.get_epsilon_for_delta(1e-5) - 1e-3

@@ -13,8 +13,17 @@ such as group privacy); a charge with no valid conversion (a replace-one analysi
 ledger) is refused with :class:`~dp_icl_plugin.errors.UnsupportedEventError` and nothing is committed.
 The ledger stores each event as charged (its own relation) and converts when it analyses.
 
+**Adaptivity.** The total holds for charges made in any order, each mechanism run on inputs chosen after
+seeing earlier outputs (adaptive composition), when each charge's *parameters* (its event) do not depend on
+earlier DP outputs: the usual case, where each component's configuration fixes its event. If an app picks
+the next event from earlier outputs (stopping when the budget runs out included), the ledger is a privacy
+filter; filters are proven for basic composition of (ε, δ) (Rogers et al. 2016) and for RDP at one order
+fixed in advance (Feldman & Zrnic 2021), not for an order or a PLD chosen after the fact. Such an app should
+fix its schedule of events in advance, or use ``accountant="basic"`` when every event is pure or (ε, δ)-DP
+(no filter accountant for Gaussian or RDP events is provided yet).
+
 Speed: the ledger keeps a count per distinct event, and the check tries the cheap valid bounds (basic
-composition, RDP) before numerical PRV composition, stopping at the first bound that shows the charge
+composition, RDP) before numerical PLD/PRV composition, stopping at the first bound that shows the charge
 fits. Refusals and :meth:`BudgetManager.spent` use the tightest bound.
 """
 
@@ -85,7 +94,8 @@ class BudgetManager:
             ``postgresql://`` URL for the ledger ``"default"`` in a PostgreSQL database (needs the ``postgres``
             extra; :class:`~dp_icl_plugin.accounting.stores.PostgresStore` names others), or any
             :class:`~dp_icl_plugin.accounting.stores.LedgerStore`.
-        accountant: ``"auto"`` (tightest valid bound; the default), ``"basic"``, ``"rdp"`` or ``"prv"``.
+        accountant: ``"auto"`` (tightest valid bound; the default), ``"basic"``, ``"rdp"``, ``"pld"`` or
+            ``"prv"``; see the module docstring for events chosen from earlier DP outputs.
 
     Raises:
         BudgetMismatchError: the ledger exists with a different budget or relation.

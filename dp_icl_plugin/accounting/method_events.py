@@ -43,11 +43,16 @@ def tang_event(
     vector, so its accounting is identical.
 
     - add/remove (the papers'): the Poisson-subsampled Gaussian pair.
-    - replace-one: the replaced record keeps the other's coin, prompt and place, so the pair is
-      (1−q)·N(0) + q·N(−1) against (1−q)·N(0) + q·N(1) (``PoissonSampledEvent``). A replacement that changes
-      the label removes a record from one label's run and adds one to another's; token t of the two runs
-      together is then (1−q)·N(0) + q·N((a, 0)) against (1−q)·N(0) + q·N((0, a')) with |a|, |a'| ≤ 1 (at the
-      largest rate; a smaller one is post-processing of it), which the same pair covers.
+    - replace-one: the replaced record keeps the other's coin, prompt and place (a coupling: the coin of a
+      record absent from a dataset never affects that dataset's output), so token t is
+      (1−q)·N(0) + q·N(u) against (1−q)·N(0) + q·N(w), |u|, |w| ≤ √2, charged as dp-accounting's replace-one
+      pair (centres ∓√2, ``PoissonSampledEvent``). A replacement that changes the label removes a record
+      from one label's run and adds one to another's; with the shared coin, token t of the two runs is
+      u = (p, 0) against w = (0, p'): a removal in one run beside an addition in the other
+      (remove^T ⊗ add^T over T tokens). That the replace-one charge covers it is checked numerically with
+      dp-accounting's PLDs, not proven (``tests/test_tang_pta.py``: the charge is never below it by more
+      than the 1e-3 discretisation on the grid tested; at q = 1 the pairs are shifts of 2√2 and 2). Every
+      label is charged at the largest rate; a smaller one is dominated by it.
     """
     relation = check_relation(neighbouring)
     gaussian = ev.GaussianEvent(noise_multiplier=noise_multiplier, sensitivity=SIMPLEX_SENSITIVITY,

@@ -1,11 +1,11 @@
 """Gaussian aggregation of next-token distributions (Tang et al. 2024) and PTA's reshaping (Yamasaki et al. 2025).
 
-Privacy claim (for :func:`noisy_argmax`): add/remove neighbours on the records behind the M prompts. One
-record sits in at most one prompt, so it changes at most one row of ``distributions``; every row is a
-(sub-)probability vector (non-negative, sum ≤ 1), so two rows differ by at most √2 in ℓ2 (Tang et al. 2024,
-§3; PTA App. D.2). Adding N(0, 2σ²) to each coordinate of the sum is the Gaussian mechanism with noise
-multiplier σ and sensitivity √2; the argmax is post-processing. Composed over tokens after Poisson
-subsampling by ``method_events.tang_event`` (PRV accounting).
+Privacy claim (for :func:`noisy_argmax`): one record sits in at most one prompt, so it changes at most one
+row of ``distributions``; every row is a (sub-)probability vector (non-negative, sum ≤ 1), so two rows
+differ by at most √2 in ℓ2 (Tang et al. 2024, §3; PTA App. D.2). Adding N(0, 2σ²) to each coordinate of the
+sum is the Gaussian mechanism with noise multiplier σ and sensitivity √2 for one prompt's presence; the
+argmax is post-processing. Composed over tokens after Poisson subsampling by ``method_events.tang_event``
+under the ledger's relation (replace-one directly with dp-accounting's PLD, or add/remove).
 
 Reshaping (:func:`pta_distributions`, PTA eq. 13) and restriction to a public vocabulary
 (:func:`restrict`) act on each prompt's own distribution and return probability vectors, so they keep the

@@ -200,7 +200,7 @@ class PrivateDataset:
 
     def __repr__(self) -> str:
         declared = "" if self._public_counts is None else f", public_label_counts={self._public_counts}"
-        return f"PrivateDataset(n_records={self._size}, labels={list(self._labels)}{declared})"
+        return f"PrivateDataset(labels={list(self._labels)}{declared})"  # |D| is private under add/remove
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ class _Decoder:
         self._lock = threading.Lock()  # the backend and the rng may not be thread-safe
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(records={len(self._records)}, max_tokens={self.max_tokens})"
+        return f"{type(self).__name__}(max_tokens={self.max_tokens})"  # no record count: private under add/remove
 
     def __reduce__(self):  # a decoder holds private records: never pickled along with a model or chain
         raise TypeError(f"{type(self).__name__} holds private records and cannot be pickled")

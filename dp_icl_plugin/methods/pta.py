@@ -10,9 +10,10 @@ p̂ = Σ_i p_i + N(0, 2σ²) on V_pub = top-k (∩ top-p) of p(·|S_pub) (Algori
 argmax over V_pub of max(p̂_v, 0) (line 10). "PA3" drops p_base.
 
 Privacy: identical to Tang et al. (PTA App. D.2): each reshaped p_i is still a probability vector of one
-prompt, so the sum has ℓ2 sensitivity √2 under add/remove; Poisson sampling at q = M·N/min_y |D_y|;
-T × shots-per-label compositions, PRV accounting (``method_events.tang_event``). S_pub and p_base read no
-private data (post-processing of public inputs and of released tokens).
+prompt, so one record moves the sum by at most √2 in ℓ2; Poisson sampling at q = M·N/min_y n_y over the
+declared public sizes; T × shots-per-label compositions under the ledger's relation (replace-one by default,
+dp-accounting PLD; add/remove and PRV reproduce PTA's Table 4), ``method_events.tang_event``. S_pub and
+p_base read no private data (post-processing of public inputs and of released tokens).
 """
 
 from __future__ import annotations

@@ -8,17 +8,18 @@ distribution, renormalised; release argmax over V_pub of Σ_i p_i + N(0, 2σ²) 
 
 Privacy: each token is a Poisson-subsampled Gaussian mechanism (one record's presence moves one p_i: ℓ2
 contribution √2, noise multiplier σ) at a fixed rate, and T × shots-per-label of them are composed
-(:func:`~dp_icl_plugin.accounting.method_events.tang_event`). Neighbouring relation: the ledger's.
-Add/remove is the papers' analysis; replace-one is analysed directly (the replaced record keeps the other's
-coin, prompt and place: ``dp-accounting``'s replace-one pair, which also covers a replacement that moves a
-record between labels). Labels partition the data, so the run costs the label with the largest rate
-q = M·N/min_y n_y. σ for a target ε is the smallest on a 0.01 grid in [0.3, 3.0] (PTA App. D.3) under
-the ledger's relation with the tightest accountant, what ``dp-icl calibrate subsampled-gaussian`` prints
-(``--neighbouring add_remove --accountant prv`` gives PTA's Table 4). The rate must not come from the
-observed counts: with |D_y| = M·N, adding a record would move q from 1 to M·N/(M·N+1) and drop another
-record with probability ≈ 0.63, changing two rows. Unlike the public code of the baseline (fixed-size
-subsets accounted as Poisson), records are Poisson-sampled here, the way they are accounted. Noise is
-added only on V_pub's coordinates: the argmax over V_pub does not depend on the others (post-processing).
+(:func:`~dp_icl_plugin.accounting.method_events.tang_event`). Neighbouring relation: the ledger's. Add/remove is
+the papers' analysis; replace-one is analysed directly (the replaced record keeps the other's coin, prompt and
+place: ``dp-accounting``'s replace-one pair; a replacement that moves a record between labels is a removal in one
+run beside an addition in another, which that charge covers on every grid point checked numerically: see
+:func:`~dp_icl_plugin.accounting.method_events.tang_event`). Labels partition the data, so the run costs the label
+with the largest rate q = M·N/min_y n_y. σ for a target ε is the smallest on a 0.01 grid in [0.3, 3.0] (PTA App.
+D.3) under the ledger's relation with the tightest accountant, what ``dp-icl calibrate subsampled-gaussian`` prints
+(``--neighbouring add_remove --accountant prv`` gives PTA's Table 4). The rate must not come from the observed
+counts: with |D_y| = M·N, adding a record would move q from 1 to M·N/(M·N+1) and drop another record with
+probability ≈ 0.63, changing two rows. Unlike the public code of the baseline (fixed-size subsets accounted as
+Poisson), records are Poisson-sampled here, the way they are accounted. Noise is added only on V_pub's coordinates:
+the argmax over V_pub does not depend on the others (post-processing).
 """
 
 from __future__ import annotations
