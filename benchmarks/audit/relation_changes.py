@@ -50,7 +50,7 @@ def tang() -> list[str]:
     # the same noise (std σ√2) against an ℓ2 shift of 2: multiplier σ√2/2
     noise = ev.GaussianEvent(sigma / math.sqrt(2.0), sensitivity=2.0, neighbouring=ADD_REMOVE)
     shift_two = ev.SelfComposedEvent(noise, steps)
-    rows.append(f"| Tang / PTA, q read from |D_y| = M·N = 20 (q = 1), 36 steps, target ε = 4 | q observed → "
+    rows.append(f"| Tang / PTA, q from the observed count M·N = 20 (q = 1), 36 steps, target ε = 4 | q observed → "
                 f"q = M·N/n_y declared | √2 charged, 2 real (two rows change) | σ = {sigma:.2f} | "
                 f"{eps(shift_two, delta):.3f} | rate from the declared size |")  # fmt: skip
     return rows
