@@ -164,7 +164,7 @@ def run_ginc(args: argparse.Namespace) -> int:
     records = [r for y in base.labels for r in base.records(y)]
     for c, planted in canaries.items():
         records += [PrivateRecord(language.render([*prefix, secret]), concept_label(c)) for prefix, secret in planted]
-    private = PrivateDataset(records, labels=base.labels)
+    private = PrivateDataset(records, labels=base.labels, public_label_counts="observed")  # sizes fixed by design
 
     def pta(epsilon: float) -> PTASynthesizer:
         return PTASynthesizer(epsilon=epsilon, delta=1 / 1600, alpha=2.0, n_prompts=5, records_per_prompt=4,

@@ -52,7 +52,8 @@ def eps_name(epsilon: float) -> str:
 
 
 def dataset(records: Sequence[str]) -> PrivateDataset:
-    return PrivateDataset([PrivateRecord(r, LABEL) for r in records], labels=[LABEL])
+    # one label: its size is |D|, public under replace-one and fixed by the experiment
+    return PrivateDataset([PrivateRecord(r, LABEL) for r in records], labels=[LABEL], public_label_counts="observed")
 
 
 def ledger(epsilon: float, n_records: int) -> BudgetManager:
@@ -156,7 +157,8 @@ def knn_answer(epsilon: float, records: Sequence[tuple[str, str]], queries: Sequ
     # one-token answers and one keyword: the shards' answers are the secret or not, nothing else to count
     config = KNNConfig(k=20, shards=5, min_similarity=-1.0, uses=len(queries), keywords=1, max_answer_tokens=1,
                        **noise)  # fmt: skip
-    retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(per_record, 1e-5)), backend=backend,
+    ledger = BudgetManager(PrivacyBudget(per_record, 1e-5, neighbouring="add_remove"))  # the filter's own relation
+    retriever = PrivateRetriever(index, budget=ledger, backend=backend,
                                  config=config, answer_prompt=KNN_PROMPT,
                                  keyword_prompt=KEYWORD_PROMPT)  # fmt: skip
     out = []

@@ -179,7 +179,8 @@ def run_ginc(args: argparse.Namespace) -> int:
                 demos = [[*member.tokens, member.label], *others]
             else:
                 eps = float(setting.split("= ")[1])
-                data = PrivateDataset([record(ex) for ex in train] + [record(member)], labels=[label])
+                data = PrivateDataset([record(ex) for ex in train] + [record(member)], labels=[label],
+                                      public_label_counts="observed")  # the size is the same for member and not
                 method = PTASynthesizer(epsilon=eps, delta=1 / 1600, alpha=2.0, n_prompts=5, records_per_prompt=4,
                                         max_tokens=10, shots_per_label=4, top_k=10,
                                         template=PRESETS["ginc"])  # fmt: skip

@@ -14,12 +14,12 @@ place: ``dp-accounting``'s replace-one pair; a replacement that moves a record b
 run beside an addition in another, which that charge covers on every grid point checked numerically: see
 :func:`~dp_icl_plugin.accounting.method_events.tang_event`). Labels partition the data, so the run costs the label
 with the largest rate q = M·N/min_y n_y. σ for a target ε is the smallest on a 0.01 grid in [0.3, 3.0] (PTA App.
-D.3) under the ledger's relation with the tightest accountant, what ``dp-icl calibrate subsampled-gaussian`` prints
-(``--neighbouring add_remove --accountant prv`` gives PTA's Table 4). The rate must not come from the observed
-counts: with |D_y| = M·N, adding a record would move q from 1 to M·N/(M·N+1) and drop another record with
-probability ≈ 0.63, changing two rows. Unlike the public code of the baseline (fixed-size subsets accounted as
-Poisson), records are Poisson-sampled here, the way they are accounted. Noise is added only on V_pub's coordinates:
-the argmax over V_pub does not depend on the others (post-processing).
+D.3), or in [3, 100] when none there fits (small labels), under the ledger's relation with the tightest accountant,
+what ``dp-icl calibrate subsampled-gaussian`` prints (``--neighbouring add_remove --accountant prv`` gives PTA's
+Table 4). The rate must not come from the observed counts: with |D_y| = M·N, adding a record would move q from 1 to
+M·N/(M·N+1) and drop another record with probability ≈ 0.63, changing two rows. Unlike the public code of the
+baseline (fixed-size subsets accounted as Poisson), records are Poisson-sampled here, the way they are accounted.
+Noise is added only on V_pub's coordinates: the argmax over V_pub does not depend on the others (post-processing).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_subsampled_gaussian
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, restrict
 from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
 from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
@@ -99,8 +99,12 @@ class TangSynthesizer(SynthesisMethod):
             sigma, target = float(c.noise_multiplier), None
         else:
             assert c.epsilon is not None
-            result = calibrate_subsampled_gaussian(epsilon=c.epsilon, delta=delta, sampling_rate=rate, steps=steps,
-                                                   neighbouring=neighbouring)  # fmt: skip
+            common = {"epsilon": c.epsilon, "delta": delta, "sampling_rate": rate, "steps": steps,
+                      "neighbouring": neighbouring}  # fmt: skip
+            try:
+                result = calibrate_subsampled_gaussian(**common)  # PTA's grid, [0.3, 3.0]
+            except CalibrationError:  # a high rate (small labels) needs more noise than PTA's grid holds
+                result = calibrate_subsampled_gaussian(**common, lo=3.0, hi=100.0)
             sigma, target = result.value, result.epsilon
         event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps, neighbouring=neighbouring)
         params = {"noise_multiplier": sigma, "sampling_rate": rate, "steps": steps, "target_delta": delta,
