@@ -121,6 +121,20 @@ def test_sampling_rate_comes_from_the_declared_size_not_the_records() -> None:
         method.plan(PrivateDataset(base))
 
 
+def test_a_rate_beyond_ptas_grid_calibrates_above_it() -> None:
+    """q = 12/30 over 12 steps at ε = 1 needs σ > 3 (the top of PTA's grid): the search goes on in [3, 100]
+    rather than refusing a small label, and the σ found meets the target while 0.01 less does not."""
+    data = PrivateDataset([PrivateRecord(f"w{i}", "a") for i in range(30)], public_label_counts={"a": 30})
+    params = _pta(epsilon=1.0).plan(data).params
+    sigma, q, steps = params["noise_multiplier"], params["sampling_rate"], params["steps"]
+    assert sigma > 3.0 and params["calibrated_epsilon"] <= 1.0
+
+    def epsilon_at(s: float) -> float:
+        return tightest().epsilon(me.tang_event(noise_multiplier=s, sampling_rate=q, steps=steps), delta=1e-3)
+
+    assert epsilon_at(sigma) <= 1.0 < epsilon_at(sigma - 0.01)
+
+
 def test_labels_compose_in_parallel_at_the_smallest_label() -> None:
     records = [PrivateRecord("w1", "a") for _ in range(40)] + [PrivateRecord("w2", "b") for _ in range(100)]
     data = PrivateDataset(records, public_label_counts="observed")
