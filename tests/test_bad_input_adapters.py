@@ -683,7 +683,7 @@ CLI_MESSAGES: dict[str, str] = {
     "synthesize ε = −1": "epsilon must be positive and finite,",
     "synthesize δ = 2": "delta must lie in the open interval (0, 1),",
     "synthesize n-prompts = 0": "n_prompts must be at least 1,",
-    "synthesize max-tokens = 1e9": "no value in [0.3, 3.0] meets epsilon=4.0",
+    "synthesize max-tokens = 1e9": "no noise multiplier in [0.3, 100] meets epsilon=4.0",
     "synthesize budget ε without δ": "give both --budget-epsilon and --budget-delta to create a",
     "synthesize a torn ledger": "ledger torn.db is damaged or unreadable: database disk",
     "synthesize a ledger of random bytes": "not a ledger.db is not a dp-icl ledger (not an SQLite",

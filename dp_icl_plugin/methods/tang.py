@@ -104,7 +104,14 @@ class TangSynthesizer(SynthesisMethod):
             try:
                 result = calibrate_subsampled_gaussian(**common)  # PTA's grid, [0.3, 3.0]
             except CalibrationError:  # a high rate (small labels) needs more noise than PTA's grid holds
-                result = calibrate_subsampled_gaussian(**common, lo=3.0, hi=100.0)
+                try:
+                    result = calibrate_subsampled_gaussian(**common, lo=3.0, hi=100.0)
+                except CalibrationError:
+                    raise CalibrationError(
+                        f"no noise multiplier in [0.3, 100] meets epsilon={c.epsilon} at delta={delta} over {steps} "
+                        f"tokens at rate {rate:.3g}: use fewer tokens, fewer records per token, larger declared "
+                        "sizes or a larger epsilon"
+                    ) from None
             sigma, target = result.value, result.epsilon
         event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps, neighbouring=neighbouring)
         params = {"noise_multiplier": sigma, "sampling_rate": rate, "steps": steps, "target_delta": delta,
