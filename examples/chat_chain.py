@@ -1,9 +1,9 @@
 """A DP chat model in an LCEL chain (LangChain): every answer is DP with respect to private records.
 
-Offline, well under a minute: 500 TREC questions with their coarse class are the private records; each
-answer is decoded by DPS-MOZO (one-shot prompts from 4 records drawn per token, mixed with the zero-shot
-prompt) and charged to the ledger before its first token. The model is a tiny untrained GPT-2 (its words
-are noise; put any local chat model's path instead); the decoding, the charges and the stream are real.
+Offline: 500 TREC questions with their coarse class are the private records; each answer is decoded by
+DPS-MOZO (one-shot prompts from 4 records drawn per token, mixed with the zero-shot prompt) and charged to
+the ledger before its first token. The model is the pretrained SmolLM2-135M-Instruct chat model that the
+set-up installs (``"smollm2-135m-instruct"``; any local model path or ``.gguf`` works the same way).
 
     python examples/chat_chain.py [LEDGER]
 """
@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from _tiny_text_model import tiny_text_model
 from dp_icl_langchain import DPChatModel
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
@@ -33,13 +32,13 @@ def main() -> None:
     lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:500]
     questions = [ln.split(" ", 1)[1] for ln in lines]
     classes = [ln.split(":", 1)[0] for ln in lines]
-    model_dir = tiny_text_model([*questions, "user: assistant: system:"])
 
     # --8<-- [start:chat]
     private = PrivateDataset.from_pairs(questions, classes)  # the private records
     budget = BudgetManager(PrivacyBudget(epsilon=3.0, delta=1e-4), ledger=ledger)
     chat = DPChatModel.from_model_id(
-        str(model_dir), private, budget=budget, rng=np.random.default_rng(), n_queries=100, epsilon=2.0, max_tokens=8
+        "smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(), n_queries=100, epsilon=2.0,
+        max_tokens=12,
     )  # β calibrated for 100 answers
     chain = (
         ChatPromptTemplate.from_messages([("system", "Name the class of the question."), ("human", "{question}")])
