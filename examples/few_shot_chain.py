@@ -6,6 +6,8 @@ Offline, about a minute on the committed GINC model:
 2. ``DPFewShotExampleSelector`` serves them (free: post-processing) to a ``FewShotPromptTemplate``, and an
    LCEL chain answers GINC test queries with the model's next token.
 3. Accuracy with the DP demonstrations against 0-shot (the same chain, no demonstrations), then the ledger.
+4. A real DP answer: the pretrained SmolLM2-135M-Instruct chat model (installed by the set-up) answers a
+   question with DPS-MOZO over 500 private TREC questions (another dataset, so another budget), about 30 s.
 
     python examples/few_shot_chain.py [LEDGER] [--queries N]
 """
@@ -83,8 +85,30 @@ def main() -> None:
     print(f"demonstrations served: {len(selector.demos)} (synthesized once; every prompt after that is free)")
     print(f"ledger {args.ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
           f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}")  # fmt: skip
-    print(f"({time.monotonic() - started:.0f} s)")
     budget.close()
+    real_model_answer()
+    print(f"({time.monotonic() - started:.0f} s)")
+
+
+def real_model_answer() -> None:
+    """One DPS-MOZO chat answer from the pretrained model over private TREC questions (ε = 1 for 10 answers)."""
+    from dp_icl_langchain import DPChatModel
+
+    from dp_icl_plugin.methods import PrivateDataset
+
+    trec = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train.txt"
+    if not trec.is_file():
+        print(f"(the real-model answer needs the TREC data at {trec})")
+        return
+    lines = trec.read_text(encoding="latin-1").splitlines()[:500]
+    private = PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines])
+    budget = BudgetManager(PrivacyBudget(epsilon=1.0, delta=1e-4))  # TREC's own budget (in memory here)
+    chat = DPChatModel.from_model_id("smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(),
+                                     n_queries=10, epsilon=1.0, max_tokens=12)  # fmt: skip
+    question = "Who wrote Hamlet?"
+    answer = chat.invoke(question).content
+    print(f"SmolLM2-135M-Instruct with DPS-MOZO over 500 private TREC questions: {question!r} -> {answer!r} "
+          f"(ε = {budget.spent().epsilon:.3f} charged of TREC's 1.0)")  # fmt: skip
 
 
 def next_symbol(backend, language):
