@@ -130,3 +130,32 @@ def test_bad_construction() -> None:
         MozoDecoder(data(), backend=backend(), budget=None, n_queries=1, epsilon=1.0)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="exactly one"):
         clip(ledger, temperature=1.0)
+
+
+@pytest.mark.parametrize("kind", [MozoDecoder, ClipBlendDecoder])
+def test_a_chat_on_a_model_without_a_chat_template_uses_the_documented_plain_layout(kind: type) -> None:
+    """Fallback when the tokenizer has no chat template: ``role: content`` lines, then ``assistant:``; a
+    record enters as one earlier user/assistant exchange after the system message."""
+    seen: list[list[int]] = []
+
+    class Recording(FakeBackend):
+        def next_token_logprobs(self, prompts):  # type: ignore[override]
+            seen.extend(list(p) for p in prompts)
+            return super().next_token_logprobs(prompts)
+
+        def start(self, prompts):  # type: ignore[override]
+            seen.extend(list(p) for p in prompts)
+            return super().start(prompts)
+
+    fake = Recording(WORDS, eos_token="<eos>", seed=3)
+    assert not fake.has_chat_template
+    extra = {"subset_size": 10, "rng_subset": np.random.default_rng(1)} if kind is ClipBlendDecoder else {"top_k": 6}
+    decoder = kind(data(), backend=fake, budget=BudgetManager(PrivacyBudget(100.0, 1e-2)), n_queries=5, max_tokens=1,
+                   epsilon=2.0, **extra)  # fmt: skip
+    decoder.generate([{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}],
+                     rng=np.random.default_rng(0))  # fmt: skip
+    zero_shot = fake.encode("system: a\nuser: b c\nassistant:", add_special_tokens=True)
+    assert zero_shot in seen
+    one_shot = [p for p in seen if p != zero_shot]
+    assert one_shot and all(fake.decode(p).startswith("system: a user:") for p in one_shot)
+    assert all(fake.decode(p).endswith("user: b c assistant:") for p in one_shot)

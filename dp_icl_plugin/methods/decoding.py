@@ -24,7 +24,9 @@ token up to its limit), so a stream never yields a token that is not paid for, a
 
 A query is public: a completion text, or a chat (a list of ``{"role", "content"}`` messages ending with the
 user's). A record enters a chat prompt as one earlier exchange (its text from the user, its label from the
-assistant) after any system message, formatted with the tokenizer's chat template when it has one.
+assistant) after any system message, formatted with the tokenizer's chat template when it has one; without
+one (a base model such as the GINC model) the chat is laid out as plain lines, ``role: content`` each, then
+``assistant:``.
 """
 
 from __future__ import annotations
