@@ -1,0 +1,143 @@
+"""Time per token of the DP decoders on the pretrained SmolLM2-135M-Instruct, against the cost floor.
+
+The floor is one batched forward of only the tokens that must be computed, with every reusable prefix already
+in a KV cache (built outside the timer):
+- DPS-MOZO online: per token, n_shots one-shot prompts whose record part (system turn + the record's exchange)
+  is a cached prefix, so only the query and the answer so far are new, plus one new token of the zero-shot
+  prompt (its cache persists across tokens).
+- Clip-blend decoding: the prompts are fixed, so per token one new token per prompt on each prompt's cache.
+
+What the decoders cost is measured by ``generate`` (charge, mechanism and forward passes). Both are printed,
+with their ratio, in one run. Setting: 500 TREC questions as the private records, chat queries, T = 12.
+
+    python benchmarks/decoding_floor.py            # about 3 minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget
+from dp_icl_plugin.methods import PrivateDataset
+from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+
+TREC = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train.txt"
+QUERY = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who wrote Hamlet?"}]
+
+
+def records(n: int) -> PrivateDataset:
+    lines = TREC.read_text(encoding="latin-1").splitlines()[:n]
+    return PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines])
+
+
+def decoder_seconds_per_token(decoder: MozoDecoder | ClipBlendDecoder, tokens: int, repeats: int) -> float:
+    times = []
+    for seed in range(repeats):
+        start = time.perf_counter()
+        out = decoder.generate(QUERY, rng=np.random.default_rng(seed), max_tokens=tokens, stop=[])
+        times.append((time.perf_counter() - start) / max(1, len(out.token_ids)))
+    return float(np.median(times))
+
+
+def _forward(model, ids, cache, past: int):  # one batched forward of ``ids`` after ``past`` cached positions
+    import torch
+
+    batch, width = ids.shape
+    mask = torch.ones((batch, past + width), dtype=torch.long)
+    positions = torch.arange(past, past + width).expand(batch, width)
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+
+
+def _cached_prefix(model, prefix: list[int], rows: int):
+    import torch
+
+    return _forward(model, torch.tensor([prefix] * rows), None, 0).cache
+
+
+def _split(backend: HFBackend, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """A chat prompt's ids cut into the reusable prefix (everything before the query turn) and the query part."""
+    full = backend.apply_chat_template(messages)
+    query_part = len(backend.apply_chat_template([QUERY[1]])) - 1  # the query turn and the generation prompt
+    return full[: len(full) - query_part], full[len(full) - query_part :]
+
+
+def mozo_floor_seconds_per_token(backend: HFBackend, data: PrivateDataset, n_shots: int, tokens: int) -> float:
+    """Per token t: the n_shots one-shot prompts' new part (query + t answer tokens) in one batched forward on
+    cached record prefixes (a lower bound: the zero-shot prompt's one new token rides in that batch for free),
+    plus the zero-shot prompt's query once per answer. Caches are rebuilt outside the timer."""
+    import torch
+
+    model = backend.model
+    rec = data.records(data.labels[0])[0]
+    prefix, query = _split(backend, [QUERY[0], {"role": "user", "content": rec.text},
+                                     {"role": "assistant", "content": rec.label}, QUERY[1]])  # fmt: skip
+    zero_prefix, zero_query = _split(backend, QUERY)
+    answer = backend.encode(" William Shakespeare wrote Hamlet around 1600, in London, England, for his company.")
+    answer = answer[:tokens]
+    with torch.inference_mode():
+        cache = _cached_prefix(model, zero_prefix, 1)
+        start = time.perf_counter()
+        _forward(model, torch.tensor([zero_query]), cache, len(zero_prefix))  # once per answer
+        total = time.perf_counter() - start
+        for t in range(len(answer)):
+            cache = _cached_prefix(model, prefix, n_shots)
+            start = time.perf_counter()
+            _forward(model, torch.tensor([query + answer[:t]] * n_shots), cache, len(prefix))
+            total += time.perf_counter() - start
+    return total / len(answer)
+
+
+def clip_floor_seconds_per_token(backend: HFBackend, decoder: ClipBlendDecoder, tokens: int) -> float:
+    """Per answer: the query part of every prompt on cached record prefixes (the records recur across answers),
+    then one new token per prompt per step; prompts of one length (a record exchange is about 30 tokens)."""
+    import torch
+
+    model = backend.model
+    n_prompts = 1 + len(decoder._subset)  # the public prompt and one per subset record
+    prefix, query = _split(backend, [QUERY[0], {"role": "user", "content": "x " * 25},
+                                     {"role": "assistant", "content": "HUM"}, QUERY[1]])  # fmt: skip
+    total = 0.0
+    with torch.inference_mode():
+        cache = _cached_prefix(model, prefix, n_prompts)
+        start = time.perf_counter()
+        _forward(model, torch.tensor([query] * n_prompts), cache, len(prefix))
+        total += time.perf_counter() - start
+        past = len(prefix) + len(query)
+        for t in range(tokens):
+            start = time.perf_counter()
+            _forward(model, torch.ones((n_prompts, 1), dtype=torch.long), cache, past + t)
+            total += time.perf_counter() - start
+    return total / tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    backend = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
+    data = records(500)
+    budget = BudgetManager(PrivacyBudget(1e6, 1e-4))
+    mozo = MozoDecoder(data, backend=backend, budget=budget, n_queries=100, epsilon=8.0, max_tokens=args.tokens)
+    clip = ClipBlendDecoder(data, backend=backend, budget=budget, n_queries=100, subset_size=32, epsilon=8.0,
+                            max_tokens=args.tokens, rng_subset=np.random.default_rng(0))  # fmt: skip
+    rows = []
+    for name, decoder, floor in (
+        ("MozoDecoder (n_shots = 4)", mozo, lambda: mozo_floor_seconds_per_token(backend, data, 4, args.tokens)),
+        ("ClipBlendDecoder (s = 32)", clip, lambda: clip_floor_seconds_per_token(backend, clip, args.tokens)),
+    ):
+        spent = decoder_seconds_per_token(decoder, args.tokens, args.repeats)
+        bound = floor()
+        rows.append((name, spent, bound))
+    print("| decoder on SmolLM2-135M-Instruct | s/token | floor s/token | ratio |")
+    print("|---|---:|---:|---:|")
+    for name, spent, bound in rows:
+        print(f"| {name} | {spent:.3f} | {bound:.3f} | {spent / bound:.1f}× |")
+
+
+if __name__ == "__main__":
+    main()
