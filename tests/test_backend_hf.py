@@ -518,3 +518,54 @@ def test_concurrent_calls_match_sequential(backend: HFBackend, prompts: list[lis
     for (k, rep), got in results.items():
         expected = sequential[k] if rep >= 0 else session_expected
         np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------ prefixes with a shared suffix
+def test_shared_suffix_equals_full_prompts_and_reuses_prefix_caches(backend: HFBackend,
+                                                                    prompts: list[list[int]]) -> None:  # fmt: skip
+    prefixes = [p[:20] for p in prompts]  # lengths 1..20: the caches are left-padded to one length
+    suffix = [5, 9, 2, 7]
+    backend.prefix_cache.clear()
+    fast = backend.next_token_logprobs_shared_suffix(prefixes, suffix)
+    full = backend.next_token_logprobs([p + suffix for p in prefixes])
+    np.testing.assert_allclose(fast, full, atol=TOL)
+    assert len(backend.prefix_cache) == len({tuple(p) for p in prefixes})
+    again = backend.next_token_logprobs_shared_suffix(prefixes[::-1], [*suffix, 3])  # cached prefixes, new order
+    np.testing.assert_allclose(again, backend.next_token_logprobs([p + suffix + [3] for p in prefixes[::-1]]),
+                               atol=TOL)  # fmt: skip
+    # a prompt past the model's length is refused as next_token_logprobs refuses it
+    with pytest.raises(ConfigurationError, match="at most"):
+        backend.next_token_logprobs_shared_suffix([prompts[1]], list(range(1, 30)))
+
+
+def test_the_prefix_cache_keeps_to_its_token_budget() -> None:
+    from dp_icl_plugin.backends.hf_prefix import PrefixKVCache
+
+    cache = PrefixKVCache(10)
+    for start in (0, 100, 200):
+        cache.put(tuple(range(start, start + 4)), [])
+    assert cache.cached_tokens <= 10 and len(cache) == 2  # the oldest went out
+    cache.put(tuple(range(11)), [])  # larger than the whole budget: not kept
+    assert cache.cached_tokens <= 10 and len(cache) == 2
+
+
+def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(backend: HFBackend) -> None:
+    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+    from dp_icl_plugin.methods.decoding import MozoDecoder
+    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
+
+    names = symbol_names(VOCAB)
+    records = [PrivateRecord(" ".join(names[3 + (7 * i + j) % 100] for j in range(1 + i % 5)), names[i % 4 + 110])
+               for i in range(30)]  # fmt: skip
+    decoder = MozoDecoder(PrivateDataset(records), backend=backend, budget=BudgetManager(PrivacyBudget(50.0, 1e-3)),
+                          n_queries=2, epsilon=8.0, max_tokens=3, top_k=20, template=ANSWER_PRESETS["ginc"])  # fmt: skip
+    query = " ".join(names[20:26])
+    zero = decoder._ids(query, None)
+    one = [decoder._ids(query, records[i]) for i in (0, 7, 13, 21)]
+    backend.prefix_cache.clear()
+    for generated in ([], [4], [4, 8, 15]):
+        fast = decoder._step_logprobs(zero, one, generated)
+        full = backend.next_token_logprobs([r + generated for r in [zero, *one]])
+        np.testing.assert_allclose(fast, full, atol=TOL)
+    assert len(backend.prefix_cache) == 5  # the zero-shot prompt's and four records' parts, reused each step

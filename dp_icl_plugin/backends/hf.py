@@ -62,6 +62,8 @@ class HFBackend:
         model_id: a name for provenance (default: the model's ``name_or_path``).
         micro_batch_size: prompts per forward pass.
         device: ``"auto"`` (CUDA when available, else CPU), a device name, or a ``torch.device``.
+        prefix_cache_tokens: how many prefix tokens' keys and values ``next_token_logprobs_shared_suffix``
+            keeps between calls (least recently used out first; about 46 KB a token for SmolLM2-135M).
 
     Forward passes are serialised by a lock, so one backend can be shared by threads.
     """
@@ -74,8 +76,12 @@ class HFBackend:
         model_id: str | None = None,
         micro_batch_size: int = 32,
         device: str | Any | None = "auto",
+        prefix_cache_tokens: int = 8192,
     ) -> None:
+        from dp_icl_plugin.backends.hf_prefix import PrefixKVCache
+
         self.micro_batch_size = check.positive_int("micro_batch_size", micro_batch_size)
+        self.prefix_cache = PrefixKVCache(prefix_cache_tokens)
         self.device = _resolve_device(device)
         try:
             self.model = model.to(self.device).eval()
@@ -238,6 +244,16 @@ class HFBackend:
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> HFIncrementalSession:
         return HFIncrementalSession(self, self._prompt_ids(prompts))
+
+    def next_token_logprobs_shared_suffix(self, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
+        """Rows of ``prefix + suffix`` (token ids), the prefixes' KV caches kept in ``prefix_cache`` between
+        calls: one forward of the suffix rows (:mod:`~dp_icl_plugin.backends.hf_prefix`)."""
+        from dp_icl_plugin.backends.hf_prefix import shared_suffix_logprobs
+
+        ids = self._prompt_ids([[*p, *suffix] for p in prefixes])  # validates ids and the model's length
+        if any(len(x) != len(p) + len(suffix) for x, p in zip(ids, prefixes, strict=True)):
+            return self.next_token_logprobs(ids)  # a prompt was cut to the model's length: no prefix reuse
+        return shared_suffix_logprobs(self, prefixes, suffix)
 
     def __repr__(self) -> str:
         return f"HFBackend(model_id={self.model_id!r}, device={str(self.device)!r}, vocab_size={self.vocab_size})"

@@ -340,12 +340,37 @@ class MozoDecoder(_Decoder):
             for i in picked:
                 if i not in one_shot:
                     one_shot[i] = self._ids(prompt, self._records[i])
-            prompts = [self._fit(zero_shot + generated)] + [self._fit(one_shot[i] + generated) for i in picked]
-            logprobs = check_logprobs(self.backend.next_token_logprobs(prompts))
+            logprobs = check_logprobs(self._step_logprobs(zero_shot, [one_shot[i] for i in picked], generated))
             token = mozo_token(logprobs[1:], logprobs[0], beta=self.beta, order=self.order, top_k=self.top_k,
                                rng=rng, lambda_max=self.lambda_max, variant="projected").token_id  # fmt: skip
             generated.append(token)
             yield token
+
+
+    def _step_logprobs(self, zero_shot: list[int], one_shot: list[list[int]], generated: list[int]) -> np.ndarray:
+        """Rows: the zero-shot prompt, then each one-shot prompt, each followed by the answer so far.
+
+        On a backend with ``next_token_logprobs_shared_suffix`` (HFBackend) the rows are cut where they stop
+        differing (the query and the answer so far are common to all): the records' parts come from the
+        backend's prefix KV cache and one forward computes only the common suffix. Same distributions.
+        """
+        rows = [zero_shot, *one_shot]
+        shared = getattr(self.backend, "next_token_logprobs_shared_suffix", None)
+        capacity = getattr(self.backend, "max_length", None)
+        if shared is not None and (capacity is None or max(map(len, rows)) + len(generated) <= capacity):
+            common = min(_common_suffix(zero_shot, r) for r in one_shot)
+            common = min(common, min(map(len, rows)) - 1)  # every row keeps a non-empty prefix
+            if common + len(generated) > 0:
+                suffix = zero_shot[len(zero_shot) - common :] + generated
+                return np.asarray(shared([r[: len(r) - common] for r in rows], suffix))
+        return self.backend.next_token_logprobs([self._fit(r + generated) for r in rows])
+
+
+def _common_suffix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
 
 
 class ClipBlendDecoder(_Decoder):

@@ -1,0 +1,126 @@
+"""Prompts that share one suffix after different prefixes, with the prefixes' KV caches kept between calls.
+
+DPS-MOZO's one-shot prompts are ``record part + query + answer so far``: the record parts recur across tokens
+and answers, and the suffix is the same for every prompt of a step. :class:`PrefixKVCache` keeps each prefix's
+keys and values (least recently used out first, bounded by a number of cached tokens), and
+:func:`shared_suffix_logprobs` computes a step in one batched forward of the suffix only: the prefixes' caches
+are left-padded to one length and the padding is masked, with each row's positions continuing its own prefix.
+The distributions equal a full forward of ``prefix + suffix`` up to float rounding (tested).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+
+if TYPE_CHECKING:
+    from dp_icl_plugin.backends.hf import HFBackend
+
+__all__ = ["PrefixKVCache", "shared_suffix_logprobs"]
+
+
+class PrefixKVCache:
+    """Per-prefix key/value tensors of one model, least recently used evicted past ``max_tokens`` tokens."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = check.positive_int("max_tokens", max_tokens)
+        self._entries: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._tokens
+
+    def get(self, prefix: tuple[int, ...]) -> list[tuple[Any, Any]] | None:
+        layers = self._entries.get(prefix)
+        if layers is not None:
+            self._entries.move_to_end(prefix)
+        return layers
+
+    def put(self, prefix: tuple[int, ...], layers: list[tuple[Any, Any]]) -> None:
+        if prefix in self._entries or len(prefix) > self.max_tokens:
+            return
+        self._entries[prefix] = layers
+        self._tokens += len(prefix)
+        while self._tokens > self.max_tokens:
+            old, _ = self._entries.popitem(last=False)
+            self._tokens -= len(old)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = 0
+
+
+def _layers_of(cache: Any) -> list[tuple[Any, Any]]:
+    """(keys, values) per layer, each [1, kv_heads, length, head_dim], from a transformers cache."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+
+
+def _cache_from(layers: list[tuple[Any, Any]]) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(ddp_cache_data=layers)
+    except TypeError:  # older transformers
+        return DynamicCache.from_legacy_cache(tuple(layers))
+
+
+def _prefix_layers(backend: HFBackend, prefixes: list[tuple[int, ...]]) -> list[list[tuple[Any, Any]]]:
+    """Each prefix's (keys, values) per layer: cached ones reused, the missing ones in one left-padded forward."""
+    from transformers import DynamicCache
+
+    found = {p: backend.prefix_cache.get(p) for p in prefixes}
+    missing = list(dict.fromkeys(p for p, layers in found.items() if layers is None))
+    if missing:
+        input_ids, mask = backend._left_padded([list(p) for p in missing])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        _, cache = backend._forward(input_ids, mask, positions, DynamicCache(config=backend.model.config))
+        width = input_ids.shape[1]
+        layers = _layers_of(cache)
+        for row, prefix in enumerate(missing):  # a row's own positions: the padding's keys are dropped
+            start = width - len(prefix)
+            own = [(k[row : row + 1, :, start:].clone(), v[row : row + 1, :, start:].clone()) for k, v in layers]
+            found[prefix] = own
+            backend.prefix_cache.put(prefix, own)
+    return [found[p] for p in prefixes]  # type: ignore[misc]
+
+
+def shared_suffix_logprobs(backend: HFBackend, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
+    """Next-token log-probabilities of ``prefix + suffix`` for each prefix: one forward of the suffix rows."""
+    import torch
+    keys = [tuple(int(t) for t in p) for p in prefixes]
+    tail = [int(t) for t in suffix]
+    if not tail or not keys or min(len(k) for k in keys) == 0:
+        return backend.next_token_logprobs([list(k) + tail for k in keys])
+    with backend._forwarding():
+        per_prefix = _prefix_layers(backend, keys)
+        width = max(len(k) for k in keys)
+        n_layers = len(per_prefix[0])
+        layers = []
+        for layer in range(n_layers):
+            padded_k, padded_v = [], []
+            for k_len, entry in zip((len(k) for k in keys), per_prefix, strict=True):
+                k, v = entry[layer]
+                pad = width - k_len
+                padded_k.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+                padded_v.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+            layers.append((torch.cat(padded_k), torch.cat(padded_v)))
+        rows = len(keys)
+        mask = torch.zeros((rows, width + len(tail)), dtype=torch.long, device=backend.device)
+        for i, k in enumerate(keys):
+            mask[i, width - len(k) :] = 1
+        lengths = torch.tensor([len(k) for k in keys], device=backend.device).unsqueeze(1)
+        positions = lengths + torch.arange(len(tail), device=backend.device).unsqueeze(0)
+        input_ids = torch.tensor([tail] * rows, dtype=torch.long, device=backend.device)
+        logprobs, _ = backend._forward(input_ids, mask, positions, _cache_from(layers))
+    return logprobs
