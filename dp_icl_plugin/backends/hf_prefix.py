@@ -72,7 +72,7 @@ def _cache_from(layers: list[tuple[Any, Any]]) -> Any:
     try:
         return DynamicCache(ddp_cache_data=layers)
     except TypeError:  # older transformers
-        return DynamicCache.from_legacy_cache(tuple(layers))
+        return DynamicCache.from_legacy_cache(tuple(layers))  # type: ignore[attr-defined]
 
 
 def _prefix_layers(backend: HFBackend, prefixes: list[tuple[int, ...]]) -> list[list[tuple[Any, Any]]]:
