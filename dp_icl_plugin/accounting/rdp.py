@@ -119,6 +119,8 @@ def _log_a_fractional(alpha: float, sampling_rate: float, noise_multiplier: floa
     sigma2 = noise_multiplier * noise_multiplier
     if not math.isfinite(sigma2) or sigma2 == 0.0:
         return 0.0 if sigma2 > 0 else math.inf
+    if sampling_rate > 1.0 - 1e-9:  # the terms barely shrink (their linear rate is log(1/q − 1) + log(1/(1−q)) ≈ 0):
+        return math.inf  # no useful series; the caller keeps the next integer order's bound, at once
     z0 = sigma2 * math.log(1.0 / sampling_rate - 1.0) + 0.5
     log_q, log_1mq = math.log(sampling_rate), math.log1p(-sampling_rate)
     sigma = math.sqrt(sigma2)
