@@ -127,7 +127,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100, help="private records (default 100: all fit the cache)")
     parser.add_argument("--warm-answers", type=int, default=8, help="answers run to fill the prefix cache")
     args = parser.parse_args()
+    started = time.perf_counter()
     backend = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
+    print(f"model loaded in {time.perf_counter() - started:.1f} s (converted and cached on first use)")
     data = records(args.records)
     budget = BudgetManager(PrivacyBudget(1e6, 1e-4))
     mozo = MozoDecoder(data, backend=backend, budget=budget, n_queries=100, epsilon=8.0, max_tokens=args.tokens)
@@ -144,6 +146,9 @@ def main() -> None:
         mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
     for seed in range(args.warm_answers):  # every record's part in the prefix cache (steady state)
         mozo.generate(QUERY, rng=np.random.default_rng(100 + seed), max_tokens=args.tokens, stop=[])
+    cache = backend.prefix_cache
+    print(f"prefix cache: {len(cache)} prefixes, {cache.cached_tokens} tokens, "
+          f"{cache.cached_bytes / max(1, cache.cached_tokens) / 1024:.0f} KiB a token")  # fmt: skip
     rows.append((f"MozoDecoder (n_shots = 4), records cached ({len(backend.prefix_cache)} prefixes)",
                  decoder_seconds_per_token(mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
     rows.append(("ClipBlendDecoder (s = 32)", decoder_seconds_per_token(clip, args.tokens, args.repeats),

@@ -1,6 +1,6 @@
 """A RAG chain whose context comes from private records through a DP release (LangChain).
 
-Offline, about 20 s: 1,000 TREC questions (``../shared/data/trec``) are the private records, with their
+Offline, about 16 s on 2 cores: 1,000 TREC questions (``../shared/data/trec``) are the private records, with their
 coarse class as the "answer" each record carries; every record may lose at most ε = 2 (δ = 1e-6) for
 adding or removing it, ε = 4 for replacing it (the ledger's relation). The retriever returns only DP-released
 keywords (keyword-space aggregation with propose-test-release over the nearest records' shard answers),

@@ -55,28 +55,13 @@ def main() -> None:
         rng=np.random.default_rng(),
         fields={"text": "text"},
     )
-    decoder = ClipBlendDecoder(
-        query_answer_dataset(language, train),
-        backend=backend,
-        budget=budget,
-        n_queries=20,
-        subset_size=100,
-        rng_subset=np.random.default_rng(),
-        epsilon=2.0,
-        max_tokens=1,
-        template=ANSWER_PRESETS["ginc"],
-    )
+    pairs = query_answer_dataset(language, train)  # the same records as input → answer pairs
+    common = {"backend": backend, "budget": budget, "n_queries": 20, "max_tokens": 1,
+              "template": ANSWER_PRESETS["ginc"]}  # fmt: skip
+    decoder = ClipBlendDecoder(pairs, subset_size=100, rng_subset=np.random.default_rng(), epsilon=2.0, **common)
     llm = DPLLM(decoder=decoder, rng=np.random.default_rng())
     mozo = DPLLM(
-        decoder=MozoDecoder(
-            query_answer_dataset(language, train),
-            backend=backend,
-            budget=budget,
-            n_queries=20,
-            epsilon=1.0,
-            max_tokens=1,
-            template=ANSWER_PRESETS["ginc"],
-        ),
+        decoder=MozoDecoder(pairs, epsilon=1.0, **common),
         rng=np.random.default_rng(),
     )
     prompt = FewShotPromptTemplate(

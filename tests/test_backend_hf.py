@@ -544,7 +544,7 @@ def test_the_prefix_cache_keeps_to_its_token_budget() -> None:
     cache = PrefixKVCache(10)
     for start in (0, 100, 200):
         cache.put(tuple(range(start, start + 4)), [])
-    assert cache.cached_tokens <= 10 and len(cache) == 2  # the oldest went out
+    assert cache.cached_tokens <= 10 and len(cache) == 2 and cache.cached_bytes == 0  # the oldest went out
     cache.put(tuple(range(11)), [])  # larger than the whole budget: not kept
     assert cache.cached_tokens <= 10 and len(cache) == 2
 

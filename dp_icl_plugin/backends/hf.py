@@ -63,7 +63,8 @@ class HFBackend:
         micro_batch_size: prompts per forward pass.
         device: ``"auto"`` (CUDA when available, else CPU), a device name, or a ``torch.device``.
         prefix_cache_tokens: how many prefix tokens' keys and values ``next_token_logprobs_shared_suffix``
-            keeps between calls (least recently used out first; about 46 KB a token for SmolLM2-135M).
+            keeps between calls (least recently used out first; 45 KiB a token for SmolLM2-135M, as
+            ``benchmarks/decoding_floor.py`` prints).
 
     Forward passes are serialised by a lock, so one backend can be shared by threads.
     """
@@ -250,9 +251,7 @@ class HFBackend:
         calls: one forward of the suffix rows (:mod:`~dp_icl_plugin.backends.hf_prefix`)."""
         from dp_icl_plugin.backends.hf_prefix import shared_suffix_logprobs
 
-        ids = self._prompt_ids([[*p, *suffix] for p in prefixes])  # validates ids and the model's length
-        if any(len(x) != len(p) + len(suffix) for x, p in zip(ids, prefixes, strict=True)):
-            return self.next_token_logprobs(ids)  # a prompt was cut to the model's length: no prefix reuse
+        self._prompt_ids([[*p, *suffix] for p in prefixes])  # the checks of next_token_logprobs, length included
         return shared_suffix_logprobs(self, prefixes, suffix)
 
     def __repr__(self) -> str:

@@ -6,6 +6,10 @@ keys and values (least recently used out first, bounded by a number of cached to
 :func:`shared_suffix_logprobs` computes a step in one batched forward of the suffix only: the prefixes' caches
 are left-padded to one length and the padding is masked, with each row's positions continuing its own prefix.
 The distributions equal a full forward of ``prefix + suffix`` up to float rounding (tested).
+
+Privacy: the cache holds keys and values computed from private records, in this process's memory only (never
+logged or written). A cache hit makes a step faster, so an answer's time depends on which records earlier
+draws used; decoders with ``fixed_latency`` release every answer at a fixed time, which hides it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ class PrefixKVCache:
     @property
     def cached_tokens(self) -> int:
         return self._tokens
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(int(k.nbytes) + int(v.nbytes) for layers in self._entries.values() for k, v in layers)
 
     def get(self, prefix: tuple[int, ...]) -> list[tuple[Any, Any]] | None:
         layers = self._entries.get(prefix)

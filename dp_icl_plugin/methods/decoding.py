@@ -346,7 +346,6 @@ class MozoDecoder(_Decoder):
             generated.append(token)
             yield token
 
-
     def _step_logprobs(self, zero_shot: list[int], one_shot: list[list[int]], generated: list[int]) -> np.ndarray:
         """Rows: the zero-shot prompt, then each one-shot prompt, each followed by the answer so far.
 
