@@ -63,11 +63,11 @@ def _cached_prefix(model, prefix: list[int], rows: int):
 def _split(backend: HFBackend, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     """A chat prompt's ids cut into the reusable prefix and the query part: what it shares at its end with the
     zero-shot prompt (the query turn and the generation prompt), as the decoder cuts it."""
-    from dp_icl_plugin.methods.decoding import _common_suffix
+    from dp_icl_plugin.backends.shared_suffix import common_suffix_length
 
     full = backend.apply_chat_template(messages)
     zero = backend.apply_chat_template(QUERY)
-    query_part = min(_common_suffix(full, zero), len(full) - 1, len(zero) - 1)
+    query_part = min(common_suffix_length(full, zero), len(full) - 1, len(zero) - 1)
     return full[: len(full) - query_part], full[len(full) - query_part :]
 
 

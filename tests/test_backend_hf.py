@@ -569,3 +569,30 @@ def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(ba
         full = backend.next_token_logprobs([r + generated for r in [zero, *one]])
         np.testing.assert_allclose(fast, full, atol=TOL)
     assert len(backend.prefix_cache) == 5  # the zero-shot prompt's and four records' parts, reused each step
+
+
+def test_mozo_offline_synthesis_through_prefix_caches_equals_full_prompts(backend: HFBackend) -> None:
+    from dp_icl_plugin.methods import MozoOfflineSynthesizer, PrivateDataset, PrivateRecord
+    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
+
+    class FullPrompts:  # the same model without next_token_logprobs_shared_suffix: every prompt re-encoded
+        def __init__(self, inner: HFBackend) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str):
+            if name == "next_token_logprobs_shared_suffix":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    names = symbol_names(VOCAB)
+    records = [PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)), names[i % 4 + 110])
+               for i in range(20)]  # fmt: skip
+    method = MozoOfflineSynthesizer(beta=0.5, max_tokens=4, top_k=20, template=ANSWER_PRESETS["ginc"])
+    inputs = [" ".join(names[20:25]), " ".join(names[40:46])]
+    backend.prefix_cache.clear()
+    cached = method.synthesize_nonprivate(PrivateDataset(records), public_inputs=inputs, backend=backend,
+                                          rng=np.random.default_rng(3), progress=False)  # fmt: skip
+    assert len(backend.prefix_cache) > 0  # the records' parts went through the cache
+    full = method.synthesize_nonprivate(PrivateDataset(records), public_inputs=inputs, backend=FullPrompts(backend),
+                                        rng=np.random.default_rng(3), progress=False)  # fmt: skip
+    assert [d.token_ids for d in cached] == [d.token_ids for d in full]

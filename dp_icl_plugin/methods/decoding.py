@@ -44,6 +44,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.backends.shared_suffix import rows_logprobs
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
@@ -214,11 +215,6 @@ class _Decoder:
         room = None if capacity is None else capacity - 1  # one position left for the next token
         return ids if room is None or len(ids) <= room else ids[-room:]
 
-    def _fit(self, ids: list[int]) -> list[int]:
-        """Keep the most recent tokens when a prompt outgrows the model (the query and output survive)."""
-        capacity = getattr(self.backend, "max_length", None)
-        return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]
-
     @staticmethod
     def _cut(text: str, stops: tuple[str, ...]) -> str:
         ends = [text.index(s) for s in stops if s in text]
@@ -349,27 +345,10 @@ class MozoDecoder(_Decoder):
     def _step_logprobs(self, zero_shot: list[int], one_shot: list[list[int]], generated: list[int]) -> np.ndarray:
         """Rows: the zero-shot prompt, then each one-shot prompt, each followed by the answer so far.
 
-        On a backend with ``next_token_logprobs_shared_suffix`` (HFBackend) the rows are cut where they stop
-        differing (the query and the answer so far are common to all): the records' parts come from the
-        backend's prefix KV cache and one forward computes only the common suffix. Same distributions.
+        The records' parts come from the backend's prefix KV cache where it has one
+        (:func:`~dp_icl_plugin.backends.shared_suffix.rows_logprobs`); same distributions.
         """
-        rows = [zero_shot, *one_shot]
-        shared = getattr(self.backend, "next_token_logprobs_shared_suffix", None)
-        capacity = getattr(self.backend, "max_length", None)
-        if shared is not None and (capacity is None or max(map(len, rows)) + len(generated) <= capacity):
-            common = min(_common_suffix(zero_shot, r) for r in one_shot)
-            common = min(common, min(map(len, rows)) - 1)  # every row keeps a non-empty prefix
-            if common + len(generated) > 0:
-                suffix = zero_shot[len(zero_shot) - common :] + generated
-                return np.asarray(shared([r[: len(r) - common] for r in rows], suffix))
-        return self.backend.next_token_logprobs([self._fit(r + generated) for r in rows])
-
-
-def _common_suffix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n
+        return rows_logprobs(self.backend, [zero_shot, *one_shot], generated)
 
 
 class ClipBlendDecoder(_Decoder):

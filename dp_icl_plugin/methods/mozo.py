@@ -48,6 +48,7 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.backends.shared_suffix import rows_logprobs
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token, nonprivate_token
 from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
@@ -274,12 +275,6 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         records = [r for y in dataset.labels for r in dataset.records(y)]
         inputs: tuple[str, ...] = plan.params["public_inputs"]
         eos = backend.eos_token_id if c.template.stop_at_eos else None
-        max_length: int | None = getattr(backend, "max_length", None)
-
-        def fit(ids: list[int]) -> list[int]:
-            # keep the end: the generated output and the query are never cut, the example's start may be
-            return ids[-max_length:] if max_length is not None and len(ids) > max_length else ids
-
         bar = progress_bar(len(inputs) * c.max_tokens, desc=f"{self.name} synthesis", unit="token",
                            enabled=progress)  # fmt: skip
         demos = []
@@ -295,8 +290,10 @@ class MozoOfflineSynthesizer(SynthesisMethod):
                     if i not in one_shot:
                         text = c.template.one_shot_prompt(records[i], public_input)
                         one_shot[i] = backend.encode(text, add_special_tokens=True)
-                prompts = [fit(zero_shot + generated)] + [fit(one_shot[i] + generated) for i in picked]
-                logprobs = check_logprobs(backend.next_token_logprobs(prompts))
+                # the records' parts from the backend's prefix KV cache where it has one; a prompt longer
+                # than the model keeps its end (the query and the output so far)
+                rows = [zero_shot] + [one_shot[i] for i in picked]
+                logprobs = check_logprobs(rows_logprobs(backend, rows, generated))
                 if private:
                     step = mozo_token(logprobs[1:], logprobs[0], beta=plan.params["beta"], order=c.order,
                                       top_k=c.top_k, rng=rng, lambda_max=c.lambda_max, variant="projected")  # fmt: skip
