@@ -596,3 +596,52 @@ def test_mozo_offline_synthesis_through_prefix_caches_equals_full_prompts(backen
     full = method.synthesize_nonprivate(PrivateDataset(records), public_inputs=inputs, backend=FullPrompts(backend),
                                         rng=np.random.default_rng(3), progress=False)  # fmt: skip
     assert [d.token_ids for d in cached] == [d.token_ids for d in full]
+
+
+def test_a_session_started_from_prefix_caches_grows_like_a_fresh_one(backend: HFBackend) -> None:
+    from dp_icl_plugin.backends.shared_suffix import start_rows
+
+    prefixes = [[5, 9, 11], [5, 17, 4, 22, 8], [5, 30]]
+    suffix = [40, 41, 42]
+    rows = [p + suffix for p in prefixes]
+    backend.prefix_cache.clear()
+    with start_rows(backend, rows) as cached, backend.start(rows) as fresh:
+        assert len(backend.prefix_cache) == 3  # the prefixes went through the cache
+        first = fresh.logprobs
+        np.testing.assert_allclose(cached.logprobs, first, atol=TOL)
+        for token in (7, 13, 2):
+            np.testing.assert_allclose(cached.append([token] * 3), fresh.append([token] * 3), atol=TOL)
+        assert list(cached.lengths) == list(fresh.lengths)
+    with start_rows(backend, rows) as again:  # all prefixes cached now: the same distributions
+        np.testing.assert_allclose(again.logprobs, first, atol=TOL)
+
+
+def test_clip_blend_answers_are_the_same_with_and_without_the_prefix_cache(backend: HFBackend) -> None:
+    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+    from dp_icl_plugin.methods.decoding import ClipBlendDecoder
+    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
+
+    class FullPrompts:  # the same model without start_shared_suffix
+        def __init__(self, inner: HFBackend) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str):
+            if name == "start_shared_suffix":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    names = symbol_names(VOCAB)
+    records = PrivateDataset([PrivateRecord(" ".join(names[3 + (7 * i + j) % 100] for j in range(1 + i % 5)),
+                                            names[i % 4 + 110]) for i in range(30)])  # fmt: skip
+    answers = []
+    backend.prefix_cache.clear()
+    for model in (backend, FullPrompts(backend)):
+        decoder = ClipBlendDecoder(records, backend=model, budget=BudgetManager(PrivacyBudget(50.0, 1e-3)),
+                                   n_queries=2, subset_size=8, rng_subset=np.random.default_rng(1), temperature=1.0,
+                                   max_tokens=4, template=ANSWER_PRESETS["ginc"])  # fmt: skip
+        answers.append([decoder.generate(" ".join(names[20 + 5 * q : 26 + 5 * q]), rng=np.random.default_rng(q)).token_ids
+                        for q in range(2)])  # fmt: skip
+        if model is backend:
+            assert len(backend.prefix_cache) >= 2  # the fixed prompts' records' parts went through the cache
+    assert answers[0] == answers[1]

@@ -254,6 +254,19 @@ class HFBackend:
         self._prompt_ids([[*p, *suffix] for p in prefixes])  # the checks of next_token_logprobs, length included
         return shared_suffix_logprobs(self, prefixes, suffix)
 
+    def start_shared_suffix(self, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> HFIncrementalSession:
+        """An incremental session over the rows ``prefix + suffix``, the prefixes' KV caches taken from (and
+        kept in) ``prefix_cache``: the session starts with one forward of the suffix rows, then grows as
+        :meth:`start`'s does (same distributions up to float rounding)."""
+        from dp_icl_plugin.backends.hf_prefix import shared_suffix_forward
+
+        ids = self._prompt_ids([[*p, *suffix] for p in prefixes])  # the checks of start, length included
+        if not suffix or min(len(p) for p in prefixes) == 0:
+            return self.start(ids)
+        with self._forwarding():
+            logprobs, cache, mask = shared_suffix_forward(self, prefixes, suffix)
+        return HFIncrementalSession(self, ids, initial=(logprobs, cache, mask))
+
     def __repr__(self) -> str:
         return f"HFBackend(model_id={self.model_id!r}, device={str(self.device)!r}, vocab_size={self.vocab_size})"
 
@@ -268,12 +281,16 @@ def _cache_keyword(model: Any) -> str:
 class HFIncrementalSession:
     """Fixed prompts with per-micro-batch KV caches; see :class:`~dp_icl_plugin.backends.base.IncrementalSession`."""
 
-    def __init__(self, backend: HFBackend, ids: list[list[int]]) -> None:
+    def __init__(self, backend: HFBackend, ids: list[list[int]], *, initial: tuple[np.ndarray, Any, Any] | None = None) -> None:
         self._backend = backend
         self._n = len(ids)
         self._lengths = np.array([len(x) for x in ids], dtype=np.int64)
         self._logprobs = np.empty((self._n, backend.vocab_size), dtype=np.float32)
         self._groups: list[dict[str, Any]] = []
+        if initial is not None:  # all rows already forwarded together (start_shared_suffix): one group
+            self._logprobs[:], cache, mask = initial
+            self._groups.append({"rows": np.arange(self._n), "mask": mask, "cache": cache})
+            return
         with backend._forwarding():
             from transformers import DynamicCache
 

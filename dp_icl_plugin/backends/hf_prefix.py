@@ -25,7 +25,7 @@ from dp_icl_plugin import _validation as check
 if TYPE_CHECKING:
     from dp_icl_plugin.backends.hf import HFBackend
 
-__all__ = ["PrefixKVCache", "shared_suffix_logprobs"]
+__all__ = ["PrefixKVCache", "shared_suffix_forward", "shared_suffix_logprobs"]
 
 
 class PrefixKVCache:
@@ -103,32 +103,45 @@ def _prefix_layers(backend: HFBackend, prefixes: list[tuple[int, ...]]) -> list[
     return [found[p] for p in prefixes]  # type: ignore[misc]
 
 
-def shared_suffix_logprobs(backend: HFBackend, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
-    """Next-token log-probabilities of ``prefix + suffix`` for each prefix: one forward of the suffix rows."""
+def shared_suffix_forward(
+    backend: HFBackend, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]
+) -> tuple[np.ndarray, Any, Any]:
+    """One forward of the suffix after every prefix's cached keys and values.
+
+    Returns (next-token log-probabilities per row, the KV cache of every ``prefix + suffix`` row, left-padded to
+    one width, and its attention mask): what an incremental session continues from. Prefixes and suffix must
+    be non-empty; the caller holds ``backend._forwarding()``.
+    """
     import torch
+
     keys = [tuple(int(t) for t in p) for p in prefixes]
     tail = [int(t) for t in suffix]
-    if not tail or not keys or min(len(k) for k in keys) == 0:
-        return backend.next_token_logprobs([list(k) + tail for k in keys])
+    per_prefix = _prefix_layers(backend, keys)
+    width = max(len(k) for k in keys)
+    layers = []
+    for layer in range(len(per_prefix[0])):
+        padded_k, padded_v = [], []
+        for k_len, entry in zip((len(k) for k in keys), per_prefix, strict=True):
+            k, v = entry[layer]
+            pad = width - k_len
+            padded_k.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+            padded_v.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+        layers.append((torch.cat(padded_k), torch.cat(padded_v)))  # new tensors: the cached entries stay as they are
+    rows = len(keys)
+    mask = torch.zeros((rows, width + len(tail)), dtype=torch.long, device=backend.device)
+    for i, k in enumerate(keys):
+        mask[i, width - len(k) :] = 1
+    lengths = torch.tensor([len(k) for k in keys], device=backend.device).unsqueeze(1)
+    positions = lengths + torch.arange(len(tail), device=backend.device).unsqueeze(0)
+    input_ids = torch.tensor([tail] * rows, dtype=torch.long, device=backend.device)
+    logprobs, cache = backend._forward(input_ids, mask, positions, _cache_from(layers))
+    return logprobs, cache, mask
+
+
+def shared_suffix_logprobs(backend: HFBackend, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
+    """Next-token log-probabilities of ``prefix + suffix`` for each prefix: one forward of the suffix rows."""
+    if not suffix or not prefixes or min(len(p) for p in prefixes) == 0:
+        return backend.next_token_logprobs([[*p, *suffix] for p in prefixes])
     with backend._forwarding():
-        per_prefix = _prefix_layers(backend, keys)
-        width = max(len(k) for k in keys)
-        n_layers = len(per_prefix[0])
-        layers = []
-        for layer in range(n_layers):
-            padded_k, padded_v = [], []
-            for k_len, entry in zip((len(k) for k in keys), per_prefix, strict=True):
-                k, v = entry[layer]
-                pad = width - k_len
-                padded_k.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
-                padded_v.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
-            layers.append((torch.cat(padded_k), torch.cat(padded_v)))
-        rows = len(keys)
-        mask = torch.zeros((rows, width + len(tail)), dtype=torch.long, device=backend.device)
-        for i, k in enumerate(keys):
-            mask[i, width - len(k) :] = 1
-        lengths = torch.tensor([len(k) for k in keys], device=backend.device).unsqueeze(1)
-        positions = lengths + torch.arange(len(tail), device=backend.device).unsqueeze(0)
-        input_ids = torch.tensor([tail] * rows, dtype=torch.long, device=backend.device)
-        logprobs, _ = backend._forward(input_ids, mask, positions, _cache_from(layers))
+        logprobs, _, _ = shared_suffix_forward(backend, prefixes, suffix)
     return logprobs

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
 
-__all__ = ["common_suffix_length", "rows_logprobs"]
+__all__ = ["common_suffix_length", "rows_logprobs", "start_rows"]
 
 
 def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -27,6 +27,28 @@ def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _split(rows: Sequence[list[int]], generated: list[int], capacity: int | None) -> int | None:
+    """How many trailing tokens of every row (measured against the first) can be computed as one shared suffix;
+    None when the rows should go whole (one row, too long for the model, or nothing shared)."""
+    if len(rows) < 2 or (capacity is not None and max(map(len, rows)) + len(generated) > capacity):
+        return None
+    first = rows[0]
+    common = min(common_suffix_length(first, r) for r in rows[1:])
+    common = min(common, min(map(len, rows)) - 1)  # every row keeps a non-empty prefix
+    return common if common + len(generated) > 0 else None
+
+
+def start_rows(backend: NextTokenBackend, rows: Sequence[list[int]]) -> IncrementalSession:
+    """An incremental session over ``rows``; their distinct prefixes from the backend's prefix KV cache when it
+    has one (``start_shared_suffix``), so that a prefix recurring across sessions is computed once."""
+    start_shared = getattr(backend, "start_shared_suffix", None)
+    common = _split(rows, [], getattr(backend, "max_length", None)) if start_shared is not None else None
+    if start_shared is None or common is None:
+        return backend.start(list(rows))
+    first = rows[0]
+    return start_shared([r[: len(r) - common] for r in rows], list(first[len(first) - common :]))
+
+
 def rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], generated: list[int]) -> np.ndarray:
     """Log-probabilities [len(rows), V] of each ``row + generated``; prompts longer than the model keep their end.
 
@@ -34,13 +56,11 @@ def rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], generate
     """
     shared = getattr(backend, "next_token_logprobs_shared_suffix", None)
     capacity: int | None = getattr(backend, "max_length", None)
-    if shared is not None and len(rows) > 1 and (capacity is None or max(map(len, rows)) + len(generated) <= capacity):
+    common = _split(rows, generated, capacity) if shared is not None else None
+    if shared is not None and common is not None:
         first = rows[0]
-        common = min(common_suffix_length(first, r) for r in rows[1:])
-        common = min(common, min(map(len, rows)) - 1)  # every row keeps a non-empty prefix
-        if common + len(generated) > 0:
-            suffix = list(first[len(first) - common :]) + generated
-            return np.asarray(shared([r[: len(r) - common] for r in rows], suffix))
+        suffix = list(first[len(first) - common :]) + generated
+        return np.asarray(shared([r[: len(r) - common] for r in rows], suffix))
 
     def fit(ids: list[int]) -> list[int]:
         return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]

@@ -44,7 +44,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.backends.shared_suffix import rows_logprobs
+from dp_icl_plugin.backends.shared_suffix import rows_logprobs, start_rows
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
@@ -426,7 +426,9 @@ class ClipBlendDecoder(_Decoder):
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
         prompts = [self._ids(prompt, None)] + [self._ids(prompt, r) for r in self._subset]
-        with self.backend.start(prompts) as session:  # the prompts stay fixed: one KV cache each
+        # the prompts stay fixed: one KV cache each, the records' parts from the backend's prefix cache (they
+        # recur in every answer) where it has one
+        with start_rows(self.backend, prompts) as session:
             logprobs = check_logprobs(session.logprobs)
             for step in range(limit):
                 token = clip_blend_token(logprobs[1:], logprobs[0], clip=self.clip, subset_size=self.subset_size,
