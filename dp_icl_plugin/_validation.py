@@ -60,6 +60,16 @@ def positive_int(name: str, value: object) -> int:
     return result
 
 
+def non_negative_int(name: str, value: object) -> int:
+    """Return ``value`` as an int, requiring value >= 0."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ConfigurationError(f"{name} must be an integer, got {type(value).__name__}")
+    result = int(value)
+    if result < 0:
+        raise ConfigurationError(f"{name} must be at least 0, got {result}")
+    return result
+
+
 def order(name: str, value: object) -> float:
     """Return a Rényi order as a float, requiring 1 < value < inf."""
     result = real(name, value)

@@ -645,3 +645,43 @@ def test_clip_blend_answers_are_the_same_with_and_without_the_prefix_cache(backe
         if model is backend:
             assert len(backend.prefix_cache) >= 2  # the fixed prompts' records' parts went through the cache
     assert answers[0] == answers[1]
+
+
+def test_a_copied_backend_carries_no_cached_private_prefix(backend: HFBackend) -> None:
+    import copy
+    import pickle
+
+    backend.prefix_cache.clear()
+    backend.next_token_logprobs_shared_suffix([[5, 9, 11], [5, 30]], [40, 41])
+    assert len(backend.prefix_cache) == 2
+    state = pickle.dumps(backend.prefix_cache)
+    assert len(pickle.loads(state)) == 0 and pickle.loads(state).max_tokens == backend.prefix_cache.max_tokens
+    assert len(copy.deepcopy(backend.prefix_cache)) == 0
+    with pytest.raises(TypeError):  # the backend itself cannot be pickled (it holds a lock)
+        pickle.dumps(backend)
+    assert len(backend.prefix_cache) == 2
+
+
+def test_prefix_cache_tokens_zero_computes_every_prompt_whole(model_dir: Path) -> None:
+    from dp_icl_plugin.backends.shared_suffix import rows_logprobs, start_rows
+
+    plain = HFBackend.from_pretrained(model_dir, prefix_cache_tokens=0)
+    rows = [[5, 9, 11, 40, 41], [5, 30, 40, 41]]
+    np.testing.assert_allclose(rows_logprobs(plain, rows, [7]), plain.next_token_logprobs([r + [7] for r in rows]),
+                               atol=TOL)  # fmt: skip
+    with start_rows(plain, rows) as session:
+        session.append([3, 3])
+    assert len(plain.prefix_cache) == 0 and plain.prefix_cache.cached_tokens == 0
+    with pytest.raises(ConfigurationError, match="at least 0"):
+        HFBackend.from_pretrained(model_dir, prefix_cache_tokens=-1)
+
+
+def test_sliding_window_models_do_not_use_the_prefix_cache() -> None:
+    from types import SimpleNamespace
+
+    from dp_icl_plugin.backends.hf_prefix import supports_prefix_cache
+
+    assert supports_prefix_cache(_config())
+    assert not supports_prefix_cache(SimpleNamespace(sliding_window=4096))
+    assert not supports_prefix_cache(SimpleNamespace(layer_types=["full_attention", "sliding_attention"]))
+    assert supports_prefix_cache(SimpleNamespace(sliding_window=None, layer_types=["full_attention"]))

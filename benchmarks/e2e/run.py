@@ -23,16 +23,19 @@ spend of every row is checked against its ε):
   order 14, 8, 5 for ε = 1, 2, 4 as the paper).
 - ``DPS-MOZO+Off``: :class:`MozoOfflineSynthesizer` answers ``--n-public`` other test MRs (public, unlabeled
   inputs, T̃_max = 20) at ε; the queries are then answered by the same ensemble decoding over those DP pairs
-  (post-processing, no further charge).
+  (post-processing, no further charge) with 4 of those pairs as the examples of one prompt, greedy.
 - ``clip-blend decoding``: :class:`ClipBlendDecoder` (c = 10, a fixed subset of s = ``--subset-size``
   records), ε for the ``n_test`` answers (τ calibrated).
-- ``PTA demos``: :class:`PTASynthesizer` writes 4 whole E2E pairs ("MR" then "Answer: sentence") at ε from
+- ``PTA demos``: :class:`PTASynthesizer` writes ``--pta-demos`` whole E2E pairs (M = ``--pta-prompts`` prompts
+  of one record per token) ("MR" then "Answer: sentence") at ε from
   Poisson samples of the records (one label holding all |D| records, declared public: under replace-one |D|
-  is); the parsed pairs then serve as the ensemble's examples. A pair that does not parse is dropped; with
-  none left the row answers zero-shot (counted in the results).
+  is); the pairs that parse are the examples of one prompt, greedy, as for DPS-MOZO+Off (a pair that does not
+  parse is dropped; with none left the prompt has no examples; the count is in the results).
+- ``few-shot greedy`` (ε = ∞, NOT private): 4 real records drawn once per seed as the examples of one prompt,
+  greedy: the same decoding as the two demonstration rows, with real records.
 
     python benchmarks/e2e/run.py                  # the committed table: see RESULTS.md for time and machine
-    python benchmarks/e2e/run.py --quick          # 1 seed, 4 queries, ε = 2: a few minutes
+    python benchmarks/e2e/run.py --quick          # every row once, tiny: about 5 minutes
 """
 
 from __future__ import annotations
@@ -55,7 +58,6 @@ DATA = HERE.parents[1].parent / "shared" / "data" / "e2e"
 INSTRUCTION = "Please convert the structured data into natural language."  # DPS-MOZO Figure 5
 T_MAX, T_SYN, N_SHOTS, TOP_K, CLIP = 25, 20, 4, 100, 10.0
 ORDERS = {1.0: 14.0, 2.0: 8.0, 4.0: 5.0}  # DPS-MOZO §5.1: α with ε(α) ≈ ε/2
-PTA_TOKENS, PTA_SHOTS = 64, 4
 PAPER = {"zero-shot": 31.12, "few-shot": 43.23}  # Table 1, E2E, LLaMA-3 3B, ROUGE-L F1
 
 
@@ -157,6 +159,17 @@ def ensemble(backend, template, dataset, mrs: list[str], rng: np.random.Generato
     return [d.text.strip() for d in demos]
 
 
+def few_shot_greedy(backend, template, pairs: list[tuple[str, str]], mrs: list[str]) -> list[str]:
+    """Greedy answers with ``pairs`` as the examples of one prompt (public pairs: DP demonstrations, or real
+    records in the ε = ∞ reference), all queries in one batched session."""
+    from dp_icl_plugin.backends.generation import greedy_generate
+
+    examples = "".join(template.example.format(text=x, label=y) for x, y in pairs)
+    prompts = [backend.encode(template.header + examples + template.query.format(input=m), add_special_tokens=True)
+               for m in mrs]  # fmt: skip
+    return [backend.decode(o).strip() for o in greedy_generate(backend, prompts, max_new_tokens=T_MAX)]
+
+
 def pta_pairs(demos) -> list[tuple[str, str]]:
     """The (MR, sentence) pairs that parse out of PTA's generated texts."""
     pairs = []
@@ -200,6 +213,9 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
     row("zero-shot", 0.0, zero_shot(backend, template, queries, rng, greedy=False), t)
     t = time.perf_counter()
     row("few-shot", math.inf, ensemble(backend, template, dataset, queries, rng), t)
+    t = time.perf_counter()
+    real = [dev[int(i)] for i in rng.choice(len(dev), size=N_SHOTS, replace=False)]
+    row("few-shot greedy", math.inf, few_shot_greedy(backend, template, real, queries), t)
 
     # PTA writes whole pairs: one label holding every record (|D| public under replace-one)
     pta_data = PrivateDataset([PrivateRecord(f"{mr}\nAnswer: {ref}", "restaurant") for mr, ref in dev],
@@ -223,9 +239,7 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
         demos = method.synthesize(dataset, public_inputs=public, backend=backend, budget=ledger, rng=rng,
                                   progress=False)  # fmt: skip
         pairs = [(d.input, d.text.strip()) for d in demos if d.text.strip()]
-        synthetic = PrivateDataset([PrivateRecord(x, y) for x, y in pairs]) if pairs else None
-        outs = (ensemble(backend, template, synthetic, queries, rng) if synthetic is not None
-                else zero_shot(backend, template, queries, rng, greedy=False))  # fmt: skip
+        outs = few_shot_greedy(backend, template, pairs[:N_SHOTS], queries)
         row("DPS-MOZO+Off", eps, outs, t, ledger, demos=len(pairs), demo_example=pairs[0] if pairs else None)
 
         ledger = budget()
@@ -238,13 +252,12 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
 
         ledger = budget()
         t = time.perf_counter()
-        pta = PTASynthesizer(epsilon=eps, delta=delta, n_prompts=10, records_per_prompt=2, max_tokens=PTA_TOKENS,
-                             shots_per_label=PTA_SHOTS, top_k=TOP_K, template=pta_template)  # fmt: skip
+        pta = PTASynthesizer(epsilon=eps, delta=delta, n_prompts=args.pta_prompts, records_per_prompt=1,
+                             max_tokens=args.pta_tokens, shots_per_label=args.pta_demos, top_k=TOP_K,
+                             template=pta_template)  # fmt: skip
         demos = pta.synthesize(pta_data, backend=backend, budget=ledger, rng=rng, progress=False)
         pairs = pta_pairs(demos)
-        synthetic = PrivateDataset([PrivateRecord(x, y) for x, y in pairs]) if pairs else None
-        outs = (ensemble(backend, template, synthetic, queries, rng) if synthetic is not None
-                else zero_shot(backend, template, queries, rng, greedy=False))  # fmt: skip
+        outs = few_shot_greedy(backend, template, pairs[:N_SHOTS], queries)
         row("PTA demos", eps, outs, t, ledger, demos=len(pairs), demo_example=pairs[0] if pairs else None,
             raw_example=demos[0].text[:200])  # fmt: skip
     return rows
@@ -305,16 +318,19 @@ def plot(summary: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, 4 queries, ε = 2 (minutes)")
-    parser.add_argument("--n-test", type=int, default=20, help="test MRs per seed")
-    parser.add_argument("--n-public", type=int, default=8, help="public inputs DPS-MOZO+Off answers")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 2 queries, ε = 2, short PTA pairs: a check that every row runs")
+    parser.add_argument("--n-test", type=int, default=8, help="test MRs per seed")
+    parser.add_argument("--n-public", type=int, default=4, help="public inputs DPS-MOZO+Off answers")
+    parser.add_argument("--pta-demos", type=int, default=2, help="pairs PTA writes")
+    parser.add_argument("--pta-tokens", type=int, default=48, help="tokens of each PTA pair (MR and sentence)")
+    parser.add_argument("--pta-prompts", type=int, default=5, help="PTA's M (one record per prompt)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0])
     parser.add_argument("--subset-size", type=int, default=32, help="clip-blend's s")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     if args.quick:
-        args.n_test, args.seeds, args.epsilons, args.n_public = 4, 1, [2.0], 4
+        args.n_test, args.seeds, args.epsilons, args.n_public, args.pta_tokens = 2, 1, [2.0], 2, 16
         args.out = args.out.with_name(args.out.name + "-quick")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -337,7 +353,7 @@ def main() -> None:
     summary = summarise(rows)
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"
     meta = {"n_test": args.n_test, "seeds": args.seeds, "epsilons": args.epsilons, "n_public": args.n_public,
-            "subset_size": args.subset_size, "machine": machine, "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
+            "subset_size": args.subset_size, "pta": [args.pta_demos, args.pta_tokens, args.pta_prompts], "machine": machine, "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     plot(summary, args.out / "e2e.png")
     log("\n" + table(summary))

@@ -63,8 +63,12 @@ class HFBackend:
         micro_batch_size: prompts per forward pass.
         device: ``"auto"`` (CUDA when available, else CPU), a device name, or a ``torch.device``.
         prefix_cache_tokens: how many prefix tokens' keys and values ``next_token_logprobs_shared_suffix``
-            keeps between calls (least recently used out first; 45 KiB a token for SmolLM2-135M, as
-            ``benchmarks/decoding_floor.py`` prints).
+            and ``start_shared_suffix`` keep between calls (least recently used out first; 45 KiB a token for
+            SmolLM2-135M, as ``benchmarks/decoding_floor.py`` prints); 0 turns the cache off (every prompt is
+            computed whole). The cache holds keys and values of private records in this process's memory
+            (never pickled: a copied cache is empty; the backend itself cannot be pickled) and makes a call faster when its prefixes
+            were used before, by any caller of this backend: see the README's side channels. Models with
+            sliding-window attention never use it.
 
     Forward passes are serialised by a lock, so one backend can be shared by threads.
     """
@@ -79,10 +83,11 @@ class HFBackend:
         device: str | Any | None = "auto",
         prefix_cache_tokens: int = 8192,
     ) -> None:
-        from dp_icl_plugin.backends.hf_prefix import PrefixKVCache
+        from dp_icl_plugin.backends.hf_prefix import PrefixKVCache, supports_prefix_cache
 
         self.micro_batch_size = check.positive_int("micro_batch_size", micro_batch_size)
         self.prefix_cache = PrefixKVCache(prefix_cache_tokens)
+        self._prefix_cache_on = self.prefix_cache.max_tokens > 0 and supports_prefix_cache(model.config)
         self.device = _resolve_device(device)
         try:
             self.model = model.to(self.device).eval()
@@ -107,6 +112,7 @@ class HFBackend:
         device: str | Any | None = "auto",
         dtype: str | Any = "auto",
         micro_batch_size: int = 32,
+        prefix_cache_tokens: int = 8192,
         trust_remote_code: bool = False,
         **model_kwargs: Any,
     ) -> HFBackend:
@@ -136,7 +142,8 @@ class HFBackend:
             )
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendError(f"could not load a causal LM from {os.fspath(path_or_id)!r}: {exc}") from exc
-        return cls(model, tokenizer, model_id=model_id, micro_batch_size=micro_batch_size, device=device)
+        return cls(model, tokenizer, model_id=model_id, micro_batch_size=micro_batch_size, device=device,
+                   prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip
 
     # ------------------------------------------------------------------ vocabulary
 
@@ -251,7 +258,9 @@ class HFBackend:
         calls: one forward of the suffix rows (:mod:`~dp_icl_plugin.backends.hf_prefix`)."""
         from dp_icl_plugin.backends.hf_prefix import shared_suffix_logprobs
 
-        self._prompt_ids([[*p, *suffix] for p in prefixes])  # the checks of next_token_logprobs, length included
+        rows = self._prompt_ids([[*p, *suffix] for p in prefixes])  # next_token_logprobs' checks, length too
+        if not self._prefix_cache_on:
+            return self.next_token_logprobs(rows)
         return shared_suffix_logprobs(self, prefixes, suffix)
 
     def start_shared_suffix(self, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> HFIncrementalSession:
@@ -261,7 +270,7 @@ class HFBackend:
         from dp_icl_plugin.backends.hf_prefix import shared_suffix_forward
 
         ids = self._prompt_ids([[*p, *suffix] for p in prefixes])  # the checks of start, length included
-        if not suffix or min(len(p) for p in prefixes) == 0:
+        if not self._prefix_cache_on or not suffix or min(len(p) for p in prefixes) == 0:
             return self.start(ids)
         with self._forwarding():
             logprobs, cache, mask = shared_suffix_forward(self, prefixes, suffix)

@@ -8,8 +8,11 @@ are left-padded to one length and the padding is masked, with each row's positio
 The distributions equal a full forward of ``prefix + suffix`` up to float rounding (tested).
 
 Privacy: the cache holds keys and values computed from private records, in this process's memory only (never
-logged or written). A cache hit makes a step faster, so an answer's time depends on which records earlier
-draws used; decoders with ``fixed_latency`` release every answer at a fixed time, which hides it.
+logged, written or pickled). A cache hit makes a step faster, so a call's time depends on which records
+earlier calls used, whoever made them: decoders with ``fixed_latency`` release every answer at a fixed time,
+which hides it from whoever receives the answers, but anyone else timing calls to the same backend (another
+decoder, a synthesizer, a direct caller) can still see hits and misses. Give such callers their own backend,
+or ``prefix_cache_tokens=0``.
 """
 
 from __future__ import annotations
@@ -21,20 +24,39 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.errors import BackendError
 
 if TYPE_CHECKING:
     from dp_icl_plugin.backends.hf import HFBackend
 
-__all__ = ["PrefixKVCache", "shared_suffix_forward", "shared_suffix_logprobs"]
+__all__ = ["PrefixKVCache", "supports_prefix_cache", "shared_suffix_forward", "shared_suffix_logprobs"]
+
+
+def supports_prefix_cache(config: Any) -> bool:
+    """Whether cached prefix keys and values can be reused: not with sliding-window attention (its cache keeps
+    only the window, so a prefix's positions would not line up)."""
+    if getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None):
+        return False
+    return not any("sliding" in str(kind) or "chunked" in str(kind) for kind in getattr(config, "layer_types", None) or ())
 
 
 class PrefixKVCache:
-    """Per-prefix key/value tensors of one model, least recently used evicted past ``max_tokens`` tokens."""
+    """Per-prefix key/value tensors of one model, least recently used evicted past ``max_tokens`` tokens.
+
+    The keys are private token ids and the tensors are computed from them: a pickled or deep-copied cache
+    carries neither (it arrives empty).
+    """
 
     def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = check.positive_int("max_tokens", max_tokens)
+        self.max_tokens = check.non_negative_int("max_tokens", max_tokens)
         self._entries: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
         self._tokens = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens}  # never the private entries
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["max_tokens"])  # type: ignore[misc]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -97,6 +119,9 @@ def _prefix_layers(backend: HFBackend, prefixes: list[tuple[int, ...]]) -> list[
         layers = _layers_of(cache)
         for row, prefix in enumerate(missing):  # a row's own positions: the padding's keys are dropped
             start = width - len(prefix)
+            if any(k.shape[-2] != width for k, _ in layers):  # a cache that does not keep every position
+                raise BackendError(f"{backend.model_id}: the KV cache does not keep every position; "
+                                   "construct the backend with prefix_cache_tokens=0")  # fmt: skip
             own = [(k[row : row + 1, :, start:].clone(), v[row : row + 1, :, start:].clone()) for k, v in layers]
             found[prefix] = own
             backend.prefix_cache.put(prefix, own)
