@@ -667,7 +667,7 @@ def test_prefix_cache_tokens_zero_computes_every_prompt_whole(model_dir: Path) -
 
     plain = HFBackend.from_pretrained(model_dir, prefix_cache_tokens=0)
     rows = [[5, 9, 11, 40, 41], [5, 30, 40, 41]]
-    np.testing.assert_allclose(rows_logprobs(plain, rows, [7]), plain.next_token_logprobs([r + [7] for r in rows]),
+    np.testing.assert_allclose(rows_logprobs(plain, rows, [7]), plain.next_token_logprobs([[*r, 7] for r in rows]),
                                atol=TOL)  # fmt: skip
     with start_rows(plain, rows) as session:
         session.append([3, 3])
@@ -685,3 +685,44 @@ def test_sliding_window_models_do_not_use_the_prefix_cache() -> None:
     assert not supports_prefix_cache(SimpleNamespace(sliding_window=4096))
     assert not supports_prefix_cache(SimpleNamespace(layer_types=["full_attention", "sliding_attention"]))
     assert supports_prefix_cache(SimpleNamespace(sliding_window=None, layer_types=["full_attention"]))
+
+
+def test_rows_sharing_a_prefix_give_the_full_prompts_distributions(backend: HFBackend) -> None:
+    from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs
+
+    header = [5, 9, 11, 13, 17, 19]
+    rows = [[*header, 40, 41], [*header, 23, 24, 25, 40, 41], [*header, 30, 40, 41], [60, 61, 40], [*header, 7]]
+    backend.prefix_cache.clear()
+    for step in ([], [3], [3, 8]):
+        grown = [r + step for r in rows]
+        np.testing.assert_allclose(prefix_rows_logprobs(backend, grown), backend.next_token_logprobs(grown), atol=TOL)
+    assert backend.prefix_cache.get(tuple(header)) is not None  # the common instruction, computed once
+
+
+def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(backend: HFBackend) -> None:
+    from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, PTASynthesizer, TangSynthesizer
+
+    class FullPrompts:  # the same model without next_token_logprobs_shared_prefix
+        def __init__(self, inner: HFBackend) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str):
+            if name == "next_token_logprobs_shared_prefix":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    names = symbol_names(VOCAB)
+    records = PrivateDataset([PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)),
+                                            ("a", "b")[i % 2]) for i in range(40)], public_label_counts="observed")  # fmt: skip
+    from dp_icl_plugin.methods import PromptTemplate
+
+    ginc = PRESETS["ginc"]
+    template = PromptTemplate(header=" ".join(names[50:56]) + " / ", example=ginc.example, query=ginc.query,
+                              base=ginc.base, stop=None, stop_at_eos=False)  # a public instruction of 6 tokens
+    for method in (TangSynthesizer(noise_multiplier=1.0, max_tokens=4, n_prompts=4, top_k=20, template=template),
+                   PTASynthesizer(noise_multiplier=1.0, max_tokens=4, n_prompts=4, top_k=20, template=template)):
+        backend.prefix_cache.clear()
+        made = [method.synthesize_nonprivate(records, backend=model, rng=np.random.default_rng(5), progress=False)
+                for model in (backend, FullPrompts(backend))]  # fmt: skip
+        assert [d.token_ids for d in made[0]] == [d.token_ids for d in made[1]]
+        assert len(backend.prefix_cache) >= 1  # the instruction went through the cache

@@ -147,11 +147,13 @@ def main() -> None:
         summary.append(entry)
         e = "∞" if math.isinf(eps) else f"{eps:g}"
         lines.append(f"| {e} | {method} | {entry['accuracy']:.1f} ± {entry['accuracy_se']:.1f} | "
-                     f"{entry['calibrated']:.1f} ± {entry['calibrated_se']:.1f} | {entry['seconds']:.0f} |")  # fmt: skip
+                     f"{entry['calibrated']:.1f} ± {entry['calibrated_se']:.1f} | "
+                     f"{entry['seconds']:.0f} |")  # fmt: skip
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"
     minutes = (time.perf_counter() - start) / 60
+    majority = 100 * max(truth.count(y) for y in set(truth)) / len(truth)
     meta = {"n_test": args.n_test, "seeds": args.seeds, "epsilons": args.epsilons, "machine": machine,
-            "minutes": minutes, "chance": 100 / 6, "majority_class": 100 * max(truth.count(y) for y in set(truth)) / len(truth)}  # fmt: skip
+            "minutes": minutes, "chance": 100 / 6, "majority_class": majority}  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     print("\n" + "\n".join(lines))
     print(f"\n{minutes:.0f} min on {machine}; chance {100 / 6:.1f} %, majority class {meta['majority_class']:.1f} %")

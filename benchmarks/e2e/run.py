@@ -86,8 +86,9 @@ def chat_layout(backend):
     )
     mr, ref, query = "name[A], food[B]", "A serves B.", "name[C]"
     ours = backend.encode(template.one_shot_prompt(PrivateRecord(mr, ref), query), add_special_tokens=True)
-    theirs = backend.apply_chat_template([{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": mr},
-                                          {"role": "assistant", "content": ref}, {"role": "user", "content": query}])  # fmt: skip
+    chat = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": mr},
+            {"role": "assistant", "content": ref}, {"role": "user", "content": query}]  # fmt: skip
+    theirs = backend.apply_chat_template(chat)
     if ours != theirs:
         sys.exit("the model's chat template is not ChatML: this benchmark's layout would not match it")
     return template
@@ -183,8 +184,13 @@ def pta_pairs(demos) -> list[tuple[str, str]]:
 
 def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callable[[str], None]) -> list[dict]:
     from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods import (MozoOfflineSynthesizer, PrivateDataset, PromptTemplate, PTASynthesizer,
-                                       PrivateRecord)  # fmt: skip
+    from dp_icl_plugin.methods import (
+        MozoOfflineSynthesizer,
+        PrivateDataset,
+        PrivateRecord,  # fmt: skip
+        PromptTemplate,
+        PTASynthesizer,
+    )
     from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 
     mrs_all = list(test)
@@ -220,15 +226,18 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
     # PTA writes whole pairs: one label holding every record (|D| public under replace-one)
     pta_data = PrivateDataset([PrivateRecord(f"{mr}\nAnswer: {ref}", "restaurant") for mr, ref in dev],
                               public_label_counts="observed")  # fmt: skip
-    pta_template = PromptTemplate(header="Restaurant data and a sentence that says it.\n\n", example="Input: {text}\n\n",
-                                  query="Input:", base="Input:", stop="\n\n")  # fmt: skip
+    pta_template = PromptTemplate(header="Restaurant data and a sentence that says it.\n\n",
+                                  example="Input: {text}\n\n", query="Input:", base="Input:", stop="\n\n")  # fmt: skip
     for eps in args.epsilons:
         order_ = ORDERS.get(eps, 8.0)
-        budget = lambda: BudgetManager(PrivacyBudget(eps, delta))  # noqa: E731 - one ledger per row
+        def budget(eps: float = eps) -> BudgetManager:  # one ledger per row
+            return BudgetManager(PrivacyBudget(eps, delta))
+
         ledger = budget()
         t = time.perf_counter()
         decoder = MozoDecoder(dataset, backend=backend, budget=ledger, n_queries=args.n_test, max_tokens=T_MAX,
-                              epsilon=eps, delta=delta, n_shots=N_SHOTS, top_k=TOP_K, order=order_, template=template)  # fmt: skip
+                              epsilon=eps, delta=delta, n_shots=N_SHOTS, top_k=TOP_K, order=order_,
+                              template=template)  # fmt: skip
         outs = [decoder.generate(q, rng=rng).text.strip() for q in queries]
         row("DPS-MOZO+On", eps, outs, t, ledger, beta=decoder.beta)
 
@@ -318,7 +327,8 @@ def plot(summary: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, 2 queries, ε = 2, short PTA pairs: a check that every row runs")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 seed, 2 queries, ε = 2, short PTA pairs: a check that every row runs")  # fmt: skip
     parser.add_argument("--n-test", type=int, default=8, help="test MRs per seed")
     parser.add_argument("--n-public", type=int, default=4, help="public inputs DPS-MOZO+Off answers")
     parser.add_argument("--pta-demos", type=int, default=2, help="pairs PTA writes")
@@ -353,7 +363,8 @@ def main() -> None:
     summary = summarise(rows)
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"
     meta = {"n_test": args.n_test, "seeds": args.seeds, "epsilons": args.epsilons, "n_public": args.n_public,
-            "subset_size": args.subset_size, "pta": [args.pta_demos, args.pta_tokens, args.pta_prompts], "machine": machine, "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
+            "subset_size": args.subset_size, "pta": [args.pta_demos, args.pta_tokens, args.pta_prompts],
+            "machine": machine, "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     plot(summary, args.out / "e2e.png")
     log("\n" + table(summary))

@@ -62,13 +62,13 @@ class HFBackend:
         model_id: a name for provenance (default: the model's ``name_or_path``).
         micro_batch_size: prompts per forward pass.
         device: ``"auto"`` (CUDA when available, else CPU), a device name, or a ``torch.device``.
-        prefix_cache_tokens: how many prefix tokens' keys and values ``next_token_logprobs_shared_suffix``
-            and ``start_shared_suffix`` keep between calls (least recently used out first; 45 KiB a token for
+        prefix_cache_tokens: how many prefix tokens' keys and values the ``*_shared_suffix`` and
+            ``*_shared_prefix`` methods keep between calls (least recently used out first; 45 KiB a token for
             SmolLM2-135M, as ``benchmarks/decoding_floor.py`` prints); 0 turns the cache off (every prompt is
             computed whole). The cache holds keys and values of private records in this process's memory
-            (never pickled: a copied cache is empty; the backend itself cannot be pickled) and makes a call faster when its prefixes
-            were used before, by any caller of this backend: see the README's side channels. Models with
-            sliding-window attention never use it.
+            (never pickled: a copied cache is empty; the backend itself cannot be pickled) and makes a call
+            faster when its prefixes were used before, by any caller of this backend: see the README's side
+            channels. Models with sliding-window attention never use it.
 
     Forward passes are serialised by a lock, so one backend can be shared by threads.
     """
@@ -263,6 +263,21 @@ class HFBackend:
             return self.next_token_logprobs(rows)
         return shared_suffix_logprobs(self, prefixes, suffix)
 
+    def next_token_logprobs_shared_prefix(
+        self, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
+    ) -> np.ndarray:
+        """Rows of ``prefix + suffix`` (token ids) for one common prefix: its KV cache computed once and kept in
+        ``prefix_cache``, then one forward of the suffixes (same distributions up to float rounding)."""
+        from dp_icl_plugin.backends.hf_prefix import shared_prefix_logprobs
+
+        rows = self._prompt_ids([[*prefix, *s] for s in suffixes])  # next_token_logprobs' checks, length too
+        if not self._prefix_cache_on or not prefix or not suffixes or min(len(s) for s in suffixes) == 0:
+            return self.next_token_logprobs(rows)
+        result = np.empty((len(rows), self.vocab_size), dtype=np.float32)
+        for batch in self._micro_batches([list(s) for s in suffixes]):
+            result[batch] = shared_prefix_logprobs(self, prefix, [suffixes[i] for i in batch])
+        return result
+
     def start_shared_suffix(self, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> HFIncrementalSession:
         """An incremental session over the rows ``prefix + suffix``, the prefixes' KV caches taken from (and
         kept in) ``prefix_cache``: the session starts with one forward of the suffix rows, then grows as
@@ -290,7 +305,9 @@ def _cache_keyword(model: Any) -> str:
 class HFIncrementalSession:
     """Fixed prompts with per-micro-batch KV caches; see :class:`~dp_icl_plugin.backends.base.IncrementalSession`."""
 
-    def __init__(self, backend: HFBackend, ids: list[list[int]], *, initial: tuple[np.ndarray, Any, Any] | None = None) -> None:
+    def __init__(
+        self, backend: HFBackend, ids: list[list[int]], *, initial: tuple[np.ndarray, Any, Any] | None = None
+    ) -> None:
         self._backend = backend
         self._n = len(ids)
         self._lengths = np.array([len(x) for x in ids], dtype=np.int64)

@@ -29,7 +29,13 @@ from dp_icl_plugin.errors import BackendError
 if TYPE_CHECKING:
     from dp_icl_plugin.backends.hf import HFBackend
 
-__all__ = ["PrefixKVCache", "supports_prefix_cache", "shared_suffix_forward", "shared_suffix_logprobs"]
+__all__ = [
+    "PrefixKVCache",
+    "shared_prefix_logprobs",
+    "shared_suffix_forward",
+    "shared_suffix_logprobs",
+    "supports_prefix_cache",
+]
 
 
 def supports_prefix_cache(config: Any) -> bool:
@@ -37,7 +43,8 @@ def supports_prefix_cache(config: Any) -> bool:
     only the window, so a prefix's positions would not line up)."""
     if getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None):
         return False
-    return not any("sliding" in str(kind) or "chunked" in str(kind) for kind in getattr(config, "layer_types", None) or ())
+    kinds = getattr(config, "layer_types", None) or ()
+    return not any("sliding" in str(kind) or "chunked" in str(kind) for kind in kinds)
 
 
 class PrefixKVCache:
@@ -161,6 +168,32 @@ def shared_suffix_forward(
     input_ids = torch.tensor([tail] * rows, dtype=torch.long, device=backend.device)
     logprobs, cache = backend._forward(input_ids, mask, positions, _cache_from(layers))
     return logprobs, cache, mask
+
+
+def shared_prefix_logprobs(backend: HFBackend, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]) -> np.ndarray:
+    """Next-token log-probabilities of ``prefix + suffix`` for each suffix: the prefix's keys and values from the
+    cache (computed once), then one forward of the suffixes, left-padded after the prefix and masked, each row's
+    positions continuing the prefix. Prefix and every suffix must be non-empty."""
+    import torch
+
+    key = tuple(int(t) for t in prefix)
+    tails = [[int(t) for t in s] for s in suffixes]
+    rows, width, start = len(tails), max(len(t) for t in tails), len(key)
+    with backend._forwarding():
+        (layers,) = _prefix_layers(backend, [key])
+        cache = _cache_from([(k.expand(rows, -1, -1, -1).contiguous(), v.expand(rows, -1, -1, -1).contiguous())
+                             for k, v in layers])  # fmt: skip
+        input_ids = torch.full((rows, width), backend.pad_token_id, dtype=torch.long)
+        mask = torch.ones((rows, start + width), dtype=torch.long)
+        positions = torch.full((rows, width), start, dtype=torch.long)
+        for i, tail in enumerate(tails):
+            pad = width - len(tail)
+            input_ids[i, pad:] = torch.tensor(tail, dtype=torch.long)
+            mask[i, start : start + pad] = 0
+            positions[i, pad:] = torch.arange(start, start + len(tail))
+        device = backend.device
+        logprobs, _ = backend._forward(input_ids.to(device), mask.to(device), positions.to(device), cache)
+    return logprobs
 
 
 def shared_suffix_logprobs(backend: HFBackend, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Next-token distributions of prompts that differ only before a common suffix (MOZO's one-shot prompts).
+"""Next-token distributions of prompts that share a part: a common suffix (MOZO) or a common prefix (Tang's family).
 
 DPS-MOZO's prompts at a step are ``zero-shot prompt + answer so far`` and ``record part + query + answer so
 far`` for each drawn record: the query and the answer so far are common to every row. On a backend with
@@ -6,6 +6,11 @@ far`` for each drawn record: the query and the answer so far are common to every
 are cut where they stop differing, the prefixes come from the cache and one forward computes the common suffix
 for all rows; on any other backend the full prompts are sent. The distributions are the same either way (up to
 float rounding; tests/test_backend_hf.py). Pure plumbing: no randomness, no privacy decision.
+
+The label-conditioned synthesizers (Tang, PTA, AdaDPSyn) build each step's prompts as ``instruction + records
++ query + text so far`` beside the public ``instruction + query + text so far``: the instruction is common to
+all of them and public. :func:`prefix_rows_logprobs` computes it once (``next_token_logprobs_shared_prefix``,
+kept in the same cache) and only the rest of each row per step.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 
 from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
 
-__all__ = ["common_suffix_length", "rows_logprobs", "start_rows"]
+__all__ = ["common_suffix_length", "prefix_rows_logprobs", "rows_logprobs", "start_rows"]
 
 
 def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -66,3 +71,35 @@ def rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], generate
         return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]
 
     return backend.next_token_logprobs([fit(r + generated) for r in rows])
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], *, min_prefix: int = 4) -> np.ndarray:
+    """Log-probabilities [len(rows), V] of ``rows`` (token ids), the prefix common to the first row and the rows
+    sharing at least ``min_prefix`` tokens with it computed once (``next_token_logprobs_shared_prefix``); the
+    other rows (PTA's base prompt) in a plain call. Same distributions as ``next_token_logprobs(rows)``."""
+    shared = getattr(backend, "next_token_logprobs_shared_prefix", None)
+    if shared is None or len(rows) < 2:
+        return backend.next_token_logprobs(list(rows))
+    first = rows[0]
+    lengths = [common_prefix_length(first, r) for r in rows]
+    members = [i for i, n in enumerate(lengths) if n >= min_prefix]
+    if len(members) < 2:
+        return backend.next_token_logprobs(list(rows))
+    cut = min(min(lengths[i] for i in members), min(len(rows[i]) for i in members) - 1)  # a non-empty rest
+    if cut < min_prefix:
+        return backend.next_token_logprobs(list(rows))
+    prefix = first[:cut]
+    result = np.empty((len(rows), backend.vocab_size), dtype=np.float32)
+    result[members] = shared(prefix, [rows[i][cut:] for i in members])
+    others = [i for i in range(len(rows)) if i not in set(members)]
+    if others:
+        result[others] = backend.next_token_logprobs([rows[i] for i in others])
+    return result

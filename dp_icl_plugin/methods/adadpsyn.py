@@ -43,6 +43,7 @@ from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_adadpsyn
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.adadpsyn import release_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import restrict
@@ -172,7 +173,8 @@ class AdaDPSynSynthesizer(SynthesisMethod):
                                                  per_prompt=c.records_per_prompt, rng=rng)  # fmt: skip
                     prompts = [ids.public(label, generated)]
                     prompts += [ids.private(label, subset, generated) for subset in subsets]
-                    logprobs = check_logprobs(backend.next_token_logprobs(prompts))
+                    # the public instruction common to the prompts is computed once (prefix KV cache)
+                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts))
                     if logprobs.shape[0] != len(prompts):
                         raise BackendError(f"the backend returned {logprobs.shape[0]} rows for {len(prompts)} prompts")
                     vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k)

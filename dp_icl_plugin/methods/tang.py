@@ -34,6 +34,7 @@ from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_subsampled_gaussian
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, restrict
 from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
@@ -159,7 +160,8 @@ class TangSynthesizer(SynthesisMethod):
                     if has_base:
                         prompts.append(ids.base(label, generated))
                     prompts += [ids.private(label, subset, generated) for subset in subsets]
-                    logprobs = check_logprobs(backend.next_token_logprobs(prompts))
+                    # the public instruction common to the prompts is computed once (prefix KV cache)
+                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts))
                     vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k,
                                                   top_p=c.top_p)  # fmt: skip
                     candidates = self._candidate_distributions(logprobs, vocabulary, has_base)

@@ -1,0 +1,168 @@
+"""Time per token of the DP synthesizers on the pretrained SmolLM2-135M-Instruct, against the cost floor.
+
+The floor is one batched forward, per model call a method makes, of only the tokens that must be computed: a
+prompt's tokens past the longest prefix it shares with any prompt computed before (an ideal prefix cache holding
+everything ever computed: the instruction, the public prompt and the text generated so far, a record's part that
+recurs), at least its last token. A :class:`Recorder` wraps the backend, lets the method run as it does, and
+keeps each call's rows; the floor then replays, per call, one forward of that many new tokens per row on a
+cache of that many cached positions (built outside the timer). Both are printed, with their ratio, in one run.
+
+Setting: TREC training questions as the private records (the label sizes declared public as observed), the
+``trec`` template, one label, T = ``--tokens``; each method at its paper's prompt counts unless stated.
+
+    python benchmarks/synthesis_floor.py            # about 4 minutes on 2 CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget
+from dp_icl_plugin.methods import (
+    ANSWER_PRESETS,
+    PRESETS,
+    AdaDPSynSynthesizer,
+    ClipBlendSynthesizer,
+    MozoOfflineSynthesizer,  # fmt: skip
+    PrivateDataset,
+    PTASynthesizer,
+    TangSynthesizer,
+)
+
+TREC = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train.txt"
+
+
+class Recorder:
+    """The backend, plus what each call had to compute: (new tokens per row, cached positions per row)."""
+
+    def __init__(self, backend: HFBackend) -> None:
+        self._inner = backend
+        self._trie: dict[int, Any] = {}
+        self.calls: list[tuple[list[int], list[int]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def must_compute(self, rows: list[list[int]]) -> None:
+        new, cached = [], []
+        for row in rows:
+            node, k = self._trie, 0
+            while k < len(row) and row[k] in node:
+                node, k = node[row[k]], k + 1
+            k = min(k, len(row) - 1)  # the last token's logits are what the call returns
+            new.append(len(row) - k)
+            cached.append(k)
+            node = self._trie
+            for t in row:
+                node = node.setdefault(t, {})
+        self.calls.append((new, cached))
+
+    def next_token_logprobs(self, prompts):
+        self.must_compute(self._inner._prompt_ids(prompts))  # texts encoded as the backend encodes them
+        return self._inner.next_token_logprobs(prompts)
+
+    def next_token_logprobs_shared_suffix(self, prefixes, suffix):
+        self.must_compute([[*map(int, p), *map(int, suffix)] for p in prefixes])
+        return self._inner.next_token_logprobs_shared_suffix(prefixes, suffix)
+
+    def start(self, prompts):
+        rows = [list(r) for r in self._inner._prompt_ids(prompts)]
+        self.must_compute(rows)
+        return RecordingSession(self, self._inner.start(prompts), rows)
+
+    def start_shared_suffix(self, prefixes, suffix):
+        rows = [[*map(int, p), *map(int, suffix)] for p in prefixes]
+        self.must_compute(rows)
+        return RecordingSession(self, self._inner.start_shared_suffix(prefixes, suffix), rows)
+
+
+class RecordingSession:
+    def __init__(self, recorder: Recorder, session: Any, rows: list[list[int]]) -> None:
+        self._recorder, self._session, self._rows = recorder, session, rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+    def append(self, token_ids):
+        tokens = np.broadcast_to(np.asarray(token_ids).reshape(-1), (len(self._rows),))
+        for row, t in zip(self._rows, tokens, strict=True):
+            row.append(int(t))
+        self._recorder.must_compute(self._rows)
+        return self._session.append(token_ids)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._session.close()
+
+
+def floor_seconds(backend: HFBackend, calls: list[tuple[list[int], list[int]]]) -> float:
+    """Replay each call as one forward of its new tokens (rows padded to the longest) on a cache of its cached
+    positions (the longest), the cache built outside the timer."""
+    import torch
+    from transformers import DynamicCache
+
+    model, total = backend.model, 0.0
+    keyword = backend._cache_keyword
+    with torch.inference_mode():
+        for new, cached in calls:
+            rows, width, past = len(new), max(new), max(cached)
+            cache = DynamicCache(config=model.config)
+            if past:
+                ids = torch.ones((rows, past), dtype=torch.long)
+                model(input_ids=ids, use_cache=True, **{keyword: cache})
+            ids = torch.ones((rows, width), dtype=torch.long)
+            mask = torch.ones((rows, past + width), dtype=torch.long)
+            positions = torch.arange(past, past + width).expand(rows, width)
+            start = time.perf_counter()
+            model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: cache})
+            total += time.perf_counter() - start
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=12)
+    args = parser.parse_args()
+    backend = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
+    lines = TREC.read_text(encoding="latin-1").splitlines()
+    data = PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines],
+                                     public_label_counts="observed")  # fmt: skip
+    label = ["HUM"]
+    answers = PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines[:300]],
+                                        [ln.split(":", 1)[0] for ln in lines[:300]])  # fmt: skip
+    public_inputs = [ln.split(" ", 1)[1] for ln in lines[-2:]]
+    t = args.tokens
+    methods = [
+        ("Tang et al. (M = 10, N = 2)", TangSynthesizer(epsilon=8.0, max_tokens=t, template=PRESETS["trec"]), {}),
+        ("PTA (M = 10, N = 2)", PTASynthesizer(epsilon=8.0, max_tokens=t, template=PRESETS["trec"]), {}),
+        ("AdaDPSyn (M = 10, N = 2)", AdaDPSynSynthesizer(epsilon=8.0, max_tokens=t, template=PRESETS["trec"]), {}),
+        ("clip-blend (s = 32)", ClipBlendSynthesizer(epsilon=8.0, max_tokens=t, subset_size=32,
+                                                     template=PRESETS["trec"]), {}),
+        ("DPS-MOZO offline (n_shots = 4, 2 inputs)", MozoOfflineSynthesizer(
+            epsilon=8.0, max_tokens=t, template=ANSWER_PRESETS["classification"]), {"public_inputs": public_inputs}),
+    ]
+    print("| synthesizer on SmolLM2-135M-Instruct | s/step | floor s/step | ratio |")
+    print("|---|---:|---:|---:|")
+    for name, method, extra in methods:
+        recorder = Recorder(backend)
+        dataset = answers if extra else data
+        kwargs = extra if extra else {"labels": label}
+        budget = BudgetManager(PrivacyBudget(1e6, 1e-3))
+        start = time.perf_counter()
+        method.synthesize(dataset, backend=recorder, budget=budget, rng=np.random.default_rng(0), progress=False,
+                          **kwargs)  # fmt: skip
+        spent = time.perf_counter() - start
+        steps = len(recorder.calls)  # model calls: one per generated token, plus a method's public probes
+        floor = floor_seconds(backend, recorder.calls)
+        print(f"| {name} | {spent / steps:.3f} | {floor / steps:.3f} | {spent / floor:.1f}× |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
