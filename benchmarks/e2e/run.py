@@ -11,6 +11,10 @@ run on SmolLM2-135M-Instruct (``HFBackend.from_pretrained("smollm2-135m-instruct
   system turn, each example as an earlier user/assistant exchange, the query as the last user turn. The
   template is checked against the tokenizer's own chat template at start.
 - Every answer: at most 25 tokens (T_max), ended at the newline or EOS; n_shots = 4, top-k = 100 (Table 4).
+- ``rows.json`` keeps every answer: fine for a public dataset standing in for private records, not for real
+  private data (a non-private row's answers can repeat records; timings are measured without
+  ``fixed_latency`` on a backend whose prefix cache holds records). One ledger per row here, to compare
+  methods at each ε; an app releasing several of these from the same records puts them on one ledger.
 
 Rows (per seed; each DP row on its own ledger ``PrivacyBudget(ε, δ = 1/|D|)``, replace-one, so the committed
 spend of every row is checked against its ε):
@@ -22,8 +26,8 @@ spend of every row is checked against its ε):
 - ``DPS-MOZO+On``: :class:`MozoDecoder`, the ledger's ε for the ``n_test`` answers (β calibrated; Rényi
   order 14, 8, 5 for ε = 1, 2, 4 as the paper).
 - ``DPS-MOZO+Off``: :class:`MozoOfflineSynthesizer` answers ``--n-public`` other test MRs (public, unlabeled
-  inputs, T̃_max = 20) at ε; the queries are then answered by the same ensemble decoding over those DP pairs
-  (post-processing, no further charge) with 4 of those pairs as the examples of one prompt, greedy.
+  inputs, T̃_max = 20) at ε; the queries are then answered with 4 of those DP pairs as the examples of one
+  prompt, greedy (post-processing: no further charge).
 - ``clip-blend decoding``: :class:`ClipBlendDecoder` (c = 10, a fixed subset of s = ``--subset-size``
   records), ε for the ``n_test`` answers (τ calibrated).
 - ``PTA demos``: :class:`PTASynthesizer` writes ``--pta-demos`` whole E2E pairs (M = ``--pta-prompts`` prompts
@@ -208,7 +212,7 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
             raise AssertionError(f"{method} spent {spent.epsilon} > {ledger.budget.epsilon}")
         rows.append({"seed": seed, "method": method, "epsilon": epsilon, "rouge_l": rouge, "cosine": cosine,
                      "seconds": time.perf_counter() - start, "spent_epsilon": None if spent is None else spent.epsilon,
-                     "example": outputs[0], **extra})  # fmt: skip
+                     "outputs": outputs, **extra})  # fmt: skip
         log(f"  seed {seed} {method:22s} ε={epsilon!s:5s} ROUGE-L {rouge:5.1f} cos {cosine:5.1f} "
             f"{rows[-1]['seconds']:6.0f}s  e.g. {outputs[0][:70]!r}")  # fmt: skip
 
@@ -218,14 +222,14 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
     t = time.perf_counter()
     row("zero-shot", 0.0, zero_shot(backend, template, queries, rng, greedy=False), t)
     t = time.perf_counter()
-    row("few-shot", math.inf, ensemble(backend, template, dataset, queries, rng), t)
+    row("few-shot (not private)", math.inf, ensemble(backend, template, dataset, queries, rng), t)
     t = time.perf_counter()
     real = [dev[int(i)] for i in rng.choice(len(dev), size=N_SHOTS, replace=False)]
-    row("few-shot greedy", math.inf, few_shot_greedy(backend, template, real, queries), t)
+    row("few-shot greedy (not private)", math.inf, few_shot_greedy(backend, template, real, queries), t)
 
     # PTA writes whole pairs: one label holding every record (|D| public under replace-one)
     pta_data = PrivateDataset([PrivateRecord(f"{mr}\nAnswer: {ref}", "restaurant") for mr, ref in dev],
-                              public_label_counts="observed")  # fmt: skip
+                              public_label_counts={"restaurant": len(dev)})  # |D|: public under replace-one
     pta_template = PromptTemplate(header="Restaurant data and a sentence that says it.\n\n",
                                   example="Input: {text}\n\n", query="Input:", base="Input:", stop="\n\n")  # fmt: skip
     for eps in args.epsilons:
@@ -238,7 +242,7 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
         decoder = MozoDecoder(dataset, backend=backend, budget=ledger, n_queries=args.n_test, max_tokens=T_MAX,
                               epsilon=eps, delta=delta, n_shots=N_SHOTS, top_k=TOP_K, order=order_,
                               template=template)  # fmt: skip
-        outs = [decoder.generate(q, rng=rng).text.strip() for q in queries]
+        outs = [decoder.generate(q, rng=rng, stop=["\n"]).text.strip() for q in queries]
         row("DPS-MOZO+On", eps, outs, t, ledger, beta=decoder.beta)
 
         ledger = budget()
@@ -308,7 +312,7 @@ def plot(summary: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     by = {s["method"]: s for s in summary if s["epsilon"] in (0.0, math.inf)}
-    for name, style in (("zero-shot", ":"), ("few-shot", "--")):
+    for name, style in (("zero-shot", ":"), ("few-shot (not private)", "--")):
         if name in by:
             ax.axhline(by[name]["rouge_l"], ls=style, color="grey", label=f"{name} ({by[name]['rouge_l']:.1f})")
     for method in ("DPS-MOZO+On", "DPS-MOZO+Off", "clip-blend decoding", "PTA demos"):

@@ -9,8 +9,8 @@ float rounding; tests/test_backend_hf.py). Pure plumbing: no randomness, no priv
 
 The label-conditioned synthesizers (Tang, PTA, AdaDPSyn) build each step's prompts as ``instruction + records
 + query + text so far`` beside the public ``instruction + query + text so far``: the instruction is common to
-all of them and public. :func:`prefix_rows_logprobs` computes it once (``next_token_logprobs_shared_prefix``,
-kept in the same cache) and only the rest of each row per step.
+all of them and public. :func:`prefix_rows_logprobs` computes that public prefix once
+(``next_token_logprobs_shared_prefix``, kept in the same cache) and only the rest of each row per step.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
+from dp_icl_plugin.errors import BackendError
 
 __all__ = ["common_suffix_length", "prefix_rows_logprobs", "rows_logprobs", "start_rows"]
 
@@ -73,33 +74,28 @@ def rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], generate
     return backend.next_token_logprobs([fit(r + generated) for r in rows])
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
+def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], prefix: Sequence[int]) -> np.ndarray:
+    """Log-probabilities [len(rows), V] of ``rows`` (token ids), ``prefix`` computed once for the rows that start
+    with it (``next_token_logprobs_shared_prefix``); the other rows (PTA's base prompt, a prompt cut to the
+    model's length) in a plain call. Same distributions as ``next_token_logprobs(rows)``.
 
-
-def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], *, min_prefix: int = 4) -> np.ndarray:
-    """Log-probabilities [len(rows), V] of ``rows`` (token ids), the prefix common to the first row and the rows
-    sharing at least ``min_prefix`` tokens with it computed once (``next_token_logprobs_shared_prefix``); the
-    other rows (PTA's base prompt) in a plain call. Same distributions as ``next_token_logprobs(rows)``."""
+    ``prefix`` must be public and fixed by the caller (the template's instruction), never read from the rows:
+    it is kept in the backend's prefix cache, and a cut found from private prompts would tell the cache (and
+    the timing) what the sampled records have in common.
+    """
     shared = getattr(backend, "next_token_logprobs_shared_prefix", None)
-    if shared is None or len(rows) < 2:
+    head = [int(t) for t in prefix]
+    n = len(head)
+    members = [i for i, r in enumerate(rows) if len(r) > n and list(r[:n]) == head] if n else []
+    if shared is None or len(members) < 2:
         return backend.next_token_logprobs(list(rows))
-    first = rows[0]
-    lengths = [common_prefix_length(first, r) for r in rows]
-    members = [i for i, n in enumerate(lengths) if n >= min_prefix]
-    if len(members) < 2:
-        return backend.next_token_logprobs(list(rows))
-    cut = min(min(lengths[i] for i in members), min(len(rows[i]) for i in members) - 1)  # a non-empty rest
-    if cut < min_prefix:
-        return backend.next_token_logprobs(list(rows))
-    prefix = first[:cut]
     result = np.empty((len(rows), backend.vocab_size), dtype=np.float32)
-    result[members] = shared(prefix, [rows[i][cut:] for i in members])
-    others = [i for i in range(len(rows)) if i not in set(members)]
+    part = np.asarray(shared(head, [rows[i][n:] for i in members]))
+    if part.shape != (len(members), backend.vocab_size):
+        raise BackendError(f"the backend returned shape {part.shape}; expected ({len(members)}, {backend.vocab_size})")
+    result[members] = part
+    chosen = set(members)
+    others = [i for i in range(len(rows)) if i not in chosen]
     if others:
         result[others] = backend.next_token_logprobs([rows[i] for i in others])
     return result

@@ -101,6 +101,19 @@ class PromptIds:
             self._cache[key] = self.backend.encode(text, add_special_tokens=True)
         return self._cache[key]
 
+    def instruction(self, label: str) -> list[int]:
+        """The public start every prompt of ``label`` shares: the instruction's tokens, less the last one (which
+        may merge with what follows it), as the public prompt spells them; from the template only."""
+        key = ("instruction", label)
+        if key not in self._cache:
+            public = self._prefix("public", label)
+            header = self.backend.encode(self.template.header.format(label=label), add_special_tokens=True)
+            n = 0
+            while n < min(len(public), len(header)) and public[n] == header[n]:
+                n += 1
+            self._cache[key] = public[: max(0, n - 1)]
+        return self._cache[key]
+
     def fit(self, ids: list[int]) -> list[int]:
         if self.max_length is not None and len(ids) > self.max_length:
             return ids[-self.max_length :]

@@ -160,8 +160,8 @@ class TangSynthesizer(SynthesisMethod):
                     if has_base:
                         prompts.append(ids.base(label, generated))
                     prompts += [ids.private(label, subset, generated) for subset in subsets]
-                    # the public instruction common to the prompts is computed once (prefix KV cache)
-                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts))
+                    # the public instruction the prompts start with is computed once (prefix KV cache)
+                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts, ids.instruction(label)))
                     vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k,
                                                   top_p=c.top_p)  # fmt: skip
                     candidates = self._candidate_distributions(logprobs, vocabulary, has_base)
