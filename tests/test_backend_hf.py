@@ -716,6 +716,7 @@ def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(bac
     records = PrivateDataset([PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)),
                                             ("a", "b")[i % 2]) for i in range(40)], public_label_counts="observed")  # fmt: skip
     from dp_icl_plugin.methods import PromptTemplate
+    from dp_icl_plugin.methods.prompting import PromptIds
 
     ginc = PRESETS["ginc"]
     template = PromptTemplate(header=" ".join(names[50:56]) + " / ", example=ginc.example, query=ginc.query,
@@ -727,4 +728,5 @@ def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(bac
                 for model in (backend, FullPrompts(backend))]  # fmt: skip
         assert [d.token_ids for d in made[0]] == [d.token_ids for d in made[1]]
         # only the public instruction went through the cache, whatever the sampled records share
-        assert len(backend.prefix_cache) == 1 and backend.prefix_cache.cached_tokens == 5
+        instruction = PromptIds(backend, template).instruction("a")
+        assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(tuple(instruction)) is not None
