@@ -8,8 +8,9 @@ keeps each call's rows; the floor then replays, per call, one forward of that ma
 cache of that many cached positions (built outside the timer). Both are printed, with their ratio, in one run.
 
 Noise scales are given directly (not calibrated to a target ε) and the timer starts at the method's first model
-call after its public probe, which is after its charge: it holds generation only, not the one-off calibration and accounting. Setting: TREC training questions as the private records (the label sizes declared public as observed), the
-``trec`` template, one label, T = ``--tokens``; each method at its paper's prompt counts unless stated.
+call after its public probe, which is after its charge: it holds generation only, not the one-off calibration
+and accounting. Setting: TREC training questions as the private records (the label sizes declared public as
+observed), the ``trec`` template, one label, T = ``--tokens``; each method at its paper's prompt counts.
 
     python benchmarks/synthesis_floor.py            # about 4 minutes on 2 CPU cores
 """
@@ -148,7 +149,8 @@ def main() -> None:
     public_inputs = [ln.split(" ", 1)[1] for ln in lines[-2:]]
     t = args.tokens
     methods = [
-        ("Tang et al. (M = 10, N = 2)", TangSynthesizer(noise_multiplier=1.0, max_tokens=t, template=PRESETS["trec"]), {}),
+        ("Tang et al. (M = 10, N = 2)",
+         TangSynthesizer(noise_multiplier=1.0, max_tokens=t, template=PRESETS["trec"]), {}),
         ("PTA (M = 10, N = 2)", PTASynthesizer(noise_multiplier=1.0, max_tokens=t, template=PRESETS["trec"]), {}),
         ("AdaDPSyn (M = 10, N = 2)", AdaDPSynSynthesizer(sigma1=1.0, max_tokens=t, template=PRESETS["trec"]), {}),
         ("clip-blend (s = 32)", ClipBlendSynthesizer(temperature=1.0, max_tokens=t, subset_size=32,
