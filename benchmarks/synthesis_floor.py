@@ -18,6 +18,7 @@ observed), the ``trec`` template, one label, T = ``--tokens``; each method at it
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,10 @@ class Recorder:
     def next_token_logprobs_shared_suffix(self, prefixes, suffix):
         self.must_compute([[*map(int, p), *map(int, suffix)] for p in prefixes])
         return self._inner.next_token_logprobs_shared_suffix(prefixes, suffix)
+
+    def next_token_logprobs_shared_prefix(self, prefix, suffixes):
+        self.must_compute([[*map(int, prefix), *map(int, x)] for x in suffixes])
+        return self._inner.next_token_logprobs_shared_prefix(prefix, suffixes)
 
     def start(self, prompts):
         rows = [list(r) for r in self._inner._prompt_ids(prompts)]
@@ -148,13 +153,14 @@ def main() -> None:
                                         [ln.split(":", 1)[0] for ln in lines[:300]])  # fmt: skip
     public_inputs = [ln.split(" ", 1)[1] for ln in lines[-2:]]
     t = args.tokens
+    trec = dataclasses.replace(PRESETS["trec"], stop=None, stop_at_eos=False)  # every demonstration T tokens long
     methods = [
         ("Tang et al. (M = 10, N = 2)",
-         TangSynthesizer(noise_multiplier=1.0, max_tokens=t, template=PRESETS["trec"]), {}),
-        ("PTA (M = 10, N = 2)", PTASynthesizer(noise_multiplier=1.0, max_tokens=t, template=PRESETS["trec"]), {}),
-        ("AdaDPSyn (M = 10, N = 2)", AdaDPSynSynthesizer(sigma1=1.0, max_tokens=t, template=PRESETS["trec"]), {}),
+         TangSynthesizer(noise_multiplier=1.0, max_tokens=t, template=trec), {}),
+        ("PTA (M = 10, N = 2)", PTASynthesizer(noise_multiplier=1.0, max_tokens=t, template=trec), {}),
+        ("AdaDPSyn (M = 10, N = 2)", AdaDPSynSynthesizer(sigma1=1.0, max_tokens=t, template=trec), {}),
         ("clip-blend (s = 32)", ClipBlendSynthesizer(temperature=1.0, max_tokens=t, subset_size=32,
-                                                     template=PRESETS["trec"]), {}),
+                                                     template=trec), {}),
         ("DPS-MOZO offline (n_shots = 4, 2 inputs)", MozoOfflineSynthesizer(
             beta=0.5, max_tokens=t, template=ANSWER_PRESETS["classification"]), {"public_inputs": public_inputs}),
     ]
