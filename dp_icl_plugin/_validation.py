@@ -50,24 +50,19 @@ def probability_half_open(name: str, value: object) -> float:
     return result
 
 
+def int_at_least(name: str, value: object, low: int) -> int:
+    """Return ``value`` as an int, requiring value >= low (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ConfigurationError(f"{name} must be an integer, got {type(value).__name__}")
+    result = int(value)
+    if result < low:
+        raise ConfigurationError(f"{name} must be at least {low}, got {result}")
+    return result
+
+
 def positive_int(name: str, value: object) -> int:
     """Return ``value`` as an int, requiring value >= 1."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ConfigurationError(f"{name} must be an integer, got {type(value).__name__}")
-    result = int(value)
-    if result < 1:
-        raise ConfigurationError(f"{name} must be at least 1, got {result}")
-    return result
-
-
-def non_negative_int(name: str, value: object) -> int:
-    """Return ``value`` as an int, requiring value >= 0."""
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ConfigurationError(f"{name} must be an integer, got {type(value).__name__}")
-    result = int(value)
-    if result < 0:
-        raise ConfigurationError(f"{name} must be at least 0, got {result}")
-    return result
+    return int_at_least(name, value, 1)
 
 
 def order(name: str, value: object) -> float:

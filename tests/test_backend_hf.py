@@ -48,6 +48,18 @@ def _tokenizer() -> object:
     return build_tokenizer(symbol_names(VOCAB), model_max_length=N_POSITIONS)
 
 
+class Without:
+    """The same backend without the named methods (so a method falls back to whole prompts)."""
+
+    def __init__(self, inner: HFBackend, *names: str) -> None:
+        self._inner, self._hidden = inner, names
+
+    def __getattr__(self, name: str):
+        if name in self._hidden:
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-gpt2")
@@ -575,15 +587,6 @@ def test_mozo_offline_synthesis_through_prefix_caches_equals_full_prompts(backen
     from dp_icl_plugin.methods import MozoOfflineSynthesizer, PrivateDataset, PrivateRecord
     from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
-    class FullPrompts:  # the same model without next_token_logprobs_shared_suffix: every prompt re-encoded
-        def __init__(self, inner: HFBackend) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str):
-            if name == "next_token_logprobs_shared_suffix":
-                raise AttributeError(name)
-            return getattr(self._inner, name)
-
     names = symbol_names(VOCAB)
     records = [PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)), names[i % 4 + 110])
                for i in range(20)]  # fmt: skip
@@ -593,7 +596,8 @@ def test_mozo_offline_synthesis_through_prefix_caches_equals_full_prompts(backen
     cached = method.synthesize_nonprivate(PrivateDataset(records), public_inputs=inputs, backend=backend,
                                           rng=np.random.default_rng(3), progress=False)  # fmt: skip
     assert len(backend.prefix_cache) > 0  # the records' parts went through the cache
-    full = method.synthesize_nonprivate(PrivateDataset(records), public_inputs=inputs, backend=FullPrompts(backend),
+    whole = Without(backend, "next_token_logprobs_shared_suffix")
+    full = method.synthesize_nonprivate(PrivateDataset(records), public_inputs=inputs, backend=whole,
                                         rng=np.random.default_rng(3), progress=False)  # fmt: skip
     assert [d.token_ids for d in cached] == [d.token_ids for d in full]
 
@@ -622,21 +626,12 @@ def test_clip_blend_answers_are_the_same_with_and_without_the_prefix_cache(backe
     from dp_icl_plugin.methods.decoding import ClipBlendDecoder
     from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
-    class FullPrompts:  # the same model without start_shared_suffix
-        def __init__(self, inner: HFBackend) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str):
-            if name == "start_shared_suffix":
-                raise AttributeError(name)
-            return getattr(self._inner, name)
-
     names = symbol_names(VOCAB)
     records = PrivateDataset([PrivateRecord(" ".join(names[3 + (7 * i + j) % 100] for j in range(1 + i % 5)),
                                             names[i % 4 + 110]) for i in range(30)])  # fmt: skip
     answers = []
     backend.prefix_cache.clear()
-    for model in (backend, FullPrompts(backend)):
+    for model in (backend, Without(backend, "start_shared_suffix")):
         decoder = ClipBlendDecoder(records, backend=model, budget=BudgetManager(PrivacyBudget(50.0, 1e-3)),
                                    n_queries=2, subset_size=8, rng_subset=np.random.default_rng(1), temperature=1.0,
                                    max_tokens=4, template=ANSWER_PRESETS["ginc"])  # fmt: skip
@@ -703,15 +698,6 @@ def test_rows_sharing_a_prefix_give_the_full_prompts_distributions(backend: HFBa
 def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(backend: HFBackend) -> None:
     from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, PTASynthesizer, TangSynthesizer
 
-    class FullPrompts:  # the same model without next_token_logprobs_shared_prefix
-        def __init__(self, inner: HFBackend) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name: str):
-            if name == "next_token_logprobs_shared_prefix":
-                raise AttributeError(name)
-            return getattr(self._inner, name)
-
     names = symbol_names(VOCAB)
     records = PrivateDataset([PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)),
                                             ("a", "b")[i % 2]) for i in range(40)], public_label_counts="observed")  # fmt: skip
@@ -725,7 +711,7 @@ def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(bac
                    PTASynthesizer(noise_multiplier=1.0, max_tokens=4, n_prompts=4, top_k=20, template=template)):
         backend.prefix_cache.clear()
         made = [method.synthesize_nonprivate(records, backend=model, rng=np.random.default_rng(5), progress=False)
-                for model in (backend, FullPrompts(backend))]  # fmt: skip
+                for model in (backend, Without(backend, "next_token_logprobs_shared_prefix"))]  # fmt: skip
         assert [d.token_ids for d in made[0]] == [d.token_ids for d in made[1]]
         # only the public instruction went through the cache, whatever the sampled records share
         instruction = PromptIds(backend, template).instruction("a")

@@ -55,7 +55,7 @@ class PrefixKVCache:
     """
 
     def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = check.non_negative_int("max_tokens", max_tokens)
+        self.max_tokens = check.int_at_least("max_tokens", max_tokens, 0)
         self._entries: OrderedDict[tuple[int, ...], list[tuple[Any, Any]]] = OrderedDict()
         self._tokens = 0
 

@@ -22,13 +22,21 @@ import numpy as np
 from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
 from dp_icl_plugin.errors import BackendError
 
-__all__ = ["common_suffix_length", "prefix_rows_logprobs", "rows_logprobs", "start_rows"]
+__all__ = ["common_prefix_length", "common_suffix_length", "prefix_rows_logprobs", "rows_logprobs", "start_rows"]
 
 
 def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many trailing tokens ``a`` and ``b`` share."""
     n = 0
     while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.shared_suffix import common_prefix_length
 from dp_icl_plugin.methods.data import PrivateRecord
 from dp_icl_plugin.methods.templates import PromptTemplate
 
@@ -108,10 +109,7 @@ class PromptIds:
         if key not in self._cache:
             public = self._prefix("public", label)
             header = self.backend.encode(self.template.header.format(label=label), add_special_tokens=True)
-            n = 0
-            while n < min(len(public), len(header)) and public[n] == header[n]:
-                n += 1
-            self._cache[key] = public[: max(0, n - 1)]
+            self._cache[key] = public[: max(0, common_prefix_length(public, header) - 1)]
         return self._cache[key]
 
     def fit(self, ids: list[int]) -> list[int]:
