@@ -51,7 +51,8 @@ def _forward(model, ids, cache, past: int):  # one batched forward of ``ids`` af
     batch, width = ids.shape
     mask = torch.ones((batch, past + width), dtype=torch.long)
     positions = torch.arange(past, past + width).expand(batch, width)
-    return model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+    return model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                 logits_to_keep=1)  # only the next token's logits are needed
 
 
 def _cached_prefix(model, prefix: list[int], rows: int):

@@ -43,7 +43,8 @@ TREC = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train
 class Recorder:
     """The backend, plus what each call had to compute: (new tokens per row, cached positions per row)."""
 
-    SHARED = ("next_token_logprobs_shared_suffix", "next_token_logprobs_shared_prefix", "start_shared_suffix")
+    SHARED = ("next_token_logprobs_shared_suffix", "next_token_logprobs_shared_prefix", "start_shared_suffix",
+              "start_shared_prefix")  # fmt: skip
 
     def __init__(self, backend: HFBackend, *, share: bool = True) -> None:
         self._inner = backend
@@ -80,9 +81,9 @@ class Recorder:
         self.must_compute([[*map(int, p), *map(int, suffix)] for p in prefixes])
         return self._inner.next_token_logprobs_shared_suffix(prefixes, suffix)
 
-    def next_token_logprobs_shared_prefix(self, prefix, suffixes):
-        self.must_compute([[*map(int, prefix), *map(int, x)] for x in suffixes])
-        return self._inner.next_token_logprobs_shared_prefix(prefix, suffixes)
+    def next_token_logprobs_shared_prefix(self, prefix, rows):
+        self.must_compute([list(map(int, r)) for r in rows])
+        return self._inner.next_token_logprobs_shared_prefix(prefix, rows)
 
     def start(self, prompts):
         rows = [list(r) for r in self._inner._prompt_ids(prompts)]
@@ -93,6 +94,11 @@ class Recorder:
         rows = [[*map(int, p), *map(int, suffix)] for p in prefixes]
         self.must_compute(rows)
         return RecordingSession(self, self._inner.start_shared_suffix(prefixes, suffix), rows)
+
+    def start_shared_prefix(self, prefix, prompts):
+        rows = [list(map(int, r)) for r in prompts]
+        self.must_compute(rows)
+        return RecordingSession(self, self._inner.start_shared_prefix(prefix, prompts), rows)
 
 
 class RecordingSession:
@@ -135,7 +141,8 @@ def floor_seconds(backend: HFBackend, calls: list[tuple[list[int], list[int]]]) 
             mask = torch.ones((rows, past + width), dtype=torch.long)
             positions = torch.arange(past, past + width).expand(rows, width)
             start = time.perf_counter()
-            model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **{keyword: cache})
+            model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                  **{keyword: cache})  # only the next token's logits are needed
             total += time.perf_counter() - start
     return total
 

@@ -716,3 +716,46 @@ def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(bac
         # only the public instruction went through the cache, whatever the sampled records share
         instruction = PromptIds(backend, template).instruction("a")
         assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(tuple(instruction)) is not None
+
+
+def test_a_session_started_after_a_shared_prefix_grows_like_a_fresh_one(model_dir: Path) -> None:
+    from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
+
+    small = HFBackend.from_pretrained(model_dir, micro_batch_size=2)  # several micro-batches, one with no member
+    header = [5, 9, 11, 13]
+    rows = [[*header, 40, 41], [60, 61, 62, 63, 64, 65, 66], [*header, 23, 24, 25, 26, 40], [*header, 30], [70, 71]]
+    with start_prefix_rows(small, rows, header) as shared, small.start(rows) as fresh:
+        assert len(small.prefix_cache) == 1 and small.prefix_cache.get(tuple(header)) is not None
+        np.testing.assert_allclose(shared.logprobs, fresh.logprobs, atol=TOL)
+        for step in ([7] * 5, [13, 2, 9, 4, 1], [3] * 5):
+            np.testing.assert_allclose(shared.append(step), fresh.append(step), atol=TOL)
+        assert list(shared.lengths) == list(fresh.lengths)
+    plain = HFBackend.from_pretrained(model_dir, prefix_cache_tokens=0)
+    with start_prefix_rows(plain, rows, header) as session:
+        session.append([3] * 5)
+    assert len(plain.prefix_cache) == 0
+
+
+def test_clip_blend_synthesis_through_the_shared_prefix_equals_full_prompts(backend: HFBackend) -> None:
+    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin.methods import ClipBlendSynthesizer, PrivateDataset, PrivateRecord, PromptTemplate
+    from dp_icl_plugin.methods.prompting import PromptIds
+
+    names = symbol_names(VOCAB)
+    records = PrivateDataset([PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)),
+                                            ("a", "b")[i % 2]) for i in range(40)], public_label_counts="observed")  # fmt: skip
+    template = PromptTemplate(header=" ".join(names[50:56]) + " / ", example="{text} / ", query="",
+                              base="/", stop=None, stop_at_eos=False)  # fmt: skip
+    instruction = tuple(PromptIds(backend, template).instruction("a"))  # the same for both labels
+    assert len(instruction) >= 5
+    for public_prompt in (None, " ".join(names[60:64]) + " /"):  # the template's public prompt, then App. F's own
+        made = []
+        for model in (backend, Without(backend, "start_shared_prefix")):
+            backend.prefix_cache.clear()
+            method = ClipBlendSynthesizer(temperature=1.0, max_tokens=4, subset_size=8, shots_per_label=2,
+                                          template=template, public_prompt=public_prompt)  # fmt: skip
+            made.append(method.synthesize(records, backend=model, budget=BudgetManager(PrivacyBudget(1e3, 1e-3)),
+                                          rng=np.random.default_rng(5), progress=False))  # fmt: skip
+            if model is backend:  # only the public instruction went through the cache, whatever the records share
+                assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(instruction) is not None
+        assert [d.token_ids for d in made[0]] == [d.token_ids for d in made[1]]

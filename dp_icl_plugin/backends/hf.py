@@ -20,6 +20,7 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import ChatMessage, Prompt, appended_ids, check_logprobs, prompt_ids
+from dp_icl_plugin.backends.shared_suffix import prefix_members
 from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
 
 __all__ = ["HFBackend", "HFIncrementalSession"]
@@ -103,6 +104,8 @@ class HFBackend:
         self.pad_token_id = int(pad) if pad is not None else 0
         self._lock = threading.Lock()
         self._cache_keyword = _cache_keyword(model)
+        # Only the last position's logits are read: models that can skip the others' output layer do.
+        self._last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
 
     @classmethod
     def from_pretrained(
@@ -234,11 +237,20 @@ class HFBackend:
         torch = _torch()
         out = self.model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
-            **{self._cache_keyword: cache},
+            **{self._cache_keyword: cache}, **self._last_logits_only,
         )  # fmt: skip
         last = out.logits[:, -1, : self.vocab_size].float()
         logprobs = torch.log_softmax(last, dim=-1).cpu().numpy()
         return check_logprobs(logprobs), getattr(out, self._cache_keyword)
+
+    def _forward_rows(self, rows: list[list[int]]) -> tuple[np.ndarray, Any, Any]:
+        """One left-padded forward of whole rows: (log-probabilities, KV cache, attention mask)."""
+        from transformers import DynamicCache
+
+        input_ids, mask = self._left_padded(rows)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logprobs, cache = self._forward(input_ids, mask, positions, DynamicCache(config=self.model.config))
+        return logprobs, cache, mask
 
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
         ids = self._prompt_ids(prompts)
@@ -263,20 +275,38 @@ class HFBackend:
             return self.next_token_logprobs(rows)
         return shared_suffix_logprobs(self, prefixes, suffix)
 
-    def next_token_logprobs_shared_prefix(
-        self, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]
-    ) -> np.ndarray:
-        """Rows of ``prefix + suffix`` (token ids) for one common prefix: its KV cache computed once and kept in
-        ``prefix_cache``, then one forward of the suffixes (same distributions up to float rounding)."""
-        from dp_icl_plugin.backends.hf_prefix import shared_prefix_logprobs
-
-        rows = self._prompt_ids([[*prefix, *s] for s in suffixes])  # next_token_logprobs' checks, length too
-        if not self._prefix_cache_on or not prefix or not suffixes or min(len(s) for s in suffixes) == 0:
-            return self.next_token_logprobs(rows)
-        result = np.empty((len(rows), self.vocab_size), dtype=np.float32)
-        for batch in self._micro_batches([list(s) for s in suffixes]):
-            result[batch] = shared_prefix_logprobs(self, prefix, [suffixes[i] for i in batch])
+    def next_token_logprobs_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Next-token log-probabilities of ``rows`` (token ids); the rows that start with ``prefix`` take its KV
+        cache (computed once, kept in ``prefix_cache``), the others are computed whole in the same forward (same
+        distributions as :meth:`next_token_logprobs` up to float rounding; see :func:`shared_prefix_forward`)."""
+        ids = self._prompt_ids(rows)  # next_token_logprobs' checks, length too
+        if not self._prefix_cache_on or not prefix_members(ids, prefix):
+            return self.next_token_logprobs(ids)
+        with self._forwarding():
+            groups = self._shared_prefix_groups(prefix, ids)
+        result = np.empty((len(ids), self.vocab_size), dtype=np.float32)
+        for batch, logprobs, _, _ in groups:
+            result[batch] = logprobs
         return result
+
+    def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> HFIncrementalSession:
+        """An incremental session over ``rows`` (token ids), started as :meth:`next_token_logprobs_shared_prefix`
+        computes them, then grown as :meth:`start`'s is (same distributions up to float rounding)."""
+        ids = self._prompt_ids(rows)  # the checks of start, length included
+        if not self._prefix_cache_on or not prefix_members(ids, prefix):
+            return self.start(ids)
+        with self._forwarding():
+            groups = self._shared_prefix_groups(prefix, ids)
+        return HFIncrementalSession(self, ids, initial=groups)
+
+    def _shared_prefix_groups(self, prefix: Sequence[int], ids: list[list[int]]) -> list[tuple[Any, ...]]:
+        from dp_icl_plugin.backends.hf_prefix import shared_prefix_forward
+
+        head = [int(t) for t in prefix]
+        members = set(prefix_members(ids, head))
+        tails = [r[len(head) :] if i in members else r for i, r in enumerate(ids)]
+        return [(batch, *shared_prefix_forward(self, head, [ids[i] for i in batch]))
+                for batch in self._micro_batches(tails)]  # fmt: skip
 
     def start_shared_suffix(self, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> HFIncrementalSession:
         """An incremental session over the rows ``prefix + suffix``, the prefixes' KV caches taken from (and
@@ -289,44 +319,44 @@ class HFBackend:
             return self.start(ids)
         with self._forwarding():
             logprobs, cache, mask = shared_suffix_forward(self, prefixes, suffix)
-        return HFIncrementalSession(self, ids, initial=(logprobs, cache, mask))
+        return HFIncrementalSession(self, ids, initial=[(np.arange(len(ids)), logprobs, cache, mask)])
 
     def __repr__(self) -> str:
         return f"HFBackend(model_id={self.model_id!r}, device={str(self.device)!r}, vocab_size={self.vocab_size})"
 
 
+def _accepts(model: Any, name: str) -> bool:
+    return name in inspect.signature(model.forward).parameters
+
+
 def _cache_keyword(model: Any) -> str:
     """The KV-cache argument (and output field) of ``model.forward``: ``cache`` from transformers 5.24 on,
     ``past_key_values`` before (5.24 still accepts the old name, with a ``FutureWarning``)."""
-    parameters = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in parameters else "past_key_values"
+    return "cache" if _accepts(model, "cache") else "past_key_values"
 
 
 class HFIncrementalSession:
     """Fixed prompts with per-micro-batch KV caches; see :class:`~dp_icl_plugin.backends.base.IncrementalSession`."""
 
     def __init__(
-        self, backend: HFBackend, ids: list[list[int]], *, initial: tuple[np.ndarray, Any, Any] | None = None
+        self,
+        backend: HFBackend,
+        ids: list[list[int]],
+        *,
+        initial: Sequence[tuple[np.ndarray, np.ndarray, Any, Any]] | None = None,
     ) -> None:
         self._backend = backend
         self._n = len(ids)
         self._lengths = np.array([len(x) for x in ids], dtype=np.int64)
         self._logprobs = np.empty((self._n, backend.vocab_size), dtype=np.float32)
         self._groups: list[dict[str, Any]] = []
-        if initial is not None:  # all rows already forwarded together (start_shared_suffix): one group
-            self._logprobs[:], cache, mask = initial
-            self._groups.append({"rows": np.arange(self._n), "mask": mask, "cache": cache})
-            return
-        with backend._forwarding():
-            from transformers import DynamicCache
-
-            for batch in backend._micro_batches(ids):
-                input_ids, mask = backend._left_padded([ids[i] for i in batch])
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
-                self._logprobs[batch], cache = backend._forward(
-                    input_ids, mask, positions, DynamicCache(config=backend.model.config)
-                )
-                self._groups.append({"rows": batch, "mask": mask, "cache": cache})
+        if initial is None:
+            with backend._forwarding():
+                initial = [(batch, *backend._forward_rows([ids[i] for i in batch]))
+                           for batch in backend._micro_batches(ids)]  # fmt: skip
+        for rows, logprobs, cache, mask in initial:  # (rows, log-probabilities, KV cache, mask) per micro-batch
+            self._logprobs[rows] = logprobs
+            self._groups.append({"rows": rows, "mask": mask, "cache": cache})
 
     @property
     def n_prompts(self) -> int:

@@ -6,6 +6,9 @@ keys and values (least recently used out first, bounded by a number of cached to
 :func:`shared_suffix_logprobs` computes a step in one batched forward of the suffix only: the prefixes' caches
 are left-padded to one length and the padding is masked, with each row's positions continuing its own prefix.
 The distributions equal a full forward of ``prefix + suffix`` up to float rounding (tested).
+:func:`shared_prefix_forward` is the other way round: one public prefix (a template's instruction) cached once
+and expanded to every row, then one forward of each row's rest (rows without the prefix go whole, the prefix
+masked out for them).
 
 Privacy: the cache holds keys and values computed from private records, in this process's memory only (never
 logged, written or pickled). A cache hit makes a step faster, so a call's time depends on which records
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.backends.shared_suffix import prefix_members
 from dp_icl_plugin.errors import BackendError
 
 if TYPE_CHECKING:
@@ -31,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PrefixKVCache",
-    "shared_prefix_logprobs",
+    "shared_prefix_forward",
     "shared_suffix_forward",
     "shared_suffix_logprobs",
     "supports_prefix_cache",
@@ -170,30 +174,41 @@ def shared_suffix_forward(
     return logprobs, cache, mask
 
 
-def shared_prefix_logprobs(backend: HFBackend, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]) -> np.ndarray:
-    """Next-token log-probabilities of ``prefix + suffix`` for each suffix: the prefix's keys and values from the
-    cache (computed once), then one forward of the suffixes, left-padded after the prefix and masked, each row's
-    positions continuing the prefix. Prefix and every suffix must be non-empty."""
+def shared_prefix_forward(backend: HFBackend, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> tuple[Any, ...]:
+    """One forward of ``rows`` after ``prefix``'s keys and values (from the cache, computed once, expanded to
+    every row). A row that starts with the prefix and goes on past it sends only its rest, left-padded after
+    the prefix, its positions continuing it; any other row is sent whole, the prefix masked out for it and its
+    positions from 0. Padding is masked, so each row's distribution is its own prompt's (float rounding aside).
+
+    Returns (next-token log-probabilities, the rows' KV cache, its attention mask): what an incremental session
+    continues from. ``prefix`` must be non-empty and some row must start with it; the caller holds
+    ``backend._forwarding()``.
+    """
     import torch
 
     key = tuple(int(t) for t in prefix)
-    tails = [[int(t) for t in s] for s in suffixes]
-    rows, width, start = len(tails), max(len(t) for t in tails), len(key)
-    with backend._forwarding():
-        (layers,) = _prefix_layers(backend, [key])
-        cache = _cache_from([(k.expand(rows, -1, -1, -1).contiguous(), v.expand(rows, -1, -1, -1).contiguous())
-                             for k, v in layers])  # fmt: skip
-        input_ids = torch.full((rows, width), backend.pad_token_id, dtype=torch.long)
-        mask = torch.ones((rows, start + width), dtype=torch.long)
-        positions = torch.full((rows, width), start, dtype=torch.long)
-        for i, tail in enumerate(tails):
-            pad = width - len(tail)
-            input_ids[i, pad:] = torch.tensor(tail, dtype=torch.long)
-            mask[i, start : start + pad] = 0
-            positions[i, pad:] = torch.arange(start, start + len(tail))
-        device = backend.device
-        logprobs, _ = backend._forward(input_ids.to(device), mask.to(device), positions.to(device), cache)
-    return logprobs
+    start = len(key)
+    ids = [[int(t) for t in r] for r in rows]
+    members = set(prefix_members(ids, key))
+    tails = [r[start:] if i in members else r for i, r in enumerate(ids)]
+    n, width = len(tails), max(len(t) for t in tails)
+    (layers,) = _prefix_layers(backend, [key])
+    cache = _cache_from([(k.expand(n, -1, -1, -1).contiguous(), v.expand(n, -1, -1, -1).contiguous())
+                         for k, v in layers])  # fmt: skip
+    input_ids = torch.full((n, width), backend.pad_token_id, dtype=torch.long)
+    mask = torch.ones((n, start + width), dtype=torch.long)
+    positions = torch.zeros((n, width), dtype=torch.long)
+    for i, tail in enumerate(tails):
+        pad, first = width - len(tail), start if i in members else 0
+        input_ids[i, pad:] = torch.tensor(tail, dtype=torch.long)
+        mask[i, start : start + pad] = 0
+        if i not in members:
+            mask[i, :start] = 0
+        positions[i, pad:] = torch.arange(first, first + len(tail))
+    device = backend.device
+    mask = mask.to(device)
+    logprobs, cache = backend._forward(input_ids.to(device), mask, positions.to(device), cache)
+    return logprobs, cache, mask
 
 
 def shared_suffix_logprobs(backend: HFBackend, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:

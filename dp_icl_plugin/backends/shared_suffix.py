@@ -10,7 +10,8 @@ float rounding; tests/test_backend_hf.py). Pure plumbing: no randomness, no priv
 The label-conditioned synthesizers (Tang, PTA, AdaDPSyn) build each step's prompts as ``instruction + records
 + query + text so far`` beside the public ``instruction + query + text so far``: the instruction is common to
 all of them and public. :func:`prefix_rows_logprobs` computes that public prefix once
-(``next_token_logprobs_shared_prefix``, kept in the same cache) and only the rest of each row per step.
+(``next_token_logprobs_shared_prefix``, kept in the same cache) and only the rest of each row per step;
+clip-blend synthesis opens each demonstration's session the same way (:func:`start_prefix_rows`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ import numpy as np
 from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
 from dp_icl_plugin.errors import BackendError
 
-__all__ = ["common_prefix_length", "common_suffix_length", "prefix_rows_logprobs", "rows_logprobs", "start_rows"]
+__all__ = [
+    "common_prefix_length",
+    "common_suffix_length",
+    "prefix_members",
+    "prefix_rows_logprobs",
+    "rows_logprobs",
+    "start_prefix_rows",
+    "start_rows",
+]
 
 
 def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -82,28 +91,38 @@ def rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], generate
     return backend.next_token_logprobs([fit(r + generated) for r in rows])
 
 
+def prefix_members(rows: Sequence[Sequence[int]], prefix: Sequence[int]) -> list[int]:
+    """Indices of the rows that start with ``prefix`` and go on past it (none when ``prefix`` is empty)."""
+    head = [int(t) for t in prefix]
+    n = len(head)
+    return [i for i, r in enumerate(rows) if len(r) > n and [int(t) for t in r[:n]] == head] if n else []
+
+
 def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], prefix: Sequence[int]) -> np.ndarray:
     """Log-probabilities [len(rows), V] of ``rows`` (token ids), ``prefix`` computed once for the rows that start
     with it (``next_token_logprobs_shared_prefix``); the other rows (PTA's base prompt, a prompt cut to the
-    model's length) in a plain call. Same distributions as ``next_token_logprobs(rows)``.
+    model's length) computed whole in the same forward. Same distributions as ``next_token_logprobs(rows)``.
 
     ``prefix`` must be public and fixed by the caller (the template's instruction), never read from the rows:
     it is kept in the backend's prefix cache, and a cut found from private prompts would tell the cache (and
     the timing) what the sampled records have in common.
     """
     shared = getattr(backend, "next_token_logprobs_shared_prefix", None)
-    head = [int(t) for t in prefix]
-    n = len(head)
-    members = [i for i, r in enumerate(rows) if len(r) > n and list(r[:n]) == head] if n else []
-    if shared is None or len(members) < 2:
+    if shared is None or not prefix_members(rows, prefix):
         return backend.next_token_logprobs(list(rows))
-    result = np.empty((len(rows), backend.vocab_size), dtype=np.float32)
-    part = np.asarray(shared(head, [rows[i][n:] for i in members]))
-    if part.shape != (len(members), backend.vocab_size):
-        raise BackendError(f"the backend returned shape {part.shape}; expected ({len(members)}, {backend.vocab_size})")
-    result[members] = part
-    chosen = set(members)
-    others = [i for i in range(len(rows)) if i not in chosen]
-    if others:
-        result[others] = backend.next_token_logprobs([rows[i] for i in others])
+    result = np.asarray(shared(list(prefix), list(rows)))
+    if result.shape != (len(rows), backend.vocab_size):
+        raise BackendError(f"the backend returned shape {result.shape}; expected ({len(rows)}, {backend.vocab_size})")
     return result
+
+
+def start_prefix_rows(
+    backend: NextTokenBackend, rows: Sequence[list[int]], prefix: Sequence[int]
+) -> IncrementalSession:
+    """An incremental session over ``rows`` (token ids), started as :func:`prefix_rows_logprobs` computes them
+    (``start_shared_prefix``); ``backend.start(rows)`` on a backend without it. ``prefix`` as there: public."""
+    start_shared = getattr(backend, "start_shared_prefix", None)
+    if start_shared is None or not prefix_members(rows, prefix):
+        return backend.start(list(rows))
+    session: IncrementalSession = start_shared(list(prefix), list(rows))
+    return session

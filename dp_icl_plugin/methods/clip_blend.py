@@ -57,11 +57,12 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
 from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend, Prompt, appended_ids, check_logprobs
+from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
-from dp_icl_plugin.methods.prompting import demonstration_text
+from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text
 from dp_icl_plugin.methods.templates import PromptTemplate, format_fields
 
 __all__ = [
@@ -286,6 +287,7 @@ class ClipBlendSynthesizer(SynthesisMethod):
         for label in plan.labels:
             records = dataset.records(label)
             public = _fit(backend.encode(c.public_text(label), add_special_tokens=True), capacity)
+            instruction = PromptIds(backend, c.template).instruction(label)  # public: computed once per label
             groups = assign_groups(len(records), population=dataset.public_count(label), n_groups=c.shots_per_label,
                                    subset_size=s, rng=rng)  # fmt: skip
             for group in groups:
@@ -295,7 +297,7 @@ class ClipBlendSynthesizer(SynthesisMethod):
                     for i in group
                 ]  # fmt: skip
                 sampled = 0
-                with backend.start(prompts) as session:
+                with start_prefix_rows(backend, prompts, instruction) as session:
                     generated = clip_blend_decode(session, clip=c.clip, subset_size=s, temperature=tau,
                                                   max_tokens=c.max_tokens, rng=rng, eos_token_id=eos, done=done,
                                                   on_token=tick)  # fmt: skip
