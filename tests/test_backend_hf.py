@@ -718,22 +718,53 @@ def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(bac
         assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(tuple(instruction)) is not None
 
 
-def test_a_session_started_after_a_shared_prefix_grows_like_a_fresh_one(model_dir: Path) -> None:
+def _tiny_llama() -> object:  # rotary positions: the shared prefix's positions must carry over exactly
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=N_POSITIONS,
+                         bos_token_id=0, eos_token_id=0, pad_token_id=0)  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama"])
+def test_a_session_started_after_a_shared_prefix_grows_like_a_fresh_one(model_dir: Path, architecture: str) -> None:
     from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
 
-    small = HFBackend.from_pretrained(model_dir, micro_batch_size=2)  # several micro-batches, one with no member
+    if architecture == "gpt2":  # several micro-batches, one with no row that starts with the prefix
+        small = HFBackend.from_pretrained(model_dir, micro_batch_size=2)
+    else:
+        small = HFBackend(_tiny_llama(), _tokenizer(), device="cpu", micro_batch_size=2)
     header = [5, 9, 11, 13]
-    rows = [[*header, 40, 41], [60, 61, 62, 63, 64, 65, 66], [*header, 23, 24, 25, 26, 40], [*header, 30], [70, 71]]
+    long = [int(t) for t in np.random.default_rng(3).integers(1, VOCAB, size=N_POSITIONS - 3)]  # + 3 = the limit
+    rows = [[*header, 40, 41], [60, 61, 62, 63, 64, 65, 66], [*header, 23, 24, 25, 26, 40], [*header, 30], [70, 71],
+            long]  # fmt: skip
     with start_prefix_rows(small, rows, header) as shared, small.start(rows) as fresh:
         assert len(small.prefix_cache) == 1 and small.prefix_cache.get(tuple(header)) is not None
         np.testing.assert_allclose(shared.logprobs, fresh.logprobs, atol=TOL)
-        for step in ([7] * 5, [13, 2, 9, 4, 1], [3] * 5):
+        for step in ([7] * 6, [13, 2, 9, 4, 1, 6], [3] * 6):  # the long row reaches the model's last position
             np.testing.assert_allclose(shared.append(step), fresh.append(step), atol=TOL)
         assert list(shared.lengths) == list(fresh.lengths)
     plain = HFBackend.from_pretrained(model_dir, prefix_cache_tokens=0)
     with start_prefix_rows(plain, rows, header) as session:
-        session.append([3] * 5)
+        session.append([3] * 6)
     assert len(plain.prefix_cache) == 0
+
+
+def test_the_shared_prefix_is_cached_whether_or_not_the_rows_start_with_it(backend: HFBackend) -> None:
+    from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs, start_prefix_rows
+
+    header = [5, 9, 11, 13]
+    for rows in ([[*header, 40, 41], [60, 61]], [[60, 61, 62], [70, 71]]):  # what the cache holds is public
+        backend.prefix_cache.clear()
+        np.testing.assert_allclose(prefix_rows_logprobs(backend, rows, header), backend.next_token_logprobs(rows),
+                                   atol=TOL)  # fmt: skip
+        assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(tuple(header)) is not None
+        backend.prefix_cache.clear()
+        with start_prefix_rows(backend, rows, header) as session:
+            np.testing.assert_allclose(session.logprobs, backend.next_token_logprobs(rows), atol=TOL)
+        assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(tuple(header)) is not None
 
 
 def test_clip_blend_synthesis_through_the_shared_prefix_equals_full_prompts(backend: HFBackend) -> None:

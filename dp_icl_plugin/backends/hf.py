@@ -278,9 +278,11 @@ class HFBackend:
     def next_token_logprobs_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray:
         """Next-token log-probabilities of ``rows`` (token ids); the rows that start with ``prefix`` take its KV
         cache (computed once, kept in ``prefix_cache``), the others are computed whole in the same forward (same
-        distributions as :meth:`next_token_logprobs` up to float rounding; see :func:`shared_prefix_forward`)."""
+        distributions as :meth:`next_token_logprobs` up to float rounding; see :func:`shared_prefix_forward`).
+        The prefix goes through the cache whether or not any row starts with it: the cache's use depends on
+        the (public) prefix only."""
         ids = self._prompt_ids(rows)  # next_token_logprobs' checks, length too
-        if not self._prefix_cache_on or not prefix_members(ids, prefix):
+        if not self._prefix_cache_on or len(prefix) == 0:
             return self.next_token_logprobs(ids)
         with self._forwarding():
             groups = self._shared_prefix_groups(prefix, ids)
@@ -293,7 +295,7 @@ class HFBackend:
         """An incremental session over ``rows`` (token ids), started as :meth:`next_token_logprobs_shared_prefix`
         computes them, then grown as :meth:`start`'s is (same distributions up to float rounding)."""
         ids = self._prompt_ids(rows)  # the checks of start, length included
-        if not self._prefix_cache_on or not prefix_members(ids, prefix):
+        if not self._prefix_cache_on or len(prefix) == 0:
             return self.start(ids)
         with self._forwarding():
             groups = self._shared_prefix_groups(prefix, ids)

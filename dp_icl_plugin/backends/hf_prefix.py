@@ -181,8 +181,10 @@ def shared_prefix_forward(backend: HFBackend, prefix: Sequence[int], rows: Seque
     positions from 0. Padding is masked, so each row's distribution is its own prompt's (float rounding aside).
 
     Returns (next-token log-probabilities, the rows' KV cache, its attention mask): what an incremental session
-    continues from. ``prefix`` must be non-empty and some row must start with it; the caller holds
-    ``backend._forwarding()``.
+    continues from. ``prefix`` must be non-empty (no row needs to start with it); the caller holds
+    ``backend._forwarding()``. A row sent whole has keys beyond its own length (the masked prefix): the model
+    must take positions from ``position_ids`` and masks from the attention mask, as transformers 5 does (the
+    extra's floor; tests/test_backend_hf.py checks a row longer than the model's positions with the prefix).
     """
     import torch
 

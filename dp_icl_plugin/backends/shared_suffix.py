@@ -105,10 +105,12 @@ def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], p
 
     ``prefix`` must be public and fixed by the caller (the template's instruction), never read from the rows:
     it is kept in the backend's prefix cache, and a cut found from private prompts would tell the cache (and
-    the timing) what the sampled records have in common.
+    the timing) what the sampled records have in common. For the same reason the prefix goes through the cache
+    whenever the backend has one, even when no row starts with it (a prompt cut to the model's length): what
+    the cache holds and when it was used never depend on the private rows.
     """
     shared = getattr(backend, "next_token_logprobs_shared_prefix", None)
-    if shared is None or not prefix_members(rows, prefix):
+    if shared is None or len(prefix) == 0:  # decided on public inputs only, never on which rows share the prefix
         return backend.next_token_logprobs(list(rows))
     result = np.asarray(shared(list(prefix), list(rows)))
     if result.shape != (len(rows), backend.vocab_size):
@@ -122,7 +124,7 @@ def start_prefix_rows(
     """An incremental session over ``rows`` (token ids), started as :func:`prefix_rows_logprobs` computes them
     (``start_shared_prefix``); ``backend.start(rows)`` on a backend without it. ``prefix`` as there: public."""
     start_shared = getattr(backend, "start_shared_prefix", None)
-    if start_shared is None or not prefix_members(rows, prefix):
+    if start_shared is None or len(prefix) == 0:  # decided on public inputs only, as there
         return backend.start(list(rows))
     session: IncrementalSession = start_shared(list(prefix), list(rows))
     return session
