@@ -40,6 +40,10 @@ from dp_icl_plugin.errors import (
     LedgerError,
     LedgerFormatError,
     ModelFileError,
+    ServerError,
+    ServerMismatchError,
+    ServerRateLimitError,
+    ServerUnavailableError,
     UnsupportedEventError,
 )
 from dp_icl_plugin.timing import FixedLatency
@@ -79,6 +83,11 @@ __all__ = [
     "RDPCurveEvent",
     "SampledWithoutReplacementEvent",
     "SelfComposedEvent",
+    "ServerBackend",
+    "ServerError",
+    "ServerMismatchError",
+    "ServerRateLimitError",
+    "ServerUnavailableError",
     "UnsupportedEventError",
     "__version__",
     "calibrate",
@@ -94,4 +103,8 @@ def __getattr__(name: str) -> object:
         from dp_icl_plugin.backends.hf import HFBackend
 
         return HFBackend
+    if name == "ServerBackend":  # needs httpx and a transformers tokenizer
+        from dp_icl_plugin.backends.server import ServerBackend
+
+        return ServerBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

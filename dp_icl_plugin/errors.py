@@ -13,7 +13,12 @@
     │   │   └── FilterMismatchError               a privacy filter file of another index or budget
     │   └── LedgerCorruptError                    torn, truncated or inconsistent
     └── BackendError                              a model backend failed
-        └── ModelFileError (also ConfigurationError)  a model file that cannot be used (named in the message)
+        ├── ModelFileError (also ConfigurationError)  a model file that cannot be used (named in the message)
+        └── ServerError                           an inference server failed (HTTP status and cause named)
+            ├── ServerUnavailableError            unreachable, timed out or failing after the bounded retries
+            ├── ServerRateLimitError              still rate-limited (HTTP 429) after the bounded retries
+            └── ServerMismatchError (also ConfigurationError)  another model or tokenizer, or a server
+                                                  that cannot give what the backend needs (--max-logprobs)
 
 Messages never contain private text: only parameters, counts and file paths.
 """
@@ -32,6 +37,10 @@ __all__ = [
     "LedgerError",
     "LedgerFormatError",
     "ModelFileError",
+    "ServerError",
+    "ServerMismatchError",
+    "ServerRateLimitError",
+    "ServerUnavailableError",
     "UnsupportedEventError",
 ]
 
@@ -102,3 +111,22 @@ class BackendError(DPICLError):
 class ModelFileError(BackendError, ConfigurationError):
     """A model file cannot be used (missing, truncated, not GGUF, an unsupported architecture or quantisation);
     raised while the backend is built, before anything private is read or charged."""
+
+
+class ServerError(BackendError):
+    """An inference server answered with an error; the message names the HTTP status and the cause, never the
+    request's or the response's text (either may contain a private prompt)."""
+
+
+class ServerUnavailableError(ServerError):
+    """The server could not be reached, timed out or kept failing (HTTP 5xx) through the bounded retries."""
+
+
+class ServerRateLimitError(ServerError):
+    """The server kept answering HTTP 429 (rate limit) through the bounded retries."""
+
+
+class ServerMismatchError(ServerError, ConfigurationError):
+    """The server serves another model or tokenizer than the backend's, or cannot give what the backend needs
+    (full-vocabulary log-probabilities need ``--max-logprobs -1``); raised when the backend is built, before
+    anything private is sent or charged."""

@@ -12,8 +12,17 @@ from dp_icl_plugin.backends.fake import FakeBackend
 
 if TYPE_CHECKING:
     from dp_icl_plugin.backends.hf import HFBackend
+    from dp_icl_plugin.backends.server import ServerBackend
 
-__all__ = ["ChatMessage", "FakeBackend", "HFBackend", "IncrementalSession", "NextTokenBackend", "Prompt"]
+__all__ = [
+    "ChatMessage",
+    "FakeBackend",
+    "HFBackend",
+    "IncrementalSession",
+    "NextTokenBackend",
+    "Prompt",
+    "ServerBackend",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +30,8 @@ def __getattr__(name: str) -> Any:
         from dp_icl_plugin.backends.hf import HFBackend
 
         return HFBackend
+    if name == "ServerBackend":
+        from dp_icl_plugin.backends.server import ServerBackend
+
+        return ServerBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

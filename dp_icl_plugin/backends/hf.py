@@ -12,14 +12,15 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.backends.base import ChatMessage, Prompt, appended_ids, check_logprobs, prompt_ids
+from dp_icl_plugin.backends.base import Prompt, appended_ids, check_logprobs
+from dp_icl_plugin.backends.hf_tokenizer import TokenizerBackendBase
 from dp_icl_plugin.backends.shared_suffix import prefix_members
 from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
 
@@ -54,7 +55,7 @@ def _resolve_dtype(dtype: str | Any) -> Any:
     return resolved
 
 
-class HFBackend:
+class HFBackend(TokenizerBackendBase):
     """Next-token log-probabilities from a ``transformers`` causal LM (``AutoModelForCausalLM``).
 
     Args:
@@ -147,62 +148,6 @@ class HFBackend:
             raise BackendError(f"could not load a causal LM from {os.fspath(path_or_id)!r}: {exc}") from exc
         return cls(model, tokenizer, model_id=model_id, micro_batch_size=micro_batch_size, device=device,
                    prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip
-
-    # ------------------------------------------------------------------ vocabulary
-
-    @property
-    def model_id(self) -> str:
-        return self._model_id
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
-
-    @property
-    def eos_token_id(self) -> int | None:
-        eos = self.tokenizer.eos_token_id
-        return int(eos) if eos is not None else None
-
-    @property
-    def has_chat_template(self) -> bool:
-        return getattr(self.tokenizer, "chat_template", None) is not None
-
-    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        if not isinstance(text, str):
-            raise ConfigurationError(f"text must be a str, got {type(text).__name__}")
-        return self._tokenize(text, add_special_tokens=bool(add_special_tokens))
-
-    def decode(self, token_ids: Sequence[int] | np.ndarray) -> str:
-        return str(self.tokenizer.decode([int(t) for t in token_ids]))
-
-    def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
-        if not self.has_chat_template:
-            raise ConfigurationError(f"the tokenizer of {self.model_id} has no chat template")
-        if not messages or not all(isinstance(m, Mapping) and "role" in m and "content" in m for m in messages):
-            raise ConfigurationError("messages must be a non-empty list of {'role': ..., 'content': ...} mappings")
-        try:
-            out = self.tokenizer.apply_chat_template(
-                [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=True
-            )
-        except Exception as exc:  # template errors are jinja's own types
-            raise BackendError(f"the chat template of {self.model_id} failed: {type(exc).__name__}") from exc
-        ids = out["input_ids"] if isinstance(out, Mapping) else out
-        return [int(t) for t in ids]
-
-    def _tokenize(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        try:
-            return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
-        except Exception as exc:  # tokenizers raises plain Exception for unknown words
-            kind = type(exc).__name__
-            raise ConfigurationError(f"the tokenizer of {self.model_id} rejected a prompt ({kind})") from None
-
-    def _prompt_ids(self, prompts: Sequence[Prompt] | np.ndarray) -> list[list[int]]:
-        return prompt_ids(
-            prompts,
-            encode_prompt=lambda text: self._tokenize(text, add_special_tokens=True),
-            vocab_size=self.vocab_size,
-            max_length=self.max_length,
-        )
 
     # ------------------------------------------------------------------ forward passes
 

@@ -50,9 +50,16 @@ __all__ = [
 
 
 def check_top_k(top_k: int | None, backend: NextTokenBackend) -> None:
-    """A public top-k support cannot be wider than the vocabulary."""
-    if top_k is not None and top_k > backend.vocab_size:
+    """A public top-k support cannot be wider than the vocabulary, nor than the top-k a backend returns exactly
+    (:class:`~dp_icl_plugin.backends.server.ServerBackend` with ``top_k``: its other entries are filled)."""
+    if top_k is None:
+        return
+    if top_k > backend.vocab_size:
         raise ConfigurationError(f"top_k = {top_k} exceeds the vocabulary ({backend.vocab_size})")
+    returned = getattr(backend, "top_k", None)
+    if isinstance(returned, int) and returned < top_k:
+        raise ConfigurationError(f"the method reads the top {top_k} tokens of every row, but the backend returns "
+                                 f"only its top {returned}: build it with top_k >= {top_k} or None")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
-from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend, Prompt, appended_ids, check_logprobs
+from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend, Prompt, check_logprobs
+from dp_icl_plugin.backends.recompute import RecomputingSession as ReencodingSession
 from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
@@ -355,50 +356,6 @@ def clip_blend_decode(
 
 
 # -- measuring what the KV cache buys -----------------------------------------------------------------------
-
-
-class ReencodingSession:
-    """An :class:`~dp_icl_plugin.backends.base.IncrementalSession` that re-encodes every prompt at every step.
-
-    For measurement only (the cost clip-blend avoids: quadratic in T instead of linear); it returns what
-    ``backend.start`` returns, up to float rounding.
-    """
-
-    def __init__(self, backend: NextTokenBackend, prompts: Sequence[Prompt]) -> None:
-        self._backend = backend
-        self._ids = [list(x) if not isinstance(x, str) else backend.encode(x, add_special_tokens=True) for x in prompts]
-        self._logprobs = check_logprobs(backend.next_token_logprobs(self._ids))
-        self._open = True
-
-    @property
-    def n_prompts(self) -> int:
-        return len(self._ids)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.array([len(x) for x in self._ids], dtype=np.int64)
-
-    @property
-    def logprobs(self) -> np.ndarray:
-        return self._logprobs.copy()
-
-    def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
-        if not self._open:
-            raise ConfigurationError("this session is closed")
-        new = appended_ids(token_ids, n_prompts=self.n_prompts, vocab_size=self._backend.vocab_size)
-        for ids, token in zip(self._ids, new, strict=True):
-            ids.append(int(token))
-        self._logprobs = check_logprobs(self._backend.next_token_logprobs(self._ids))
-        return self._logprobs.copy()
-
-    def close(self) -> None:
-        self._open = False
-
-    def __enter__(self) -> ReencodingSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)

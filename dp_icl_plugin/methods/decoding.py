@@ -48,6 +48,7 @@ from dp_icl_plugin.backends.shared_suffix import rows_logprobs, start_rows
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
+from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.clip_blend import assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.mozo import AnswerTemplate
@@ -306,6 +307,7 @@ class MozoDecoder(_Decoder):
         self.n_queries = check.positive_int("n_queries", n_queries)
         self.n_shots = check.positive_int("n_shots", n_shots)
         self.top_k = min(check.positive_int("top_k", top_k), backend.vocab_size)
+        check_top_k(self.top_k, backend)
         self.order = check.order("order", order)
         self.lambda_max = check.positive_finite("lambda_max", lambda_max)
         if self.n_shots > len(self._records):

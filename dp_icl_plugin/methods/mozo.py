@@ -51,7 +51,7 @@ from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.backends.shared_suffix import rows_logprobs
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token, nonprivate_token
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
+from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target, check_top_k
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import Provenance
 from dp_icl_plugin.methods.prompting import demonstration_text
@@ -258,8 +258,7 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         probe = check_logprobs(backend.next_token_logprobs([prompts[0]]))
         if probe.shape != (1, backend.vocab_size):
             raise BackendError(f"the backend returned shape {probe.shape}; expected (1, {backend.vocab_size})")
-        if self.config.top_k > backend.vocab_size:
-            raise ConfigurationError(f"top_k = {self.config.top_k} exceeds the vocabulary ({backend.vocab_size})")
+        check_top_k(self.config.top_k, backend)
 
     def _generate(
         self,

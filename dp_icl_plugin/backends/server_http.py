@@ -1,0 +1,153 @@
+"""HTTP to an OpenAI-compatible inference server: the URL policy, the API key, timeouts, bounded retries, typed errors.
+
+The privacy boundary: the server receives private prompts (as token ids), so it must belong to the data
+holder, like the process that holds the records. Plain ``http://`` is accepted only to a loopback host
+(127.0.0.0/8, ::1, ``localhost``); any other host needs ``https://`` or an explicit
+``allow_insecure_http=True``. The API key is read from the environment (``DP_ICL_SERVER_API_KEY``, else
+``OPENAI_API_KEY``) unless given, and sent as a bearer token.
+
+Retries: a request that fails to connect, times out, or gets HTTP 429/502/503/504 is retried at most
+``max_retries`` times with exponential back-off; the whole request is one call of a backend method, so the
+method's single charge (made before its first model call) is never repeated. Error messages name the HTTP
+status and a cause, never a request's or a response's body: either may contain a private prompt.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.errors import (
+    ConfigurationError,
+    ServerError,
+    ServerMismatchError,
+    ServerRateLimitError,
+    ServerUnavailableError,
+)
+
+__all__ = ["API_KEY_VARIABLES", "ServerClient", "check_base_url"]
+
+API_KEY_VARIABLES = ("DP_ICL_SERVER_API_KEY", "OPENAI_API_KEY")
+_RETRIED_STATUSES = frozenset({429, 502, 503, 504})
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_base_url(url: str, *, allow_insecure_http: bool) -> str:
+    """The server's base URL without a trailing slash (and without a trailing ``/v1``); ConfigurationError for
+    another scheme, or plain http to a non-loopback host without ``allow_insecure_http``."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigurationError("the server URL must be a non-empty string such as 'http://127.0.0.1:8000'")
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError("the server URL must start with http:// or https:// and name a host")
+    if parts.scheme == "http" and not _is_loopback(parts.hostname) and not allow_insecure_http:
+        raise ConfigurationError(
+            f"plain http to {parts.hostname} would send private prompts unencrypted: use https://, or pass "
+            "allow_insecure_http=True if the network between this process and the server is trusted"
+        )
+    base = url.strip().rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def _cause(status: int, body: str) -> str:
+    """A cause for an HTTP error, from known phrases of OpenAI-compatible servers; never the body itself."""
+    text = body.lower()
+    if "max_logprobs" in text or ("logprobs" in text and "max allowed" in text):
+        return "it limits log-probabilities: start vLLM with --max-logprobs -1 (or use a top_k it allows)"
+    if "does not exist" in text and "model" in text:
+        return "it does not serve this model name"
+    if "maximum context length" in text or "max_model_len" in text or "too long" in text:
+        return "a prompt is longer than the server's context length"
+    if status in (401, 403):
+        return "the API key was refused (set DP_ICL_SERVER_API_KEY or OPENAI_API_KEY)"
+    if status == 404:
+        return "the endpoint does not exist (is this an OpenAI-compatible server such as vLLM?)"
+    return "see the server's log"
+
+
+class ServerClient:
+    """Blocking JSON requests to one server, safe to share between threads (one ``httpx.Client``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        max_retries: int = 2,
+        backoff: float = 0.5,
+        allow_insecure_http: bool = False,
+        verify: bool | str = True,
+        max_connections: int = 64,
+        transport: Any = None,
+    ) -> None:
+        import httpx
+
+        self.base_url = check_base_url(base_url, allow_insecure_http=allow_insecure_http)
+        self.timeout = check.positive_finite("timeout", timeout)
+        self.max_retries = check.int_at_least("max_retries", max_retries, 0)
+        self.backoff = check.non_negative_finite("backoff", backoff)
+        key = api_key if api_key is not None else next(filter(None, map(os.environ.get, API_KEY_VARIABLES)), None)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout, verify=verify,
+                                    limits=limits, transport=transport)  # fmt: skip
+
+    def get(self, path: str) -> Any:
+        return self._request("GET", path, None)
+
+    def post(self, path: str, payload: dict[str, Any]) -> Any:
+        return self._request("POST", path, payload)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> Any:
+        import httpx
+
+        where = f"{method} {self.base_url}{path}"
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self._client.request(method, path, json=payload)
+            except httpx.TimeoutException:
+                if last:
+                    raise ServerUnavailableError(f"{where} timed out after {self.timeout:g} s "
+                                                 f"({self.max_retries + 1} attempts)") from None  # fmt: skip
+            except httpx.TransportError as exc:
+                if last:
+                    raise ServerUnavailableError(f"{where}: the server cannot be reached ({type(exc).__name__}; "
+                                                 f"{self.max_retries + 1} attempts)") from None  # fmt: skip
+            else:
+                status = response.status_code
+                if status < 400:
+                    try:
+                        return response.json()
+                    except ValueError:
+                        raise ServerError(f"{where}: the answer is not JSON") from None
+                if status not in _RETRIED_STATUSES or last:
+                    raise self._error(where, status, response.text)
+            time.sleep(self.backoff * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _error(self, where: str, status: int, body: str) -> ServerError:
+        message = f"{where} failed with HTTP {status}: {_cause(status, body)}"
+        if status == 429:
+            return ServerRateLimitError(f"{message} ({self.max_retries + 1} attempts)")
+        if status >= 500:
+            return ServerUnavailableError(f"{message} ({self.max_retries + 1} attempts)")
+        if "max_logprobs" in body.lower() or "max allowed" in body.lower() or status == 404:
+            return ServerMismatchError(message)
+        return ServerError(message)
