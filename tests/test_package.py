@@ -22,6 +22,7 @@ PUBLIC_API = {
     "ExponentialMechanismEvent", "FakeBackend", "FixedLatency", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
     "LedgerFormatError", "ModelFileError", "MozoTokenEvent", "NextTokenBackend", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
     "RDPCurveEvent", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
+    "ServerBackend", "ServerError", "ServerMismatchError", "ServerRateLimitError", "ServerUnavailableError",
     "__version__", "calibrate", "compose", "get_accountant",
 }  # fmt: skip
 
@@ -41,13 +42,16 @@ def test_error_tree() -> None:
     assert issubclass(errors.UnsupportedEventError, errors.ConfigurationError)
     assert issubclass(errors.LedgerCorruptError, errors.LedgerError)
     assert issubclass(errors.ModelFileError, errors.BackendError) and issubclass(errors.ModelFileError, ValueError)
+    assert issubclass(errors.ServerUnavailableError, errors.ServerError) and issubclass(errors.ServerError,
+                                                                                      errors.BackendError)
+    assert issubclass(errors.ServerMismatchError, errors.ConfigurationError)  # raised before anything is charged
 
 
 def test_core_import_loads_no_heavy_framework() -> None:
     code = (
         "import sys, dp_icl_plugin, dp_icl_plugin.accounting, dp_icl_plugin.cli, dp_icl_plugin.backends,"
         " dp_icl_plugin.ginc, dp_icl_plugin.ginc.prompts, dp_icl_plugin.ginc.evaluation, dp_icl_plugin.demo;"
-        "heavy = {'torch', 'transformers', 'faiss', 'langchain_core', 'llama_index', 'sentence_transformers'};"
+        "heavy = {'torch', 'transformers', 'faiss', 'langchain_core', 'llama_index', 'sentence_transformers', 'httpx'};"
         "print(sorted(heavy & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -25,6 +25,7 @@ charged here: methods charge before their first call, and a failing server ends 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -93,6 +94,7 @@ class ServerBackend(TokenizerBackendBase):
         # one position is the answer token the completion request asks for
         self.max_length: int | None = None if max_model_len is None else max_model_len - 1
         self._pool = ThreadPoolExecutor(max_workers=self.max_concurrency, thread_name_prefix="dp-icl-server")
+        self._closer = weakref.finalize(self, _close, self._pool, self._client)  # connections go with the backend
         self._check_tokenizer()
         self._check_logprobs()
 
@@ -165,9 +167,8 @@ class ServerBackend(TokenizerBackendBase):
         return RecomputingSession(self, self._prompt_ids(prompts))
 
     def close(self) -> None:
-        """Close the connections and the request threads."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+        """Close the connections and the request threads (also when the backend is garbage-collected)."""
+        self._closer()
 
     def __enter__(self) -> ServerBackend:
         return self
@@ -178,6 +179,11 @@ class ServerBackend(TokenizerBackendBase):
     def __repr__(self) -> str:
         k = "full vocabulary" if self.top_k is None else f"top_k={self.top_k}"
         return f"ServerBackend(base_url={self.base_url!r}, model={self.model!r}, {k})"
+
+
+def _close(pool: ThreadPoolExecutor, client: ServerClient) -> None:
+    pool.shutdown(wait=False, cancel_futures=True)
+    client.close()
 
 
 def load_tokenizer(path_or_name: str | os.PathLike[str]) -> Any:

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from dp_icl_plugin.backends.base import NextTokenBackend
+
 __all__ = ["METHOD_CHOICES", "add_parser", "synthesize"]
 
 METHOD_CHOICES = ("tang", "pta", "adadpsyn", "clip-blend", "mozo-offline")
@@ -37,8 +39,16 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--public-inputs", default=None, help="mozo-offline: public inputs (.txt, one per line, or "
                    ".csv/.jsonl with --input-column)")  # fmt: skip
     p.add_argument("--input-column", default=None, help="the column of --public-inputs in a .csv/.jsonl file")
-    p.add_argument("--model", required=True, help="a local Hugging Face causal LM directory, a .gguf file, a "
-                   "named model ('smollm2-135m-instruct'), or 'ginc'")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--model", help="a local Hugging Face causal LM directory, a .gguf file, a named model "
+                       "('smollm2-135m-instruct'), or 'ginc'")  # fmt: skip
+    where.add_argument("--server", help="an OpenAI-compatible inference server's URL (vLLM started with "
+                       "--max-logprobs -1); needs --tokenizer")  # fmt: skip
+    p.add_argument("--tokenizer", default=None, help="--server: the served model's folder, .gguf file or name")
+    p.add_argument("--server-top-k", type=integer, default=None,
+                   help="--server: ask for the top k log-probabilities only (default: the full vocabulary)")
+    p.add_argument("--allow-insecure-http", action="store_true",
+                   help="--server: allow plain http to a host other than this machine")
     p.add_argument("--device", default="auto")
     p.add_argument("--epsilon", type=number, required=True, help="target ε of this synthesis")
     p.add_argument("--delta", type=number, default=None, help="target δ (default: the ledger's δ)")
@@ -182,16 +192,25 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
         assert budget_arg is not None
         delta = budget_arg.delta
     delta = a.delta if a.delta is not None else delta
+    if (a.server is None) != (a.tokenizer is None and a.server_top_k is None and not a.allow_insecure_http):
+        raise ConfigurationError("--server needs --tokenizer; --tokenizer, --server-top-k and --allow-insecure-http "
+                                 "apply to --server only")  # fmt: skip
     method = _method(a, delta)  # config errors before any private record is read, nothing charged
     inputs = _public_inputs(a)
     counts = _label_counts(a.public_label_counts)
     data = load_dataset(a.data, text_column=a.text_column, label_column=a.label_column, labels=_labels(a.labels),
                         public_label_counts=counts)  # fmt: skip
     plan = method.plan(data, _labels(a.generate_for), public_inputs=inputs, neighbouring=relation)
+    backend: NextTokenBackend
     if a.model == "ginc":
         from dp_icl_plugin.ginc import load_model
 
         backend, _ = load_model(device=a.device)
+    elif a.server is not None:
+        from dp_icl_plugin.backends.loading import load_backend
+
+        backend = load_backend(a.server, tokenizer=a.tokenizer, top_k=a.server_top_k,
+                               allow_insecure_http=a.allow_insecure_http)  # fmt: skip
     else:
         from dp_icl_plugin.backends.hf import HFBackend
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 
-__all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "check_query"]
+__all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query"]
 
 Query = str | Sequence[Mapping[str, str]]
 ROLES = ("system", "user", "assistant")
@@ -438,3 +439,28 @@ class ClipBlendDecoder(_Decoder):
                 yield token
                 if step + 1 < limit:
                     logprobs = check_logprobs(session.append(token))
+
+
+def build_decoder(
+    model_id: str,
+    dataset: PrivateDataset,
+    *,
+    budget: BudgetManager,
+    method: str = "mozo",
+    device: str | None = None,
+    dtype: str | None = None,
+    tokenizer: Any = None,
+    server: dict[str, Any] | None = None,
+    **settings: Any,
+) -> MozoDecoder | ClipBlendDecoder:
+    """A DP decoder (``method``: ``"mozo"`` or ``"clip-blend"``; ``settings`` go to it) over a local model or an
+    inference server: ``model_id`` as :func:`~dp_icl_plugin.backends.loading.load_backend` takes it (a URL
+    needs ``tokenizer``; ``server`` holds ServerBackend settings such as ``top_k``)."""
+    from dp_icl_plugin.backends.loading import load_backend
+
+    if method not in ("mozo", "clip-blend"):
+        raise ConfigurationError(f"method must be 'mozo' or 'clip-blend', got {method!r}")
+    backend = load_backend(model_id, tokenizer=tokenizer, device=device, dtype=dtype, **(server or {}))
+    if method == "mozo":
+        return MozoDecoder(dataset, backend=backend, budget=budget, **settings)
+    return ClipBlendDecoder(dataset, backend=backend, budget=budget, **settings)

@@ -24,33 +24,11 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateDataset
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder, _Decoder
+from dp_icl_plugin.methods.decoding import _Decoder, build_decoder
 
 __all__ = ["DPLLM", "DPChatModel", "build_decoder"]
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
-
-
-def build_decoder(
-    model_id: str,
-    dataset: PrivateDataset,
-    *,
-    budget: BudgetManager,
-    method: str = "mozo",
-    device: str | None = None,
-    dtype: str | None = None,
-    **settings: Any,
-) -> _Decoder:
-    """A DP decoder over a local Hugging Face model (``model_id``: a path, a hub id already cached, a ``.gguf``
-    file or a named model such as ``"smollm2-135m-instruct"``)."""
-    from dp_icl_plugin.backends.hf import HFBackend
-
-    backend = HFBackend.from_pretrained(model_id, device=device, dtype=dtype)
-    if method == "mozo":
-        return MozoDecoder(dataset, backend=backend, budget=budget, **settings)
-    if method == "clip-blend":
-        return ClipBlendDecoder(dataset, backend=backend, budget=budget, **settings)
-    raise ConfigurationError(f"method must be 'mozo' or 'clip-blend', got {method!r}")
 
 
 def _messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
@@ -85,8 +63,9 @@ class _DPModelMixin:
         cls, model_id: str, dataset: PrivateDataset, *, budget: BudgetManager, rng: np.random.Generator,
         method: str = "mozo", **settings: Any,
     ) -> Self:  # fmt: skip
-        """The model over a local Hugging Face model (a path or a cached hub id); ``settings`` go to the
-        decoder (see :func:`build_decoder`)."""
+        """The model over a local model (a path, a cached hub id, a ``.gguf`` file, a named model) or an
+        inference server's URL (with ``tokenizer=``); ``settings`` go to
+        :func:`~dp_icl_plugin.methods.decoding.build_decoder`."""
         return cls(
             decoder=build_decoder(model_id, dataset, budget=budget, method=method, **settings), rng=rng, model=model_id
         )

@@ -25,14 +25,16 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from pydantic import PrivateAttr
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.decoding import _Decoder
+from dp_icl_plugin.methods.data import PrivateDataset
+from dp_icl_plugin.methods.decoding import _Decoder, build_decoder
 
 __all__ = ["DPLLM"]
 
 
 class DPLLM(CustomLLM):
-    """DP completions and chats over a local model (see the module docstring)."""
+    """DP completions and chats over a local model or an inference server (see the module docstring)."""
 
     model_name: str = "dp-icl"
     max_tokens: int | None = None
@@ -49,6 +51,15 @@ class DPLLM(CustomLLM):
             check.positive_int("max_tokens", self.max_tokens)
         self._decoder = decoder
         self._rng = rng
+
+    @classmethod
+    def from_model_id(
+        cls, model_id: str, dataset: PrivateDataset, *, budget: BudgetManager, rng: np.random.Generator,
+        method: str = "mozo", **settings: Any,
+    ) -> DPLLM:  # fmt: skip
+        """The LLM over a local model or an inference server's URL (with ``tokenizer=``); ``settings`` go to
+        :func:`~dp_icl_plugin.methods.decoding.build_decoder`."""
+        return cls(build_decoder(model_id, dataset, budget=budget, method=method, **settings), rng=rng)
 
     @classmethod
     def class_name(cls) -> str:

@@ -1,0 +1,43 @@
+"""One entry point from a model name or a server URL to a backend (used by the CLI and both adapters)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.errors import ConfigurationError
+
+__all__ = ["is_server_url", "load_backend"]
+
+
+def is_server_url(model: str | os.PathLike[str]) -> bool:
+    """True for ``http://...`` or ``https://...`` (an inference server), False for a model path or name."""
+    return isinstance(model, str) and model.strip().lower().startswith(("http://", "https://"))
+
+
+def load_backend(
+    model: str | os.PathLike[str],
+    *,
+    tokenizer: Any = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    **server_settings: Any,
+) -> NextTokenBackend:
+    """:class:`~dp_icl_plugin.backends.server.ServerBackend` for a server URL (``tokenizer``: the served model's,
+    a folder, ``.gguf`` file, named model or tokenizer object; ``server_settings`` such as ``top_k``,
+    ``allow_insecure_http``), else :class:`~dp_icl_plugin.backends.hf.HFBackend` over a local model (a folder,
+    a hub id already cached, a ``.gguf`` file or a named model such as ``"smollm2-135m-instruct"``)."""
+    if is_server_url(model):
+        if tokenizer is None:
+            raise ConfigurationError("a server URL needs tokenizer= (the served model's folder, .gguf file or name): "
+                                     "prompts are tokenised here and sent as token ids")  # fmt: skip
+        from dp_icl_plugin.backends.server import ServerBackend
+
+        return ServerBackend.from_url(str(model).strip(), tokenizer, **server_settings)
+    if tokenizer is not None or server_settings:
+        extra = sorted(["tokenizer"] * (tokenizer is not None) + list(server_settings))
+        raise ConfigurationError(f"{extra} apply to a server URL only, not to a local model")
+    from dp_icl_plugin.backends.hf import HFBackend
+
+    return HFBackend.from_pretrained(model, device=device, dtype=dtype)
