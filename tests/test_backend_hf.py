@@ -790,3 +790,24 @@ def test_clip_blend_synthesis_through_the_shared_prefix_equals_full_prompts(back
             if model is backend:  # only the public instruction went through the cache, whatever the records share
                 assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(instruction) is not None
         assert [d.token_ids for d in made[0]] == [d.token_ids for d in made[1]]
+
+
+def test_clip_blend_answers_fit_the_model_whatever_the_records_length(backend: HFBackend) -> None:
+    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+    from dp_icl_plugin.methods.decoding import ClipBlendDecoder
+    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
+
+    names = symbol_names(VOCAB)
+    records = PrivateDataset([PrivateRecord(" ".join(names[3 + (i + j) % 100] for j in range(30 + 20 * (i % 3))),
+                                            names[110]) for i in range(12)])  # fmt: skip  # some past 64 positions
+    budget = BudgetManager(PrivacyBudget(50.0, 1e-3))
+    decoder = ClipBlendDecoder(records, backend=backend, budget=budget, n_queries=2, subset_size=6,
+                               rng_subset=np.random.default_rng(1), temperature=1.0, max_tokens=8,
+                               template=ANSWER_PRESETS["ginc"])  # fmt: skip
+    answer = decoder.generate(" ".join(names[20:26]), rng=np.random.default_rng(0), stop=[])
+    assert len(answer.token_ids) == 8  # no failure after the charge when a fixed prompt grows past the model
+    with pytest.raises(ConfigurationError, match="does not fit"):  # a limit the model cannot hold: before a charge
+        ClipBlendDecoder(records, backend=backend, budget=budget, n_queries=1, subset_size=6,
+                         rng_subset=np.random.default_rng(1), temperature=1.0, max_tokens=N_POSITIONS,
+                         template=ANSWER_PRESETS["ginc"]).generate("x", rng=np.random.default_rng(0))  # fmt: skip

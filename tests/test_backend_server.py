@@ -57,6 +57,7 @@ class FakeVLLM:
         self.in_flight = self.peak = 0
         self.lock = threading.Lock()
         self.delay = 0.0
+        self.truncate: int | None = None  # answer only this many entries, whatever was asked (a bad replica)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         with self.lock:
@@ -98,7 +99,7 @@ class FakeVLLM:
         finally:
             with self.lock:
                 self.in_flight -= 1
-        order = np.argsort(-row, kind="stable")[: vocab if k == -1 else k]
+        order = np.argsort(-row, kind="stable")[: vocab if k == -1 else k][: self.truncate]
         top = {f"token_id:{int(i)}": max(float(row[i]), -9999.0) for i in order}
         return httpx.Response(200, json={"choices": [{"index": 0, "text": "", "logprobs": {"top_logprobs": [top]}}]})
 
@@ -183,7 +184,9 @@ def test_prompts_of_a_call_go_concurrently(hf: HFBackend) -> None:
     assert fake.peak >= 4
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://vllm.internal", "ftp://127.0.0.1", "127.0.0.1:8000"])
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://vllm.internal", "ftp://127.0.0.1", "127.0.0.1:8000",
+                                 "http://127.0.0.1.evil.example", "http://127.0.0.1@evil.example",
+                                 "https://user:pw@vllm.internal", "HTTP://10.0.0.1"])  # fmt: skip
 def test_plain_http_beyond_loopback_and_other_schemes_are_refused(url: str) -> None:
     with pytest.raises(ConfigurationError):
         check_base_url(url, allow_insecure_http=False)
@@ -267,3 +270,33 @@ def test_a_tokenizer_path_is_loaded_from_local_files(hf: HFBackend, tmp_path: Pa
     assert load_tokenizer(tmp_path)("the patient")["input_ids"] == hf.tokenizer("the patient")["input_ids"]
     with pytest.raises(ConfigurationError, match="no tokenizer"):
         load_tokenizer(tmp_path / "missing")
+
+
+def test_no_proxy_from_the_environment_sees_the_prompts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dp_icl_plugin.backends.server_http import ServerClient
+
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, "http://proxy.invalid:3128")
+    client = ServerClient("http://127.0.0.1:8000")
+    assert client._client._transport_for_url(httpx.URL("http://127.0.0.1:8000/v1/models")) is client._client._transport
+    client.close()
+
+
+def test_errors_keep_no_request_or_answer_in_their_chain(hf: HFBackend) -> None:
+    fake = FakeVLLM(hf)
+    server = _backend(fake, max_retries=0)
+    for failure in ("down", 400):
+        fake.fail = [failure]
+        with pytest.raises(ServerError) as caught:
+            server.next_token_logprobs([hf.encode(SECRET, add_special_tokens=True)])
+        assert caught.value.__cause__ is None and caught.value.__context__ is None
+
+
+def test_a_short_answer_in_full_vocabulary_mode_is_an_error_never_filled(hf: HFBackend) -> None:
+    fake = FakeVLLM(hf)
+    server = _backend(fake)
+    fake.truncate = 10  # a replica behind the router without --max-logprobs -1
+    with pytest.raises(ServerError, match="10 of"):
+        server.next_token_logprobs([[5, 9]])
+    with pytest.raises(ServerError, match="twice"):
+        full_row({"token_id:5": -1.0, "token_id:05": -1.0}, 10)

@@ -108,8 +108,10 @@ class ServerBackend(TokenizerBackendBase):
 
     # -- start-up checks (public probes only) ----------------------------------------------------------------
     def _served_model(self, wanted: str | None) -> tuple[str, int | None]:
-        cards = self._client.get("/v1/models").get("data") or []
-        names = [str(c.get("id")) for c in cards if isinstance(c, dict)]
+        answer = self._client.get("/v1/models")
+        cards = (answer.get("data") if isinstance(answer, dict) else None) or []
+        cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
+        names = [str(c.get("id")) for c in cards]
         if wanted is None and len(names) == 1:
             wanted = names[0]
         if wanted is None:
@@ -151,7 +153,7 @@ class ServerBackend(TokenizerBackendBase):
         return top
 
     def _row(self, ids: list[int]) -> np.ndarray:
-        return full_row(self._top_logprobs(ids), self.vocab_size)
+        return full_row(self._top_logprobs(ids), self.vocab_size, complete=self.top_k is None)
 
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
         ids = self._prompt_ids(prompts)  # every check before anything is sent

@@ -31,6 +31,13 @@ from dp_icl_plugin.errors import (
 
 __all__ = ["API_KEY_VARIABLES", "ServerClient", "check_base_url"]
 
+
+def _json(response: Any) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
 API_KEY_VARIABLES = ("DP_ICL_SERVER_API_KEY", "OPENAI_API_KEY")
 _RETRIED_STATUSES = frozenset({429, 502, 503, 504})
 
@@ -52,6 +59,8 @@ def check_base_url(url: str, *, allow_insecure_http: bool) -> str:
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigurationError("the server URL must start with http:// or https:// and name a host")
+    if parts.username is not None or parts.password is not None:  # it would show in every message and repr
+        raise ConfigurationError("put no credentials in the server URL: pass api_key= or set DP_ICL_SERVER_API_KEY")
     if parts.scheme == "http" and not _is_loopback(parts.hostname) and not allow_insecure_http:
         raise ConfigurationError(
             f"plain http to {parts.hostname} would send private prompts unencrypted: use https://, or pass "
@@ -102,8 +111,10 @@ class ServerClient:
         key = api_key if api_key is not None else next(filter(None, map(os.environ.get, API_KEY_VARIABLES)), None)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # trust_env=False: no proxy from HTTP_PROXY & co. (httpx would route even loopback through one, in clear)
+        # and no .netrc credentials; the URL policy above is the whole story of where prompts go
         self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout, verify=verify,
-                                    limits=limits, transport=transport)  # fmt: skip
+                                    limits=limits, transport=transport, trust_env=False)  # fmt: skip
 
     def get(self, path: str) -> Any:
         return self._request("GET", path, None)
@@ -115,32 +126,37 @@ class ServerClient:
         self._client.close()
 
     def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> Any:
-        import httpx
-
         where = f"{method} {self.base_url}{path}"
-        for attempt in range(self.max_retries + 1):
-            last = attempt == self.max_retries
-            try:
-                response = self._client.request(method, path, json=payload)
-            except httpx.TimeoutException:
-                if last:
-                    raise ServerUnavailableError(f"{where} timed out after {self.timeout:g} s "
-                                                 f"({self.max_retries + 1} attempts)") from None  # fmt: skip
-            except httpx.TransportError as exc:
-                if last:
-                    raise ServerUnavailableError(f"{where}: the server cannot be reached ({type(exc).__name__}; "
-                                                 f"{self.max_retries + 1} attempts)") from None  # fmt: skip
-            else:
-                status = response.status_code
-                if status < 400:
-                    try:
-                        return response.json()
-                    except ValueError:
-                        raise ServerError(f"{where}: the answer is not JSON") from None
-                if status not in _RETRIED_STATUSES or last:
-                    raise self._error(where, status, response.text)
+        attempts = self.max_retries + 1
+        for attempt in range(attempts):
+            # exceptions are turned into ours outside their except blocks, so that no __context__ keeps the
+            # request (its token ids) or the answer's body
+            response, failure = self._attempt(method, path, payload)
+            if response is not None and response.status_code < 400:
+                body = _json(response)
+                if body is None:
+                    raise ServerError(f"{where}: the answer is not JSON")
+                return body
+            last = attempt == attempts - 1
+            if response is not None and (response.status_code not in _RETRIED_STATUSES or last):
+                raise self._error(where, response.status_code, response.text)
+            if response is None and last:
+                raise ServerUnavailableError(f"{where}: {failure} ({attempts} attempts)")
             time.sleep(self.backoff * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _attempt(self, method: str, path: str, payload: dict[str, Any] | None) -> tuple[Any, str]:
+        """(the response, "") or (None, why it failed: a timeout or a transport error, named by type only)."""
+        import httpx
+
+        failure = ""
+        try:
+            return self._client.request(method, path, json=payload), ""
+        except httpx.TimeoutException:
+            failure = f"timed out after {self.timeout:g} s"
+        except httpx.TransportError as exc:
+            failure = f"the server cannot be reached ({type(exc).__name__})"
+        return None, failure
 
     def _error(self, where: str, status: int, body: str) -> ServerError:
         message = f"{where} failed with HTTP {status}: {_cause(status, body)}"

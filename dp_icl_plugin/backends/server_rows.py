@@ -45,11 +45,14 @@ def token_id(key: str) -> int:
         raise ServerError("the server returned a malformed token id key") from None
 
 
-def full_row(top: Mapping[str, float], vocab_size: int) -> np.ndarray:
-    """A normalised float32 row of ``vocab_size`` log-probabilities from a server's top-k mapping."""
+def full_row(top: Mapping[str, float], vocab_size: int, *, complete: bool = False) -> np.ndarray:
+    """A normalised float32 row of ``vocab_size`` log-probabilities from a server's top-k mapping; ``complete``:
+    the answer must hold every token (full-vocabulary mode: a short answer is an error, never filled)."""
     if not top:
         raise ServerError("the server returned no log-probabilities")
     ids = np.fromiter((token_id(k) for k in top), dtype=np.int64, count=len(top))
+    if len(np.unique(ids)) < len(ids):
+        raise ServerError("the server returned a token id twice")
     values = np.fromiter((float(v) for v in top.values()), dtype=np.float64, count=len(top))
     if np.isnan(values).any() or (values > 1e-3).any():
         raise ServerError("the server returned log-probabilities that are not log-probabilities (NaN or > 0)")
@@ -61,6 +64,9 @@ def full_row(top: Mapping[str, float], vocab_size: int) -> np.ndarray:
     row[ids] = values
     missing = np.isnan(row)
     n_missing = int(missing.sum())
+    if n_missing and complete:
+        raise ServerError(f"asked for the full vocabulary, the server returned {vocab_size - n_missing} of "
+                          f"{vocab_size} tokens (a replica started without --max-logprobs -1?)")  # fmt: skip
     if n_missing:
         residual = max(0.0, 1.0 - float(np.exp(values).sum()))
         bound = float(values.min())  # no missing token is likelier than the least likely returned one

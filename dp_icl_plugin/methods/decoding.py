@@ -193,11 +193,18 @@ class _Decoder:
         else:
             stops = tuple(stop)
         prompt = check_query(query)
-        if not self._ids(prompt, None):
+        if not self._ids(prompt, None, reserve=self._reserve(limit)):
             raise ConfigurationError("the prompt encodes to no tokens")
         return limit, stops, prompt
 
-    def _ids(self, query: str | tuple[dict[str, str], ...], record: PrivateRecord | None) -> list[int]:
+    def _reserve(self, limit: int) -> int:
+        """Positions a prompt must leave free for an answer of ``limit`` tokens beyond the next one: none when
+        every step's prompts are cut afresh (MOZO), ``limit − 1`` for prompts that stay fixed (clip-blend)."""
+        return 0
+
+    def _ids(
+        self, query: str | tuple[dict[str, str], ...], record: PrivateRecord | None, *, reserve: int = 0
+    ) -> list[int]:
         b, t = self.backend, self.template
         if isinstance(query, str):
             text = t.zero_shot_prompt(query) if record is None else t.one_shot_prompt(record, query)
@@ -214,7 +221,9 @@ class _Decoder:
                 text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
                 ids = b.encode(text, add_special_tokens=True)
         capacity = getattr(b, "max_length", None)
-        room = None if capacity is None else capacity - 1  # one position left for the next token
+        room = None if capacity is None else capacity - 1 - reserve  # one position left for the next token
+        if room is not None and room < 1:  # public: the query's limit against the model's length
+            raise ConfigurationError(f"an answer of {reserve + 1} tokens does not fit the model's {capacity} positions")
         return ids if room is None or len(ids) <= room else ids[-room:]
 
     @staticmethod
@@ -427,8 +436,12 @@ class ClipBlendDecoder(_Decoder):
         return me.clip_blend_event(clip=self.clip, subset_size=self.subset_size, temperature=self.temperature,
                                    steps=steps, neighbouring=self.neighbouring)  # fmt: skip
 
+    def _reserve(self, limit: int) -> int:
+        return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
+
     def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
-        prompts = [self._ids(prompt, None)] + [self._ids(prompt, r) for r in self._subset]
+        room = self._reserve(limit)
+        prompts = [self._ids(prompt, None, reserve=room)] + [self._ids(prompt, r, reserve=room) for r in self._subset]
         # the prompts stay fixed: one KV cache each, the records' parts from the backend's prefix cache (they
         # recur in every answer) where it has one
         with start_rows(self.backend, prompts) as session:
