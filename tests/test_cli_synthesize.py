@@ -147,3 +147,22 @@ def test_mozo_offline_answers_public_inputs(data_file: Path, tmp_path: Path, cap
                  "output", "--public-inputs", str(queries), "--model", "ginc", "--epsilon", "1", "--ledger",
                  str(tmp_path / "l.db"), "--out", str(tmp_path / "x.jsonl")])  # fmt: skip
     assert code == 2 and "mozo-offline" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("where", [["--server", "http://127.0.0.1:9"],  # no --tokenizer
+                                   ["--model", "ginc", "--tokenizer", "x"],  # --tokenizer is for --server
+                                   ["--server", "http://10.1.2.3:8000", "--tokenizer", "x"],  # plain http off-host
+                                   ["--server", "http://127.0.0.1:9", "--tokenizer", "ginc-missing"]])  # fmt: skip
+def test_server_options_are_checked_before_anything_is_charged(data_file: Path, tmp_path: Path, capsys,
+                                                               where: list[str]) -> None:  # fmt: skip
+    ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
+    at = ARGS.index("--model")
+    args = ARGS[:at] + ARGS[at + 2 :]
+    code = main(["synthesize", *args, *where, "--data", str(data_file), "--ledger", str(ledger), "--out", str(out),
+                 "--epsilon", "4", "--budget-epsilon", "5", "--budget-delta", "0.01"])  # fmt: skip
+    capsys.readouterr()
+    assert code != 0 and not out.exists()
+    if ledger.exists():
+        budget = BudgetManager.open(ledger)
+        assert budget.history() == []
+        budget.close()

@@ -110,3 +110,27 @@ def test_aretrieve_leaves_the_event_loop_free() -> None:
 
     ticks, n = asyncio.run(main())
     assert n == 1 and ticks > 1  # the loop kept running while the release ran in a worker thread
+
+
+class _Tokenizer:  # enough of a tokenizer to reach the URL check
+    def encode(self, text: str) -> list[int]:
+        return [1]
+
+    def decode(self, ids: list[int]) -> str:
+        return "a"
+
+    def __len__(self) -> int:
+        return 10
+
+
+def test_dpllm_from_a_server_url_needs_the_tokenizer_and_keeps_to_loopback() -> None:
+    from dp_icl_plugin.methods import PrivateDataset
+
+    data = PrivateDataset.from_pairs(["a question"] * 5, ["x"] * 5)
+    budget = BudgetManager(PrivacyBudget(2.0, 1e-3))
+    with pytest.raises(ConfigurationError, match="tokenizer="):
+        DPLLM.from_model_id("http://127.0.0.1:8000", data, budget=budget, rng=np.random.default_rng(0))
+    with pytest.raises(ConfigurationError, match="plain http"):
+        DPLLM.from_model_id("http://10.0.0.7:8000", data, budget=budget, rng=np.random.default_rng(0),
+                            tokenizer=_Tokenizer())  # fmt: skip
+    assert budget.history() == []
