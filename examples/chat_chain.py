@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from dp_icl_langchain import DPChatModel
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
+from langchain_dp_icl import ChatDPICL
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.methods import PrivateDataset
@@ -36,7 +36,7 @@ def main() -> None:
     # --8<-- [start:chat]
     private = PrivateDataset.from_pairs(questions, classes)  # the private records
     budget = BudgetManager(PrivacyBudget(epsilon=3.0, delta=1e-4), ledger=ledger)
-    chat = DPChatModel.from_model_id(
+    chat = ChatDPICL.from_model_id(
         "smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(), n_queries=100, epsilon=2.0,
         max_tokens=12,
     )  # β calibrated for 100 answers

@@ -3,7 +3,7 @@
 Offline, about a minute on the committed GINC model:
 1. 1,600 private GINC examples per concept; PTA synthesizes 4 demonstrations per concept at ε = 1
    (δ = 1/1,600), charged once to a ledger file.
-2. ``DPFewShotExampleSelector`` serves them (free: post-processing) to a ``FewShotPromptTemplate``, and an
+2. ``DPICLExampleSelector`` serves them (free: post-processing) to a ``FewShotPromptTemplate``, and an
    LCEL chain answers GINC test queries with the model's next token.
 3. Accuracy with the DP demonstrations against 0-shot (the same chain, no demonstrations), then the ledger.
 4. A real DP answer: the pretrained SmolLM2-135M-Instruct chat model (installed by the set-up) answers a
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from dp_icl_langchain import DPFewShotExampleSelector
 from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate
 from langchain_core.runnables import RunnableLambda
+from langchain_dp_icl import DPICLExampleSelector
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.ginc import load_model
@@ -55,7 +55,7 @@ def main() -> None:
         top_k=10,
         template=PRESETS["ginc"],
     )
-    selector = DPFewShotExampleSelector(
+    selector = DPICLExampleSelector(
         synthesizer=pta,
         dataset=private,
         backend=backend,
@@ -92,7 +92,7 @@ def main() -> None:
 
 def real_model_answer() -> None:
     """One DPS-MOZO chat answer from the pretrained model over private TREC questions (ε = 1 for 10 answers)."""
-    from dp_icl_langchain import DPChatModel
+    from langchain_dp_icl import ChatDPICL
 
     from dp_icl_plugin.methods import PrivateDataset
 
@@ -103,7 +103,7 @@ def real_model_answer() -> None:
     lines = trec.read_text(encoding="latin-1").splitlines()[:500]
     private = PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines])
     budget = BudgetManager(PrivacyBudget(epsilon=1.0, delta=1e-4))  # TREC's own budget (in memory here)
-    chat = DPChatModel.from_model_id("smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(),
+    chat = ChatDPICL.from_model_id("smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(),
                                      n_queries=10, epsilon=1.0, max_tokens=12)  # fmt: skip
     question = "Who wrote Hamlet?"
     answer = chat.invoke(question).content

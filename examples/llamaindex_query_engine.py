@@ -25,9 +25,10 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from dp_icl_llamaindex import DPLLM, DPRetriever
 from llama_index.core import PromptTemplate
 from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.llms.dp_icl import DPICL
+from llama_index.retrievers.dp_icl import DPICLRetriever
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
@@ -35,7 +36,7 @@ from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.methods import PrivateDataset, PTASynthesizer
 from dp_icl_plugin.methods import PromptTemplate as DemoTemplate
 from dp_icl_plugin.methods.decoding import MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"
 
@@ -63,15 +64,15 @@ def main() -> None:
     )  # fmt: skip
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))
     index.add(questions, answers=classes)
-    retriever = DPRetriever(
-        PrivateRetriever(index, budget=budget, backend=backend, config=KNNConfig(k=20, shards=5, uses=4, keywords=2)),
+    retriever = DPICLRetriever(
+        PrivateKNN(index, budget=budget, backend=backend, config=KNNConfig(k=20, shards=5, uses=4, keywords=2)),
         rng=np.random.default_rng(),
     )
     decoder = MozoDecoder(records, backend=backend, budget=budget, n_queries=50, epsilon=2.0, max_tokens=8)
     examples = "\n".join(f"{d.label}: {d.text}" for d in demos)  # DP output: public
     qa = PromptTemplate("Example questions:\n" + examples.replace("{", "{{").replace("}", "}}")
                         + "\nContext: {context_str}\nQuestion: {query_str}\nAnswer:")  # fmt: skip
-    engine = RetrieverQueryEngine.from_args(retriever, llm=DPLLM(decoder, rng=np.random.default_rng()),
+    engine = RetrieverQueryEngine.from_args(retriever, llm=DPICL(decoder, rng=np.random.default_rng()),
                                             text_qa_template=qa)  # fmt: skip
     response = engine.query("Who wrote Hamlet ?")
     # --8<-- [end:llamaindex]

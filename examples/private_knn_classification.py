@@ -20,7 +20,7 @@ import numpy as np
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"
 
@@ -43,7 +43,7 @@ def main() -> None:
     index.add(texts, labels=labels)
     # replace-one ledger: the filter's add/remove (2, 1e-6) is charged as (4, (1 + e²)·1e-6) by group privacy
     budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1e-4), ledger=ledger)
-    retriever = PrivateRetriever(index, budget=budget, labels=sorted(set(labels)),
+    retriever = PrivateKNN(index, budget=budget, labels=sorted(set(labels)),
                                  config=KNNConfig(k=40, min_similarity=0.35, uses=4))
     rng = np.random.default_rng()
     answers = [retriever.vote(question, rng=rng).label for question in queries]

@@ -18,16 +18,16 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-from dp_icl_langchain import DPPrivateRetriever
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import RunnablePassthrough
+from langchain_dp_icl import DPICLRetriever
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.backends.hf import HFBackend
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"
 NAMES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
@@ -47,10 +47,10 @@ def main() -> None:
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))  # per record; (4, 8.4e-6) on the ledger
     index.add(texts, answers=answers)
     budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1e-4), ledger=ledger)
-    core = PrivateRetriever(
+    core = PrivateKNN(
         index, budget=budget, backend=backend, config=KNNConfig(k=20, shards=5, min_similarity=0.3, uses=4, keywords=2)
     )
-    retriever = DPPrivateRetriever(retriever=core, rng=np.random.default_rng(), mode="keywords")
+    retriever = DPICLRetriever(knn=core, rng=np.random.default_rng(), mode="keywords")
     prompt = PromptTemplate.from_template("Answer briefly. Hints: {context}\nQuestion: {question}")
     chain = (
         {

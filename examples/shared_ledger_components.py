@@ -1,7 +1,7 @@
 """Three methods, one ledger: a DP few-shot selector and two DP LLMs charge the same budget file.
 
 Offline, under a minute on the committed GINC model. Concept 0's 1,600 private examples feed all three: PTA
-synthesizes demonstrations for a ``DPFewShotExampleSelector`` (charged once); one ``DPLLM`` answers GINC
+synthesizes demonstrations for a ``DPICLExampleSelector`` (charged once); one ``DPICLLLM`` answers GINC
 queries by clip-blend decoding over a private subset and another by DPS-MOZO (each answer charged before it
 is computed). The ledger is under replace-one neighbours (the default): PTA's Poisson sampling is analysed
 for it directly, clip-blend's ε0 is 2c/(sτ), and DPS-MOZO has no other analysis; it composes them into one
@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from dp_icl_langchain import DPLLM, DPFewShotExampleSelector
 from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate
+from langchain_dp_icl import DPICLLLM, DPICLExampleSelector
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.ginc import load_model
@@ -47,7 +47,7 @@ def main() -> None:
         top_k=10,
         template=PRESETS["ginc"],
     )
-    selector = DPFewShotExampleSelector(
+    selector = DPICLExampleSelector(
         synthesizer=pta,
         dataset=private_dataset(language, {0: train}),
         backend=backend,
@@ -59,8 +59,8 @@ def main() -> None:
     common = {"backend": backend, "budget": budget, "n_queries": 20, "max_tokens": 1,
               "template": ANSWER_PRESETS["ginc"]}  # fmt: skip
     decoder = ClipBlendDecoder(pairs, subset_size=100, rng_subset=np.random.default_rng(), epsilon=2.0, **common)
-    llm = DPLLM(decoder=decoder, rng=np.random.default_rng())
-    mozo = DPLLM(
+    llm = DPICLLLM(decoder=decoder, rng=np.random.default_rng())
+    mozo = DPICLLLM(
         decoder=MozoDecoder(pairs, epsilon=1.0, **common),
         rng=np.random.default_rng(),
     )

@@ -1,9 +1,9 @@
 """The bad-input matrix over the framework adapters and the ``dp-icl`` CLI (issue 7; the core's is in
 ``test_bad_input_matrix.py``).
 
-Rows: the public entry points: LangChain ``DPFewShotExampleSelector`` (construction, ``select_examples``,
-``add_example``/``add_public_example``), ``DPPrivateRetriever``, ``DPChatModel`` and ``DPLLM``
-(invoke / stream / batch); LlamaIndex ``DPRetriever`` and ``DPLLM`` (complete / stream / chat / async);
+Rows: the public entry points: LangChain ``DPICLExampleSelector`` (construction, ``select_examples``,
+``add_example``/``add_public_example``), ``DPICLRetriever``, ``ChatDPICL`` and ``DPICLLLM``
+(invoke / stream / batch); LlamaIndex ``DPICLRetriever`` and ``DPICL`` (complete / stream / chat / async);
 every ``dp-icl`` subcommand, run in-process through ``main(argv)``.
 
 Columns (the kind of bad input): empty; huge; NaN/inf; wrong type; wrong shape; unicode edge cases (only
@@ -54,8 +54,9 @@ pytest.importorskip("langchain_core")
 pytest.importorskip("llama_index.core")
 pytest.importorskip("torch")
 
-import dp_icl_langchain as lc
-import dp_icl_llamaindex as li
+import langchain_dp_icl as lc
+import llama_index.llms.dp_icl as li
+import llama_index.retrievers.dp_icl as li_ret
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.schema import QueryBundle
@@ -75,7 +76,7 @@ from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.cli import main
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
 from dp_icl_plugin.methods.decoding import MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
 NAN, INF = math.nan, math.inf
 HUGE_TEXT = "the cat sat " * 4000  # far beyond the tiny model's 1024 positions
@@ -97,15 +98,15 @@ class World:
         index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-9), embedder=_embed)
         index.add([f"the cat sat on the mat number {i % 4}" for i in range(40)], answers=["the cat"] * 40)
         self.index = index
-        self.core = PrivateRetriever(index, budget=self.ledger, backend=backend(),
+        self.core = PrivateKNN(index, budget=self.ledger, backend=backend(),
                                      config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=2, keywords=3,
                                                       max_answer_tokens=4))  # fmt: skip
         rng = np.random.default_rng(0)
-        self.lc_chat = lc.DPChatModel(decoder=self.decoder, rng=rng)
-        self.lc_llm = lc.DPLLM(decoder=self.decoder, rng=rng)
-        self.lc_retriever = lc.DPPrivateRetriever(retriever=self.core, rng=rng)
-        self.li_llm = li.DPLLM(self.decoder, rng=rng)
-        self.li_retriever = li.DPRetriever(self.core, rng=rng, mode="keywords")
+        self.lc_chat = lc.ChatDPICL(decoder=self.decoder, rng=rng)
+        self.lc_llm = lc.DPICLLLM(decoder=self.decoder, rng=rng)
+        self.lc_retriever = lc.DPICLRetriever(knn=self.core, rng=rng)
+        self.li_llm = li.DPICL(self.decoder, rng=rng)
+        self.li_retriever = li_ret.DPICLRetriever(self.core, rng=rng, mode="keywords")
         self.released: list[Any] = []
 
     def charged(self) -> tuple[int, float, int, float]:
@@ -127,18 +128,18 @@ class World:
         return self
 
 
-def _selector(w: World, **kwargs: Any) -> lc.DPFewShotExampleSelector:
-    return lc.DPFewShotExampleSelector(_demos(), **kwargs)
+def _selector(w: World, **kwargs: Any) -> lc.DPICLExampleSelector:
+    return lc.DPICLExampleSelector(_demos(), **kwargs)
 
 
-def _lazy(w: World, **kwargs: Any) -> lc.DPFewShotExampleSelector:
+def _lazy(w: World, **kwargs: Any) -> lc.DPICLExampleSelector:
     data = PrivateDataset([PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)],
                           public_label_counts="observed")  # fmt: skip
     method = TangSynthesizer(epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1,
                              shots_per_label=1, top_k=3)  # fmt: skip
     settings = {"synthesizer": method, "dataset": data, "backend": FakeBackend(WORDS, eos_token="<eos>"),
                 "budget": w.ledger, "rng": np.random.default_rng(0), **kwargs}  # fmt: skip
-    return lc.DPFewShotExampleSelector(**settings)
+    return lc.DPICLExampleSelector(**settings)
 
 
 def _vectors(shape: tuple[int, ...] | None = None, fill: float = 1.0) -> Callable[[list[str]], Any]:
@@ -161,7 +162,7 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "selector k = 0": (CE, lambda w: _selector(w, k=0)),
     "selector k = NaN": (CE, lambda w: _selector(w, k=NAN)),
     "selector k = True": (CE, lambda w: _selector(w, k=True)),
-    "selector demos a file name": (CE, lambda w: lc.DPFewShotExampleSelector("demos.jsonl")),
+    "selector demos a file name": (CE, lambda w: lc.DPICLExampleSelector("demos.jsonl")),
     "selector embed not callable": (CE, lambda w: _selector(w, embed=5)),
     "selector save_to a folder": (CE, lambda w: _lazy(w, save_to=str(Path.cwd()))),
     "selector lazy without budget": (CE, lambda w: _lazy(w, budget=None)),
@@ -185,11 +186,11 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "add_public_example non-string value": (CE, lambda w: _selector(w).add_public_example({"input": 1,
                                                                                            "output": "y"})),
     # LangChain retriever
-    "lc retriever construction k = 0": (VE, lambda w: lc.DPPrivateRetriever(retriever=w.core, rng=np.random.default_rng(0),
+    "lc retriever construction k = 0": (VE, lambda w: lc.DPICLRetriever(knn=w.core, rng=np.random.default_rng(0),
                                                                             k=0)),
-    "lc retriever construction not a core": (VE, lambda w: lc.DPPrivateRetriever(retriever="index",
+    "lc retriever construction not a core": (VE, lambda w: lc.DPICLRetriever(knn="index",
                                                                                  rng=np.random.default_rng(0))),
-    "lc retriever construction unknown mode": (VE, lambda w: lc.DPPrivateRetriever(
+    "lc retriever construction unknown mode": (VE, lambda w: lc.DPICLRetriever(
         retriever=w.core, rng=np.random.default_rng(0), mode="records")),
     "lc retriever empty query": (CE, lambda w: w.lc_retriever.invoke("")),
     "lc retriever zero-width query": (CE, lambda w: w.lc_retriever.invoke("\u200b\u200c\u200d\ufeff")),
@@ -205,10 +206,10 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "lc retriever k = NaN": (CE, lambda w: w.lc_retriever.invoke("the cat", k=NAN)),
     "lc retriever k a string": (CE, lambda w: w.lc_retriever.invoke("the cat", k="3")),
     # LangChain chat model and LLM
-    "lc chat construction max_tokens = 0": (VE, lambda w: lc.DPChatModel(decoder=w.decoder, rng=np.random.default_rng(0),
+    "lc chat construction max_tokens = 0": (VE, lambda w: lc.ChatDPICL(decoder=w.decoder, rng=np.random.default_rng(0),
                                                                          max_tokens=0)),
-    "lc chat construction not a decoder": (VE, lambda w: lc.DPChatModel(decoder="gpt2", rng=np.random.default_rng(0))),
-    "lc llm construction stop a string": (VE, lambda w: lc.DPLLM(decoder=w.decoder, rng=np.random.default_rng(0),
+    "lc chat construction not a decoder": (VE, lambda w: lc.ChatDPICL(decoder="gpt2", rng=np.random.default_rng(0))),
+    "lc llm construction stop a string": (VE, lambda w: lc.DPICLLLM(decoder=w.decoder, rng=np.random.default_rng(0),
                                                                  stop="\n")),
     "lc llm empty prompt": (CE, lambda w: w.lc_llm.invoke("")),
     "lc llm zero-width prompt": (CE, lambda w: w.lc_llm.invoke("\u200b\u2060")),
@@ -245,9 +246,9 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "lc chat batch with one bad chat": (CE, lambda w: w.lc_chat.batch(["Hello", [AIMessage("x")]])),
     "lc chat abatch with one empty prompt": (CE, lambda w: asyncio.run(w.lc_chat.abatch(["Hello", ""]))),
     # LlamaIndex retriever
-    "li retriever construction not a core": (CE, lambda w: li.DPRetriever("index", rng=np.random.default_rng(0))),
-    "li retriever construction rng a seed": (CE, lambda w: li.DPRetriever(w.core, rng=0)),
-    "li retriever construction unknown mode": (CE, lambda w: li.DPRetriever(w.core, rng=np.random.default_rng(0),
+    "li retriever construction not a core": (CE, lambda w: li_ret.DPICLRetriever("index", rng=np.random.default_rng(0))),
+    "li retriever construction rng a seed": (CE, lambda w: li_ret.DPICLRetriever(w.core, rng=0)),
+    "li retriever construction unknown mode": (CE, lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0),
                                                                             mode="records")),
     "li retriever empty query": (CE, lambda w: w.li_retriever.retrieve("")),
     "li retriever zero-width query": (CE, lambda w: w.li_retriever.retrieve("\u200b")),
@@ -256,18 +257,18 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "li retriever huge query": (CE, lambda w: w.li_retriever.retrieve(HUGE_TEXT)),
     "li retriever query an int": (VE, lambda w: w.li_retriever.retrieve(123)),
     "li retriever query None": (VE, lambda w: w.li_retriever.retrieve(None)),
-    "li retriever keywords = 0": (CE, lambda w: li.DPRetriever(w.core, rng=np.random.default_rng(0),
-                                                               keywords=0).retrieve("the cat")),
-    "li retriever keywords a string": (CE, lambda w: li.DPRetriever(w.core, rng=np.random.default_rng(0),
-                                                                    keywords="2").retrieve("the cat")),
+    "li retriever keywords = 0": (CE, lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0),
+                                                               similarity_top_k=0).retrieve("the cat")),
+    "li retriever keywords a string": (CE, lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0),
+                                                                    similarity_top_k="2").retrieve("the cat")),
     "li retriever aretrieve empty": (CE, lambda w: asyncio.run(w.li_retriever.aretrieve(""))),
     # LlamaIndex LLM
-    "li llm construction not a decoder": (CE, lambda w: li.DPLLM("gpt2", rng=np.random.default_rng(0))),
-    "li llm construction max_tokens = 0": (CE, lambda w: li.DPLLM(w.decoder, rng=np.random.default_rng(0),
+    "li llm construction not a decoder": (CE, lambda w: li.DPICL("gpt2", rng=np.random.default_rng(0))),
+    "li llm construction max_tokens = 0": (CE, lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0),
                                                                   max_tokens=0)),
-    "li llm construction max_tokens = −3": (CE, lambda w: li.DPLLM(w.decoder, rng=np.random.default_rng(0),
+    "li llm construction max_tokens = −3": (CE, lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0),
                                                                    max_tokens=-3)),
-    "li llm construction max_tokens a word": (VE, lambda w: li.DPLLM(w.decoder, rng=np.random.default_rng(0),
+    "li llm construction max_tokens a word": (VE, lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0),
                                                                      max_tokens="many")),
     "li llm complete empty": (CE, lambda w: w.li_llm.complete("")),
     "li llm complete zero-width": (CE, lambda w: w.li_llm.complete("\u200b\u200d")),
@@ -321,7 +322,7 @@ MESSAGES: dict[str, str] = {
     "add_public_example None": "a public example needs",
     "add_public_example non-string value": "a public example needs",
     "lc retriever construction k = 0": "k must be a positive integer",
-    "lc retriever construction not a core": "retriever must be a dp_icl_plugin PrivateRetriever",
+    "lc retriever construction not a core": "knn must be a dp_icl_plugin PrivateKNN",
     "lc retriever construction unknown mode": "Input should be 'keywords' or 'answer'",
     "lc retriever empty query": "query must be a non-empty string",
     "lc retriever zero-width query": "query must be a non-empty string",
@@ -337,7 +338,7 @@ MESSAGES: dict[str, str] = {
     "lc retriever k = NaN": "keywords must be an integer",
     "lc retriever k a string": "keywords must be an integer",
     "lc chat construction max_tokens = 0": "max_tokens must be at least 1",
-    "lc chat construction not a decoder": "decoder must be a MozoDecoder",
+    "lc chat construction not a decoder": "decoder must be a dp_icl_plugin Decoder",
     "lc llm construction stop a string": "Input should be a valid list",
     "lc llm empty prompt": "the prompt is empty",
     "lc llm zero-width prompt": "the prompt is empty",
@@ -372,7 +373,7 @@ MESSAGES: dict[str, str] = {
     "lc chat stream exhausted budget": "charge refused",
     "lc chat batch with one bad chat": "the last message of a chat must be the user's",
     "lc chat abatch with one empty prompt": "the last user message is empty",
-    "li retriever construction not a core": "retriever must be a dp_icl_plugin PrivateRetriever",
+    "li retriever construction not a core": "knn must be a dp_icl_plugin PrivateKNN",
     "li retriever construction rng a seed": "rng must be a numpy.random.Generator",
     "li retriever construction unknown mode": "mode must be 'answer' or 'keywords'",
     "li retriever empty query": "query must be a non-empty string",
@@ -382,16 +383,16 @@ MESSAGES: dict[str, str] = {
     "li retriever huge query": "the query is too long",
     "li retriever query an int": "Input should be a valid string",
     "li retriever query None": "Input should be a valid string",
-    "li retriever keywords = 0": "keywords must be at least 1",
-    "li retriever keywords a string": "keywords must be an integer",
+    "li retriever keywords = 0": "similarity_top_k must be a positive integer",
+    "li retriever keywords a string": "similarity_top_k must be a positive integer",
     "li retriever aretrieve empty": "query must be a non-empty string",
-    "li llm construction not a decoder": "decoder must be a MozoDecoder",
+    "li llm construction not a decoder": "decoder must be a dp_icl_plugin Decoder",
     "li llm construction max_tokens = 0": "max_tokens must be at least 1",
     "li llm construction max_tokens = −3": "max_tokens must be at least 1",
     "li llm construction max_tokens a word": "Input should be a valid integer",
     "li llm complete empty": "the prompt is empty",
     "li llm complete zero-width": "the prompt is empty",
-    "li llm complete an int": "a query is a non-empty text",
+    "li llm complete an int": "prompt must be a string",
     "li llm complete lone surrogate": "rejected a prompt",
     "li llm complete stop a string": "stop must be a list",
     "li llm complete stop an int": "stop must be a list",
@@ -436,11 +437,11 @@ def test_bad_adapter_input_ends_in_a_typed_error_with_nothing_charged(world: Wor
 def test_documented_results_charge_exactly_once(world: World) -> None:
     """Inputs that are legal but extreme: a defined result, one charge per answer, none for bad batch items."""
     w = world
-    # max_tokens above the decoder's share is capped to it (DPChatModel/DPLLM ``_limit``): one answer charged.
+    # max_tokens above the decoder's share is capped to it (ChatDPICL/DPICLLLM ``_limit``): one answer charged.
     before = len(w.ledger.history())
     w.lc_llm.invoke("Hello", max_tokens=10**12)
     assert len(w.ledger.history()) == before + 1 and w.ledger.history()[-1].event == w.decoder.answer_event(4)
-    assert li.DPLLM(w.decoder, rng=np.random.default_rng(0), max_tokens=10**12).metadata.num_output == 4
+    assert li.DPICL(w.decoder, rng=np.random.default_rng(0), max_tokens=10**12).metadata.num_output == 4
     # a NUL or an RTL mark inside visible text is text: answered and charged once.
     for prompt in ("Hello\x00there", "\u202eHello"):
         before = len(w.ledger.history())

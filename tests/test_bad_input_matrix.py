@@ -24,7 +24,7 @@ from dp_icl_plugin import (
 from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost, RenyiFilter
 from dp_icl_plugin.methods import DemoSet, PrivateDataset, PrivateRecord, PTASynthesizer, TangSynthesizer
 from dp_icl_plugin.methods.decoding import MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 from dp_icl_plugin.methods.loading import load_dataset
 
 WORDS = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>"]
@@ -41,7 +41,7 @@ class World:
         self.index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-5),
                                   embedder=lambda t: np.array([[1.0, len(x), x.count("a")] for x in t]))  # fmt: skip
         self.index.add([f"a b {i}" for i in range(10)], labels=["pos"] * 10)
-        self.retriever = PrivateRetriever(self.index, budget=self.ledger, labels=["pos", "neg"],
+        self.retriever = PrivateKNN(self.index, budget=self.ledger, labels=["pos", "neg"],
                                           config=KNNConfig(k=4, shards=2))  # fmt: skip
         self.rng = np.random.default_rng(0)
 

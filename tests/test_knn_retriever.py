@@ -1,4 +1,4 @@
-"""PrivateRetriever: who pays, the ledger, determinism, private text, bad input; end to end on a tiny GPT-2
+"""PrivateKNN: who pays, the ledger, determinism, private text, bad input; end to end on a tiny GPT-2
 with the real MiniLM embedder and TREC."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dp_icl_plugin.methods.knn import (
     KeywordAnswerPrompt,
     KNNConfig,
     PrivateIndex,
-    PrivateRetriever,
+    PrivateKNN,
     Retrieval,
 )
 from dp_icl_plugin.methods.knn.retriever import _shard_keys
@@ -70,7 +70,7 @@ def setup(*, config: KNNConfig | None = None, n: int = 60, group_by_user: bool =
     users = [f"user{i % 10}" for i in range(n)] if group_by_user else None
     index.add(texts, labels=labels, answers=answers, user_ids=users)
     ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
-    retriever = PrivateRetriever(
+    retriever = PrivateKNN(
         index, budget=ledger, backend=fake_backend(texts), labels=LABELS,
         config=config or KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2),
     )  # fmt: skip
@@ -83,7 +83,7 @@ def test_the_ledger_holds_the_filter_total_once_and_a_record_of_every_release() 
     retriever.vote("red thing number1", rng=rng)
     retriever.classify("green thing number2", rng=rng)
     retriever.answer("blue thing number3", rng=rng)
-    again = PrivateRetriever(index, budget=ledger, labels=LABELS)  # a second retriever: no second charge
+    again = PrivateKNN(index, budget=ledger, labels=LABELS)  # a second retriever: no second charge
     assert again.cover_entry == retriever.cover_entry
     history = ledger.history()
     assert [e.label.split(":")[0] for e in history] == ["knn-filter", "knn-vote", "knn-classify", "knn-answer"]
@@ -177,15 +177,15 @@ def test_private_text_never_prints_pickles_or_leaks_into_errors() -> None:
         (lambda r: r.retrieve("red", release="summarise"), "release must be"),
         (lambda r: r.retrieve("   "), "query"),
         (lambda r: r.vote("red", rng=None), "rng"),
-        (lambda r: PrivateRetriever(r.index, budget=r.budget).vote("red", rng=np.random.default_rng(0)), "labels"),
+        (lambda r: PrivateKNN(r.index, budget=r.budget).vote("red", rng=np.random.default_rng(0)), "labels"),
         (
-            lambda r: PrivateRetriever(r.index, budget=r.budget, labels=LABELS).classify(
+            lambda r: PrivateKNN(r.index, budget=r.budget, labels=LABELS).classify(
                 "red", rng=np.random.default_rng(0)
             ),
             "backend",
         ),
-        (lambda r: PrivateRetriever(r.index, budget=r.budget, labels=["red", "red"]), "distinct"),
-        (lambda r: PrivateRetriever(r.index, budget=None), "BudgetManager"),
+        (lambda r: PrivateKNN(r.index, budget=r.budget, labels=["red", "red"]), "distinct"),
+        (lambda r: PrivateKNN(r.index, budget=None), "BudgetManager"),
         (lambda r: KNNConfig(k=10, shards=4), "multiple"),
         (lambda r: KNNConfig(min_similarity=2.0), "min_similarity"),
     ],
@@ -204,7 +204,7 @@ def test_answers_need_an_approximate_delta_share() -> None:
         budget=IndividualBudget(epsilon=2.0, delta=1e-5, approximate_delta=0.0), embedder=BagEmbedder()
     )
     index.add(texts, labels=labels, answers=answers)
-    retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(5.0, 1e-4)), backend=fake_backend(texts))
+    retriever = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(5.0, 1e-4)), backend=fake_backend(texts))
     with pytest.raises(ConfigurationError, match="approximate_delta"):
         retriever.answer("red thing", rng=np.random.default_rng(0))
 
@@ -252,7 +252,7 @@ def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
     index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-5), path=tmp_path / "index")
     index.add(texts, labels=labels, answers=labels)
     ledger = BudgetManager(PrivacyBudget(8.0, 1e-4, neighbouring="add_remove"), ledger=tmp_path / "ledger.db")
-    retriever = PrivateRetriever(
+    retriever = PrivateKNN(
         index, budget=ledger, backend=backend, labels=list(names.values()),
         config=KNNConfig(k=8, shards=4, min_similarity=0.3, uses=3, keywords=2, max_answer_tokens=4),
         classification_prompt=ClassificationPrompt(item="question", text_prefix="Question:"),
@@ -285,7 +285,7 @@ def test_k_per_call_and_fewer_records_than_k_are_flagged_never_padded() -> None:
 def test_an_empty_index_is_an_error_and_nothing_is_charged() -> None:
     index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-5), embedder=BagEmbedder())
     ledger = BudgetManager(PrivacyBudget(2.0, 1e-4))
-    retriever = PrivateRetriever(index, budget=ledger, labels=LABELS)
+    retriever = PrivateKNN(index, budget=ledger, labels=LABELS)
     with pytest.raises(ConfigurationError, match="empty"):
         retriever.vote("red thing", rng=np.random.default_rng(0))
     assert [e.label.split(":")[0] for e in ledger.history()] == ["knn-filter"]
@@ -294,7 +294,7 @@ def test_an_empty_index_is_an_error_and_nothing_is_charged() -> None:
 def test_records_without_a_label_take_a_place_but_cast_no_vote() -> None:
     index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-5), embedder=BagEmbedder())
     index.add(["red thing a", "red thing b", "red thing c"], labels=[None, None, "green"])
-    retriever = PrivateRetriever(
+    retriever = PrivateKNN(
         index, budget=BudgetManager(PrivacyBudget(2.0, 1e-4)), labels=LABELS,
         config=KNNConfig(k=2, shards=1, min_similarity=0.5),
     )  # fmt: skip
@@ -323,7 +323,7 @@ def test_private_demonstrations_too_long_for_the_model_shorten_the_prompt_instea
     index.add([t + " thing thing thing thing" for t in texts], labels=labels, answers=answers)
     base = fake_backend(texts)
     short = Short(base.vocab, eos_token="<eos>", seed=3)
-    retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(60.0, 1e-4, neighbouring="add_remove")),
+    retriever = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(60.0, 1e-4, neighbouring="add_remove")),
                                  backend=short, labels=LABELS,
                                  config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2,
                                                   max_answer_tokens=4))  # fmt: skip

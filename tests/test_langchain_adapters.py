@@ -13,7 +13,6 @@ import pytest
 pytest.importorskip("langchain_core")
 pytest.importorskip("torch")
 
-from dp_icl_langchain import DPLLM, DPChatModel, DPFewShotExampleSelector, DPPrivateRetriever
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import (
@@ -22,6 +21,7 @@ from langchain_core.prompts import (
     FewShotPromptTemplate,
     PromptTemplate,
 )
+from langchain_dp_icl import DPICLLLM, ChatDPICL, DPICLExampleSelector, DPICLRetriever
 from langchain_tests.integration_tests import ChatModelIntegrationTests, RetrieversIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 from tests_support import tiny_text_gpt2
@@ -31,7 +31,7 @@ from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.methods import DemoSet, PrivateDataset, PrivateRecord, Provenance, TangSynthesizer
 from dp_icl_plugin.methods.data import Demonstration
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
 CANARY = "zqxcanaryzqx"
 CORPUS = [
@@ -91,8 +91,8 @@ class Recorder(BaseCallbackHandler):
 
 class TestDPChatModelUnit(ChatModelUnitTests):
     @property
-    def chat_model_class(self) -> type[DPChatModel]:
-        return DPChatModel
+    def chat_model_class(self) -> type[ChatDPICL]:
+        return ChatDPICL
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
@@ -101,15 +101,15 @@ class TestDPChatModelUnit(ChatModelUnitTests):
 
 class TestDPChatModelIntegration(ChatModelIntegrationTests):
     @property
-    def chat_model_class(self) -> type[DPChatModel]:
-        return DPChatModel
+    def chat_model_class(self) -> type[ChatDPICL]:
+        return ChatDPICL
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
         return chat_params()
 
 
-def _knn_retriever() -> PrivateRetriever:
+def _knn_retriever() -> PrivateKNN:
     texts = [f"{CANARY} the cat sat on the mat number {i % 4}" for i in range(40)]
 
     def embed(batch: list[str]) -> np.ndarray:
@@ -119,19 +119,19 @@ def _knn_retriever() -> PrivateRetriever:
     index.add(texts, answers=["the cat"] * 40)
     # ε = 1e4 per record has no replace-one conversion (group privacy's δ would pass 1): an add/remove ledger
     knn_ledger = BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove"))
-    return PrivateRetriever(index, budget=knn_ledger, backend=backend(),
+    return PrivateKNN(index, budget=knn_ledger, backend=backend(),
                             config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=1, keywords=3,
                                              max_answer_tokens=4, ptr_noise_std=0.01))  # fmt: skip
 
 
 class TestDPPrivateRetriever(RetrieversIntegrationTests):
     @property
-    def retriever_constructor(self) -> type[DPPrivateRetriever]:
-        return DPPrivateRetriever
+    def retriever_constructor(self) -> type[DPICLRetriever]:
+        return DPICLRetriever
 
     @property
     def retriever_constructor_params(self) -> dict[str, Any]:
-        return {"retriever": _knn_retriever(), "rng": np.random.default_rng(0)}
+        return {"knn": _knn_retriever(), "rng": np.random.default_rng(0)}
 
     @property
     def retriever_query_example(self) -> str:
@@ -159,7 +159,7 @@ def _demos() -> DemoSet:
 def test_selector_serves_a_demoset_in_both_few_shot_templates_for_free() -> None:
     ledger = BudgetManager(PrivacyBudget(1.0, 1e-5))
     example_prompt = PromptTemplate.from_template("Text: {input}\nLabel: {output}")
-    selector = DPFewShotExampleSelector(_demos(), k=2, example_prompt=example_prompt)
+    selector = DPICLExampleSelector(_demos(), k=2, example_prompt=example_prompt)
     prompt = FewShotPromptTemplate(example_selector=selector, example_prompt=example_prompt,
                                    suffix="Text: {input}\nLabel:", input_variables=["input"])  # fmt: skip
     text = prompt.format(input="a query")
@@ -177,7 +177,7 @@ def test_lazy_synthesis_charges_once() -> None:
     ledger = BudgetManager(PrivacyBudget(5.0, 1e-3))
     method = TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3,
                              shots_per_label=1, top_k=5)  # fmt: skip
-    selector = DPFewShotExampleSelector(synthesizer=method, dataset=dataset().with_public_label_counts("observed"),
+    selector = DPICLExampleSelector(synthesizer=method, dataset=dataset().with_public_label_counts("observed"),
                                         backend=backend(), budget=ledger, rng=np.random.default_rng(0))  # fmt: skip
     assert ledger.history() == []
     first = selector.select_examples({"input": "q"})
@@ -189,13 +189,13 @@ def test_lazy_synthesis_charges_once() -> None:
 
 def test_selector_bad_input() -> None:
     with pytest.raises(ConfigurationError, match="budget"):
-        DPFewShotExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3), dataset=dataset(),
+        DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3), dataset=dataset(),
                                  backend=FakeBackend(["a"]), rng=np.random.default_rng(0))  # fmt: skip
     with pytest.raises(ConfigurationError, match="needs"):
-        DPFewShotExampleSelector(_demos(), example_prompt=PromptTemplate.from_template("{question} {answer}"))
+        DPICLExampleSelector(_demos(), example_prompt=PromptTemplate.from_template("{question} {answer}"))
     with pytest.raises(ConfigurationError, match="fields"):
-        DPFewShotExampleSelector(_demos(), fields={"input": "secret"})
-    selector = DPFewShotExampleSelector(_demos())
+        DPICLExampleSelector(_demos(), fields={"input": "secret"})
+    selector = DPICLExampleSelector(_demos())
     with pytest.raises(ConfigurationError, match="not differentially private"):
         selector.add_example({"input": "x", "output": "y"})
     selector.add_public_example({"input": "a public example", "output": "pos"})
@@ -206,7 +206,7 @@ def test_dp_llm_charges_every_answer_before_any_token_and_honours_stop() -> None
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-3))
     decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=3, max_tokens=6, beta=0.05,
                           top_k=20)  # fmt: skip
-    llm = DPLLM(decoder=decoder, rng=np.random.default_rng(1))
+    llm = DPICLLLM(decoder=decoder, rng=np.random.default_rng(1))
     out = llm.invoke("Hello, how are you?")
     assert isinstance(out, str) and CANARY not in out
     assert len(ledger.history()) == 1 and ledger.history()[0].event == decoder.answer_event(6)
@@ -221,7 +221,7 @@ def test_a_refused_charge_releases_nothing() -> None:
     ledger = BudgetManager(PrivacyBudget(0.5, 1e-3))
     decoder = ClipBlendDecoder(dataset(), backend=backend(), budget=ledger, n_queries=1, subset_size=6,
                                rng_subset=np.random.default_rng(0), max_tokens=6, temperature=3.0)  # fmt: skip
-    chat = DPChatModel(decoder=decoder, rng=np.random.default_rng(0))
+    chat = ChatDPICL(decoder=decoder, rng=np.random.default_rng(0))
     stream = chat.stream([HumanMessage("Hello")])
     with pytest.raises(BudgetExhaustedError):
         next(stream)
@@ -229,22 +229,22 @@ def test_a_refused_charge_releases_nothing() -> None:
 
 
 def test_chat_history_must_end_with_the_user_and_empty_prompts_are_refused() -> None:
-    chat = DPChatModel(decoder=shared_decoder(), rng=np.random.default_rng(0))
+    chat = ChatDPICL(decoder=shared_decoder(), rng=np.random.default_rng(0))
     before = len(shared_ledger().history())
     with pytest.raises(ConfigurationError, match="last message"):
         chat.invoke([HumanMessage("hi"), AIMessage("hello")])
     with pytest.raises(ConfigurationError, match="empty"):
         chat.invoke([SystemMessage("be brief"), HumanMessage("   ")])
     with pytest.raises(ConfigurationError, match="empty"):
-        DPLLM(decoder=shared_decoder(), rng=np.random.default_rng(0)).invoke("")
+        DPICLLLM(decoder=shared_decoder(), rng=np.random.default_rng(0)).invoke("")
     assert len(shared_ledger().history()) == before
 
 
 def test_private_text_stays_out_of_traces_reprs_and_serialization() -> None:
     recorder = Recorder()
-    chat = DPChatModel(decoder=shared_decoder(), rng=np.random.default_rng(0))
+    chat = ChatDPICL(decoder=shared_decoder(), rng=np.random.default_rng(0))
     chat.invoke([HumanMessage("Hello")], config={"callbacks": [recorder]})
-    retriever = DPPrivateRetriever(retriever=_knn_retriever(), rng=np.random.default_rng(0), mode="answer")
+    retriever = DPICLRetriever(knn=_knn_retriever(), rng=np.random.default_rng(0), mode="answer")
     docs = retriever.invoke("where did the cat sit?", config={"callbacks": [recorder]})
     assert len(docs) == 1 and docs[0].metadata["kind"] == "dp_answer"
     assert any("dp_icl_spend" in s for s in recorder.seen)

@@ -16,7 +16,7 @@ from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
 CANARY = "qqcanary7qq"
 WORDS = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>", CANARY]
@@ -46,7 +46,7 @@ def test_reprs_logs_and_errors_never_show_private_text(caplog: pytest.LogCapture
     shown += [repr(data), repr(data.records("pos")[0]), str(data.records("pos")[0]), repr(method)]
     index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-5), embedder=embed)
     index.add([f"a {CANARY} {i}" for i in range(20)], labels=["pos"] * 20, answers=[CANARY] * 20)
-    retriever = PrivateRetriever(index, budget=ledger, labels=["pos", "neg"], config=KNNConfig(k=4, shards=2))
+    retriever = PrivateKNN(index, budget=ledger, labels=["pos", "neg"], config=KNNConfig(k=4, shards=2))
     retrieval = retriever.retrieve("a b", release="vote")
     shown += [repr(index), repr(retriever), repr(retrieval), repr(list(retrieval)), f"{retrieval[0].text}"]
     shown.append(repr(retriever.vote(retrieval, rng=np.random.default_rng(0))))
@@ -79,16 +79,16 @@ def test_components_holding_private_records_refuse_to_pickle() -> None:
                                rng_subset=np.random.default_rng(0), max_tokens=2, temperature=2.0)  # fmt: skip
     index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-5), embedder=embed)
     index.add([f"a {CANARY}"])
-    retriever = PrivateRetriever(index, budget=ledger, labels=["pos", "neg"])
+    retriever = PrivateKNN(index, budget=ledger, labels=["pos", "neg"])
     for obj in (decoder, index, retriever, retriever.retrieve("a b", release="vote")):
         with pytest.raises(TypeError):
             pickle.dumps(obj)
     pytest.importorskip("langchain_core")
-    from dp_icl_langchain import DPLLM, DPFewShotExampleSelector
+    from langchain_dp_icl import DPICLLLM, DPICLExampleSelector
 
     with pytest.raises(TypeError):
-        pickle.dumps(DPLLM(decoder=decoder, rng=np.random.default_rng(0)))
-    selector = DPFewShotExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3), dataset=dataset(),
+        pickle.dumps(DPICLLLM(decoder=decoder, rng=np.random.default_rng(0)))
+    selector = DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3), dataset=dataset(),
                                         backend=backend(), budget=ledger, rng=np.random.default_rng(0))  # fmt: skip
     with pytest.raises(TypeError):
         pickle.dumps(selector)

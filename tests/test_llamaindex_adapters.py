@@ -13,11 +13,12 @@ import pytest
 pytest.importorskip("llama_index.core")
 pytest.importorskip("torch")
 
-from dp_icl_llamaindex import DPLLM, DPRetriever, DPSpendEvent
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.llms.dp_icl import DPICL, DPSpendEvent
+from llama_index.retrievers.dp_icl import DPICLRetriever
 from test_langchain_adapters import CANARY, _knn_retriever, backend, dataset
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
@@ -37,18 +38,18 @@ class Spends(BaseEventHandler):
 
 
 @functools.cache
-def llm_and_ledger() -> tuple[DPLLM, BudgetManager]:
+def llm_and_ledger() -> tuple[DPICL, BudgetManager]:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
     decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=6, beta=0.5,
                           top_k=20)  # fmt: skip
-    return DPLLM(decoder, rng=np.random.default_rng(0)), ledger
+    return DPICL(decoder, rng=np.random.default_rng(0)), ledger
 
 
 def test_query_engine_with_the_dp_retriever_and_llm_sync_and_async() -> None:
     llm, ledger = llm_and_ledger()
     handler = Spends()
     get_dispatcher().add_event_handler(handler)
-    retriever = DPRetriever(_knn_retriever(), rng=np.random.default_rng(0))
+    retriever = DPICLRetriever(_knn_retriever(), rng=np.random.default_rng(0))
     engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
     before = len(ledger.history())
     response = engine.query("where did the cat sit?")
@@ -57,13 +58,16 @@ def test_query_engine_with_the_dp_retriever_and_llm_sync_and_async() -> None:
     assert len(ledger.history()) > before  # the LLM's answer was charged
     response = asyncio.run(engine.aquery("where is the mat?"))
     assert isinstance(str(response), str)
-    assert len(handler.events) >= 2 and all(e.release == "knn-answer" for e in handler.events)
+    # every release, the retriever's and the LLM's, emitted its charge
+    charged = [h.id for h in ledger.history()[before:]]
+    assert {e.release for e in handler.events} == {"knn-answer", "mozo-answer"}
+    assert [e.ledger_entry for e in handler.events if e.release == "mozo-answer"] == charged
     texts = " ".join(n.node.get_content() for n in response.source_nodes)
     assert CANARY not in texts
 
 
 def test_keyword_mode_returns_one_node_per_released_keyword() -> None:
-    retriever = DPRetriever(_knn_retriever(), rng=np.random.default_rng(0), mode="keywords", keywords=2)
+    retriever = DPICLRetriever(_knn_retriever(), rng=np.random.default_rng(0), mode="keywords", similarity_top_k=2)
     nodes = retriever.retrieve("where did the cat sit?")
     assert len(nodes) <= 2 and all(n.node.metadata["kind"] == "dp_keyword" for n in nodes)
 
@@ -86,13 +90,13 @@ def test_llm_complete_stream_chat_each_charged_and_private_data_not_serialised()
 
 def test_bad_construction() -> None:
     with pytest.raises(ConfigurationError):
-        DPRetriever("not a retriever", rng=np.random.default_rng(0))  # type: ignore[arg-type]
+        DPICLRetriever("not a retriever", rng=np.random.default_rng(0))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError):
-        DPLLM("not a decoder", rng=np.random.default_rng(0))  # type: ignore[arg-type]
+        DPICL("not a decoder", rng=np.random.default_rng(0))  # type: ignore[arg-type]
 
 
 def test_aretrieve_leaves_the_event_loop_free() -> None:
-    retriever = DPRetriever(_knn_retriever(), rng=np.random.default_rng(0))
+    retriever = DPICLRetriever(_knn_retriever(), rng=np.random.default_rng(0))
 
     async def main() -> tuple[int, int]:
         ticks = 0
@@ -129,8 +133,8 @@ def test_dpllm_from_a_server_url_needs_the_tokenizer_and_keeps_to_loopback() -> 
     data = PrivateDataset.from_pairs(["a question"] * 5, ["x"] * 5)
     budget = BudgetManager(PrivacyBudget(2.0, 1e-3))
     with pytest.raises(ConfigurationError, match="tokenizer="):
-        DPLLM.from_model_id("http://127.0.0.1:8000", data, budget=budget, rng=np.random.default_rng(0))
+        DPICL.from_model_id("http://127.0.0.1:8000", data, budget=budget, rng=np.random.default_rng(0))
     with pytest.raises(ConfigurationError, match="plain http"):
-        DPLLM.from_model_id("http://10.0.0.7:8000", data, budget=budget, rng=np.random.default_rng(0),
+        DPICL.from_model_id("http://10.0.0.7:8000", data, budget=budget, rng=np.random.default_rng(0),
                             tokenizer=_Tokenizer())  # fmt: skip
     assert budget.history() == []

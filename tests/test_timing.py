@@ -18,7 +18,7 @@ from dp_icl_plugin import timing as timing_module
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 from tests.test_knn_retriever import LABELS, BagEmbedder, fake_backend, records
 
@@ -125,11 +125,11 @@ def test_an_overrun_is_counted_and_logged_without_private_text(clock: FakeClock,
     assert "past its fixed latency" in caplog.text and "zzsecretzz" not in caplog.text
 
 
-def knn(clock: FakeClock, **kw) -> PrivateRetriever:
+def knn(clock: FakeClock, **kw) -> PrivateKNN:
     texts, labels, answers = records(60)
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-5), embedder=BagEmbedder())
     index.add(texts, labels=labels, answers=answers)
-    return PrivateRetriever(
+    return PrivateKNN(
         index, budget=BudgetManager(PrivacyBudget(10.0, 1e-4)), labels=LABELS,
         backend=slow(fake_backend(texts), clock, 1e-3),
         config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2), **kw,

@@ -100,10 +100,10 @@ def test_dps_mozo_decoding_through_the_server(server: ServerBackend, questions: 
 
 def test_the_langchain_chat_model_through_the_server(vllm_server: VLLMServer, questions: PrivateDataset) -> None:
     pytest.importorskip("langchain_core")
-    from dp_icl_langchain import DPChatModel
+    from langchain_dp_icl import ChatDPICL
 
     budget = BudgetManager(PrivacyBudget(4.0, 1e-4))
-    chat = DPChatModel.from_model_id(vllm_server.url, questions, budget=budget, rng=np.random.default_rng(2),
+    chat = ChatDPICL.from_model_id(vllm_server.url, questions, budget=budget, rng=np.random.default_rng(2),
                                      tokenizer=vllm_server.folder, n_queries=1, epsilon=2.0, max_tokens=4)  # fmt: skip
     message = chat.invoke("What is the capital of France?")
     assert isinstance(message.content, str) and message.usage_metadata["output_tokens"] <= 4

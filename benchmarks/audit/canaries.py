@@ -14,7 +14,7 @@ names, a random three-digit number) are planted among 80 other records of the sa
 Settings: ε = ∞ references (real records with the canary among the demonstrations; PTA and clip-blend
 without noise; plain retrieval-augmented decoding and non-private kNN, the 4 records nearest the query in the
 prompt), then at ε = 1 and 8: PTA and clip-blend synthesis (δ = 1/|D|), MOZO and clip-blend DP decoding (one
-ε share for the 20 answers), and kNN keyword-space answers (:meth:`PrivateRetriever.answer`, each record's
+ε share for the 20 answers), and kNN keyword-space answers (:meth:`PrivateKNN.answer`, each record's
 own ε over the 20 answers, every record paying for every query). "Without noise" rows run the same DP
 algorithm with its noise switched off. A second block plants every canary 10 times (a recurring secret).
 
@@ -75,7 +75,7 @@ def run_copy(args: argparse.Namespace) -> int:
         settings += [(copies, "decoding", "plain decoding, 4 nearest records in the prompt", INF)]
         settings += [(copies, "decoding", name, eps) for name in ("MOZO", "clip-blend") for eps in (INF, 1.0, 8.0)]
         settings += [(copies, "kNN", "plain kNN answer, 4 nearest records in the prompt", INF)]
-        settings += [(copies, "kNN", "PrivateRetriever.answer (keywords)", eps) for eps in (INF, 1.0, 8.0)]
+        settings += [(copies, "kNN", "PrivateKNN.answer (keywords)", eps) for eps in (INF, 1.0, 8.0)]
 
     rows = []
     for copies, path, name, eps in tqdm(settings, desc="canary settings", mininterval=5):
@@ -113,7 +113,7 @@ def run_copy(args: argparse.Namespace) -> int:
         if math.isinf(eps) and path in ("synthesis", "decoding", "kNN") and not name.startswith("plain"):
             name += {"PTA": " without noise", "clip-blend": " without noise (τ = 0.001)" if path == "decoding"
                      else " without noise (greedy)", "MOZO": " without noise (β = 1,000)",
-                     "PrivateRetriever.answer (keywords)": " without noise (σ = 0.001)"}[name]  # fmt: skip
+                     "PrivateKNN.answer (keywords)": " without noise (σ = 0.001)"}[name]  # fmt: skip
         rows.append({"copies": copies, "path": path, "setting": name, "epsilon": cp.eps_name(eps),
                      "exposed": int(sum(e for e, _ in released)), "rank1": int(sum(r == 1 for r in ranks)),
                      "median_rank": float(np.median(ranks)), "ranks": ranks})  # fmt: skip

@@ -8,7 +8,7 @@ library's method with a fresh in-memory ledger, and returns what it releases as 
   (``epsilon=inf``: ``synthesize_nonprivate``); ``"real"`` returns real records instead;
 - DP decoding (:func:`decode`): :class:`MozoDecoder` or :class:`ClipBlendDecoder` answering each query
   (``epsilon=inf``: greedy decoding with the 4 records nearest the query in the prompt);
-- kNN (:func:`knn_answer`): :meth:`PrivateRetriever.answer` (keyword-space aggregation) over a
+- kNN (:func:`knn_answer`): :meth:`PrivateKNN.answer` (keyword-space aggregation) over a
   :class:`PrivateIndex` embedded with MiniLM (``epsilon=inf``: greedy decoding with the 4 nearest records).
 
 All prompts use ``;`` between records, the only layout this word-level model knows.
@@ -28,7 +28,7 @@ from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.methods import AnswerTemplate, ClipBlendSynthesizer, PrivateDataset, PrivateRecord, PTASynthesizer
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import AnswerPrompt, KeywordAnswerPrompt, KNNConfig, PrivateIndex, PrivateRetriever
+from dp_icl_plugin.methods.knn import AnswerPrompt, KeywordAnswerPrompt, KNNConfig, PrivateIndex, PrivateKNN
 from dp_icl_plugin.methods.knn.embedding import default_embedder, embed_texts
 from dp_icl_plugin.methods.templates import PromptTemplate
 
@@ -145,7 +145,7 @@ def embedder() -> Any:
 
 def knn_answer(epsilon: float, records: Sequence[tuple[str, str]], queries: Sequence[str], backend: Any, *,
                rng: np.random.Generator, noise_off: bool = False) -> list[tuple[str, str]]:  # fmt: skip
-    """(released keywords, answer) per query from :meth:`PrivateRetriever.answer`, each record paying for all
+    """(released keywords, answer) per query from :meth:`PrivateKNN.answer`, each record paying for all
     queries (``uses``) out of its own ε; ``epsilon=inf``: no keywords, :func:`plain_answers`;
     ``noise_off``: the same release with σ = 10⁻³ on the keyword histogram (no privacy to speak of)."""
     if math.isinf(epsilon) and not noise_off:
@@ -158,7 +158,7 @@ def knn_answer(epsilon: float, records: Sequence[tuple[str, str]], queries: Sequ
     config = KNNConfig(k=20, shards=5, min_similarity=-1.0, uses=len(queries), keywords=1, max_answer_tokens=1,
                        **noise)  # fmt: skip
     ledger = BudgetManager(PrivacyBudget(per_record, 1e-5, neighbouring="add_remove"))  # the filter's own relation
-    retriever = PrivateRetriever(index, budget=ledger, backend=backend,
+    retriever = PrivateKNN(index, budget=ledger, backend=backend,
                                  config=config, answer_prompt=KNN_PROMPT,
                                  keyword_prompt=KEYWORD_PROMPT)  # fmt: skip
     out = []

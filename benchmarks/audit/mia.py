@@ -12,7 +12,7 @@ queries (both answers are released, and covered by the ε share). AUC over all m
 Settings: 0-shot; real demonstrations (the member among the 4, the worst case; or 4 records drawn at random);
 PTA and clip-blend synthetic demonstrations at ε = 1, 4 and without noise (δ = 1/|D|); a plain
 retrieval-augmented answer (the 4 records nearest the query in the prompt: the non-private kNN pipeline);
-MOZO and clip-blend DP decoding at ε = 1, 4; kNN keyword-space answers (:meth:`PrivateRetriever.answer`) at
+MOZO and clip-blend DP decoding at ε = 1, 4; kNN keyword-space answers (:meth:`PrivateKNN.answer`) at
 ε = 1, 4 per record.
 
 ``--model ginc``: the earlier GINC rows (a target's label after the demonstrations; no power on that model).
@@ -83,7 +83,7 @@ def run_copy(args: argparse.Namespace) -> int:
         settings += [("synthesis", f"{name} synthetic demonstrations", eps) for eps in (INF, 1.0, 4.0)]
     settings += [("decoding", "plain retrieval-augmented answer (4 nearest records; non-private kNN)", INF)]
     settings += [("decoding", f"{name} DP decoding", eps) for name in ("MOZO", "clip-blend") for eps in (1.0, 4.0)]
-    settings += [("kNN", "kNN keyword-space answer (PrivateRetriever.answer)", eps) for eps in (1.0, 4.0)]
+    settings += [("kNN", "kNN keyword-space answer (PrivateKNN.answer)", eps) for eps in (1.0, 4.0)]
     scores: dict[int, tuple[list[float], list[float]]] = {i: ([], []) for i in range(len(settings))}
     for t in tqdm(range(trials), desc="membership attacks", mininterval=5):
         pairs = copy_model.random_canaries(np.random.default_rng([args.seed, t]), N_OTHERS + 2)

@@ -7,7 +7,7 @@ all-MiniLM-L6-v2 (384-d, unit length). 200 queries answered in sequence, per-rec
 labels of k = 40 neighbours with report-noisy-max (Gaussian noise):
 
 - **kNN, no privacy**: the plain majority of the 40 nearest records (ε = ∞).
-- **NN-only DP vote (ours)**: :class:`PrivateRetriever.vote`. Every active record with cosine similarity
+- **NN-only DP vote (ours)**: :class:`PrivateKNN.vote`. Every active record with cosine similarity
   ≥ τ pays (the provable individual filter); the 40 most similar of them vote. ``uses`` sets the noise so
   that a record can take part in that many releases (1: "each record used about once", as the paper; 4:
   a larger setting).
@@ -95,7 +95,7 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.accounting import IndividualBudget
     from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
-    from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateRetriever, default_embedder
+    from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN, default_embedder
     from dp_icl_plugin.methods.knn.embedding import embed_texts
 
     pool_x, pool_y, query_x, query_y, names = load(name, n_queries)
@@ -131,7 +131,7 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
                     index.add(pool_x, labels=pool_y)
                     ledger = BudgetManager(PrivacyBudget(epsilon, DELTA))
                     config = KNNConfig(k=K, shards=10, min_similarity=tau, uses=uses)
-                    retriever = PrivateRetriever(index, budget=ledger, labels=names, config=config)
+                    retriever = PrivateKNN(index, budget=ledger, labels=names, config=config)
                     rng = np.random.default_rng(seed)
                     hits = 0
                     for text, y in zip(query_x, query_y, strict=True):
@@ -148,7 +148,7 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
             for seed in range(seeds):
                 index = PrivateIndex(budget=budget, embedder=lookup)
                 index.add(pool_x, labels=pool_y)
-                retriever = PrivateRetriever(index, budget=BudgetManager(PrivacyBudget(epsilon, DELTA)), labels=names,
+                retriever = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(epsilon, DELTA)), labels=names,
                                              config=KNNConfig(k=K, shards=10, uses=uses))  # fmt: skip
                 cost = retriever._cost("vote", 1)
                 rng = np.random.default_rng(seed)

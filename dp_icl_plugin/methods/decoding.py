@@ -32,8 +32,7 @@ one (a base model such as the GINC model) the chat is laid out as plain lines, `
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
-from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
+from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
@@ -52,53 +51,11 @@ from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
 from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.clip_blend import assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.decoder import AnswerState, AnswerStream, DecodedAnswer, Query, check_query
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 
-__all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query"]
-
-Query = str | Sequence[Mapping[str, str]]
-ROLES = ("system", "user", "assistant")
-
-
-def check_query(query: object) -> str | tuple[dict[str, str], ...]:
-    """A non-empty completion text, or a chat whose last message is the user's (errors never echo text)."""
-    if isinstance(query, str):
-        if not check.has_text(query):
-            raise ConfigurationError("the prompt is empty")
-        return query
-    if not isinstance(query, Sequence) or not query:
-        raise ConfigurationError("a query is a non-empty text or a non-empty list of chat messages")
-    messages = []
-    for i, m in enumerate(query):
-        if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise ConfigurationError(f"message {i} needs a role in {ROLES} and a string content")
-        messages.append({"role": str(m["role"]), "content": str(m["content"])})
-    if messages[-1]["role"] != "user":
-        raise ConfigurationError("the last message of a chat must be the user's")
-    if not check.has_text(messages[-1]["content"]):
-        raise ConfigurationError("the last user message is empty")
-    return tuple(messages)
-
-
-@dataclass(frozen=True)
-class DecodedAnswer:
-    """A DP answer: the text (cut before any stop sequence), its tokens, why it ended, the ledger entry."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
-    ledger_entry: int
-
-
-@dataclass
-class _Stream:
-    """Bookkeeping of one answer while it is generated."""
-
-    tokens: list[int] = field(default_factory=list)
-    emitted: int = 0  # characters of the decoded text already yielded
-    finish_reason: str = "length"
-
+__all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query"]  # re-exported
 
 class _Decoder:
     """Shared plumbing: prompt building, the per-answer charge, stop sequences, streaming."""
@@ -119,9 +76,8 @@ class _Decoder:
             raise ConfigurationError("dataset must be a PrivateDataset")
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
-        for name in ("encode", "decode", "next_token_logprobs", "start"):
-            if not callable(getattr(backend, name, None)):
-                raise ConfigurationError("backend must be a NextTokenBackend")
+        if not isinstance(backend, NextTokenBackend):
+            raise ConfigurationError("backend must be a NextTokenBackend")
         self.dataset = dataset
         self.backend = backend
         self.budget = budget
@@ -144,7 +100,26 @@ class _Decoder:
         """The event one answer of at most ``max_tokens`` tokens is charged (its worst case)."""
         raise NotImplementedError
 
-    # -- answering ------------------------------------------------------------------------------------
+    # -- the Decoder contract (dp_icl_plugin.methods.decoder) -------------------------------------------
+    @property
+    def context_window(self) -> int | None:
+        """The model's positions (None when the backend has no limit)."""
+        return getattr(self.backend, "max_length", None)
+
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether chats are laid out by the model's chat template (else as ``role: content`` lines)."""
+        return bool(getattr(self.backend, "has_chat_template", False))
+
+    def check(self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None) -> None:
+        """Raise :class:`~dp_icl_plugin.errors.ConfigurationError` for what :meth:`stream` would refuse
+        (a bad query, limit or stop list); nothing is charged."""
+        self._prepare(query, max_tokens, stop)
+
+    def prompt_tokens(self, query: Query) -> int:
+        """Tokens of the public prompt (the query in the template, no record): never a private record's length."""
+        return len(self._ids(check_query(query), None))
+
     def stream(
         self,
         query: Query,
@@ -152,15 +127,18 @@ class _Decoder:
         rng: np.random.Generator,
         max_tokens: int | None = None,
         stop: Sequence[str] | None = None,
-    ) -> Iterator[str]:
+    ) -> AnswerStream:
         """Yield the answer's text piece by piece; the whole answer is charged before the first piece.
 
         Raises:
-            ConfigurationError: at once, for a bad query, stop sequences or limits (nothing charged).
+            ConfigurationError: at once, for a bad query, stop sequences, limits or rng (nothing charged).
             BudgetExhaustedError: on the first ``next``, before anything is computed from private data.
         """
-        limit, stops, prompt = self._prepare(query, rng, max_tokens, stop)
-        return self._run(prompt, limit, stops, rng, None)
+        if not isinstance(rng, np.random.Generator):
+            raise ConfigurationError("rng must be a numpy.random.Generator")
+        limit, stops, prompt = self._prepare(query, max_tokens, stop)
+        state = AnswerState()
+        return AnswerStream(self._run(prompt, limit, stops, rng, state), state)
 
     def generate(
         self,
@@ -171,27 +149,28 @@ class _Decoder:
         stop: Sequence[str] | None = None,
     ) -> DecodedAnswer:
         """The whole answer (charged first)."""
-        limit, stops, prompt = self._prepare(query, rng, max_tokens, stop)
-        state = _Stream()
-        entry_box: list[LedgerEntry] = []
-        for _ in self._run(prompt, limit, stops, rng, (state, entry_box)):
+        pieces = self.stream(query, rng=rng, max_tokens=max_tokens, stop=stop)
+        for _ in pieces:
             pass
-        text = self._cut(self.backend.decode(state.tokens), stops)
-        return DecodedAnswer(text, tuple(state.tokens), state.finish_reason, entry_box[0].id)
+        charge = pieces.charge
+        assert charge is not None  # the first next() charges or raises
+        text = self._cut(self.backend.decode(list(pieces.token_ids)), self._stops(stop))
+        return DecodedAnswer(text, pieces.token_ids, pieces.finish_reason, charge.id, charge)
 
     # -- internals ------------------------------------------------------------------------------------
-    def _prepare(self, query, rng, max_tokens, stop) -> tuple[int, tuple[str, ...], str | tuple[dict[str, str], ...]]:
-        if not isinstance(rng, np.random.Generator):
-            raise ConfigurationError("rng must be a numpy.random.Generator")
+    @staticmethod
+    def _stops(stop: Sequence[str] | None) -> tuple[str, ...]:
+        if stop is None:
+            return ()
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+            raise ConfigurationError("stop must be a list of non-empty strings")
+        return tuple(stop)
+
+    def _prepare(self, query, max_tokens, stop) -> tuple[int, tuple[str, ...], str | tuple[dict[str, str], ...]]:
         limit = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
         if limit > self.max_tokens:
             raise ConfigurationError(f"max_tokens = {limit} exceeds the {self.max_tokens} this decoder's budget covers")
-        if stop is None:
-            stops: tuple[str, ...] = ()
-        elif not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-            raise ConfigurationError("stop must be a list of non-empty strings")
-        else:
-            stops = tuple(stop)
+        stops = self._stops(stop)
         prompt = check_query(query)
         if not self._ids(prompt, None, reserve=self._reserve(limit)):
             raise ConfigurationError("the prompt encodes to no tokens")
@@ -231,20 +210,18 @@ class _Decoder:
         ends = [text.index(s) for s in stops if s in text]
         return text[: min(ends)] if ends else text
 
-    def _run(self, prompt, limit, stops, rng, sink) -> Iterator[str]:
+    def _run(self, prompt, limit, stops, rng, state: AnswerState) -> Generator[str, None, None]:
         if self.fixed_latency is None:
-            yield from self._release(prompt, limit, stops, rng, sink)
+            yield from self._release(prompt, limit, stops, rng, state)
             return
         with self.fixed_latency.hold():  # the whole answer first, then one piece at the fixed time
-            text = "".join(self._release(prompt, limit, stops, rng, sink))
+            text = "".join(self._release(prompt, limit, stops, rng, state))
         if text:
             yield text
 
-    def _release(self, prompt, limit, stops, rng, sink) -> Iterator[str]:
+    def _release(self, prompt, limit, stops, rng, state: AnswerState) -> Iterator[str]:
         # The charge comes first: nothing below runs, and nothing is yielded, unless it is committed.
-        entry = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
-        state, boxes = sink if sink is not None else (_Stream(), [])
-        boxes.append(entry)
+        state.charge = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
         with self._lock:
             for token in self._tokens(prompt, limit, rng):
                 if token == self.backend.eos_token_id and self.template.stop_at_eos:

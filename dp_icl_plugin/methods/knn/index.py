@@ -105,7 +105,7 @@ class PrivateIndex:
     """Private records in an exact inner-product index, each with its own privacy budget.
 
     This is the data holder's store: :meth:`search`, :meth:`within` and :meth:`records` return private
-    data and are no DP release. Apps answer queries through :class:`PrivateRetriever`, which charges the
+    data and are no DP release. Apps answer queries through :class:`PrivateKNN`, which charges the
     filter and releases only DP outputs.
 
     Args:

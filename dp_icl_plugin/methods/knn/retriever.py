@@ -2,12 +2,12 @@
 
 Three releases, each answering one public query from the private records nearest to it:
 
-- :meth:`PrivateRetriever.vote` ("nearest neighbours only"): report-noisy-max over the labels of the k
+- :meth:`PrivateKNN.vote` ("nearest neighbours only"): report-noisy-max over the labels of the k
   nearest records; no language model.
-- :meth:`PrivateRetriever.classify`: the records are split into shards, the LLM labels the query once per
+- :meth:`PrivateKNN.classify`: the records are split into shards, the LLM labels the query once per
   shard with the shard's records as demonstrations, and report-noisy-max picks a label from the shards'
   votes (Wu et al. ICLR 2024, RNM-Gaussian).
-- :meth:`PrivateRetriever.answer`: each shard's LLM answer adds its tokens to a keyword histogram; the
+- :meth:`PrivateKNN.answer`: each shard's LLM answer adds its tokens to a keyword histogram; the
   top keywords are released by propose-test-release and a public prompt with only those keywords (or
   the 0-shot prompt when the test fails) produces the answer (keyword-space aggregation, Wu et al.).
 
@@ -61,7 +61,7 @@ __all__ = [
     "Answer",
     "Classification",
     "KNNConfig",
-    "PrivateRetriever",
+    "PrivateKNN",
     "PrivateText",
     "Retrieval",
     "RetrievedRecord",
@@ -234,7 +234,7 @@ def _shard_keys(ids: np.ndarray, salt: int, shards: int) -> np.ndarray:
     return (z % np.uint64(shards)).astype(np.int64)
 
 
-class PrivateRetriever:
+class PrivateKNN:
     """Private nearest-neighbour DP-ICL over a :class:`PrivateIndex`, charged to one shared ledger.
 
     Nothing this class returns to callers contains private text except :meth:`retrieve`'s records,
@@ -291,7 +291,7 @@ class PrivateRetriever:
         self.cover_entry = self._cover()
 
     def __repr__(self) -> str:
-        return f"PrivateRetriever(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
+        return f"PrivateKNN(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
 
     # -- public API -------------------------------------------------------------------------------
     def retrieve(self, query: str, *, release: str = "vote", k: int | None = None) -> Retrieval:

@@ -21,12 +21,12 @@ from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods import DemoSet, PrivateDataset, SynthesisMethod
 from dp_icl_plugin.methods.data import Demonstration
 
-__all__ = ["DPFewShotExampleSelector"]
+__all__ = ["DPICLExampleSelector"]
 
 DEMO_FIELDS = ("text", "label", "input")
 
 
-class DPFewShotExampleSelector(BaseExampleSelector):
+class DPICLExampleSelector(BaseExampleSelector):
     """Few-shot examples from DP synthetic demonstrations, for ``FewShotPromptTemplate`` and
     ``FewShotChatMessagePromptTemplate``.
 
@@ -108,7 +108,7 @@ class DPFewShotExampleSelector(BaseExampleSelector):
 
     def __repr__(self) -> str:
         state = "pending synthesis" if self._demos is None else f"{len(self._demos)} DP demonstrations"
-        return f"DPFewShotExampleSelector({state}, k={self.k})"
+        return f"DPICLExampleSelector({state}, k={self.k})"
 
     def __getstate__(self) -> dict[str, Any]:
         if self._demos is None:  # still holds the private dataset for its one synthesis

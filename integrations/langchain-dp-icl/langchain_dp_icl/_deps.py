@@ -5,4 +5,4 @@ from __future__ import annotations
 try:
     import langchain_core  # noqa: F401
 except ImportError:  # pragma: no cover - exercised in a subprocess test without the extra
-    raise ImportError("dp_icl_langchain needs langchain-core: pip install 'dp-icl-plugin[langchain]'") from None
+    raise ImportError("langchain_dp_icl needs langchain-core: pip install langchain-dp-icl") from None

@@ -2,7 +2,7 @@
 
 Anything a retriever returns reaches every tracer (``on_retriever_end``) and the LLM prompt, so raw private
 records never leave: each query runs a keyword-space aggregation over the nearest private records
-(:meth:`~dp_icl_plugin.methods.knn.PrivateRetriever.answer`) and the retriever returns the released keywords
+(:meth:`~dp_icl_plugin.methods.knn.PrivateKNN.answer`) and the retriever returns the released keywords
 (one ``Document`` each, up to ``k``) or the DP answer built from them. Metadata: the release kind, the
 ledger entry and the per-record budget; never record ids, texts or how many records took part (that count
 depends on the private data). The budget spend is reported as a custom callback event ``dp_icl_spend``.
@@ -12,41 +12,66 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import numpy as np
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
 from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.knn import PrivateRetriever
+from dp_icl_plugin.methods.knn import PrivateKNN
+from dp_icl_plugin.methods.randomness import noise_source
 
-__all__ = ["DPPrivateRetriever"]
+__all__ = ["DPICLRetriever"]
 
 
-class DPPrivateRetriever(BaseRetriever):
-    """DP context for RAG from a :class:`~dp_icl_plugin.methods.knn.PrivateRetriever`.
+class DPICLRetriever(BaseRetriever):
+    """DP context for RAG from a :class:`~dp_icl_plugin.methods.knn.PrivateKNN` (private kNN over records).
 
-    Args:
-        retriever: the private kNN core (its index, ledger, backend and settings).
-        rng: the noise source.
+    Each query is one DP release: keyword-space aggregation over the nearest private records, charged to
+    each record's own filter and recorded in the shared ledger. Documents hold only what was released.
+
+    Setup:
+        .. code-block:: bash
+
+            pip install langchain-dp-icl            # with dp-icl-plugin[retrieval]
+
+    Key init args:
+        knn: the private kNN core (its index, ledger, backend and settings).
         mode: ``"keywords"`` (default: one Document per released keyword, at most ``k``; none when the
             stability test fails) or ``"answer"`` (one Document: the DP answer generated from the keywords,
             or the 0-shot answer when the test fails).
-        k: keywords to release (default: the core's ``config.keywords``).
+        k: keywords to release (default: the core's ``config.keywords``); a call's ``k`` overrides it.
+        rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
+        seed: reproducible noise for tests and benchmarks only.
+
+    Instantiate:
+        .. code-block:: python
+
+            from langchain_dp_icl import DPICLRetriever
+
+            retriever = DPICLRetriever(knn=PrivateKNN(index, budget=ledger, backend=backend), k=5)
+
+    Invoke:
+        .. code-block:: python
+
+            docs = retriever.invoke("How do I reset my password?")
+            chain = {"context": retriever, "question": RunnablePassthrough()} | prompt | llm
+
+    Spend: every release emits the custom callback event ``dp_icl_spend`` (ledger entry, per-record ε and
+    δ); the Documents' metadata carries the same.
     """
 
-    retriever: Any = Field(exclude=True, repr=False)
-    rng: Any = Field(exclude=True, repr=False)
+    knn: Any = Field(exclude=True, repr=False)
+    rng: Any = Field(default=None, exclude=True, repr=False)
+    seed: int | None = Field(default=None, exclude=True, repr=False)
     mode: Literal["keywords", "answer"] = "keywords"
     k: int | None = None
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     def model_post_init(self, context: Any) -> None:
-        if not isinstance(self.retriever, PrivateRetriever):
-            raise ConfigurationError("retriever must be a dp_icl_plugin PrivateRetriever")
-        if not isinstance(self.rng, np.random.Generator):
-            raise ConfigurationError("rng must be a numpy.random.Generator")
+        if not isinstance(self.knn, PrivateKNN):
+            raise ConfigurationError("knn must be a dp_icl_plugin PrivateKNN")
+        self.rng = noise_source(self.rng, self.seed)
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
             raise ConfigurationError("k must be a positive integer")
 
@@ -58,10 +83,10 @@ class DPPrivateRetriever(BaseRetriever):
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[Document]:
         wanted = k if k is not None else self.k
-        answer = self.retriever.answer(query, rng=self.rng, keywords=wanted)
+        answer = self.knn.answer(query, rng=self.rng, keywords=wanted)
         spend = {"ledger_entry": answer.ledger_entry, "release": "knn-answer",
-                 "per_record_epsilon": self.retriever.per_record_epsilon(),
-                 "per_record_delta": self.retriever.index.filter.budget.delta}  # fmt: skip
+                 "per_record_epsilon": self.knn.per_record_epsilon(),
+                 "per_record_delta": self.knn.index.filter.budget.delta}  # fmt: skip
         run_manager.get_child().on_custom_event("dp_icl_spend", spend, run_id=run_manager.run_id)
         meta = {**spend, "stability_test_passed": answer.keywords is not None}
         if self.mode == "answer":

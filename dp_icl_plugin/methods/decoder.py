@@ -1,0 +1,150 @@
+"""The public contract of a DP decoder: what an adapter (a LangChain chat model, a LlamaIndex LLM) needs.
+
+An adapter validates a query before anything is charged (:meth:`Decoder.check`), reports the public prompt's
+length (:meth:`Decoder.prompt_tokens`: the query alone, never a private record's length), and streams an
+answer that is charged before its first token is computed (:meth:`Decoder.stream`, an :class:`AnswerStream`
+that tells, once charged, which ledger entry paid for it). :class:`~dp_icl_plugin.methods.decoding.MozoDecoder`
+and :class:`~dp_icl_plugin.methods.decoding.ClipBlendDecoder` implement it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting.budget import LedgerEntry
+from dp_icl_plugin.errors import ConfigurationError
+
+__all__ = ["ROLES", "AnswerStream", "DecodedAnswer", "Decoder", "Query", "answer_limit", "check_query"]
+
+Query = str | Sequence[Mapping[str, str]]
+ROLES = ("system", "user", "assistant")
+
+
+def check_query(query: object) -> str | tuple[dict[str, str], ...]:
+    """A non-empty completion text, or a chat whose last message is the user's (errors never echo text)."""
+    if isinstance(query, str):
+        if not check.has_text(query):
+            raise ConfigurationError("the prompt is empty")
+        return query
+    if not isinstance(query, Sequence) or not query:
+        raise ConfigurationError("a query is a non-empty text or a non-empty list of chat messages")
+    messages = []
+    for i, m in enumerate(query):
+        if not isinstance(m, Mapping) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ConfigurationError(f"message {i} needs a role in {ROLES} and a string content")
+        messages.append({"role": str(m["role"]), "content": str(m["content"])})
+    if messages[-1]["role"] != "user":
+        raise ConfigurationError("the last message of a chat must be the user's")
+    if not check.has_text(messages[-1]["content"]):
+        raise ConfigurationError("the last user message is empty")
+    return tuple(messages)
+
+
+@dataclass(frozen=True)
+class DecodedAnswer:
+    """A DP answer: the text (cut before any stop sequence), its tokens, why it ended, and its charge
+    (``ledger_entry`` is the charge's id; ``charge`` the whole committed entry)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
+    ledger_entry: int
+    charge: LedgerEntry | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass
+class AnswerState:
+    """Bookkeeping of one answer while it is generated."""
+
+    tokens: list[int] = field(default_factory=list)
+    emitted: int = 0  # characters of the decoded text already yielded
+    finish_reason: str = "length"
+    charge: LedgerEntry | None = None
+
+
+class AnswerStream(Iterator[str]):
+    """The text pieces of one DP answer. The answer is charged on the first ``next`` (before anything is
+    computed from private data); afterwards :attr:`charge` is the committed ledger entry. ``close()`` stops
+    the generation (refunding nothing)."""
+
+    def __init__(self, pieces: Generator[str, None, None], state: AnswerState) -> None:
+        self._pieces = pieces
+        self._state = state
+
+    def __iter__(self) -> AnswerStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    @property
+    def charge(self) -> LedgerEntry | None:
+        """The ledger entry that paid for this answer; None until the first ``next``."""
+        return self._state.charge
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The tokens generated so far."""
+        return tuple(self._state.tokens)
+
+    @property
+    def finish_reason(self) -> str:
+        """``"stop"`` (EOS or a stop sequence) or ``"length"`` (so far: ``"length"`` until a stop is seen)."""
+        return self._state.finish_reason
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    """What an adapter needs of a DP decoder (implemented by ``MozoDecoder`` and ``ClipBlendDecoder``).
+
+    Attributes:
+        max_tokens: the most tokens of one answer this decoder's budget share covers.
+        context_window: the model's positions (None when the backend has no limit).
+        has_chat_template: whether chats are laid out by the model's chat template.
+    """
+
+    max_tokens: int
+
+    @property
+    def context_window(self) -> int | None: ...
+
+    @property
+    def has_chat_template(self) -> bool: ...
+
+    def check(self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None) -> None:
+        """Raise ``ConfigurationError`` for a query, limit or stop list the decoder would refuse (no charge)."""
+        ...
+
+    def prompt_tokens(self, query: Query) -> int:
+        """Tokens of the public prompt: the query alone, never a private record's length."""
+        ...
+
+    def stream(
+        self, query: Query, *, rng: np.random.Generator, max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> AnswerStream:  # fmt: skip
+        """The answer piece by piece, charged on the first ``next``."""
+        ...
+
+    def generate(
+        self, query: Query, *, rng: np.random.Generator, max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+    ) -> DecodedAnswer:  # fmt: skip
+        """The whole answer, charged first."""
+        ...
+
+
+def answer_limit(decoder: Decoder, requested: object | None) -> int:
+    """The token limit of one call: ``requested`` (a positive int) capped at what the decoder's budget share
+    covers, or the decoder's own limit when None (frameworks pass ``max_tokens`` per call)."""
+    if requested is None:
+        return decoder.max_tokens
+    return min(check.positive_int("max_tokens", requested), decoder.max_tokens)

@@ -1,0 +1,105 @@
+"""A LlamaIndex retriever that returns only DP-released content from private records.
+
+Each query runs keyword-space aggregation over the nearest private records
+(:meth:`~dp_icl_plugin.methods.knn.PrivateKNN.answer`); the nodes hold the released keywords or the
+DP answer, never record texts or ids. The spend is emitted as a
+:class:`~llama_index.llms.dp_icl.events.DPSpendEvent` through LlamaIndex's instrumentation. ``aretrieve``
+runs the release in a worker thread, so it does not block the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.retrievers import BaseRetriever
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.llms.dp_icl.events import DPSpendEvent
+
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.methods.knn import PrivateKNN
+from dp_icl_plugin.methods.randomness import noise_source
+
+__all__ = ["DPICLRetriever"]
+
+dispatcher = get_dispatcher(__name__)
+
+
+class DPICLRetriever(BaseRetriever):
+    """DP context nodes from a :class:`~dp_icl_plugin.methods.knn.PrivateKNN` (private kNN over records).
+
+    Each query is one DP release: keyword-space aggregation over the nearest private records, charged to
+    each record's own filter and recorded in the shared ledger. Nodes hold only what was released.
+
+    Setup:
+        .. code-block:: bash
+
+            pip install llama-index-retrievers-dp-icl   # with dp-icl-plugin[retrieval]
+
+    Key init args:
+        knn: the private kNN core (its index, ledger, backend and settings).
+        mode: ``"answer"`` (default: one node with the DP answer built from the released keywords, or the
+            0-shot answer when the stability test fails) or ``"keywords"`` (one node per released keyword).
+        similarity_top_k: how many keywords to release (default: the core's ``config.keywords``).
+        rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
+        seed: reproducible noise for tests and benchmarks only.
+
+    Instantiate:
+        .. code-block:: python
+
+            from llama_index.retrievers.dp_icl import DPICLRetriever
+
+            retriever = DPICLRetriever(PrivateKNN(index, budget=ledger, backend=backend))
+
+    Invoke:
+        .. code-block:: python
+
+            nodes = retriever.retrieve("How do I reset my password?")
+            engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
+
+    Spend: every release emits a ``DPSpendEvent`` (ledger entry, per-record ε and δ).
+    """
+
+    def __init__(
+        self,
+        knn: PrivateKNN,
+        *,
+        mode: Literal["answer", "keywords"] = "answer",
+        similarity_top_k: int | None = None,
+        rng: Any = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(knn, PrivateKNN):
+            raise ConfigurationError("knn must be a dp_icl_plugin PrivateKNN")
+        generator = noise_source(rng, seed)
+        if mode not in ("answer", "keywords"):
+            raise ConfigurationError("mode must be 'answer' or 'keywords'")
+        if similarity_top_k is not None and (isinstance(similarity_top_k, bool)
+                                             or not isinstance(similarity_top_k, int) or similarity_top_k < 1):
+            raise ConfigurationError("similarity_top_k must be a positive integer")  # fmt: skip
+        self._core = knn
+        self._rng = generator
+        self._mode = mode
+        self._keywords = similarity_top_k
+        super().__init__(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"DPICLRetriever(mode={self._mode!r}, {self._core!r})"
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        answer = self._core.answer(query_bundle.query_str, rng=self._rng, keywords=self._keywords)
+        spend = DPSpendEvent(ledger_entry=answer.ledger_entry, release="knn-answer",
+                             per_record_epsilon=self._core.per_record_epsilon(),
+                             per_record_delta=self._core.index.filter.budget.delta)  # fmt: skip
+        dispatcher.event(spend)
+        meta = {"ledger_entry": answer.ledger_entry, "per_record_epsilon": spend.per_record_epsilon,
+                "stability_test_passed": answer.keywords is not None}  # fmt: skip
+        if self._mode == "answer":
+            return [NodeWithScore(node=TextNode(text=answer.text, metadata={**meta, "kind": "dp_answer"}), score=1.0)]
+        return [NodeWithScore(node=TextNode(text=kw, metadata={**meta, "kind": "dp_keyword"}), score=1.0)
+                for kw in answer.keywords or ()]  # fmt: skip
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return await asyncio.to_thread(self._retrieve, query_bundle)
