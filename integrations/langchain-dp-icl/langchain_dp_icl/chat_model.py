@@ -258,9 +258,9 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
             if run_manager is not None:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
+        metadata = {"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name}
         last = AIMessageChunk(content="", usage_metadata=self._usage(query, len(pieces.token_ids)),
-                              chunk_position="last", response_metadata={"finish_reason": pieces.finish_reason,
-                                                                        **spend, "model_name": self.model_name})  # fmt: skip
+                              chunk_position="last", response_metadata=metadata)  # fmt: skip
         yield ChatGenerationChunk(message=last)
 
 
