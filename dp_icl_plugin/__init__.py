@@ -2,7 +2,8 @@
 
 The core is framework-free: importing it loads neither torch, transformers, faiss, langchain nor
 llama_index. Layers (imports point one way): ``accounting`` ← ``mechanisms`` / ``backends`` ← ``methods``
-← the adapter packages ``dp_icl_langchain`` and ``dp_icl_llamaindex``.
+← the adapter distributions in ``integrations/``: ``langchain_dp_icl``, ``llama_index.llms.dp_icl``,
+``llama_index.retrievers.dp_icl``.
 """
 
 from dp_icl_plugin.accounting import (

@@ -57,11 +57,11 @@ pytest.importorskip("torch")
 import langchain_dp_icl as lc
 import llama_index.llms.dp_icl as li
 import llama_index.retrievers.dp_icl as li_ret
+from adapter_fixtures import backend, dataset, demo_set
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.schema import QueryBundle
 from pydantic import ValidationError
-from test_langchain_adapters import _demos, backend, dataset
 from tests_support import write_ginc_csv
 
 from dp_icl_plugin import (
@@ -129,7 +129,7 @@ class World:
 
 
 def _selector(w: World, **kwargs: Any) -> lc.DPICLExampleSelector:
-    return lc.DPICLExampleSelector(_demos(), **kwargs)
+    return lc.DPICLExampleSelector(demo_set(), **kwargs)
 
 
 def _lazy(w: World, **kwargs: Any) -> lc.DPICLExampleSelector:

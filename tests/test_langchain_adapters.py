@@ -4,7 +4,6 @@ tests of the selector, the DP LLM, charging, streaming and traces, on a tiny byt
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 pytest.importorskip("langchain_core")
 pytest.importorskip("torch")
 
+from adapter_fixtures import CANARY, backend, dataset, demo_set, knn_core
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import (
@@ -24,39 +24,10 @@ from langchain_core.prompts import (
 from langchain_dp_icl import DPICLLLM, ChatDPICL, DPICLExampleSelector, DPICLRetriever
 from langchain_tests.integration_tests import ChatModelIntegrationTests, RetrieversIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
-from tests_support import tiny_text_gpt2
 
 from dp_icl_plugin import BudgetExhaustedError, BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
-from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.methods import DemoSet, PrivateDataset, PrivateRecord, Provenance, TangSynthesizer
-from dp_icl_plugin.methods.data import Demonstration
+from dp_icl_plugin.methods import TangSynthesizer
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
-
-CANARY = "zqxcanaryzqx"
-CORPUS = [
-    "Hello, how are you today? I am fine, thank you. What is the weather like?",
-    "user: assistant: system: Please answer the question. Label: Text: Answer:",
-    "The cat sat on the mat. Numbers: 1 2 3 4 5 6 7 8 9 0. What's 2 + 2? Four.",
-    f"records: apples oranges bananas {CANARY} red green blue",
-]
-
-
-@functools.cache
-def backend():
-    import torch
-
-    from dp_icl_plugin.backends.hf import HFBackend
-
-    torch.set_num_threads(1)
-    root = Path(__import__("tempfile").mkdtemp(prefix="dp-icl-lc-"))
-    return HFBackend.from_pretrained(tiny_text_gpt2(root / "gpt2", CORPUS * 5, n_positions=1024), device="cpu",
-                                     dtype="float32")  # fmt: skip
-
-
-def dataset(n: int = 24) -> PrivateDataset:
-    fruit = ["apples", "oranges", "bananas"]
-    return PrivateDataset([PrivateRecord(f"{CANARY}{i} likes {fruit[i % 3]}", fruit[i % 3]) for i in range(n)])
 
 
 @functools.cache
@@ -109,21 +80,6 @@ class TestDPChatModelIntegration(ChatModelIntegrationTests):
         return chat_params()
 
 
-def _knn_retriever() -> PrivateKNN:
-    texts = [f"{CANARY} the cat sat on the mat number {i % 4}" for i in range(40)]
-
-    def embed(batch: list[str]) -> np.ndarray:
-        return np.array([[t.count("cat") + 1.0, t.count("mat"), t.count("number") * 0.5] for t in batch])
-
-    index = PrivateIndex(budget=IndividualBudget(epsilon=1e4, delta=1e-5), embedder=embed)
-    index.add(texts, answers=["the cat"] * 40)
-    # ε = 1e4 per record has no replace-one conversion (group privacy's δ would pass 1): an add/remove ledger
-    knn_ledger = BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove"))
-    return PrivateKNN(index, budget=knn_ledger, backend=backend(),
-                            config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=1, keywords=3,
-                                             max_answer_tokens=4, ptr_noise_std=0.01))  # fmt: skip
-
-
 class TestDPPrivateRetriever(RetrieversIntegrationTests):
     @property
     def retriever_constructor(self) -> type[DPICLRetriever]:
@@ -131,17 +87,17 @@ class TestDPPrivateRetriever(RetrieversIntegrationTests):
 
     @property
     def retriever_constructor_params(self) -> dict[str, Any]:
-        return {"knn": _knn_retriever(), "rng": np.random.default_rng(0)}
+        return {"knn": knn_core(), "rng": np.random.default_rng(0)}
 
     @property
     def retriever_query_example(self) -> str:
         return "where did the cat sit?"
 
-    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when the stability test fails", strict=False)
+    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when the stability test fails", strict=True)
     def test_k_constructor_param(self) -> None:
         super().test_k_constructor_param()
 
-    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when the stability test fails", strict=False)
+    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when the stability test fails", strict=True)
     def test_invoke_with_k_kwarg(self, retriever: Any) -> None:
         super().test_invoke_with_k_kwarg(retriever)
 
@@ -149,17 +105,10 @@ class TestDPPrivateRetriever(RetrieversIntegrationTests):
 # ------------------------------------------------------------------------------------------ our own tests
 
 
-def _demos() -> DemoSet:
-    prov = Provenance(method="tang", config={}, epsilon=1.0, delta=1e-5, event={}, ledger_entry_id=1,
-                      ledger_label="synthesis", model_id="m")  # fmt: skip
-    demos = [Demonstration(label=y, text=f"synthetic {y} {i}") for i in range(2) for y in ("pos", "neg")]
-    return DemoSet(demos, prov)
-
-
 def test_selector_serves_a_demoset_in_both_few_shot_templates_for_free() -> None:
     ledger = BudgetManager(PrivacyBudget(1.0, 1e-5))
     example_prompt = PromptTemplate.from_template("Text: {input}\nLabel: {output}")
-    selector = DPICLExampleSelector(_demos(), k=2, example_prompt=example_prompt)
+    selector = DPICLExampleSelector(demo_set(), k=2, example_prompt=example_prompt)
     prompt = FewShotPromptTemplate(example_selector=selector, example_prompt=example_prompt,
                                    suffix="Text: {input}\nLabel:", input_variables=["input"])  # fmt: skip
     text = prompt.format(input="a query")
@@ -192,10 +141,10 @@ def test_selector_bad_input() -> None:
         DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3), dataset=dataset(),
                                  backend=FakeBackend(["a"]), rng=np.random.default_rng(0))  # fmt: skip
     with pytest.raises(ConfigurationError, match="needs"):
-        DPICLExampleSelector(_demos(), example_prompt=PromptTemplate.from_template("{question} {answer}"))
+        DPICLExampleSelector(demo_set(), example_prompt=PromptTemplate.from_template("{question} {answer}"))
     with pytest.raises(ConfigurationError, match="fields"):
-        DPICLExampleSelector(_demos(), fields={"input": "secret"})
-    selector = DPICLExampleSelector(_demos())
+        DPICLExampleSelector(demo_set(), fields={"input": "secret"})
+    selector = DPICLExampleSelector(demo_set())
     with pytest.raises(ConfigurationError, match="not differentially private"):
         selector.add_example({"input": "x", "output": "y"})
     selector.add_public_example({"input": "a public example", "output": "pos"})
@@ -244,9 +193,55 @@ def test_private_text_stays_out_of_traces_reprs_and_serialization() -> None:
     recorder = Recorder()
     chat = ChatDPICL(decoder=shared_decoder(), rng=np.random.default_rng(0))
     chat.invoke([HumanMessage("Hello")], config={"callbacks": [recorder]})
-    retriever = DPICLRetriever(knn=_knn_retriever(), rng=np.random.default_rng(0), mode="answer")
+    retriever = DPICLRetriever(knn=knn_core(), rng=np.random.default_rng(0), mode="answer")
     docs = retriever.invoke("where did the cat sit?", config={"callbacks": [recorder]})
     assert len(docs) == 1 and docs[0].metadata["kind"] == "dp_answer"
     assert any("dp_icl_spend" in s for s in recorder.seen)
     blob = " ".join(recorder.seen) + repr(chat) + repr(retriever) + str(chat.model_dump()) + str(retriever.model_dump())
     assert CANARY not in blob
+
+
+class SpendEvents(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any], Any]] = []
+
+    def on_custom_event(self, name: str, data: Any, *, run_id: Any, **kwargs: Any) -> None:
+        self.events.append((name, data, run_id))
+
+
+def test_chat_model_and_llm_emit_every_charge_as_dp_icl_spend() -> None:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=4, beta=0.5,
+                          top_k=20)  # fmt: skip
+    chat, llm = ChatDPICL(decoder=decoder, seed=0), DPICLLLM(decoder=decoder, seed=0)
+    handler = SpendEvents()
+    config: Any = {"callbacks": [handler]}
+    message = chat.invoke("hello", config=config)
+    chunks = list(chat.stream("hello", config=config))
+    text = llm.invoke("hello", config=config)
+    pieces = list(llm.stream("hello", config=config))
+    assert isinstance(text, str) and pieces is not None
+    charges = ledger.history()
+    assert [e[0] for e in handler.events] == ["dp_icl_spend"] * 4 == ["dp_icl_spend"] * len(charges)
+    assert [e[1]["ledger_entry"] for e in handler.events] == [c.id for c in charges]
+    assert handler.events[0][1] == {"ledger_entry": charges[0].id, "release": "mozo-answer",
+                                    "ledger_epsilon": charges[0].certified_epsilon}  # fmt: skip
+    assert message.response_metadata["ledger_entry"] == charges[0].id
+    assert sum(chunks[1:], chunks[0]).response_metadata["ledger_entry"] == charges[1].id
+
+
+async def test_chat_model_spend_shows_in_astream_events() -> None:
+    chat = ChatDPICL(decoder=shared_decoder(), seed=0)
+    events = [e async for e in chat.astream_events("hello", version="v2")]
+    custom = [e for e in events if e["event"] == "on_custom_event"]
+    assert [e["name"] for e in custom] == ["dp_icl_spend"]
+    assert custom[0]["run_id"] == next(e["run_id"] for e in events if e["event"] == "on_chat_model_start")
+
+
+def test_rng_is_optional_and_a_seed_is_reproducible() -> None:
+    a = ChatDPICL(decoder=shared_decoder(), seed=7).invoke("hello").content
+    b = ChatDPICL(decoder=shared_decoder(), seed=7).invoke("hello").content
+    assert a == b
+    assert isinstance(ChatDPICL(decoder=shared_decoder()).rng, np.random.Generator)  # fresh OS entropy
+    with pytest.raises(ValueError, match="rng or seed, not both"):
+        ChatDPICL(decoder=shared_decoder(), seed=1, rng=np.random.default_rng(1))

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,15 +18,16 @@ import pytest
 pytest.importorskip("llama_index.core")
 pytest.importorskip("torch")
 
+from adapter_fixtures import CANARY, backend, dataset, knn_core
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.llms.dp_icl import DPICL, DPSpendEvent
 from llama_index.retrievers.dp_icl import DPICLRetriever
-from test_langchain_adapters import CANARY, _knn_retriever, backend, dataset
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
+from dp_icl_plugin.methods import PrivateDataset
 from dp_icl_plugin.methods.decoding import MozoDecoder
 
 
@@ -49,7 +55,7 @@ def test_query_engine_with_the_dp_retriever_and_llm_sync_and_async() -> None:
     llm, ledger = llm_and_ledger()
     handler = Spends()
     get_dispatcher().add_event_handler(handler)
-    retriever = DPICLRetriever(_knn_retriever(), rng=np.random.default_rng(0))
+    retriever = DPICLRetriever(knn_core(), rng=np.random.default_rng(0))
     engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
     before = len(ledger.history())
     response = engine.query("where did the cat sit?")
@@ -67,7 +73,7 @@ def test_query_engine_with_the_dp_retriever_and_llm_sync_and_async() -> None:
 
 
 def test_keyword_mode_returns_one_node_per_released_keyword() -> None:
-    retriever = DPICLRetriever(_knn_retriever(), rng=np.random.default_rng(0), mode="keywords", similarity_top_k=2)
+    retriever = DPICLRetriever(knn_core(), rng=np.random.default_rng(0), mode="keywords", similarity_top_k=2)
     nodes = retriever.retrieve("where did the cat sit?")
     assert len(nodes) <= 2 and all(n.node.metadata["kind"] == "dp_keyword" for n in nodes)
 
@@ -96,7 +102,7 @@ def test_bad_construction() -> None:
 
 
 def test_aretrieve_leaves_the_event_loop_free() -> None:
-    retriever = DPICLRetriever(_knn_retriever(), rng=np.random.default_rng(0))
+    retriever = DPICLRetriever(knn_core(), rng=np.random.default_rng(0))
 
     async def main() -> tuple[int, int]:
         ticks = 0
@@ -138,3 +144,169 @@ def test_dpllm_from_a_server_url_needs_the_tokenizer_and_keeps_to_loopback() -> 
         DPICL.from_model_id("http://10.0.0.7:8000", data, budget=budget, rng=np.random.default_rng(0),
                             tokenizer=_Tokenizer())  # fmt: skip
     assert budget.history() == []
+
+
+# ------------------------------------------------------------------ the LlamaIndex LLM contract (issue 17)
+
+
+class SlowBackend:
+    """The tiny model, each forward made slow: an answer takes ``delay`` seconds per token."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner, self._delay = inner, delay
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not name.startswith("next_token_logprobs"):
+            return found
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(self._delay)
+            return found(*args, **kwargs)
+
+        return slow
+
+
+def make_llm(delay: float = 0.0, max_tokens: int = 6, **settings: Any) -> tuple[DPICL, BudgetManager]:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    model = SlowBackend(backend(), delay) if delay else backend()
+    decoder = MozoDecoder(dataset(), backend=model, budget=ledger, n_queries=100, max_tokens=max_tokens, beta=0.5,
+                          top_k=20)  # fmt: skip
+    return DPICL(decoder, seed=0, **settings), ledger
+
+
+class Events(BaseEventHandler):
+    seen: list[Any] = []  # noqa: RUF012  (a pydantic field: copied per instance)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Events"
+
+    def handle(self, event: Any, **kwargs: Any) -> None:
+        self.seen.append(event)
+
+
+@pytest.mark.parametrize("kind", ["complete", "chat"])
+async def test_async_streams_leave_the_loop_free_while_a_slow_answer_streams(kind: str) -> None:
+    llm, ledger = make_llm(delay=0.05, max_tokens=5)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.002)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    if kind == "complete":
+        stream = await llm.astream_complete("where did the cat sit?", max_tokens=5)
+    else:
+        stream = await llm.astream_chat([ChatMessage(role="user", content="where did the cat sit?")], max_tokens=5)
+    deltas = [r.delta async for r in stream]
+    task.cancel()
+    # five forwards of ≥ 50 ms each ran in worker threads: the 2 ms ticker ran dozens of times meanwhile
+    # (on the event loop, as the sync generator used to run, it could not run at all until the end)
+    assert ticks >= 20, ticks
+    assert len(ledger.history()) == 1 and deltas
+
+
+async def test_acomplete_and_achat_run_under_their_own_callback_span() -> None:
+    llm, _ = make_llm()
+    handler = Events()
+    get_dispatcher().add_event_handler(handler)
+    await llm.acomplete("hi")
+    await llm.achat([ChatMessage(role="user", content="hi")])
+    spans = {type(e).__name__: e.span_id for e in handler.seen}
+    assert spans["LLMCompletionStartEvent"].startswith("DPICL.acomplete-")
+    assert spans["LLMChatStartEvent"].startswith("DPICL.achat-")
+    assert spans["DPSpendEvent"].startswith("DPICL.achat-")  # each answer's charge emitted inside its call
+
+
+class Spy:
+    """Records what the LLM hands the decoder."""
+
+    def __init__(self, llm: DPICL) -> None:
+        self.calls: list[tuple[Any, int | None]] = []
+        decoder = llm._decoder
+        real = decoder.stream
+
+        def stream(query: Any, **kwargs: Any) -> Any:
+            self.calls.append((query, kwargs.get("max_tokens")))
+            return real(query, **kwargs)
+
+        decoder.stream = stream  # this decoder belongs to this test alone
+
+
+def test_complete_shapes_prompts_as_llamaindex_llms_do() -> None:
+    from llama_index.core.prompts import PromptTemplate
+
+    cases = [
+        ({}, "q", False, "q"),
+        ({"system_prompt": "Be brief."}, "q", False, "Be brief.\n\nq"),
+        ({"completion_to_prompt": lambda p: f"<s>{p}</s>"}, "q", False, "<s>q</s>"),
+        ({"query_wrapper_prompt": PromptTemplate("Q: {query_str}\nA:")}, "q", False, "Q: q\nA:"),
+        ({"system_prompt": "Be brief."}, "q", True, "q"),  # formatted: as given
+    ]
+    for settings, prompt, formatted, expected in cases:
+        llm, _ = make_llm(**settings)
+        spy = Spy(llm)
+        llm.complete(prompt, formatted=formatted)
+        assert spy.calls == [(expected, 6)], settings
+
+
+def test_a_call_may_lower_max_tokens_and_is_charged_for_that() -> None:
+    llm, ledger = make_llm(max_tokens=6)
+    spy = Spy(llm)
+    response = llm.complete("where did the cat sit?", max_tokens=2)
+    assert spy.calls[0][1] == 2
+    assert ledger.history()[-1].event == llm._decoder.answer_event(2)
+    assert response.additional_kwargs["ledger_entry"] == ledger.history()[-1].id
+    llm.complete("where did the cat sit?", max_tokens=10**6)  # above the share: capped to it
+    assert spy.calls[1][1] == 6
+
+
+def test_metadata_follows_the_model() -> None:
+    llm, _ = make_llm()
+    inner = backend()
+    assert llm.metadata.context_window == inner.max_length
+    assert llm.metadata.is_chat_model is inner.has_chat_template
+    llm, _ = make_llm(is_chat_model=True, context_window=77)
+    assert llm.metadata.is_chat_model is True and llm.metadata.context_window == 77
+
+
+def test_metadata_context_window_is_the_models_own() -> None:
+    class Short(SlowBackend):
+        max_length = 300
+
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = MozoDecoder(dataset(), backend=Short(backend(), 0.0), budget=ledger, n_queries=10, max_tokens=4,
+                          beta=0.5, top_k=20)  # fmt: skip
+    assert DPICL(decoder, seed=0).metadata.context_window == 300
+
+
+def test_a_chat_template_model_is_a_chat_model_for_query_engines() -> None:
+    from dp_icl_plugin import FakeBackend
+
+    words = ["user", "assistant", "system", "hi", "x", "y", "<eos>"]
+    fake = FakeBackend(words, seed=0, eos_token="<eos>", chat_template=True)
+    data = PrivateDataset.from_pairs(["x"] * 6, ["y"] * 6)
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = MozoDecoder(data, backend=fake, budget=ledger, n_queries=10, max_tokens=2, beta=0.5, top_k=3)
+    llm = DPICL(decoder, seed=0)
+    assert llm.metadata.is_chat_model is True
+    assert DPICL(decoder, seed=0, is_chat_model=False).metadata.is_chat_model is False
+
+
+def test_llamaindex_tests_need_no_langchain() -> None:
+    # These tests import nothing of LangChain: with it hidden, this module still imports.
+    code = (
+        "import sys\n"
+        "class Block:\n    def find_spec(self, name, *a):\n        return None if not name.startswith('langchain') "
+        "else (_ for _ in ()).throw(ImportError(name=name))\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import test_llamaindex_adapters, llama_index.llms.dp_icl, llama_index.retrievers.dp_icl\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -58,19 +58,58 @@ def test_core_import_loads_no_heavy_framework() -> None:
     assert out.strip() == "[]"
 
 
-def test_adapter_packages_are_importable() -> None:
-    import dp_icl_langchain
-    import dp_icl_llamaindex
-
-    assert dp_icl_langchain.__all__ == ["DPLLM", "DPChatModel", "DPFewShotExampleSelector", "DPPrivateRetriever",
-                                        "build_decoder"]  # fmt: skip
-    assert dp_icl_llamaindex.__all__ == ["DPLLM", "DPRetriever", "DPSpendEvent"]
+ADAPTERS = {  # import name -> (distribution, exactly its public names)
+    "langchain_dp_icl": ("langchain-dp-icl", {"ChatDPICL", "DPICLLLM", "DPICLRetriever", "DPICLExampleSelector"}),
+    "llama_index.llms.dp_icl": ("llama-index-llms-dp-icl", {"DPICL", "DPSpendEvent"}),
+    "llama_index.retrievers.dp_icl": ("llama-index-retrievers-dp-icl", {"DPICLRetriever"}),
+}
 
 
-@pytest.mark.parametrize(("package", "extra"), [("dp_icl_langchain", "langchain"), ("dp_icl_llamaindex", "llamaindex")])
-def test_a_missing_extra_is_named(package: str, extra: str) -> None:
+@pytest.mark.parametrize("package", sorted(ADAPTERS))
+def test_adapter_all_lists_exactly_the_public_names(package: str) -> None:
+    import importlib
+
+    module = importlib.import_module(package)
+    public = {name for name in vars(module) if not name.startswith("_") and not isinstance(vars(module)[name],
+              type(module))}  # fmt: skip
+    assert set(module.__all__) == ADAPTERS[package][1] == public - {"annotations"}
+    for name in module.__all__:
+        assert getattr(module, name).__module__.startswith(package), name  # defined here, not re-exported
+
+
+def test_adapters_use_no_private_name_of_the_core() -> None:
+    # The layer line: an adapter reaches the core only through its public names.
+    pattern = re.compile(r"from dp_icl_plugin[\w.]* import ([^\n(]+|\([^)]*\))|import (dp_icl_plugin[\w.]*)")
+    for path in (REPO_ROOT / "integrations").rglob("*.py"):
+        text = path.read_text()
+        for found in pattern.finditer(text):
+            names = re.findall(r"\w+", found.group(0).split(" import ", 1)[-1])
+            modules = re.findall(r"dp_icl_plugin[\w.]*", found.group(0))
+            assert not [n for n in names + [p for m in modules for p in m.split(".")] if n.startswith("_")], path
+        assert not re.search(r"\.(?:decoder|_core|knn)\._[a-z]", text), path  # no private attribute of a core object
+
+
+def test_adapter_distributions_declare_what_the_suite_runs_on() -> None:
+    import tomllib
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    for dist, _ in ADAPTERS.values():
+        folder = REPO_ROOT / "integrations" / dist
+        meta = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+        assert meta["name"] == dist and meta["version"] == dp_icl_plugin.__version__
+        requires = {Requirement(r).name: Requirement(r) for r in meta["dependencies"]}
+        assert str(requires["dp-icl-plugin"].specifier) == f"=={dp_icl_plugin.__version__}"  # lockstep
+        framework = "langchain-core" if dist.startswith("langchain") else "llama-index-core"
+        assert version(framework) in requires[framework].specifier, (dist, version(framework))
+        assert version(dist) == meta["version"]  # installed by make setup, from this folder
+
+
+@pytest.mark.parametrize("package", sorted(ADAPTERS))
+def test_a_missing_framework_is_named(package: str) -> None:
     # Hide the framework from a fresh interpreter and import the adapter package.
-    blocked = {"dp_icl_langchain": "langchain_core", "dp_icl_llamaindex": "llama_index"}[package]
+    blocked = "langchain_core" if package.startswith("langchain") else "llama_index.core"
     code = (
         "import sys\n"
         f"class Block:\n    def find_spec(self, name, *a):\n        return None if not name.startswith({blocked!r}) "
@@ -80,7 +119,7 @@ def test_a_missing_extra_is_named(package: str, extra: str) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
-    assert f"pip install 'dp-icl-plugin[{extra}]'" in done.stderr
+    assert f"pip install {ADAPTERS[package][0]}" in done.stderr
 
 
 def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:
@@ -89,7 +128,7 @@ def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:
     assert "make test" in ci and "make test" in readme and "make demo" in readme
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert "exec make test" in ci and "-eq 5" in makefile  # exit 5 (no tests) is reported and fails the run
-    assert makefile.index("torch==2.13.0") < makefile.index('-e ".[all,dev]"')
+    assert makefile.index("torch==2.13.0") < makefile.index('-e ".[all,dev,docs]" $(ADAPTERS)')
 
 
 @pytest.mark.slow
@@ -134,9 +173,10 @@ def test_adapter_and_retrieval_examples_run(tmp_path: Path, script: str, expecte
 
 
 def test_readme_quickstarts_are_copied_from_the_examples() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+                       if p.exists())  # fmt: skip
     for example in sorted((REPO_ROOT / "examples").glob("*.py")):
         text = example.read_text()
         for name in re.findall(r"# --8<-- \[start:(\w+)\]", text):
             block = text.split(f"# --8<-- [start:{name}]\n")[1].split(f"    # --8<-- [end:{name}]")[0]
-            assert textwrap.dedent(block) in readme, f"README is missing {example.name}:{name} as it stands"
+            assert textwrap.dedent(block) in readme, f"README and docs/ miss {example.name}:{name} as it stands"

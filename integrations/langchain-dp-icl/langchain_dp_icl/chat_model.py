@@ -10,10 +10,12 @@ and the generated tokens, never the private prompts' lengths.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any, Self
+from uuid import UUID
 
-from langchain_core.callbacks import CallbackManager, CallbackManagerForLLMRun
+from langchain_core.callbacks import AsyncCallbackManager, CallbackManager, CallbackManagerForLLMRun
 from langchain_core.language_models import LLM, BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
@@ -25,6 +27,7 @@ from langchain_core.outputs import (
     GenerationChunk,
     LLMResult,
 )
+from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import ConfigDict, Field
 
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
@@ -37,6 +40,8 @@ from dp_icl_plugin.methods.randomness import noise_source
 __all__ = ["DPICLLLM", "ChatDPICL"]
 
 SPEND_EVENT = "dp_icl_spend"
+# The spends of the answers a ChatDPICL.stream/astream call produced, for it to emit under its run.
+_STREAM_SPENDS: ContextVar[list[dict[str, Any]] | None] = ContextVar("dp_icl_stream_spends", default=None)
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
 
 
@@ -116,7 +121,11 @@ class _DPModelMixin:
         if pieces.charge is None:
             return {}
         payload = spend_payload(pieces.charge)
-        if run_manager is not None:  # to the model run's own handlers (tracers, astream_events), under its id
+        if run_manager is None:  # BaseChatModel.stream gives _stream no run manager: stream() emits it
+            sink = _STREAM_SPENDS.get()
+            if sink is not None:
+                sink.append(payload)
+        else:  # to the model run's own handlers (tracers, astream_events), under its id
             events = CallbackManager(handlers=run_manager.handlers, parent_run_id=run_manager.parent_run_id,
                                      tags=run_manager.tags, metadata=run_manager.metadata)  # fmt: skip
             events.on_custom_event(SPEND_EVENT, payload, run_id=run_manager.run_id)
@@ -144,9 +153,9 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
     records and charged to the shared ledger, for its worst case, before its first token is computed.
 
     Setup:
-        .. code-block:: bash
-
-            pip install langchain-dp-icl            # with dp-icl-plugin[hf] for a local model
+        ```bash
+        pip install langchain-dp-icl            # with dp-icl-plugin[hf] for a local model
+        ```
 
     Key init args — completion params:
         decoder: a :class:`~dp_icl_plugin.methods.decoder.Decoder` (``MozoDecoder``/``ClipBlendDecoder``)
@@ -160,27 +169,27 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         seed: reproducible noise for tests and benchmarks (never in production: the seed reveals the noise).
 
     Instantiate:
-        .. code-block:: python
+        ```python
+        from langchain_dp_icl import ChatDPICL
+        from dp_icl_plugin import BudgetManager, PrivacyBudget
 
-            from langchain_dp_icl import ChatDPICL
-            from dp_icl_plugin import BudgetManager, PrivacyBudget
-
-            ledger = BudgetManager.open("ledger.sqlite")            # the app's shared budget
-            chat = ChatDPICL.from_model_id(
-                "smollm2-135m-instruct", private_dataset, budget=ledger,
-                epsilon=1.0, n_queries=100, max_tokens=32,
-            )
+        ledger = BudgetManager.open("ledger.sqlite")            # the app's shared budget
+        chat = ChatDPICL.from_model_id(
+            "smollm2-135m-instruct", private_dataset, budget=ledger,
+            epsilon=1.0, n_queries=100, max_tokens=32,
+        )
+        ```
 
     Invoke:
-        .. code-block:: python
-
-            chat.invoke([("system", "Answer briefly."), ("human", "What is DP?")])
+        ```python
+        chat.invoke([("system", "Answer briefly."), ("human", "What is DP?")])
+        ```
 
     Stream:
-        .. code-block:: python
-
-            for chunk in chat.stream("What is DP?"):
-                print(chunk.content, end="")
+        ```python
+        for chunk in chat.stream("What is DP?"):
+            print(chunk.content, end="")
+        ```
 
     Spend: every charge is emitted as the custom callback event ``dp_icl_spend`` (``ledger_entry``,
     ``release``, ``ledger_epsilon``) and put into ``response_metadata``; ``usage_metadata`` counts the
@@ -225,6 +234,53 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         self._check_batch(inputs, return_exceptions, kwargs)
         return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
+    # BaseChatModel.stream/astream call _stream without the run's manager: collect the spends the answer's
+    # pieces report and emit them under the model's run (its id is the chunks' message id) to its handlers.
+    def _run_handlers(self, config: RunnableConfig, manager: Any) -> Any:
+        return manager.configure(config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"),
+                                 self.tags, config.get("metadata"), self.metadata)  # fmt: skip
+
+    @staticmethod
+    def _run_id(chunk_id: str | None) -> UUID | None:
+        try:
+            return UUID(str(chunk_id).rsplit("lc_run--", 1)[-1])
+        except ValueError:
+            return None
+
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
+    ) -> Iterator[Any]:
+        config = ensure_config(config)
+        spends: list[dict[str, Any]] = []
+        _STREAM_SPENDS.set(spends)
+        run_id = None
+        try:
+            for chunk in super().stream(input, config, stop=stop, **kwargs):
+                run_id = run_id or self._run_id(chunk.id)
+                yield chunk
+        finally:
+            _STREAM_SPENDS.set(None)
+            events = self._run_handlers(config, CallbackManager)
+            for payload in spends:
+                events.on_custom_event(SPEND_EVENT, payload, run_id=run_id)
+
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        config = ensure_config(config)
+        spends: list[dict[str, Any]] = []
+        _STREAM_SPENDS.set(spends)  # the worker thread that runs _stream copies this context
+        run_id = None
+        try:
+            async for chunk in super().astream(input, config, stop=stop, **kwargs):
+                run_id = run_id or self._run_id(chunk.id)
+                yield chunk
+        finally:
+            _STREAM_SPENDS.set(None)
+            events = self._run_handlers(config, AsyncCallbackManager)
+            for payload in spends:
+                await events.on_custom_event(SPEND_EVENT, payload, run_id=run_id)
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -268,9 +324,9 @@ class DPICLLLM(_DPModelMixin, LLM):
     """A LangChain completion LLM whose every answer is DP with respect to a decoder's private records.
 
     Setup:
-        .. code-block:: bash
-
-            pip install langchain-dp-icl
+        ```bash
+        pip install langchain-dp-icl
+        ```
 
     Key init args:
         decoder: a :class:`~dp_icl_plugin.methods.decoder.Decoder`; or use :meth:`from_model_id`.
@@ -279,23 +335,23 @@ class DPICLLLM(_DPModelMixin, LLM):
         rng / seed: the noise source, as :class:`ChatDPICL`.
 
     Instantiate:
-        .. code-block:: python
+        ```python
+        from langchain_dp_icl import DPICLLLM
 
-            from langchain_dp_icl import DPICLLLM
-
-            llm = DPICLLLM.from_model_id("smollm2-135m-instruct", private_dataset, budget=ledger,
-                                         epsilon=1.0, n_queries=100, max_tokens=32)
+        llm = DPICLLLM.from_model_id("smollm2-135m-instruct", private_dataset, budget=ledger,
+                                     epsilon=1.0, n_queries=100, max_tokens=32)
+        ```
 
     Invoke:
-        .. code-block:: python
-
-            llm.invoke("Question: what is DP?\nAnswer:")
+        ```python
+        llm.invoke("Question: what is DP?\\nAnswer:")
+        ```
 
     Stream:
-        .. code-block:: python
-
-            for piece in llm.stream("Question: what is DP?\nAnswer:"):
-                print(piece, end="")
+        ```python
+        for piece in llm.stream("Question: what is DP?\\nAnswer:"):
+            print(piece, end="")
+        ```
 
     Spend: every charge is emitted as the custom callback event ``dp_icl_spend``; ``generation_info``
     carries the same payload.

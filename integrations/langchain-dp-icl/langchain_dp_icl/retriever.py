@@ -31,9 +31,9 @@ class DPICLRetriever(BaseRetriever):
     each record's own filter and recorded in the shared ledger. Documents hold only what was released.
 
     Setup:
-        .. code-block:: bash
-
-            pip install langchain-dp-icl            # with dp-icl-plugin[retrieval]
+        ```bash
+        pip install langchain-dp-icl            # with dp-icl-plugin[retrieval]
+        ```
 
     Key init args:
         knn: the private kNN core (its index, ledger, backend and settings).
@@ -45,17 +45,17 @@ class DPICLRetriever(BaseRetriever):
         seed: reproducible noise for tests and benchmarks only.
 
     Instantiate:
-        .. code-block:: python
+        ```python
+        from langchain_dp_icl import DPICLRetriever
 
-            from langchain_dp_icl import DPICLRetriever
-
-            retriever = DPICLRetriever(knn=PrivateKNN(index, budget=ledger, backend=backend), k=5)
+        retriever = DPICLRetriever(knn=PrivateKNN(index, budget=ledger, backend=backend), k=5)
+        ```
 
     Invoke:
-        .. code-block:: python
-
-            docs = retriever.invoke("How do I reset my password?")
-            chain = {"context": retriever, "question": RunnablePassthrough()} | prompt | llm
+        ```python
+        docs = retriever.invoke("How do I reset my password?")
+        chain = {"context": retriever, "question": RunnablePassthrough()} | prompt | llm
+        ```
 
     Spend: every release emits the custom callback event ``dp_icl_spend`` (ledger entry, per-record ε and
     δ); the Documents' metadata carries the same.

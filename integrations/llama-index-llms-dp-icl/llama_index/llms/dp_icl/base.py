@@ -51,9 +51,9 @@ class DPICL(CustomLLM):
     records and charged to the shared ledger, for its worst case, before its first token is computed.
 
     Setup:
-        .. code-block:: bash
-
-            pip install llama-index-llms-dp-icl     # with dp-icl-plugin[hf] for a local model
+        ```bash
+        pip install llama-index-llms-dp-icl     # with dp-icl-plugin[hf] for a local model
+        ```
 
     Key init args:
         decoder: a :class:`~dp_icl_plugin.methods.decoder.Decoder` holding the private records, the backend
@@ -69,26 +69,26 @@ class DPICL(CustomLLM):
         seed: reproducible noise for tests and benchmarks (never in production: the seed reveals the noise).
 
     Instantiate:
-        .. code-block:: python
+        ```python
+        from llama_index.llms.dp_icl import DPICL
 
-            from llama_index.llms.dp_icl import DPICL
-
-            llm = DPICL.from_model_id("smollm2-135m-instruct", private_dataset, budget=ledger,
-                                      epsilon=1.0, n_queries=100, max_tokens=32)
+        llm = DPICL.from_model_id("smollm2-135m-instruct", private_dataset, budget=ledger,
+                                  epsilon=1.0, n_queries=100, max_tokens=32)
+        ```
 
     Invoke:
-        .. code-block:: python
-
-            llm.complete("Question: what is DP?\\nAnswer:")
-            llm.chat([ChatMessage(role="user", content="What is DP?")])
+        ```python
+        llm.complete("Question: what is DP?\\nAnswer:")
+        llm.chat([ChatMessage(role="user", content="What is DP?")])
+        ```
 
     Stream:
-        .. code-block:: python
-
-            for r in llm.stream_complete("What is DP?"):
-                print(r.delta, end="")
-            async for r in await llm.astream_chat(messages):   # the loop stays free
-                print(r.delta, end="")
+        ```python
+        for r in llm.stream_complete("What is DP?"):
+            print(r.delta, end="")
+        async for r in await llm.astream_chat(messages):   # the loop stays free
+            print(r.delta, end="")
+        ```
 
     Spend: every charge emits a :class:`DPSpendEvent` through LlamaIndex's instrumentation and is put into
     the response's ``additional_kwargs``.

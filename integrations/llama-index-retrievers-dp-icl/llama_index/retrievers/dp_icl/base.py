@@ -33,9 +33,9 @@ class DPICLRetriever(BaseRetriever):
     each record's own filter and recorded in the shared ledger. Nodes hold only what was released.
 
     Setup:
-        .. code-block:: bash
-
-            pip install llama-index-retrievers-dp-icl   # with dp-icl-plugin[retrieval]
+        ```bash
+        pip install llama-index-retrievers-dp-icl   # with dp-icl-plugin[retrieval]
+        ```
 
     Key init args:
         knn: the private kNN core (its index, ledger, backend and settings).
@@ -46,17 +46,17 @@ class DPICLRetriever(BaseRetriever):
         seed: reproducible noise for tests and benchmarks only.
 
     Instantiate:
-        .. code-block:: python
+        ```python
+        from llama_index.retrievers.dp_icl import DPICLRetriever
 
-            from llama_index.retrievers.dp_icl import DPICLRetriever
-
-            retriever = DPICLRetriever(PrivateKNN(index, budget=ledger, backend=backend))
+        retriever = DPICLRetriever(PrivateKNN(index, budget=ledger, backend=backend))
+        ```
 
     Invoke:
-        .. code-block:: python
-
-            nodes = retriever.retrieve("How do I reset my password?")
-            engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
+        ```python
+        nodes = retriever.retrieve("How do I reset my password?")
+        engine = RetrieverQueryEngine.from_args(retriever, llm=llm)
+        ```
 
     Spend: every release emits a ``DPSpendEvent`` (ledger entry, per-record ε and δ).
     """

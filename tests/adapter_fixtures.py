@@ -1,0 +1,63 @@
+"""What the LangChain and the LlamaIndex adapter tests share, free of both frameworks: a tiny byte-level
+GPT-2 trained here, a private dataset with a canary in every record, a private kNN core and a DemoSet."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+from tests_support import tiny_text_gpt2
+
+from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin.accounting import IndividualBudget
+from dp_icl_plugin.methods import DemoSet, PrivateDataset, PrivateRecord, Provenance
+from dp_icl_plugin.methods.data import Demonstration
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+
+CANARY = "zqxcanaryzqx"
+CORPUS = [
+    "Hello, how are you today? I am fine, thank you. What is the weather like?",
+    "user: assistant: system: Please answer the question. Label: Text: Answer:",
+    "The cat sat on the mat. Numbers: 1 2 3 4 5 6 7 8 9 0. What's 2 + 2? Four.",
+    f"records: apples oranges bananas {CANARY} red green blue",
+]
+
+
+@functools.cache
+def backend():
+    import torch
+
+    from dp_icl_plugin.backends.hf import HFBackend
+
+    torch.set_num_threads(1)
+    root = Path(__import__("tempfile").mkdtemp(prefix="dp-icl-lc-"))
+    return HFBackend.from_pretrained(tiny_text_gpt2(root / "gpt2", CORPUS * 5, n_positions=1024), device="cpu",
+                                     dtype="float32")  # fmt: skip
+
+
+def dataset(n: int = 24) -> PrivateDataset:
+    fruit = ["apples", "oranges", "bananas"]
+    return PrivateDataset([PrivateRecord(f"{CANARY}{i} likes {fruit[i % 3]}", fruit[i % 3]) for i in range(n)])
+
+
+def knn_core() -> PrivateKNN:
+    texts = [f"{CANARY} the cat sat on the mat number {i % 4}" for i in range(40)]
+
+    def embed(batch: list[str]) -> np.ndarray:
+        return np.array([[t.count("cat") + 1.0, t.count("mat"), t.count("number") * 0.5] for t in batch])
+
+    index = PrivateIndex(budget=IndividualBudget(epsilon=1e4, delta=1e-5), embedder=embed)
+    index.add(texts, answers=["the cat"] * 40)
+    # ε = 1e4 per record has no replace-one conversion (group privacy's δ would pass 1): an add/remove ledger
+    knn_ledger = BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove"))
+    return PrivateKNN(index, budget=knn_ledger, backend=backend(),
+                            config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=1, keywords=3,
+                                             max_answer_tokens=4, ptr_noise_std=0.01))  # fmt: skip
+
+
+def demo_set() -> DemoSet:
+    prov = Provenance(method="tang", config={}, epsilon=1.0, delta=1e-5, event={}, ledger_entry_id=1,
+                      ledger_label="synthesis", model_id="m")  # fmt: skip
+    demos = [Demonstration(label=y, text=f"synthetic {y} {i}") for i in range(2) for y in ("pos", "neg")]
+    return DemoSet(demos, prov)
