@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from dp_icl_plugin import ConfigurationError, GaussianEvent, LedgerError, Ledger
 from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost
 from dp_icl_plugin.errors import FilterMismatchError
 from dp_icl_plugin.methods.knn import PrivateIndex
+from dp_icl_plugin.methods.knn.embedding import embed_texts
 from dp_icl_plugin.methods.knn.index import FILTER_FILE
 
 
@@ -76,7 +78,7 @@ def test_replacing_one_record_changes_the_top_k_set_by_at_most_one(seed: int, k:
 
     def top(vs: np.ndarray) -> set[tuple[float, ...]]:
         table = {f"r{i}": v for i, v in enumerate(vs)}
-        index = PrivateIndex(budget=BUDGET, embedder=lambda texts: np.array([table[t] for t in texts]))
+        index = PrivateIndex(budget=BUDGET, embedder=lambda texts: np.array([table.get(t, np.ones(6)) for t in texts]))
         ids = index.add(list(table))
         got = index.search((q / np.linalg.norm(q)).astype(np.float32), k)
         return {tuple(np.round(vs[int(np.flatnonzero(ids == i)[0])], 6)) for i in got.ids}
@@ -214,3 +216,48 @@ def test_search_falls_back_to_the_bitmap_selector_when_the_nearest_are_all_maske
     expected = [i + 1 for i in brute_force(vectors, emb.table["query"], 100) if i + 1 not in set(nearest.ids.tolist())]
     assert got.ids.tolist() == expected[:5]
     assert not set(index.within(q, -1.0).ids.tolist()) & set(nearest.ids.tolist())
+
+
+# ---------------------------------------------------------------- the embedder is known by what it computes
+
+
+def test_another_embedder_is_refused_whatever_its_name(tmp_path: Path) -> None:
+    def embed_a(texts: list[str]) -> np.ndarray:
+        return np.array([[len(t), t.count("e") + 1.0, 1.0] for t in texts])
+
+    def embed_b(texts: list[str]) -> np.ndarray:  # same shape, another "model"
+        return np.array([[t.count("o") + 1.0, len(t), 2.0] for t in texts])
+
+    index = PrivateIndex(budget=BUDGET, embedder=embed_a, path=tmp_path / "ix")
+    index.add(["first record", "second record"])
+    with pytest.raises(ConfigurationError, match="another embedder"):
+        PrivateIndex.open(tmp_path / "ix", embedder=embed_b)
+
+    class Named:  # a model that claims the index's name
+        name = index.embedder_name
+
+        def __call__(self, texts: list[str]) -> np.ndarray:
+            return embed_b(texts)
+
+    with pytest.raises(ConfigurationError, match="another embedder"):
+        PrivateIndex.open(tmp_path / "ix", embedder=Named())
+    reopened = PrivateIndex.open(tmp_path / "ix", embedder=embed_a)
+    assert len(reopened) == 2 and reopened.embedder_name.endswith("embed_a")
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llama_index"])
+def test_framework_embeddings_are_embedders(tmp_path: Path, framework: str) -> None:
+    if framework == "langchain":
+        pytest.importorskip("langchain_core")
+        from langchain_core.embeddings import DeterministicFakeEmbedding
+
+        make: Any = lambda: DeterministicFakeEmbedding(size=16)  # noqa: E731
+    else:
+        pytest.importorskip("llama_index.core")
+        from llama_index.core.embeddings import MockEmbedding
+
+        make = lambda: MockEmbedding(embed_dim=16)  # noqa: E731
+    index = PrivateIndex(budget=BUDGET, embedder=make(), path=tmp_path / "ix")
+    index.add(["alpha record", "beta record", "gamma record"])
+    assert index.dim == 16 and len(index.search(embed_texts(make(), ["alpha record"])[0], 2).ids) == 2
+    assert len(PrivateIndex.open(tmp_path / "ix", embedder=make())) == 3

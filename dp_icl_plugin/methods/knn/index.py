@@ -33,7 +33,13 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
 from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError, LedgerFormatError
-from dp_icl_plugin.methods.knn.embedding import default_embedder, embed_texts, embedder_name
+from dp_icl_plugin.methods.knn.embedding import (
+    default_embedder,
+    embed_texts,
+    embedder_fingerprint,
+    embedder_name,
+    same_embedder,
+)
 
 __all__ = ["Candidates", "PrivateIndex", "StoredRecord"]
 
@@ -134,6 +140,7 @@ class PrivateIndex:
         self.id = uuid.uuid4().hex
         self.group_by_user = group_by_user
         self.embedder_name = embedder_name(self._embedder)
+        self._fingerprint = embedder_fingerprint(self._embedder)  # before anything is stored
         self.dim: int | None = None
         self.path = None if path is None else Path(path)
         self._lock = threading.RLock()
@@ -167,10 +174,7 @@ class PrivateIndex:
         self.dim = int(meta["dim"]) if meta.get("dim") else None
         self.embedder_name = meta["embedder"]
         self._embedder = embedder if embedder is not None else default_embedder()
-        if embedder_name(self._embedder) != self.embedder_name:
-            raise ConfigurationError(
-                f"this index was built with embedder {self.embedder_name!r}, not {embedder_name(self._embedder)!r}"
-            )
+        self._fingerprint = self._check_embedder(meta.get("embedder_fingerprint"))
         if not (root / FILTER_FILE).is_file():
             raise LedgerCorruptError(f"private index {root} has no {FILTER_FILE}: its privacy spend is missing")
         self.filter = RenyiFilter(path=root / FILTER_FILE, owner=self.id)
@@ -178,6 +182,27 @@ class PrivateIndex:
         self._load_vectors()
         self._restore_floor(meta.get("floor"))
         return self
+
+    def _check_embedder(self, stored: str | None) -> list[list[float]]:
+        """Refuse an embedder that computes other vectors than the index's (whatever its name): the index
+        would then search vectors of two models. An index written before fingerprints were kept is
+        fingerprinted now, with the name check it had."""
+        if stored is None:
+            if embedder_name(self._embedder) != self.embedder_name:
+                raise ConfigurationError(f"this index was built with embedder {self.embedder_name!r}, not "
+                                         f"{embedder_name(self._embedder)!r}")  # fmt: skip
+            fingerprint = embedder_fingerprint(self._embedder)
+            with self._conn:
+                self._conn.execute("INSERT INTO meta (key, value) VALUES ('embedder_fingerprint', ?)",
+                                   (json.dumps(fingerprint),))  # fmt: skip
+            return fingerprint
+        fingerprint = json.loads(stored)
+        if not same_embedder(fingerprint, self._embedder):
+            raise ConfigurationError(
+                f"this index was built with another embedder ({self.embedder_name!r}): the given one computes "
+                "different vectors for the same public probe texts"
+            )
+        return fingerprint
 
     def save(self, path: str | os.PathLike[str]) -> PrivateIndex:
         """Write an in-memory index (records, vectors, filter state) to a new directory; returns it opened."""
@@ -383,6 +408,7 @@ class PrivateIndex:
                     ("id", self.id),
                     ("group_by_user", "1" if self.group_by_user else "0"),
                     ("embedder", self.embedder_name),
+                    ("embedder_fingerprint", json.dumps(self._fingerprint)),
                     ("dim", ""),
                 ],
             )
