@@ -146,6 +146,12 @@ def _vectors(shape: tuple[int, ...] | None = None, fill: float = 1.0) -> Callabl
     return lambda texts: np.full(shape or (len(texts), 3), fill)
 
 
+def _fake_embeddings() -> Any:
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    return DeterministicFakeEmbedding(size=8)
+
+
 def _user(text: Any) -> list[ChatMessage]:
     return [ChatMessage(role="user", content=text)]
 
@@ -163,7 +169,10 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "selector k = NaN": (CE, lambda w: _selector(w, k=NAN)),
     "selector k = True": (CE, lambda w: _selector(w, k=True)),
     "selector demos a file name": (CE, lambda w: lc.DPICLExampleSelector("demos.jsonl")),
-    "selector embed not callable": (CE, lambda w: _selector(w, embed=5)),
+    "selector embeddings a callable": (CE, lambda w: _selector(w, embeddings=_vectors())),
+    "selector mmr without embeddings": (CE, lambda w: _selector(w, selection="mmr")),
+    "selector unknown selection": (CE, lambda w: _selector(w, embeddings=_fake_embeddings(), selection="best")),
+    "selector fetch_k = 0": (CE, lambda w: _selector(w, embeddings=_fake_embeddings(), fetch_k=0)),
     "selector save_to a folder": (CE, lambda w: _lazy(w, save_to=str(Path.cwd()))),
     "selector lazy without budget": (CE, lambda w: _lazy(w, budget=None)),
     "selector lazy rng not a Generator": (CE, lambda w: _lazy(w, rng=0)),
@@ -171,16 +180,10 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     # ... select_examples and add_example
     "select input variables None": (CE, lambda w: _selector(w, label_key="y").select_examples(None)),
     "select input variables a list": (CE, lambda w: _selector(w, label_key="y").select_examples(["y"])),
-    "select query not a string": (CE, lambda w: _selector(w, embed=_vectors()).select_examples({"input": 5})),
-    "select embed of the wrong shape": (CE, lambda w: _selector(w, embed=lambda t: np.ones(len(t))).select_examples(
-        {"input": "q"})),
-    "select embed of too few rows": (CE, lambda w: _selector(w, embed=_vectors((2, 3))).select_examples(
-        {"input": "q"})),
-    "select embed of NaN": (CE, lambda w: _selector(w, embed=_vectors(fill=NAN)).select_examples({"input": "q"})),
-    "select embed of strings": (CE, lambda w: _selector(w, embed=lambda t: [["x"]] * len(t)).select_examples(
-        {"input": "q"})),
+    "select query not a string": (CE, lambda w: _selector(w, embeddings=_fake_embeddings()).select_examples(
+        {"input": 5})),
     "select lazy synthesis, exhausted budget": (BE, lambda w: _lazy(w).select_examples({"input": "q"})),
-    "add_example (not DP)": (CE, lambda w: _selector(w).add_example({"input": "x", "output": "y"})),
+    "add_example (not DP)": (NotImplementedError, lambda w: _selector(w).add_example({"input": "x", "output": "y"})),
     "add_public_example a list": (CE, lambda w: _selector(w).add_public_example(["input", "output"])),
     "add_public_example None": (CE, lambda w: _selector(w).add_public_example(None)),
     "add_public_example non-string value": (CE, lambda w: _selector(w).add_public_example({"input": 1,
@@ -304,18 +307,17 @@ MESSAGES: dict[str, str] = {
     "selector k = NaN": "k must be a positive integer",
     "selector k = True": "k must be a positive integer",
     "selector demos a file name": "demos must be a DemoSet",
-    "selector embed not callable": "embed must be a callable",
+    "selector embeddings a callable": "embeddings must be a LangChain Embeddings",
+    "selector mmr without embeddings": "needs embeddings",
+    "selector unknown selection": "selection must be",
+    "selector fetch_k = 0": "fetch_k must be a positive integer",
     "selector save_to a folder": "save_to must be a file path",
     "selector lazy without budget": "needs budget=BudgetManager",
-    "selector lazy rng not a Generator": "needs rng=",
+    "selector lazy rng not a Generator": "rng must be a numpy.random.Generator",
     "selector lazy synthesizer a string": "synthesizer must be",
     "select input variables None": "input_variables must be a mapping",
     "select input variables a list": "input_variables must be a mapping",
     "select query not a string": "similarity selection needs",
-    "select embed of the wrong shape": "embed must return 5 finite",
-    "select embed of too few rows": "embed must return 5 finite",
-    "select embed of NaN": "embed must return 5 finite",
-    "select embed of strings": "embed must return numbers",
     "select lazy synthesis, exhausted budget": "charge refused",
     "add_example (not DP)": "not differentially private",
     "add_public_example a list": "a public example needs",
@@ -479,12 +481,12 @@ def test_documented_retrieval_results(world: World) -> None:
 
 
 def test_selector_documented_results(world: World) -> None:
-    """An unknown label serves no demonstration; NaN-free vectors of any width work; nothing is ever charged."""
+    """An unknown label serves no demonstration; a query of invisible text is ranked too; nothing is ever charged."""
     before = world.charged()
     selector = _selector(world, label_key="y")
     assert selector.select_examples({"y": "no such label"}) == []
     assert selector.select_examples({"y": ["pos"]}) == []  # compared, never hashed
-    assert len(_selector(world, embed=_vectors((5, 1))).select_examples({"input": "\u200b"})) == 4
+    assert len(_selector(world, embeddings=_fake_embeddings()).select_examples({"input": "\u200b"})) == 4
     assert world.charged() == before
 
 

@@ -3,6 +3,7 @@ tests of the selector, the DP LLM, charging, streaming and traces, on a tiny byt
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any
 
@@ -14,6 +15,7 @@ pytest.importorskip("torch")
 
 from adapter_fixtures import CANARY, backend, dataset, demo_set, knn_core
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import (
     ChatPromptTemplate,
@@ -26,7 +28,7 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests, Retriev
 from langchain_tests.unit_tests import ChatModelUnitTests
 
 from dp_icl_plugin import BudgetExhaustedError, BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
-from dp_icl_plugin.methods import TangSynthesizer
+from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 
 
@@ -145,7 +147,7 @@ def test_selector_bad_input() -> None:
     with pytest.raises(ConfigurationError, match="fields"):
         DPICLExampleSelector(demo_set(), fields={"input": "secret"})
     selector = DPICLExampleSelector(demo_set())
-    with pytest.raises(ConfigurationError, match="not differentially private"):
+    with pytest.raises(NotImplementedError, match="not differentially private"):  # LangChain's convention
         selector.add_example({"input": "x", "output": "y"})
     selector.add_public_example({"input": "a public example", "output": "pos"})
     assert selector.select_examples({"input": "q"})[-1] == {"input": "a public example", "output": "pos"}
@@ -245,3 +247,51 @@ def test_rng_is_optional_and_a_seed_is_reproducible() -> None:
     assert isinstance(ChatDPICL(decoder=shared_decoder()).rng, np.random.Generator)  # fresh OS entropy
     with pytest.raises(ValueError, match="rng or seed, not both"):
         ChatDPICL(decoder=shared_decoder(), seed=1, rng=np.random.default_rng(1))
+
+
+class WordEmbeddings(Embeddings):
+    """Bag of a few words: similarity is word overlap (enough to see ranking and diversity)."""
+
+    WORDS = ("pos", "neg", "synthetic", "0", "1", "great", "awful")
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [[t.split().count(w) + 0.01 * i for i, w in enumerate(self.WORDS)] for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+def test_selector_ranks_with_langchains_own_selectors() -> None:
+    from langchain_core.example_selectors import (
+        MaxMarginalRelevanceExampleSelector,
+        SemanticSimilarityExampleSelector,
+    )
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    demos = demo_set()
+    embeddings = WordEmbeddings()
+    examples = [{"input": d.text, "output": d.label} for d in demos]
+    query = {"input": "synthetic neg 1"}
+    for selection, own in (("similarity", SemanticSimilarityExampleSelector),
+                           ("mmr", MaxMarginalRelevanceExampleSelector)):  # fmt: skip
+        ours = DPICLExampleSelector(demos, k=3, embeddings=embeddings, selection=selection)
+        reference = own.from_examples(examples, embeddings, InMemoryVectorStore, k=3, input_keys=["input"],
+                                      example_keys=["input", "output"])  # fmt: skip
+        assert ours.select_examples(query) == reference.select_examples(query)
+    assert DPICLExampleSelector(demos, embeddings=embeddings).selection == "similarity"  # the default with them
+    labelled = DPICLExampleSelector(demos, k=3, embeddings=embeddings, label_key="label")
+    assert {e["output"] for e in labelled.select_examples({**query, "label": "pos"})} == {"pos"}
+
+
+async def test_selector_selects_asynchronously_and_lazily_charges_once() -> None:
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-3))
+    data = PrivateDataset([PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)],
+                          public_label_counts="observed")  # fmt: skip
+    method = TangSynthesizer(epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1,
+                             shots_per_label=1, top_k=3)  # fmt: skip
+    words = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>"]
+    selector = DPICLExampleSelector(synthesizer=method, dataset=data, backend=FakeBackend(words, eos_token="<eos>"),
+                                    budget=ledger, seed=0, k=2, embeddings=WordEmbeddings())  # fmt: skip
+    first, second = await asyncio.gather(selector.aselect_examples({"input": "a b"}),
+                                         selector.aselect_examples({"input": "b c"}))  # fmt: skip
+    assert len(first) == len(second) == 2 and len(ledger.history()) == 1

@@ -3,23 +3,32 @@
 Few-shot templates call ``select_examples`` on every format, so per-call private selection would spend
 budget on every prompt. This selector serves a :class:`~dp_icl_plugin.methods.DemoSet` (DP already, so
 serving and choosing among its demonstrations is free post-processing), or synthesizes one on first use,
-charging the shared ledger exactly once.
+charging the shared ledger exactly once. Ranking by similarity to the query is LangChain's own
+(``SemanticSimilarityExampleSelector`` or ``MaxMarginalRelevanceExampleSelector`` over an in-memory vector
+store of the demonstrations), post-processing of DP output like any other.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import numpy as np
-from langchain_core.example_selectors import BaseExampleSelector
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.example_selectors import (
+    BaseExampleSelector,
+    MaxMarginalRelevanceExampleSelector,
+    SemanticSimilarityExampleSelector,
+)
+from langchain_core.vectorstores import InMemoryVectorStore
 
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods import DemoSet, PrivateDataset, SynthesisMethod
 from dp_icl_plugin.methods.data import Demonstration
+from dp_icl_plugin.methods.randomness import noise_source
 
 __all__ = ["DPICLExampleSelector"]
 
@@ -32,21 +41,36 @@ class DPICLExampleSelector(BaseExampleSelector):
 
     Args:
         demos: a ready :class:`DemoSet` (no charge, ever), or None to synthesize lazily.
-        synthesizer, dataset, backend, budget, rng: for lazy synthesis on the first selection (all
-            required then; the budget is charged once, by the synthesizer, before any private record is read).
+        synthesizer, dataset, backend, budget: for lazy synthesis on the first selection (all required
+            then; the budget is charged once, by the synthesizer, before any private record is read).
+        rng, seed: the lazy synthesis's noise source (default a fresh OS-seeded Generator; a seed for tests
+            and benchmarks only).
         fields: example-prompt variable → demonstration field (``text``, ``label`` or ``input``); the default
             ``{"input": "text", "output": "label"}``.
-        k: how many examples to return (default: all), taken round-robin over labels.
+        k: how many examples to return (default: all).
         example_prompt: the template's example prompt, to check its variables here rather than at format time.
-        embed: optional callable (texts → vectors); when given, the k demonstrations most similar to the
-            query (``query_key`` of the input variables) are returned (post-processing of DP output).
+        embeddings: a LangChain ``Embeddings``; when given, demonstrations are ranked by similarity to the
+            query (``query_key`` of the input variables) with LangChain's own selectors.
+        selection: ``"similarity"`` (the default with ``embeddings``), ``"mmr"`` (maximal marginal
+            relevance over ``fetch_k`` candidates) or ``"round_robin"`` over labels (the default without).
+        fetch_k: candidates MMR re-ranks (default 20).
         save_to: where to save a lazily synthesized DemoSet (JSONL), so that a restart reuses it.
         label_key: when set and present in the input variables, serve only the demonstrations of that label
             (e.g. the class a query is known to belong to, as in GINC's per-concept prompts).
 
-    ``add_example`` refuses: an example added by the app is not differentially private, and mixing it into
-    DP demonstrations without saying so would mislead. Use :meth:`add_public_example` for examples that are
-    public by nature (they are served as given).
+    ``add_example`` raises ``NotImplementedError`` (LangChain's word for a selector that takes no examples):
+    an example added by the app is not differentially private, and mixing it into DP demonstrations without
+    saying so would mislead. Use :meth:`add_public_example` for examples that are public by nature (they are
+    served as given, after the DP ones).
+
+    Instantiate:
+        ```python
+        from langchain_dp_icl import DPICLExampleSelector
+
+        selector = DPICLExampleSelector(DemoSet.load("demos.jsonl"), k=4, embeddings=embeddings)
+        prompt = FewShotPromptTemplate(example_selector=selector, example_prompt=example_prompt,
+                                       suffix="Text: {input}\nLabel:", input_variables=["input"])
+        ```
     """
 
     def __init__(
@@ -57,11 +81,14 @@ class DPICLExampleSelector(BaseExampleSelector):
         dataset: PrivateDataset | None = None,
         backend: Any = None,
         budget: BudgetManager | None = None,
-        rng: np.random.Generator | None = None,
+        rng: Any = None,
+        seed: int | None = None,
         fields: Mapping[str, str] | None = None,
         k: int | None = None,
         example_prompt: Any = None,
-        embed: Callable[[list[str]], Any] | None = None,
+        embeddings: Embeddings | None = None,
+        selection: Literal["similarity", "mmr", "round_robin"] | None = None,
+        fetch_k: int = 20,
         query_key: str = "input",
         save_to: str | None = None,
         label_key: str | None = None,
@@ -79,12 +106,22 @@ class DPICLExampleSelector(BaseExampleSelector):
                 raise ConfigurationError(f"the example prompt needs {sorted(missing)}, which fields does not provide")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ConfigurationError("k must be a positive integer or None")
-        if embed is not None and not callable(embed):
-            raise ConfigurationError("embed must be a callable (texts -> vectors) or None")
+        if embeddings is not None and not isinstance(embeddings, Embeddings):
+            raise ConfigurationError("embeddings must be a LangChain Embeddings (e.g. HuggingFaceEmbeddings) or None")
+        selection = selection or ("similarity" if embeddings is not None else "round_robin")
+        if selection not in ("similarity", "mmr", "round_robin"):
+            raise ConfigurationError("selection must be 'similarity', 'mmr' or 'round_robin'")
+        if selection != "round_robin" and embeddings is None:
+            raise ConfigurationError(f"selection {selection!r} needs embeddings")
+        if isinstance(fetch_k, bool) or not isinstance(fetch_k, int) or fetch_k < 1:
+            raise ConfigurationError("fetch_k must be a positive integer")
         if save_to is not None and Path(save_to).is_dir():
             raise ConfigurationError("save_to must be a file path, not a directory")  # else it fails after the charge
         self.k = k
-        self.embed = embed
+        self.embeddings = embeddings
+        self.selection = selection
+        self.fetch_k = fetch_k
+        self._store: InMemoryVectorStore | None = None
         self.query_key = query_key
         self.save_to = save_to
         self.label_key = label_key
@@ -101,8 +138,7 @@ class DPICLExampleSelector(BaseExampleSelector):
                 raise ConfigurationError("synthesizer must be a SynthesisMethod (e.g. TangSynthesizer)")
             if not isinstance(budget, BudgetManager):
                 raise ConfigurationError("lazy synthesis needs budget=BudgetManager (the app's shared ledger)")
-            if not isinstance(rng, np.random.Generator):
-                raise ConfigurationError("lazy synthesis needs rng=numpy.random.Generator")
+            rng = noise_source(rng, seed)
             self._demos = None
         self._lazy = (synthesizer, dataset, backend, budget, rng)
 
@@ -133,7 +169,7 @@ class DPICLExampleSelector(BaseExampleSelector):
             return self._demos
 
     def add_example(self, example: dict[str, str]) -> Any:
-        raise ConfigurationError(
+        raise NotImplementedError(
             "add_example would mix an example that is not differentially private into DP demonstrations; "
             "use add_public_example for examples that are public by nature"
         )
@@ -149,31 +185,48 @@ class DPICLExampleSelector(BaseExampleSelector):
         if not isinstance(input_variables, Mapping):
             raise ConfigurationError("input_variables must be a mapping of prompt variables to values")
         demos = list(self.demos)
-        if self.label_key is not None and self.label_key in input_variables:
-            demos = [d for d in demos if d.label == input_variables[self.label_key]]
-        chosen = self._similar(demos, input_variables) if self.embed is not None else _round_robin(demos)
-        if self.k is not None:
-            chosen = chosen[: self.k]
-        return [self._as_example(d) for d in chosen] + [dict(e) for e in self._public]
+        label = input_variables.get(self.label_key) if self.label_key is not None else None
+        if label is not None:
+            demos = [d for d in demos if d.label == label]
+        if self.selection == "round_robin":
+            chosen = [self._as_example(d) for d in _round_robin(demos)][: self.k]
+        else:
+            chosen = self._ranked(input_variables, label, len(demos))
+        return chosen + [dict(e) for e in self._public]
 
     def _as_example(self, demo: Demonstration) -> dict[str, str]:
         return {var: str(getattr(demo, name) or "") for var, name in self.fields.items()}
 
-    def _similar(self, demos: Sequence[Demonstration], input_variables: Mapping[str, str]) -> list[Demonstration]:
-        query = input_variables.get(self.query_key)
-        if not isinstance(query, str):
+    def _ranked(self, input_variables: Mapping[str, str], label: str | None, available: int) -> list[dict]:
+        """The k demonstrations nearest the query, ranked by LangChain's similarity or MMR selector."""
+        if not isinstance(input_variables.get(self.query_key), str):
             raise ConfigurationError(f"similarity selection needs the input variable {self.query_key!r}")
-        assert self.embed is not None
-        raw = self.embed([query] + [d.text for d in demos])
-        try:
-            vectors = np.asarray(raw, dtype=float)
-        except (TypeError, ValueError):
-            raise ConfigurationError("embed must return numbers") from None
-        if vectors.ndim != 2 or len(vectors) != len(demos) + 1 or not np.all(np.isfinite(vectors)):
-            raise ConfigurationError(f"embed must return {len(demos) + 1} finite vectors (one per text)")
-        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        order = np.argsort(-(vectors[1:] @ vectors[0]), kind="stable")
-        return [demos[i] for i in order]
+        if available == 0:
+            return []
+        store = self._vector_store()
+        k = min(self.k or available, available)
+        search: dict[str, Any] = {} if label is None else {"filter": lambda doc: doc.metadata["label"] == label}
+        settings: dict[str, Any] = {"vectorstore": store, "k": k, "input_keys": [self.query_key],
+                                    "example_keys": list(self.fields), "vectorstore_kwargs": search}  # fmt: skip
+        if self.selection == "mmr":
+            selector: BaseExampleSelector = MaxMarginalRelevanceExampleSelector(fetch_k=max(self.fetch_k, k),
+                                                                                **settings)  # fmt: skip
+        else:
+            selector = SemanticSimilarityExampleSelector(**settings)
+        return selector.select_examples(dict(input_variables))
+
+    def _vector_store(self) -> InMemoryVectorStore:
+        demos = self.demos  # outside the lock: the first access synthesizes under it
+        with self._lock:
+            if self._store is None:
+                assert self.embeddings is not None
+                store = InMemoryVectorStore(self.embeddings)
+                docs = [Document(page_content=d.text, metadata={**self._as_example(d), "label": d.label})
+                        for d in demos]  # fmt: skip
+                if docs:
+                    store.add_documents(docs)
+                self._store = store
+            return self._store
 
 
 def _round_robin(demos: Sequence[Demonstration]) -> list[Demonstration]:
