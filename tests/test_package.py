@@ -106,6 +106,35 @@ def test_adapter_distributions_declare_what_the_suite_runs_on() -> None:
         assert version(dist) == meta["version"]  # installed by make setup, from this folder
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("framework", "tests"),
+    [
+        ("langchain-core", ["test_langchain_adapters.py", "test_bad_input_adapters.py", "test_leakage.py"]),
+        ("llama-index-core", ["test_llamaindex_adapters.py", "test_bad_input_adapters.py"]),
+    ],
+)
+def test_adapters_pass_on_the_declared_lowest_framework_version(framework: str, tests: list[str]) -> None:
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    dist = "langchain-dp-icl" if framework == "langchain-core" else "llama-index-llms-dp-icl"
+    meta = tomllib.loads((REPO_ROOT / "integrations" / dist / "pyproject.toml").read_text())["project"]
+    lowest = next(s.version for r in meta["dependencies"] if Requirement(r).name == framework
+                  for s in Requirement(r).specifier if s.operator == ">=")  # fmt: skip
+    folder = Path(sys.prefix) / "lower-bounds" / framework
+    env = {**os.environ, "PYTHONPATH": str(folder), "OMP_NUM_THREADS": "1"}
+    probe = f"from importlib.metadata import version; print(version({framework!r}))"
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert seen.strip() == lowest, f"make setup installs {framework}=={lowest} into {folder}"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning",
+            *[str(REPO_ROOT / "tests" / t) for t in tests]]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert " passed" in done.stdout.splitlines()[-1]
+
+
 @pytest.mark.parametrize("package", sorted(ADAPTERS))
 def test_a_missing_framework_is_named(package: str) -> None:
     # Hide the framework from a fresh interpreter and import the adapter package.
