@@ -310,3 +310,19 @@ def test_llamaindex_tests_need_no_langchain() -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+async def test_a_cancelled_async_stream_leaves_the_decoder_usable() -> None:
+    llm, ledger = make_llm(delay=0.05, max_tokens=5)
+
+    async def consume() -> None:
+        async for _ in await llm.astream_complete("where did the cat sit?"):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.12)  # mid-answer: a step is running in a worker thread
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    answer = await asyncio.wait_for(llm.acomplete("where is the mat?"), timeout=30)  # the lock was released
+    assert isinstance(answer.text, str) and len(ledger.history()) == 2

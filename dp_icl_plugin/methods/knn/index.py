@@ -185,17 +185,16 @@ class PrivateIndex:
 
     def _check_embedder(self, stored: str | None) -> list[list[float]]:
         """Refuse an embedder that computes other vectors than the index's (whatever its name): the index
-        would then search vectors of two models. An index written before fingerprints were kept is
-        fingerprinted now, with the name check it had."""
+        would then search vectors of two models. An index written before fingerprints were kept keeps the
+        name check it had (names as that version wrote them) and is not rewritten on open."""
         if stored is None:
-            if embedder_name(self._embedder) != self.embedder_name:
+            kind = type(self._embedder)
+            named = getattr(self._embedder, "dp_icl_name", None) or getattr(self._embedder, "name", None)
+            legacy = named if isinstance(named, str) and named else f"{kind.__module__}.{kind.__qualname__}"
+            if legacy != self.embedder_name:
                 raise ConfigurationError(f"this index was built with embedder {self.embedder_name!r}, not "
-                                         f"{embedder_name(self._embedder)!r}")  # fmt: skip
-            fingerprint = embedder_fingerprint(self._embedder)
-            with self._conn:
-                self._conn.execute("INSERT INTO meta (key, value) VALUES ('embedder_fingerprint', ?)",
-                                   (json.dumps(fingerprint),))  # fmt: skip
-            return fingerprint
+                                         f"{legacy!r}")  # fmt: skip
+            return embedder_fingerprint(self._embedder)
         fingerprint = json.loads(stored)
         if not same_embedder(fingerprint, self._embedder):
             raise ConfigurationError(

@@ -222,6 +222,18 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
             for item in inputs:
                 self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"), kwargs)
 
+    def generate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
+                 **kwargs: Any) -> Any:  # fmt: skip
+        for batch_item in messages:  # one bad conversation fails the call: refuse it before any answer is charged
+            self._check(_messages(batch_item), stop, kwargs)
+        return super().generate(messages, stop, *args, **kwargs)
+
+    async def agenerate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
+                        **kwargs: Any) -> Any:  # fmt: skip
+        for batch_item in messages:
+            self._check(_messages(batch_item), stop, kwargs)
+        return await super().agenerate(messages, stop, *args, **kwargs)
+
     def batch(
         self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
     ) -> list[Any]:

@@ -184,6 +184,9 @@ class DPICLExampleSelector(BaseExampleSelector):
     def select_examples(self, input_variables: dict[str, str]) -> list[dict]:
         if not isinstance(input_variables, Mapping):
             raise ConfigurationError("input_variables must be a mapping of prompt variables to values")
+        if self.selection != "round_robin" and not isinstance(input_variables.get(self.query_key), str):
+            # before self.demos: a lazy selector's first access charges the synthesis
+            raise ConfigurationError(f"similarity selection needs the input variable {self.query_key!r}")
         demos = list(self.demos)
         label = input_variables.get(self.label_key) if self.label_key is not None else None
         if label is not None:

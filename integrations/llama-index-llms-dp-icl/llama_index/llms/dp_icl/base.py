@@ -10,6 +10,7 @@ included) in worker threads, so a slow answer never blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
@@ -247,10 +248,22 @@ class DPICL(CustomLLM):
 
 
 async def _in_threads(make: Callable[[], Any]) -> AsyncGenerator[Any, None]:
-    """An async generator over a sync one whose every step (the charge, each token) runs in a worker thread."""
+    """An async generator over a sync one whose every step (the charge, each token) runs in a worker thread.
+
+    A cancelled consumer lets the step in flight finish before the generator is closed: closing it while a
+    worker still runs it would fail and leave the decoder's lock held."""
     responses = make()
+    step: asyncio.Future[Any] | None = None
     try:
-        while (item := await asyncio.to_thread(next, responses, _DONE)) is not _DONE:
+        while True:
+            step = asyncio.ensure_future(asyncio.to_thread(next, responses, _DONE))
+            item = await asyncio.shield(step)
+            step = None
+            if item is _DONE:
+                return
             yield item
     finally:
+        if step is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(step)
         responses.close()
