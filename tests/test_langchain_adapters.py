@@ -283,15 +283,20 @@ def test_selector_ranks_with_langchains_own_selectors() -> None:
     assert {e["output"] for e in labelled.select_examples({**query, "label": "pos"})} == {"pos"}
 
 
-async def test_selector_selects_asynchronously_and_lazily_charges_once() -> None:
-    ledger = BudgetManager(PrivacyBudget(10.0, 1e-3))
+def lazy_selector(ledger: BudgetManager, **settings: Any) -> DPICLExampleSelector:
+    """A selector that synthesizes (Tang, on a word-level fake model) on its first selection."""
     data = PrivateDataset([PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)],
                           public_label_counts="observed")  # fmt: skip
     method = TangSynthesizer(epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1,
                              shots_per_label=1, top_k=3)  # fmt: skip
     words = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>"]
-    selector = DPICLExampleSelector(synthesizer=method, dataset=data, backend=FakeBackend(words, eos_token="<eos>"),
-                                    budget=ledger, seed=0, k=2, embeddings=WordEmbeddings())  # fmt: skip
+    return DPICLExampleSelector(synthesizer=method, dataset=data, backend=FakeBackend(words, eos_token="<eos>"),
+                                budget=ledger, seed=0, embeddings=WordEmbeddings(), **settings)  # fmt: skip
+
+
+async def test_selector_selects_asynchronously_and_lazily_charges_once() -> None:
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-3))
+    selector = lazy_selector(ledger, k=2)
     first, second = await asyncio.gather(selector.aselect_examples({"input": "a b"}),
                                          selector.aselect_examples({"input": "b c"}))  # fmt: skip
     assert len(first) == len(second) == 2 and len(ledger.history()) == 1
@@ -299,13 +304,7 @@ async def test_selector_selects_asynchronously_and_lazily_charges_once() -> None
 
 def test_bad_input_is_refused_before_a_lazy_synthesis_or_a_first_answer_is_charged() -> None:
     ledger = BudgetManager(PrivacyBudget(10.0, 1e-3))
-    data = PrivateDataset([PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)],
-                          public_label_counts="observed")  # fmt: skip
-    method = TangSynthesizer(epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1,
-                             shots_per_label=1, top_k=3)  # fmt: skip
-    words = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>"]
-    selector = DPICLExampleSelector(synthesizer=method, dataset=data, backend=FakeBackend(words, eos_token="<eos>"),
-                                    budget=ledger, seed=0, embeddings=WordEmbeddings())  # fmt: skip
+    selector = lazy_selector(ledger)
     with pytest.raises(ConfigurationError, match="needs the input variable"):
         selector.select_examples({"question": "a b"})
     assert ledger.history() == []

@@ -202,9 +202,7 @@ class DPICLExampleSelector(BaseExampleSelector):
 
     def _ranked(self, input_variables: Mapping[str, str], label: str | None, available: int) -> list[dict]:
         """The k demonstrations nearest the query, ranked by LangChain's similarity or MMR selector."""
-        if not isinstance(input_variables.get(self.query_key), str):
-            raise ConfigurationError(f"similarity selection needs the input variable {self.query_key!r}")
-        if available == 0:
+        if available == 0:  # the query was checked by select_examples
             return []
         store = self._vector_store()
         k = min(self.k or available, available)
