@@ -3,6 +3,8 @@ caller's share, stop sequences, limits, determinism and bad input."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -159,3 +161,41 @@ def test_a_chat_on_a_model_without_a_chat_template_uses_the_documented_plain_lay
     one_shot = [p for p in seen if p != zero_shot]
     assert one_shot and all(fake.decode(p).startswith("system: a user:") for p in one_shot)
     assert all(fake.decode(p).endswith("user: b c assistant:") for p in one_shot)
+
+
+@pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
+def test_a_paused_stream_does_not_block_other_answers(make) -> None:
+    """A stream read partly and left open (a reader paused between tokens) holds no lock: another answer in
+    the same thread completes, and the paused one then resumes and matches an unshared run."""
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    decoder = make(ledger, max_tokens=4)
+    paused = decoder.stream("a b", rng=np.random.default_rng(7))
+    first = next(paused, "")
+    done: list[str] = []
+    worker = threading.Thread(target=lambda: done.append(decoder.generate("c d", rng=np.random.default_rng(8)).text))
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "an answer waited on a paused stream"
+    assert len(done) == 1 and len(ledger.history()) == 2
+    rest = first + "".join(paused)
+    alone = make(BudgetManager(PrivacyBudget(100.0, 1e-2)), max_tokens=4).generate("a b", rng=np.random.default_rng(7))
+    assert rest == alone.text  # interleaving changed nothing of either answer
+
+
+@pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
+def test_many_interleaved_streams_all_finish_as_if_alone(make) -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    decoder = make(ledger, max_tokens=4)
+    streams = [decoder.stream("a b", rng=np.random.default_rng(i), max_tokens=4) for i in range(8)]
+    texts = [""] * 8
+    live = set(range(8))
+    while live:  # one piece of each in turn
+        for i in sorted(live):
+            piece = next(streams[i], None)
+            if piece is None:
+                live.discard(i)
+            else:
+                texts[i] += piece
+    alone = make(BudgetManager(PrivacyBudget(100.0, 1e-2)), max_tokens=4)
+    assert texts == [alone.generate("a b", rng=np.random.default_rng(i)).text for i in range(8)]
+    assert len(ledger.history()) == 8

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import uuid
 from typing import Any
 
 import numpy as np
@@ -238,6 +240,58 @@ async def test_chat_model_spend_shows_in_astream_events() -> None:
     custom = [e for e in events if e["event"] == "on_custom_event"]
     assert [e["name"] for e in custom] == ["dp_icl_spend"]
     assert custom[0]["run_id"] == next(e["run_id"] for e in events if e["event"] == "on_chat_model_start")
+
+
+async def test_spend_shows_when_langchain_streams_an_invoke_internally() -> None:
+    """astream_events over a chain that invokes the model attaches a streaming handler, so LangChain's
+    _generate_with_cache would stream the answer through _stream without the run's manager."""
+    from langchain_core.runnables import RunnableLambda
+
+    chat = ChatDPICL(decoder=shared_decoder(), seed=0)
+    chain = RunnableLambda(lambda q: chat.invoke(q))
+    events = [e async for e in chain.astream_events("hello", version="v2")]
+    custom = [e for e in events if e["event"] == "on_custom_event"]
+    start = next(e["run_id"] for e in events if e["event"] == "on_chat_model_start")
+    assert [(e["name"], e["run_id"]) for e in custom] == [("dp_icl_spend", start)]
+    streamed = "".join(e["data"]["chunk"].content for e in events if e["event"] == "on_chat_model_stream")
+    end = next(e for e in events if e["event"] == "on_chat_model_end")
+    assert streamed == end["data"]["output"].content  # the tokens still stream to the handler
+
+
+def test_interleaved_streams_and_calls_credit_each_spend_to_its_own_run() -> None:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=4, beta=0.5,
+                          top_k=20)  # fmt: skip
+    chat = ChatDPICL(decoder=decoder, seed=0)
+    handler = SpendEvents()
+    first = chat.stream("hello", config={"callbacks": [handler], "run_id": uuid.UUID(int=1)})
+    second = chat.stream("world", config={"callbacks": [handler], "run_id": uuid.UUID(int=2)})
+    next(first)  # paused after its first chunk: holds nothing
+    next(second)
+    chat.invoke("again", config={"callbacks": [handler], "run_id": uuid.UUID(int=3)}, stream=True)
+    list(second)
+    list(first)
+    charged = [c.id for c in ledger.history()]  # in the order charged: first, second, the invoke
+    assert len(charged) == 3
+    assert sorted((e[2].int, e[1]["ledger_entry"]) for e in handler.events) == list(zip((1, 2, 3), charged, strict=True))
+
+
+async def test_more_concurrent_astreams_than_worker_threads_all_finish() -> None:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=3, beta=0.5,
+                          top_k=20)  # fmt: skip
+    chat, handler = ChatDPICL(decoder=decoder, seed=0), SpendEvents()
+    n = (os.cpu_count() or 1) + 8  # the default executor has min(32, cores + 4) workers
+
+    async def consume(i: int) -> uuid.UUID:
+        run_id = uuid.uuid4()
+        async for _ in chat.astream(f"question {i}?", config={"callbacks": [handler], "run_id": run_id}):
+            await asyncio.sleep(0.01)  # a reader that pauses between chunks
+        return run_id
+
+    runs = await asyncio.wait_for(asyncio.gather(*(consume(i) for i in range(n))), timeout=120)
+    assert len(ledger.history()) == n
+    assert sorted(str(e[2]) for e in handler.events) == sorted(map(str, runs))  # one spend per run, its own
 
 
 def test_rng_is_optional_and_a_seed_is_reproducible() -> None:

@@ -326,3 +326,21 @@ async def test_a_cancelled_async_stream_leaves_the_decoder_usable() -> None:
         await task
     answer = await asyncio.wait_for(llm.acomplete("where is the mat?"), timeout=30)  # the lock was released
     assert isinstance(answer.text, str) and len(ledger.history()) == 2
+
+
+async def test_more_concurrent_async_streams_than_worker_threads_all_finish() -> None:
+    """Each step holds the decoder for one token only: streams paused between tokens block no one, so more
+    streams than the default executor's workers (min(32, cores + 4)) all progress and finish."""
+    llm, ledger = make_llm(delay=0.01, max_tokens=3)
+    n = (os.cpu_count() or 1) + 8
+
+    async def consume(i: int) -> str:
+        stream = await llm.astream_complete(f"question {i}?")
+        text = ""
+        async for response in stream:
+            text = response.text
+            await asyncio.sleep(0.01)  # a reader that pauses between pieces
+        return text
+
+    answers = await asyncio.wait_for(asyncio.gather(*(consume(i) for i in range(n))), timeout=120)
+    assert len(answers) == n and len(ledger.history()) == n

@@ -22,6 +22,10 @@ token up to its limit), so a stream never yields a token that is not paid for, a
 (:class:`~dp_icl_plugin.errors.BudgetExhaustedError`) happens before anything is released. Stopping early
 (EOS, a stop sequence) is post-processing and refunds nothing.
 
+**Concurrency.** A decoder computes one token step at a time, whoever asks; a stream holds nothing between
+its pieces, so open streams (threads, async tasks, a reader that paused) interleave token by token, and each
+answer is what it would have been alone with the same rng.
+
 A query is public: a completion text, or a chat (a list of ``{"role", "content"}`` messages ending with the
 user's). A record enters a chat prompt as one earlier exchange (its text from the user, its label from the
 assistant) after any system message, formatted with the tokenizer's chat template when it has one; without
@@ -87,7 +91,7 @@ class _Decoder:
             raise ConfigurationError("template must be an AnswerTemplate")
         self.fixed_latency = as_fixed_latency(fixed_latency)
         self._records = [r for y in dataset.labels for r in dataset.records(y)]
-        self._lock = threading.Lock()  # the backend and the rng may not be thread-safe
+        self._lock = threading.Lock()  # one token step at a time (backend, rng, tokenizer); never held across a yield
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_tokens={self.max_tokens})"  # no record count: private under add/remove
@@ -222,31 +226,36 @@ class _Decoder:
     def _release(self, prompt, limit, stops, rng, state: AnswerState) -> Iterator[str]:
         # The charge comes first: nothing below runs, and nothing is yielded, unless it is committed.
         state.charge = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
-        with self._lock:
-            for token in self._tokens(prompt, limit, rng):
-                if token == self.backend.eos_token_id and self.template.stop_at_eos:
-                    state.finish_reason = "stop"
-                    break
-                state.tokens.append(token)
-                text = self.backend.decode(state.tokens)
+        tokens = self._tokens(prompt, limit, rng)
+        hold = max((len(s) - 1 for s in stops), default=0)  # a tail that may still grow into a stop sequence
+        try:
+            while True:
+                # The lock guards one step (the backend, the rng, the tokenizer), never a pause between pieces:
+                # a reader that stops reading holds nothing, and other answers interleave with this one.
+                with self._lock:
+                    token = next(tokens, None)
+                    ended = token is None or (token == self.backend.eos_token_id and self.template.stop_at_eos)
+                    if token is not None and not ended:
+                        state.tokens.append(token)
+                    text = self.backend.decode(state.tokens)
                 cut = self._cut(text, stops)
-                # Hold back a tail that may still grow into a stop sequence.
-                hold = max((len(s) - 1 for s in stops), default=0)
-                safe = len(cut) if len(cut) < len(text) else max(len(cut) - hold, state.emitted)
+                if ended or len(cut) < len(text):
+                    if token is not None:
+                        state.finish_reason = "stop"
+                    if len(cut) > state.emitted:
+                        yield cut[state.emitted :]
+                        state.emitted = len(cut)
+                    return
+                safe = max(len(cut) - hold, state.emitted)
                 # ... and an unfinished multi-byte character (decoded as U+FFFD until its last byte arrives)
                 safe = min(safe, max(len(cut.rstrip("\ufffd")), state.emitted))
                 if safe > state.emitted:
                     yield cut[state.emitted : safe]
                     state.emitted = safe
-                if len(cut) < len(text):
-                    state.finish_reason = "stop"
-                    break
-            final = self._cut(self.backend.decode(state.tokens), stops)
-            if len(final) > state.emitted:
-                yield final[state.emitted :]
-                state.emitted = len(final)
+        finally:
+            tokens.close()  # its session drops its caches; no lock (a collected stream may close in any thread)
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Generator[int, None, None]:
         raise NotImplementedError
 
 
@@ -315,7 +324,7 @@ class MozoDecoder(_Decoder):
         steps = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
         return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Generator[int, None, None]:
         zero_shot = self._ids(prompt, None)
         one_shot: dict[int, list[int]] = {}
         generated: list[int] = []
@@ -416,7 +425,7 @@ class ClipBlendDecoder(_Decoder):
     def _reserve(self, limit: int) -> int:
         return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Iterator[int]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Generator[int, None, None]:
         room = self._reserve(limit)
         prompts = [self._ids(prompt, None, reserve=room)] + [self._ids(prompt, r, reserve=room) for r in self._subset]
         # the prompts stay fixed: one KV cache each, the records' parts from the backend's prefix cache (they

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, Self
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager, CallbackManagerForLLMRun
 from langchain_core.language_models import LLM, BaseChatModel
@@ -246,52 +246,82 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         self._check_batch(inputs, return_exceptions, kwargs)
         return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
-    # BaseChatModel.stream/astream call _stream without the run's manager: collect the spends the answer's
-    # pieces report and emit them under the model's run (its id is the chunks' message id) to its handlers.
+    # BaseChatModel.stream/astream call _stream without the run's manager: the run's id is fixed here, the spends
+    # the answer reports go to a sink set for this stream's own steps only (streams may interleave in one
+    # context), and each is emitted under the run to its handlers as soon as it is charged.
     def _run_handlers(self, config: RunnableConfig, manager: Any) -> Any:
         return manager.configure(config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"),
                                  self.tags, config.get("metadata"), self.metadata)  # fmt: skip
 
     @staticmethod
-    def _run_id(chunk_id: str | None) -> UUID | None:
-        try:
-            return UUID(str(chunk_id).rsplit("lc_run--", 1)[-1])
-        except ValueError:
-            return None
+    def _with_run_id(config: RunnableConfig | None) -> tuple[RunnableConfig, UUID]:
+        config = ensure_config(config)
+        run_id = config.get("run_id") or uuid4()
+        return {**config, "run_id": run_id}, run_id
 
     def stream(
         self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
     ) -> Iterator[Any]:
-        config = ensure_config(config)
+        config, run_id = self._with_run_id(config)
         spends: list[dict[str, Any]] = []
-        _STREAM_SPENDS.set(spends)
-        run_id = None
+        chunks = super().stream(input, config, stop=stop, **kwargs)
+        events = self._run_handlers(config, CallbackManager)
         try:
-            for chunk in super().stream(input, config, stop=stop, **kwargs):
-                run_id = run_id or self._run_id(chunk.id)
+            while True:
+                sink = _STREAM_SPENDS.set(spends)
+                try:
+                    chunk = next(chunks, None)
+                finally:
+                    _STREAM_SPENDS.reset(sink)
+                while spends:
+                    events.on_custom_event(SPEND_EVENT, spends.pop(0), run_id=run_id)
+                if chunk is None:
+                    return
                 yield chunk
         finally:
-            _STREAM_SPENDS.set(None)
-            events = self._run_handlers(config, CallbackManager)
+            sink = _STREAM_SPENDS.set(spends)
+            try:
+                chunks.close()  # a stream closed early still reports a charge it made
+            finally:
+                _STREAM_SPENDS.reset(sink)
             for payload in spends:
                 events.on_custom_event(SPEND_EVENT, payload, run_id=run_id)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        config = ensure_config(config)
+        config, run_id = self._with_run_id(config)
         spends: list[dict[str, Any]] = []
-        _STREAM_SPENDS.set(spends)  # the worker thread that runs _stream copies this context
-        run_id = None
+        chunks = super().astream(input, config, stop=stop, **kwargs)
+        events = self._run_handlers(config, AsyncCallbackManager)
         try:
-            async for chunk in super().astream(input, config, stop=stop, **kwargs):
-                run_id = run_id or self._run_id(chunk.id)
+            while True:
+                sink = _STREAM_SPENDS.set(spends)  # each step's worker thread copies this context
+                try:
+                    chunk = await anext(chunks, None)
+                finally:
+                    _STREAM_SPENDS.reset(sink)
+                while spends:
+                    await events.on_custom_event(SPEND_EVENT, spends.pop(0), run_id=run_id)
+                if chunk is None:
+                    return
                 yield chunk
         finally:
-            _STREAM_SPENDS.set(None)
-            events = self._run_handlers(config, AsyncCallbackManager)
+            sink = _STREAM_SPENDS.set(spends)
+            try:
+                await chunks.aclose()
+            finally:
+                _STREAM_SPENDS.reset(sink)
             for payload in spends:
                 await events.on_custom_event(SPEND_EVENT, payload, run_id=run_id)
+
+    def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
+        # Inside a run (invoke, batch, generate) LangChain would stream through _stream without the run's manager
+        # when a streaming handler is attached: _generate streams the tokens to that manager itself, and reports
+        # the spend under the run. stream/astream (no manager yet) keep LangChain's own decision.
+        if run_manager is not None:
+            return False
+        return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
 
     def _generate(
         self,
@@ -303,7 +333,18 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         query = _messages(messages)
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
-        text = "".join(self._pieces(pieces, run_manager, spend))
+        parts = []
+        # where LangChain would have streamed (a streaming handler such as astream_events', or stream=True), the
+        # tokens go to the run's handlers as they come
+        streaming = run_manager is not None and super()._should_stream(async_api=False, run_manager=run_manager,
+                                                                       **kwargs)  # fmt: skip
+        message_id = f"lc_run--{run_manager.run_id}" if run_manager is not None else None
+        for piece in self._pieces(pieces, run_manager, spend):
+            parts.append(piece)
+            if streaming and run_manager is not None:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece, id=message_id))
+                run_manager.on_llm_new_token(piece, chunk=chunk)
+        text = "".join(parts)
         message = AIMessage(
             content=text,
             usage_metadata=self._usage(query, len(pieces.token_ids)),

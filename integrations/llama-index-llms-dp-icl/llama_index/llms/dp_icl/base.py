@@ -250,8 +250,8 @@ class DPICL(CustomLLM):
 async def _in_threads(make: Callable[[], Any]) -> AsyncGenerator[Any, None]:
     """An async generator over a sync one whose every step (the charge, each token) runs in a worker thread.
 
-    A cancelled consumer lets the step in flight finish before the generator is closed: closing it while a
-    worker still runs it would fail and leave the decoder's lock held."""
+    A cancelled consumer lets the step in flight finish before the generator is closed (a generator cannot be
+    closed while a worker runs it). Between steps the decoder is free: other answers interleave."""
     responses = make()
     step: asyncio.Future[Any] | None = None
     try:
