@@ -4,7 +4,9 @@ GPT-2 trained here, a private dataset with a canary in every record, a private k
 from __future__ import annotations
 
 import functools
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tests_support import tiny_text_gpt2
@@ -61,3 +63,21 @@ def demo_set() -> DemoSet:
                       ledger_label="synthesis", model_id="m")  # fmt: skip
     demos = [Demonstration(label=y, text=f"synthetic {y} {i}") for i in range(2) for y in ("pos", "neg")]
     return DemoSet(demos, prov)
+
+
+class SlowBackend:
+    """A backend whose every forward is made slow: an answer takes ``delay`` seconds per token."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner, self._delay = inner, delay
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not name.startswith("next_token_logprobs"):
+            return found
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(self._delay)
+            return found(*args, **kwargs)
+
+        return slow

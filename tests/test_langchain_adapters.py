@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("langchain_core")
 pytest.importorskip("torch")
 
-from adapter_fixtures import CANARY, backend, dataset, demo_set, knn_core
+from adapter_fixtures import CANARY, SlowBackend, backend, dataset, demo_set, knn_core
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
@@ -292,6 +292,67 @@ async def test_more_concurrent_astreams_than_worker_threads_all_finish() -> None
     runs = await asyncio.wait_for(asyncio.gather(*(consume(i) for i in range(n))), timeout=120)
     assert len(ledger.history()) == n
     assert sorted(str(e[2]) for e in handler.events) == sorted(map(str, runs))  # one spend per run, its own
+
+
+def slow_chat(delay: float) -> tuple[ChatDPICL, BudgetManager]:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = MozoDecoder(dataset(), backend=SlowBackend(backend(), delay), budget=ledger, n_queries=100,
+                          max_tokens=4, beta=0.5, top_k=20)  # fmt: skip
+    return ChatDPICL(decoder=decoder, seed=0), ledger
+
+
+async def test_an_astream_cancelled_during_its_charge_still_reports_the_spend() -> None:
+    chat, ledger = slow_chat(0.3)
+    handler = SpendEvents()
+
+    async def consume() -> None:
+        async for _ in chat.astream("hello", config={"callbacks": [handler]}):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.1)  # the first step (the charge, the first forward) runs in a worker thread
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [e[1]["ledger_entry"] for e in handler.events] == [c.id for c in ledger.history()] and handler.events
+
+
+async def test_async_handlers_run_on_the_callers_loop() -> None:
+    """ainvoke(stream=True) streams tokens to an AsyncCallbackHandler that feeds the app's asyncio.Queue (not
+    thread-safe): every callback must run on the caller's loop, not on a private loop in a worker thread."""
+    from langchain_core.callbacks import AsyncCallbackHandler
+
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[str, bool]] = []
+    tokens: asyncio.Queue[str] = asyncio.Queue()
+
+    class LoopBound(AsyncCallbackHandler):
+        async def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+            seen.append(("token", asyncio.get_running_loop() is loop))
+            tokens.put_nowait(token)
+
+        async def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+            seen.append((name, asyncio.get_running_loop() is loop))
+
+    chat, _ = slow_chat(0.01)
+    message = await chat.ainvoke("hello", config={"callbacks": [LoopBound()]}, stream=True)
+    assert ("dp_icl_spend", True) in seen and ("token", True) in seen
+    assert all(on_loop for _, on_loop in seen), seen
+    streamed = "".join(tokens.get_nowait() for _ in range(tokens.qsize()))
+    assert streamed == message.content
+
+
+async def test_an_invoke_streamed_for_astream_events_matches_langchains_own_streaming() -> None:
+    """The chunks carry the final message's id, and the last chunk carries usage and the spend."""
+    from langchain_core.runnables import RunnableLambda
+
+    chat, ledger = slow_chat(0.0)
+    events = [e async for e in RunnableLambda(lambda q: chat.invoke(q)).astream_events("hello", version="v2")]
+    chunks = [e["data"]["chunk"] for e in events if e["event"] == "on_chat_model_stream"]
+    final = next(e for e in events if e["event"] == "on_chat_model_end")["data"]["output"]
+    assert {c.id for c in chunks} == {final.id}
+    assert chunks[-1].chunk_position == "last" and chunks[-1].usage_metadata == final.usage_metadata
+    assert chunks[-1].response_metadata["ledger_entry"] == ledger.history()[0].id
 
 
 def test_rng_is_optional_and_a_seed_is_reproducible() -> None:

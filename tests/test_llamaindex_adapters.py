@@ -8,7 +8,6 @@ import functools
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 pytest.importorskip("llama_index.core")
 pytest.importorskip("torch")
 
-from adapter_fixtures import CANARY, backend, dataset, knn_core
+from adapter_fixtures import CANARY, SlowBackend, backend, dataset, knn_core
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -147,24 +146,6 @@ def test_dpllm_from_a_server_url_needs_the_tokenizer_and_keeps_to_loopback() -> 
 
 
 # ------------------------------------------------------------------ the LlamaIndex LLM contract (issue 17)
-
-
-class SlowBackend:
-    """The tiny model, each forward made slow: an answer takes ``delay`` seconds per token."""
-
-    def __init__(self, inner: Any, delay: float) -> None:
-        self._inner, self._delay = inner, delay
-
-    def __getattr__(self, name: str) -> Any:
-        found = getattr(self._inner, name)
-        if not name.startswith("next_token_logprobs"):
-            return found
-
-        def slow(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(self._delay)
-            return found(*args, **kwargs)
-
-        return slow
 
 
 def make_llm(delay: float = 0.0, max_tokens: int = 6, **settings: Any) -> tuple[DPICL, BudgetManager]:
@@ -344,3 +325,24 @@ async def test_more_concurrent_async_streams_than_worker_threads_all_finish() ->
 
     answers = await asyncio.wait_for(asyncio.gather(*(consume(i) for i in range(n))), timeout=120)
     assert len(answers) == n and len(ledger.history()) == n
+
+
+async def test_a_stream_cancelled_twice_ends_cancelled_after_its_step() -> None:
+    """A second cancellation while the first waits for the step in flight: still no close under a running
+    worker (that raised ValueError 'generator already executing'); the task ends cancelled."""
+    llm, ledger = make_llm(delay=0.3, max_tokens=5)
+    stream = await llm.astream_complete("where did the cat sit?")
+
+    async def consume() -> None:
+        async for _ in stream:
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.1)  # the first step (the charge, the first forward) runs in a worker thread
+    task.cancel()
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    answer = await asyncio.wait_for(llm.acomplete("where is the mat?", max_tokens=1), timeout=30)
+    assert isinstance(answer.text, str) and len(ledger.history()) == 2

@@ -8,6 +8,7 @@ clock's padding.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import numpy as np
@@ -169,3 +170,54 @@ def test_real_clock_padding_and_bad_settings() -> None:
     for bad in (0, -1.0, float("nan"), float("inf"), "1", True):
         with pytest.raises(ConfigurationError):
             as_fixed_latency(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
+def test_concurrent_answers_each_keep_their_own_window(kind: str) -> None:
+    """Real clock: one answer alone takes ~0.16 s (4 forwards of ≥ 40 ms), the window is 0.45 s. Four callers
+    at once: answers interleaved token by token would each take ~0.64 s and all overrun their windows; run
+    one at a time, each inside its own window, none does."""
+    backend = FakeBackend(WORDS, eos_token="<eos>", seed=3)
+    forward, start = backend.next_token_logprobs, backend.start
+
+    def next_token_logprobs(prompts):
+        time.sleep(0.04)
+        return forward(prompts)
+
+    class SlowSession:
+        def __init__(self, session) -> None:
+            self._session = session
+            self.logprobs = session.logprobs
+
+        def append(self, token):
+            time.sleep(0.04)
+            return self._session.append(token)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self._session.close()
+
+    def start_session(prompts):
+        time.sleep(0.04)
+        return SlowSession(start(prompts))
+
+    backend.next_token_logprobs = next_token_logprobs  # type: ignore[method-assign]
+    backend.start = start_session  # type: ignore[method-assign]
+    policy = FixedLatency(0.45)
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    common = {"backend": backend, "budget": ledger, "n_queries": 5, "max_tokens": 4, "epsilon": 2.0,
+              "fixed_latency": policy}  # fmt: skip
+    if kind == "mozo":
+        hidden = MozoDecoder(dataset(3), top_k=6, **common)
+    else:
+        hidden = ClipBlendDecoder(dataset(3), subset_size=8, rng_subset=np.random.default_rng(1), **common)
+    threads = [threading.Thread(target=hidden.generate, args=("a b",), kwargs={"rng": np.random.default_rng(i)})
+               for i in range(4)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert policy.releases == 4 and policy.overruns == 0, (policy.overruns, policy.slowest)
+    assert policy.slowest < 0.45

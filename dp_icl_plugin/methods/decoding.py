@@ -23,8 +23,10 @@ token up to its limit), so a stream never yields a token that is not paid for, a
 (EOS, a stop sequence) is post-processing and refunds nothing.
 
 **Concurrency.** A decoder computes one token step at a time, whoever asks; a stream holds nothing between
-its pieces, so open streams (threads, async tasks, a reader that paused) interleave token by token, and each
-answer is what it would have been alone with the same rng.
+its pieces, so open streams (threads, async tasks, a reader that paused) interleave token by token; an answer
+with its own rng is what it would have been alone (streams sharing one rng draw from it in turn, so with a
+seed their answers depend on the interleaving; never their privacy). With ``fixed_latency`` answers run one
+at a time, each whole inside its own window (interleaved, each window would hold the others' computation).
 
 A query is public: a completion text, or a chat (a list of ``{"role", "content"}`` messages ending with the
 user's). A record enters a chat prompt as one earlier exchange (its text from the user, its label from the
@@ -92,6 +94,7 @@ class _Decoder:
         self.fixed_latency = as_fixed_latency(fixed_latency)
         self._records = [r for y in dataset.labels for r in dataset.records(y)]
         self._lock = threading.Lock()  # one token step at a time (backend, rng, tokenizer); never held across a yield
+        self._latency_lock = threading.Lock()  # fixed-latency answers: one whole answer at a time (see _run)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_tokens={self.max_tokens})"  # no record count: private under add/remove
@@ -218,7 +221,10 @@ class _Decoder:
         if self.fixed_latency is None:
             yield from self._release(prompt, limit, stops, rng, state)
             return
-        with self.fixed_latency.hold():  # the whole answer first, then one piece at the fixed time
+        # One answer at a time, the whole answer first, then one piece at the fixed time: answers interleaved
+        # inside each other's windows would each take the others' private computation time. The wait for the
+        # window is outside it: it depends on other answers' fixed windows only.
+        with self._latency_lock, self.fixed_latency.hold():
             text = "".join(self._release(prompt, limit, stops, rng, state))
         if text:
             yield text

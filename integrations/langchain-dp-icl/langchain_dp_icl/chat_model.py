@@ -15,7 +15,12 @@ from contextvars import ContextVar
 from typing import Any, Self
 from uuid import UUID, uuid4
 
-from langchain_core.callbacks import AsyncCallbackManager, CallbackManager, CallbackManagerForLLMRun
+from langchain_core.callbacks import (
+    AsyncCallbackManager,
+    AsyncCallbackManagerForLLMRun,
+    CallbackManager,
+    CallbackManagerForLLMRun,
+)
 from langchain_core.language_models import LLM, BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
@@ -36,6 +41,7 @@ from dp_icl_plugin.methods.data import PrivateDataset
 from dp_icl_plugin.methods.decoder import AnswerStream, Decoder, answer_limit
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
+from dp_icl_plugin.methods.threaded import iterate_in_threads
 
 __all__ = ["DPICLLLM", "ChatDPICL"]
 
@@ -116,19 +122,35 @@ class _DPModelMixin:
         return UsageMetadata(input_tokens=public, output_tokens=output_tokens, total_tokens=public + output_tokens)
 
     @staticmethod
-    def _report(pieces: AnswerStream, run_manager: CallbackManagerForLLMRun | None) -> dict[str, Any]:
-        """Emit ``dp_icl_spend`` for a charged answer; the same payload goes into the response metadata."""
+    def _payload(pieces: AnswerStream, run_manager: Any) -> tuple[dict[str, Any], Any]:
+        """The spend payload of a charged answer ({} before the charge) and the manager to emit it with: the
+        run's own handlers under its id, or None (BaseChatModel.stream gives _stream no run manager: the
+        payload then goes to the sink stream()/astream() set for this step, and they emit it)."""
         if pieces.charge is None:
-            return {}
+            return {}, None
         payload = spend_payload(pieces.charge)
-        if run_manager is None:  # BaseChatModel.stream gives _stream no run manager: stream() emits it
+        if run_manager is None:
             sink = _STREAM_SPENDS.get()
             if sink is not None:
                 sink.append(payload)
-        else:  # to the model run's own handlers (tracers, astream_events), under its id
-            events = CallbackManager(handlers=run_manager.handlers, parent_run_id=run_manager.parent_run_id,
-                                     tags=run_manager.tags, metadata=run_manager.metadata)  # fmt: skip
+            return payload, None
+        kind = AsyncCallbackManager if isinstance(run_manager, AsyncCallbackManagerForLLMRun) else CallbackManager
+        events = kind(handlers=run_manager.handlers, parent_run_id=run_manager.parent_run_id, tags=run_manager.tags,
+                      metadata=run_manager.metadata)  # fmt: skip
+        return payload, events
+
+    def _report(self, pieces: AnswerStream, run_manager: CallbackManagerForLLMRun | None) -> dict[str, Any]:
+        """Emit ``dp_icl_spend`` for a charged answer; the same payload goes into the response metadata."""
+        payload, events = self._payload(pieces, run_manager)
+        if events is not None and run_manager is not None:
             events.on_custom_event(SPEND_EVENT, payload, run_id=run_manager.run_id)
+        return payload
+
+    async def _areport(self, pieces: AnswerStream, run_manager: AsyncCallbackManagerForLLMRun | None) -> dict[str, Any]:
+        """:meth:`_report` for async runs: the handlers are called on the caller's event loop."""
+        payload, events = self._payload(pieces, run_manager)
+        if events is not None and run_manager is not None:
+            await events.on_custom_event(SPEND_EVENT, payload, run_id=run_manager.run_id)
         return payload
 
     def _pieces(
@@ -144,6 +166,20 @@ class _DPModelMixin:
             pieces.close()
             if not spend:
                 spend.update(self._report(pieces, run_manager))
+
+    async def _apieces(
+        self, pieces: AnswerStream, run_manager: AsyncCallbackManagerForLLMRun | None, spend: dict[str, Any]
+    ) -> AsyncIterator[str]:
+        """:meth:`_pieces` for async runs: every step (the charge, each token) in a worker thread; a step in
+        flight when the caller is cancelled finishes, and its charge is reported."""
+        try:
+            async for piece in iterate_in_threads(lambda: pieces):
+                if not spend:
+                    spend.update(await self._areport(pieces, run_manager))
+                yield piece
+        finally:
+            if not spend:
+                spend.update(await self._areport(pieces, run_manager))
 
 
 class ChatDPICL(_DPModelMixin, BaseChatModel):
@@ -296,7 +332,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         events = self._run_handlers(config, AsyncCallbackManager)
         try:
             while True:
-                sink = _STREAM_SPENDS.set(spends)  # each step's worker thread copies this context
+                sink = _STREAM_SPENDS.set(spends)
                 try:
                     chunk = await anext(chunks, None)
                 finally:
@@ -317,11 +353,44 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
 
     def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
         # Inside a run (invoke, batch, generate) LangChain would stream through _stream without the run's manager
-        # when a streaming handler is attached: _generate streams the tokens to that manager itself, and reports
-        # the spend under the run. stream/astream (no manager yet) keep LangChain's own decision.
+        # when a streaming handler is attached or stream=True: _generate/_agenerate then stream the tokens to
+        # that manager themselves and report the spend under the run. stream/astream (no manager yet) keep
+        # LangChain's own decision.
         if run_manager is not None:
             return False
         return super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs)
+
+    # -- the answer as a message or as chunks -----------------------------------------------------------
+    def _tokens_to(self, run_manager: Any, kwargs: dict[str, Any], async_api: bool) -> str | None:
+        """The message id under which _generate/_agenerate stream tokens to the run's handlers where LangChain
+        would have streamed (a streaming handler such as astream_events', or stream=True); None: no streaming."""
+        if run_manager is None or not super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs):
+            return None
+        return f"lc_run--{run_manager.run_id}"  # LangChain's id for a streamed run's chunks and message
+
+    def _chunk(self, message: AIMessageChunk, streamed_by_us: bool) -> ChatGenerationChunk:
+        """A chunk; content blocks under ``output_version="v1"`` where LangChain does not convert it (the
+        tokens _generate streams to the run's handlers)."""
+        if streamed_by_us and self.output_version == "v1":
+            blocks = [{**b, "index": b.get("index", 0)} for b in message.content_blocks]
+            message = message.model_copy(update={"content": blocks, "response_metadata": {
+                **message.response_metadata, "output_version": "v1"}})  # fmt: skip
+        return ChatGenerationChunk(message=message)
+
+    def _last(self, query: Any, pieces: AnswerStream, spend: dict[str, Any], message_id: str | None) -> AIMessageChunk:
+        metadata = {"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name}
+        return AIMessageChunk(content="", usage_metadata=self._usage(query, len(pieces.token_ids)),
+                              chunk_position="last", response_metadata=metadata, id=message_id)  # fmt: skip
+
+    def _result(self, query: Any, pieces: AnswerStream, parts: list[str], spend: dict[str, Any],
+                message_id: str | None) -> ChatResult:  # fmt: skip
+        message = AIMessage(
+            content="".join(parts),
+            usage_metadata=self._usage(query, len(pieces.token_ids)),
+            response_metadata={"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name},
+            id=message_id,  # a streamed answer's message keeps its chunks' id, as LangChain's own streaming does
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _generate(
         self,
@@ -333,24 +402,40 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         query = _messages(messages)
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
-        parts = []
-        # where LangChain would have streamed (a streaming handler such as astream_events', or stream=True), the
-        # tokens go to the run's handlers as they come
-        streaming = run_manager is not None and super()._should_stream(async_api=False, run_manager=run_manager,
-                                                                       **kwargs)  # fmt: skip
-        message_id = f"lc_run--{run_manager.run_id}" if run_manager is not None else None
+        parts: list[str] = []
+        message_id = self._tokens_to(run_manager, kwargs, async_api=False)
         for piece in self._pieces(pieces, run_manager, spend):
             parts.append(piece)
-            if streaming and run_manager is not None:
-                chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece, id=message_id))
-                run_manager.on_llm_new_token(piece, chunk=chunk)
-        text = "".join(parts)
-        message = AIMessage(
-            content=text,
-            usage_metadata=self._usage(query, len(pieces.token_ids)),
-            response_metadata={"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name},
-        )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+            if message_id is not None and run_manager is not None:
+                run_manager.on_llm_new_token(piece, chunk=self._chunk(AIMessageChunk(content=piece, id=message_id),
+                                                                      True))  # fmt: skip
+        if message_id is not None and run_manager is not None:
+            run_manager.on_llm_new_token("", chunk=self._chunk(self._last(query, pieces, spend, message_id), True))
+        return self._result(query, pieces, parts, spend, message_id)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        # Steps in worker threads, callbacks on the caller's loop (LangChain's default would run _generate in a
+        # thread, and async handlers on a private loop there).
+        query = _messages(messages)
+        pieces = self._answer(query, stop, kwargs)
+        spend: dict[str, Any] = {}
+        parts: list[str] = []
+        message_id = self._tokens_to(run_manager, kwargs, async_api=True)
+        async for piece in self._apieces(pieces, run_manager, spend):
+            parts.append(piece)
+            if message_id is not None and run_manager is not None:
+                await run_manager.on_llm_new_token(piece, chunk=self._chunk(
+                    AIMessageChunk(content=piece, id=message_id), True))  # fmt: skip
+        if message_id is not None and run_manager is not None:
+            await run_manager.on_llm_new_token("", chunk=self._chunk(self._last(query, pieces, spend, message_id),
+                                                                     True))  # fmt: skip
+        return self._result(query, pieces, parts, spend, message_id)
 
     def _stream(
         self,
@@ -363,14 +448,28 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
         for piece in self._pieces(pieces, run_manager, spend):
-            chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            chunk = self._chunk(AIMessageChunk(content=piece), False)
             if run_manager is not None:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
-        metadata = {"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name}
-        last = AIMessageChunk(content="", usage_metadata=self._usage(query, len(pieces.token_ids)),
-                              chunk_position="last", response_metadata=metadata)  # fmt: skip
-        yield ChatGenerationChunk(message=last)
+        yield self._chunk(self._last(query, pieces, spend, None), False)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        query = _messages(messages)
+        pieces = self._answer(query, stop, kwargs)
+        spend: dict[str, Any] = {}
+        async for piece in self._apieces(pieces, run_manager, spend):
+            chunk = self._chunk(AIMessageChunk(content=piece), False)
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(piece, chunk=chunk)
+            yield chunk
+        yield self._chunk(self._last(query, pieces, spend, None), False)
 
 
 class DPICLLLM(_DPModelMixin, LLM):

@@ -10,8 +10,7 @@ included) in worker threads, so a slow answer never blocks the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -38,11 +37,11 @@ from dp_icl_plugin.methods.data import PrivateDataset
 from dp_icl_plugin.methods.decoder import AnswerStream, Decoder, Query, answer_limit
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
+from dp_icl_plugin.methods.threaded import iterate_in_threads
 
 __all__ = ["DPICL"]
 
 dispatcher = get_dispatcher(__name__)
-_DONE = object()
 
 
 class DPICL(CustomLLM):
@@ -216,7 +215,7 @@ class DPICL(CustomLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
         pieces = await asyncio.to_thread(self._open, self._prompt(prompt, formatted), kwargs)
-        return _in_threads(lambda: self._completions(pieces))
+        return iterate_in_threads(lambda: self._completions(pieces))
 
     # -- chats --------------------------------------------------------------------------------------
     def _chat_whole(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
@@ -244,26 +243,4 @@ class DPICL(CustomLLM):
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         pieces = await asyncio.to_thread(self._open, self._chat(messages), kwargs)
-        return _in_threads(lambda: self._chats(pieces))
-
-
-async def _in_threads(make: Callable[[], Any]) -> AsyncGenerator[Any, None]:
-    """An async generator over a sync one whose every step (the charge, each token) runs in a worker thread.
-
-    A cancelled consumer lets the step in flight finish before the generator is closed (a generator cannot be
-    closed while a worker runs it). Between steps the decoder is free: other answers interleave."""
-    responses = make()
-    step: asyncio.Future[Any] | None = None
-    try:
-        while True:
-            step = asyncio.ensure_future(asyncio.to_thread(next, responses, _DONE))
-            item = await asyncio.shield(step)
-            step = None
-            if item is _DONE:
-                return
-            yield item
-    finally:
-        if step is not None:
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(step)
-        responses.close()
+        return iterate_in_threads(lambda: self._chats(pieces))

@@ -1,0 +1,66 @@
+"""iterate_in_threads: async iteration over a blocking generator, every step in a worker thread, no step
+abandoned by a cancelled consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from dp_icl_plugin.methods.threaded import iterate_in_threads
+
+
+class Steps:
+    """A generator of slow steps that records where each ran and whether it was closed."""
+
+    def __init__(self, n: int, delay: float, fail_at: int | None = None) -> None:
+        self.n, self.delay, self.fail_at = n, delay, fail_at
+        self.threads: list[str] = []
+        self.finished = 0
+        self.closed = False
+
+    def __call__(self) -> Iterator[int]:
+        try:
+            for i in range(self.n):
+                self.threads.append(threading.current_thread().name)
+                time.sleep(self.delay)
+                if i == self.fail_at:
+                    raise KeyError(i)
+                self.finished += 1
+                yield i
+        finally:
+            self.closed = True
+
+
+async def test_items_in_order_each_step_off_the_loop() -> None:
+    steps = Steps(4, 0.0)
+    assert [i async for i in iterate_in_threads(steps)] == [0, 1, 2, 3]
+    assert threading.current_thread().name not in steps.threads and steps.closed
+
+
+async def test_an_error_in_a_step_reaches_the_consumer_and_closes_the_generator() -> None:
+    steps = Steps(4, 0.0, fail_at=2)
+    with pytest.raises(KeyError):
+        [i async for i in iterate_in_threads(steps)]
+    assert steps.finished == 2 and steps.closed
+
+
+@pytest.mark.parametrize("cancels", [1, 3])
+async def test_a_cancelled_consumer_lets_the_step_in_flight_finish_then_closes(cancels: int) -> None:
+    steps = Steps(5, 0.2)
+
+    async def consume() -> None:
+        async for _ in iterate_in_threads(steps):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)  # the first step is running in a worker thread
+    for _ in range(cancels):
+        task.cancel()
+        await asyncio.sleep(0.02)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert steps.finished == 1 and steps.closed  # the step ended, no further step began, the generator closed
