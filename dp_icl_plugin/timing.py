@@ -7,10 +7,16 @@ release to ``seconds`` after it starts (success and failure alike), so a caller 
 response sees the same latency whatever the private data. Streams under it release the whole answer at the
 end in one piece (a token stream's rhythm is a timing channel too).
 
+Releases under one :class:`FixedLatency` run one at a time, each whole inside its own window: run side by
+side, each window would hold the others' private computation. A release waits for the windows ahead of it
+*before* its own starts (that wait depends on how many came first, and on nothing private while every window
+ends on time), and a caller that gives up while waiting (``cancelled``) leaves before anything is charged.
+Share one instance between components that share a machine, so that they too take turns.
+
 The padding only hides what finishes in time: a release that runs past ``seconds`` returns late, and its
-lateness depends on private data. Each overrun is counted (:attr:`FixedLatency.overruns`) and logged as a
-warning (the duration only, nothing private); choose ``seconds`` above the slowest release you measured
-(:attr:`FixedLatency.slowest`) with a margin.
+lateness depends on private data; so does the wait of every release queued behind it. Each overrun is
+counted (:attr:`FixedLatency.overruns`) and logged as a warning (the duration only, nothing private); choose
+``seconds`` above the slowest release you measured (:attr:`FixedLatency.slowest`) with a margin.
 """
 
 from __future__ import annotations
@@ -24,15 +30,23 @@ from contextlib import contextmanager
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["FixedLatency", "as_fixed_latency"]
+__all__ = ["FixedLatency", "ReleaseCancelled", "as_fixed_latency"]
+
+_POLL = 0.05  # seconds between checks of a waiting caller's cancellation
 
 logger = logging.getLogger(__name__)
 
 
-class FixedLatency:
-    """Pad every release to ``seconds`` of wall-clock time (``time.monotonic``), counting overruns.
+class ReleaseCancelled(Exception):
+    """The caller gave up while its release waited for its window: nothing ran, nothing was charged."""
 
-    Share one instance between components to read their overruns together; it is thread-safe.
+
+class FixedLatency:
+    """Pad every release to ``seconds`` of wall-clock time (``time.monotonic``), one release at a time,
+    counting overruns.
+
+    Share one instance between components (they then take turns, and their overruns are read together); it
+    is thread-safe.
     """
 
     def __init__(self, seconds: float) -> None:
@@ -41,13 +55,30 @@ class FixedLatency:
         self.overruns = 0
         self.slowest = 0.0  # the longest release before padding, in seconds
         self._lock = threading.Lock()
+        self._turn = threading.Lock()  # one window at a time
 
     def __repr__(self) -> str:
         return f"FixedLatency(seconds={self.seconds}, releases={self.releases}, overruns={self.overruns})"
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
-        """Run the block, then sleep until ``seconds`` after it started (also when it raises)."""
+    def hold(self, cancelled: threading.Event | None = None) -> Iterator[None]:
+        """Wait for this release's turn, run the block, then sleep until ``seconds`` after it started (also
+        when it raises).
+
+        Raises:
+            ReleaseCancelled: ``cancelled`` was set while waiting for the turn (the block never ran).
+        """
+        while not self._turn.acquire(timeout=_POLL):
+            if cancelled is not None and cancelled.is_set():
+                raise ReleaseCancelled
+        try:
+            with self._window():
+                yield
+        finally:
+            self._turn.release()
+
+    @contextmanager
+    def _window(self) -> Iterator[None]:
         started = time.monotonic()
         try:
             yield
@@ -61,8 +92,8 @@ class FixedLatency:
                     self.overruns += 1
             if late:
                 logger.warning(
-                    "a private release took %.3f s, past its fixed latency of %.3f s: its timing is not hidden; "
-                    "raise the latency",
+                    "a private release took %.3f s, past its fixed latency of %.3f s: its timing is not hidden "
+                    "(nor the wait of releases queued behind it); raise the latency",
                     elapsed,
                     self.seconds,
                 )

@@ -4,8 +4,10 @@ tests of the selector, the DP LLM, charging, streaming and traces, on a tiny byt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
+import time
 import uuid
 from typing import Any
 
@@ -353,6 +355,80 @@ async def test_an_invoke_streamed_for_astream_events_matches_langchains_own_stre
     assert {c.id for c in chunks} == {final.id}
     assert chunks[-1].chunk_position == "last" and chunks[-1].usage_metadata == final.usage_metadata
     assert chunks[-1].response_metadata["ledger_entry"] == ledger.history()[0].id
+
+
+async def test_callers_that_give_up_while_queued_for_a_fixed_latency_window_are_not_charged() -> None:
+    from dp_icl_plugin.timing import FixedLatency
+
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=2, beta=0.5,
+                          top_k=20, fixed_latency=FixedLatency(0.5))  # fmt: skip
+    chat = ChatDPICL(decoder=decoder, seed=0)
+
+    async def impatient() -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await chat.ainvoke("hello")
+
+    started = time.monotonic()
+    await asyncio.gather(*(impatient() for _ in range(4)))
+    assert len(ledger.history()) == 1  # only the first began its window; the three queued left uncharged
+    assert time.monotonic() - started < 1.0  # the queued callers' timeouts were honoured, not 0.5 s each
+
+
+async def test_a_cancellation_during_the_spend_event_neither_repeats_nor_drops_it() -> None:
+    from langchain_core.callbacks import AsyncCallbackHandler
+
+    class SlowAudit(AsyncCallbackHandler):  # e.g. an audit log written to a database
+        def __init__(self) -> None:
+            self.started = self.done = 0
+
+        async def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+            self.started += 1
+            await asyncio.sleep(0.5)
+            self.done += 1
+
+    for call in ("ainvoke", "astream"):
+        chat, ledger = slow_chat(0.05)
+        audit, sync = SlowAudit(), SpendEvents()
+        config: Any = {"callbacks": [audit, sync]}
+        if call == "ainvoke":
+            task = asyncio.create_task(chat.ainvoke("hello", config=config))
+        else:
+            task = asyncio.create_task(asyncio.wait_for(_drain(chat.astream("hello", config=config)), 30))
+        await asyncio.sleep(0.25)  # the first step took ~0.1 s: the event is being delivered
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (audit.started, audit.done) == (1, 1), call
+        assert [e[1]["ledger_entry"] for e in sync.events] == [c.id for c in ledger.history()], call
+
+
+async def _drain(chunks: Any) -> None:
+    async for _ in chunks:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["chat", "llm"])
+async def test_the_completion_llm_also_calls_async_handlers_on_the_callers_loop(kind: str) -> None:
+    from langchain_core.callbacks import AsyncCallbackHandler
+
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[str, bool]] = []
+
+    class LoopBound(AsyncCallbackHandler):
+        async def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+            seen.append(("token", asyncio.get_running_loop() is loop))
+
+        async def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+            seen.append((name, asyncio.get_running_loop() is loop))
+
+    chat, _ = slow_chat(0.0)
+    model: Any = chat if kind == "chat" else DPICLLLM(decoder=chat.decoder, seed=0)
+    await model.ainvoke("hello", config={"callbacks": [LoopBound()]})
+    _ = [c async for c in model.astream("hello", config={"callbacks": [LoopBound()]})]
+    assert [name for name, _ in seen].count("dp_icl_spend") == 2 and ("token", True) in seen
+    assert all(on_loop for _, on_loop in seen), seen
 
 
 def test_rng_is_optional_and_a_seed_is_reproducible() -> None:

@@ -64,3 +64,42 @@ async def test_a_cancelled_consumer_lets_the_step_in_flight_finish_then_closes(c
     with pytest.raises(asyncio.CancelledError):
         await task
     assert steps.finished == 1 and steps.closed  # the step ended, no further step began, the generator closed
+
+
+def test_a_step_in_flight_when_the_loop_shuts_down_still_ends_before_the_close() -> None:
+    """asyncio.run cancels every task at its end: the step is no task, so it is neither cancelled nor
+    abandoned (closing the generator under a running thread raised ValueError)."""
+    steps = Steps(5, 0.3)
+    errors: list[BaseException] = []
+
+    async def main() -> None:
+        async def consume() -> None:
+            try:
+                async for _ in iterate_in_threads(steps):
+                    pass
+            except BaseException as exc:
+                errors.append(exc)
+                raise
+
+        asyncio.get_running_loop().create_task(consume())
+        await asyncio.sleep(0.05)  # main returns with the consumer mid-step
+
+    asyncio.run(main())
+    assert steps.finished == 1 and steps.closed
+    assert [type(e) for e in errors] == [asyncio.CancelledError]
+
+
+async def test_on_cancel_is_called_when_the_consumer_gives_up_mid_step() -> None:
+    steps = Steps(5, 0.2)
+    told: list[bool] = []
+
+    async def consume() -> None:
+        async for _ in iterate_in_threads(steps, on_cancel=lambda: told.append(True)):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert told == [True] and steps.finished == 1

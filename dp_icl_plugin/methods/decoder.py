@@ -9,6 +9,7 @@ and :class:`~dp_icl_plugin.methods.decoding.ClipBlendDecoder` implement it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -65,6 +66,7 @@ class AnswerState:
     emitted: int = 0  # characters of the decoded text already yielded
     finish_reason: str = "length"
     charge: LedgerEntry | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 class AnswerStream(Iterator[str]):
@@ -84,6 +86,12 @@ class AnswerStream(Iterator[str]):
 
     def close(self) -> None:
         self._pieces.close()
+
+    def cancel(self) -> None:
+        """Give up on this answer from any thread: if it has not begun (not charged yet; with a fixed latency,
+        still waiting for its turn), it never will, and nothing is charged. An answer under way goes on:
+        a charge, once made, is reported by whoever reads the stream."""
+        self._state.cancelled.set()
 
     @property
     def charge(self) -> LedgerEntry | None:

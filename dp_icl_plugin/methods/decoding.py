@@ -26,7 +26,9 @@ token up to its limit), so a stream never yields a token that is not paid for, a
 its pieces, so open streams (threads, async tasks, a reader that paused) interleave token by token; an answer
 with its own rng is what it would have been alone (streams sharing one rng draw from it in turn, so with a
 seed their answers depend on the interleaving; never their privacy). With ``fixed_latency`` answers run one
-at a time, each whole inside its own window (interleaved, each window would hold the others' computation).
+at a time, each whole inside its own window (interleaved, each window would hold the others' computation;
+see :mod:`dp_icl_plugin.timing`). :meth:`AnswerStream.cancel` lets a caller that gives up before its answer
+began (waiting for its window, say) leave uncharged.
 
 A query is public: a completion text, or a chat (a list of ``{"role", "content"}`` messages ending with the
 user's). A record enters a chat prompt as one earlier exchange (its text from the user, its label from the
@@ -59,7 +61,7 @@ from dp_icl_plugin.methods.clip_blend import assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import AnswerState, AnswerStream, DecodedAnswer, Query, check_query
 from dp_icl_plugin.methods.mozo import AnswerTemplate
-from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
+from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
 
 __all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query"]  # re-exported
 
@@ -94,7 +96,6 @@ class _Decoder:
         self.fixed_latency = as_fixed_latency(fixed_latency)
         self._records = [r for y in dataset.labels for r in dataset.records(y)]
         self._lock = threading.Lock()  # one token step at a time (backend, rng, tokenizer); never held across a yield
-        self._latency_lock = threading.Lock()  # fixed-latency answers: one whole answer at a time (see _run)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_tokens={self.max_tokens})"  # no record count: private under add/remove
@@ -221,16 +222,20 @@ class _Decoder:
         if self.fixed_latency is None:
             yield from self._release(prompt, limit, stops, rng, state)
             return
-        # One answer at a time, the whole answer first, then one piece at the fixed time: answers interleaved
-        # inside each other's windows would each take the others' private computation time. The wait for the
-        # window is outside it: it depends on other answers' fixed windows only.
-        with self._latency_lock, self.fixed_latency.hold():
-            text = "".join(self._release(prompt, limit, stops, rng, state))
+        # The whole answer inside its own window (one release at a time per FixedLatency), then one piece at
+        # the fixed time. A caller that gives up while waiting for its turn leaves uncharged.
+        try:
+            with self.fixed_latency.hold(cancelled=state.cancelled):
+                text = "".join(self._release(prompt, limit, stops, rng, state))
+        except ReleaseCancelled:
+            return
         if text:
             yield text
 
     def _release(self, prompt, limit, stops, rng, state: AnswerState) -> Iterator[str]:
         # The charge comes first: nothing below runs, and nothing is yielded, unless it is committed.
+        if state.cancelled.is_set():  # the caller gave up before its answer began: nothing to pay for
+            return
         state.charge = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
         tokens = self._tokens(prompt, limit, rng)
         hold = max((len(s) - 1 for s in stops), default=0)  # a tail that may still grow into a stop sequence

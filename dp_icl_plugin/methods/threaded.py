@@ -2,40 +2,53 @@
 
 Adapters serve async callers (``astream``, ``agenerate``, LlamaIndex's ``astream_*``) from the synchronous
 :class:`~dp_icl_plugin.methods.decoder.AnswerStream`. :func:`iterate_in_threads` runs every step in a worker
-thread (the event loop stays free) and never lets a cancelled consumer abandon a step in flight: the step
-(whose charge, once made, must still be reported) runs to its end before the generator is closed, however
-often the consumer is cancelled meanwhile.
+thread of its own pool (the event loop stays free, and steps that wait, such as answers queued for a fixed
+latency window, never tie up the loop's default executor) and never abandons a step in flight: a step, whose
+charge once made must still be reported, runs to its end before the generator is closed, however often the
+consumer is cancelled meanwhile, also while the loop shuts down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["iterate_in_threads"]
 
 T = TypeVar("T")
 _DONE = object()
+_STEPS = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="dp-icl-step")
 
 
-async def iterate_in_threads(make: Callable[[], Iterator[T]]) -> AsyncGenerator[T, None]:
-    """The items of ``make()``, each step run in a worker thread (``asyncio.to_thread``: in a copy of the
-    caller's context as it is at that step), the generator made in a worker thread too. On cancellation or
-    ``aclose`` the step in flight finishes first, then the generator is closed; the cancellation then goes on
-    (also one that came while waiting)."""
+async def iterate_in_threads(
+    make: Callable[[], Iterator[T]], *, on_cancel: Callable[[], None] | None = None
+) -> AsyncGenerator[T, None]:
+    """The items of ``make()``, each step run in a worker thread (in a copy of the caller's context as it is
+    at that step), the generator made in a worker thread too.
+
+    On cancellation or ``aclose`` the step in flight finishes first (``on_cancel`` is called at once, from
+    the loop, to tell it to give up if it can, e.g. :meth:`AnswerStream.cancel`), then the generator is
+    closed; the cancellation then goes on (also one that came while waiting)."""
     items: Iterator[T] | None = None
-    step: asyncio.Future | None = None
+    step: concurrent.futures.Future[Any] | None = None
     try:
-        step = _in_thread(make)
-        items = await asyncio.shield(step)
+        step = _submit(make)
+        items = await _wait(step)
         while True:
-            step = _in_thread(next, items, _DONE)
-            item = await asyncio.shield(step)
+            step = _submit(next, items, _DONE)
+            item = await _wait(step)
             step = None
             if item is _DONE:
                 return
             yield item
+    except BaseException:
+        if on_cancel is not None and step is not None and not step.done():
+            on_cancel()
+        raise
     finally:
         cancelled = False
         if step is not None:
@@ -49,17 +62,23 @@ async def iterate_in_threads(make: Callable[[], Iterator[T]]) -> AsyncGenerator[
             raise asyncio.CancelledError
 
 
-def _in_thread(func: Callable[..., object], *args: object) -> asyncio.Future:
-    return asyncio.ensure_future(asyncio.to_thread(func, *args))
+def _submit(func: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+    context = contextvars.copy_context()
+    return _STEPS.submit(functools.partial(context.run, func, *args))
 
 
-async def _finish(step: asyncio.Future) -> bool:
+async def _wait(step: concurrent.futures.Future[Any]) -> Any:
+    # a fresh asyncio future over the thread's future each time: cancelling the wait never touches the step
+    return await asyncio.shield(asyncio.wrap_future(step))
+
+
+async def _finish(step: concurrent.futures.Future[Any]) -> bool:
     """Wait for ``step`` to end, through any number of cancellations (a running thread cannot be
     interrupted); True when a cancellation came meanwhile."""
     cancelled = False
     while not step.done():
         try:
-            await asyncio.wait({step})
+            await asyncio.wait({asyncio.wrap_future(step)})
         except asyncio.CancelledError:
             cancelled = True
     if not step.cancelled():

@@ -10,10 +10,13 @@ and the generated tokens, never the private prompts' lengths.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import aclosing
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Self
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
@@ -33,6 +36,7 @@ from langchain_core.outputs import (
     LLMResult,
 )
 from langchain_core.runnables import RunnableConfig, ensure_config
+from langchain_core.utils.uuid import uuid7
 from pydantic import ConfigDict, Field
 
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
@@ -46,8 +50,46 @@ from dp_icl_plugin.methods.threaded import iterate_in_threads
 __all__ = ["DPICLLLM", "ChatDPICL"]
 
 SPEND_EVENT = "dp_icl_spend"
-# The spends of the answers a ChatDPICL.stream/astream call produced, for it to emit under its run.
-_STREAM_SPENDS: ContextVar[list[dict[str, Any]] | None] = ContextVar("dp_icl_stream_spends", default=None)
+
+
+@dataclass(frozen=True)
+class _SpendTarget:
+    """Where a run's ``dp_icl_spend`` events go: its handlers (a sync or an async manager), under its id."""
+
+    events: CallbackManager | AsyncCallbackManager
+    run_id: UUID
+
+    @classmethod
+    def of(cls, run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun) -> _SpendTarget:
+        kind = AsyncCallbackManager if isinstance(run_manager, AsyncCallbackManagerForLLMRun) else CallbackManager
+        events = kind(handlers=run_manager.handlers, parent_run_id=run_manager.parent_run_id, tags=run_manager.tags,
+                      metadata=run_manager.metadata)  # fmt: skip
+        return cls(events, run_manager.run_id)
+
+    def emit(self, payload: dict[str, Any]) -> None:
+        assert isinstance(self.events, CallbackManager)
+        self.events.on_custom_event(SPEND_EVENT, payload, run_id=self.run_id)
+
+    async def aemit(self, payload: dict[str, Any]) -> None:
+        """Deliver on the caller's loop, to the end even through cancellations (then re-raised)."""
+        if isinstance(self.events, CallbackManager):
+            self.emit(payload)
+            return
+        delivery = asyncio.ensure_future(self.events.on_custom_event(SPEND_EVENT, payload, run_id=self.run_id))
+        cancelled = False
+        while not delivery.done():
+            try:
+                await asyncio.wait({delivery})
+            except asyncio.CancelledError:
+                cancelled = True
+        delivery.result()
+        if cancelled:
+            raise asyncio.CancelledError
+
+
+# BaseChatModel.stream/astream call _stream/_astream without the run's manager: ChatDPICL.stream/astream set the
+# run's target here around their own steps only (streams may interleave in one context).
+_STREAM_TARGET: ContextVar[_SpendTarget | None] = ContextVar("dp_icl_stream_target", default=None)
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
 
 
@@ -122,64 +164,50 @@ class _DPModelMixin:
         return UsageMetadata(input_tokens=public, output_tokens=output_tokens, total_tokens=public + output_tokens)
 
     @staticmethod
-    def _payload(pieces: AnswerStream, run_manager: Any) -> tuple[dict[str, Any], Any]:
-        """The spend payload of a charged answer ({} before the charge) and the manager to emit it with: the
-        run's own handlers under its id, or None (BaseChatModel.stream gives _stream no run manager: the
-        payload then goes to the sink stream()/astream() set for this step, and they emit it)."""
-        if pieces.charge is None:
-            return {}, None
-        payload = spend_payload(pieces.charge)
-        if run_manager is None:
-            sink = _STREAM_SPENDS.get()
-            if sink is not None:
-                sink.append(payload)
-            return payload, None
-        kind = AsyncCallbackManager if isinstance(run_manager, AsyncCallbackManagerForLLMRun) else CallbackManager
-        events = kind(handlers=run_manager.handlers, parent_run_id=run_manager.parent_run_id, tags=run_manager.tags,
-                      metadata=run_manager.metadata)  # fmt: skip
-        return payload, events
+    def _target(run_manager: Any) -> _SpendTarget | None:
+        """The run's handlers, or those stream()/astream() set for this step; None: metadata only."""
+        return _STREAM_TARGET.get() if run_manager is None else _SpendTarget.of(run_manager)
 
-    def _report(self, pieces: AnswerStream, run_manager: CallbackManagerForLLMRun | None) -> dict[str, Any]:
-        """Emit ``dp_icl_spend`` for a charged answer; the same payload goes into the response metadata."""
-        payload, events = self._payload(pieces, run_manager)
-        if events is not None and run_manager is not None:
-            events.on_custom_event(SPEND_EVENT, payload, run_id=run_manager.run_id)
-        return payload
-
-    async def _areport(self, pieces: AnswerStream, run_manager: AsyncCallbackManagerForLLMRun | None) -> dict[str, Any]:
-        """:meth:`_report` for async runs: the handlers are called on the caller's event loop."""
-        payload, events = self._payload(pieces, run_manager)
-        if events is not None and run_manager is not None:
-            await events.on_custom_event(SPEND_EVENT, payload, run_id=run_manager.run_id)
-        return payload
+    @staticmethod
+    def _charged(pieces: AnswerStream, spend: dict[str, Any]) -> bool:
+        """Put a new charge's payload into ``spend`` (the response metadata); True the first time only, so
+        that each charge is reported exactly once."""
+        if spend or pieces.charge is None:
+            return False
+        spend.update(spend_payload(pieces.charge))
+        return True
 
     def _pieces(
         self, pieces: AnswerStream, run_manager: CallbackManagerForLLMRun | None, spend: dict[str, Any]
     ) -> Iterator[str]:
-        """The answer's pieces; the spend is reported once charged, even when the caller stops early."""
+        """The answer's pieces; the spend is emitted as soon as charged, even when the caller stops early."""
+        target = self._target(run_manager)
         try:
             for piece in pieces:
-                if not spend:
-                    spend.update(self._report(pieces, run_manager))
+                if self._charged(pieces, spend) and target is not None:
+                    target.emit(spend)
                 yield piece
         finally:
             pieces.close()
-            if not spend:
-                spend.update(self._report(pieces, run_manager))
+            if self._charged(pieces, spend) and target is not None:
+                target.emit(spend)
 
     async def _apieces(
         self, pieces: AnswerStream, run_manager: AsyncCallbackManagerForLLMRun | None, spend: dict[str, Any]
     ) -> AsyncIterator[str]:
-        """:meth:`_pieces` for async runs: every step (the charge, each token) in a worker thread; a step in
-        flight when the caller is cancelled finishes, and its charge is reported."""
+        """:meth:`_pieces` for async runs: every step (the charge, each token) in a worker thread, handlers on
+        the caller's loop; a caller cancelled before the charge leaves uncharged, a step in flight finishes and
+        its charge is reported."""
+        target = self._target(run_manager)
         try:
-            async for piece in iterate_in_threads(lambda: pieces):
-                if not spend:
-                    spend.update(await self._areport(pieces, run_manager))
-                yield piece
+            async with aclosing(iterate_in_threads(lambda: pieces, on_cancel=pieces.cancel)) as steps:
+                async for piece in steps:
+                    if self._charged(pieces, spend) and target is not None:
+                        await target.aemit(spend)
+                    yield piece
         finally:
-            if not spend:
-                spend.update(await self._areport(pieces, run_manager))
+            if self._charged(pieces, spend) and target is not None:
+                await target.aemit(spend)
 
 
 class ChatDPICL(_DPModelMixin, BaseChatModel):
@@ -282,74 +310,58 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         self._check_batch(inputs, return_exceptions, kwargs)
         return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
-    # BaseChatModel.stream/astream call _stream without the run's manager: the run's id is fixed here, the spends
-    # the answer reports go to a sink set for this stream's own steps only (streams may interleave in one
-    # context), and each is emitted under the run to its handlers as soon as it is charged.
-    def _run_handlers(self, config: RunnableConfig, manager: Any) -> Any:
-        return manager.configure(config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"),
-                                 self.tags, config.get("metadata"), self.metadata)  # fmt: skip
-
-    @staticmethod
-    def _with_run_id(config: RunnableConfig | None) -> tuple[RunnableConfig, UUID]:
+    # BaseChatModel.stream/astream call _stream/_astream without the run's manager: the run's id is fixed here,
+    # and the run's handlers are set as the spend target around this stream's own steps.
+    def _stream_target(self, config: RunnableConfig, manager: Any) -> tuple[RunnableConfig, _SpendTarget]:
         config = ensure_config(config)
-        run_id = config.get("run_id") or uuid4()
-        return {**config, "run_id": run_id}, run_id
+        run_id = config.get("run_id") or uuid7()
+        events = manager.configure(config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"),
+                                   self.tags, config.get("metadata"), self.metadata)  # fmt: skip
+        return {**config, "run_id": run_id}, _SpendTarget(events, run_id)
 
     def stream(
         self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
     ) -> Iterator[Any]:
-        config, run_id = self._with_run_id(config)
-        spends: list[dict[str, Any]] = []
+        config, target = self._stream_target(ensure_config(config), CallbackManager)
         chunks = super().stream(input, config, stop=stop, **kwargs)
-        events = self._run_handlers(config, CallbackManager)
         try:
             while True:
-                sink = _STREAM_SPENDS.set(spends)
+                token = _STREAM_TARGET.set(target)
                 try:
                     chunk = next(chunks, None)
                 finally:
-                    _STREAM_SPENDS.reset(sink)
-                while spends:
-                    events.on_custom_event(SPEND_EVENT, spends.pop(0), run_id=run_id)
+                    _STREAM_TARGET.reset(token)
                 if chunk is None:
                     return
                 yield chunk
         finally:
-            sink = _STREAM_SPENDS.set(spends)
+            token = _STREAM_TARGET.set(target)
             try:
                 chunks.close()  # a stream closed early still reports a charge it made
             finally:
-                _STREAM_SPENDS.reset(sink)
-            for payload in spends:
-                events.on_custom_event(SPEND_EVENT, payload, run_id=run_id)
+                _STREAM_TARGET.reset(token)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, *, stop: list[str] | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        config, run_id = self._with_run_id(config)
-        spends: list[dict[str, Any]] = []
+        config, target = self._stream_target(ensure_config(config), AsyncCallbackManager)
         chunks = super().astream(input, config, stop=stop, **kwargs)
-        events = self._run_handlers(config, AsyncCallbackManager)
         try:
             while True:
-                sink = _STREAM_SPENDS.set(spends)
+                token = _STREAM_TARGET.set(target)
                 try:
                     chunk = await anext(chunks, None)
                 finally:
-                    _STREAM_SPENDS.reset(sink)
-                while spends:
-                    await events.on_custom_event(SPEND_EVENT, spends.pop(0), run_id=run_id)
+                    _STREAM_TARGET.reset(token)
                 if chunk is None:
                     return
                 yield chunk
         finally:
-            sink = _STREAM_SPENDS.set(spends)
+            token = _STREAM_TARGET.set(target)
             try:
                 await chunks.aclose()
             finally:
-                _STREAM_SPENDS.reset(sink)
-            for payload in spends:
-                await events.on_custom_event(SPEND_EVENT, payload, run_id=run_id)
+                _STREAM_TARGET.reset(token)
 
     def _should_stream(self, *, async_api: bool, run_manager: Any = None, **kwargs: Any) -> bool:
         # Inside a run (invoke, batch, generate) LangChain would stream through _stream without the run's manager
@@ -543,6 +555,25 @@ class DPICLLLM(_DPModelMixin, LLM):
             generations.append([Generation(text=text, generation_info=info)])
         return LLMResult(generations=generations)
 
+    async def _agenerate(
+        self,
+        prompts: list[str],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> LLMResult:
+        # steps in worker threads, handlers on the caller's loop (LangChain's default runs _generate in a thread)
+        for prompt in prompts:
+            self._check(prompt, stop, kwargs)
+        generations = []
+        for prompt in prompts:
+            pieces = self._answer(prompt, stop, kwargs)
+            spend: dict[str, Any] = {}
+            text = "".join([piece async for piece in self._apieces(pieces, run_manager, spend)])
+            generations.append([Generation(text=text, generation_info={"finish_reason": pieces.finish_reason,
+                                                                       **spend})])  # fmt: skip
+        return LLMResult(generations=generations)
+
     def _call(
         self,
         prompt: str,
@@ -565,5 +596,21 @@ class DPICLLLM(_DPModelMixin, LLM):
             chunk = GenerationChunk(text=piece)
             if run_manager is not None:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
+            yield chunk
+        yield GenerationChunk(text="", generation_info={"finish_reason": pieces.finish_reason, **spend})
+
+    async def _astream(
+        self,
+        prompt: str,
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        pieces = self._answer(prompt, stop, kwargs)
+        spend: dict[str, Any] = {}
+        async for piece in self._apieces(pieces, run_manager, spend):
+            chunk = GenerationChunk(text=piece)
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
         yield GenerationChunk(text="", generation_info={"finish_reason": pieces.finish_reason, **spend})

@@ -215,7 +215,7 @@ class DPICL(CustomLLM):
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
         pieces = await asyncio.to_thread(self._open, self._prompt(prompt, formatted), kwargs)
-        return iterate_in_threads(lambda: self._completions(pieces))
+        return iterate_in_threads(lambda: self._completions(pieces), on_cancel=pieces.cancel)
 
     # -- chats --------------------------------------------------------------------------------------
     def _chat_whole(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
@@ -243,4 +243,4 @@ class DPICL(CustomLLM):
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         pieces = await asyncio.to_thread(self._open, self._chat(messages), kwargs)
-        return iterate_in_threads(lambda: self._chats(pieces))
+        return iterate_in_threads(lambda: self._chats(pieces), on_cancel=pieces.cancel)
