@@ -43,12 +43,13 @@ from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant,
 from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, PostgresStore, SQLiteStore
+from dp_icl_plugin.accounting.stores.pg_connection import POSTGRES_SCHEMES
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
 
 __all__ = ["BudgetManager", "LedgerEntry"]
 
 MAX_LABEL_LENGTH = 200
-_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+_POSTGRES_SCHEMES = POSTGRES_SCHEMES
 
 
 @dataclass(frozen=True)

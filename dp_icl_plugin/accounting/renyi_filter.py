@@ -1,4 +1,5 @@
-"""The durable individual Rényi filter: per-unit spend in one SQLite file (or in memory), charged atomically.
+"""The durable individual Rényi filter: per-unit spend in one SQLite file, in PostgreSQL (shared by hosts) or
+in memory, charged atomically.
 
 See :mod:`dp_icl_plugin.accounting.individual_filter` for the privacy argument. A *unit* is whatever the
 budget protects: one record, or one person (all records sharing a user id). Units are non-negative
@@ -7,7 +8,9 @@ integers chosen by the caller (the private index uses its record or person ids).
 Each :meth:`RenyiFilter.charge` is one ``BEGIN IMMEDIATE`` transaction: it reads the units' spend, admits
 exactly those that can pay, adds the cost to them and commits; concurrent processes sharing the file are
 serialised by SQLite's write lock, so no unit is ever admitted past its budget. The spend is kept as one
-float64 row per unit (one column per order), read and written only for the units a release touches.
+float64 row per unit (one column per order), read and written only for the units a release touches. On
+PostgreSQL (``path`` a ``postgresql://`` URL) the same transaction locks only the rows of the units it
+charges (:mod:`dp_icl_plugin.accounting.stores.filter_postgres`): hosts serialise per unit.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
+from dp_icl_plugin.accounting.stores.filter_postgres import PostgresFilterStore
+from dp_icl_plugin.accounting.stores.pg_connection import is_postgres_url, mask_dsn
 from dp_icl_plugin.accounting.stores.sqlite_file import SQLiteFile
 from dp_icl_plugin.errors import (
     ConfigurationError,
@@ -43,7 +48,8 @@ class RenyiFilter:
 
     Args:
         budget: each unit's lifetime budget. May be omitted when opening an existing file.
-        path: an SQLite file (created when missing and a budget is given), or ``None`` for memory only.
+        path: an SQLite file (created when missing and a budget is given), a ``postgresql://`` URL (the rows
+            of this ``owner`` in that database, shared by every host), or ``None`` for memory only.
         owner: an identifier of what the units belong to (e.g. the private index's id); a file made for
             another owner is refused with :class:`FilterMismatchError`.
         busy_timeout: seconds to wait for another process's charge.
@@ -61,13 +67,20 @@ class RenyiFilter:
             raise ConfigurationError("budget must be an IndividualBudget")
         if not isinstance(owner, str):
             raise ConfigurationError("owner must be a string")
-        self.path = None if path is None else Path(path)
         self.owner = owner
-        self._file = (
-            None
-            if path is None
-            else SQLiteFile(path, kind="filter", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
-        )
+        self.url: str | None = None  # the database, password masked, for a filter on PostgreSQL
+        self._pg: PostgresFilterStore | None = None
+        self._file: SQLiteFile | None = None
+        if is_postgres_url(path):
+            self.path = None
+            self.url = mask_dsn(str(path))
+            self._pg = PostgresFilterStore(str(path), owner=owner, decode_row=self._row, lock_timeout=busy_timeout)
+            self._lock = self._pg.lock
+            self.budget = self._pg.open(budget)
+            return
+        self.path = None if path is None else Path(path)
+        if path is not None:
+            self._file = SQLiteFile(path, kind="filter", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
         self._lock = threading.RLock() if self._file is None else self._file.lock
         if self.path is None:
             if budget is None:
@@ -78,7 +91,7 @@ class RenyiFilter:
             self.budget = self._open(budget)
 
     def __repr__(self) -> str:
-        where = "memory" if self.path is None else str(self.path)
+        where = self.url or ("memory" if self.path is None else str(self.path))
         return f"RenyiFilter(epsilon={self.budget.epsilon}, delta={self.budget.delta}, at={where!r})"
 
     # -- charging ---------------------------------------------------------------------------------
@@ -96,22 +109,32 @@ class RenyiFilter:
         """
         ids = self._units(units)
         rdp_cost, delta_cost = self._costs(cost, len(ids))
-        with self._transaction() as (read, write):
+
+        def admit(read, write) -> np.ndarray:
             spent, spent_delta = read(ids)
             ok = admissible(self.budget, spent, spent_delta, rdp_cost, delta_cost)
             if ok.any():
                 write(ids[ok], (spent + rdp_cost)[ok], (spent_delta + delta_cost)[ok])
-        return ok
+            return ok
+
+        if self._pg is not None:
+            return self._pg.atomically(len(self.budget.orders), admit)
+        with self._transaction() as (read, write):
+            return admit(read, write)
 
     # -- reading ----------------------------------------------------------------------------------
     def spent(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Accumulated RDP (n, n_orders) and approximate δ (n,) of ``units`` (zeros for unseen units)."""
         ids = self._units(units, distinct=False)
+        if self._pg is not None:
+            return self._pg.atomically(len(self.budget.orders), lambda read, _: read(ids), write=False)
         with self._transaction(write=False) as (read, _):
             return read(ids)
 
     def all_spent(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(unit ids, RDP spend, approximate δ spend) of every unit charged at least once."""
+        if self._pg is not None:
+            return self._decode_rows(self._pg.all_rows())
         if self.path is None:
             with self._lock:
                 ids = np.array(sorted(self._memory), dtype=np.int64)
@@ -144,6 +167,8 @@ class RenyiFilter:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+        if self._pg is not None:
+            self._pg.close()
 
     # -- internals --------------------------------------------------------------------------------
     def _units(self, units: np.ndarray, *, distinct: bool = True) -> np.ndarray:

@@ -11,15 +11,11 @@ error message.
 
 from __future__ import annotations
 
-import os
-import re
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
 from dp_icl_plugin.accounting.stores.base import (
@@ -29,6 +25,7 @@ from dp_icl_plugin.accounting.stores.base import (
     LedgerTransaction,
     stored_budget,
 )
+from dp_icl_plugin.accounting.stores.pg_connection import PostgresConnection, mask_dsn
 from dp_icl_plugin.errors import (
     ConfigurationError,
     LedgerCorruptError,
@@ -60,32 +57,6 @@ _PROBES = (
     "SELECT id, ledger_id, key, count FROM dp_icl_events LIMIT 0",
     "SELECT id, ledger_id, ts, label, event_id, certified_epsilon FROM dp_icl_entries LIMIT 0",
 )
-_KV_PASSWORD = re.compile(r"(?i)\bpassword\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)")
-
-
-def mask_dsn(dsn: str) -> str:
-    """``dsn`` with its password (URL user info, ``?password=`` or ``password=...``) replaced by ``***``."""
-    if "://" not in dsn:
-        return _KV_PASSWORD.sub("password=***", dsn)
-    parts = urlsplit(dsn)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":***"
-        netloc = f"{userinfo}@{host}"
-    query = re.sub(r"(?i)(^|&)password=[^&]*", r"\1password=***", parts.query)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError:
-        raise ImportError("PostgresStore needs psycopg 3: pip install 'dp-icl-plugin[postgres]'") from None
-    return psycopg
-
-
 class _PostgresTransaction(LedgerTransaction):
     def __init__(self, conn: Any, ledger_id: int) -> None:
         self._conn = conn
@@ -124,75 +95,32 @@ class PostgresStore(LedgerStore):
     def __init__(
         self, dsn: str, *, ledger: str = "default", connect_timeout: float = 10.0, lock_timeout: float = 60.0
     ) -> None:
-        if not isinstance(dsn, str) or not dsn.strip():
-            raise ConfigurationError("dsn must be a non-empty PostgreSQL connection string")
         if not isinstance(ledger, str) or not ledger.strip() or len(ledger) > 200 or not ledger.isprintable():
             raise ConfigurationError("ledger must be a non-empty name of at most 200 printable characters")
-        self._pg = _psycopg()
-        self._dsn = dsn
         self.ledger = ledger
-        self.connect_timeout = float(connect_timeout)
-        self.lock_timeout = float(lock_timeout)
-        self._lock = threading.RLock()
-        self._conn: Any = None
-        self._pid = 0
+        self._db = PostgresConnection(dsn, what=f"ledger {ledger!r}", kind="dp-icl ledger",
+                                      connect_timeout=connect_timeout, lock_timeout=lock_timeout)  # fmt: skip
+        self._pg = self._db.pg
+        self._dsn = dsn
+        self.connect_timeout = self._db.connect_timeout
+        self.lock_timeout = self._db.lock_timeout
+        self._lock = self._db.lock
         self._ledger_id: int | None = None
-        try:
-            self._password = self._pg.conninfo.conninfo_to_dict(dsn).get("password") or None
-        except self._pg.ProgrammingError:
-            raise ConfigurationError(f"invalid PostgreSQL connection string {mask_dsn(dsn)!r}") from None
 
     def __repr__(self) -> str:
         return f"PostgresStore({mask_dsn(self._dsn)!r}, ledger={self.ledger!r})"
 
     def _where(self) -> str:
-        return f"ledger {self.ledger!r} at {mask_dsn(self._dsn)}"
-
-    def _scrub(self, exc: Exception) -> str:
-        diag = getattr(exc, "diag", None)  # the server's own message, without the echoed statement
-        text = " ".join(str(getattr(diag, "message_primary", None) or exc).split())
-        return text.replace(self._password, "***") if self._password else text
+        return self._db.where()
 
     def _fail(self, exc: Exception) -> LedgerError:
-        """The typed error for a failed psycopg call (with the password scrubbed)."""
-        text = self._scrub(exc)
-        errors = self._pg.errors
-        if isinstance(exc, errors.LockNotAvailable):
-            return LedgerError(f"{self._where()} stayed locked for {self.lock_timeout:g}s: {text}")
-        if isinstance(exc, (errors.UndefinedTable, errors.UndefinedColumn, errors.DatatypeMismatch)):
-            return LedgerFormatError(f"the dp_icl_* tables at {mask_dsn(self._dsn)} are not a dp-icl ledger: {text}")
-        if isinstance(exc, (self._pg.DataError, self._pg.IntegrityError)):
-            return LedgerCorruptError(f"{self._where()} is damaged: {text}")
-        return LedgerError(f"PostgreSQL {self._where()} failed: {text}")
+        return self._db.fail(exc)
 
     def _connection(self) -> Any:
-        if self._conn is not None and self._pid != os.getpid():  # never reuse a connection across fork()
-            self._conn = None  # psycopg leaves a connection made in another process open for its owner
-        if self._conn is None or self._conn.closed:  # also after a lost connection: reconnect
-            conn = None
-            try:
-                conn = self._pg.connect(self._dsn, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
-                # READ COMMITTED: each statement after the row lock sees every charge committed before it.
-                conn.isolation_level = self._pg.IsolationLevel.READ_COMMITTED
-                conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{round(self.lock_timeout * 1000)}ms",))
-            except self._pg.Error as exc:
-                if conn is not None:
-                    conn.close()
-                raise LedgerError(f"cannot connect to PostgreSQL {self._where()}: {self._scrub(exc)}") from None
-            self._conn, self._pid = conn, os.getpid()
-        return self._conn
+        return self._db.get()
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
-                self._conn.close()
-            self._conn = None
-
-    def __del__(self) -> None:  # like an sqlite3 connection: an unclosed store closes quietly
-        conn = getattr(self, "_conn", None)
-        if conn is not None and getattr(self, "_pid", 0) == os.getpid():
-            with suppress(Exception):
-                conn.close()
+        self._db.close()
 
     # -- set-up -----------------------------------------------------------------------------------
     def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:

@@ -1,0 +1,157 @@
+"""The individual Rényi filter's per-unit spend in PostgreSQL, shared by every host that serves one index.
+
+A charge is one READ COMMITTED transaction: it makes sure every unit it touches has a row (inserted at zero
+spend, ``ON CONFLICT DO NOTHING``), locks those rows (``SELECT ... FOR UPDATE``, in unit order so that two
+hosts charging overlapping units never deadlock), reads their spend, and writes the admitted units' new
+spend before it commits. Hosts therefore serialise per unit, not per index: charges of disjoint units run
+in parallel, and no unit is ever admitted past its budget. The spend rows are keyed by the filter's owner
+(the private index's id); the budget is stored once per owner and checked on every open.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget
+from dp_icl_plugin.accounting.stores.pg_connection import PostgresConnection, mask_dsn
+from dp_icl_plugin.errors import FilterMismatchError, LedgerCorruptError, LedgerError
+
+__all__ = ["FILTER_SCHEMA", "PostgresFilterStore"]
+
+FILTER_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS dp_icl_filters (owner text PRIMARY KEY, budget text NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS dp_icl_filter_units (owner text NOT NULL REFERENCES dp_icl_filters(owner),"
+    " unit bigint NOT NULL CHECK (unit >= 0), spent bytea NOT NULL, spent_delta double precision NOT NULL"
+    " CHECK (spent_delta >= 0), PRIMARY KEY (owner, unit))",
+)
+T = TypeVar("T")
+_CREATE_LOCK = 0x44504946  # pg_advisory_xact_lock key ("DPIF"): one creator of the tables at a time
+_RETRIES = 5  # a deadlock or serialisation failure (rolled back by the server) is retried this many times
+
+Read = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+Write = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+class PostgresFilterStore:
+    """Per-unit spend rows of one filter (``owner``) in a PostgreSQL database.
+
+    Args:
+        dsn: the database (the same one as the index's records and, usually, the ledger).
+        owner: the filter's owner (the private index's id).
+        decode_row: checks and decodes one stored spend row (the filter's own rule).
+    """
+
+    def __init__(
+        self, dsn: str, *, owner: str, decode_row: Callable[[bytes], np.ndarray], connect_timeout: float = 10.0,
+        lock_timeout: float = 60.0,
+    ) -> None:  # fmt: skip
+        self.owner = owner
+        self._decode = decode_row
+        self._db = PostgresConnection(dsn, what=f"privacy filter of index {owner}", kind="dp-icl privacy filter",
+                                      connect_timeout=connect_timeout, lock_timeout=lock_timeout)  # fmt: skip
+        self.lock = self._db.lock
+
+    def __repr__(self) -> str:
+        return f"PostgresFilterStore({mask_dsn(self._db.dsn)!r}, owner={self.owner!r})"
+
+    def open(self, budget: IndividualBudget | None) -> IndividualBudget:
+        """Create the filter with ``budget``, or read the stored one (checked against ``budget`` when given)."""
+        with self.lock:
+            conn = self._db.get()
+            try:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
+                    for statement in FILTER_SCHEMA:
+                        conn.execute(statement)
+                    row = conn.execute("SELECT budget FROM dp_icl_filters WHERE owner = %s", (self.owner,)).fetchone()
+                    if row is None:
+                        if budget is None:
+                            raise LedgerError(f"no {self._db.where()}; create one with a budget first")
+                        conn.execute("INSERT INTO dp_icl_filters (owner, budget) VALUES (%s, %s)",
+                                     (self.owner, json.dumps(budget.to_dict())))  # fmt: skip
+                        return budget
+            except self._db.pg.Error as exc:
+                raise self._db.fail(exc) from None
+        try:
+            stored = IndividualBudget.from_dict(json.loads(row[0]))
+        except (KeyError, ValueError, TypeError):
+            raise LedgerCorruptError(f"{self._db.where()} has no valid budget record") from None
+        if budget is not None and budget != stored:
+            raise FilterMismatchError(
+                f"{self._db.where()} was made with epsilon={stored.epsilon}, delta={stored.delta}; "
+                f"refusing to use it with epsilon={budget.epsilon}, delta={budget.delta}"
+            )
+        return stored
+
+    def atomically(self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True) -> T:
+        """``work(read, write)`` inside one transaction; in a write transaction ``read`` locks the rows it reads
+        (creating missing ones at zero), so nothing else changes them before the commit. A deadlock or
+        serialisation failure (rolled back whole by the server) is retried."""
+        with self.lock:
+            conn = self._db.get()
+            for attempt in range(_RETRIES):
+                try:
+                    with conn.transaction():
+                        return work(self._reader(conn, orders, lock=write), self._writer(conn))
+                except (self._db.pg.errors.DeadlockDetected, self._db.pg.errors.SerializationFailure) as exc:
+                    if attempt + 1 == _RETRIES:
+                        raise self._db.fail(exc) from None
+                except self._db.pg.Error as exc:
+                    raise self._db.fail(exc) from None
+            raise AssertionError("unreachable")
+
+    def all_rows(self) -> list[tuple[int, bytes, float]]:
+        with self.lock:
+            try:
+                return [(int(u), bytes(b), float(d)) for u, b, d in self._db.get().execute(
+                    "SELECT unit, spent, spent_delta FROM dp_icl_filter_units WHERE owner = %s ORDER BY unit",
+                    (self.owner,)).fetchall()]  # fmt: skip
+            except self._db.pg.Error as exc:
+                raise self._db.fail(exc) from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _reader(self, conn: Any, orders: int, *, lock: bool) -> Read:
+        def read(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            distinct = sorted({int(u) for u in ids.tolist()})
+            if lock and distinct:
+                zero = np.zeros(orders, dtype="<f8").tobytes()
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta) VALUES (%s, %s, %s, 0)"
+                        " ON CONFLICT (owner, unit) DO NOTHING",
+                        [(self.owner, u, zero) for u in distinct],
+                    )
+            rows = conn.execute(
+                "SELECT unit, spent, spent_delta FROM dp_icl_filter_units WHERE owner = %s AND unit = ANY(%s)"
+                " ORDER BY unit" + (" FOR UPDATE" if lock else ""),
+                (self.owner, distinct),
+            ).fetchall()
+            found = {int(u): (self._decode(bytes(b)), float(d)) for u, b, d in rows}
+            spent = np.zeros((len(ids), orders))
+            spent_delta = np.zeros(len(ids))
+            for i, unit in enumerate(ids.tolist()):
+                if unit in found:
+                    spent[i], spent_delta[i] = found[unit]
+            return spent, spent_delta
+
+        return read
+
+    def _writer(self, conn: Any) -> Write:
+        def write(ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
+            rows = [(row.astype("<f8").tobytes(), float(d), self.owner, int(u))
+                    for u, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)]  # fmt: skip
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO dp_icl_filter_units (spent, spent_delta, owner, unit) VALUES (%s, %s, %s, %s)"
+                    " ON CONFLICT (owner, unit) DO UPDATE"
+                    " SET spent = excluded.spent, spent_delta = excluded.spent_delta",
+                    rows,
+                )
+
+        return write
