@@ -261,3 +261,36 @@ def test_framework_embeddings_are_embedders(tmp_path: Path, framework: str) -> N
     index.add(["alpha record", "beta record", "gamma record"])
     assert index.dim == 16 and len(index.search(embed_texts(make(), ["alpha record"])[0], 2).ids) == 2
     assert len(PrivateIndex.open(tmp_path / "ix", embedder=make())) == 3
+
+
+def test_copies_sharing_a_directory_see_each_others_records(tmp_path: Path) -> None:
+    emb = TableEmbedder()
+    a = PrivateIndex(budget=BUDGET, embedder=emb, path=tmp_path / "ix")
+    first = a.add([f"r{i}" for i in range(4)])
+    b = PrivateIndex.open(tmp_path / "ix", embedder=emb)  # another process's copy
+    added = b.add(["r4", "r5"])
+    query = emb(["r4"])[0]
+    assert set(added) <= set(a.search(query, 6).ids.tolist())  # a refreshed before searching
+    a.remove(first[:2])
+    assert not set(first[:2]) & set(b.within(query, -1.0).ids.tolist())
+    assert len(a) == len(b) == 4
+    assert [r.text for r in b.records(added)] == ["r4", "r5"]
+
+
+def test_a_schema_1_index_is_upgraded_on_open(tmp_path: Path) -> None:
+    import sqlite3
+
+    index, emb = make_index(4)
+    index.save(tmp_path / "ix")
+    conn = sqlite3.connect(tmp_path / "ix" / "records.sqlite")  # back to the layout of schema 1
+    with conn:
+        conn.execute("ALTER TABLE records DROP COLUMN version")
+        conn.execute("DROP TABLE deletions")
+        conn.execute("DELETE FROM meta WHERE key = 'version'")
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    old = PrivateIndex.open(tmp_path / "ix", embedder=emb)
+    assert len(old) == 4
+    old.add(["r9"])
+    old.remove(old.search(emb(["r0"])[0], 1).ids)
+    assert len(PrivateIndex.open(tmp_path / "ix", embedder=emb)) == 4

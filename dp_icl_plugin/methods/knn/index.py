@@ -12,14 +12,24 @@ filter inside its own transaction, so another process's charges are always respe
 
 On disk an index is a directory: ``records.sqlite`` (text, label, answer, user id and embedding of every
 record; the source of truth, FAISS is rebuilt from it on :meth:`PrivateIndex.open`) and ``filter.sqlite``
-(per-unit spend, bound to this index by its id). Removing a record deletes its text and embedding.
+(per-unit spend, bound to this index by its id). Or it lives in a PostgreSQL database (``path`` a
+``postgresql://`` URL, the index named ``name``), records and per-unit spend shared by every host that serves
+it (:mod:`dp_icl_plugin.methods.knn.stores.postgres`, :mod:`dp_icl_plugin.accounting.stores.filter_postgres`).
+Removing a record deletes its text and embedding.
+
+**Several processes or hosts.** Each keeps its own FAISS copy and, before every search, applies the records
+added and removed since the store version it last saw (one query when nothing changed). Between that check
+and the release a copy may be stale, and that is safe: a record added meanwhile is no candidate (it pays
+nothing and takes no part), a record removed meanwhile may still be a candidate and pay, but it is dropped
+before its text is read (:meth:`PrivateIndex.present`), and a unit that another host exhausted is refused by
+the filter's own transaction, which locks that unit's row. A stale copy can only make a unit pay when it
+need not, never let one take part without paying or past its budget.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -32,7 +42,8 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
-from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError, LedgerFormatError
+from dp_icl_plugin.accounting.stores.pg_connection import is_postgres_url
+from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError
 from dp_icl_plugin.methods.knn.embedding import (
     default_embedder,
     embed_texts,
@@ -40,20 +51,14 @@ from dp_icl_plugin.methods.knn.embedding import (
     embedder_name,
     same_embedder,
 )
+from dp_icl_plugin.methods.knn.stores.base import Changes, IndexMeta, RecordStore, StoredRecord
+from dp_icl_plugin.methods.knn.stores.postgres import PostgresRecordStore
+from dp_icl_plugin.methods.knn.stores.sqlite import SQLiteRecordStore
 
 __all__ = ["Candidates", "PrivateIndex", "StoredRecord"]
 
 RECORDS_FILE = "records.sqlite"
 FILTER_FILE = "filter.sqlite"
-APPLICATION_ID = 0x44504958  # "DPIX"
-SCHEMA_VERSION = 1
-
-_SCHEMA = (
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE users (unit INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL UNIQUE)",
-    "CREATE TABLE records (id INTEGER PRIMARY KEY AUTOINCREMENT, unit INTEGER NOT NULL, text TEXT NOT NULL, "
-    "label TEXT, answer TEXT, embedding BLOB NOT NULL)",
-)
 
 
 def _faiss():
@@ -79,19 +84,6 @@ class Candidates:
 
     def take(self, mask: np.ndarray) -> Candidates:
         return Candidates(self.ids[mask], self.similarities[mask])
-
-
-@dataclass(frozen=True)
-class StoredRecord:
-    """One private record as stored (internal: the private text never leaves through a repr)."""
-
-    id: int
-    text: str
-    label: str | None
-    answer: str | None
-
-    def __repr__(self) -> str:
-        return f"StoredRecord(id={self.id}, label={'set' if self.label is not None else None})"
 
 
 def _optional_column(name: str, values: Sequence[object] | None, n: int) -> list[str | None]:
@@ -120,9 +112,13 @@ class PrivateIndex:
             the offline all-MiniLM-L6-v2.
         group_by_user: protect people instead of records: all records with one user id share one budget
             (and every record must then have a user id).
-        path: a directory to keep the index in (created; must not hold an index yet), or ``None`` for
+        path: a directory to keep the index in (created; must not hold an index yet), a ``postgresql://``
+            URL (the index ``name`` in that database, shared by every host that opens it), or ``None`` for
             memory only (:meth:`save` writes it out later).
+        name: the index's name in a PostgreSQL database (several indexes may share one).
     """
+
+    _version: int  # the store version this process's FAISS copy reflects
 
     def __init__(
         self,
@@ -131,6 +127,7 @@ class PrivateIndex:
         embedder: object | None = None,
         group_by_user: bool = False,
         path: str | os.PathLike[str] | None = None,
+        name: str = "default",
     ) -> None:
         if not isinstance(budget, IndividualBudget):
             raise ConfigurationError("budget must be an IndividualBudget")
@@ -142,45 +139,67 @@ class PrivateIndex:
         self.embedder_name = embedder_name(self._embedder)
         self._fingerprint = embedder_fingerprint(self._embedder)  # before anything is stored
         self.dim: int | None = None
-        self.path = None if path is None else Path(path)
         self._lock = threading.RLock()
-        if self.path is not None:
-            self._claim_directory(self.path)
-        self._conn = self._connect(None if self.path is None else self.path / RECORDS_FILE)
-        self._create_schema()
-        self.filter = RenyiFilter(budget, path=None if self.path is None else self.path / FILTER_FILE, owner=self.id)
+        meta = IndexMeta(self.id, group_by_user, self.embedder_name, json.dumps(self._fingerprint), None)
+        if is_postgres_url(path):
+            self.path = None
+            store: RecordStore = PostgresRecordStore(str(path), name=name)
+            store.create(meta)  # type: ignore[attr-defined]
+            filter_at: str | Path | None = str(path)
+        else:
+            self.path = None if path is None else Path(path)
+            if self.path is not None:
+                self._claim_directory(self.path)
+            store = SQLiteRecordStore(None if self.path is None else self.path / RECORDS_FILE)
+            store.create(meta)  # type: ignore[attr-defined]
+            filter_at = None if self.path is None else self.path / FILTER_FILE
+        self._store = store
+        self.filter = RenyiFilter(budget, path=filter_at, owner=self.id)
         self._init_memory()
 
     # -- opening ----------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, embedder: object | None = None) -> PrivateIndex:
-        """Load an index directory written by this class (records, FAISS vectors and filter state).
+    def open(
+        cls, path: str | os.PathLike[str], *, embedder: object | None = None, name: str = "default"
+    ) -> PrivateIndex:
+        """Load an index written by this class: a directory, or the index ``name`` in a PostgreSQL database
+        (``path`` a ``postgresql://`` URL); its records become this process's FAISS copy.
 
         Raises:
             LedgerError: no index there; LedgerFormatError: not an index; FilterMismatchError: its filter
-            file belongs to another index; ConfigurationError: the embedder differs from the index's.
+            belongs to another index; ConfigurationError: the embedder differs from the index's.
         """
-        root = Path(path)
-        records = root / RECORDS_FILE
-        if not records.is_file():
-            raise LedgerError(f"no private index at {root} (missing {RECORDS_FILE})")
         self = cls.__new__(cls)
-        self.path = root
         self._lock = threading.RLock()
-        self._conn = self._connect(records)
-        meta = self._read_meta()
-        self.id = meta["id"]
-        self.group_by_user = meta["group_by_user"] == "1"
-        self.dim = int(meta["dim"]) if meta.get("dim") else None
-        self.embedder_name = meta["embedder"]
+        if is_postgres_url(path):
+            self.path = None
+            store = PostgresRecordStore(str(path), name=name)
+            meta = store.open()
+            self._store = store
+            filter_at: str | Path = str(path)
+        else:
+            root = Path(path)
+            if not (root / RECORDS_FILE).is_file():
+                raise LedgerError(f"no private index at {root} (missing {RECORDS_FILE})")
+            self.path = root
+            sqlite_store = SQLiteRecordStore(root / RECORDS_FILE)
+            sqlite_store.check()
+            self._store = sqlite_store
+            meta = sqlite_store.meta()
+            filter_at = root / FILTER_FILE
+        self.id = meta.id
+        self.group_by_user = meta.group_by_user
+        self.dim = meta.dim
+        self.embedder_name = meta.embedder
         self._embedder = embedder if embedder is not None else default_embedder()
-        self._fingerprint = self._check_embedder(meta.get("embedder_fingerprint"))
-        if not (root / FILTER_FILE).is_file():
-            raise LedgerCorruptError(f"private index {root} has no {FILTER_FILE}: its privacy spend is missing")
-        self.filter = RenyiFilter(path=root / FILTER_FILE, owner=self.id)
+        self._fingerprint = self._check_embedder(meta.fingerprint)
+        if isinstance(filter_at, Path) and not filter_at.is_file():
+            raise LedgerCorruptError(f"private index {self.path} has no {FILTER_FILE}: its privacy spend is missing")
+        self.filter = RenyiFilter(path=filter_at, owner=self.id)
         self._init_memory()
-        self._load_vectors()
-        self._restore_floor(meta.get("floor"))
+        self._version = -1  # before any change: the first refresh loads every record (schema-1 ones are at 0)
+        self.refresh()
+        self._restore_floor(meta.floor)
         return self
 
     def _check_embedder(self, stored: str | None) -> list[list[float]]:
@@ -206,15 +225,11 @@ class PrivateIndex:
     def save(self, path: str | os.PathLike[str]) -> PrivateIndex:
         """Write an in-memory index (records, vectors, filter state) to a new directory; returns it opened."""
         with self._lock:
-            if self.path is not None:
-                raise ConfigurationError(f"this index already lives in {self.path}; it is saved on every change")
+            if self.path is not None or not isinstance(self._store, SQLiteRecordStore):
+                raise ConfigurationError(f"this index already lives in {self._store.where}; it is saved on each change")
             root = Path(path)
             self._claim_directory(root)
-            target = sqlite3.connect(root / RECORDS_FILE)
-            try:
-                self._conn.backup(target)
-            finally:
-                target.close()
+            self._store.backup_to(root / RECORDS_FILE)
             self.filter.copy_to(root / FILTER_FILE).close()
         return PrivateIndex.open(root, embedder=self._embedder)
 
@@ -223,7 +238,7 @@ class PrivateIndex:
         return 0 if self._faiss_index is None else int(self._faiss_index.ntotal)
 
     def __repr__(self) -> str:
-        where = "memory" if self.path is None else str(self.path)
+        where = self._store.where
         unit = "user" if self.group_by_user else "record"
         return f"PrivateIndex(records={len(self)}, per={unit}, embedder={self.embedder_name!r}, at={where!r})"
 
@@ -251,42 +266,48 @@ class PrivateIndex:
             return np.zeros(0, dtype=np.int64)
         vectors = embed_texts(self._embedder, texts)
         with self._lock:
+            self.refresh()
             if self.dim is not None and vectors.shape[1] != self.dim:
                 raise ConfigurationError(
                     f"the embedder returned {vectors.shape[1]}-d vectors; this index holds {self.dim}-d"
                 )
-            ids, units = self._insert(list(texts), label_col, answer_col, user_col, vectors)
-            self._faiss_index.add_with_ids(vectors, ids)
-            self._grow(ids, units)
-        return ids
+            if self.dim is None:
+                self._store.set_dim(int(vectors.shape[1]))
+                self.dim = int(vectors.shape[1])
+                self._new_faiss(self.dim)
+            users = user_col if self.group_by_user else [None] * n
+            change = self._store.insert(list(texts), label_col, answer_col, users, vectors)
+            self._applied_own(change)
+        return change.ids
 
     def remove(self, ids: Sequence[int] | np.ndarray) -> int:
         """Delete records (text and embedding); returns how many existed. Their spend stays on record."""
         arr = np.unique(np.asarray(ids, dtype=np.int64))
         with self._lock:
-            present = arr[(arr >= 0) & (arr < len(self._unit_of))]
-            present = present[self._unit_of[present] >= 0]
-            if not len(present):
-                return 0
-            with self._conn:
-                self._conn.executemany("DELETE FROM records WHERE id = ?", [(int(i),) for i in present])
-            self._faiss_index.remove_ids(present)
-            self._unit_of[present] = -1
-            self._active[present] = False
-            self._bitmap_stale = True
-        return len(present)
+            change = self._store.delete(arr[arr >= 0])
+            self._applied_own(change)
+        return len(change.removed)
+
+    def refresh(self) -> None:
+        """Bring this process's FAISS copy up to the store: records added and removed by any process or host
+        since the version it last saw (one query when nothing changed). Searches call it first."""
+        with self._lock:
+            if self._store.version() != self._version:
+                change = self._store.changes(self._version)
+                self._apply(change)
+                self._version = change.version
+
+    def present(self, ids: np.ndarray) -> tuple[np.ndarray, list[StoredRecord]]:
+        """The records among ``ids`` still stored (a mask over ``ids``, and those records in order): another
+        host may have removed some since this copy last saw the store."""
+        found = self._store.fetch([int(i) for i in np.asarray(ids).tolist()])
+        mask = np.array([int(i) in found for i in np.asarray(ids).tolist()], dtype=bool)
+        return mask, [found[int(i)] for i in np.asarray(ids)[mask].tolist()]
 
     def records(self, ids: np.ndarray) -> list[StoredRecord]:
         """The stored records with these ids, in that order (for a release step; never log them)."""
-        out: dict[int, StoredRecord] = {}
         id_list = [int(i) for i in np.asarray(ids).tolist()]
-        for start in range(0, len(id_list), 900):
-            chunk = id_list[start : start + 900]
-            marks = ",".join("?" * len(chunk))
-            rows = self._conn.execute(
-                f"SELECT id, text, label, answer FROM records WHERE id IN ({marks})", chunk
-            ).fetchall()
-            out.update({r[0]: StoredRecord(*r) for r in rows})
+        out = self._store.fetch(id_list)
         missing = [i for i in id_list if i not in out]
         if missing:
             raise ConfigurationError(f"{len(missing)} record ids are not in this index")
@@ -318,6 +339,7 @@ class PrivateIndex:
         k = check.positive_int("k", k)
         q = self._query_matrix(query)
         with self._lock:
+            self.refresh()
             n = len(self)
             if not n:
                 return Candidates(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
@@ -339,6 +361,7 @@ class PrivateIndex:
             raise ConfigurationError(f"min_similarity must lie in [-1, 1], got {tau!r}")
         q = self._query_matrix(query)
         with self._lock:
+            self.refresh()
             if not len(self):
                 return Candidates(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
             # FAISS keeps inner products strictly above the radius: step just below τ, then filter exactly.
@@ -385,49 +408,6 @@ class PrivateIndex:
         except OSError as exc:
             raise LedgerError(f"cannot create index directory {root}: {exc}") from None
 
-    @staticmethod
-    def _connect(path: Path | None) -> sqlite3.Connection:
-        if path is not None and path.exists():
-            with open(path, "rb") as fh:
-                if fh.read(16) != b"SQLite format 3\x00":
-                    raise LedgerFormatError(f"{path} is not a dp-icl private index")
-        conn = sqlite3.connect(":memory:" if path is None else path, check_same_thread=False)
-        if path is not None:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-        return conn
-
-    def _create_schema(self) -> None:
-        with self._conn:
-            for statement in _SCHEMA:
-                self._conn.execute(statement)
-            self._conn.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [
-                    ("id", self.id),
-                    ("group_by_user", "1" if self.group_by_user else "0"),
-                    ("embedder", self.embedder_name),
-                    ("embedder_fingerprint", json.dumps(self._fingerprint)),
-                    ("dim", ""),
-                ],
-            )
-            self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-    def _read_meta(self) -> dict[str, str]:
-        try:
-            app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
-            if app_id != APPLICATION_ID:
-                raise LedgerFormatError("the records file is not a dp-icl private index")
-            if self._conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-                raise LedgerFormatError("the private index has a schema this library does not read")
-            meta = dict(self._conn.execute("SELECT key, value FROM meta"))
-        except sqlite3.Error as exc:
-            raise LedgerCorruptError(f"private index is damaged or unreadable: {exc}") from None
-        if not {"id", "group_by_user", "embedder", "dim"} <= meta.keys():
-            raise LedgerCorruptError("private index has an incomplete meta table")
-        return meta
-
     def _init_memory(self) -> None:
         self._faiss_index: Any = None  # a faiss.IndexIDMap2 once the dimension is known
         self._unit_of = np.zeros(0, dtype=np.int64)  # by record id; -1: no such record
@@ -436,39 +416,13 @@ class PrivateIndex:
         self._bitmap_stale = True
         self._selector = None
         self._floor: tuple[np.ndarray, float] | None = None  # element-wise cheapest cost charged so far
+        self._version = 0  # the store version this copy reflects
         if self.dim is not None:
             self._new_faiss(self.dim)
 
     def _new_faiss(self, dim: int) -> None:
         faiss = _faiss()
         self._faiss_index = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
-
-    def _insert(self, texts, labels, answers, users, vectors) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            with self._conn:
-                if self.dim is None:
-                    self.dim = int(vectors.shape[1])
-                    self._conn.execute("UPDATE meta SET value = ? WHERE key = 'dim'", (str(self.dim),))
-                    self._new_faiss(self.dim)
-                units: list[int | None] = [None] * len(texts)
-                if self.group_by_user:
-                    self._conn.executemany("INSERT OR IGNORE INTO users (name) VALUES (?)", [(u,) for u in set(users)])
-                    names = dict(self._conn.execute("SELECT name, unit FROM users"))
-                    units = [names[u] for u in users]
-                ids, unit_ids = [], []
-                for text, label, answer, unit, vec in zip(texts, labels, answers, units, vectors, strict=True):
-                    cur = self._conn.execute(
-                        "INSERT INTO records (unit, text, label, answer, embedding) VALUES (-1, ?, ?, ?, ?)",
-                        (text, label, answer, vec.tobytes()),
-                    )
-                    rid = int(cur.lastrowid or 0)
-                    unit_id = rid if unit is None else unit  # per-record budgets: the unit is the record
-                    self._conn.execute("UPDATE records SET unit = ? WHERE id = ?", (unit_id, rid))
-                    ids.append(rid)
-                    unit_ids.append(unit_id)
-        except sqlite3.Error as exc:
-            raise LedgerError(f"cannot store records: {exc}") from None
-        return np.asarray(ids, dtype=np.int64), np.asarray(unit_ids, dtype=np.int64)
 
     def _grow(self, ids: np.ndarray, units: np.ndarray) -> None:
         top = int(ids.max()) + 1
@@ -482,18 +436,35 @@ class PrivateIndex:
             self._update_mask(np.unique(self._unit_of[ids]), None)
         self._bitmap_stale = True
 
-    def _load_vectors(self) -> None:
-        rows = self._conn.execute("SELECT id, unit, embedding FROM records ORDER BY id").fetchall()
-        if not rows:
-            return
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        units = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
-        assert self.dim is not None
-        vectors = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32)
-        if vectors.size != len(rows) * self.dim:
-            raise LedgerCorruptError("private index holds embeddings of the wrong size")
-        self._faiss_index.add_with_ids(vectors.reshape(len(rows), self.dim), ids)
-        self._grow(ids, units)
+    def _apply(self, change: Changes) -> None:
+        """Apply a store change to this copy: add its records not here yet, drop its removed ones. Idempotent
+        (ids are never reused), so a change seen twice (made here, then fetched by a refresh) is harmless."""
+        if len(change.ids):
+            if self.dim is None:
+                self.dim = int(change.vectors.shape[1])
+                self._new_faiss(self.dim)
+            if change.vectors.shape != (len(change.ids), self.dim):
+                raise LedgerCorruptError("private index holds embeddings of the wrong size")
+            known = change.ids < len(self._unit_of)
+            fresh = np.ones(len(change.ids), dtype=bool)
+            fresh[known] = self._unit_of[change.ids[known]] < 0
+            if fresh.any():
+                self._faiss_index.add_with_ids(np.ascontiguousarray(change.vectors[fresh]), change.ids[fresh])
+                self._grow(change.ids[fresh], change.units[fresh])
+        gone = change.removed[change.removed < len(self._unit_of)]
+        gone = gone[self._unit_of[gone] >= 0]
+        if len(gone):
+            self._faiss_index.remove_ids(gone)
+            self._unit_of[gone] = -1
+            self._active[gone] = False
+            self._bitmap_stale = True
+
+    def _applied_own(self, change: Changes) -> None:
+        """A change this process made: applied at once; the copy's version moves only when no other
+        process's change came in between (else the next refresh fetches those, and this one again)."""
+        self._apply(change)
+        if change.version == self._version + 1:
+            self._version = change.version
 
     def _update_mask(self, units: np.ndarray, costs: list[ReleaseCost] | None) -> None:
         """Mask out the records of units that cannot afford the cheapest release charged so far."""
@@ -521,9 +492,7 @@ class PrivateIndex:
 
     def _set_floor(self, floor: tuple[np.ndarray, float]) -> None:
         self._floor = floor
-        value = json.dumps({"rdp": [float(x) for x in floor[0]], "delta": floor[1]})
-        with self._conn:
-            self._conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('floor', ?)", (value,))
+        self._store.set_floor(json.dumps({"rdp": [float(x) for x in floor[0]], "delta": floor[1]}))
 
     def _restore_floor(self, stored: str | None) -> None:
         """Re-apply the search mask of a reopened index (units that cannot pay the cheapest release)."""

@@ -315,6 +315,7 @@ class PrivateKNN:
         query_vector = self.index.embed_query(query)
         if release == "answer":
             self._check_answer_room(query)
+        self.index.refresh()  # records added or removed by other processes or hosts
         if not len(self.index):
             raise ConfigurationError("the private index is empty: add records before releasing anything")
         candidates = self.index.within(query_vector, self.config.min_similarity)
@@ -325,6 +326,9 @@ class PrivateKNN:
             ),
             label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
         )
+        # A record another host removed after this copy's refresh may have paid; it takes no part.
+        still, stored = self.index.present(admitted.ids)
+        admitted = admitted.take(still)
         used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
         records = [
             RetrievedRecord(
@@ -333,7 +337,7 @@ class PrivateKNN:
                 None if r.answer is None else PrivateText(r.answer),
                 float(s),
             )
-            for r, s in zip(self.index.records(used.ids), used.similarities, strict=True)
+            for r, s in zip(stored[: len(used)], used.similarities, strict=True)
         ]
         return Retrieval(release, query, used, records, k, entry.id)
 
