@@ -10,7 +10,8 @@ end in one piece (a token stream's rhythm is a timing channel too).
 Releases under one :class:`FixedLatency` run one at a time, each whole inside its own window: run side by
 side, each window would hold the others' private computation. A release waits for the windows ahead of it
 *before* its own starts (that wait depends on how many came first, and on nothing private while every window
-ends on time), and a caller that gives up while waiting (``cancelled``) leaves before anything is charged.
+ends on time, served first come first served), and a caller that gives up while waiting (``cancelled``,
+which the decoders' async paths set) leaves before anything is charged.
 Share one instance between components that share a machine, so that they too take turns.
 
 The padding only hides what finishes in time: a release that runs past ``seconds`` returns late, and its
@@ -55,27 +56,58 @@ class FixedLatency:
         self.overruns = 0
         self.slowest = 0.0  # the longest release before padding, in seconds
         self._lock = threading.Lock()
-        self._turn = threading.Lock()  # one window at a time
+        # one window at a time, first come first served: tickets, the one being served, abandoned ones
+        self._turns = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+        self._abandoned: set[int] = set()
+        self._owner: int | None = None  # the thread whose window is open
 
     def __repr__(self) -> str:
         return f"FixedLatency(seconds={self.seconds}, releases={self.releases}, overruns={self.overruns})"
 
     @contextmanager
     def hold(self, cancelled: threading.Event | None = None) -> Iterator[None]:
-        """Wait for this release's turn, run the block, then sleep until ``seconds`` after it started (also
-        when it raises).
+        """Wait for this release's turn (first come, first served), run the block, then sleep until
+        ``seconds`` after it started (also when it raises).
 
         Raises:
-            ReleaseCancelled: ``cancelled`` was set while waiting for the turn (the block never ran).
+            ReleaseCancelled: ``cancelled`` was set before the window opened (the block never ran).
+            ConfigurationError: a release nested in another under this policy, on the same thread (it would
+                wait for itself).
         """
-        while not self._turn.acquire(timeout=_POLL):
-            if cancelled is not None and cancelled.is_set():
-                raise ReleaseCancelled
+        self._take_turn(cancelled)
         try:
+            if cancelled is not None and cancelled.is_set():  # gave up just as its turn came: no empty window
+                raise ReleaseCancelled
             with self._window():
                 yield
         finally:
-            self._turn.release()
+            with self._turns:
+                self._owner = None
+                self._advance()
+
+    def _take_turn(self, cancelled: threading.Event | None) -> None:
+        with self._turns:
+            if self._owner == threading.get_ident():
+                raise ConfigurationError("a release nested inside another under the same FixedLatency would wait "
+                                         "for itself; give the inner component its own")  # fmt: skip
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while self._serving != ticket:
+                if cancelled is not None and cancelled.is_set():
+                    self._abandoned.add(ticket)
+                    raise ReleaseCancelled
+                self._turns.wait(timeout=_POLL)
+            self._owner = threading.get_ident()
+
+    def _advance(self) -> None:
+        """Serve the next ticket that is still waiting (the caller holds ``_turns``)."""
+        self._serving += 1
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
+        self._turns.notify_all()
 
     @contextmanager
     def _window(self) -> Iterator[None]:

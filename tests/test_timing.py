@@ -221,3 +221,55 @@ def test_concurrent_answers_each_keep_their_own_window(kind: str) -> None:
         t.join(timeout=30)
     assert policy.releases == 4 and policy.overruns == 0, (policy.overruns, policy.slowest)
     assert policy.slowest < 0.45
+
+
+def test_turns_are_first_come_first_served_and_a_nested_release_is_refused() -> None:
+    policy = FixedLatency(0.02)
+    served: list[int] = []
+    gate = threading.Event()
+
+    def release(i: int) -> None:
+        with policy.hold():
+            if i == 0:
+                gate.wait(5)  # the first holds its window while the others queue, in order
+            served.append(i)
+
+    first = threading.Thread(target=release, args=(0,))
+    first.start()
+    time.sleep(0.05)
+    queued = []
+    for i in range(1, 8):
+        t = threading.Thread(target=release, args=(i,))
+        t.start()
+        queued.append(t)
+        time.sleep(0.02)  # arrival order 1, 2, ...
+    gate.set()
+    for t in [first, *queued]:
+        t.join(timeout=30)
+    assert served == list(range(8))
+    with policy.hold(), pytest.raises(ConfigurationError, match="nested"):
+        with policy.hold():
+            pass
+
+
+def test_a_caller_cancelled_while_queued_leaves_at_once_without_a_window() -> None:
+    from dp_icl_plugin.timing import ReleaseCancelled
+
+    policy = FixedLatency(0.3)
+    gone = threading.Event()
+    with policy.hold():
+        waited: list[float] = []
+
+        def queued() -> None:
+            started = time.monotonic()
+            with pytest.raises(ReleaseCancelled), policy.hold(cancelled=gone):
+                pass
+            waited.append(time.monotonic() - started)
+
+        t = threading.Thread(target=queued)
+        t.start()
+        time.sleep(0.05)
+        gone.set()
+        t.join(timeout=5)
+        assert waited and waited[0] < 0.2  # it left before the holder's window ended
+    assert policy.releases == 1  # no window was opened (or padded) for the cancelled caller

@@ -2,10 +2,10 @@
 
 Adapters serve async callers (``astream``, ``agenerate``, LlamaIndex's ``astream_*``) from the synchronous
 :class:`~dp_icl_plugin.methods.decoder.AnswerStream`. :func:`iterate_in_threads` runs every step in a worker
-thread of its own pool (the event loop stays free, and steps that wait, such as answers queued for a fixed
-latency window, never tie up the loop's default executor) and never abandons a step in flight: a step, whose
-charge once made must still be reported, runs to its end before the generator is closed, however often the
-consumer is cancelled meanwhile, also while the loop shuts down.
+thread of its own (the event loop stays free, and steps that wait, such as answers queued for a fixed-latency
+window, never tie up a pool that other work needs) and never abandons a step in flight: a step, whose charge
+once made must still be reported, runs to its end before the generator is closed, however often the consumer
+is cancelled meanwhile, also while the loop shuts down. A step's error reaches the consumer, never a log.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import functools
+import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -21,7 +21,6 @@ __all__ = ["iterate_in_threads"]
 
 T = TypeVar("T")
 _DONE = object()
-_STEPS = concurrent.futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="dp-icl-step")
 
 
 async def iterate_in_threads(
@@ -63,13 +62,33 @@ async def iterate_in_threads(
 
 
 def _submit(func: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+    """Run ``func(*args)`` in a new daemon thread, in a copy of the caller's context (a thread per step: a
+    step that waits blocks no one else; a thread costs far less than a model's forward pass)."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
     context = contextvars.copy_context()
-    return _STEPS.submit(functools.partial(context.run, func, *args))
+
+    def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(context.run(func, *args))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="dp-icl-step", daemon=True).start()
+    return future
+
+
+def _retrieved(future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    """``future``, its exception marked retrieved once it ends (asyncio would log it, text and all, when a
+    cancelled consumer no longer awaits it: a backend error could quote a private prompt)."""
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return future
 
 
 async def _wait(step: concurrent.futures.Future[Any]) -> Any:
     # a fresh asyncio future over the thread's future each time: cancelling the wait never touches the step
-    return await asyncio.shield(asyncio.wrap_future(step))
+    return await asyncio.shield(_retrieved(asyncio.wrap_future(step)))
 
 
 async def _finish(step: concurrent.futures.Future[Any]) -> bool:
@@ -78,7 +97,7 @@ async def _finish(step: concurrent.futures.Future[Any]) -> bool:
     cancelled = False
     while not step.done():
         try:
-            await asyncio.wait({asyncio.wrap_future(step)})
+            await asyncio.wait({_retrieved(asyncio.wrap_future(step))})
         except asyncio.CancelledError:
             cancelled = True
     if not step.cancelled():

@@ -188,6 +188,15 @@ class DPICL(CustomLLM):
         text = "".join(delta for delta, _ in self._texts(pieces, spend))
         return text, {**spend, "finish_reason": pieces.finish_reason}
 
+    async def _awhole(self, query: Query, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """:meth:`_whole` stepped in worker threads: a caller that gives up before the answer began (queued
+        for a fixed-latency window, say) leaves uncharged."""
+        spend: dict[str, Any] = {}
+        pieces = await asyncio.to_thread(self._open, query, kwargs)
+        steps = iterate_in_threads(lambda: self._texts(pieces, spend), on_cancel=pieces.cancel)
+        text = "".join([delta async for delta, _ in steps])
+        return text, {**spend, "finish_reason": pieces.finish_reason}
+
     # -- completions --------------------------------------------------------------------------------
     def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
         text, info = self._whole(self._prompt(prompt, formatted), kwargs)
@@ -208,7 +217,8 @@ class DPICL(CustomLLM):
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+        text, info = await self._awhole(self._prompt(prompt, formatted), kwargs)
+        return CompletionResponse(text=text, additional_kwargs=info)
 
     @llm_completion_callback()
     async def astream_complete(
@@ -238,7 +248,8 @@ class DPICL(CustomLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await asyncio.to_thread(self._chat_whole, messages, kwargs)
+        text, info = await self._awhole(self._chat(messages), kwargs)
+        return ChatResponse(message=ChatMessage(role="assistant", content=text), additional_kwargs=info)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
