@@ -247,9 +247,8 @@ def test_turns_are_first_come_first_served_and_a_nested_release_is_refused() -> 
     for t in [first, *queued]:
         t.join(timeout=30)
     assert served == list(range(8))
-    with policy.hold(), pytest.raises(ConfigurationError, match="nested"):
-        with policy.hold():
-            pass
+    with policy.hold(), pytest.raises(ConfigurationError, match="nested"), policy.hold():
+        pass
 
 
 def test_a_caller_cancelled_while_queued_leaves_at_once_without_a_window() -> None:
