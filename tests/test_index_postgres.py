@@ -128,3 +128,19 @@ def test_hosts_racing_releases_admit_each_record_exactly_as_one_process_would(
     if not kill:
         np.testing.assert_array_equal(charged, expected)  # exactly as many as one process admits
     assert CANARY not in " ".join(log.read_text() for log in logs if log.exists())
+
+
+def test_passwords_never_show_and_bad_text_is_refused_before_it_is_stored(pg_dsn: str) -> None:
+    from dp_icl_plugin.accounting.stores.pg_connection import mask_dsn
+    from dp_icl_plugin.methods.knn.stores.postgres import PostgresRecordStore
+
+    assert mask_dsn("postgresql://u:se?cret@db:5432/x") == "postgresql://u:***@db:5432/x"  # a raw '?' in it
+    assert "abc" not in mask_dsn("host=db sslpassword=abc dbname=l")
+    store = PostgresRecordStore("postgresql://u:se?cret@127.0.0.1:1/x", name="n")
+    assert "se?cret" not in repr(store) + store.where
+    index = PrivateIndex(budget=BUDGET, embedder=BagEmbedder(), path=pg_dsn, name="text")
+    for bad in ("a\x00b " + CANARY, "a\ud800 " + CANARY):
+        with pytest.raises(ConfigurationError) as info:
+            index.add([bad])
+        assert CANARY not in str(info.value)
+    assert len(index) == 0

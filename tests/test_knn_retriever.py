@@ -337,3 +337,28 @@ def test_private_demonstrations_too_long_for_the_model_shorten_the_prompt_instea
     with pytest.raises(ConfigurationError, match="query is too long"):
         retriever.answer("red thing number1" + " thing" * 60, rng=rng)
     assert retriever.budget.spent() == spent
+
+
+def test_whether_a_record_takes_part_never_depends_on_another_records_presence() -> None:
+    """The search mask's floor comes from the releases' public settings, not from the costs charged: with a
+    floor made of charged costs, record j's presence (it alone matched one query) lowered the floor and let
+    record i take part in later releases, and its absence masked i out (a cold review's reproducer)."""
+
+    def later_uses(with_j: bool) -> list[int]:
+        index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-5), embedder=BagEmbedder())
+        texts = ["blue sky"] + (["red apple"] if with_j else [])
+        index.add(texts, labels=[t.split()[0] for t in texts])
+        ledger = BudgetManager(PrivacyBudget(1e6, 1e-3))
+
+        def knn(uses: int) -> PrivateKNN:
+            return PrivateKNN(index, budget=ledger, labels=["red", "blue"],
+                              config=KNNConfig(k=4, shards=2, min_similarity=0.9, uses=uses))  # fmt: skip
+
+        dear, mid, cheap = knn(2), knn(3), knn(8)
+        dear.retrieve("blue sky", release="vote")
+        mid.retrieve("blue sky", release="vote")
+        cheap.retrieve("red apple", release="vote")  # only j is near this query
+        return [len(cheap.retrieve("blue sky", release="vote")) for _ in range(2)]
+
+    assert later_uses(True) == later_uses(False)
+    assert later_uses(False)[0] == 1  # i can still afford one cheap release, and takes part in it

@@ -294,3 +294,13 @@ def test_a_schema_1_index_is_upgraded_on_open(tmp_path: Path) -> None:
     old.add(["r9"])
     old.remove(old.search(emb(["r0"])[0], 1).ids)
     assert len(PrivateIndex.open(tmp_path / "ix", embedder=emb)) == 4
+
+
+def test_a_removal_of_nothing_never_skips_another_processs_change(tmp_path: Path) -> None:
+    emb = TableEmbedder()
+    a = PrivateIndex(budget=BUDGET, embedder=emb, path=tmp_path / "ix")
+    a.add(["r0", "r1"])
+    b = PrivateIndex.open(tmp_path / "ix", embedder=emb)
+    new = b.add(["r2"])  # a change a has not seen
+    assert a.remove([999]) == 0  # took the store's version as its own before: b's record was never applied
+    assert set(new) <= set(a.within(emb(["r2"])[0], -1.0).ids.tolist()) and len(a) == 3

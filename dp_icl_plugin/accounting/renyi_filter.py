@@ -253,7 +253,7 @@ class RenyiFilter:
     def _row(self, blob: bytes) -> np.ndarray:
         row = np.frombuffer(blob, dtype="<f8")
         if row.shape != (len(self.budget.orders),) or not np.isfinite(row).all() or (row < 0).any():
-            raise LedgerCorruptError(f"filter {self.path} holds a damaged spend row")
+            raise LedgerCorruptError(f"filter {self.url or self.path} holds a damaged spend row")
         return row
 
     def _decode_rows(self, rows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

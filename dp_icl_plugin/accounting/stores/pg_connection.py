@@ -12,14 +12,14 @@ import re
 import threading
 from contextlib import suppress
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError, LedgerFormatError
 
 __all__ = ["POSTGRES_SCHEMES", "PostgresConnection", "is_postgres_url", "mask_dsn", "psycopg"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-_KV_PASSWORD = re.compile(r"(?i)\bpassword\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)")
+_KV_PASSWORD = re.compile(r"(?i)\b(?:ssl)?password\s*=\s*(?:'(?:[^'\\]|\\.)*'|\S+)")
 
 
 def is_postgres_url(value: object) -> bool:
@@ -27,9 +27,26 @@ def is_postgres_url(value: object) -> bool:
 
 
 def mask_dsn(dsn: str) -> str:
-    """``dsn`` with its password (URL user info, ``?password=`` or ``password=...``) replaced by ``***``."""
+    """``dsn`` with its secrets (``password`` and ``sslpassword``: URL user info, query or ``key=value``)
+    replaced by ``***``; the secrets libpq itself would parse are also removed wherever they appear (a URL
+    password may hold a raw ``?`` or ``#``, which a URL parser cuts elsewhere)."""
+    secrets = []
+    try:
+        import psycopg as pg
+
+        parsed = pg.conninfo.conninfo_to_dict(dsn)
+        secrets = [str(parsed[k]) for k in ("password", "sslpassword") if parsed.get(k)]
+    except Exception:  # no psycopg, or not a valid DSN: the patterns below still apply
+        pass
+    masked = _mask_patterns(dsn)
+    for secret in sorted(secrets, key=len, reverse=True):
+        masked = masked.replace(secret, "***").replace(quote(secret, safe=""), "***")
+    return masked
+
+
+def _mask_patterns(dsn: str) -> str:
     if "://" not in dsn:
-        return _KV_PASSWORD.sub("password=***", dsn)
+        return _KV_PASSWORD.sub(lambda m: m.group(0).split("=", 1)[0] + "=***", dsn)
     parts = urlsplit(dsn)
     netloc = parts.netloc
     if "@" in netloc:
@@ -37,7 +54,8 @@ def mask_dsn(dsn: str) -> str:
         if ":" in userinfo:
             userinfo = userinfo.split(":", 1)[0] + ":***"
         netloc = f"{userinfo}@{host}"
-    query = re.sub(r"(?i)(^|&)password=[^&]*", r"\1password=***", parts.query)
+    query = re.sub(r"(?i)(^|&)(ssl)?password=[^&]*", lambda m: f"{m.group(1)}{m.group(2) or ''}password=***",
+                   parts.query)  # fmt: skip
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
@@ -72,7 +90,8 @@ class PostgresConnection:
         self._conn: Any = None
         self._pid = 0
         try:
-            self._password = self.pg.conninfo.conninfo_to_dict(dsn).get("password") or None
+            parsed = self.pg.conninfo.conninfo_to_dict(dsn)
+            self._secrets = [str(parsed[k]) for k in ("password", "sslpassword") if parsed.get(k)]
         except self.pg.ProgrammingError:
             raise ConfigurationError(f"invalid PostgreSQL connection string {mask_dsn(dsn)!r}") from None
 
@@ -82,7 +101,9 @@ class PostgresConnection:
     def scrub(self, exc: Exception) -> str:
         diag = getattr(exc, "diag", None)  # the server's own message, without the echoed statement
         text = " ".join(str(getattr(diag, "message_primary", None) or exc).split())
-        return text.replace(self._password, "***") if self._password else text
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def fail(self, exc: Exception) -> LedgerError:
         """The typed error for a failed psycopg call (with the password scrubbed)."""
@@ -106,7 +127,10 @@ class PostgresConnection:
                 conn = self.pg.connect(self.dsn, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
                 # READ COMMITTED: each statement after a row lock sees every write committed before it.
                 conn.isolation_level = self.pg.IsolationLevel.READ_COMMITTED
-                conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{round(self.lock_timeout * 1000)}ms",))
+                ms = f"{round(self.lock_timeout * 1000)}ms"
+                conn.execute("SELECT set_config('lock_timeout', %s, false)", (ms,))
+                # a host that stalls inside a transaction (frozen, partitioned) loses it, and its row locks
+                conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (ms,))
             except self.pg.Error as exc:
                 if conn is not None:
                     conn.close()

@@ -5,9 +5,13 @@ changes the top-k set by at most one element (Wu et al.; the kNN DP-ICL paper, Â
 similarity to a query depends on that record alone, which lets the retriever charge records by a public
 similarity threshold (see :mod:`dp_icl_plugin.accounting.individual_filter`).
 
-Records whose unit can no longer afford the cheapest release seen are masked out of every search, without a
-rebuild: a scan fetches a few extra neighbours and drops masked ones, falling back to a FAISS
-``IDSelectorBitmap`` scan when too many are masked. The mask is only a speed-up: admission is decided by the
+Records whose unit can no longer afford the *floor* are masked out of every search, without a rebuild: a scan
+fetches a few extra neighbours and drops masked ones, falling back to a FAISS ``IDSelectorBitmap`` scan when
+too many are masked. The floor is the element-wise cheapest cost any release has *declared* before its search
+(:meth:`PrivateIndex.expect_release`: its cost to a unit with one candidate record, a function of the release's
+public settings), never a cost actually charged (which depends on other units' candidate counts, and would let
+one unit's data decide whether another takes part). Every cost of the current release is at least the floor,
+so a masked unit is one its filter would refuse anyway: the mask changes no output. Admission is decided by the
 filter inside its own transaction, so another process's charges are always respected.
 
 On disk an index is a directory: ``records.sqlite`` (text, label, answer, user id and embedding of every
@@ -86,6 +90,16 @@ class Candidates:
         return Candidates(self.ids[mask], self.similarities[mask])
 
 
+def _storable(name: str, text: str) -> None:
+    """Refuse text every store cannot keep as it is (a NUL byte, a lone surrogate), without echoing it."""
+    if "\x00" in text:
+        raise ConfigurationError(f"{name} contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigurationError(f"{name} is not valid Unicode text (a lone surrogate)") from None
+
+
 def _optional_column(name: str, values: Sequence[object] | None, n: int) -> list[str | None]:
     if values is None:
         return [None] * n
@@ -95,6 +109,8 @@ def _optional_column(name: str, values: Sequence[object] | None, n: int) -> list
     for i, v in enumerate(values):
         if v is not None and (not isinstance(v, str) or not v.strip()):
             raise ConfigurationError(f"{name}[{i}] must be a non-empty string or None")
+        if v is not None:
+            _storable(f"{name}[{i}]", v)
         out.append(v)
     return out
 
@@ -144,17 +160,19 @@ class PrivateIndex:
         if is_postgres_url(path):
             self.path = None
             store: RecordStore = PostgresRecordStore(str(path), name=name)
+            # the filter first: a crash between the two leaves an unused filter row, never a named index
+            # without its filter
+            self.filter = RenyiFilter(budget, path=str(path), owner=self.id)
             store.create(meta)  # type: ignore[attr-defined]
-            filter_at: str | Path | None = str(path)
         else:
             self.path = None if path is None else Path(path)
             if self.path is not None:
                 self._claim_directory(self.path)
             store = SQLiteRecordStore(None if self.path is None else self.path / RECORDS_FILE)
             store.create(meta)  # type: ignore[attr-defined]
-            filter_at = None if self.path is None else self.path / FILTER_FILE
+            self.filter = RenyiFilter(budget, path=None if self.path is None else self.path / FILTER_FILE,
+                                      owner=self.id)  # fmt: skip
         self._store = store
-        self.filter = RenyiFilter(budget, path=filter_at, owner=self.id)
         self._init_memory()
 
     # -- opening ----------------------------------------------------------------------------------
@@ -257,6 +275,7 @@ class PrivateIndex:
         for i, t in enumerate(texts):
             if not isinstance(t, str) or not t.strip():
                 raise ConfigurationError(f"texts[{i}] must be a non-empty string")
+            _storable(f"texts[{i}]", t)
         label_col = _optional_column("labels", labels, n)
         answer_col = _optional_column("answers", answers, n)
         user_col = _optional_column("user_ids", user_ids, n)
@@ -372,23 +391,41 @@ class PrivateIndex:
         return Candidates(ids[order], sims[order])
 
     # -- charging ---------------------------------------------------------------------------------
+    def expect_release(self, cheapest: ReleaseCost) -> None:
+        """Declare, before its search, the cost of a release to a unit with one candidate record: the cheapest
+        that release can charge (public: it follows from the release's kind and settings alone).
+
+        The search mask hides the units that cannot afford the cheapest cost declared so far; since this
+        release's costs are at least ``cheapest``, those are units its filter would refuse anyway, so the mask
+        changes no output and depends on nothing but each unit's own spend and public settings.
+        """
+        with self._lock:
+            self._lower_floor(cheapest)
+
     def charge(self, candidates: Candidates, cost_of: Callable[[int], ReleaseCost]) -> Candidates:
         """Charge the units behind ``candidates`` and return the candidates whose unit was admitted.
 
         Args:
             candidates: records that may take part in a release (all are charged if their unit fits).
-            cost_of: the cost of the release to a unit with ``c`` records among the candidates.
+            cost_of: the cost of the release to a unit with ``c`` records among the candidates; it must not
+                fall as ``c`` grows (checked), which the mask relies on.
         """
+        cheapest = cost_of(1)
+        self.expect_release(cheapest)  # for the next searches (a direct caller declares before its search)
         if not len(candidates):
             return candidates
         units = self.units_of(candidates.ids)
         present = units >= 0  # a record removed meanwhile takes no part and pays nothing
         uniq, counts = np.unique(units[present], return_counts=True)
-        by_count: dict[int, ReleaseCost] = {}
-        costs = [by_count.setdefault(int(c), cost_of(int(c))) for c in counts]
+        by_count: dict[int, ReleaseCost] = {1: cheapest}
+        for c in {int(c) for c in counts} - {1}:
+            by_count[c] = cost_of(c)
+        costs = [by_count[int(c)] for c in counts]
+        if any((c.rdp < cheapest.rdp).any() or c.delta < cheapest.delta for c in by_count.values()):
+            raise ConfigurationError("a release's cost must not fall as a unit's candidate count grows")
         admitted_units = uniq[self.filter.charge(uniq, costs)]
         with self._lock:
-            self._update_mask(uniq, costs)
+            self._update_mask(uniq)
         return candidates.take(present & np.isin(units, admitted_units))
 
     # -- internals --------------------------------------------------------------------------------
@@ -433,7 +470,7 @@ class PrivateIndex:
         self._unit_of[ids] = units
         self._active[ids] = True
         if self._floor is not None:
-            self._update_mask(np.unique(self._unit_of[ids]), None)
+            self._update_mask(np.unique(self._unit_of[ids]))
         self._bitmap_stale = True
 
     def _apply(self, change: Changes) -> None:
@@ -466,19 +503,23 @@ class PrivateIndex:
         if change.version == self._version + 1:
             self._version = change.version
 
-    def _update_mask(self, units: np.ndarray, costs: list[ReleaseCost] | None) -> None:
-        """Mask out the records of units that cannot afford the cheapest release charged so far."""
-        if costs:
-            rdp = np.min([c.rdp for c in costs], axis=0)
-            d = min(c.delta for c in costs)
-            if self._floor is None or (rdp < self._floor[0]).any() or d < self._floor[1]:
-                floor = (
-                    rdp if self._floor is None else np.minimum(rdp, self._floor[0]),
-                    d if self._floor is None else min(d, self._floor[1]),
-                )
-                self._set_floor(floor)
-                units, _, _ = self.filter.all_spent()  # a cheaper release: every unit may be affordable again
-                self._active[self._unit_of >= 0] = True
+    def _lower_floor(self, cost: ReleaseCost) -> None:
+        """Make the mask's floor the element-wise cheapest declared cost; a cheaper one unmasks every unit
+        (each may afford it again), and the mask is rebuilt from the units' own spend."""
+        if self._floor is not None and not ((cost.rdp < self._floor[0]).any() or cost.delta < self._floor[1]):
+            return
+        floor = (
+            np.asarray(cost.rdp, dtype=float) if self._floor is None else np.minimum(cost.rdp, self._floor[0]),
+            float(cost.delta) if self._floor is None else min(float(cost.delta), self._floor[1]),
+        )
+        self._set_floor(floor)
+        self._active[self._unit_of >= 0] = True
+        self._bitmap_stale = True
+        units, _, _ = self.filter.all_spent()
+        self._update_mask(units)
+
+    def _update_mask(self, units: np.ndarray) -> None:
+        """Mask out the records of those ``units`` that cannot afford the floor (by their own spend)."""
         if self._floor is None or not len(units):
             return
         spent, spent_delta = self.filter.spent(units)
@@ -487,7 +528,7 @@ class PrivateIndex:
             if self.group_by_user:
                 self._active[np.isin(self._unit_of, broke)] = False
             else:  # the unit is the record itself
-                self._active[broke] = False
+                self._active[broke[broke < len(self._active)]] = False
             self._bitmap_stale = True
 
     def _set_floor(self, floor: tuple[np.ndarray, float]) -> None:
@@ -508,7 +549,7 @@ class PrivateIndex:
             raise LedgerCorruptError("private index has a damaged search-mask record")
         self._floor = floor
         units, _, _ = self.filter.all_spent()
-        self._update_mask(units, None)
+        self._update_mask(units)
 
     def _params(self):
         if self._bitmap_stale:

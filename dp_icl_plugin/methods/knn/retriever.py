@@ -318,6 +318,7 @@ class PrivateKNN:
         self.index.refresh()  # records added or removed by other processes or hosts
         if not len(self.index):
             raise ConfigurationError("the private index is empty: add records before releasing anything")
+        self.index.expect_release(self._cost(release, 1, k))  # public: the search mask's floor
         candidates = self.index.within(query_vector, self.config.min_similarity)
         admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k))
         entry = self.budget.spend(

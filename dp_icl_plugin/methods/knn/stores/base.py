@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class Changes:
     version: int
     ids: np.ndarray
     units: np.ndarray
-    vectors: np.ndarray  # float32 [len(ids), dim]
+    vectors: np.ndarray = field(repr=False)  # float32 [len(ids), dim]: private, never in a repr
     removed: np.ndarray
 
 

@@ -8,6 +8,7 @@ file is upgraded in place on open (its records at version 0).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -55,11 +56,23 @@ class SQLiteRecordStore(RecordStore):
             with open(path, "rb") as fh:
                 if fh.read(16) != b"SQLite format 3\x00":
                     raise LedgerFormatError(f"{path} is not a dp-icl private index")
-        self._conn = sqlite3.connect(":memory:" if path is None else path, check_same_thread=False)
         self._lock = threading.RLock()
-        if path is not None:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
+        self._pid = 0
+        self._memory: sqlite3.Connection | None = None
+        if path is None:  # memory: one connection for the store's life
+            self._memory = sqlite3.connect(":memory:", check_same_thread=False)
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """This process's connection (a file's is never reused across ``fork()``)."""
+        if self._memory is not None:
+            return self._memory
+        if self._pid != os.getpid():
+            conn = sqlite3.connect(self.path, check_same_thread=False)  # type: ignore[arg-type]
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            self._file_conn, self._pid = conn, os.getpid()
+        return self._file_conn
 
     # -- creating and opening ----------------------------------------------------------------------
     def create(self, meta: IndexMeta) -> None:
@@ -81,9 +94,16 @@ class SQLiteRecordStore(RecordStore):
                 raise LedgerFormatError("the records file is not a dp-icl private index")
             schema = self._conn.execute("PRAGMA user_version").fetchone()[0]
             if schema == 1:
-                with self._lock, self._conn:
-                    for statement in _UPGRADE_FROM_1:
-                        self._conn.execute(statement)
+                with self._lock:
+                    self._conn.execute("BEGIN IMMEDIATE")  # one transaction: another opener waits, a crash undoes
+                    try:
+                        if self._conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+                            for statement in _UPGRADE_FROM_1:
+                                self._conn.execute(statement)
+                        self._conn.execute("COMMIT")
+                    except BaseException:
+                        self._conn.execute("ROLLBACK")
+                        raise
             elif schema != SCHEMA_VERSION:
                 raise LedgerFormatError("the private index has a schema this library does not read")
         except sqlite3.Error as exc:
@@ -145,8 +165,8 @@ class SQLiteRecordStore(RecordStore):
         id_list = [int(i) for i in ids.tolist()]
         try:
             with self._lock, self._conn:
+                version = self._next_version()  # first: the write lock, then what is present under it
                 present = sorted(self.fetch_ids(id_list))
-                version = self._next_version() if present else self.version()
                 self._conn.executemany("DELETE FROM records WHERE id = ?", [(i,) for i in present])
                 self._conn.executemany("INSERT OR REPLACE INTO deletions (id, version) VALUES (?, ?)",
                                        [(i, version) for i in present])  # fmt: skip
@@ -192,7 +212,8 @@ class SQLiteRecordStore(RecordStore):
         return changes_from_rows(version, rows, removed)
 
     def close(self) -> None:
-        self._conn.close()
+        if self._memory is not None or self._pid == os.getpid():
+            self._conn.close()
 
     # -- internals --------------------------------------------------------------------------------
     def _next_version(self) -> int:
