@@ -119,14 +119,14 @@ class PostgresFilterStore:
     def _reader(self, conn: Any, orders: int, *, lock: bool) -> Read:
         def read(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             distinct = sorted({int(u) for u in ids.tolist()})
-            if lock and distinct:
+            if lock and distinct:  # one statement for every unit (rows in unit order)
                 zero = np.zeros(orders, dtype="<f8").tobytes()
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta) VALUES (%s, %s, %s, 0)"
-                        " ON CONFLICT (owner, unit) DO NOTHING",
-                        [(self.owner, u, zero) for u in distinct],
-                    )
+                conn.execute(
+                    "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta)"
+                    " SELECT %s, u, %s, 0 FROM unnest(%s::bigint[]) AS u ORDER BY u"
+                    " ON CONFLICT (owner, unit) DO NOTHING",
+                    (self.owner, zero, distinct),
+                )
             rows = conn.execute(
                 "SELECT unit, spent, spent_delta FROM dp_icl_filter_units WHERE owner = %s AND unit = ANY(%s)"
                 " ORDER BY unit" + (" FOR UPDATE" if lock else ""),
@@ -144,14 +144,14 @@ class PostgresFilterStore:
 
     def _writer(self, conn: Any) -> Write:
         def write(ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
-            rows = [(row.astype("<f8").tobytes(), float(d), self.owner, int(u))
-                    for u, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)]  # fmt: skip
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO dp_icl_filter_units (spent, spent_delta, owner, unit) VALUES (%s, %s, %s, %s)"
-                    " ON CONFLICT (owner, unit) DO UPDATE"
-                    " SET spent = excluded.spent, spent_delta = excluded.spent_delta",
-                    rows,
-                )
+            units = [int(u) for u in ids.tolist()]
+            rows = [row.astype("<f8").tobytes() for row in spent]
+            conn.execute(  # one statement for every unit
+                "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta)"
+                " SELECT %s, v.unit, v.spent, v.spent_delta"
+                " FROM unnest(%s::bigint[], %s::bytea[], %s::float8[]) AS v(unit, spent, spent_delta) ORDER BY v.unit"
+                " ON CONFLICT (owner, unit) DO UPDATE SET spent = excluded.spent, spent_delta = excluded.spent_delta",
+                (self.owner, units, rows, [float(d) for d in spent_delta.tolist()]),
+            )
 
         return write

@@ -150,12 +150,12 @@ class PostgresRecordStore(RecordStore):
         index_id, wanted = self._opened(), [int(i) for i in ids]
         rows = self._run(lambda c: c.execute(
             "SELECT id, text, label, answer FROM dp_icl_index_records WHERE index_id = %s AND id = ANY(%s)",
-            (index_id, wanted)).fetchall())  # fmt: skip
+            (index_id, wanted)).fetchall(), single=True)  # fmt: skip
         return {int(r[0]): StoredRecord(int(r[0]), r[1], r[2], r[3]) for r in rows}
 
     def version(self) -> int:
         row = self._run(lambda c: c.execute("SELECT version FROM dp_icl_indexes WHERE id = %s",
-                                            (self._opened(),)).fetchone())  # fmt: skip
+                                            (self._opened(),)).fetchone(), single=True)  # fmt: skip
         if row is None:
             raise LedgerError(f"{self.where} was dropped")
         return int(row[0])
@@ -184,11 +184,14 @@ class PostgresRecordStore(RecordStore):
             raise LedgerError(f"{self.where} is not open")
         return self._id
 
-    def _run(self, work: Any, *, what: str | None = None) -> Any:
-        """``work(connection)`` in one transaction (READ COMMITTED; committed on return)."""
+    def _run(self, work: Any, *, what: str | None = None, single: bool = False) -> Any:
+        """``work(connection)`` in one transaction (READ COMMITTED; committed on return); a ``single`` read
+        statement runs on its own (autocommit: one round trip instead of three)."""
         with self._db.lock:
             conn = self._db.get()
             try:
+                if single:
+                    return work(conn)
                 with conn.transaction():
                     return work(conn)
             except self._db.pg.Error as exc:
