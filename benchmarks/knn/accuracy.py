@@ -67,13 +67,20 @@ def load(name: str, n_queries: int) -> tuple[list[str], list[str], list[str], li
 
 
 class Lookup:
-    """An 'embedder' returning precomputed MiniLM vectors (so each text is embedded once per run)."""
+    """An 'embedder' returning precomputed MiniLM vectors (so each text is embedded once per run); any other
+    text (the index's public probe texts, which fingerprint the embedder) is embedded by ``model``."""
 
-    def __init__(self, texts: list[str], vectors: np.ndarray) -> None:
+    def __init__(self, texts: list[str], vectors: np.ndarray, model) -> None:
         self.table = dict(zip(texts, vectors, strict=True))
+        self.model = model
         self.name = "sentence-transformers/all-MiniLM-L6-v2"
 
     def __call__(self, texts: list[str]) -> np.ndarray:
+        from dp_icl_plugin.methods.knn.embedding import embed_texts
+
+        missing = [t for t in dict.fromkeys(texts) if t not in self.table]
+        if missing:
+            self.table.update(zip(missing, embed_texts(self.model, missing), strict=True))
         return np.array([self.table[t] for t in texts])
 
 
@@ -104,7 +111,7 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
     pool_v = embed_texts(model, pool_x, batch_size=128)
     query_v = embed_texts(model, query_x, batch_size=128)
     log(f"{name}: {len(pool_x)} pool records, {len(query_x)} queries embedded in {time.perf_counter() - t0:.0f}s")
-    lookup = Lookup(pool_x + query_x, np.vstack([pool_v, query_v]))
+    lookup = Lookup(pool_x + query_x, np.vstack([pool_v, query_v]), model)
     label_index = {lab: i for i, lab in enumerate(names)}
     pool_codes = np.array([label_index[y] for y in pool_y])
     truth = np.array([label_index[y] for y in query_y])
