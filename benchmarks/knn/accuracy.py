@@ -136,16 +136,24 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
                 for seed in range(seeds):
                     index = PrivateIndex(budget=budget, embedder=lookup)
                     index.add(pool_x, labels=pool_y)
-                    ledger = BudgetManager(PrivacyBudget(epsilon, DELTA))
+                    ledger = BudgetManager(PrivacyBudget(epsilon, DELTA, neighbouring="add_remove"))
                     config = KNNConfig(k=K, shards=10, min_similarity=tau, uses=uses)
                     retriever = PrivateKNN(index, budget=ledger, labels=names, config=config)
                     rng = np.random.default_rng(seed)
-                    hits = 0
+                    hits, payers = 0, [0]
+                    charge = index.charge
+
+                    def counted(candidates, cost_of, charge=charge, payers=payers):
+                        admitted = charge(candidates, cost_of)
+                        payers[0] += len(admitted)  # the records that paid (ledger labels name no count)
+                        return admitted
+
+                    index.charge = counted  # type: ignore[method-assign]
                     for text, y in zip(query_x, query_y, strict=True):
                         retrieval = retriever.retrieve(text, release="vote")
                         short.append(not retrieval.complete)
                         hits += retriever.vote(retrieval, rng=rng).label == y
-                    paid.append(sum(int(e.label.rsplit("units=", 1)[1]) for e in ledger.history()[1:]) / len(query_x))
+                    paid.append(payers[0] / len(query_x))
                     accs.append(hits / len(query_x))
                 payers, short_share = round(float(np.mean(paid)), 1), round(float(np.mean(short)), 2)
                 add(f"NN-only DP vote (ours), τ = {tau}, uses = {uses}", epsilon, accs,
@@ -155,8 +163,8 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
             for seed in range(seeds):
                 index = PrivateIndex(budget=budget, embedder=lookup)
                 index.add(pool_x, labels=pool_y)
-                retriever = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(epsilon, DELTA)), labels=names,
-                                             config=KNNConfig(k=K, shards=10, uses=uses))  # fmt: skip
+                ledger = BudgetManager(PrivacyBudget(epsilon, DELTA, neighbouring="add_remove"))
+                retriever = PrivateKNN(index, budget=ledger, labels=names, config=KNNConfig(k=K, shards=10, uses=uses))
                 cost = retriever._cost("vote", 1)
                 rng = np.random.default_rng(seed)
                 hits = 0
