@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "e2e"))
 
 DELTA = 1e-5
-K, SHARDS, TAU, USES = 40, 10, 0.3, 4
+K, SHARDS, TAU, USES = 40, 10, 0.3, 4  # the paper's k and shards; τ and uses as accuracy.py's best
 TREC_NAMES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human",
               "LOC": "location", "NUM": "number"}  # fmt: skip
 
@@ -117,7 +117,8 @@ def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
     return rows
 
 
-def answer_rows(backend, epsilons, n_queries: int, keywords: int, log) -> list[dict]:
+def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards: int = SHARDS,
+                uses: int = USES) -> list[dict]:
     from accuracy import Lookup
     from run import Scorer
     from run import load as load_e2e
@@ -172,12 +173,12 @@ def answer_rows(backend, epsilons, n_queries: int, keywords: int, log) -> list[d
         ledger = BudgetManager(PrivacyBudget(epsilon, DELTA, neighbouring="add_remove"))
         retriever = PrivateKNN(index, budget=ledger, backend=backend, answer_prompt=shard_prompt,
                                keyword_prompt=final_prompt,
-                               config=KNNConfig(k=K, shards=SHARDS, min_similarity=TAU, uses=USES, keywords=keywords,
-                                                max_answer_tokens=max_tokens))  # fmt: skip
+                               config=KNNConfig(k=4 * shards, shards=shards, min_similarity=TAU, uses=uses,
+                                                keywords=keywords, max_answer_tokens=max_tokens))  # fmt: skip
         rng = np.random.default_rng(0)
         answers = [retriever.answer(q, rng=rng) for q in mrs]
         passed = 100 * float(np.mean([a.keywords is not None for a in answers]))
-        add(f"kNN DP-ICL answer (ours), τ = {TAU}, uses = {USES}, {keywords} keywords", epsilon,
+        add(f"kNN DP-ICL answer (ours), τ = {TAU}, uses = {uses}, {shards} shards of 4, {keywords} keywords", epsilon,
             [a.text.split("\n")[0].strip() for a in answers], time.perf_counter() - started,
             keyword_test_passed=round(passed, 1))  # fmt: skip
     return rows
@@ -201,7 +202,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
-    parser.add_argument("--keywords", type=int, default=8)
+    parser.add_argument("--keywords", type=int, default=8, help="answer: keywords released")
+    parser.add_argument("--shards", type=int, default=SHARDS, help="answer: shards of 4 records (k = 4 × shards)")
+    parser.add_argument("--uses", type=int, default=USES, help="answer: releases a record can take part in")
     parser.add_argument("--tasks", nargs="+", default=["classify", "answer"], choices=["classify", "answer"])
     parser.add_argument("--quick", action="store_true", help="20 queries, ε = 8 only")
     args = parser.parse_args()
@@ -219,7 +222,8 @@ def main() -> None:
     if "classify" in args.tasks:
         rows += classify_rows(backend, args.epsilons, args.queries, log)
     if "answer" in args.tasks:
-        rows += answer_rows(backend, args.epsilons, args.queries, args.keywords, log)
+        rows += answer_rows(backend, args.epsilons, args.queries, args.keywords, log, shards=args.shards,
+                            uses=args.uses)  # fmt: skip
     meta = {"command": "python benchmarks/knn/real_text.py " + " ".join(sys.argv[1:]), "queries": args.queries,
             "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
             "minutes": (time.perf_counter() - started) / 60, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
