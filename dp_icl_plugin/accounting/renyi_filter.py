@@ -271,8 +271,8 @@ class RenyiFilter:
             raise self._file.fail(exc) from None
 
     def _open(self, budget: IndividualBudget | None) -> IndividualBudget:
-        assert self._file is not None
-        if not (self._file.path.exists() and self._file.path.stat().st_size > 0) and budget is None:
+        assert self._file is not None and self.path is not None
+        if not (self.path.exists() and self.path.stat().st_size > 0) and budget is None:
             raise LedgerError(f"no filter at {self.path}; create one with a budget first")
         return self._file.open(lambda conn, fresh: self._read_or_create(conn, budget, fresh))
 

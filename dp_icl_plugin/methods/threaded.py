@@ -17,7 +17,7 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["iterate_in_threads"]
+__all__ = ["iterate_in_threads", "wait_through_cancellations"]
 
 T = TypeVar("T")
 _DONE = object()
@@ -51,7 +51,7 @@ async def iterate_in_threads(
     finally:
         cancelled = False
         if step is not None:
-            cancelled = await _finish(step)
+            cancelled = await wait_through_cancellations(step)
             if items is None and not step.cancelled() and step.exception() is None:
                 items = step.result()
         close = getattr(items, "close", None)
@@ -63,7 +63,7 @@ async def iterate_in_threads(
 
 def _submit(func: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
     """Run ``func(*args)`` in a new daemon thread, in a copy of the caller's context (a thread per step: a
-    step that waits blocks no one else; a thread costs far less than a model's forward pass)."""
+    step that waits, such as an answer queued for its fixed-latency window, blocks no other work)."""
     future: concurrent.futures.Future[Any] = concurrent.futures.Future()
     context = contextvars.copy_context()
 
@@ -91,15 +91,16 @@ async def _wait(step: concurrent.futures.Future[Any]) -> Any:
     return await asyncio.shield(_retrieved(asyncio.wrap_future(step)))
 
 
-async def _finish(step: concurrent.futures.Future[Any]) -> bool:
-    """Wait for ``step`` to end, through any number of cancellations (a running thread cannot be
-    interrupted); True when a cancellation came meanwhile."""
+async def wait_through_cancellations(future: concurrent.futures.Future[Any] | asyncio.Future[Any]) -> bool:
+    """Wait for ``future`` to end, through any number of cancellations of the waiter (a running thread, or a
+    delivery that must not be cut, is never interrupted); True when a cancellation came meanwhile (the caller
+    re-raises it once its own cleanup is done). The future's error is marked retrieved, never logged."""
     cancelled = False
-    while not step.done():
+    while not future.done():
         try:
-            await asyncio.wait({_retrieved(asyncio.wrap_future(step))})
+            await asyncio.wait({_retrieved(asyncio.wrap_future(future))})
         except asyncio.CancelledError:
             cancelled = True
-    if not step.cancelled():
-        step.exception()  # retrieved here: the consumer's own error or cancellation is what goes on
+    if not future.cancelled():
+        future.exception()  # retrieved here: the consumer's own error or cancellation is what goes on
     return cancelled

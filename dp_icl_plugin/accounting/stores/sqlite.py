@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
 from dp_icl_plugin.accounting.stores.base import (
@@ -83,7 +84,7 @@ class SQLiteStore(LedgerStore):
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 60.0) -> None:
         self._file = SQLiteFile(path, kind="ledger", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
-        self.path = self._file.path
+        self.path = Path(path)
         self.busy_timeout = self._file.busy_timeout
         self._lock = self._file.lock
 

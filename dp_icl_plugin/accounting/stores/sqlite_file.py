@@ -28,14 +28,16 @@ class SQLiteFile:
     """The file behind one store.
 
     Args:
-        path: the file.
+        path: the file, or None for a database in memory (one connection for its life, this process's only).
         kind: what it holds, for messages ("ledger", "filter").
         application_id: the ``PRAGMA application_id`` that marks files of this kind.
         busy_timeout: seconds to wait for another process's write lock.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, kind: str, application_id: int, busy_timeout: float) -> None:
-        self.path = Path(path)
+    def __init__(
+        self, path: str | os.PathLike[str] | None, *, kind: str, application_id: int, busy_timeout: float
+    ) -> None:
+        self.path = None if path is None else Path(path)
         self.kind = kind
         self.application_id = application_id
         self.busy_timeout = float(busy_timeout)
@@ -44,11 +46,14 @@ class SQLiteFile:
         self._pid = 0
 
     def connection(self) -> sqlite3.Connection:
+        if self.path is None and self._conn is not None:  # memory: the database is the connection
+            return self._conn
         if self._conn is None or self._pid != os.getpid():  # never reuse a connection across fork()
             try:
                 self._conn = sqlite3.connect(
-                    self.path, timeout=self.busy_timeout, isolation_level=None, check_same_thread=False
-                )
+                    ":memory:" if self.path is None else self.path, timeout=self.busy_timeout,
+                    isolation_level=None, check_same_thread=False,
+                )  # fmt: skip
             except sqlite3.Error as exc:
                 raise LedgerError(f"cannot open {self.kind} {self.path}: {exc}") from None
             self._pid = os.getpid()
@@ -56,7 +61,7 @@ class SQLiteFile:
 
     def close(self) -> None:
         with self.lock:
-            if self._conn is not None and self._pid == os.getpid():
+            if self._conn is not None and (self.path is None or self._pid == os.getpid()):
                 self._conn.close()
             self._conn = None
 
@@ -71,6 +76,8 @@ class SQLiteFile:
 
     def check_header(self) -> None:
         """Refuse a file that is not SQLite (or a truncated one) before sqlite3 touches it."""
+        if self.path is None:
+            return
         try:
             with open(self.path, "rb") as fh:
                 head = fh.read(len(_SQLITE_HEADER))
@@ -90,7 +97,7 @@ class SQLiteFile:
         and must set the id); a file of another application, or an SQLite database with tables but no id,
         is refused.
         """
-        existed = self.path.exists() and self.path.stat().st_size > 0
+        existed = self.path is not None and self.path.exists() and self.path.stat().st_size > 0
         self.check_header()
         with self.lock:
             conn = self.connection()

@@ -163,13 +163,13 @@ class PrivateIndex:
             # the filter first: a crash between the two leaves an unused filter row, never a named index
             # without its filter
             self.filter = RenyiFilter(budget, path=str(path), owner=self.id)
-            store.create(meta)  # type: ignore[attr-defined]
+            store.create(meta)
         else:
             self.path = None if path is None else Path(path)
             if self.path is not None:
                 self._claim_directory(self.path)
             store = SQLiteRecordStore(None if self.path is None else self.path / RECORDS_FILE)
-            store.create(meta)  # type: ignore[attr-defined]
+            store.create(meta)
             self.filter = RenyiFilter(budget, path=None if self.path is None else self.path / FILTER_FILE,
                                       owner=self.id)  # fmt: skip
         self._store = store

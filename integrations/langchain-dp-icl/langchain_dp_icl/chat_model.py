@@ -45,7 +45,7 @@ from dp_icl_plugin.methods.data import PrivateDataset
 from dp_icl_plugin.methods.decoder import AnswerStream, Decoder, answer_limit
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
-from dp_icl_plugin.methods.threaded import iterate_in_threads
+from dp_icl_plugin.methods.threaded import iterate_in_threads, wait_through_cancellations
 
 __all__ = ["DPICLLLM", "ChatDPICL"]
 
@@ -76,12 +76,7 @@ class _SpendTarget:
             self.emit(payload)
             return
         delivery = asyncio.ensure_future(self.events.on_custom_event(SPEND_EVENT, payload, run_id=self.run_id))
-        cancelled = False
-        while not delivery.done():
-            try:
-                await asyncio.wait({delivery})
-            except asyncio.CancelledError:
-                cancelled = True
+        cancelled = await wait_through_cancellations(delivery)
         delivery.result()
         if cancelled:
             raise asyncio.CancelledError

@@ -61,6 +61,10 @@ class RecordStore(ABC):
     where: str  # for messages: the file or the database (password masked) and the index's name
 
     @abstractmethod
+    def create(self, meta: IndexMeta) -> None:
+        """Make the index (refused where one exists)."""
+
+    @abstractmethod
     def meta(self) -> IndexMeta: ...
 
     @abstractmethod

@@ -1,0 +1,70 @@
+"""Why keyword-space aggregation fails its stability test on E2E: the shards agree, and agreement ties the top.
+
+For a few E2E test MRs, the k nearest dev pairs (MiniLM) are split into shards of 4, SmolLM2-135M-Instruct
+answers each shard greedily (as :meth:`PrivateKNN.answer` does, without any charge: this is a diagnosis on
+public benchmark data, not a release), and the script prints each MR's keyword histogram head (how many shard
+answers hold each token) and the stability distance of the top-k keyword set for several k
+(:func:`~dp_icl_plugin.mechanisms.keyword_ptr.stability_distance`; PTR passes only when the noisy distance
+exceeds σ·Φ⁻¹(1 − δ₀), printed for the benchmark's settings).
+
+    python benchmarks/knn/keyword_ties.py [--queries 3] [--shards 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "e2e"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=25)
+    args = parser.parse_args()
+    from run import load
+    from scipy.stats import norm
+
+    from dp_icl_plugin.accounting import IndividualBudget
+    from dp_icl_plugin.backends.generation import greedy_generate
+    from dp_icl_plugin.backends.loading import load_backend
+    from dp_icl_plugin.mechanisms.keyword_ptr import stability_distance
+    from dp_icl_plugin.methods.knn import AnswerPrompt, default_embedder, noise_for_uses
+    from dp_icl_plugin.methods.knn.embedding import embed_texts
+
+    for epsilon in (1.0, 4.0, 8.0):
+        for uses in (1, 4):
+            budget = IndividualBudget(epsilon=epsilon, delta=1e-5)
+            sigma = noise_for_uses(budget, uses=uses, sensitivity=1.0)
+            delta0 = float(budget.approximate_delta or 0.0) / uses
+            print(f"ε = {epsilon:g}, uses = {uses}: PTR threshold {sigma * norm.isf(delta0):.1f} shards")
+    dev, test = load()
+    mrs = sorted(test)[: args.queries * 4 : 4]
+    backend = load_backend("smollm2-135m-instruct")
+    model = default_embedder()
+    pool_x, pool_a = [mr for mr, _ in dev], [ref for _, ref in dev]
+    pool_v, query_v = embed_texts(model, pool_x, batch_size=128), embed_texts(model, mrs)
+    prompt = AnswerPrompt(context_prefix="Data:", question_prefix="Data:", answer_prefix="Sentence:")
+    for mr, v in zip(mrs, query_v, strict=True):
+        nearest = np.argsort(-(pool_v @ v))[: 4 * args.shards]
+        shards = [[(pool_x[i], pool_a[i]) for i in nearest[s :: args.shards]] for s in range(args.shards)]
+        answers = greedy_generate(backend, [prompt.render(d, mr) for d in shards], max_new_tokens=args.max_tokens)
+        counts: Counter[int] = Counter()
+        for tokens in answers:
+            counts.update(t for t in set(tokens) if backend.decode([t]).strip())
+        head = [(backend.decode([t]).strip(), c) for t, c in counts.most_common(8)]
+        ids = np.array(list(counts), dtype=np.int64)
+        cnt = np.array([counts[t] for t in ids], dtype=np.int64)
+        distances = {k: stability_distance(ids, cnt, k=k, group_size=1) for k in (1, 2, 4, 8)}
+        print(f"{mr[:70]}\n  top counts of {args.shards} shards: {head}\n  stability distance by k: {distances}")
+
+
+if __name__ == "__main__":
+    main()
