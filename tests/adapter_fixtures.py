@@ -55,7 +55,7 @@ def knn_core() -> PrivateKNN:
     knn_ledger = BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove"))
     return PrivateKNN(index, budget=knn_ledger, backend=backend(),
                             config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=1, keywords=3,
-                                             max_answer_tokens=4, ptr_noise_std=0.01))  # fmt: skip
+                                             max_answer_tokens=4, keyword_noise_std=0.01))  # fmt: skip
 
 
 def demo_set() -> DemoSet:

@@ -1,4 +1,4 @@
-"""Report-noisy-max and the keyword propose-test-release: statistics and the stability invariant."""
+"""Report-noisy-max, the keyword propose-test-release and the keyword threshold: statistics and invariants."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ from scipy.stats import norm
 
 from dp_icl_plugin import ConfigurationError
 from dp_icl_plugin.mechanisms.keyword_ptr import _ranked, stability_distance, stable_top_k
+from dp_icl_plugin.mechanisms.keyword_threshold import (
+    answer_keywords,
+    keyword_threshold,
+    threshold_keywords,
+    threshold_sensitivity,
+)
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
 
 
@@ -97,3 +103,77 @@ def test_ptr_refuses_bad_input() -> None:
         stable_top_k(np.array([1, 2]), np.array([2.5, 3.0]), k=1, noise_std=1.0, delta=1e-6, rng=rng)
     with pytest.raises(ConfigurationError):
         stable_top_k(np.array([1, 2]), np.array([2, 3]), k=1, noise_std=1.0, delta=0.0, rng=rng)
+
+
+# ------------------------------------------------------------------ keyword threshold (Gaussian, whole vocabulary)
+
+
+def test_the_threshold_lets_the_stated_number_of_unsaid_tokens_through() -> None:
+    # T solves |V|·P[N(0, σ²) > T] = false_keywords (an independent computation with scipy's survival function).
+    t = keyword_threshold(2.5, 49_152, false_keywords=0.01)
+    assert 49_152 * norm.sf(t / 2.5) == pytest.approx(0.01, rel=1e-9)
+    # Seeded: 300 releases over 2,000 unsaid tokens with 3 expected false keywords each: mean 3 ± 4 standard errors.
+    rng = np.random.default_rng(11)
+    zero = np.zeros(2_000, dtype=np.int64)
+    n = [len(threshold_keywords(zero, noise_std=1.0, limit=10**6, rng=rng, false_keywords=3.0).keywords or ())
+         for _ in range(300)]  # fmt: skip
+    assert abs(np.mean(n) - 3.0) < 4 * math.sqrt(3.0 / 300)
+
+
+def test_a_said_token_passes_as_often_as_its_gaussian_count_says() -> None:
+    rng = np.random.default_rng(5)
+    counts = np.zeros(1_000, dtype=np.int64)
+    counts[7] = 6
+    t = keyword_threshold(2.0, counts.size)
+    p = norm.sf((t - 6) / 2.0)  # P[6 + N(0, 4) > T]
+    n = 20_000
+    hits = sum(7 in (threshold_keywords(counts, noise_std=2.0, limit=5, rng=rng).keywords or ()) for _ in range(n))
+    assert abs(hits / n - p) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_threshold_keywords_come_highest_noisy_count_first_cut_to_the_limit() -> None:
+    counts = np.zeros(500, dtype=np.int64)
+    counts[[40, 10, 30, 20]] = [90, 70, 80, 60]
+    out = threshold_keywords(counts, noise_std=0.5, limit=3, rng=np.random.default_rng(0))
+    assert out.keywords == (40, 30, 10) and out.passed
+    assert threshold_keywords(np.zeros(500, dtype=np.int64), noise_std=0.5, limit=3,
+                              rng=np.random.default_rng(0)).keywords is None  # fmt: skip
+
+
+def test_answer_keywords_are_the_first_m_distinct_accepted_tokens() -> None:
+    assert answer_keywords([5, 1, 5, 2, 9, 3, 4], per_answer=3, is_keyword=lambda t: t != 2) == [5, 1, 9]
+    assert answer_keywords([5, 1, 5, 2], per_answer=None, is_keyword=lambda t: True) == [5, 1, 2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    answers=st.lists(st.lists(st.integers(0, 30), max_size=20), min_size=1, max_size=8),
+    replacement=st.lists(st.integers(0, 30), max_size=20),
+    changed=st.integers(0, 7),
+    m=st.integers(1, 6),
+)
+def test_one_shard_changing_its_answer_moves_the_histogram_by_at_most_the_sensitivity(
+    answers, replacement, changed, m
+) -> None:
+    def histogram(shards: list[list[int]]) -> np.ndarray:
+        h = np.zeros(31)
+        for tokens in shards:
+            h[answer_keywords(tokens, per_answer=m, is_keyword=lambda t: t % 5 != 0)] += 1
+        return h
+
+    changed %= len(answers)
+    for other in (answers[:changed] + [replacement] + answers[changed + 1 :], answers[:changed] + answers[changed + 1 :]):
+        assert np.linalg.norm(histogram(answers) - histogram(other)) <= threshold_sensitivity(m) + 1e-12
+
+
+def test_threshold_refuses_bad_input() -> None:
+    rng = np.random.default_rng(0)
+    for bad in (np.array([1.5, 2.0]), np.array([-1, 2]), np.zeros((2, 2), dtype=np.int64), np.array([], dtype=np.int64)):
+        with pytest.raises(ConfigurationError):
+            threshold_keywords(bad, noise_std=1.0, limit=2, rng=rng)
+    with pytest.raises(ConfigurationError):
+        threshold_keywords(np.array([1, 2]), noise_std=0.0, limit=2, rng=rng)
+    with pytest.raises(ConfigurationError):
+        threshold_keywords(np.array([1, 2]), noise_std=1.0, limit=2, rng=rng, false_keywords=2.0)
+    with pytest.raises(ConfigurationError):
+        threshold_keywords(np.array([1, 2]), noise_std=1.0, limit=2, rng=None)  # type: ignore[arg-type]

@@ -188,6 +188,8 @@ def test_private_text_never_prints_pickles_or_leaks_into_errors() -> None:
         (lambda r: PrivateKNN(r.index, budget=None), "BudgetManager"),
         (lambda r: KNNConfig(k=10, shards=4), "multiple"),
         (lambda r: KNNConfig(min_similarity=2.0), "min_similarity"),
+        (lambda r: KNNConfig(keyword_release="top-k"), "keyword_release"),
+        (lambda r: KNNConfig(keywords_per_answer=0), "keywords_per_answer"),
     ],
 )
 def test_bad_input_is_refused_before_anything_is_charged(call, message) -> None:
@@ -198,15 +200,50 @@ def test_bad_input_is_refused_before_anything_is_charged(call, message) -> None:
     assert (len(ledger.history()), index.filter.all_spent()[0].size) == before
 
 
-def test_answers_need_an_approximate_delta_share() -> None:
+def test_ptr_answers_need_an_approximate_delta_share_and_threshold_answers_spend_none() -> None:
     texts, labels, answers = records(9)
     index = PrivateIndex(
         budget=IndividualBudget(epsilon=2.0, delta=1e-5, approximate_delta=0.0), embedder=BagEmbedder()
     )
     index.add(texts, labels=labels, answers=answers)
-    retriever = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(5.0, 1e-4)), backend=fake_backend(texts))
+    ledger = BudgetManager(PrivacyBudget(5.0, 1e-4))
+    ptr = PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=KNNConfig(keyword_release="ptr"))
     with pytest.raises(ConfigurationError, match="approximate_delta"):
-        retriever.answer("red thing", rng=np.random.default_rng(0))
+        ptr.answer("red thing", rng=np.random.default_rng(0))
+    threshold = PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=KNNConfig(k=8, shards=4))
+    threshold.answer("red thing", rng=np.random.default_rng(0))
+    _, spent, spent_delta = index.filter.all_spent()
+    assert spent_delta.max() == 0.0 and spent.max() > 0
+
+
+def test_a_threshold_answer_charges_the_gaussian_of_its_histogram_sensitivity() -> None:
+    """Each shard adds its first m keyword tokens: √(2m) per shard, RDP α·Δ²/(2σ²), σ the release's noise."""
+    index, _, retriever = setup(config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=3, keywords_per_answer=5))
+    query = "red thing number1"
+    candidates = index.within(index.embed_query(query), 0.6)
+    retriever.answer(query, rng=np.random.default_rng(0))
+    orders = np.asarray(index.filter.budget.orders)
+    expected = orders * (2 * 5) / (2 * retriever.keyword_noise_std**2)
+    spent, spent_delta = index.filter.spent(candidates.ids)
+    np.testing.assert_allclose(spent, np.tile(expected, (len(candidates), 1)), rtol=1e-9)
+    assert spent_delta.max() == 0.0
+    # σ is the smallest that lets a record take part in `uses` answers: a fourth no longer fits.
+    caps = index.filter.budget.caps
+    assert ((3 * expected <= caps * (1 + 1e-6)) & np.isfinite(caps)).any()
+    assert not ((4 * expected <= caps) & np.isfinite(caps)).any()
+
+
+def test_a_person_pays_a_threshold_answer_for_every_shard_they_can_change() -> None:
+    config = KNNConfig(k=8, shards=4, min_similarity=0.6, uses=50, keywords_per_answer=3)
+    index, _, retriever = setup(group_by_user=True, config=config)
+    query = "red thing number1"
+    units, counts = np.unique(index.units_of(index.within(index.embed_query(query), 0.6).ids), return_counts=True)
+    assert counts.max() > 1
+    retriever.answer(query, rng=np.random.default_rng(0))
+    orders = np.asarray(index.filter.budget.orders)
+    for row, c in zip(index.filter.spent(units)[0], counts, strict=True):
+        sensitivity = math.sqrt(2 * 3) * min(int(c), 4)
+        np.testing.assert_allclose(row, orders * sensitivity**2 / (2 * retriever.keyword_noise_std**2), rtol=1e-9)
 
 
 def test_a_retrieval_is_released_once_and_by_its_own_kind() -> None:

@@ -153,7 +153,7 @@ def knn_answer(epsilon: float, records: Sequence[tuple[str, str]], queries: Sequ
     per_record = 1e9 if noise_off else epsilon
     index = PrivateIndex(budget=IndividualBudget(epsilon=per_record, delta=1e-5), embedder=embedder())
     index.add([p for p, _ in records], answers=[s for _, s in records])
-    noise = {"noise_std": 1e-3, "ptr_noise_std": 1e-3} if noise_off else {}
+    noise = {"noise_std": 1e-3, "keyword_noise_std": 1e-3} if noise_off else {}
     # one-token answers and one keyword: the shards' answers are the secret or not, nothing else to count
     config = KNNConfig(k=20, shards=5, min_similarity=-1.0, uses=len(queries), keywords=1, max_answer_tokens=1,
                        **noise)  # fmt: skip

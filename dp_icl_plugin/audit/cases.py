@@ -29,6 +29,7 @@ from dp_icl_plugin.mechanisms.adadpsyn import release_token
 from dp_icl_plugin.mechanisms.clip_blend import blended_scores, clip_blend_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, pta_distributions, restrict
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
+from dp_icl_plugin.mechanisms.keyword_threshold import threshold_keywords, threshold_sensitivity
 from dp_icl_plugin.mechanisms.mozo import mozo_distribution
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
 
@@ -158,6 +159,27 @@ def _ptr_pairs(broken: bool) -> list[Sampler]:
                 dtype=np.int64, count=n,
             )
         )  # fmt: skip
+    return samplers
+
+
+# -- keyword threshold: one shard's answer swaps its keyword (m = 1) for another ---------------------------------
+# Token 0 is said only by the changed shard. Broken: noise and threshold over the said tokens only (the
+# partition-selection shortcut, which needs a δ that this claim does not have): token 0 can then never
+# pass on D', and passing on D gives it away.
+_KW_STD, _KW_VOCAB = 2.0, 4
+
+
+def _keyword_threshold_pairs(broken: bool) -> list[Sampler]:
+    samplers: list[Any] = []  # Samplers (the lambdas bind their pair's inputs as defaults)
+    for others in (0, 3):  # token 1: said by no other shard, or by three
+        counts = {False: np.array([1, others, 0, 0]), True: np.array([0, others + 1, 0, 0])}
+
+        def draw(g: np.random.Generator, h: np.ndarray) -> int:
+            said = np.flatnonzero(h) if broken else np.arange(h.size)
+            out = threshold_keywords(h[said], noise_std=_KW_STD, limit=_KW_VOCAB, rng=g).keywords or ()
+            return sum(1 << int(said[t]) for t in out)
+
+        samplers.append(lambda nb, n, rng, c=counts, d=draw: _loop(lambda g: d(g, c[nb]))(n, rng))
     return samplers
 
 
@@ -395,6 +417,9 @@ CASES: tuple[AuditCase, ...] = (
               _pta_pairs),
     AuditCase("keyword PTR test", ev.GaussianEvent(_PTR_STD, **_AR), _PTR_DELTA + 1e-3, _ptr_pairs,
               claim_delta=1e-3),
+    AuditCase("keyword threshold (Gaussian counts)",
+              ev.GaussianEvent(_KW_STD / threshold_sensitivity(1), threshold_sensitivity(1), **_AR), 1e-4,
+              _keyword_threshold_pairs, broken_as="noise on the said tokens only"),
     AuditCase("clip-blend token", ev.ExponentialMechanismEvent(_CLIP / (_S * _TAU), **_AR), 1e-6, _clip_pairs),
     AuditCase("DPS-MOZO token (projected)", ev.MozoTokenEvent(beta=_BETA, order=_ORDER), 1e-3, _mozo_pairs,
               broken_as="mixing constraint off"),

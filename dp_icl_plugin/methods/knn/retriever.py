@@ -7,9 +7,11 @@ Three releases, each answering one public query from the private records nearest
 - :meth:`PrivateKNN.classify`: the records are split into shards, the LLM labels the query once per
   shard with the shard's records as demonstrations, and report-noisy-max picks a label from the shards'
   votes (Wu et al. ICLR 2024, RNM-Gaussian).
-- :meth:`PrivateKNN.answer`: each shard's LLM answer adds its tokens to a keyword histogram; the
-  top keywords are released by propose-test-release and a public prompt with only those keywords (or
-  the 0-shot prompt when the test fails) produces the answer (keyword-space aggregation, Wu et al.).
+- :meth:`PrivateKNN.answer`: each shard's LLM answer adds its keyword tokens to a histogram; keywords
+  are released from it (by default every token whose Gaussian-noised count passes a threshold,
+  :mod:`dp_icl_plugin.mechanisms.keyword_threshold`; or the paper's top-k propose-test-release,
+  :mod:`dp_icl_plugin.mechanisms.keyword_ptr`) and a public prompt with only those keywords (or the 0-shot
+  prompt when none is released) produces the answer (keyword-space aggregation, Wu et al.).
 
 **Who pays.** Neighbouring relation: add/remove one unit (a record, or every record of one person). A
 record is a *candidate* when it is active (its unit can still pay) and its cosine similarity to the query
@@ -25,7 +27,9 @@ query, and each shard takes its r = k / shards most similar candidates: removing
 one shard (the next candidate of that shard moves up). So the vote histogram moves by at most √2 in ℓ2
 per shard touched (one vote moves from one label to another), i.e. √2·min(c, shards) for a unit with c
 candidate records; for :meth:`vote`, √2·min(c, k) (each removed record swaps one vote). The keyword
-histogram changes in at most min(c, shards) shards (:mod:`dp_icl_plugin.mechanisms.keyword_ptr`).
+histogram changes in at most min(c, shards) shards: by √(2m) in ℓ2 per shard when each answer adds its
+first m keywords (threshold release), and the PTR stability distance by one unit (at most ``shards``
+shard changes per person, :mod:`dp_icl_plugin.mechanisms.keyword_ptr`).
 
 **Accounting.** Each unit pays the Gaussian RDP of its own sensitivity (plus δ₀ for the PTR test) in the
 index's :class:`~dp_icl_plugin.accounting.RenyiFilter`; the ledger is charged once for the filter's total
@@ -52,6 +56,7 @@ from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
+from dp_icl_plugin.mechanisms.keyword_threshold import answer_keywords, threshold_keywords, threshold_sensitivity
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
 from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
 from dp_icl_plugin.methods.knn.prompts import AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
@@ -70,6 +75,7 @@ __all__ = [
 
 SQRT2 = math.sqrt(2.0)
 RELEASES = ("vote", "classify", "answer")
+KEYWORD_RELEASES = ("threshold", "ptr")
 
 
 def noise_for_uses(budget: IndividualBudget, *, uses: int, sensitivity: float) -> float:
@@ -96,8 +102,14 @@ class KNNConfig:
         min_similarity: public cosine threshold τ; every active record at least this similar pays.
         uses: releases a record can take part in; sets the noise when ``noise_std`` is not given.
         noise_std: σ of the Gaussian noise on vote histograms (default: calibrated from ``uses``).
-        ptr_noise_std: σ of the keyword stability test (default: calibrated from ``uses``).
-        keywords: how many keywords an answer release publishes.
+        keyword_release: how an answer release picks keywords: ``"threshold"`` (every token whose noisy
+            count passes a threshold; no δ) or ``"ptr"`` (the paper's exact top-``keywords`` set when a
+            propose-test-release stability test passes; needs an approximate-δ share in the budget).
+        keyword_noise_std: σ of the keyword release (threshold counts or the PTR test; default: calibrated
+            from ``uses``).
+        keywords: how many keywords an answer release publishes (``"threshold"``: at most this many).
+        keywords_per_answer: ``"threshold"``: each shard's answer counts its first this many distinct
+            keyword tokens (the ℓ2 sensitivity is √(2·keywords_per_answer) per shard).
         max_answer_tokens: the length limit of every generated answer.
     """
 
@@ -106,12 +118,14 @@ class KNNConfig:
     min_similarity: float = 0.3
     uses: int = 1
     noise_std: float | None = None
-    ptr_noise_std: float | None = None
+    keyword_release: str = "threshold"
+    keyword_noise_std: float | None = None
     keywords: int = 5
+    keywords_per_answer: int = 8
     max_answer_tokens: int = 16
 
     def __post_init__(self) -> None:
-        for name in ("k", "shards", "uses", "keywords", "max_answer_tokens"):
+        for name in ("k", "shards", "uses", "keywords", "keywords_per_answer", "max_answer_tokens"):
             object.__setattr__(self, name, check.positive_int(name, getattr(self, name)))
         if self.k % self.shards:
             raise ConfigurationError(f"k ({self.k}) must be a multiple of shards ({self.shards})")
@@ -119,7 +133,10 @@ class KNNConfig:
         if not -1.0 <= tau <= 1.0:
             raise ConfigurationError(f"min_similarity must lie in [-1, 1], got {tau!r}")
         object.__setattr__(self, "min_similarity", tau)
-        for name in ("noise_std", "ptr_noise_std"):
+        if self.keyword_release not in KEYWORD_RELEASES:
+            raise ConfigurationError(f"keyword_release must be one of {', '.join(KEYWORD_RELEASES)}, "
+                                     f"got {self.keyword_release!r}")  # fmt: skip
+        for name in ("noise_std", "keyword_noise_std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check.positive_finite(name, getattr(self, name)))
 
@@ -285,8 +302,15 @@ class PrivateKNN:
         self.fixed_latency = as_fixed_latency(fixed_latency)
         filt = index.filter.budget
         self.noise_std = self.config.noise_std or noise_for_uses(filt, uses=self.config.uses, sensitivity=SQRT2)
-        self.ptr_noise_std = self.config.ptr_noise_std or noise_for_uses(filt, uses=self.config.uses, sensitivity=1.0)
-        self.ptr_delta = float(filt.approximate_delta or 0.0) / self.config.uses
+        self.keyword_sensitivity = (  # one unit changing one shard
+            1.0 if self.config.keyword_release == "ptr" else threshold_sensitivity(self.config.keywords_per_answer)
+        )
+        self.keyword_noise_std = self.config.keyword_noise_std or noise_for_uses(
+            filt, uses=self.config.uses, sensitivity=self.keyword_sensitivity
+        )
+        self.ptr_delta = (
+            float(filt.approximate_delta or 0.0) / self.config.uses if self.config.keyword_release == "ptr" else 0.0
+        )
         self._label_tokens: np.ndarray | None = None
         self.cover_entry = self._cover()
 
@@ -393,30 +417,51 @@ class PrivateKNN:
         backend = self.backend
         assert backend is not None
         shards = [demos for demos in self._shards(retrieval, rng, need="answer") if demos]
-        histogram: dict[int, int] = {}
-        if shards:
-            room = self.config.max_answer_tokens + 1
-            prompts = [self._fit(self.answer_prompt.render(demos, retrieval._query), room=room) for demos in shards]
-            for tokens in greedy_generate(backend, prompts, max_new_tokens=self.config.max_answer_tokens):
-                for token in set(tokens):
-                    if backend.decode([token]).strip():
-                        histogram[token] = histogram.get(token, 0) + 1
-        group = 1 if not self.index.group_by_user else self.config.shards
-        released = stable_top_k(
-            np.fromiter(histogram.keys(), dtype=np.int64, count=len(histogram)),
-            np.fromiter(histogram.values(), dtype=np.int64, count=len(histogram)),
-            k=n_keywords,
-            noise_std=self.ptr_noise_std,
-            delta=self.ptr_delta,
-            rng=rng,
-            group_size=group,
-        )
+        released = self._release_keywords(self._shard_answers(retrieval._query, shards), n_keywords, rng)
         # Everything below is post-processing of the release: the query is public, the keywords are DP.
-        words = None if released.keywords is None else tuple(backend.decode([t]).strip() for t in released.keywords)
+        words = None if released is None else tuple(backend.decode([t]).strip() for t in released)
         # Fitted like the shard prompts: a long query or long keywords shorten it rather than fail after the charge.
         final = self._fit(self.keyword_prompt.render(words, retrieval._query), room=self.config.max_answer_tokens + 1)
         text = backend.decode(greedy_generate(backend, [final], max_new_tokens=self.config.max_answer_tokens)[0])
         return Answer(text.strip(), words, retrieval.ledger_entry)
+
+    def _shard_answers(self, query: str, shards: list[list[tuple[str, str]]]) -> list[list[int]]:
+        """Each shard's keyword tokens (non-private until released): alphanumeric tokens of its greedy answer,
+        distinct, in order; with the threshold release only the first ``keywords_per_answer``."""
+        if not shards:
+            return []
+        assert self.backend is not None
+        room = self.config.max_answer_tokens + 1
+        prompts = [self._fit(self.answer_prompt.render(demos, query), room=room) for demos in shards]
+        per_answer = self.config.keywords_per_answer if self.config.keyword_release == "threshold" else None
+        outputs = greedy_generate(self.backend, prompts, max_new_tokens=self.config.max_answer_tokens)
+        return [answer_keywords(tokens, per_answer=per_answer, is_keyword=self._is_keyword) for tokens in outputs]
+
+    def _is_keyword(self, token: int) -> bool:
+        assert self.backend is not None
+        return any(ch.isalnum() for ch in self.backend.decode([token]))
+
+    def _release_keywords(self, answers: list[list[int]], n_keywords: int, rng: np.random.Generator):
+        """The DP keyword release over the shards' keyword sets: token ids, or None when none is released."""
+        assert self.backend is not None
+        if self.config.keyword_release == "threshold":
+            counts = np.zeros(self.backend.vocab_size, dtype=np.int64)
+            for tokens in answers:
+                counts[tokens] += 1  # distinct within an answer
+            return threshold_keywords(counts, noise_std=self.keyword_noise_std, limit=n_keywords, rng=rng).keywords
+        histogram: dict[int, int] = {}
+        for tokens in answers:
+            for token in tokens:
+                histogram[token] = histogram.get(token, 0) + 1
+        return stable_top_k(
+            np.fromiter(histogram.keys(), dtype=np.int64, count=len(histogram)),
+            np.fromiter(histogram.values(), dtype=np.int64, count=len(histogram)),
+            k=n_keywords,
+            noise_std=self.keyword_noise_std,
+            delta=self.ptr_delta,
+            rng=rng,
+            group_size=1 if not self.index.group_by_user else self.config.shards,
+        ).keywords
 
     def per_record_epsilon(self) -> float:
         """The (ε, δ) each unit is protected with over all releases of this index (the filter's budget)."""
@@ -447,8 +492,8 @@ class PrivateKNN:
             raise ConfigurationError(f"a {release} release needs a backend (a language model)")
         if release == "classify":
             self._label_token_ids()
-        if release == "answer" and self.ptr_delta <= 0:
-            raise ConfigurationError("answer releases need approximate_delta > 0 in the index's IndividualBudget")
+        if release == "answer" and self.config.keyword_release == "ptr" and self.ptr_delta <= 0:
+            raise ConfigurationError("PTR keyword releases need approximate_delta > 0 in the index's IndividualBudget")
 
     def _check_answer_room(self, query: str) -> None:
         """Refuse, before the charge, a (public) query whose answer prompt cannot fit the model: the final
@@ -482,13 +527,17 @@ class PrivateKNN:
 
     def _event(self, release: str, c: int, k: int | None = None) -> ev.DPEvent:
         cap = (self.config.k if k is None else k) if release == "vote" else self.config.shards
+        if release == "answer" and self.config.keyword_release == "ptr":  # the group is inside the distance
+            return ev.GaussianEvent(self.keyword_noise_std, sensitivity=1.0, neighbouring=ev.ADD_REMOVE)
         if release == "answer":
-            return ev.GaussianEvent(self.ptr_noise_std, sensitivity=1.0, neighbouring=ev.ADD_REMOVE)
-        sensitivity = SQRT2 * min(c, cap)
-        return ev.GaussianEvent(self.noise_std / sensitivity, sensitivity=sensitivity, neighbouring=ev.ADD_REMOVE)
+            sensitivity = self.keyword_sensitivity * min(c, cap)
+            noise = self.keyword_noise_std
+        else:
+            sensitivity, noise = SQRT2 * min(c, cap), self.noise_std
+        return ev.GaussianEvent(noise / sensitivity, sensitivity=sensitivity, neighbouring=ev.ADD_REMOVE)
 
     def _cost(self, release: str, c: int, k: int | None = None) -> ReleaseCost:
-        delta = self.ptr_delta if release == "answer" else 0.0
+        delta = self.ptr_delta if release == "answer" else 0.0  # 0 unless the keywords go by PTR
         return ReleaseCost.of(self._event(release, c, k), self.index.filter.budget.orders, delta=delta)
 
     def _fit(self, text: str, *, room: int) -> list[int]:
