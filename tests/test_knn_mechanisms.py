@@ -162,7 +162,7 @@ def test_one_shard_changing_its_answer_moves_the_histogram_by_at_most_the_sensit
         return h
 
     changed %= len(answers)
-    for other in (answers[:changed] + [replacement] + answers[changed + 1 :], answers[:changed] + answers[changed + 1 :]):
+    for other in ([*answers[:changed], replacement, *answers[changed + 1 :]], [*answers[:changed], *answers[changed + 1 :]]):
         assert np.linalg.norm(histogram(answers) - histogram(other)) <= threshold_sensitivity(m) + 1e-12
 
 

@@ -399,3 +399,14 @@ def test_whether_a_record_takes_part_never_depends_on_another_records_presence()
 
     assert later_uses(True) == later_uses(False)
     assert later_uses(False)[0] == 1  # i can still afford one cheap release, and takes part in it
+
+
+def test_keywords_are_tokens_with_a_letter_or_digit_that_are_not_stop_words() -> None:
+    _, _, retriever = setup()
+    backend = retriever.backend
+    assert backend is not None
+    token = {word: backend.encode(word)[0] for word in ("red", "the", "thing")}
+    assert retriever._is_keyword(token["red"]) and retriever._is_keyword(token["thing"])
+    assert not retriever._is_keyword(token["the"])  # a stop word
+    custom = setup(config=KNNConfig(k=8, shards=4, stopwords=["RED"]))[2]
+    assert not custom._is_keyword(token["red"]) and custom._is_keyword(token["the"])

@@ -99,11 +99,11 @@ class TestDPPrivateRetriever(RetrieversIntegrationTests):
     def retriever_query_example(self) -> str:
         return "where did the cat sit?"
 
-    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when the stability test fails", strict=True)
+    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when fewer pass its threshold", strict=True)
     def test_k_constructor_param(self) -> None:
         super().test_k_constructor_param()
 
-    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when the stability test fails", strict=True)
+    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when fewer pass its threshold", strict=True)
     def test_invoke_with_k_kwarg(self, retriever: Any) -> None:
         super().test_invoke_with_k_kwarg(retriever)
 

@@ -198,7 +198,8 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
              f"`{meta['command']}` on {meta['machine']} (no GPU), {meta['minutes']:.0f} min, {meta['date']}. "
              f"{meta['queries']} queries per task, answered in sequence; per-record (ε, δ = {DELTA}) over the run; "
              "one seed (noise and sharding).", "",
-             "| task | method | ε | score | keywords released: % of answers (mean number) | records paying per query | s |",
+             "| task | method | ε | score | keywords released: % of answers (mean number) | records paying "
+             "per query | s |",
              "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         eps = "∞" if math.isinf(r["epsilon"]) else ("–" if r["epsilon"] == 0 else f"{r['epsilon']:g}")

@@ -10,7 +10,19 @@ from dataclasses import dataclass, fields
 
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["AnswerPrompt", "ClassificationPrompt", "KeywordAnswerPrompt"]
+__all__ = ["STOPWORDS", "AnswerPrompt", "ClassificationPrompt", "KeywordAnswerPrompt"]
+
+# English function words that are never keywords (a shard answer's first keywords should carry content).
+STOPWORDS = frozenset(
+    [
+        "a", "an", "the", "and", "or", "but", "nor", "so", "yet", "of", "in", "on", "at", "to", "for", "from", "by",
+        "with", "as", "into", "onto", "over", "under", "is", "are", "was", "were", "be", "been", "being", "am",
+        "do", "does", "did", "has", "have", "had", "it", "its", "it's", "this", "that", "these", "those", "there",
+        "here", "they", "them", "their", "he", "she", "his", "her", "we", "our", "you", "your", "i", "me", "my", "not",
+        "no", "also", "very", "which", "who", "whom", "whose", "what", "when", "where", "why", "how", "than", "then",
+        "too", "can", "could", "will", "would", "shall", "should", "may", "might", "must",
+    ]
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import answer_keywords, threshold_keywords, threshold_sensitivity
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
 from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
-from dp_icl_plugin.methods.knn.prompts import AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
+from dp_icl_plugin.methods.knn.prompts import STOPWORDS, AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 
 __all__ = [
@@ -110,6 +110,8 @@ class KNNConfig:
         keywords: how many keywords an answer release publishes (``"threshold"``: at most this many).
         keywords_per_answer: ``"threshold"``: each shard's answer counts its first this many distinct
             keyword tokens (the ℓ2 sensitivity is √(2·keywords_per_answer) per shard).
+        stopwords: words that are never keywords (a keyword is a token with a letter or digit whose
+            lower-cased text is not one of them); public, default :data:`~dp_icl_plugin.methods.knn.prompts.STOPWORDS`.
         max_answer_tokens: the length limit of every generated answer.
     """
 
@@ -122,6 +124,7 @@ class KNNConfig:
     keyword_noise_std: float | None = None
     keywords: int = 5
     keywords_per_answer: int = 8
+    stopwords: frozenset[str] = STOPWORDS
     max_answer_tokens: int = 16
 
     def __post_init__(self) -> None:
@@ -136,6 +139,9 @@ class KNNConfig:
         if self.keyword_release not in KEYWORD_RELEASES:
             raise ConfigurationError(f"keyword_release must be one of {', '.join(KEYWORD_RELEASES)}, "
                                      f"got {self.keyword_release!r}")  # fmt: skip
+        if isinstance(self.stopwords, str) or not all(isinstance(w, str) for w in self.stopwords):
+            raise ConfigurationError("stopwords must be a collection of strings")
+        object.__setattr__(self, "stopwords", frozenset(w.strip().lower() for w in self.stopwords))
         for name in ("noise_std", "keyword_noise_std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check.positive_finite(name, getattr(self, name)))
@@ -236,7 +242,7 @@ class Answer:
 
     @property
     def fell_back(self) -> bool:
-        """Whether the stability test failed and the 0-shot answer was given."""
+        """Whether no keyword was released (none passed the threshold, or the PTR test failed): the 0-shot answer."""
         return self.keywords is None
 
 
@@ -438,8 +444,10 @@ class PrivateKNN:
         return [answer_keywords(tokens, per_answer=per_answer, is_keyword=self._is_keyword) for tokens in outputs]
 
     def _is_keyword(self, token: int) -> bool:
+        """A public property of the token: it has a letter or digit and is not a stop word."""
         assert self.backend is not None
-        return any(ch.isalnum() for ch in self.backend.decode([token]))
+        text = self.backend.decode([token]).strip()
+        return any(ch.isalnum() for ch in text) and text.lower() not in self.config.stopwords
 
     def _release_keywords(self, answers: list[list[int]], n_keywords: int, rng: np.random.Generator):
         """The DP keyword release over the shards' keyword sets: token ids, or None when none is released."""

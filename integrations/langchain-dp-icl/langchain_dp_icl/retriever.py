@@ -37,9 +37,9 @@ class DPICLRetriever(BaseRetriever):
 
     Key init args:
         knn: the private kNN core (its index, ledger, backend and settings).
-        mode: ``"keywords"`` (default: one Document per released keyword, at most ``k``; none when the
-            stability test fails) or ``"answer"`` (one Document: the DP answer generated from the keywords,
-            or the 0-shot answer when the test fails).
+        mode: ``"keywords"`` (default: one Document per released keyword, at most ``k``; none when
+            no keyword is released) or ``"answer"`` (one Document: the DP answer generated from the keywords,
+            or the 0-shot answer when none is released).
         k: keywords to release (default: the core's ``config.keywords``); a call's ``k`` overrides it.
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
         seed: reproducible noise for tests and benchmarks only.
@@ -88,7 +88,7 @@ class DPICLRetriever(BaseRetriever):
                  "per_record_epsilon": self.knn.per_record_epsilon(),
                  "per_record_delta": self.knn.index.filter.budget.delta}  # fmt: skip
         run_manager.get_child().on_custom_event("dp_icl_spend", spend, run_id=run_manager.run_id)
-        meta = {**spend, "stability_test_passed": answer.keywords is not None}
+        meta = {**spend, "keywords_released": answer.keywords is not None}
         if self.mode == "answer":
             return [Document(page_content=answer.text, metadata={**meta, "kind": "dp_answer"})]
         return [Document(page_content=kw, metadata={**meta, "kind": "dp_keyword"}) for kw in answer.keywords or ()]

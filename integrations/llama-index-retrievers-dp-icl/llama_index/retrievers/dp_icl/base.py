@@ -40,7 +40,7 @@ class DPICLRetriever(BaseRetriever):
     Key init args:
         knn: the private kNN core (its index, ledger, backend and settings).
         mode: ``"answer"`` (default: one node with the DP answer built from the released keywords, or the
-            0-shot answer when the stability test fails) or ``"keywords"`` (one node per released keyword).
+            0-shot answer when no keyword is released) or ``"keywords"`` (one node per released keyword).
         similarity_top_k: how many keywords to release (default: the core's ``config.keywords``).
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
         seed: reproducible noise for tests and benchmarks only.
@@ -95,7 +95,7 @@ class DPICLRetriever(BaseRetriever):
                              per_record_delta=self._core.index.filter.budget.delta)  # fmt: skip
         dispatcher.event(spend)
         meta = {"ledger_entry": answer.ledger_entry, "per_record_epsilon": spend.per_record_epsilon,
-                "stability_test_passed": answer.keywords is not None}  # fmt: skip
+                "keywords_released": answer.keywords is not None}  # fmt: skip
         if self._mode == "answer":
             return [NodeWithScore(node=TextNode(text=answer.text, metadata={**meta, "kind": "dp_answer"}), score=1.0)]
         return [NodeWithScore(node=TextNode(text=kw, metadata={**meta, "kind": "dp_keyword"}), score=1.0)
