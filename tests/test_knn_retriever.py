@@ -410,3 +410,30 @@ def test_keywords_are_tokens_with_a_letter_or_digit_that_are_not_stop_words() ->
     assert not retriever._is_keyword(token["the"])  # a stop word
     custom = setup(config=KNNConfig(k=8, shards=4, stopwords=["RED"]))[2]
     assert not custom._is_keyword(token["red"]) and custom._is_keyword(token["the"])
+
+
+def test_a_retrieval_is_released_only_by_the_retriever_that_charged_it() -> None:
+    """A PTR retriever's charge (sensitivity 1) must not pay for another retriever's threshold release."""
+    index, ledger, _ = setup()
+    texts, _, _ = records()
+    ptr = PrivateKNN(index, budget=ledger, backend=fake_backend(texts),
+                     config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keyword_release="ptr"))  # fmt: skip
+    threshold = PrivateKNN(index, budget=ledger, backend=fake_backend(texts),
+                           config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4))  # fmt: skip
+    retrieval = ptr.retrieve("red thing number1", release="answer")
+    with pytest.raises(ConfigurationError, match="another retriever"):
+        threshold.answer(retrieval, rng=np.random.default_rng(0))
+    ptr.answer(retrieval, rng=np.random.default_rng(0))
+
+
+def test_the_threshold_release_puts_noise_on_every_token_of_the_vocabulary(monkeypatch) -> None:
+    from dp_icl_plugin.methods.knn import retriever as module
+
+    seen = []
+    real = module.threshold_keywords
+    monkeypatch.setattr(module, "threshold_keywords", lambda counts, **kw: seen.append(counts) or real(counts, **kw))
+    _, _, retriever = setup(config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4))
+    retriever.answer("red thing number1", rng=np.random.default_rng(0))
+    assert retriever.backend is not None
+    (counts,) = seen
+    assert counts.shape == (retriever.backend.vocab_size,) and counts.sum() > 0

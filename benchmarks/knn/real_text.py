@@ -20,7 +20,7 @@ sequence against one index per ε (the filter state carries over).
     python benchmarks/knn/real_text.py                    # the table: see results/real_text.md for the time
     python benchmarks/knn/real_text.py --quick            # 20 queries each, ε = 8 only: a few minutes
 
-Writes ``results/real_text.{json,md}``.
+Writes ``results/real_text.{json,md}`` (``real_text_<task>.{json,md}`` with one ``--tasks``).
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
 
 
 def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards: int = SHARDS,
-                uses: int = USES, tau: float = ANSWER_TAU, release: str = "threshold",
-                per_answer: int = 8) -> list[dict]:
+                uses: int = USES, tau: float = ANSWER_TAU, per_answer: int = 8,
+                ptr_epsilons: tuple[float, ...] = ()) -> list[dict]:
     from accuracy import Lookup
     from run import Scorer
     from run import load as load_e2e
@@ -168,7 +168,8 @@ def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards
     prompts = [shard_prompt.render([(pool_x[i], pool_a[i]) for i in np.argsort(-row)[:4]], q)
                for q, row in zip(mrs, sims, strict=True)]  # fmt: skip
     add("kNN RAG, no privacy (4 nearest pairs, greedy)", math.inf, generate(prompts), time.perf_counter() - started)
-    for epsilon in epsilons:
+    runs = [(e, "threshold") for e in epsilons] + [(e, "ptr") for e in ptr_epsilons]
+    for epsilon, release in runs:
         started = time.perf_counter()
         index = PrivateIndex(budget=IndividualBudget(epsilon=epsilon, delta=DELTA), embedder=lookup)
         index.add(pool_x, answers=pool_a)
@@ -215,11 +216,12 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 8.0])
     parser.add_argument("--keywords", type=int, default=8, help="answer: keywords released")
-    parser.add_argument("--shards", type=int, default=SHARDS, help="answer: shards of 4 records (k = 4 × shards)")
-    parser.add_argument("--uses", type=int, default=USES, help="answer: releases a record can take part in")
+    parser.add_argument("--shards", type=int, default=20, help="answer: shards of 4 records (k = 4 × shards)")
+    parser.add_argument("--uses", type=int, default=1, help="answer: releases a record can take part in")
     parser.add_argument("--tau", type=float, default=ANSWER_TAU, help="answer: the similarity threshold τ")
-    parser.add_argument("--release", default="threshold", choices=["threshold", "ptr"], help="answer: keyword release")
-    parser.add_argument("--per-answer", type=int, default=8, help="answer: keywords each shard answer counts")
+    parser.add_argument("--per-answer", type=int, default=4, help="answer: keywords each shard answer counts")
+    parser.add_argument("--ptr-epsilons", type=float, nargs="*", default=[8.0],
+                        help="answer: also run the paper's PTR keyword release at these ε")  # fmt: skip
     parser.add_argument("--tasks", nargs="+", default=["classify", "answer"], choices=["classify", "answer"])
     parser.add_argument("--quick", action="store_true", help="20 queries, ε = 8 only")
     args = parser.parse_args()
@@ -238,14 +240,16 @@ def main() -> None:
         rows += classify_rows(backend, args.epsilons, args.queries, log)
     if "answer" in args.tasks:
         rows += answer_rows(backend, args.epsilons, args.queries, args.keywords, log, shards=args.shards,
-                            uses=args.uses, tau=args.tau, release=args.release, per_answer=args.per_answer)  # fmt: skip
+                            uses=args.uses, tau=args.tau, per_answer=args.per_answer,
+                            ptr_epsilons=tuple(args.ptr_epsilons))  # fmt: skip
     meta = {"command": "python benchmarks/knn/real_text.py " + " ".join(sys.argv[1:]), "queries": args.queries,
             "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
             "minutes": (time.perf_counter() - started) / 60, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
     out = HERE / ("results-quick" if args.quick else "results")
     out.mkdir(exist_ok=True)
-    (out / "real_text.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    (out / "real_text.md").write_text(to_markdown(rows, meta))
+    name = "real_text" if len(args.tasks) > 1 else f"real_text_{args.tasks[0]}"  # one task keeps the other's table
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    (out / f"{name}.md").write_text(to_markdown(rows, meta))
     print(to_markdown(rows, meta))
 
 

@@ -16,6 +16,8 @@ post-processing. No δ is spent: unlike partition selection over an unbounded do
 Wilson et al., PoPETs 2020) or propose-test-release (Wu et al., ICLR 2024, Thm. 11), nothing is released
 without noise. T only sets the utility: it is chosen so that, on average, ``false_keywords`` of the tokens
 no shard said pass (T = σ·Φ̄⁻¹(false_keywords / |V|)).
+The noise is numpy's double-precision normal sampler, as for every Gaussian mechanism in this library; only
+whether each noisy count crosses T (and the order of those that do) leaves the mechanism.
 
 This replaces the top-k PTR of Wu et al. where the shards agree on many tokens: agreement ties the top
 counts, the top-k set is then unstable for every k, and the PTR test fails (benchmarks/knn/keyword_ties.py).

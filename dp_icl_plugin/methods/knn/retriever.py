@@ -100,7 +100,8 @@ class KNNConfig:
         k: records used per release (for classify/answer: ``shards`` × demonstrations per shard).
         shards: LLM calls per classify/answer release (the paper: 10 shards × 4 demonstrations).
         min_similarity: public cosine threshold τ; every active record at least this similar pays.
-        uses: releases a record can take part in; sets the noise when ``noise_std`` is not given.
+        uses: releases a record can take part in; sets the noise when ``noise_std`` is not given. Each kind
+            is calibrated on its own: ``uses`` votes/classifications, or ``uses`` answers, fill a record's budget.
         noise_std: σ of the Gaussian noise on vote histograms (default: calibrated from ``uses``).
         keyword_release: how an answer release picks keywords: ``"threshold"`` (every token whose noisy
             count passes a threshold; no δ) or ``"ptr"`` (the paper's exact top-``keywords`` set when a
@@ -206,6 +207,7 @@ class Retrieval(Sequence[RetrievedRecord]):
         self.k = k
         self.complete = len(records) >= k
         self._used = False
+        self._charged_by: object = None  # the PrivateKNN whose costs were charged (its release must match them)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -370,7 +372,9 @@ class PrivateKNN:
             )
             for r, s in zip(stored[: len(used)], used.similarities, strict=True)
         ]
-        return Retrieval(release, query, used, records, k, entry.id)
+        retrieval = Retrieval(release, query, used, records, k, entry.id)
+        retrieval._charged_by = self
+        return retrieval
 
     def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
         """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates."""
@@ -410,7 +414,7 @@ class PrivateKNN:
         return Classification(label, "classify", retrieval.ledger_entry)
 
     def answer(self, query: str | Retrieval, *, rng: np.random.Generator, keywords: int | None = None) -> Answer:
-        """Keyword-space aggregation: shard answers → keyword histogram → PTR top keywords → public answer.
+        """Keyword-space aggregation: shard answers → keyword histogram → DP keywords → public answer.
 
         ``keywords`` overrides ``config.keywords`` (how many keywords to release; the cost does not change).
         """
@@ -568,6 +572,8 @@ class PrivateKNN:
         if isinstance(query, Retrieval):
             if query.release != release:
                 raise ConfigurationError(f"this retrieval was charged for a {query.release} release, not {release}")
+            if query._charged_by is not self:  # another retriever's noise, sensitivity or δ was paid for
+                raise ConfigurationError("this retrieval was charged by another retriever: release it there")
             if query._used:
                 raise ConfigurationError("a retrieval can be released once")
             retrieval = query
