@@ -224,6 +224,7 @@ def main() -> None:
                         help="answer: also run the paper's PTR keyword release at these ε")  # fmt: skip
     parser.add_argument("--tasks", nargs="+", default=["classify", "answer"], choices=["classify", "answer"])
     parser.add_argument("--quick", action="store_true", help="20 queries, ε = 8 only")
+    parser.add_argument("--name", default=None, help="results file stem (default real_text[_<task>])")
     args = parser.parse_args()
     if args.quick:
         args.queries, args.epsilons = 20, [8.0]
@@ -247,7 +248,7 @@ def main() -> None:
             "minutes": (time.perf_counter() - started) / 60, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
     out = HERE / ("results-quick" if args.quick else "results")
     out.mkdir(exist_ok=True)
-    name = "real_text" if len(args.tasks) > 1 else f"real_text_{args.tasks[0]}"  # one task keeps the other's table
+    name = args.name or ("real_text" if len(args.tasks) > 1 else f"real_text_{args.tasks[0]}")  # keep other tables
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     (out / f"{name}.md").write_text(to_markdown(rows, meta))
     print(to_markdown(rows, meta))
