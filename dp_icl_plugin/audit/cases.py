@@ -3,6 +3,7 @@
 A case names the privacy claim the library makes for one call of the mechanism (the event it charges, its ε
 at the audit's δ from the tightest accountant) and draws outputs by calling the real mechanism function. The
 *broken* variant runs the same code with half the noise (for MOZO: without its mixing constraint; for the
+keyword threshold: with noise and threshold over the tokens some shard said only; for the
 individual filter: with the filter's refusal ignored; for clip-blend synthesis: with s and τ read from the
 data, the defect issue 14 fixed) while keeping the claim, so the audit must catch it. The mixed-ledger case
 keeps the mechanism and breaks the claim instead: the total of its components taken at face value, the way
