@@ -156,7 +156,7 @@ def knn_answer(epsilon: float, records: Sequence[tuple[str, str]], queries: Sequ
     noise = {"noise_std": 1e-3, "keyword_noise_std": 1e-3} if noise_off else {}
     # one-token answers and one keyword: the shards' answers are the secret or not, nothing else to count.
     # The paper's PTR release, as when the committed tables were measured (the threshold release, now the
-    # default, needs T = 56 shards at ε = 8 and 20 uses with m = 8, 19.8 with m = 1: with 5 shards, never).
+    # default, needs T = 39.6 shards at ε = 8 and 20 uses with m = 4, 19.8 with m = 1: with 5 shards, never).
     config = KNNConfig(k=20, shards=5, min_similarity=-1.0, uses=len(queries), keywords=1, max_answer_tokens=1,
                        keyword_release="ptr", **noise)  # fmt: skip
     ledger = BudgetManager(PrivacyBudget(per_record, 1e-5, neighbouring="add_remove"))  # the filter's own relation

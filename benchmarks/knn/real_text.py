@@ -119,7 +119,7 @@ def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
 
 
 def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards: int = SHARDS,
-                uses: int = USES, tau: float = ANSWER_TAU, per_answer: int = 8,
+                uses: int = USES, tau: float = ANSWER_TAU, per_answer: int = 4,
                 ptr_epsilons: tuple[float, ...] = ()) -> list[dict]:
     from accuracy import Lookup
     from run import Scorer

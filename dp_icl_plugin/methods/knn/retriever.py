@@ -124,7 +124,7 @@ class KNNConfig:
     keyword_release: str = "threshold"
     keyword_noise_std: float | None = None
     keywords: int = 5
-    keywords_per_answer: int = 8
+    keywords_per_answer: int = 4
     stopwords: frozenset[str] = STOPWORDS
     max_answer_tokens: int = 16
 
