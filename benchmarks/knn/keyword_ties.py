@@ -5,7 +5,10 @@ answers each shard greedily (as :meth:`PrivateKNN.answer` does, without any char
 public benchmark data, not a release), and the script prints each MR's keyword histogram head (how many shard
 answers hold each token) and the stability distance of the top-k keyword set for several k
 (:func:`~dp_icl_plugin.mechanisms.keyword_ptr.stability_distance`; PTR passes only when the noisy distance
-exceeds σ·Φ⁻¹(1 − δ₀), printed for the benchmark's settings).
+exceeds σ·Φ⁻¹(1 − δ₀), printed for the benchmark's settings). It also prints the threshold T of the
+threshold release that replaced PTR as the default (in shards, for m keywords per answer; for SmolLM2's
+vocabulary and for the 1,517-token copy model of ``benchmarks/audit``), and how many of the 4,672 records are
+at least τ similar to a query (they all pay for its release).
 
     python benchmarks/knn/keyword_ties.py [--queries 3] [--shards 20]
 """
@@ -36,6 +39,7 @@ def main() -> None:
     from dp_icl_plugin.backends.generation import greedy_generate
     from dp_icl_plugin.backends.loading import load_backend
     from dp_icl_plugin.mechanisms.keyword_ptr import stability_distance
+    from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
     from dp_icl_plugin.methods.knn import AnswerPrompt, default_embedder, noise_for_uses
     from dp_icl_plugin.methods.knn.embedding import embed_texts
 
@@ -48,9 +52,20 @@ def main() -> None:
     dev, test = load()
     mrs = sorted(test)[: args.queries * 4 : 4]
     backend = load_backend("smollm2-135m-instruct")
+    for vocab, uses_list, label in ((backend.vocab_size, (1, 4), "SmolLM2"), (1517, (20,), "copy model")):
+        for epsilon in (1.0, 4.0, 8.0):
+            for uses in uses_list:
+                budget = IndividualBudget(epsilon=epsilon, delta=1e-5)
+                t = {m: keyword_threshold(noise_for_uses(budget, uses=uses, sensitivity=threshold_sensitivity(m)),
+                                          vocab) for m in (1, 2, 4, 8)}  # fmt: skip
+                print(f"threshold release, {label} (|V| = {vocab}), ε = {epsilon:g}, uses = {uses}: T in shards by m "
+                      + ", ".join(f"{m}: {v:.1f}" for m, v in t.items()))  # fmt: skip
     model = default_embedder()
     pool_x, pool_a = [mr for mr, _ in dev], [ref for _, ref in dev]
     pool_v, query_v = embed_texts(model, pool_x, batch_size=128), embed_texts(model, mrs)
+    sims = query_v @ pool_v.T
+    print(f"records at least τ similar to a query (mean over {len(mrs)} MRs, of {len(pool_x)}): "
+          + ", ".join(f"τ = {tau}: {(sims >= tau).sum(axis=1).mean():.1f}" for tau in (0.3, 0.5, 0.7)))  # fmt: skip
     prompt = AnswerPrompt(context_prefix="Data:", question_prefix="Data:", answer_prefix="Sentence:")
     for mr, v in zip(mrs, query_v, strict=True):
         nearest = np.argsort(-(pool_v @ v))[: 4 * args.shards]

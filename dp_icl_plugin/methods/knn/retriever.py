@@ -42,6 +42,7 @@ the query).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -197,7 +198,14 @@ class Retrieval(Sequence[RetrievedRecord]):
     """
 
     def __init__(
-        self, release: str, query: str, candidates: Candidates, records: list[RetrievedRecord], k: int, entry: int
+        self,
+        release: str,
+        query: str,
+        candidates: Candidates,
+        records: list[RetrievedRecord],
+        k: int,
+        entry: int,
+        charged_by: object,
     ) -> None:
         self.release = release
         self.ledger_entry = entry
@@ -207,7 +215,7 @@ class Retrieval(Sequence[RetrievedRecord]):
         self.k = k
         self.complete = len(records) >= k
         self._used = False
-        self._charged_by: object = None  # the PrivateKNN whose costs were charged (its release must match them)
+        self._charged_by = charged_by  # the PrivateKNN whose costs were charged (its release must match them)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -372,9 +380,7 @@ class PrivateKNN:
             )
             for r, s in zip(stored[: len(used)], used.similarities, strict=True)
         ]
-        retrieval = Retrieval(release, query, used, records, k, entry.id)
-        retrieval._charged_by = self
-        return retrieval
+        return Retrieval(release, query, used, records, k, entry.id, charged_by=self)
 
     def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
         """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates."""
@@ -453,7 +459,9 @@ class PrivateKNN:
         text = self.backend.decode([token]).strip()
         return any(ch.isalnum() for ch in text) and text.lower() not in self.config.stopwords
 
-    def _release_keywords(self, answers: list[list[int]], n_keywords: int, rng: np.random.Generator):
+    def _release_keywords(
+        self, answers: list[list[int]], n_keywords: int, rng: np.random.Generator
+    ) -> tuple[int, ...] | None:
         """The DP keyword release over the shards' keyword sets: token ids, or None when none is released."""
         assert self.backend is not None
         if self.config.keyword_release == "threshold":
@@ -461,10 +469,7 @@ class PrivateKNN:
             for tokens in answers:
                 counts[tokens] += 1  # distinct within an answer
             return threshold_keywords(counts, noise_std=self.keyword_noise_std, limit=n_keywords, rng=rng).keywords
-        histogram: dict[int, int] = {}
-        for tokens in answers:
-            for token in tokens:
-                histogram[token] = histogram.get(token, 0) + 1
+        histogram = Counter(token for tokens in answers for token in tokens)
         return stable_top_k(
             np.fromiter(histogram.keys(), dtype=np.int64, count=len(histogram)),
             np.fromiter(histogram.values(), dtype=np.int64, count=len(histogram)),
