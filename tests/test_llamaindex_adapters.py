@@ -93,6 +93,16 @@ def test_llm_complete_stream_chat_each_charged_and_private_data_not_serialised()
     assert len(ledger.history()) == before + 3
 
 
+def test_the_retriever_repr_names_no_count_of_private_records() -> None:
+    """The record count is private under add/remove: the repr (in every trace and log) must not move with it."""
+    core = knn_core()
+    retriever = DPICLRetriever(core, rng=np.random.default_rng(0))
+    before = repr(retriever)
+    core.index.add([f"{CANARY} one more record"])
+    assert repr(retriever) == before and CANARY not in before
+    assert "40" not in before and "41" not in repr(retriever)
+
+
 def test_bad_construction() -> None:
     with pytest.raises(ConfigurationError):
         DPICLRetriever("not a retriever", rng=np.random.default_rng(0))  # type: ignore[arg-type]

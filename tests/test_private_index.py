@@ -92,7 +92,9 @@ def test_exhausted_records_are_never_returned_and_the_mask_survives_a_reopen(tmp
     index = PrivateIndex(budget=BUDGET, embedder=emb, path=tmp_path / "ix")
     ids = index.add([f"r{i}" for i in range(20)])
     q = index.embed_query("query")
-    heavy = ReleaseCost.of(GaussianEvent(1.0, neighbouring="add_remove"), BUDGET.orders)  # more than a record can ever pay
+    heavy = ReleaseCost.of(
+        GaussianEvent(1.0, neighbouring="add_remove"), BUDGET.orders
+    )  # more than a record can ever pay
     light = ReleaseCost.of(GaussianEvent(30.0, neighbouring="add_remove"), BUDGET.orders)
     first = index.search(q, 5)
     admitted = index.charge(first, lambda c: light)
@@ -112,7 +114,9 @@ def test_exhausted_records_are_never_returned_and_the_mask_survives_a_reopen(tmp
 def test_save_open_round_trip_and_removal(tmp_path: Path) -> None:
     index, _ = make_index(25)
     q = index.embed_query("query")
-    index.charge(index.search(q, 3), lambda c: ReleaseCost.of(GaussianEvent(20.0, neighbouring="add_remove"), BUDGET.orders))
+    index.charge(
+        index.search(q, 3), lambda c: ReleaseCost.of(GaussianEvent(20.0, neighbouring="add_remove"), BUDGET.orders)
+    )
     assert index.remove([1, 2, 999]) == 2
     assert len(index) == 23
     assert 1 not in index.search(q, 25).ids and 2 not in index.search(q, 25).ids
@@ -181,7 +185,18 @@ def test_an_empty_index_returns_nothing() -> None:
     index = PrivateIndex(budget=BUDGET, embedder=TableEmbedder())
     q = np.ones(8, dtype=np.float32) / math.sqrt(8)
     assert len(index.search(q, 3)) == 0 and len(index.within(q, 0.0)) == 0
-    assert "records=0" in repr(index)
+
+
+def test_reprs_name_no_count_of_private_records() -> None:
+    """How many records an index holds (or are near a query) is private under add/remove: no repr shows it."""
+    index = PrivateIndex(budget=BUDGET, embedder=TableEmbedder())
+    empty = repr(index)
+    index.add([f"r{i}" for i in range(7)], labels=["x"] * 7)
+    assert repr(index) == empty and "7" not in empty
+    q = index.embed_query("query")
+    assert repr(index.within(q, -1.0)) == repr(index.within(q, 1.0))  # 7 candidates or none
+    records = index.records(np.array([1, 2]))
+    assert "x" not in repr(records) and "r1" not in repr(records) and "set" not in repr(records)
 
 
 def test_user_grouping_charges_a_person_once_for_all_their_records() -> None:

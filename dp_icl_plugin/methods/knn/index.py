@@ -83,8 +83,8 @@ class Candidates:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __repr__(self) -> str:
-        return f"Candidates(n={len(self.ids)})"
+    def __repr__(self) -> str:  # how many records are near a query is private
+        return "Candidates(<private>)"
 
     def take(self, mask: np.ndarray) -> Candidates:
         return Candidates(self.ids[mask], self.similarities[mask])
@@ -255,10 +255,10 @@ class PrivateIndex:
     def __len__(self) -> int:
         return 0 if self._faiss_index is None else int(self._faiss_index.ntotal)
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # no record count: how many records an index holds is private (add/remove)
         where = self._store.where
         unit = "user" if self.group_by_user else "record"
-        return f"PrivateIndex(records={len(self)}, per={unit}, embedder={self.embedder_name!r}, at={where!r})"
+        return f"PrivateIndex(per={unit}, embedder={self.embedder_name!r}, at={where!r})"
 
     def add(
         self,

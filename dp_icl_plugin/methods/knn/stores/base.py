@@ -29,7 +29,7 @@ class StoredRecord:
     answer: str | None
 
     def __repr__(self) -> str:
-        return f"StoredRecord(id={self.id}, label={'set' if self.label is not None else None})"
+        return f"StoredRecord(id={self.id}, <private>)"  # whether it has a label is private too
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class Changes:
     units: np.ndarray
     vectors: np.ndarray = field(repr=False)  # float32 [len(ids), dim]: private, never in a repr
     removed: np.ndarray
+
+    def __repr__(self) -> str:  # the ids would show how many records were added or removed
+        return f"Changes(version={self.version}, <private>)"
 
 
 class RecordStore(ABC):
