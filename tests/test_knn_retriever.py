@@ -180,9 +180,7 @@ def test_private_text_never_prints_pickles_or_leaks_into_errors() -> None:
         (lambda r: r.vote("red", rng=None), "rng"),
         (lambda r: PrivateKNN(r.index, budget=r.budget).vote("red", rng=np.random.default_rng(0)), "labels"),
         (
-            lambda r: PrivateKNN(r.index, budget=r.budget, labels=LABELS).classify(
-                "red", rng=np.random.default_rng(0)
-            ),
+            lambda r: PrivateKNN(r.index, budget=r.budget, labels=LABELS).classify("red", rng=np.random.default_rng(0)),
             "backend",
         ),
         (lambda r: PrivateKNN(r.index, budget=r.budget, labels=["red", "red"]), "distinct"),
@@ -320,13 +318,28 @@ def test_k_per_call_and_fewer_records_than_k_are_flagged_never_padded() -> None:
         retriever.retrieve("red thing number1", release="classify", k=6)
 
 
-def test_an_empty_index_is_an_error_and_nothing_is_charged() -> None:
-    index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-5), embedder=BagEmbedder())
-    ledger = BudgetManager(PrivacyBudget(2.0, 1e-4))
-    retriever = PrivateKNN(index, budget=ledger, labels=LABELS)
-    with pytest.raises(ConfigurationError, match="empty"):
-        retriever.vote("red thing", rng=np.random.default_rng(0))
-    assert [e.label.split(":")[0] for e in ledger.history()] == ["knn-filter"]
+@pytest.mark.parametrize("release", ["vote", "classify", "answer", "answer-ptr"])
+def test_an_empty_index_releases_and_charges_as_a_one_record_index_does(release: str) -> None:
+    """Whether the index holds a record is private (add/remove): an empty index must not raise where a
+    one-record index answers. Both go through the same release and record the same ledger event."""
+    kind = release.split("-")[0]
+    config = KNNConfig(k=4, shards=2, min_similarity=0.5, uses=2, keywords=2,
+                       keyword_release="ptr" if release.endswith("ptr") else "threshold")  # fmt: skip
+    texts = ["red thing number1"]
+
+    def run(records: list[str]) -> tuple[type, object, int]:
+        index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-5), embedder=BagEmbedder())
+        index.add(records, labels=["red"] * len(records), answers=["red"] * len(records))
+        ledger = BudgetManager(PrivacyBudget(1e3, 1e-3, neighbouring="add_remove"))
+        knn = PrivateKNN(index, budget=ledger, backend=fake_backend(texts), labels=LABELS, config=config)
+        out = getattr(knn, kind)("red thing number1", rng=np.random.default_rng(0))
+        history = ledger.history()
+        assert [e.label.split(":")[0] for e in history] == ["knn-filter", f"knn-{kind}"]
+        return type(out), history[-1].event, index.filter.all_spent()[0].size
+
+    empty, one = run([]), run(texts)
+    assert empty[:2] == one[:2]  # same kind of output, same event charged
+    assert (empty[2], one[2]) == (0, 1)  # the record was a candidate and paid; nobody could in the empty index
 
 
 def test_records_without_a_label_take_a_place_but_cast_no_vote() -> None:

@@ -343,8 +343,9 @@ class PrivateKNN:
             k: records to use (default ``config.k``; for classify/answer a multiple of ``config.shards``).
 
         Raises:
-            ConfigurationError: bad query, k or release kind, an empty index, or a release this retriever
-                cannot run (no labels / no backend / no approximate δ for answers); nothing is charged then.
+            ConfigurationError: bad query, k or release kind, or a release this retriever cannot run (no
+                labels / no backend / no approximate δ for answers); nothing is charged then. An empty index
+                is no error: the release is charged and made over zero records, as over any number.
         """
         if release not in RELEASES:
             raise ConfigurationError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
@@ -355,9 +356,9 @@ class PrivateKNN:
         query_vector = self.index.embed_query(query)
         if release == "answer":
             self._check_answer_room(query)
+        # No check of the index's size: whether it holds any record is private (add/remove), so an empty index
+        # (or one with no candidate) goes through the same charge and release, over zero records.
         self.index.refresh()  # records added or removed by other processes or hosts
-        if not len(self.index):
-            raise ConfigurationError("the private index is empty: add records before releasing anything")
         self.index.expect_release(self._cost(release, 1, k))  # public: the search mask's floor
         candidates = self.index.within(query_vector, self.config.min_similarity)
         admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k))
