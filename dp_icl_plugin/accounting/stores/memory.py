@@ -1,17 +1,49 @@
-"""An in-memory ledger store for tests and short-lived processes (one process, thread-safe)."""
+"""An in-memory ledger store for tests and short-lived processes (one process, thread-safe).
+
+**One process.** The ledger lives in the memory of the process that made it. A ``fork()`` (a pre-forking web
+server, ``multiprocessing``'s ``fork`` start method) gives every child a private copy, and each copy would
+admit the whole budget again: three workers could each spend what only one may. So the store remembers the
+process that made it and refuses every use elsewhere (reading the spend included) with a
+:class:`~dp_icl_plugin.errors.LedgerError` that names the fix: a ledger shared by several worker processes is
+an SQLite file or a PostgreSQL database. It cannot be pickled or copied either (a copy would be a second
+live ledger for the same records).
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
 from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction
 from dp_icl_plugin.errors import BudgetMismatchError, LedgerError
 
 __all__ = ["InMemoryStore"]
+
+_SHARED_HINT = (
+    "to share one budget between worker processes, give BudgetManager an SQLite ledger file "
+    "(ledger='budget.db') or a PostgreSQL URL (ledger='postgresql://...')"
+)
+
+_forks = 0
+"""How many times this process's lineage has forked since import (a child's count is its parent's + 1)."""
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+# The pid alone is not enough: a grandchild may be given the pid of its grandparent once that has exited.
+os.register_at_fork(after_in_child=_count_fork)
+
+
+def _process() -> tuple[int, int]:
+    return os.getpid(), _forks
 
 
 class _MemoryTransaction(LedgerTransaction):
@@ -29,15 +61,33 @@ class _MemoryTransaction(LedgerTransaction):
 
 
 class InMemoryStore(LedgerStore):
-    """Keeps the ledger in process memory; lost when the process ends."""
+    """Keeps the ledger in process memory; lost when the process ends, refused in any other process."""
 
     def __init__(self) -> None:
+        self._process = _process()
         self._lock = threading.RLock()
         self._budget: PrivacyBudget | None = None
         self._rows: list[LedgerRow] = []
         self._counts: Counter[str] = Counter()
 
+    def __repr__(self) -> str:
+        return "InMemoryStore()"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            f"an in-memory ledger cannot be pickled or copied (it would be a second live ledger); {_SHARED_HINT}"
+        )
+
+    def _check_process(self) -> None:
+        # Before the lock: a lock held by another thread at fork() time stays held forever in the child.
+        if self._process != _process():
+            raise LedgerError(
+                f"this in-memory ledger was made in process {self._process[0]} and cannot be used in another "
+                f"(after a fork, every worker's copy would spend the whole budget again); {_SHARED_HINT}"
+            )
+
     def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
+        self._check_process()
         with self._lock:
             if self._budget is None:
                 if budget is None:
@@ -49,6 +99,7 @@ class InMemoryStore(LedgerStore):
 
     @contextmanager
     def transaction(self) -> Iterator[LedgerTransaction]:
+        self._check_process()
         with self._lock:
             tx = _MemoryTransaction(self)
             yield tx
@@ -57,9 +108,11 @@ class InMemoryStore(LedgerStore):
                 self._counts[row.event_key] += 1
 
     def rows(self) -> Iterator[LedgerRow]:
+        self._check_process()
         with self._lock:
             return iter(list(self._rows))
 
     def event_counts(self) -> Counter[str]:
+        self._check_process()
         with self._lock:
             return self._counts.copy()
