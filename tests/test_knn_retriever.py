@@ -14,6 +14,7 @@ from tests_support import SHARED, tiny_text_gpt2
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget
+from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.methods.knn import (
     AnswerPrompt,
     ClassificationPrompt,
@@ -70,7 +71,8 @@ def setup(*, config: KNNConfig | None = None, n: int = 60, group_by_user: bool =
     )
     users = [f"user{i % 10}" for i in range(n)] if group_by_user else None
     index.add(texts, labels=labels, answers=answers, user_ids=users)
-    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
+    # a person's (2, 1e-5) is (4, 8.4e-5) per record under add/remove; replace-one would need a δ of 4.7e-3
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4, neighbouring="add_remove" if group_by_user else "replace_one"))
     retriever = PrivateKNN(
         index, budget=ledger, backend=fake_backend(texts), labels=LABELS,
         config=config or KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2),
@@ -230,6 +232,45 @@ def test_a_threshold_answer_charges_the_gaussian_of_its_histogram_sensitivity() 
     caps = index.filter.budget.caps
     assert ((3 * expected <= caps * (1 + 1e-6)) & np.isfinite(caps)).any()
     assert not ((4 * expected <= caps) & np.isfinite(caps)).any()
+
+
+def test_a_person_grouped_filter_is_charged_to_the_record_ledger_by_group_privacy() -> None:
+    """A person's filter bounds adding or removing a whole person. Removing one of their records changes their
+    whole trajectory (their charges, then when they are halted): D and D minus one record are two person
+    steps apart (through D without that person), so the record ledger holds (2ε, (1 + e^ε)δ) under add/remove,
+    and 4 person steps, (4ε, (1 + e^ε + e^2ε + e^3ε)δ), under replace-one."""
+    from dp_icl_plugin.accounting.conversion import to_relation
+    from dp_icl_plugin.errors import BudgetExhaustedError
+
+    eps, delta = 1.5, 1e-7
+
+    def person_index(epsilon: float = eps) -> PrivateIndex:
+        budget = IndividualBudget(epsilon=epsilon, delta=delta)
+        return PrivateIndex(budget=budget, embedder=BagEmbedder(), group_by_user=True)
+
+    add_remove = BudgetManager(PrivacyBudget(10.0, 1e-5, neighbouring="add_remove"))
+    PrivateKNN(person_index(), budget=add_remove, labels=LABELS)
+    (cover,) = add_remove.history()
+    event = cover.event
+    assert isinstance(event, ev.ApproxDPEvent) and event.neighbouring == "add_remove"
+    assert (event.epsilon, event.delta) == pytest.approx((2 * eps, (1 + math.exp(eps)) * delta), rel=1e-12)
+    replaced = to_relation(event, "replace_one")
+    assert isinstance(replaced, ev.ApproxDPEvent)
+    four_steps = sum(math.exp(j * eps) for j in range(4)) * delta
+    assert (replaced.epsilon, replaced.delta) == pytest.approx((4 * eps, four_steps), rel=1e-12)
+    # A ledger too small for the converted cover refuses it (the unconverted (ε, δ) would have fitted).
+    small = BudgetManager(PrivacyBudget(2.5, 1e-5, neighbouring="add_remove"))
+    with pytest.raises(BudgetExhaustedError):
+        PrivateKNN(person_index(), budget=small, labels=LABELS)
+    # No record-level guarantee at all when group privacy's δ reaches 1: refused before any charge.
+    big = BudgetManager(PrivacyBudget(1e3, 1e-3, neighbouring="add_remove"))
+    with pytest.raises(ConfigurationError, match="group privacy"):
+        PrivateKNN(person_index(epsilon=20.0), budget=big, labels=LABELS)
+    assert big.history() == [] and small.history() == []
+    # Per-record indexes keep the filter's own (ε, δ).
+    per_record = PrivateIndex(budget=IndividualBudget(epsilon=eps, delta=delta), embedder=BagEmbedder())
+    PrivateKNN(per_record, budget=big, labels=LABELS)
+    assert big.history()[0].event == ev.ApproxDPEvent(eps, delta, neighbouring="add_remove")
 
 
 def test_a_person_pays_a_threshold_answer_for_every_shard_they_can_change() -> None:

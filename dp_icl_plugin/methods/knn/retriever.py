@@ -33,8 +33,9 @@ shard changes per person, :mod:`dp_icl_plugin.mechanisms.keyword_ptr`).
 
 **Accounting.** Each unit pays the Gaussian RDP of its own sensitivity (plus δ₀ for the PTR test) in the
 index's :class:`~dp_icl_plugin.accounting.RenyiFilter`; the ledger is charged once for the filter's total
-(ε, δ) under add/remove (converted by a replace-one ledger, the default, to (2ε, (1 + e^ε)δ) by group
-privacy) and records every release as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`. Ledger
+(ε, δ) under add/remove of a record (converted by a replace-one ledger, the default, to (2ε, (1 + e^ε)δ) by
+group privacy; for a per-person filter first (2ε, (1 + e^ε)δ) per record, :meth:`PrivateKNN.cover_event`)
+and records every release as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`. Ledger
 labels name the release kind and the index, never a count computed from the records (how many were near
 the query).
 """
@@ -486,14 +487,43 @@ class PrivateKNN:
         return self.index.filter.budget.epsilon
 
     # -- internals --------------------------------------------------------------------------------
+    def cover_event(self) -> ev.ApproxDPEvent:
+        """What the index's filter costs the ledger, whose unit is a record (add/remove of one record).
+
+        Per record: the filter's own (ε, δ). Per person (``group_by_user``): the filter bounds adding or
+        removing *all* of a person's records, but removing one of them changes that person's charges and so
+        when the filter halts them; D and D minus one record are two person steps apart (through D without
+        that person), so group privacy of size 2 gives (2ε, (1 + e^ε)δ) under add/remove of a record (a
+        replace-one ledger then converts it to (4ε, (1 + e^ε + e^2ε + e^3ε)δ), four person steps).
+
+        Raises:
+            ConfigurationError: that δ reaches 1 (no record-level guarantee follows); checked before any charge.
+        """
+        budget = self.index.filter.budget
+        if not self.index.group_by_user:
+            return budget.as_event()
+        delta = (1.0 + math.exp(budget.epsilon)) * budget.delta if budget.epsilon < 700 else math.inf
+        if not delta < 1.0:
+            raise ConfigurationError(
+                f"a per-person budget of (epsilon={budget.epsilon}, delta={budget.delta}) gives no guarantee for "
+                f"one record: group privacy turns it into a delta of {delta:.3g} (at least 1); lower epsilon or delta"
+            )
+        return ev.ApproxDPEvent(2.0 * budget.epsilon, delta, neighbouring=ev.ADD_REMOVE)
+
     def _cover(self) -> int:
         label = f"knn-filter:{self.index.id}"
+        event = self.cover_event()  # checked before anything is charged
         for entry in self.budget.history():
             if entry.label == label:
-                if entry.event != self.index.filter.budget.as_event():
+                if entry.event == self.index.filter.budget.as_event() and event != entry.event:
+                    raise ConfigurationError(
+                        "the ledger holds this person-grouped index's filter charged as if a person were a record "
+                        "(without group privacy): its total understates what one record lost; use a new ledger"
+                    )
+                if entry.event != event:
                     raise ConfigurationError("the ledger holds this index's filter charge with another budget")
                 return entry.id
-        return self.budget.spend(self.index.filter.budget.as_event(), label=label).id
+        return self.budget.spend(event, label=label).id
 
     def _check_labels(self, labels: Sequence[str]) -> tuple[str, ...]:
         if isinstance(labels, str) or not isinstance(labels, Sequence) or len(labels) < 2:
