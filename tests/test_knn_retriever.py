@@ -267,6 +267,12 @@ def test_a_person_grouped_filter_is_charged_to_the_record_ledger_by_group_privac
     with pytest.raises(ConfigurationError, match="group privacy"):
         PrivateKNN(person_index(epsilon=20.0), budget=big, labels=LABELS)
     assert big.history() == [] and small.history() == []
+    # A ledger that already holds the unconverted cover (written before this conversion) is refused.
+    index = person_index()
+    old = BudgetManager(PrivacyBudget(10.0, 1e-5, neighbouring="add_remove"))
+    old.spend(index.filter.budget.as_event(), label=f"knn-filter:{index.id}")
+    with pytest.raises(ConfigurationError, match="as if a person were a record"):
+        PrivateKNN(index, budget=old, labels=LABELS)
     # Per-record indexes keep the filter's own (ε, δ).
     per_record = PrivateIndex(budget=IndividualBudget(epsilon=eps, delta=delta), embedder=BagEmbedder())
     PrivateKNN(per_record, budget=big, labels=LABELS)
