@@ -120,14 +120,71 @@ def test_save_open_round_trip_and_removal(tmp_path: Path) -> None:
     assert index.remove([1, 2, 999]) == 2
     assert len(index) == 23
     assert 1 not in index.search(q, 25).ids and 2 not in index.search(q, 25).ids
+    nearest, units = index.search(q, 10).ids, np.arange(1, 26)
+    spent = index.filter.spent(units)[0]
     saved = index.save(tmp_path / "copy")
     assert len(saved) == 23 and saved.id == index.id
-    np.testing.assert_array_equal(saved.search(q, 10).ids, index.search(q, 10).ids)
-    units = np.arange(1, 26)
-    np.testing.assert_array_equal(saved.filter.spent(units)[0], index.filter.spent(units)[0])
+    np.testing.assert_array_equal(saved.search(q, 10).ids, nearest)
+    np.testing.assert_array_equal(saved.filter.spent(units)[0], spent)
     assert [r.label for r in saved.records(np.array([3, 4]))] == ["y", "x"]
     with sqlite3.connect(tmp_path / "copy" / "records.sqlite") as conn:  # deleted text is gone from disk
         assert conn.execute("SELECT count(*) FROM records WHERE id IN (1, 2)").fetchone()[0] == 0
+
+
+def test_saving_moves_the_index_so_a_record_spends_its_budget_once(tmp_path: Path) -> None:
+    """Issue 27: save() returned a copy with the same id and left the original usable (and savable again), so
+    a record with uses = 1 took part in 3 votes under one ledger charge. Now the spend moves to the directory:
+    the in-memory original refuses every use, naming where it went, and a second save is refused."""
+    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin.methods.knn import KNNConfig, PrivateKNN
+
+    emb = TableEmbedder()
+    index = PrivateIndex(budget=BUDGET, embedder=emb)
+    index.add(["r0"], labels=["x"])
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
+    config = KNNConfig(k=1, shards=1, min_similarity=0.9, uses=1)
+
+    def takes_part(ix: PrivateIndex) -> int:
+        try:
+            return len(PrivateKNN(ix, budget=ledger, labels=["x", "y"], config=config).retrieve("r0"))
+        except ConfigurationError as exc:
+            assert "saved to" in str(exc)
+            return 0
+
+    copies = [index]
+    for name in ("a", "b"):
+        try:
+            copies.append(index.save(tmp_path / name))
+        except ConfigurationError as exc:
+            assert f"saved to {tmp_path / 'a'}" in str(exc)
+    assert sum(takes_part(ix) for ix in copies) == 1  # was 3: the original and two copies each let it vote
+    assert len(copies) == 2 and not (tmp_path / "b").exists()
+    assert len([e for e in ledger.history() if e.label.startswith("knn-filter")]) == 1
+
+
+def test_a_saved_in_memory_index_and_its_filter_refuse_every_use(tmp_path: Path) -> None:
+    index, _ = make_index(5)
+    q = index.embed_query("r0")
+    memory_filter = index.filter
+    saved = index.save(tmp_path / "ix")
+    cost = ReleaseCost.of(GaussianEvent(20.0, neighbouring="add_remove"), BUDGET.orders)
+    from dp_icl_plugin.methods.knn.index import Candidates
+
+    calls = [
+        lambda: index.add(["r9"]), lambda: index.remove([1]), lambda: index.refresh(), lambda: len(index),
+        lambda: index.search(q, 2), lambda: index.within(q, 0.0), lambda: index.embed_query("q"),
+        lambda: index.records(np.array([1])), lambda: index.present(np.array([1])),
+        lambda: index.units_of(np.array([1])), lambda: index.expect_release(cost),
+        lambda: index.charge(Candidates(np.array([1]), np.ones(1, dtype=np.float32)), lambda c: cost),
+        lambda: index.save(tmp_path / "again"),
+        lambda: memory_filter.charge(np.array([1]), cost), lambda: memory_filter.spent(np.array([1])),
+        lambda: memory_filter.all_spent(),
+    ]  # fmt: skip
+    for call in calls:
+        with pytest.raises(ConfigurationError, match=r"saved to .*ix.*use the"):
+            call()
+    assert "PrivateIndex(" in repr(index)  # still printable
+    assert len(saved) == 5 and saved.filter.all_spent()[0].size == 0
 
 
 def test_persistence_refuses_mismatched_parts(tmp_path: Path) -> None:
@@ -151,7 +208,7 @@ def test_persistence_refuses_mismatched_parts(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="embedder"):
         PrivateIndex.open(tmp_path / "b", embedder=lambda texts: np.ones((len(texts), 8)))
     with pytest.raises(ConfigurationError, match="already holds"):
-        a.save(tmp_path / "b")
+        make_index(5)[0].save(tmp_path / "b")
 
 
 def test_bad_input_is_refused_and_nothing_is_added() -> None:

@@ -39,7 +39,9 @@ def test_calibrated_noise_fits_exactly_uses_releases_and_not_one_more(uses: int)
     b = IndividualBudget(epsilon=2.0, delta=1e-6, approximate_delta=0.0)
     sigma = noise_for_uses(b, uses=uses, sensitivity=math.sqrt(2))
     f = RenyiFilter(b)
-    cost = ReleaseCost.of(GaussianEvent(sigma / math.sqrt(2), sensitivity=math.sqrt(2), neighbouring="add_remove"), b.orders)
+    cost = ReleaseCost.of(
+        GaussianEvent(sigma / math.sqrt(2), sensitivity=math.sqrt(2), neighbouring="add_remove"), b.orders
+    )
     units = np.arange(3)
     for _ in range(uses):
         assert f.charge(units, cost).all()
@@ -136,8 +138,12 @@ def test_sqlite_filter_persists_and_refuses_foreign_or_mismatched_files(tmp_path
     junk.write_bytes(b"not a database at all, just bytes")
     with pytest.raises(LedgerFormatError):
         RenyiFilter(path=junk)
-    copy = g.copy_to(tmp_path / "copy.sqlite")
+    with pytest.raises(ConfigurationError, match="another owner"):  # a second live filter for index-a
+        g.copy_to(tmp_path / "copy.sqlite", owner="index-a")
+    copy = g.copy_to(tmp_path / "copy.sqlite", owner="index-b")
     np.testing.assert_array_equal(copy.spent(np.array([3, 7]))[0], spent[:2])
+    with pytest.raises(ConfigurationError, match="only an in-memory"):
+        g.move_to(tmp_path / "moved.sqlite")
 
 
 def _hammer(path: str, rounds: int, queue) -> None:

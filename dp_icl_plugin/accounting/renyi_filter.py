@@ -82,6 +82,7 @@ class RenyiFilter:
         if path is not None:
             self._file = SQLiteFile(path, kind="filter", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
         self._lock = threading.RLock() if self._file is None else self._file.lock
+        self._retired: str | None = None  # why this (in-memory) object may no longer be used
         if self.path is None:
             if budget is None:
                 raise ConfigurationError("an in-memory filter needs a budget")
@@ -136,7 +137,7 @@ class RenyiFilter:
         if self._pg is not None:
             return self._decode_rows(self._pg.all_rows())
         if self.path is None:
-            with self._lock:
+            with self._transaction(write=False):
                 ids = np.array(sorted(self._memory), dtype=np.int64)
             spent, spent_delta = self.spent(ids)
             return ids, spent, spent_delta
@@ -153,16 +154,53 @@ class RenyiFilter:
         eps = spent + np.log1p(-1.0 / a) - (np.log(delta_k) + np.log(a)) / (a - 1)
         return np.where(spent.sum(axis=1) > 0, np.maximum(eps.min(axis=1), 0.0), 0.0)
 
-    def copy_to(self, path: str | os.PathLike[str], *, owner: str | None = None) -> RenyiFilter:
-        """A new filter file at ``path`` with this filter's budget and every unit's spend."""
+    def copy_to(self, path: str | os.PathLike[str], *, owner: str) -> RenyiFilter:
+        """A new filter file at ``path`` for another ``owner``, starting from this filter's budget and spend.
+
+        Two live filters for one owner would let each unit spend its budget in each (the ledger's cover is
+        looked up by owner), so the copy must belong to another owner (which the ledger covers on its own);
+        :meth:`move_to` writes an in-memory filter to a file under the same owner.
+        """
+        if not isinstance(owner, str) or owner == self.owner:
+            raise ConfigurationError(
+                "a copy of a filter needs another owner: two live filters for one owner would spend every unit's "
+                "budget twice (move_to moves an in-memory one)"
+            )
+        return self._write_copy(path, owner)
+
+    def move_to(self, path: str | os.PathLike[str]) -> RenyiFilter:
+        """Write this in-memory filter (budget, owner, every unit's spend) to a new file at ``path`` and return
+        it; this object then refuses every use, so the units' spend lives in one place only."""
+        with self._lock:  # no charge between the copy and the retirement
+            self._check_usable()
+            if self.path is not None or self._pg is not None:
+                raise ConfigurationError(f"this filter already lives in {self.url or self.path}; only an in-memory "
+                                         "filter is moved")  # fmt: skip
+            moved = self._write_copy(path, self.owner)
+            self._retire(f"this in-memory filter was saved to {path}: use the filter there (the index's save() "
+                         "returned it)")  # fmt: skip
+        return moved
+
+    def _write_copy(self, path: str | os.PathLike[str], owner: str) -> RenyiFilter:
         if Path(path).exists():
-            raise ConfigurationError(f"{path} exists; copy_to writes a new filter file")
-        copy = RenyiFilter(self.budget, path=path, owner=self.owner if owner is None else owner)
+            raise ConfigurationError(f"{path} exists; a copy is written to a new filter file")
         units, spent, spent_delta = self.all_spent()
+        copy = RenyiFilter(self.budget, path=path, owner=owner)
         with copy._transaction() as (_, write):
             if len(units):
                 write(units, spent, spent_delta)
         return copy
+
+    def _retire(self, why: str) -> None:
+        with self._lock:
+            self._retired = why
+            if self.path is None and self._pg is None:
+                self._memory = {}
+
+    def _check_usable(self) -> None:
+        """Refuse a retired in-memory filter (call under ``self._lock``)."""
+        if self._retired is not None:
+            raise ConfigurationError(self._retired)
 
     def close(self) -> None:
         if self._file is not None:
@@ -198,6 +236,7 @@ class RenyiFilter:
     def _transaction(self, write: bool = True) -> Iterator[tuple]:
         if self._file is None:
             with self._lock:
+                self._check_usable()
                 yield self._memory_read, self._memory_write
             return
         with self._file.transaction(write=write):

@@ -241,18 +241,34 @@ class PrivateIndex:
         return fingerprint
 
     def save(self, path: str | os.PathLike[str]) -> PrivateIndex:
-        """Write an in-memory index (records, vectors, filter state) to a new directory; returns it opened."""
+        """Move an in-memory index (records, vectors, filter state) to a new directory; returns it opened.
+
+        A move, not a copy: the index keeps its id, so the ledger's cover charge (looked up by that id) goes
+        on covering its records, and their spend then lives in the directory only. This object refuses every
+        use afterwards (and a second save), so no record can spend its budget once here and once there. A
+        copy under a new id would need a second cover charge for the same records, paying for nothing.
+
+        Raises:
+            ConfigurationError: the index already lives in a directory or database, was saved already, or
+                ``path`` holds an index.
+        """
         with self._lock:
+            self._check_usable()
             if self.path is not None or not isinstance(self._store, SQLiteRecordStore):
                 raise ConfigurationError(f"this index already lives in {self._store.where}; it is saved on each change")
             root = Path(path)
             self._claim_directory(root)
             self._store.backup_to(root / RECORDS_FILE)
-            self.filter.copy_to(root / FILTER_FILE).close()
+            self.filter.move_to(root / FILTER_FILE).close()  # retires the in-memory filter under its lock
+            self._retired = (f"this in-memory index was saved to {root}: use the index save() returned (or "
+                             f"PrivateIndex.open on that directory)")  # fmt: skip
+            self._store.close()
+            self._faiss_index = None
         return PrivateIndex.open(root, embedder=self._embedder)
 
     # -- records ----------------------------------------------------------------------------------
     def __len__(self) -> int:
+        self._check_usable()
         return 0 if self._faiss_index is None else int(self._faiss_index.ntotal)
 
     def __repr__(self) -> str:  # no record count: how many records an index holds is private (add/remove)
@@ -269,6 +285,7 @@ class PrivateIndex:
         user_ids: Sequence[str | None] | None = None,
     ) -> np.ndarray:
         """Embed and add records; returns their ids. Nothing is released, so nothing is charged."""
+        self._check_usable()
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise ConfigurationError("texts must be a sequence of strings (pass [text] for one record)")
         n = len(texts)
@@ -303,6 +320,7 @@ class PrivateIndex:
         """Delete records (text and embedding); returns how many existed. Their spend stays on record."""
         arr = np.unique(np.asarray(ids, dtype=np.int64))
         with self._lock:
+            self._check_usable()
             change = self._store.delete(arr[arr >= 0])
             self._applied_own(change)
         return len(change.removed)
@@ -311,6 +329,7 @@ class PrivateIndex:
         """Bring this process's FAISS copy up to the store: records added and removed by any process or host
         since the version it last saw (one query when nothing changed). Searches call it first."""
         with self._lock:
+            self._check_usable()
             if self._store.version() != self._version:
                 change = self._store.changes(self._version)
                 self._apply(change)
@@ -319,12 +338,14 @@ class PrivateIndex:
     def present(self, ids: np.ndarray) -> tuple[np.ndarray, list[StoredRecord]]:
         """The records among ``ids`` still stored (a mask over ``ids``, and those records in order): another
         host may have removed some since this copy last saw the store."""
+        self._check_usable()
         found = self._store.fetch([int(i) for i in np.asarray(ids).tolist()])
         mask = np.array([int(i) in found for i in np.asarray(ids).tolist()], dtype=bool)
         return mask, [found[int(i)] for i in np.asarray(ids)[mask].tolist()]
 
     def records(self, ids: np.ndarray) -> list[StoredRecord]:
         """The stored records with these ids, in that order (for a release step; never log them)."""
+        self._check_usable()
         id_list = [int(i) for i in np.asarray(ids).tolist()]
         out = self._store.fetch(id_list)
         missing = [i for i in id_list if i not in out]
@@ -334,11 +355,13 @@ class PrivateIndex:
 
     def units_of(self, ids: np.ndarray) -> np.ndarray:
         """The privacy unit (record or person) of each record id."""
+        self._check_usable()
         return self._unit_of[np.asarray(ids, dtype=np.int64)]
 
     # -- search -----------------------------------------------------------------------------------
     def embed_query(self, query: str) -> np.ndarray:
         """The unit-length embedding of a (public) query."""
+        self._check_usable()
         if not isinstance(query, str) or not check.has_text(query):
             raise ConfigurationError("query must be a non-empty string")
         vector = embed_texts(self._embedder, [query])
@@ -355,6 +378,7 @@ class PrivateIndex:
         those are masked does a second scan run with the FAISS bitmap selector. Either way the result is
         the exact top-k of the active records.
         """
+        self._check_usable()
         k = check.positive_int("k", k)
         q = self._query_matrix(query)
         with self._lock:
@@ -375,6 +399,7 @@ class PrivateIndex:
 
     def within(self, query: np.ndarray, min_similarity: float) -> Candidates:
         """Every active record with cosine similarity ≥ ``min_similarity``, most similar first."""
+        self._check_usable()
         tau = check.real("min_similarity", min_similarity)
         if not -1.0 <= tau <= 1.0:
             raise ConfigurationError(f"min_similarity must lie in [-1, 1], got {tau!r}")
@@ -400,6 +425,7 @@ class PrivateIndex:
         changes no output and depends on nothing but each unit's own spend and public settings.
         """
         with self._lock:
+            self._check_usable()
             self._lower_floor(cheapest)
 
     def charge(self, candidates: Candidates, cost_of: Callable[[int], ReleaseCost]) -> Candidates:
@@ -410,6 +436,7 @@ class PrivateIndex:
             cost_of: the cost of the release to a unit with ``c`` records among the candidates; it must not
                 fall as ``c`` grows (checked), which the mask relies on.
         """
+        self._check_usable()
         cheapest = cost_of(1)
         self.expect_release(cheapest)  # for the next searches (a direct caller declares before its search)
         if not len(candidates):
@@ -429,6 +456,11 @@ class PrivateIndex:
         return candidates.take(present & np.isin(units, admitted_units))
 
     # -- internals --------------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        """Refuse an in-memory index that was saved (moved) to a directory."""
+        if self._retired is not None:
+            raise ConfigurationError(self._retired)
+
     def _query_matrix(self, query: np.ndarray) -> np.ndarray:
         q = np.asarray(query, dtype=np.float32).reshape(1, -1)
         if self.dim is not None and q.shape[1] != self.dim:
@@ -446,6 +478,7 @@ class PrivateIndex:
             raise LedgerError(f"cannot create index directory {root}: {exc}") from None
 
     def _init_memory(self) -> None:
+        self._retired: str | None = None  # why this object may no longer be used (saved to a directory)
         self._faiss_index: Any = None  # a faiss.IndexIDMap2 once the dimension is known
         self._unit_of = np.zeros(0, dtype=np.int64)  # by record id; -1: no such record
         self._active = np.zeros(0, dtype=bool)  # by record id: present and not known to be exhausted
