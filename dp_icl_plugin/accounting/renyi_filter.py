@@ -11,6 +11,11 @@ serialised by SQLite's write lock, so no unit is ever admitted past its budget. 
 float64 row per unit (one column per order), read and written only for the units a release touches. On
 PostgreSQL (``path`` a ``postgresql://`` URL) the same transaction locks only the rows of the units it
 charges (:mod:`dp_icl_plugin.accounting.stores.filter_postgres`): hosts serialise per unit.
+
+An in-memory filter belongs to the process that made it: after a ``fork()`` (a pre-forking web server,
+``multiprocessing``'s ``fork`` start method) every worker would hold its own copy of every unit's spend, so it
+refuses use in any other process; a filter cannot be pickled or copied either (a second live filter for the
+same units). Several workers share an SQLite file or a PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -37,10 +42,32 @@ from dp_icl_plugin.errors import (
     LedgerFormatError,
 )
 
-__all__ = ["RenyiFilter"]
+__all__ = ["RenyiFilter", "process_mark"]
 
 APPLICATION_ID = 0x44504946  # "DPIF"
 SCHEMA_VERSION = 1
+
+SEVERAL_WORKERS_HINT = (
+    "for several worker processes keep the index in a directory (SQLite: PrivateIndex(path='index-dir')) or in "
+    "PostgreSQL (path='postgresql://...'), whose filter every worker shares"
+)
+
+_forks = 0
+"""How many times this process's lineage has forked since import (a child's count is its parent's + 1)."""
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+# The pid alone is not enough: a grandchild may be given the pid of its grandparent once that has exited.
+os.register_at_fork(after_in_child=_count_fork)
+
+
+def process_mark() -> tuple[int, int]:
+    """This process, as in-memory private state records it at construction: (pid, forks since import)."""
+    return os.getpid(), _forks
 
 
 class RenyiFilter:
@@ -68,6 +95,8 @@ class RenyiFilter:
         if not isinstance(owner, str):
             raise ConfigurationError("owner must be a string")
         self.owner = owner
+        self._retired: str | None = None  # why this (in-memory) object may no longer be used
+        self._process = process_mark()  # an in-memory filter is refused in any other process
         self.url: str | None = None  # the database, password masked, for a filter on PostgreSQL
         self._pg: PostgresFilterStore | None = None
         self._file: SQLiteFile | None = None
@@ -82,7 +111,6 @@ class RenyiFilter:
         if path is not None:
             self._file = SQLiteFile(path, kind="filter", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
         self._lock = threading.RLock() if self._file is None else self._file.lock
-        self._retired: str | None = None  # why this (in-memory) object may no longer be used
         if self.path is None:
             if budget is None:
                 raise ConfigurationError("an in-memory filter needs a budget")
@@ -94,6 +122,10 @@ class RenyiFilter:
     def __repr__(self) -> str:
         where = self.url or ("memory" if self.path is None else str(self.path))
         return f"RenyiFilter(epsilon={self.budget.epsilon}, delta={self.budget.delta}, at={where!r})"
+
+    def __reduce__(self):
+        raise TypeError("a privacy filter cannot be pickled or copied (a copy would be a second live filter for the "
+                        "same units); open its file or database again instead")  # fmt: skip
 
     # -- charging ---------------------------------------------------------------------------------
     def charge(self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost]) -> np.ndarray:
@@ -171,6 +203,7 @@ class RenyiFilter:
     def move_to(self, path: str | os.PathLike[str]) -> RenyiFilter:
         """Write this in-memory filter (budget, owner, every unit's spend) to a new file at ``path`` and return
         it; this object then refuses every use, so the units' spend lives in one place only."""
+        self._check_usable()
         with self._lock:  # no charge between the copy and the retirement
             self._check_usable()
             if self.path is not None or self._pg is not None:
@@ -198,7 +231,15 @@ class RenyiFilter:
                 self._memory = {}
 
     def _check_usable(self) -> None:
-        """Refuse a retired in-memory filter (call under ``self._lock``)."""
+        """Refuse an in-memory filter in another process than its maker's (call before taking ``self._lock``: a
+        lock another thread held at ``fork()`` stays held in the child) or once it was moved (call again under
+        the lock)."""
+        if self._file is None and self._pg is None and self._process != process_mark():
+            raise ConfigurationError(
+                f"this in-memory privacy filter was made in process {self._process[0]} and cannot be used in "
+                f"another ({os.getpid()}): after a fork every worker would hold its own copy of every unit's spend "
+                f"and let each record spend its budget once per worker; {SEVERAL_WORKERS_HINT}"
+            )
         if self._retired is not None:
             raise ConfigurationError(self._retired)
 
@@ -235,6 +276,7 @@ class RenyiFilter:
     @contextmanager
     def _transaction(self, write: bool = True) -> Iterator[tuple]:
         if self._file is None:
+            self._check_usable()
             with self._lock:
                 self._check_usable()
                 yield self._memory_read, self._memory_write

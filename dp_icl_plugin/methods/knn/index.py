@@ -45,7 +45,7 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
-from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
+from dp_icl_plugin.accounting.renyi_filter import SEVERAL_WORKERS_HINT, RenyiFilter, process_mark
 from dp_icl_plugin.accounting.stores.pg_connection import is_postgres_url
 from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError
 from dp_icl_plugin.methods.knn.embedding import (
@@ -252,6 +252,7 @@ class PrivateIndex:
             ConfigurationError: the index already lives in a directory or database, was saved already, or
                 ``path`` holds an index.
         """
+        self._check_usable()  # before the lock (a fork may leave it held)
         with self._lock:
             self._check_usable()
             if self.path is not None or not isinstance(self._store, SQLiteRecordStore):
@@ -270,6 +271,10 @@ class PrivateIndex:
     def __len__(self) -> int:
         self._check_usable()
         return 0 if self._faiss_index is None else int(self._faiss_index.ntotal)
+
+    def __reduce__(self):
+        raise TypeError("a private index cannot be pickled or copied (its copy would be a second live filter for "
+                        "the same records); open its directory or database again instead")  # fmt: skip
 
     def __repr__(self) -> str:  # no record count: how many records an index holds is private (add/remove)
         where = self._store.where
@@ -319,6 +324,7 @@ class PrivateIndex:
     def remove(self, ids: Sequence[int] | np.ndarray) -> int:
         """Delete records (text and embedding); returns how many existed. Their spend stays on record."""
         arr = np.unique(np.asarray(ids, dtype=np.int64))
+        self._check_usable()  # before the lock (a fork may leave it held)
         with self._lock:
             self._check_usable()
             change = self._store.delete(arr[arr >= 0])
@@ -328,6 +334,7 @@ class PrivateIndex:
     def refresh(self) -> None:
         """Bring this process's FAISS copy up to the store: records added and removed by any process or host
         since the version it last saw (one query when nothing changed). Searches call it first."""
+        self._check_usable()  # before the lock (a fork may leave it held)
         with self._lock:
             self._check_usable()
             if self._store.version() != self._version:
@@ -424,6 +431,7 @@ class PrivateIndex:
         release's costs are at least ``cheapest``, those are units its filter would refuse anyway, so the mask
         changes no output and depends on nothing but each unit's own spend and public settings.
         """
+        self._check_usable()  # before the lock (a fork may leave it held)
         with self._lock:
             self._check_usable()
             self._lower_floor(cheapest)
@@ -457,7 +465,14 @@ class PrivateIndex:
 
     # -- internals --------------------------------------------------------------------------------
     def _check_usable(self) -> None:
-        """Refuse an in-memory index that was saved (moved) to a directory."""
+        """Refuse an in-memory index in another process than its maker's (before any lock: one held by another
+        thread at ``fork()`` stays held in the child), or once it was saved (moved) to a directory."""
+        if self._process is not None and self._process != process_mark():
+            raise ConfigurationError(
+                f"this in-memory private index was made in process {self._process[0]} and cannot be used in "
+                f"another ({os.getpid()}): after a fork every worker would hold its own copy of its records' "
+                f"privacy filter and let each record spend its budget once per worker; {SEVERAL_WORKERS_HINT}"
+            )
         if self._retired is not None:
             raise ConfigurationError(self._retired)
 
@@ -479,6 +494,8 @@ class PrivateIndex:
 
     def _init_memory(self) -> None:
         self._retired: str | None = None  # why this object may no longer be used (saved to a directory)
+        in_memory = self.path is None and isinstance(self._store, SQLiteRecordStore)
+        self._process = process_mark() if in_memory else None  # in-memory state: this process only
         self._faiss_index: Any = None  # a faiss.IndexIDMap2 once the dimension is known
         self._unit_of = np.zeros(0, dtype=np.int64)  # by record id; -1: no such record
         self._active = np.zeros(0, dtype=bool)  # by record id: present and not known to be exhausted
