@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from fractions import Fraction
 from itertools import pairwise
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.stats import binom, norm
 
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import (
+    DELTA_SPLITS,
     Accountant,
     BasicAccountant,
     PRVAccountant,
@@ -169,23 +173,151 @@ def test_accountant_constructor_validation() -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_basic_ten_pure_tenths_is_exactly_one() -> None:
+def up(exact: Fraction) -> float:
+    """The smallest float ≥ ``exact``: the tightest total basic composition may report."""
+    nearest = float(exact)
+    return math.nextafter(nearest, math.inf) if Fraction(nearest) < exact else nearest
+
+
+def test_basic_ten_pure_tenths_is_the_smallest_float_above_their_sum() -> None:
     basic = get_accountant("basic")
-    assert basic.epsilon(ev.SelfComposedEvent(ev.PureDPEvent(0.1, neighbouring="add_remove"), 10), delta=1e-5) == 1.0
-    assert basic.epsilon(ev.ComposedEvent((ev.PureDPEvent(0.1, neighbouring="add_remove"),) * 10), delta=1e-5) == 1.0
-    assert sum([0.1] * 10) != 1.0  # naive float summation would not be exact
+    exact = 10 * Fraction(0.1)  # the float 0.1 is a little above 1/10, so ten of them are above 1
+    assert exact > 1 and float(exact) == 1.0  # round-to-nearest would report 1.0, below the total
+    for event in (
+        ev.SelfComposedEvent(ev.PureDPEvent(0.1, neighbouring="add_remove"), 10),
+        ev.ComposedEvent((ev.PureDPEvent(0.1, neighbouring="add_remove"),) * 10),
+    ):
+        assert basic.epsilon(event, delta=1e-5) == math.nextafter(1.0, math.inf)
+    assert sum([0.1] * 10) != 1.0  # naive float summation would not be exact either
 
 
-def test_basic_sums_exactly_and_respects_delta() -> None:
+def test_basic_sums_exactly_rounds_up_and_respects_delta() -> None:
     basic = BasicAccountant()
     event = ev.compose(
         ev.SelfComposedEvent(ev.ApproxDPEvent(0.1, 1e-6, neighbouring="add_remove"), 7), ev.PureDPEvent(0.2, neighbouring="add_remove"), ev.ExponentialMechanismEvent(0.3, neighbouring="add_remove")
     )
-    expected_eps = float(7 * Fraction(0.1) + Fraction(0.2) + Fraction(0.3))
-    used_delta = float(7 * Fraction(1e-6))
+    expected_eps = up(7 * Fraction(0.1) + Fraction(0.2) + Fraction(0.3))
+    used_delta = up(7 * Fraction(1e-6))
     assert basic.epsilon(event, delta=1e-5) == expected_eps
     assert basic.epsilon(event, delta=used_delta) == expected_eps
-    assert basic.epsilon(event, delta=used_delta * (1 - 1e-9)) == math.inf
+    assert basic.epsilon(event, delta=math.nextafter(used_delta, 0.0)) == math.inf
+
+
+def test_basic_composition_never_reports_less_than_the_exact_sum_pinned() -> None:
+    """Regression (issue 27, defect 3): the sums were rounded to the nearest float, which can be below them.
+
+    1 + 2⁻⁵³ lies halfway between 1 and the next float and rounds (to even) to 1; so does 0.5 + 2⁻⁵⁴ to 0.5.
+    """
+    basic = BasicAccountant()
+    pure = ev.compose(
+        ev.PureDPEvent(1.0, neighbouring="add_remove"), ev.PureDPEvent(2.0**-53, neighbouring="add_remove")
+    )
+    assert basic.epsilon(pure, delta=1e-5) == math.nextafter(1.0, math.inf)  # was 1.0
+    approx = ev.compose(
+        ev.ApproxDPEvent(0.1, 0.5, neighbouring="add_remove"),
+        ev.ApproxDPEvent(0.1, 2.0**-54, neighbouring="add_remove"),
+    )
+    assert basic.epsilon(approx, delta=0.5) == math.inf  # δ used is 0.5 + 2⁻⁵⁴ > 0.5; was reported at δ = 0.5
+    assert basic.epsilon(approx, delta=math.nextafter(0.5, 1.0)) == up(Fraction(0.2))
+    # So a basic-composition ledger no longer admits 1 + 2⁻⁵³ into a budget of 1.
+    from dp_icl_plugin import BudgetExhaustedError, BudgetManager, PrivacyBudget
+
+    ledger = BudgetManager(PrivacyBudget(1.0, 1e-6), accountant="basic")
+    ledger.spend(ev.PureDPEvent(1.0, neighbouring="replace_one"), label="a")
+    with pytest.raises(BudgetExhaustedError):
+        ledger.spend(ev.PureDPEvent(2.0**-53, neighbouring="replace_one"), label="b")
+
+
+# Floats of every magnitude, with the tiny and the huge side by side (where rounding loses the most).
+POSITIVE = st.one_of(
+    st.floats(min_value=1e-300, max_value=1e300, allow_subnormal=False),
+    st.floats(min_value=1e-20, max_value=10.0),
+    st.sampled_from([0.1, 0.2, 0.3, 1.0, 2.0**-53, 2.0**-54, 1.0 + 2.0**-52]),
+)
+DELTAS = st.one_of(
+    st.floats(min_value=1e-300, max_value=1e-3, allow_subnormal=False), st.sampled_from([1e-3, 2.0**-60, 1e-6])
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(POSITIVE, st.integers(1, 1000)), min_size=1, max_size=12))
+def test_basic_epsilon_is_never_below_the_exact_sum(terms: list[tuple[float, int]]) -> None:
+    event = ev.compose(*(ev.SelfComposedEvent(ev.PureDPEvent(e, neighbouring="add_remove"), n) for e, n in terms))
+    exact = sum((n * Fraction(e) for e, n in terms), Fraction(0))
+    reported = BasicAccountant().epsilon(event, delta=1e-5)
+    assert reported == up(exact) if exact <= Fraction(sys.float_info.max) else reported == math.inf
+    assert reported >= exact
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(DELTAS, st.integers(1, 50)), min_size=1, max_size=12))
+def test_basic_reports_epsilon_only_at_a_delta_covering_the_exact_sum(terms: list[tuple[float, int]]) -> None:
+    event = ev.compose(
+        *(ev.SelfComposedEvent(ev.ApproxDPEvent(0.5, d, neighbouring="add_remove"), n) for d, n in terms)
+    )
+    exact = sum((n * Fraction(d) for d, n in terms), Fraction(0))
+    assert exact < 1
+    basic = BasicAccountant()
+    for delta in {float(exact), math.nextafter(float(exact), 1.0), math.nextafter(float(exact), 0.0)}:
+        if 0 < delta < 1:
+            assert (basic.epsilon(event, delta=delta) < math.inf) == (exact <= Fraction(delta))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(POSITIVE, min_size=1, max_size=6))
+def test_adding_up_bounds_is_never_below_the_exact_sum(terms: list[float]) -> None:
+    from dp_icl_plugin.accounting.accountants import add_up
+
+    exact = sum(map(Fraction, terms), Fraction(0))
+    total = add_up(*terms)
+    assert total >= exact and (total == up(exact) or total == math.inf)
+    assert add_up(*terms, math.inf) == math.inf
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.floats(min_value=1e-300, max_value=1.0, exclude_max=True, allow_subnormal=False),
+    st.sampled_from(DELTA_SPLITS),
+    DELTAS,
+)
+def test_splits_of_delta_never_hand_out_more_than_delta(delta: float, share: float, used: float) -> None:
+    from dp_icl_plugin.accounting.accountants import left_over, split_delta
+
+    first, rest = split_delta(delta, share)
+    assert first > 0 and rest > 0 and Fraction(first) + Fraction(rest) <= Fraction(delta)
+    if used < delta:
+        left = left_over(delta, used)
+        assert left > 0 and Fraction(used) + Fraction(left) <= Fraction(delta)
+
+
+class _SpyAccountant(TightestAccountant):
+    """Records the δ each part of a split composition is analysed at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[frozenset[ev.DPEvent], float]] = []
+
+    def _cached(self, atoms, delta):  # type: ignore[no-untyped-def]
+        self.calls.append((frozenset(atoms), delta))
+        return super()._cached(atoms, delta)
+
+
+@pytest.mark.parametrize("delta", [1e-5, 1e-6, 1e-4, 3e-7])
+def test_the_tightest_accountant_splits_delta_without_exceeding_it(delta: float) -> None:
+    """Regression (issue 27, defect 3): the parts of a split got share·δ and (1 − share)·δ, each rounded to
+    nearest (together up to an ulp above δ), and an (ε, δ_a) part left δ − δ_a rounded to nearest."""
+    poisson = ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.0, neighbouring="add_remove"), neighbouring="replace_one")
+    mozo = set(ev.atoms(MOZO))
+    tiny = ev.ApproxDPEvent(0.5, 1e-30, neighbouring="replace_one")  # δ − 1e-30 rounds to nearest as δ itself
+    for first_part in (poisson, tiny):
+        spy = _SpyAccountant()
+        assert spy.epsilon(ev.compose(first_part, MOZO), delta=delta) < math.inf
+        first = [d for atoms, d in spy.calls if atoms == {first_part}]
+        rest = [d for atoms, d in spy.calls if atoms == mozo]
+        if first_part is tiny:  # first the (ε, δ) part by basic composition, the rest at the δ left
+            assert Fraction(tiny.delta) + Fraction(rest.pop(0)) <= Fraction(delta)
+        assert len(first) == len(rest) == len(DELTA_SPLITS)
+        assert all(Fraction(a) + Fraction(b) <= Fraction(delta) for a, b in zip(first, rest, strict=True))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -347,6 +479,7 @@ def test_auto_hybrid_with_pure_and_gaussian_atoms() -> None:
 
 def test_auto_with_custom_members() -> None:
     only_basic = TightestAccountant(members=(BasicAccountant(),))
-    assert only_basic.epsilon(ev.SelfComposedEvent(ev.PureDPEvent(0.1, neighbouring="add_remove"), 10), delta=1e-5) == 1.0
+    ten_tenths = ev.SelfComposedEvent(ev.PureDPEvent(0.1, neighbouring="add_remove"), 10)
+    assert only_basic.epsilon(ten_tenths, delta=1e-5) == math.nextafter(1.0, math.inf)  # ten floats 0.1 exceed 1
     with pytest.raises(UnsupportedEventError):
         only_basic.epsilon(G, delta=1e-5)

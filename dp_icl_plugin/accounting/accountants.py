@@ -1,6 +1,7 @@
 """Accountants: turn a privacy event into ε at a given δ.
 
-- :class:`BasicAccountant` (``"basic"``): pure and (ε, δ) atoms; ε and δ add up (Dwork et al. 2006).
+- :class:`BasicAccountant` (``"basic"``): pure and (ε, δ) atoms; ε and δ add up (Dwork et al. 2006), summed
+  exactly and rounded up, so a reported total is never below the true one (:func:`add_up`).
 - :class:`RDPAccountant` (``"rdp"``): Rényi DP curves added order by order, converted with Balle et al.
   2020 (see ``rdp.py`` for each mechanism's curve).
 - :class:`PLDAccountant` (``"pld"``): numerical composition of privacy loss distributions with Google's
@@ -11,7 +12,8 @@
   valid bound is a bound, so it returns the smallest ε among its members that support the event. When
   none supports the whole event (e.g. an (ε, δ) atom or a replace-one Poisson atom next to an RDP-only
   atom), it also splits the atoms into parts analysed separately and adds their ε with basic composition
-  over a split of δ (Dwork et al. 2006): (ε1, δ1) and (ε2, δ2) compose to (ε1 + ε2, δ1 + δ2).
+  over a split of δ (Dwork et al. 2006): (ε1, δ1) and (ε2, δ2) compose to (ε1 + ε2, δ1 + δ2); the ε's are added
+  rounded up and the δ's split so that their exact sum never exceeds δ.
 
 Every event an accountant analyses is under one neighbouring relation (a ledger converts charges to its
 own first; ``conversion.py``); the relation selects the analysis of Poisson subsampling.
@@ -118,8 +120,46 @@ class Accountant(ABC):
         return f"{type(self).__name__}()"
 
 
+def _round_up(exact: Fraction) -> float:
+    """The smallest float ≥ ``exact`` (``inf`` past the largest float)."""
+    try:
+        nearest = float(exact)
+    except OverflowError:
+        return math.inf
+    return math.nextafter(nearest, math.inf) if Fraction(nearest) < exact else nearest
+
+
+def _round_down(exact: Fraction) -> float:
+    """The largest float ≤ ``exact`` (``exact`` within the float range)."""
+    nearest = float(exact)
+    return math.nextafter(nearest, -math.inf) if Fraction(nearest) > exact else nearest
+
+
+def add_up(*bounds: float) -> float:
+    """Σ ``bounds`` (ε's or δ's composed by basic composition), rounded up: never below their exact sum.
+
+    Rounding to the nearest float can land below the sum (1 + 2⁻⁵³ rounds to 1), which would certify less
+    than was spent. ``inf`` if any bound is infinite.
+    """
+    if any(math.isinf(b) for b in bounds):
+        return math.inf
+    return _round_up(sum(map(Fraction, bounds), Fraction(0)))
+
+
+def left_over(total: float, used: float) -> float:
+    """``total`` − ``used`` rounded down (the δ left for the rest of a composition, the ε left in a budget):
+    ``used`` plus it never exceeds ``total``."""
+    return _round_down(Fraction(total) - Fraction(used))
+
+
+def split_delta(delta: float, share: float) -> tuple[float, float]:
+    """``delta`` split into about ``share``·δ and the rest, whose exact sum never exceeds ``delta``."""
+    first = share * delta
+    return first, left_over(delta, first)
+
+
 def _basic_totals(atoms: Counter[ev.DPEvent]) -> tuple[float, float]:
-    """Exact (correctly rounded) Σ n·ε and Σ n·δ of pure / (ε, δ) atoms."""
+    """Σ n·ε and Σ n·δ of pure / (ε, δ) atoms, summed exactly and rounded up (never below the true sums)."""
     eps, delta = Fraction(0), Fraction(0)
     for atom, n in atoms.items():
         if isinstance(atom, (ev.PureDPEvent, ev.ExponentialMechanismEvent)):
@@ -129,7 +169,7 @@ def _basic_totals(atoms: Counter[ev.DPEvent]) -> tuple[float, float]:
             delta += n * Fraction(atom.delta)
         else:
             raise UnsupportedEventError(f"basic composition cannot take {atom.type_name!r} events")
-    return float(eps), float(delta)
+    return _round_up(eps), _round_up(delta)
 
 
 class BasicAccountant(Accountant):
@@ -275,7 +315,7 @@ class TightestAccountant(Accountant):
         rest = atoms - approx
         if approx and rest and all(ev.BASIC in a.supported_accountants for a in approx):
             eps_a, delta_a = _basic_totals(approx)
-            yield eps_a + self._cached(rest, delta - delta_a) if delta_a < delta else math.inf
+            yield add_up(eps_a, self._cached(rest, left_over(delta, delta_a))) if delta_a < delta else math.inf
         numerical = {m.name for m in self.members} & ev.NUMERICAL
         if not numerical:
             return
@@ -289,7 +329,8 @@ class TightestAccountant(Accountant):
                 continue
             tried.append(frozenset(first))
             for share in DELTA_SPLITS:
-                yield self._cached(first, share * delta) + self._cached(rest, (1.0 - share) * delta)
+                delta_first, delta_rest = split_delta(delta, share)
+                yield add_up(self._cached(first, delta_first), self._cached(rest, delta_rest))
 
 
 _NAMED: dict[str, type[Accountant]] = {

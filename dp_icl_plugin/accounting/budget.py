@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from dp_icl_plugin.accounting import events as ev
-from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant
+from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant, left_over
 from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, PostgresStore, SQLiteStore
@@ -195,7 +195,7 @@ class BudgetManager:
         Composition is not additive, so an event of ε = remaining may still be refused (or, thanks to
         tighter composition, a larger one admitted): use :meth:`would_fit` to decide.
         """
-        return PrivacySpend(max(self._budget.epsilon - self.spent().epsilon, 0.0), self._budget.delta)
+        return PrivacySpend(_remaining(self._budget.epsilon, self.spent().epsilon), self._budget.delta)
 
     def history(self) -> list[LedgerEntry]:
         """Every committed charge, oldest first, with its event as charged (under its own relation)."""
@@ -256,7 +256,7 @@ class BudgetManager:
         b = self._budget
         total_eps = self._epsilon(total)
         requested = self._epsilon(self._converted(event))
-        remaining = max(b.epsilon - self._spent_epsilon(counts), 0.0)
+        remaining = _remaining(b.epsilon, self._spent_epsilon(counts))
         return BudgetExhaustedError(
             f"charge refused: epsilon would reach {_fmt(total_eps)} > budget {b.epsilon} at delta={b.delta} "
             f"(this charge alone: {_fmt(requested)}; remaining: {_fmt(remaining)}); nothing was committed",
@@ -264,6 +264,11 @@ class BudgetManager:
             remaining_epsilon=remaining,
             total_epsilon=total_eps,
         )
+
+
+def _remaining(budget: float, spent: float) -> float:
+    """``budget`` − ``spent`` rounded down, never below 0."""
+    return left_over(budget, spent) if spent < budget else 0.0
 
 
 def _fmt(x: float) -> str:
