@@ -16,8 +16,10 @@ Share one instance between components that share a machine, so that they too tak
 
 The padding only hides what finishes in time: a release that runs past ``seconds`` returns late, and its
 lateness depends on private data; so does the wait of every release queued behind it. Each overrun is
-counted (:attr:`FixedLatency.overruns`) and logged as a warning (the duration only, nothing private); choose
-``seconds`` above the slowest release you measured (:attr:`FixedLatency.slowest`) with a margin.
+counted (:attr:`FixedLatency.overruns`) and logged as one fixed warning (:data:`OVERRUN_WARNING`). Neither
+holds how long a release took: that duration is exactly what the padding hides, so it is kept nowhere (no
+attribute, ``repr`` or log line). Choose ``seconds`` above the slowest release measured with a margin, timed
+on public or synthetic records (``benchmarks/``), never by reading the durations of private releases.
 """
 
 from __future__ import annotations
@@ -31,11 +33,17 @@ from contextlib import contextmanager
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["FixedLatency", "ReleaseCancelled", "as_fixed_latency"]
+__all__ = ["OVERRUN_WARNING", "FixedLatency", "ReleaseCancelled", "as_fixed_latency"]
 
 _POLL = 0.05  # seconds between checks of a waiting caller's cancellation
 
 logger = logging.getLogger(__name__)
+
+OVERRUN_WARNING = (
+    "a private release overran its fixed latency window: its timing is not hidden (nor the wait of releases queued "
+    "behind it); raise fixed_latency"
+)
+"""The warning logged for each overrun: one fixed text, with no duration (a release's duration is private)."""
 
 
 class ReleaseCancelled(Exception):
@@ -48,13 +56,20 @@ class FixedLatency:
 
     Share one instance between components (they then take turns, and their overruns are read together); it
     is thread-safe.
+
+    Attributes:
+        seconds: the window (public configuration).
+        releases: how many releases ran (a count of calls, public).
+        overruns: how many ran past ``seconds``. Whether a release overran depends on private data; the count
+            is kept because an overrun is the failure the operator must see to raise ``seconds``, and it holds
+            no more than the late answer already showed its caller (one bit per release, no duration). Treat
+            it like the warning log: for operators, not for publication.
     """
 
     def __init__(self, seconds: float) -> None:
         self.seconds = check.positive_finite("seconds", seconds)
         self.releases = 0
         self.overruns = 0
-        self.slowest = 0.0  # the longest release before padding, in seconds
         self._lock = threading.Lock()
         # one window at a time, first come first served: tickets, the one being served, abandoned ones
         self._turns = threading.Condition()
@@ -115,20 +130,14 @@ class FixedLatency:
         try:
             yield
         finally:
-            elapsed = time.monotonic() - started
+            elapsed = time.monotonic() - started  # private: used for the padding only, never kept or shown
+            late = elapsed > self.seconds
             with self._lock:
                 self.releases += 1
-                self.slowest = max(self.slowest, elapsed)
-                late = elapsed > self.seconds
                 if late:
                     self.overruns += 1
             if late:
-                logger.warning(
-                    "a private release took %.3f s, past its fixed latency of %.3f s: its timing is not hidden "
-                    "(nor the wait of releases queued behind it); raise the latency",
-                    elapsed,
-                    self.seconds,
-                )
+                logger.warning(OVERRUN_WARNING)
             else:
                 time.sleep(self.seconds - elapsed)
 

@@ -94,7 +94,6 @@ def test_decoders_take_the_fixed_time_whatever_the_private_records(kind: str, cl
     answers = [decoder(kind, data, clock, fixed_latency=policy) for data in (short, long)]
     hidden = [duration(clock, lambda d=d: d.generate("a b", rng=np.random.default_rng(0))) for d in answers]
     assert hidden == pytest.approx([5.0, 5.0], abs=1e-9) and policy.overruns == 0 and policy.releases == 2
-    assert 0 < policy.slowest < 5.0
 
 
 @pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
@@ -123,7 +122,28 @@ def test_an_overrun_is_counted_and_logged_without_private_text(clock: FakeClock,
     with caplog.at_level(logging.DEBUG):
         decoder("mozo", data, clock, fixed_latency=policy).generate("a b", rng=np.random.default_rng(0))
     assert policy.overruns == 1
-    assert "past its fixed latency" in caplog.text and "zzsecretzz" not in caplog.text
+    assert "overran its fixed latency window" in caplog.text and "zzsecretzz" not in caplog.text
+
+
+def test_an_overrun_leaves_its_duration_nowhere(clock: FakeClock, caplog) -> None:
+    """Regression (issue 27, defect 4): the overrun warning and ``FixedLatency.slowest`` carried the private
+    duration the padding exists to hide. The warning is one fixed text; no attribute or repr holds a time."""
+    policy = FixedLatency(1.5)
+    durations = (7.25, 0.5)  # one overrun (by a duration that depends on private data), one padded release
+    with caplog.at_level(logging.DEBUG, logger=timing_module.__name__):
+        for took in durations:
+            with policy.hold():
+                clock.now += took
+    assert policy.releases == 2 and policy.overruns == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and not any(ch.isdigit() for ch in messages[0])  # not even the public latency
+    shown = [repr(policy), str(policy), *messages]
+    state = [v for k, v in vars(policy).items() if k != "seconds"]
+    for took in durations:
+        assert all(str(took) not in text and f"{took:.3f}" not in text for text in shown)
+        assert took not in [v for v in state if isinstance(v, float)]
+    assert not hasattr(policy, "slowest")
+    assert messages == [timing_module.OVERRUN_WARNING]
 
 
 def knn(clock: FakeClock, **kw) -> PrivateKNN:
@@ -219,8 +239,7 @@ def test_concurrent_answers_each_keep_their_own_window(kind: str) -> None:
         t.start()
     for t in threads:
         t.join(timeout=30)
-    assert policy.releases == 4 and policy.overruns == 0, (policy.overruns, policy.slowest)
-    assert policy.slowest < 0.45
+    assert policy.releases == 4 and policy.overruns == 0, policy.overruns
 
 
 def test_turns_are_first_come_first_served_and_a_nested_release_is_refused() -> None:
