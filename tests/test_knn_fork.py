@@ -89,6 +89,18 @@ def test_forked_workers_cannot_each_spend_a_records_budget(tmp_path: Path) -> No
     assert len(knn.retrieve("the record")) == 0  # and its one use is spent
 
 
+@pytest.fixture
+def one_omp_thread():
+    """FAISS searches in a fork()ed child hang once the parent has started an OpenMP thread pool (libgomp does
+    not survive fork); one thread runs every parallel region in the calling thread."""
+    faiss = pytest.importorskip("faiss")
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)
+
+
+@pytest.mark.usefixtures("one_omp_thread")
 def test_forked_workers_share_an_index_directory(tmp_path: Path) -> None:
     index = PrivateIndex(budget=BUDGET, embedder=embed, path=tmp_path / "ix")
     index.add(["the record"], labels=["a"])
