@@ -535,19 +535,19 @@ def test_concurrent_calls_match_sequential(backend: HFBackend, prompts: list[lis
 # ------------------------------------------------------------------------------ prefixes with a shared suffix
 def test_shared_suffix_equals_full_prompts_and_reuses_prefix_caches(backend: HFBackend,
                                                                     prompts: list[list[int]]) -> None:  # fmt: skip
-    prefixes = [p[:20] for p in prompts]  # lengths 1..20: the caches are left-padded to one length
+    prefixes = [p[:20] for p in prompts]  # lengths 1..20: the caches are left-padded to their buckets
     suffix = [5, 9, 2, 7]
+    rows = [p + suffix for p in prefixes] + [[3, 4]]  # the last row does not end with the suffix: computed whole
     backend.prefix_cache.clear()
-    fast = backend.next_token_logprobs_shared_suffix(prefixes, suffix)
-    full = backend.next_token_logprobs([p + suffix for p in prefixes])
+    fast = backend.next_token_logprobs_shared_suffix(rows, suffix)
+    full = backend.next_token_logprobs(rows)
     np.testing.assert_allclose(fast, full, atol=TOL)
     assert len(backend.prefix_cache) == len({tuple(p) for p in prefixes})
-    again = backend.next_token_logprobs_shared_suffix(prefixes[::-1], [*suffix, 3])  # cached prefixes, new order
-    np.testing.assert_allclose(again, backend.next_token_logprobs([p + suffix + [3] for p in prefixes[::-1]]),
-                               atol=TOL)  # fmt: skip
+    again = backend.next_token_logprobs_shared_suffix([r + [3] for r in rows[::-1]], [*suffix, 3])  # cached, new order
+    np.testing.assert_allclose(again, backend.next_token_logprobs([r + [3] for r in rows[::-1]]), atol=TOL)
     # a prompt past the model's length is refused as next_token_logprobs refuses it
     with pytest.raises(ConfigurationError, match="at most"):
-        backend.next_token_logprobs_shared_suffix([prompts[1]], list(range(1, 30)))
+        backend.next_token_logprobs_shared_suffix([prompts[1] + list(range(1, 30))], list(range(1, 30)))
 
 
 def test_the_prefix_cache_keeps_to_its_token_budget() -> None:
@@ -572,12 +572,16 @@ def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(ba
                for i in range(30)]  # fmt: skip
     decoder = MozoDecoder(PrivateDataset(records), backend=backend, budget=BudgetManager(PrivacyBudget(50.0, 1e-3)),
                           n_queries=2, epsilon=8.0, max_tokens=3, top_k=20, template=ANSWER_PRESETS["ginc"])  # fmt: skip
+    from dp_icl_plugin.backends.shared_suffix import rows_logprobs
+
     query = " ".join(names[20:26])
     zero = decoder._ids(query, None)
     one = [decoder._ids(query, records[i]) for i in (0, 7, 13, 21)]
+    suffix = decoder._public_suffix(query)
+    assert suffix and all(r[len(r) - len(suffix) :] == suffix for r in [zero, *one])  # the query part
     backend.prefix_cache.clear()
     for generated in ([], [4], [4, 8, 15]):
-        fast = decoder._step_logprobs(zero, one, generated)
+        fast = rows_logprobs(backend, [zero, *one], generated, suffix=suffix)
         full = backend.next_token_logprobs([r + generated for r in [zero, *one]])
         np.testing.assert_allclose(fast, full, atol=TOL)
     assert len(backend.prefix_cache) == 5  # the zero-shot prompt's and four records' parts, reused each step
@@ -609,14 +613,14 @@ def test_a_session_started_from_prefix_caches_grows_like_a_fresh_one(backend: HF
     suffix = [40, 41, 42]
     rows = [p + suffix for p in prefixes]
     backend.prefix_cache.clear()
-    with start_rows(backend, rows) as cached, backend.start(rows) as fresh:
+    with start_rows(backend, rows, suffix=suffix) as cached, backend.start(rows) as fresh:
         assert len(backend.prefix_cache) == 3  # the prefixes went through the cache
         first = fresh.logprobs
         np.testing.assert_allclose(cached.logprobs, first, atol=TOL)
         for token in (7, 13, 2):
             np.testing.assert_allclose(cached.append([token] * 3), fresh.append([token] * 3), atol=TOL)
         assert list(cached.lengths) == list(fresh.lengths)
-    with start_rows(backend, rows) as again:  # all prefixes cached now: the same distributions
+    with start_rows(backend, rows, suffix=suffix) as again:  # all prefixes cached now: the same distributions
         np.testing.assert_allclose(again.logprobs, first, atol=TOL)
 
 
@@ -647,7 +651,7 @@ def test_a_copied_backend_carries_no_cached_private_prefix(backend: HFBackend) -
     import pickle
 
     backend.prefix_cache.clear()
-    backend.next_token_logprobs_shared_suffix([[5, 9, 11], [5, 30]], [40, 41])
+    backend.next_token_logprobs_shared_suffix([[5, 9, 11, 40, 41], [5, 30, 40, 41]], [40, 41])
     assert len(backend.prefix_cache) == 2
     state = pickle.dumps(backend.prefix_cache)
     assert len(pickle.loads(state)) == 0 and pickle.loads(state).max_tokens == backend.prefix_cache.max_tokens
@@ -662,9 +666,9 @@ def test_prefix_cache_tokens_zero_computes_every_prompt_whole(model_dir: Path) -
 
     plain = HFBackend.from_pretrained(model_dir, prefix_cache_tokens=0)
     rows = [[5, 9, 11, 40, 41], [5, 30, 40, 41]]
-    np.testing.assert_allclose(rows_logprobs(plain, rows, [7]), plain.next_token_logprobs([[*r, 7] for r in rows]),
-                               atol=TOL)  # fmt: skip
-    with start_rows(plain, rows) as session:
+    np.testing.assert_allclose(rows_logprobs(plain, rows, [7], suffix=[40, 41]),
+                               plain.next_token_logprobs([[*r, 7] for r in rows]), atol=TOL)  # fmt: skip
+    with start_rows(plain, rows, suffix=[40, 41]) as session:
         session.append([3, 3])
     assert len(plain.prefix_cache) == 0 and plain.prefix_cache.cached_tokens == 0
     with pytest.raises(ConfigurationError, match="at least 0"):

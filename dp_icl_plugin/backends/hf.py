@@ -1,15 +1,21 @@
 """A :class:`NextTokenBackend` over a local Hugging Face causal language model.
 
-Batches are left-padded with attention masks and explicit position ids, so a prompt's distribution does not
-depend on what it is batched with (up to float rounding: ≤ 1e-4 in float32, tested). Prompts are processed
-in micro-batches of similar length, so hundreds of prompts fit in memory. Everything runs under
-``torch.inference_mode``; torch and transformers failures surface as :class:`BackendError`. torch and
-transformers are imported only when a backend is built (``pip install 'dp-icl-plugin[hf]'``).
+**Row isolation.** Every row is computed in forwards whose shape comes from public settings and the row's
+own length (:mod:`~dp_icl_plugin.backends.row_shapes`: exactly ``micro_batch_size`` rows, filler rows
+completing a micro-batch; new tokens and cached positions padded to public buckets), so a row's
+log-probabilities are the same bits whatever else is in the call, in whatever order, and whatever the prefix
+cache held: in float32 and in bfloat16, on CPU (``tests/test_row_isolation.py``; on CUDA, run
+``dp-icl isolation --device cuda`` on the machine: kernels are chosen per device). That is what the DP
+analyses assume of a one-shot row, a shard's answer or the public zero-shot row. Positions are explicit and
+padding masked, so a row's distribution is its prompt's up to float rounding (≤ 1e-4 in float32, tested).
+
+Everything runs under ``torch.inference_mode``; torch and transformers failures surface as
+:class:`BackendError`. torch and transformers are imported only when a backend is built
+(``pip install 'dp-icl-plugin[hf]'``).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -19,9 +25,12 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.backends.base import Prompt, appended_ids, check_logprobs
+from dp_icl_plugin.backends.base import Prompt, appended_ids
+from dp_icl_plugin.backends.hf_prefix import PrefixKVCache, supports_prefix_cache
+from dp_icl_plugin.backends.hf_rows import IsolatedForward, RowKV, RowState, RowTask
 from dp_icl_plugin.backends.hf_tokenizer import TokenizerBackendBase
-from dp_icl_plugin.backends.shared_suffix import prefix_members
+from dp_icl_plugin.backends.row_shapes import RowShapes
+from dp_icl_plugin.backends.shared_suffix import prefix_members, suffix_members
 from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
 
 __all__ = ["HFBackend", "HFIncrementalSession"]
@@ -62,7 +71,10 @@ class HFBackend(TokenizerBackendBase):
         model: a loaded causal LM (moved to ``device`` and put in eval mode).
         tokenizer: its tokenizer.
         model_id: a name for provenance (default: the model's ``name_or_path``).
-        micro_batch_size: prompts per forward pass.
+        micro_batch_size: rows in every forward pass (public; filler rows complete a micro-batch, so a call's
+            number of rows never reaches a forward's shape). Small on a CPU (the default, 8), larger on a GPU.
+        width_step: new tokens are padded to the next multiple of this strictly above their count
+            (:class:`~dp_icl_plugin.backends.row_shapes.RowShapes`).
         device: ``"auto"`` (CUDA when available, else CPU), a device name, or a ``torch.device``.
         prefix_cache_tokens: how many prefix tokens' keys and values the ``*_shared_suffix`` and
             ``*_shared_prefix`` methods keep between calls (least recently used out first; 45 KiB a token for
@@ -70,7 +82,8 @@ class HFBackend(TokenizerBackendBase):
             computed whole). The cache holds keys and values of private records in this process's memory
             (never pickled: a copied cache is empty; the backend itself cannot be pickled) and makes a call
             faster when its prefixes were used before, by any caller of this backend: see the README's side
-            channels. Models with sliding-window attention never use it.
+            channels. A cached prefix's keys and values are the bits a missing one's computation gives, so the
+            cache changes timing only, never a row. Models with sliding-window attention never use it.
 
     Forward passes are serialised by a lock, so one backend can be shared by threads.
     """
@@ -81,15 +94,18 @@ class HFBackend(TokenizerBackendBase):
         tokenizer: Any,
         *,
         model_id: str | None = None,
-        micro_batch_size: int = 32,
+        micro_batch_size: int = 8,
+        width_step: int = 16,
         device: str | Any | None = "auto",
         prefix_cache_tokens: int = 8192,
     ) -> None:
-        from dp_icl_plugin.backends.hf_prefix import PrefixKVCache, supports_prefix_cache
-
-        self.micro_batch_size = check.positive_int("micro_batch_size", micro_batch_size)
+        self.shapes = RowShapes(rows=check.positive_int("micro_batch_size", micro_batch_size),
+                                step=check.positive_int("width_step", width_step))  # fmt: skip
+        self.micro_batch_size = self.shapes.rows
         self.prefix_cache = PrefixKVCache(prefix_cache_tokens)
-        self._prefix_cache_on = self.prefix_cache.max_tokens > 0 and supports_prefix_cache(model.config)
+        # whether a row's keys and values can be cut out and reused (not with sliding-window attention)
+        self._kv_reusable = supports_prefix_cache(model.config)
+        self._prefix_cache_on = self.prefix_cache.max_tokens > 0 and self._kv_reusable
         self.device = _resolve_device(device)
         try:
             self.model = model.to(self.device).eval()
@@ -104,9 +120,8 @@ class HFBackend(TokenizerBackendBase):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
         self._lock = threading.Lock()
-        self._cache_keyword = _cache_keyword(model)
-        # Only the last position's logits are read: models that can skip the others' output layer do.
-        self._last_logits_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+        self._rows = IsolatedForward(self.model, device=self.device, pad_token_id=self.pad_token_id,
+                                     vocab_size=self._vocab_size, shapes=self.shapes)  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -115,7 +130,7 @@ class HFBackend(TokenizerBackendBase):
         *,
         device: str | Any | None = "auto",
         dtype: str | Any = "auto",
-        micro_batch_size: int = 32,
+        micro_batch_size: int = 8,
         prefix_cache_tokens: int = 8192,
         trust_remote_code: bool = False,
         **model_kwargs: Any,
@@ -128,6 +143,7 @@ class HFBackend(TokenizerBackendBase):
 
         Args:
             dtype: ``"auto"`` (the checkpoint's), a torch dtype, or its name (``"float32"``, ``"bfloat16"``).
+                Rows are isolated in any dtype (fixed shapes; see the module docstring).
         """
         _torch()
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -151,22 +167,6 @@ class HFBackend(TokenizerBackendBase):
 
     # ------------------------------------------------------------------ forward passes
 
-    def _micro_batches(self, ids: list[list[int]]) -> Iterator[np.ndarray]:
-        """Indices of prompts grouped by length (less padding), ``micro_batch_size`` at a time."""
-        order = np.argsort([len(x) for x in ids], kind="stable")
-        for start in range(0, len(order), self.micro_batch_size):
-            yield order[start : start + self.micro_batch_size]
-
-    def _left_padded(self, rows: list[list[int]]) -> tuple[Any, Any]:
-        torch = _torch()
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            input_ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-        return input_ids.to(self.device), mask.to(self.device)
-
     @contextmanager
     def _forwarding(self) -> Iterator[None]:
         torch = _torch()
@@ -178,132 +178,101 @@ class HFBackend(TokenizerBackendBase):
             except (RuntimeError, ValueError, IndexError, TypeError) as exc:
                 raise BackendError(f"forward pass of {self.model_id} failed: {type(exc).__name__}") from exc
 
-    def _forward(self, input_ids: Any, mask: Any, positions: Any, cache: Any = None) -> tuple[np.ndarray, Any]:
-        torch = _torch()
-        out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
-            **{self._cache_keyword: cache}, **self._last_logits_only,
-        )  # fmt: skip
-        last = out.logits[:, -1, : self.vocab_size].float()
-        logprobs = torch.log_softmax(last, dim=-1).cpu().numpy()
-        return check_logprobs(logprobs), getattr(out, self._cache_keyword)
-
-    def _forward_rows(self, rows: list[list[int]]) -> tuple[np.ndarray, Any, Any]:
-        """One left-padded forward of whole rows: (log-probabilities, KV cache, attention mask)."""
-        from transformers import DynamicCache
-
-        input_ids, mask = self._left_padded(rows)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logprobs, cache = self._forward(input_ids, mask, positions, DynamicCache(config=self.model.config))
-        return logprobs, cache, mask
-
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
         ids = self._prompt_ids(prompts)
-        result = np.empty((len(ids), self.vocab_size), dtype=np.float32)
         with self._forwarding():
-            for batch in self._micro_batches(ids):
-                input_ids, mask = self._left_padded([ids[i] for i in batch])
-                positions = (mask.cumsum(-1) - 1).clamp(min=0)
-                result[batch], _ = self._forward(input_ids, mask, positions)
+            result, _ = self._rows.run([RowTask(r) for r in ids], keep=False)
         return result
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> HFIncrementalSession:
-        return HFIncrementalSession(self, self._prompt_ids(prompts))
+        ids = self._prompt_ids(prompts)
+        with self._forwarding():
+            return self._session(ids, [RowTask(r) for r in ids])
 
-    def next_token_logprobs_shared_suffix(self, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
-        """Rows of ``prefix + suffix`` (token ids), the prefixes' KV caches kept in ``prefix_cache`` between
-        calls: one forward of the suffix rows (:mod:`~dp_icl_plugin.backends.hf_prefix`)."""
-        from dp_icl_plugin.backends.hf_prefix import shared_suffix_logprobs
+    def next_token_logprobs_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
+        """Next-token log-probabilities of ``rows`` (token ids). ``suffix`` is public and fixed by the caller
+        (never read from the rows): each row that ends with it (and goes on before it) takes the keys and
+        values of its part before the suffix from ``prefix_cache`` (computed once) and computes only the
+        suffix; any other row is computed whole. Each row decides for itself, from its own tokens."""
+        ids = self._prompt_ids(rows)  # next_token_logprobs' checks, length too
+        with self._forwarding():
+            result, _ = self._rows.run(self._suffix_tasks(ids, suffix), keep=False)
+        return result
 
-        rows = self._prompt_ids([[*p, *suffix] for p in prefixes])  # next_token_logprobs' checks, length too
-        if not self._prefix_cache_on:
-            return self.next_token_logprobs(rows)
-        return shared_suffix_logprobs(self, prefixes, suffix)
+    def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> HFIncrementalSession:
+        """An incremental session over ``rows`` (token ids), started as :meth:`next_token_logprobs_shared_suffix`
+        computes them, then grown as :meth:`start`'s is (same distributions up to float rounding)."""
+        ids = self._prompt_ids(rows)  # the checks of start, length included
+        with self._forwarding():
+            return self._session(ids, self._suffix_tasks(ids, suffix))
 
     def next_token_logprobs_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray:
-        """Next-token log-probabilities of ``rows`` (token ids); the rows that start with ``prefix`` take its KV
-        cache (computed once, kept in ``prefix_cache``), the others are computed whole in the same forward (same
-        distributions as :meth:`next_token_logprobs` up to float rounding; see :func:`shared_prefix_forward`).
+        """Next-token log-probabilities of ``rows`` (token ids); the rows that start with the public ``prefix``
+        take its keys and values (computed once, kept in ``prefix_cache``), the others are computed whole.
         The prefix goes through the cache whether or not any row starts with it: the cache's use depends on
         the (public) prefix only."""
         ids = self._prompt_ids(rows)  # next_token_logprobs' checks, length too
-        if not self._prefix_cache_on or len(prefix) == 0:
-            return self.next_token_logprobs(ids)
         with self._forwarding():
-            groups = self._shared_prefix_groups(prefix, ids)
-        result = np.empty((len(ids), self.vocab_size), dtype=np.float32)
-        for batch, logprobs, _, _ in groups:
-            result[batch] = logprobs
+            result, _ = self._rows.run(self._prefix_tasks(prefix, ids), keep=False)
         return result
 
     def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> HFIncrementalSession:
         """An incremental session over ``rows`` (token ids), started as :meth:`next_token_logprobs_shared_prefix`
         computes them, then grown as :meth:`start`'s is (same distributions up to float rounding)."""
         ids = self._prompt_ids(rows)  # the checks of start, length included
-        if not self._prefix_cache_on or len(prefix) == 0:
-            return self.start(ids)
         with self._forwarding():
-            groups = self._shared_prefix_groups(prefix, ids)
-        return HFIncrementalSession(self, ids, initial=groups)
+            return self._session(ids, self._prefix_tasks(prefix, ids))
 
-    def _shared_prefix_groups(self, prefix: Sequence[int], ids: list[list[int]]) -> list[tuple[Any, ...]]:
-        from dp_icl_plugin.backends.hf_prefix import shared_prefix_forward
+    def _session(self, ids: list[list[int]], tasks: list[RowTask]) -> HFIncrementalSession:
+        """The first forward of ``tasks`` and the session continuing it (the caller holds the lock)."""
+        logprobs, states = self._rows.run(tasks, keep=True)
+        if self._kv_reusable:  # rows of many lengths step together
+            states = self._rows.regroup(states, len(tasks))
+        return HFIncrementalSession(self, ids, logprobs, states)
 
-        head = [int(t) for t in prefix]
+    def _suffix_tasks(self, ids: list[list[int]], suffix: Sequence[int]) -> list[RowTask]:
+        tail = [int(t) for t in suffix]
+        members = set(suffix_members(ids, tail)) if self._prefix_cache_on else set()
+        heads = {i: tuple(ids[i][: len(ids[i]) - len(tail)]) for i in members}
+        pasts = dict(zip(heads, self._prefix_kv(list(heads.values())), strict=True))
+        return [RowTask(tail, pasts[i], len(heads[i]), exact=True) if i in members else RowTask(r)
+                for i, r in enumerate(ids)]  # fmt: skip
+
+    def _prefix_tasks(self, prefix: Sequence[int], ids: list[list[int]]) -> list[RowTask]:
+        head = tuple(int(t) for t in prefix)
+        if not self._prefix_cache_on or not head:
+            return [RowTask(r) for r in ids]
+        (past,) = self._prefix_kv([head])  # whether or not a row starts with it: decided on the public prefix
         members = set(prefix_members(ids, head))
-        tails = [r[len(head) :] if i in members else r for i, r in enumerate(ids)]
-        return [(batch, *shared_prefix_forward(self, head, [ids[i] for i in batch]))
-                for batch in self._micro_batches(tails)]  # fmt: skip
+        return [RowTask(r[len(head) :], past, len(head)) if i in members else RowTask(r) for i, r in enumerate(ids)]
 
-    def start_shared_suffix(self, prefixes: Sequence[Sequence[int]], suffix: Sequence[int]) -> HFIncrementalSession:
-        """An incremental session over the rows ``prefix + suffix``, the prefixes' KV caches taken from (and
-        kept in) ``prefix_cache``: the session starts with one forward of the suffix rows, then grows as
-        :meth:`start`'s does (same distributions up to float rounding)."""
-        from dp_icl_plugin.backends.hf_prefix import shared_suffix_forward
-
-        ids = self._prompt_ids([[*p, *suffix] for p in prefixes])  # the checks of start, length included
-        if not self._prefix_cache_on or not suffix or min(len(p) for p in prefixes) == 0:
-            return self.start(ids)
-        with self._forwarding():
-            logprobs, cache, mask = shared_suffix_forward(self, prefixes, suffix)
-        return HFIncrementalSession(self, ids, initial=[(np.arange(len(ids)), logprobs, cache, mask)])
+    def _prefix_kv(self, prefixes: list[tuple[int, ...]]) -> list[RowKV]:
+        """Each prefix's keys and values: from the cache, or computed (isolated, so the same bits) and kept."""
+        found: dict[tuple[int, ...], RowKV | None] = {p: self.prefix_cache.get(p) for p in prefixes}
+        missing = [p for p, kv in found.items() if kv is None]
+        if missing:
+            _, states = self._rows.run([RowTask(list(p)) for p in missing], keep=True)
+            for state in states:
+                for row, i in enumerate(state.members):
+                    found[missing[i]] = kv = self._rows.own_kv(state, row)
+                    self.prefix_cache.put(missing[i], kv)
+        return [found[p] for p in prefixes]  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"HFBackend(model_id={self.model_id!r}, device={str(self.device)!r}, vocab_size={self.vocab_size})"
 
 
-def _accepts(model: Any, name: str) -> bool:
-    return name in inspect.signature(model.forward).parameters
-
-
-def _cache_keyword(model: Any) -> str:
-    """The KV-cache argument (and output field) of ``model.forward``: ``cache`` from transformers 5.24 on,
-    ``past_key_values`` before (5.24 still accepts the old name, with a ``FutureWarning``)."""
-    return "cache" if _accepts(model, "cache") else "past_key_values"
-
-
 class HFIncrementalSession:
-    """Fixed prompts with per-micro-batch KV caches; see :class:`~dp_icl_plugin.backends.base.IncrementalSession`."""
+    """Fixed prompts growing one token a step, each micro-batch on its KV cache (rows isolated as in
+    :class:`HFBackend`); see :class:`~dp_icl_plugin.backends.base.IncrementalSession`."""
 
-    def __init__(
-        self,
-        backend: HFBackend,
-        ids: list[list[int]],
-        *,
-        initial: Sequence[tuple[np.ndarray, np.ndarray, Any, Any]] | None = None,
-    ) -> None:
+    def __init__(self, backend: HFBackend, ids: list[list[int]], logprobs: np.ndarray, states: list[RowState]) -> None:
         self._backend = backend
         self._n = len(ids)
         self._lengths = np.array([len(x) for x in ids], dtype=np.int64)
-        self._logprobs = np.empty((self._n, backend.vocab_size), dtype=np.float32)
-        self._groups: list[dict[str, Any]] = []
-        if initial is None:
-            with backend._forwarding():
-                initial = [(batch, *backend._forward_rows([ids[i] for i in batch]))
-                           for batch in backend._micro_batches(ids)]  # fmt: skip
-        for rows, logprobs, cache, mask in initial:  # (rows, log-probabilities, KV cache, mask) per micro-batch
-            self._logprobs[rows] = logprobs
-            self._groups.append({"rows": rows, "mask": mask, "cache": cache})
+        self._logprobs = logprobs
+        self._states = states
+        self._open = True
 
     @property
     def n_prompts(self) -> int:
@@ -318,27 +287,21 @@ class HFIncrementalSession:
         return self._logprobs.copy()
 
     def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
-        if not self._groups:
+        if not self._open:
             raise ConfigurationError("this incremental session is closed")
         backend = self._backend
         new = appended_ids(token_ids, n_prompts=self._n, vocab_size=backend.vocab_size)
         if backend.max_length is not None and self._lengths.max() + 1 > backend.max_length:
             raise ConfigurationError(f"a prompt would exceed the model's {backend.max_length} positions")
-        torch = _torch()
         with backend._forwarding():
-            for group in self._groups:
-                rows = group["rows"]
-                one = torch.ones((len(rows), 1), dtype=torch.long, device=backend.device)
-                mask = torch.cat([group["mask"], one], 1)
-                positions = torch.as_tensor(self._lengths[rows], device=backend.device).unsqueeze(1)
-                input_ids = torch.as_tensor(new[rows], device=backend.device).unsqueeze(1)
-                self._logprobs[rows], group["cache"] = backend._forward(input_ids, mask, positions, group["cache"])
-                group["mask"] = mask
+            for state in self._states:
+                self._logprobs[state.members] = backend._rows.append(state, new[state.members])
         self._lengths += 1
         return self._logprobs.copy()
 
     def close(self) -> None:
-        self._groups = []
+        self._states = []
+        self._open = False
 
     def __enter__(self) -> HFIncrementalSession:
         return self
@@ -347,4 +310,4 @@ class HFIncrementalSession:
         self.close()
 
     def __repr__(self) -> str:
-        return f"HFIncrementalSession(n_prompts={self._n}, open={bool(self._groups)})"
+        return f"HFIncrementalSession(n_prompts={self._n}, open={self._open})"

@@ -1,22 +1,30 @@
-"""Next-token distributions of prompts that share a part: a common suffix (MOZO) or a common prefix (Tang's family).
+"""Next-token distributions of prompts that share a public part: a common suffix (MOZO, clip-blend decoding) or a
+common prefix (Tang's family, clip-blend synthesis).
 
 DPS-MOZO's prompts at a step are ``zero-shot prompt + answer so far`` and ``record part + query + answer so
-far`` for each drawn record: the query and the answer so far are common to every row. On a backend with
-``next_token_logprobs_shared_suffix`` (:class:`~dp_icl_plugin.backends.hf.HFBackend`, prefix KV cache) the rows
-are cut where they stop differing, the prefixes come from the cache and one forward computes the common suffix
-for all rows; on any other backend the full prompts are sent. The distributions are the same either way (up to
-float rounding; tests/test_backend_hf.py). Pure plumbing: no randomness, no privacy decision.
+far`` for each drawn record: the query and the answer so far are public and common to every row. On a backend
+with prefix caching (:class:`SharedSuffixBackend`, e.g. :class:`~dp_icl_plugin.backends.hf.HFBackend`) each row
+that ends with that public suffix takes its part before it from the cache and computes only the suffix; on any
+other backend the full prompts are sent. The distributions are the same either way (up to float rounding;
+tests/test_backend_hf.py).
+
+**The cut is public.** The suffix is fixed from public inputs only (:func:`public_suffix`: the zero-shot
+prompt against a one-shot prompt of a public probe record), never read from the private rows, and each row
+decides for itself, from its own tokens, whether it ends with it (:func:`suffix_members`). A cut found from
+the rows (their longest common suffix) would make every row's computation depend on which records were drawn.
 
 The label-conditioned synthesizers (Tang, PTA, AdaDPSyn) build each step's prompts as ``instruction + records
 + query + text so far`` beside the public ``instruction + query + text so far``: the instruction is common to
 all of them and public. :func:`prefix_rows_logprobs` computes that public prefix once
 (``next_token_logprobs_shared_prefix``, kept in the same cache) and only the rest of each row per step;
 clip-blend synthesis opens each demonstration's session the same way (:func:`start_prefix_rows`).
+Pure plumbing: no randomness, no privacy decision.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -24,14 +32,36 @@ from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
 from dp_icl_plugin.errors import BackendError
 
 __all__ = [
+    "SharedPrefixBackend",
+    "SharedSuffixBackend",
     "common_prefix_length",
     "common_suffix_length",
     "prefix_members",
     "prefix_rows_logprobs",
+    "public_suffix",
     "rows_logprobs",
     "start_prefix_rows",
     "start_rows",
+    "suffix_members",
 ]
+
+
+@runtime_checkable
+class SharedSuffixBackend(Protocol):
+    """A backend that computes rows ending with a public suffix from cached prefixes."""
+
+    def next_token_logprobs_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray: ...
+
+    def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> IncrementalSession: ...
+
+
+@runtime_checkable
+class SharedPrefixBackend(Protocol):
+    """A backend that computes rows starting with a public prefix from its cached keys and values."""
+
+    def next_token_logprobs_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray: ...
+
+    def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> IncrementalSession: ...
 
 
 def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -50,45 +80,22 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _split(rows: Sequence[list[int]], generated: list[int], capacity: int | None) -> int | None:
-    """How many trailing tokens of every row (measured against the first) can be computed as one shared suffix;
-    None when the rows should go whole (one row, too long for the model, or nothing shared)."""
-    if len(rows) < 2 or (capacity is not None and max(map(len, rows)) + len(generated) > capacity):
-        return None
-    first = rows[0]
-    common = min(common_suffix_length(first, r) for r in rows[1:])
-    common = min(common, min(map(len, rows)) - 1)  # every row keeps a non-empty prefix
-    return common if common + len(generated) > 0 else None
+def public_suffix(zero_shot: Sequence[int], probe: Sequence[int]) -> list[int]:
+    """The suffix a step's rows may share: what the (public) zero-shot prompt shares at its end with a one-shot
+    prompt of a public probe record, leaving each of the two at least one token before it.
 
-
-def start_rows(backend: NextTokenBackend, rows: Sequence[list[int]]) -> IncrementalSession:
-    """An incremental session over ``rows``; their distinct prefixes from the backend's prefix KV cache when it
-    has one (``start_shared_suffix``), so that a prefix recurring across sessions is computed once."""
-    start_shared = getattr(backend, "start_shared_suffix", None)
-    common = _split(rows, [], getattr(backend, "max_length", None)) if start_shared is not None else None
-    if start_shared is None or common is None:
-        return backend.start(list(rows))
-    first = rows[0]
-    return start_shared([r[: len(r) - common] for r in rows], list(first[len(first) - common :]))
-
-
-def rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], generated: list[int]) -> np.ndarray:
-    """Log-probabilities [len(rows), V] of each ``row + generated``; prompts longer than the model keep their end.
-
-    The first row is the reference the common suffix is measured against (MOZO: the zero-shot prompt).
+    Both arguments must be public (the query in the template, and a record that is not private data).
     """
-    shared = getattr(backend, "next_token_logprobs_shared_suffix", None)
-    capacity: int | None = getattr(backend, "max_length", None)
-    common = _split(rows, generated, capacity) if shared is not None else None
-    if shared is not None and common is not None:
-        first = rows[0]
-        suffix = list(first[len(first) - common :]) + generated
-        return np.asarray(shared([r[: len(r) - common] for r in rows], suffix))
+    n = min(common_suffix_length(zero_shot, probe), len(zero_shot) - 1, len(probe) - 1)
+    return [int(t) for t in zero_shot[len(zero_shot) - n :]] if n > 0 else []
 
-    def fit(ids: list[int]) -> list[int]:
-        return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]
 
-    return backend.next_token_logprobs([fit(r + generated) for r in rows])
+def suffix_members(rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> list[int]:
+    """Indices of the rows that end with ``suffix`` and have tokens before it (none when it is empty): each
+    row's membership is read from that row alone."""
+    tail = [int(t) for t in suffix]
+    n = len(tail)
+    return [i for i, r in enumerate(rows) if len(r) > n and [int(t) for t in r[len(r) - n :]] == tail] if n else []
 
 
 def prefix_members(rows: Sequence[Sequence[int]], prefix: Sequence[int]) -> list[int]:
@@ -98,10 +105,41 @@ def prefix_members(rows: Sequence[Sequence[int]], prefix: Sequence[int]) -> list
     return [i for i, r in enumerate(rows) if len(r) > n and [int(t) for t in r[:n]] == head] if n else []
 
 
+def _fit(ids: list[int], capacity: int | None) -> list[int]:
+    """A prompt cut to the model's positions, keeping its end (the query and the answer so far)."""
+    return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]
+
+
+def rows_logprobs(
+    backend: NextTokenBackend, rows: Sequence[list[int]], generated: list[int], *, suffix: Sequence[int] = ()
+) -> np.ndarray:
+    """Log-probabilities ``[len(rows), V]`` of each ``row + generated``, a row longer than the model cut to its
+    end (each row on its own). ``suffix``: public tokens that rows may end with (:func:`public_suffix`); with
+    ``generated`` appended, the rows that end with it take their part before it from the backend's prefix cache
+    (same distributions)."""
+    capacity: int | None = getattr(backend, "max_length", None)
+    prompts = [_fit([*r, *generated], capacity) for r in rows]
+    tail = [*suffix, *generated]
+    if isinstance(backend, SharedSuffixBackend) and tail:
+        return np.asarray(backend.next_token_logprobs_shared_suffix(prompts, tail))
+    return backend.next_token_logprobs(prompts)
+
+
+def start_rows(
+    backend: NextTokenBackend, rows: Sequence[list[int]], *, suffix: Sequence[int] = ()
+) -> IncrementalSession:
+    """An incremental session over ``rows``; the rows that end with the public ``suffix`` take their part before
+    it from the backend's prefix cache (``start_shared_suffix``), so a record's part recurring across sessions
+    is computed once."""
+    if isinstance(backend, SharedSuffixBackend) and suffix:
+        return backend.start_shared_suffix(list(rows), list(suffix))
+    return backend.start(list(rows))
+
+
 def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], prefix: Sequence[int]) -> np.ndarray:
     """Log-probabilities [len(rows), V] of ``rows`` (token ids), ``prefix`` computed once for the rows that start
     with it (``next_token_logprobs_shared_prefix``); the other rows (PTA's base prompt, a prompt cut to the
-    model's length) computed whole in the same forward. Same distributions as ``next_token_logprobs(rows)``.
+    model's length) computed whole. Same distributions as ``next_token_logprobs(rows)``.
 
     ``prefix`` must be public and fixed by the caller (the template's instruction), never read from the rows:
     it is kept in the backend's prefix cache, and a cut found from private prompts would tell the cache (and
@@ -109,10 +147,9 @@ def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], p
     whenever the backend has one, even when no row starts with it (a prompt cut to the model's length): what
     the cache holds and when it was used never depend on the private rows.
     """
-    shared = getattr(backend, "next_token_logprobs_shared_prefix", None)
-    if shared is None or len(prefix) == 0:  # decided on public inputs only, never on which rows share the prefix
+    if not isinstance(backend, SharedPrefixBackend) or len(prefix) == 0:  # decided on public inputs only
         return backend.next_token_logprobs(list(rows))
-    result = np.asarray(shared(list(prefix), list(rows)))
+    result = np.asarray(backend.next_token_logprobs_shared_prefix(list(prefix), list(rows)))
     if result.shape != (len(rows), backend.vocab_size):
         raise BackendError(f"the backend returned shape {result.shape}; expected ({len(rows)}, {backend.vocab_size})")
     return result
@@ -123,8 +160,6 @@ def start_prefix_rows(
 ) -> IncrementalSession:
     """An incremental session over ``rows`` (token ids), started as :func:`prefix_rows_logprobs` computes them
     (``start_shared_prefix``); ``backend.start(rows)`` on a backend without it. ``prefix`` as there: public."""
-    start_shared = getattr(backend, "start_shared_prefix", None)
-    if start_shared is None or len(prefix) == 0:  # decided on public inputs only, as there
+    if not isinstance(backend, SharedPrefixBackend) or len(prefix) == 0:  # decided on public inputs only
         return backend.start(list(rows))
-    session: IncrementalSession = start_shared(list(prefix), list(rows))
-    return session
+    return backend.start_shared_prefix(list(prefix), list(rows))

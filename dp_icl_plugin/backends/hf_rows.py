@@ -1,0 +1,217 @@
+"""Forwards of a ``transformers`` causal LM in which every row is computed in isolation.
+
+:class:`IsolatedForward` runs :class:`RowTask` s (tokens to compute, optionally after one row's cached keys
+and values) in forwards whose shape is fixed by :class:`~dp_icl_plugin.backends.row_shapes.RowShapes` from
+public settings and the row's own lengths: rows of one key in micro-batches of exactly ``shapes.rows`` rows
+(filler rows complete them), new tokens left-padded to their bucket, cached positions left-padded to
+theirs. So a row's log-probabilities, and the keys and values it leaves, are the same bits whatever else is
+in the call and whatever the prefix cache held before (a cached prefix's keys and values were computed by
+the same isolated forward as a missing one's). ``tests/test_row_isolation.py`` checks it per backend.
+
+Sessions (:class:`RowState`) keep each micro-batch's cache and grow every row by one token per step in a
+forward of ``(shapes.rows, 1)`` tokens. After the first forward, rows are regrouped by the bucket of their
+own cached length (the coarse past width), so that rows of many lengths step together.
+
+Needs torch and transformers (imported by :mod:`~dp_icl_plugin.backends.hf`, which builds this).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dp_icl_plugin.backends.base import check_logprobs
+from dp_icl_plugin.backends.row_shapes import RowShapes, micro_batches
+
+__all__ = ["IsolatedForward", "RowKV", "RowState", "RowTask"]
+
+RowKV = list[tuple[Any, Any]]
+"""One row's keys and values per layer, each ``[1, kv_heads, length, head_dim]``: its own positions only."""
+
+
+@dataclass
+class RowTask:
+    """One row of a forward: ``new`` tokens, after ``past`` (one row's cached keys and values) if given.
+
+    ``exact``: the new tokens are the call's public suffix (the same for every row), computed at their exact
+    width; only with a past, whose padding keeps a masked column in the row.
+    """
+
+    new: list[int]
+    past: RowKV | None = None
+    past_length: int = 0
+    exact: bool = False
+
+    def key(self, shapes: RowShapes) -> tuple[int, int]:
+        """(past width, new width): the row's forward shape besides ``shapes.rows``; from its own lengths."""
+        if self.past is None:
+            return 0, shapes.new_width(len(self.new))
+        new_width = len(self.new) if self.exact else shapes.new_width(len(self.new))
+        return shapes.past_width(self.past_length), new_width
+
+
+@dataclass
+class RowState:
+    """One micro-batch of a session: its cache, mask and each row's next position (fillers after members)."""
+
+    members: list[int]
+    cache: Any
+    mask: Any
+    lengths: np.ndarray = field(repr=False)
+
+
+class IsolatedForward:
+    """Row-isolated forwards of one model (see the module docstring).
+
+    Args:
+        model: the causal LM, on ``device``, in eval mode.
+        device: its torch device.
+        pad_token_id: the token filler rows and padding hold (always masked).
+        vocab_size: the width of a returned row.
+        shapes: the public shape policy.
+    """
+
+    def __init__(self, model: Any, *, device: Any, pad_token_id: int, vocab_size: int, shapes: RowShapes) -> None:
+        self.model = model
+        self.device = device
+        self.pad_token_id = pad_token_id
+        self.vocab_size = vocab_size
+        self.shapes = shapes
+        parameters = inspect.signature(model.forward).parameters
+        # transformers 5.24 renamed past_key_values to cache (the old name still works, with a FutureWarning)
+        self._cache_keyword = "cache" if "cache" in parameters else "past_key_values"
+        # only the last position's logits are read: models that can skip the others' output layer do
+        self._last_only = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+
+    # -- one forward --------------------------------------------------------------------------------
+    def forward(self, input_ids: Any, mask: Any, positions: Any, cache: Any) -> tuple[np.ndarray, Any]:
+        """Log-probabilities after each row's last position (float32, all ``rows`` rows) and the new cache."""
+        import torch
+
+        out = self.model(
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
+            **{self._cache_keyword: cache}, **self._last_only,
+        )  # fmt: skip
+        last = out.logits[:, -1, : self.vocab_size].float()
+        return torch.log_softmax(last, dim=-1).cpu().numpy(), getattr(out, self._cache_keyword)
+
+    def run(self, tasks: Sequence[RowTask], *, keep: bool) -> tuple[np.ndarray, list[RowState]]:
+        """Each task's next-token log-probabilities ``[len(tasks), vocab]`` and, with ``keep``, the micro-batches
+        with their caches (to continue a session or to read a row's keys and values)."""
+        result = np.empty((len(tasks), self.vocab_size), dtype=np.float32)
+        states: list[RowState] = []
+        for (past_width, new_width), members in micro_batches([t.key(self.shapes) for t in tasks], self.shapes.rows):
+            logprobs, state = self._micro_batch([tasks[i] for i in members], members, past_width, new_width, keep)
+            result[members] = check_logprobs(logprobs[: len(members)])
+            if keep:
+                states.append(state)
+        return result, states
+
+    def _micro_batch(
+        self, tasks: list[RowTask], members: list[int], past_width: int, new_width: int, keep: bool
+    ) -> tuple[np.ndarray, RowState]:
+        import torch
+
+        rows = self.shapes.rows
+        input_ids = torch.full((rows, new_width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((rows, past_width + new_width), dtype=torch.long)
+        positions = torch.zeros((rows, new_width), dtype=torch.long)
+        lengths = np.ones(rows, dtype=np.int64)  # a filler row: one pad token at the last column, position 0
+        mask[:, -1] = 1
+        for r, task in enumerate(tasks):
+            n, start = len(task.new), task.past_length
+            input_ids[r, new_width - n :] = torch.tensor(task.new, dtype=torch.long)
+            mask[r, past_width + new_width - n :] = 1
+            mask[r, past_width - start : past_width] = 1
+            positions[r, new_width - n :] = torch.arange(start, start + n)
+            lengths[r] = start + n
+        cache = None
+        if past_width:
+            cache = self._padded_cache([t.past for t in tasks], [t.past_length for t in tasks], past_width)
+        elif keep:
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=self.model.config)
+        mask = mask.to(self.device)
+        logprobs, cache = self.forward(input_ids.to(self.device), mask, positions.to(self.device), cache)
+        return logprobs, RowState(members, cache if keep else None, mask, lengths)
+
+    # -- caches -------------------------------------------------------------------------------------
+    def own_kv(self, state: RowState, row: int) -> RowKV:
+        """The keys and values of ``state``'s row ``row`` at its own (unmasked) positions, copied."""
+        columns = state.mask[row].nonzero().flatten()
+        return [(k[row : row + 1].index_select(2, columns).clone(), v[row : row + 1].index_select(2, columns).clone())
+                for k, v in _layers_of(state.cache)]  # fmt: skip
+
+    def _padded_cache(self, pasts: Sequence[RowKV | None], lengths: Sequence[int], width: int) -> Any:
+        """A cache of ``shapes.rows`` rows: each past left-padded to ``width`` (fillers: zeros, masked)."""
+        template = next(p for p in pasts if p is not None)
+        layers = []
+        for layer, (k0, v0) in enumerate(template):
+            keys = k0.new_zeros((self.shapes.rows, k0.shape[1], width, k0.shape[3]))
+            values = v0.new_zeros((self.shapes.rows, v0.shape[1], width, v0.shape[3]))
+            for r, (past, n) in enumerate(zip(pasts, lengths, strict=True)):
+                if past is not None and n:
+                    keys[r, :, width - n :] = past[layer][0][0]
+                    values[r, :, width - n :] = past[layer][1][0]
+            layers.append((keys, values))
+        return _cache_from(layers)
+
+    def regroup(self, states: list[RowState], n_rows: int) -> list[RowState]:
+        """Session micro-batches of the rows of ``states``: each row's own keys and values, grouped by the
+        bucket of its own length (the coarse past width), so rows of many lengths step together."""
+        import torch
+
+        kvs: list[RowKV] = [[] for _ in range(n_rows)]
+        lengths = np.zeros(n_rows, dtype=np.int64)
+        for state in states:
+            for r, i in enumerate(state.members):
+                kvs[i], lengths[i] = self.own_kv(state, r), state.lengths[r]
+        regrouped = []
+        widths = [self.shapes.past_width(int(n)) for n in lengths]
+        for _, members in micro_batches(widths, self.shapes.rows):
+            width = widths[members[0]]
+            cache = self._padded_cache([kvs[i] for i in members], [int(lengths[i]) for i in members], width)
+            mask = torch.zeros((self.shapes.rows, width), dtype=torch.long)
+            row_lengths = np.ones(self.shapes.rows, dtype=np.int64)
+            mask[:, -1] = 1  # fillers: one (zero) position, as in a forward
+            for r, i in enumerate(members):
+                mask[r, width - int(lengths[i]) :] = 1
+                row_lengths[r] = lengths[i]
+            regrouped.append(RowState(members, cache, mask.to(self.device), row_lengths))
+        return regrouped
+
+    def append(self, state: RowState, tokens: np.ndarray) -> np.ndarray:
+        """Grow ``state``'s rows by one token each (``tokens`` one per member); their new log-probabilities."""
+        import torch
+
+        rows = self.shapes.rows
+        ids = torch.full((rows, 1), self.pad_token_id, dtype=torch.long)
+        ids[: len(state.members), 0] = torch.as_tensor(tokens, dtype=torch.long)
+        one = torch.ones((rows, 1), dtype=torch.long, device=self.device)
+        mask = torch.cat([state.mask, one], 1)
+        positions = torch.as_tensor(state.lengths, device=self.device).unsqueeze(1)
+        logprobs, state.cache = self.forward(ids.to(self.device), mask, positions, state.cache)
+        state.mask = mask
+        state.lengths = state.lengths + 1
+        return check_logprobs(logprobs[: len(state.members)])
+
+
+def _layers_of(cache: Any) -> list[tuple[Any, Any]]:
+    """(keys, values) per layer from a transformers cache."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
+
+
+def _cache_from(layers: list[tuple[Any, Any]]) -> Any:
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(ddp_cache_data=layers)
+    except TypeError:  # older transformers
+        return DynamicCache.from_legacy_cache(tuple(layers))  # type: ignore[attr-defined]

@@ -1,0 +1,78 @@
+"""Row isolation: forwards whose shapes never depend on what else is in the batch.
+
+Every DP analysis here treats a row (a one-shot prompt's next-token distribution, a shard's answer, a
+clip-blend prompt's logits) as a function of one record, and some rows (the zero-shot prompt, a public
+prompt) as public. A batched forward breaks that when its *shape* depends on its batch-mates: the padding
+width follows the longest row, the micro-batch size follows the number of rows, and kernels pick their
+blocking (so their rounding) from the shape. Measured on SmolLM2-135M (``benchmarks/row_isolation.py``):
+the same row moves by 3e-5 nats in float32 and by up to 0.5 nats in bfloat16 when a longer batch-mate
+widens the padding, and by 4e-5 / 0.28 nats when only the number of rows changes; with a fixed
+``(rows, width)`` shape the row is bit-identical whatever its batch-mates and their order, in both dtypes.
+
+:class:`RowShapes` is the public policy that fixes every forward's shape from public settings and the
+row's *own* length:
+
+- **rows**: every forward has exactly ``rows`` rows; filler rows (one masked pad token) complete the last
+  micro-batch of a group. The number of rows a call brings never reaches the shape.
+- **new width** (tokens computed): a row's own token count rounded up to the next multiple of ``step``,
+  strictly above it, so that every row has at least one masked column (transformers drops the attention
+  mask, a different kernel path, when a whole batch is unpadded: a row must never decide that for another).
+  A call's public suffix (the same tokens for every row) is used at its exact width.
+- **past width** (cached keys and values): the smallest power of two strictly above the row's cached
+  length (at least ``step``): coarse, so that rows of different lengths share a forward (attention over a
+  few masked keys is cheap next to the layers' matrix products).
+
+Rows with the same key form a group; a group goes in micro-batches of exactly ``rows`` rows. Nothing here
+reads a token: keys come from lengths the row itself has. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from dp_icl_plugin import _validation as check
+
+__all__ = ["RowShapes", "micro_batches"]
+
+
+@dataclass(frozen=True)
+class RowShapes:
+    """The public shape of every forward (see the module docstring).
+
+    Attributes:
+        rows: rows in every forward (filler rows complete a micro-batch).
+        step: new tokens are padded to the next multiple of ``step`` strictly above their count; cached
+            positions to the next power of two strictly above theirs, at least ``step``.
+    """
+
+    rows: int = 8
+    step: int = 16
+
+    def __post_init__(self) -> None:
+        check.positive_int("rows", self.rows)
+        check.positive_int("step", self.step)
+
+    def new_width(self, n: int) -> int:
+        """Padded width of ``n`` new tokens: the next multiple of ``step`` strictly above ``n``."""
+        return (n // self.step + 1) * self.step
+
+    def past_width(self, n: int) -> int:
+        """Padded width of ``n`` cached positions: the smallest power of two strictly above ``n``, ≥ ``step``."""
+        width = self.step
+        while width <= n:
+            width *= 2
+        return width
+
+
+def micro_batches(keys: Sequence[Hashable], rows: int) -> list[tuple[Hashable, list[int]]]:
+    """Indices grouped by key (in order of first appearance), cut into chunks of at most ``rows``.
+
+    Each chunk becomes one forward of exactly ``rows`` rows (the caller adds filler rows), so a row's
+    forward has the same shape whichever rows share its key.
+    """
+    groups: dict[Hashable, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return [(key, members[start : start + rows])
+            for key, members in groups.items() for start in range(0, len(members), rows)]  # fmt: skip
