@@ -555,14 +555,16 @@ def test_filtered_releases_cost_the_ledger_nothing_more() -> None:
                 accountant.epsilon(cover, delta=1e-5)
             )
     ledger = BudgetManager(PrivacyBudget(1.0, 1e-6, neighbouring="add_remove"))
-    first = ledger.spend(cover, label="filter")
+    first = ledger.spend(cover, label="demo-filter:index")  # a filter's cover and its releases (see BudgetManager)
     for _ in range(5):
-        ledger.spend(ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"), label="release")
+        ledger.spend(ev.FilteredReleaseEvent(GaussianEvent(5.0, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"), label="demo-release:index")
     assert ledger.spent().epsilon == pytest.approx(1.0)
     # Under replace-one (the default) the cover converts by group privacy: (2ε, (1 + e^ε)δ).
     replace = BudgetManager(PrivacyBudget(2.0, 1e-5))
-    first = replace.spend(cover, label="filter")
-    replace.spend(ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"), label="release")
+    first = replace.spend(cover, label="demo-filter:index")
+    replace.spend(ev.FilteredReleaseEvent(GaussianEvent(5.0, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"), label="demo-release:index")
     assert replace.spent().epsilon == pytest.approx(2.0, rel=1e-4)  # at most (2ε, (1 + e^ε)δ) ≤ δ of the budget
     with pytest.raises(ConfigurationError):
         ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=0, neighbouring="add_remove")
+    with pytest.raises(ConfigurationError, match="not another filtered release"):
+        ev.FilteredReleaseEvent(record, covered_by=1, neighbouring="add_remove")

@@ -109,6 +109,27 @@ def test_named_ledgers_share_a_database(pg_dsn: str) -> None:
     assert [e.id for e in a.history()] == sorted(e.id for e in a.history())
 
 
+def test_a_filtered_release_is_covered_only_by_its_own_ledgers_cover(pg_dsn: str) -> None:
+    """Entry ids are shared by the ledgers of one database: a cover in another ledger covers nothing here."""
+    from dp_icl_plugin import ConfigurationError
+    from dp_icl_plugin.accounting import events as ev
+
+    cover = ev.ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove")
+    budget = PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")
+    a = BudgetManager(budget, ledger=PostgresStore(pg_dsn, ledger="cover-a"))
+    b = BudgetManager(budget, ledger=PostgresStore(pg_dsn, ledger="cover-b"))
+    in_a = a.spend(cover, label="knn-filter:index")
+    release = ev.FilteredReleaseEvent(ev.GaussianEvent(8.0, neighbouring="add_remove"), covered_by=in_a.id,
+                                      neighbouring="add_remove")  # fmt: skip
+    with pytest.raises(ConfigurationError, match="no entry"):
+        b.spend(release, label="knn-vote:index")
+    assert b.history() == []
+    a.spend(release, label="knn-vote:index")
+    with pytest.raises(ConfigurationError, match="another filter"):
+        a.spend(release, label="knn-vote:other-index")
+    assert a.label_counts() == {"knn-filter:index": 1, "knn-vote:index": 1}
+
+
 def test_hosts_creating_the_ledger_at_once_agree(pg_dsn: str) -> None:
     def create(i: int) -> PrivacyBudget:
         store = PostgresStore(pg_dsn, ledger=f"l{i % 2}")

@@ -22,6 +22,14 @@ fixed in advance (Feldman & Zrnic 2021), not for an order or a PLD chosen after 
 fix its schedule of events in advance, or use ``accountant="basic"`` when every event is pure or (ε, δ)-DP
 (no filter accountant for Gaussian or RDP events is provided yet).
 
+**Filtered releases.** A :class:`~dp_icl_plugin.accounting.events.FilteredReleaseEvent` costs the ledger
+nothing because an earlier entry, its cover, paid for every release of a per-record filter at once. So it is
+admitted only if, in the transaction of the charge, ``covered_by`` names an entry of this ledger labelled
+``<component>-filter:<owner>`` whose event is the filter's (ε, δ) under add/remove (what
+``IndividualBudget.as_event`` gives), the release is labelled ``<component>-<kind>:<owner>`` with the same
+component and owner (``knn-filter:<index id>`` covers ``knn-vote:<index id>``). Otherwise it is refused
+with :class:`~dp_icl_plugin.errors.ConfigurationError` and nothing is committed.
+
 Speed: the ledger keeps a count per distinct event, and the check tries the cheap valid bounds (basic
 composition, RDP) before numerical PLD/PRV composition, stopping at the first bound that shows the charge
 fits. Refusals and :meth:`BudgetManager.spent` use the tightest bound.
@@ -42,13 +50,15 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant, left_over
 from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
-from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, PostgresStore, SQLiteStore
+from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, LedgerTransaction, PostgresStore, SQLiteStore
 from dp_icl_plugin.accounting.stores.pg_connection import POSTGRES_SCHEMES
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
 
 __all__ = ["BudgetManager", "LedgerEntry"]
 
 MAX_LABEL_LENGTH = 200
+FILTER_COVER_SUFFIX = "-filter"
+"""A filter's cover is labelled ``<component>-filter:<owner>``; its releases ``<component>-<kind>:<owner>``."""
 _POSTGRES_SCHEMES = POSTGRES_SCHEMES
 
 
@@ -159,7 +169,8 @@ class BudgetManager:
             BudgetExhaustedError: the charge would overspend; nothing was committed.
             UnsupportedEventError: the event has no valid analysis under the ledger's relation (nothing
                 was committed).
-            ConfigurationError: bad event or label (nothing was committed).
+            ConfigurationError: bad event or label, or a filtered release without a valid cover (see the
+                module docstring); nothing was committed.
         """
         label = _check_label(label)
         event = self._check_event(event)
@@ -169,6 +180,7 @@ class BudgetManager:
         seen = self._store.event_counts()
         seen_bound = self._admitting_bound(self._total(seen, event))
         with self._store.transaction() as tx:
+            self._check_covers(tx, event, label)  # raising here rolls the transaction back
             counts = tx.event_counts()
             total = self._total(counts, event)
             certified = seen_bound if counts == seen else self._admitting_bound(total)
@@ -179,9 +191,18 @@ class BudgetManager:
             raise self._refusal(event, total, counts)
         return LedgerEntry(row_id, label, event, timestamp, certified)
 
-    def would_fit(self, event: ev.DPEvent) -> bool:
-        """Dry run of :meth:`spend`: whether ``event`` would be admitted now (nothing is committed)."""
+    def would_fit(self, event: ev.DPEvent, *, label: str | None = None) -> bool:
+        """Dry run of :meth:`spend`: whether ``event`` would be admitted now (nothing is committed).
+
+        Raises what :meth:`spend` would raise for a bad event; a filtered release's cover is checked too
+        (whether it covers this release's owner only when ``label`` is given).
+        """
+        if label is not None:
+            label = _check_label(label)
         event = self._check_event(event)
+        if _filtered(event):
+            with self._store.transaction() as tx:  # appends nothing: commits nothing
+                self._check_covers(tx, event, label)
         return self._admitting_bound(self._total(self._store.event_counts(), event)) is not None
 
     # -- reading ----------------------------------------------------------------------------------
@@ -219,6 +240,32 @@ class BudgetManager:
             raise ConfigurationError(f"expected a DPEvent, got {type(event).__name__}")
         self._accountant.require_supported(self._converted(event))
         return event
+
+    def _check_covers(self, tx: LedgerTransaction, event: ev.DPEvent, label: str | None) -> None:
+        """Refuse a filtered release in ``event`` whose ``covered_by`` is not a cover of its filter (module
+        docstring); ``label`` None skips the owner check (a dry run without a label)."""
+        for release in _filtered(event):
+            entry_id = release.covered_by
+            row = tx.entry(entry_id)
+            if row is None:
+                raise ConfigurationError(
+                    f"filtered release: covered_by={entry_id} names no entry {entry_id} of this ledger (the filter's "
+                    "cover must be charged first); nothing was committed"
+                )
+            cover = ev.event_from_dict(json.loads(row.event_key))
+            cover_owner = _cover_owner(row.label)
+            if cover_owner is None or not isinstance(cover, ev.ApproxDPEvent) or cover.neighbouring != ev.ADD_REMOVE:
+                raise ConfigurationError(
+                    f"filtered release: entry {entry_id} ({row.label!r}, a {cover.type_name} event) is not a filter "
+                    "cover (a '<component>-filter:<owner>' charge of the filter's (epsilon, delta) under add_remove); "
+                    "nothing was committed"
+                )
+            if label is not None and _release_owner(label, cover_owner[0]) != cover_owner[1]:
+                raise ConfigurationError(
+                    f"filtered release: entry {entry_id} covers {row.label!r}, another filter than this release's "
+                    f"{label!r} (a release of it is labelled '<component>-<kind>:<owner>' with the cover's component "
+                    "and owner); nothing was committed"
+                )
 
     def _converted(self, event: ev.DPEvent) -> ev.DPEvent:
         return to_relation(event, self._budget.neighbouring)
@@ -264,6 +311,28 @@ class BudgetManager:
             remaining_epsilon=remaining,
             total_epsilon=total_eps,
         )
+
+
+def _filtered(event: ev.DPEvent) -> list[ev.FilteredReleaseEvent]:
+    return [a for a in ev.atoms(event) if isinstance(a, ev.FilteredReleaseEvent)]
+
+
+def _cover_owner(label: str) -> tuple[str, str] | None:
+    """(component, owner) of a cover's label ``<component>-filter:<owner>``, or None if it is not one."""
+    head, colon, owner = label.partition(":")
+    component = head.removesuffix(FILTER_COVER_SUFFIX)
+    if not colon or not owner or not component or component == head:
+        return None
+    return component, owner
+
+
+def _release_owner(label: str, component: str) -> str | None:
+    """The owner of a release label ``<component>-<kind>:<owner>`` (not a cover's), or None."""
+    head, colon, owner = label.partition(":")
+    kind = head.removeprefix(component + "-")
+    if not colon or kind == head or not kind or head == component + FILTER_COVER_SUFFIX:
+        return None
+    return owner
 
 
 def _remaining(budget: float, spent: float) -> float:

@@ -327,6 +327,11 @@ class FilteredReleaseEvent(DPEvent):
     then recorded with what it cost each record that took part (``per_unit``, under the filter's
     add/remove relation); accountants skip it (see :func:`costly`), so it never counts twice. Its own
     ``neighbouring`` is the relation of the ledger that holds the covering charge.
+
+    Being free, it is admitted only against a real cover: the ledger checks, in the transaction of the
+    charge, that ``covered_by`` is an earlier entry of the same ledger labelled ``<component>-filter:<owner>``
+    holding the filter's add/remove (ε, δ), that the release is labelled ``<component>-<kind>:<owner>`` with
+    the same component and owner (see :mod:`dp_icl_plugin.accounting.budget`).
     """
 
     type_name: ClassVar[str] = "filtered_release"
@@ -336,6 +341,8 @@ class FilteredReleaseEvent(DPEvent):
     def __post_init__(self) -> None:
         self._tag()
         _require_event("per_unit", self.per_unit)
+        if any(isinstance(a, FilteredReleaseEvent) for a in atoms(self.per_unit)):
+            raise ConfigurationError("per_unit is what one release costs one unit, not another filtered release")
         object.__setattr__(self, "covered_by", check.positive_int("covered_by", self.covered_by))
 
     @property

@@ -3,9 +3,10 @@
 A store keeps the budget it was created with and an append-only list of charges. The one operation that
 matters for safety is :meth:`LedgerStore.transaction`: an exclusive section, across threads *and*
 processes (and hosts, for a server store), in which the manager reads the grouped spend, decides, and
-appends; it commits on normal exit and rolls back on an exception. A server database (PostgreSQL with a
-row lock or a serializable transaction) implements the same four methods and needs no change to the
-manager.
+appends; it commits on normal exit and rolls back on an exception. Inside it the manager can also look up
+a committed entry (:meth:`LedgerTransaction.entry`: the cover a filtered release names). A server database
+(PostgreSQL with a row lock or a serializable transaction) implements the same methods and needs no change
+to the manager.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
-from dp_icl_plugin.errors import BudgetMismatchError, LedgerCorruptError
+from dp_icl_plugin.errors import BudgetMismatchError, LedgerCorruptError, LedgerError
 
 __all__ = ["OLD_SCHEMA_HINT", "LedgerRow", "LedgerStore", "LedgerTransaction", "stored_budget"]
 
@@ -62,11 +63,20 @@ class LedgerRow:
 
 
 class LedgerTransaction(ABC):
-    """Inside :meth:`LedgerStore.transaction`: read the grouped spend and append one charge."""
+    """Inside :meth:`LedgerStore.transaction`: read the grouped spend and committed entries, append one charge."""
 
     @abstractmethod
     def event_counts(self) -> Counter[str]:
         """Number of committed charges per distinct event key."""
+
+    def entry(self, entry_id: int) -> LedgerRow | None:
+        """The committed entry ``entry_id`` of this ledger, or None (e.g. the cover a filtered release names).
+
+        Stores written before filtered releases existed may not override it: such a store cannot hold them.
+        """
+        raise LedgerError(
+            f"{type(self).__name__} cannot look up an entry, so it cannot check a filtered release's cover"
+        )
 
     @abstractmethod
     def append(self, *, timestamp: float, label: str, event_key: str, certified_epsilon: float) -> int:

@@ -54,6 +54,10 @@ class _MemoryTransaction(LedgerTransaction):
     def event_counts(self) -> Counter[str]:
         return self._store._counts.copy()
 
+    def entry(self, entry_id: int) -> LedgerRow | None:
+        rows = self._store._rows  # committed only: not this transaction's pending rows
+        return rows[entry_id - 1] if 1 <= entry_id <= len(rows) else None
+
     def append(self, *, timestamp: float, label: str, event_key: str, certified_epsilon: float) -> int:
         row_id = len(self._store._rows) + len(self.pending) + 1
         self.pending.append(LedgerRow(row_id, timestamp, label, event_key, certified_epsilon))

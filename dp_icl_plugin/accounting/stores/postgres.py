@@ -57,6 +57,17 @@ _PROBES = (
     "SELECT id, ledger_id, key, count FROM dp_icl_events LIMIT 0",
     "SELECT id, ledger_id, ts, label, event_id, certified_epsilon FROM dp_icl_entries LIMIT 0",
 )
+_ROW_QUERY = (
+    "SELECT e.id, e.ts, e.label, v.key, e.certified_epsilon FROM dp_icl_entries e"
+    " JOIN dp_icl_events v ON v.id = e.event_id WHERE e.ledger_id = %s"
+)
+
+
+def _row(row: Any) -> LedgerRow:
+    i, ts, label, key, eps = row
+    return LedgerRow(int(i), float(ts), label, key, float(eps))
+
+
 class _PostgresTransaction(LedgerTransaction):
     def __init__(self, conn: Any, ledger_id: int) -> None:
         self._conn = conn
@@ -67,6 +78,11 @@ class _PostgresTransaction(LedgerTransaction):
             "SELECT key, count FROM dp_icl_events WHERE ledger_id = %s AND count > 0", (self._ledger_id,)
         )
         return Counter({key: int(n) for key, n in rows})
+
+    def entry(self, entry_id: int) -> LedgerRow | None:
+        # Entry ids are shared by every ledger in the database: only this ledger's entry counts.
+        row = self._conn.execute(_ROW_QUERY + " AND e.id = %s", (self._ledger_id, entry_id)).fetchone()
+        return None if row is None else _row(row)
 
     def append(self, *, timestamp: float, label: str, event_key: str, certified_epsilon: float) -> int:
         (event_id,) = self._conn.execute(
@@ -220,18 +236,10 @@ class PostgresStore(LedgerStore):
         ledger_id = self._opened()
         with self._lock:
             try:
-                result = (
-                    self._connection()
-                    .execute(
-                        "SELECT e.id, e.ts, e.label, v.key, e.certified_epsilon FROM dp_icl_entries e"
-                        " JOIN dp_icl_events v ON v.id = e.event_id WHERE e.ledger_id = %s ORDER BY e.id",
-                        (ledger_id,),
-                    )
-                    .fetchall()
-                )
+                result = self._connection().execute(_ROW_QUERY + " ORDER BY e.id", (ledger_id,)).fetchall()
             except self._pg.Error as exc:
                 raise self._fail(exc) from None
-        return iter([LedgerRow(int(i), float(ts), label, key, float(eps)) for i, ts, label, key, eps in result])
+        return iter([_row(r) for r in result])
 
     def event_counts(self) -> Counter[str]:
         ledger_id = self._opened()

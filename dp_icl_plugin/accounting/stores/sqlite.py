@@ -53,6 +53,8 @@ CREATE TABLE entries (
 );
 """
 
+_ROW_QUERY = "SELECT e.id, e.ts, e.label, v.key, e.certified_epsilon FROM entries e JOIN events v ON v.id = e.event_id"
+
 
 class _SQLiteTransaction(LedgerTransaction):
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -60,6 +62,10 @@ class _SQLiteTransaction(LedgerTransaction):
 
     def event_counts(self) -> Counter[str]:
         return Counter(dict(self._conn.execute("SELECT key, count FROM events WHERE count > 0")))
+
+    def entry(self, entry_id: int) -> LedgerRow | None:
+        row = self._conn.execute(_ROW_QUERY + " WHERE e.id = ?", (entry_id,)).fetchone()
+        return None if row is None else LedgerRow(*row)
 
     def append(self, *, timestamp: float, label: str, event_key: str, certified_epsilon: float) -> int:
         self._conn.execute(
@@ -168,14 +174,7 @@ class SQLiteStore(LedgerStore):
     def rows(self) -> Iterator[LedgerRow]:
         with self._lock:
             try:
-                result = (
-                    self._connection()
-                    .execute(
-                        "SELECT e.id, e.ts, e.label, v.key, e.certified_epsilon "
-                        "FROM entries e JOIN events v ON v.id = e.event_id ORDER BY e.id"
-                    )
-                    .fetchall()
-                )
+                result = self._connection().execute(_ROW_QUERY + " ORDER BY e.id").fetchall()
             except sqlite3.Error as exc:
                 raise self._fail(exc) from None
         return iter([LedgerRow(*row) for row in result])
