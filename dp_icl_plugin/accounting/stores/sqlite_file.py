@@ -32,15 +32,23 @@ class SQLiteFile:
         kind: what it holds, for messages ("ledger", "filter").
         application_id: the ``PRAGMA application_id`` that marks files of this kind.
         busy_timeout: seconds to wait for another process's write lock.
+        pragmas: statements run on every new connection (per-connection settings such as ``secure_delete``).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | None, *, kind: str, application_id: int, busy_timeout: float
+        self,
+        path: str | os.PathLike[str] | None,
+        *,
+        kind: str,
+        application_id: int,
+        busy_timeout: float,
+        pragmas: tuple[str, ...] = (),
     ) -> None:
         self.path = None if path is None else Path(path)
         self.kind = kind
         self.application_id = application_id
         self.busy_timeout = float(busy_timeout)
+        self.pragmas = pragmas
         self.lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
@@ -54,6 +62,8 @@ class SQLiteFile:
                     ":memory:" if self.path is None else self.path, timeout=self.busy_timeout,
                     isolation_level=None, check_same_thread=False,
                 )  # fmt: skip
+                for pragma in self.pragmas:
+                    self._conn.execute(pragma)
             except sqlite3.Error as exc:
                 raise LedgerError(f"cannot open {self.kind} {self.path}: {exc}") from None
             self._pid = os.getpid()

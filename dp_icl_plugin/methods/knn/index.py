@@ -19,7 +19,8 @@ record; the source of truth, FAISS is rebuilt from it on :meth:`PrivateIndex.ope
 (per-unit spend, bound to this index by its id). Or it lives in a PostgreSQL database (``path`` a
 ``postgresql://`` URL, the index named ``name``), records and per-unit spend shared by every host that serves
 it (:mod:`dp_icl_plugin.methods.knn.stores.postgres`, :mod:`dp_icl_plugin.accounting.stores.filter_postgres`).
-Removing a record deletes its text and embedding.
+Removing a record deletes its text and embedding (from an SQLite directory's files and write-ahead log at
+once; PostgreSQL keeps dead rows until ``VACUUM FULL``, see ``docs/retrieval.md``, *Removing records*).
 
 **Several processes or hosts.** Each keeps its own FAISS copy and, before every search, applies the records
 added and removed since the store version it last saw (one query when nothing changed). Between that check

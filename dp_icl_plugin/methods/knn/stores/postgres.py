@@ -6,7 +6,9 @@ that first increments the index row's ``version`` (``UPDATE ... RETURNING``): th
 writers, so versions commit in order and a host that reads version *v* sees every change up to *v*. Record
 ids are allocated from the same row (``next_id``), so each index's ids are small and dense (they index the
 hosts' in-memory arrays). Removing a record deletes its row (text and embedding) and logs its id with the
-version that removed it.
+version that removed it. PostgreSQL keeps a deleted row's bytes in the table's pages (dead tuples, until
+``VACUUM FULL`` rewrites the table), in the WAL, archives, backups and replicas: ``docs/retrieval.md``
+(*Removing records*) says what an operator must do to erase them.
 """
 
 from __future__ import annotations

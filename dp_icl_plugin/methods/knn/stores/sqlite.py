@@ -6,11 +6,16 @@ recognised by ``PRAGMA application_id`` and its schema by ``user_version``. Sche
 (a ``version`` column on records, a ``deletions`` table and ``meta.version``) so that processes sharing the
 directory keep their FAISS copies in step; a schema-1 file is upgraded in place on open (its records at
 version 0).
+
+A removed record leaves no text behind in either file: every connection runs with ``secure_delete`` on (the
+deleted row's bytes are overwritten with zeros, whatever the SQLite build's default), and every removal ends
+with a ``TRUNCATE`` checkpoint, since the write-ahead log still holds the pages written when it was added.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,7 +58,9 @@ class SQLiteRecordStore(RecordStore):
     def __init__(self, path: Path | None, *, busy_timeout: float = 60.0) -> None:
         self.path = path
         self.where = "memory" if path is None else str(path)
-        self._file = SQLiteFile(path, kind="private index", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
+        # secure_delete: a removed record's text and embedding are overwritten with zeros, not left in free space
+        self._file = SQLiteFile(path, kind="private index", application_id=APPLICATION_ID, busy_timeout=busy_timeout,
+                                pragmas=("PRAGMA secure_delete = ON",))  # fmt: skip
         self._file.check_header()
 
     # -- creating and opening ----------------------------------------------------------------------
@@ -144,7 +151,29 @@ class SQLiteRecordStore(RecordStore):
             conn.executemany("DELETE FROM records WHERE id = ?", [(i,) for i in present])
             conn.executemany("INSERT OR REPLACE INTO deletions (id, version) VALUES (?, ?)",
                              [(i, version) for i in present])  # fmt: skip
+        if present:
+            self._checkpoint()
         return removal(version, present)
+
+    def _checkpoint(self) -> None:
+        """Copy the write-ahead log into the file and truncate it: until then the log still holds the pages
+        with the removed text (written when it was added), whatever ``secure_delete`` zeroed in the new ones.
+        TRUNCATE waits (up to the busy timeout) for other connections' readers to move to the newest snapshot."""
+        if self.path is None:
+            return
+        with self._file.lock:
+            try:
+                busy, _, _ = self._file.connection().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.Error as exc:
+                raise self._file.fail(exc) from None
+        if busy:
+            warnings.warn(
+                f"records removed from {self.where}, but other connections kept its write-ahead log busy for "
+                f"{self._file.busy_timeout:g}s: the removed text stays in {self.path.name}-wal until a later "
+                "removal's checkpoint or the last connection closes",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def fetch(self, ids: Sequence[int]) -> dict[int, StoredRecord]:
         out: dict[int, StoredRecord] = {}
