@@ -8,6 +8,7 @@
     │   ├── CalibrationError                      no parameter in the search range meets the target
     │   └── BudgetMismatchError                   a ledger opened with a budget other than its own
     ├── BudgetExhaustedError                      a charge refused: it would overspend (nothing committed)
+    ├── ReleaseFailedError                        a private computation failed after its charge (fixed message)
     ├── LedgerError                               a ledger file that cannot be used
     │   ├── LedgerFormatError                     not a dp-icl ledger (foreign or newer schema)
     │   │   └── FilterMismatchError               a privacy filter file of another index or budget
@@ -37,6 +38,7 @@ __all__ = [
     "LedgerError",
     "LedgerFormatError",
     "ModelFileError",
+    "ReleaseFailedError",
     "ServerError",
     "ServerMismatchError",
     "ServerRateLimitError",
@@ -86,6 +88,26 @@ class BudgetExhaustedError(DPICLError):
         self.requested_epsilon = requested_epsilon
         self.remaining_epsilon = remaining_epsilon
         self.total_epsilon = total_epsilon
+
+
+class ReleaseFailedError(DPICLError):
+    """A private computation failed after its release was charged (the charge stands, nothing was released).
+
+    Raised in place of whatever failed (a backend or server error, running out of memory, NaN log-probabilities,
+    a tokenizer): its type, message and arguments are always the same, and it carries no cause or context, so
+    neither can depend on the private records the computation read. What it still reveals is *that* a release
+    failed: records are checked when a decoder, synthesizer or index is built so that no record can make one
+    fail later, and the failures left (the machine's, the server's) do not depend on the data. Reproduce a
+    failure on public data to see its cause.
+    """
+
+    MESSAGE = (
+        "the private computation failed after its release was charged (the charge stands; nothing was "
+        "released). The cause is not reported because it could depend on private records."
+    )
+
+    def __init__(self) -> None:
+        super().__init__(self.MESSAGE)
 
 
 class LedgerError(DPICLError):

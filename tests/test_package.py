@@ -21,7 +21,7 @@ PUBLIC_API = {
     "CalibrationError", "ComposedEvent", "ConfigurationError", "DPEvent", "DPICLError",
     "ExponentialMechanismEvent", "FakeBackend", "FixedLatency", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
     "LedgerFormatError", "ModelFileError", "MozoTokenEvent", "NextTokenBackend", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
-    "RDPCurveEvent", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
+    "RDPCurveEvent", "ReleaseFailedError", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
     "ServerBackend", "ServerError", "ServerMismatchError", "ServerRateLimitError", "ServerUnavailableError",
     "__version__", "calibrate", "compose", "get_accountant",
 }  # fmt: skip

@@ -180,11 +180,8 @@ def test_mozo_public_and_other_rows_do_not_move_with_a_neighbouring_record(
 def test_mozo_rows_do_not_move_with_a_neighbouring_record_on_smollm2_in_bfloat16(
     smollm2_bf16: HFBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    words = ("apple river stone cloud music garden window paper silver market doctor engine letter island "
-             "orange planet summer winter yellow camera bottle castle dragon forest hammer jacket ladder "
-             "mirror needle pillow rabbit saddle tunnel violin wallet zebra anchor basket candle desert "
-             "feather glacier harbor iceberg jungle kettle lantern meadow nectar oyster parrot quarry").split()  # fmt: skip
-    _check_mozo_neighbours(smollm2_bf16, [*words, *words, *words], "Who wrote Hamlet?", monkeypatch)
+    names = symbol_names(VOCAB)  # short made-up words; the long record is 300 of them
+    _check_mozo_neighbours(smollm2_bf16, names, "Who wrote Hamlet?", monkeypatch)
 
 
 def test_clip_blend_other_prompts_do_not_move_with_a_neighbouring_record(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -225,7 +222,11 @@ def test_a_shards_answer_does_not_depend_on_the_other_shards() -> None:
     shard = [int(t) for t in rng.integers(1, VOCAB, size=20)]
     (answer,) = greedy_generate(backend, [shard], max_new_tokens=6, stop=())
     steps = []
-    for other in ([], [int(t) for t in rng.integers(1, VOCAB, size=3)], [int(t) for t in rng.integers(1, VOCAB, size=300)]):
+    for other in (
+        [],
+        [int(t) for t in rng.integers(1, VOCAB, size=3)],
+        [int(t) for t in rng.integers(1, VOCAB, size=300)],
+    ):
         prompts = [other, shard] if other else [shard]
         with backend.start(prompts) as session:
             rows = [session.logprobs[-1]]

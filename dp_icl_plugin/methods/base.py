@@ -34,9 +34,10 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.errors import BackendError, ConfigurationError
-from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
+from dp_icl_plugin.errors import BackendError, ConfigurationError, ReleaseFailedError
+from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
+from dp_icl_plugin.methods.prompting import check_records_encode
 
 __all__ = [
     "Plan",
@@ -156,6 +157,10 @@ class SynthesisMethod(ABC):
             raise ConfigurationError(f"a label's declared size is {smallest}; M·N = {per_token} {drawn}")
         return per_token / smallest, smallest, c.shots_per_label * c.max_tokens
 
+    def _records_read(self, dataset: PrivateDataset, plan: Plan) -> list[PrivateRecord]:
+        """The records a run may put in a prompt: those of the planned labels (MOZO offline: all of them)."""
+        return [r for y in plan.labels for r in dataset.records(y)]
+
     def _public_probe(self, label: str) -> str:
         return str(self.config.template.public_prompt(label))
 
@@ -209,8 +214,9 @@ class SynthesisMethod(ABC):
         Raises:
             ConfigurationError: bad data, labels, backend or parameters (nothing charged).
             BudgetExhaustedError: the budget cannot afford the run (nothing charged).
-            BackendError: the model failed (before the charge in the public pre-flight, or during the run,
-                in which case the charge stands and nothing is released).
+            BackendError: the model failed in the public pre-flight (nothing charged).
+            ReleaseFailedError: anything failed after the charge (the charge stands, nothing is released; one
+                fixed error whatever failed, since its cause could depend on the private records).
         """
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (every synthesis is charged to one)")
@@ -218,9 +224,14 @@ class SynthesisMethod(ABC):
         plan = self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=budget.neighbouring)
         check_backend(backend)
         self._preflight(plan, backend)
+        check_records_encode(backend, self._records_read(dataset, plan))
         label = ledger_label or f"{self.name}:synthesize"
         entry = budget.spend(plan.event, label=label)
-        demos = self._generate(dataset, plan, backend, rng, private=True, progress=progress)
+        try:
+            demos = self._generate(dataset, plan, backend, rng, private=True, progress=progress)
+        except Exception:
+            # Anything that fails from here on read private records: one fixed error, no cause, no context.
+            raise ReleaseFailedError() from None
         epsilon = tightest().epsilon(plan.event, delta=budget.budget.delta)  # the event is under the ledger's relation
         return DemoSet(demos, self._provenance(plan, backend, epsilon, budget.budget.delta, entry.id, label))
 

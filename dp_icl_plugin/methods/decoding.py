@@ -52,8 +52,8 @@ from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.backends.shared_suffix import rows_logprobs, start_rows
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.backends.shared_suffix import public_suffix, rows_logprobs, start_rows
+from dp_icl_plugin.errors import ConfigurationError, DPICLError, ReleaseFailedError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
 from dp_icl_plugin.methods.base import check_top_k
@@ -61,9 +61,11 @@ from dp_icl_plugin.methods.clip_blend import assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import AnswerState, AnswerStream, DecodedAnswer, Query, check_query
 from dp_icl_plugin.methods.mozo import AnswerTemplate
+from dp_icl_plugin.methods.prompting import check_records_encode
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
 
 __all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query"]  # re-exported
+
 
 class _Decoder:
     """Shared plumbing: prompt building, the per-answer charge, stop sequences, streaming."""
@@ -95,6 +97,7 @@ class _Decoder:
             raise ConfigurationError("template must be an AnswerTemplate")
         self.fixed_latency = as_fixed_latency(fixed_latency)
         self._records = [r for y in dataset.labels for r in dataset.records(y)]
+        check_records_encode(backend, self._records, with_labels=True)
         self._lock = threading.Lock()  # one token step at a time (backend, rng, tokenizer); never held across a yield
 
     def __repr__(self) -> str:
@@ -162,7 +165,8 @@ class _Decoder:
             pass
         charge = pieces.charge
         assert charge is not None  # the first next() charges or raises
-        text = self._cut(self.backend.decode(list(pieces.token_ids)), self._stops(stop))
+        _, stops, _ = self._prepare(query, max_tokens, stop)  # public: the same stops the stream cut at
+        text = self._cut(self.backend.decode(list(pieces.token_ids)), stops)
         return DecodedAnswer(text, pieces.token_ids, pieces.finish_reason, charge.id, charge)
 
     # -- internals ------------------------------------------------------------------------------------
@@ -178,7 +182,7 @@ class _Decoder:
         limit = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
         if limit > self.max_tokens:
             raise ConfigurationError(f"max_tokens = {limit} exceeds the {self.max_tokens} this decoder's budget covers")
-        stops = self._stops(stop)
+        stops = self._stops(stop) + ((self.template.stop,) if self.template.stop is not None else ())
         prompt = check_query(query)
         if not self._ids(prompt, None, reserve=self._reserve(limit)):
             raise ConfigurationError("the prompt encodes to no tokens")
@@ -213,6 +217,16 @@ class _Decoder:
             raise ConfigurationError(f"an answer of {reserve + 1} tokens does not fit the model's {capacity} positions")
         return ids if room is None or len(ids) <= room else ids[-room:]
 
+    def _public_suffix(self, query: str | tuple[dict[str, str], ...], *, reserve: int = 0) -> list[int]:
+        """The tokens every step's prompts may share at their end (the query part), found from public inputs
+        only: the zero-shot prompt against a one-shot prompt whose record is the query's own (public) text."""
+        probe_text = query if isinstance(query, str) else query[-1]["content"]
+        try:
+            probe = self._ids(query, PrivateRecord(probe_text, probe_text), reserve=reserve)
+        except DPICLError:  # the public probe does not encode: every row is sent whole
+            return []
+        return public_suffix(self._ids(query, None, reserve=reserve), probe)
+
     @staticmethod
     def _cut(text: str, stops: tuple[str, ...]) -> str:
         ends = [text.index(s) for s in stops if s in text]
@@ -237,6 +251,14 @@ class _Decoder:
         if state.cancelled.is_set():  # the caller gave up before its answer began: nothing to pay for
             return
         state.charge = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
+        try:
+            yield from self._pieces(prompt, limit, stops, rng, state)
+        except Exception:
+            # Anything that fails from here on read private records: one fixed error, no cause, no context
+            # (whether and how it failed must not depend on them; records were checked when this was built).
+            raise ReleaseFailedError() from None
+
+    def _pieces(self, prompt, limit, stops, rng, state: AnswerState) -> Iterator[str]:
         tokens = self._tokens(prompt, limit, rng)
         hold = max((len(s) - 1 for s in stops), default=0)  # a tail that may still grow into a stop sequence
         try:
@@ -337,6 +359,7 @@ class MozoDecoder(_Decoder):
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Generator[int, None, None]:
         zero_shot = self._ids(prompt, None)
+        suffix = self._public_suffix(prompt)
         one_shot: dict[int, list[int]] = {}
         generated: list[int] = []
         for _ in range(limit):
@@ -345,19 +368,12 @@ class MozoDecoder(_Decoder):
             for i in picked:
                 if i not in one_shot:
                     one_shot[i] = self._ids(prompt, self._records[i])
-            logprobs = check_logprobs(self._step_logprobs(zero_shot, [one_shot[i] for i in picked], generated))
+            rows = [zero_shot, *(one_shot[i] for i in picked)]
+            logprobs = check_logprobs(rows_logprobs(self.backend, rows, generated, suffix=suffix))
             token = mozo_token(logprobs[1:], logprobs[0], beta=self.beta, order=self.order, top_k=self.top_k,
                                rng=rng, lambda_max=self.lambda_max, variant="projected").token_id  # fmt: skip
             generated.append(token)
             yield token
-
-    def _step_logprobs(self, zero_shot: list[int], one_shot: list[list[int]], generated: list[int]) -> np.ndarray:
-        """Rows: the zero-shot prompt, then each one-shot prompt, each followed by the answer so far.
-
-        The records' parts come from the backend's prefix KV cache where it has one
-        (:func:`~dp_icl_plugin.backends.shared_suffix.rows_logprobs`); same distributions.
-        """
-        return rows_logprobs(self.backend, [zero_shot, *one_shot], generated)
 
 
 class ClipBlendDecoder(_Decoder):
@@ -441,7 +457,7 @@ class ClipBlendDecoder(_Decoder):
         prompts = [self._ids(prompt, None, reserve=room)] + [self._ids(prompt, r, reserve=room) for r in self._subset]
         # the prompts stay fixed: one KV cache each, the records' parts from the backend's prefix cache (they
         # recur in every answer) where it has one
-        with start_rows(self.backend, prompts) as session:
+        with start_rows(self.backend, prompts, suffix=self._public_suffix(prompt, reserve=room)) as session:
             logprobs = check_logprobs(session.logprobs)
             for step in range(limit):
                 token = clip_blend_token(logprobs[1:], logprobs[0], clip=self.clip, subset_size=self.subset_size,

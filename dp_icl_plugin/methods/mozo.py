@@ -48,8 +48,8 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.backends.shared_suffix import rows_logprobs
-from dp_icl_plugin.errors import BackendError, ConfigurationError
+from dp_icl_plugin.backends.shared_suffix import public_suffix, rows_logprobs
+from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token, nonprivate_token
 from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target, check_top_k
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
@@ -279,6 +279,7 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         demos = []
         for public_input in inputs:
             zero_shot = backend.encode(c.template.zero_shot_prompt(public_input), add_special_tokens=True)
+            suffix = _public_suffix(backend, c.template, public_input, zero_shot)
             one_shot: dict[int, list[int]] = {}  # record index -> prompt ids, for this input
             generated: list[int] = []
             steps_done = 0
@@ -289,10 +290,11 @@ class MozoOfflineSynthesizer(SynthesisMethod):
                     if i not in one_shot:
                         text = c.template.one_shot_prompt(records[i], public_input)
                         one_shot[i] = backend.encode(text, add_special_tokens=True)
-                # the records' parts from the backend's prefix KV cache where it has one; a prompt longer
-                # than the model keeps its end (the query and the output so far)
+                # the records' parts from the backend's prefix KV cache where it has one (each row that ends
+                # with the public suffix); a prompt longer than the model keeps its end (the query and the
+                # output so far)
                 rows = [zero_shot] + [one_shot[i] for i in picked]
-                logprobs = check_logprobs(rows_logprobs(backend, rows, generated))
+                logprobs = check_logprobs(rows_logprobs(backend, rows, generated, suffix=suffix))
                 if private:
                     step = mozo_token(logprobs[1:], logprobs[0], beta=plan.params["beta"], order=c.order,
                                       top_k=c.top_k, rng=rng, lambda_max=c.lambda_max, variant="projected")  # fmt: skip
@@ -311,3 +313,16 @@ class MozoOfflineSynthesizer(SynthesisMethod):
             demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated), input=public_input))
         bar.close()
         return demos
+
+
+def _public_suffix(
+    backend: NextTokenBackend, template: AnswerTemplate, public_input: str, zero_shot: list[int]
+) -> list[int]:
+    """The query part every row of a step may end with, from public inputs only: the zero-shot prompt against a
+    one-shot prompt whose record is the public input itself (never a private record)."""
+    probe = PrivateRecord(public_input, public_input)  # public text in a record's place
+    try:
+        ids = backend.encode(template.one_shot_prompt(probe, public_input), add_special_tokens=True)
+    except DPICLError:  # the public probe does not encode: every row is sent whole
+        return []
+    return public_suffix(zero_shot, ids)

@@ -24,10 +24,18 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.shared_suffix import common_prefix_length
+from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateRecord
 from dp_icl_plugin.methods.templates import PromptTemplate
 
-__all__ = ["PromptIds", "demonstration_text", "fixed_size_subsets", "poisson_prompts", "slot_placement"]
+__all__ = [
+    "PromptIds",
+    "check_records_encode",
+    "demonstration_text",
+    "fixed_size_subsets",
+    "poisson_prompts",
+    "slot_placement",
+]
 
 
 def poisson_prompts(
@@ -126,6 +134,33 @@ class PromptIds:
     def private(self, label: str, records: Sequence[PrivateRecord], generated: Sequence[int]) -> list[int]:
         text = self.template.private_prompt(label, records)
         return self.fit(self.backend.encode(text, add_special_tokens=True) + list(generated))
+
+
+def check_records_encode(
+    backend: NextTokenBackend, records: Sequence[PrivateRecord], *, with_labels: bool = False
+) -> None:
+    """Refuse a record the backend's tokenizer cannot encode, before anything is charged.
+
+    A record that fails only when it is drawn would fail after a charge, with a probability that depends on it
+    (an unbounded privacy loss). Each record's text (and its label, with ``with_labels``, for prompts that put
+    a record's label in, as the decoders' do) is encoded once here, when a decoder or a synthesis is set up;
+    prompts put them between public template text, which the caller checks on its own.
+
+    Raises:
+        ConfigurationError: naming the record's label and position within it, never its text.
+    """
+    seen: dict[str, int] = {}
+    for record in records:
+        k = seen[record.label] = seen.get(record.label, -1) + 1
+        for part in (record.text, record.label) if with_labels else (record.text,):
+            try:
+                backend.encode(part)
+            except Exception as exc:  # tokenizers raise plain Exception for what they cannot encode
+                raise ConfigurationError(
+                    f"record {k} of label {record.label!r} cannot be encoded by the tokenizer of {backend.model_id} "
+                    f"({type(exc).__name__}): fix or remove it (a record that fails when drawn would fail after "
+                    "its charge)"
+                ) from None
 
 
 def demonstration_text(backend: NextTokenBackend, token_ids: Sequence[int], stop: str | None) -> str:

@@ -1,0 +1,121 @@
+"""Nothing data-dependent after a charge (issue 27, item 3).
+
+Records are encoded and checked when a decoder or a synthesis is set up, so a record the tokenizer rejects is
+refused before any charge (before, it raised only when drawn: with MOZO, P[exception] was 0 on D and 0.31 on a
+neighbour, and the fake backend's message named the word's position). Whatever still fails after a charge is
+one :class:`ReleaseFailedError`, the same type, message and arguments on neighbouring datasets, with no cause or
+context. And the answer template's stop text ends an answer, as its docstring says.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget, ReleaseFailedError
+from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
+from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.methods.mozo import AnswerTemplate
+
+WORDS = ["a", "b", "c", "d", "e", "Text:", "Label:", "user:", "assistant:", "system:", "<eos>", "/"]
+
+
+def _data(bad_at: int | None = None, word: str = "zebra") -> PrivateDataset:
+    texts = [" ".join("abcde"[(i + j) % 5] for j in range(3)) for i in range(12)]
+    if bad_at is not None:
+        texts[bad_at] = f"a {word} b"  # a word the tokenizer does not know
+    return PrivateDataset([PrivateRecord(t, "ab"[i % 2]) for i, t in enumerate(texts)])
+
+
+def _mozo(dataset: PrivateDataset, backend: FakeBackend, budget: BudgetManager, **kw: object) -> MozoDecoder:
+    return MozoDecoder(dataset, backend=backend, budget=budget, n_queries=4, beta=0.5, max_tokens=3, top_k=5, **kw)
+
+
+def _clip(dataset: PrivateDataset, backend: FakeBackend, budget: BudgetManager, **kw: object) -> ClipBlendDecoder:
+    return ClipBlendDecoder(dataset, backend=backend, budget=budget, n_queries=4, subset_size=12, temperature=1.0,
+                            rng_subset=np.random.default_rng(0), max_tokens=3, **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize("make", [_mozo, _clip], ids=["mozo", "clip-blend"])
+def test_a_record_the_tokenizer_rejects_is_refused_when_the_decoder_is_built(make) -> None:
+    budget = BudgetManager(PrivacyBudget(50.0, 1e-3))
+    with pytest.raises(ConfigurationError, match="record 2 of label 'a' cannot be encoded") as caught:
+        make(_data(bad_at=4), FakeBackend(WORDS, eos_token="<eos>"), budget)
+    assert "zebra" not in str(caught.value)  # the position and the public label, never the text
+    assert budget.history() == []
+
+
+def test_a_synthesis_refuses_a_record_the_tokenizer_rejects_before_charging() -> None:
+    budget = BudgetManager(PrivacyBudget(50.0, 1e-3))
+    data = PrivateDataset(list(_data(bad_at=5).records("b")) + list(_data().records("a")),
+                          public_label_counts="observed")  # fmt: skip
+    method = TangSynthesizer(noise_multiplier=1.0, max_tokens=2, n_prompts=2, records_per_prompt=1, top_k=5)
+    with pytest.raises(ConfigurationError, match="cannot be encoded"):
+        method.synthesize(data, backend=FakeBackend([*WORDS, "{", "}"]), budget=budget, rng=np.random.default_rng(0))
+    assert budget.history() == []
+
+
+class FailsOn(FakeBackend):
+    """A backend that fails on any prompt holding ``word``'s token, with a message naming where (as a real
+    failure's message might: a shape, a length, a position)."""
+
+    def __init__(self, *args: object, word: str, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._bad = self.encode(word)[0]
+
+    def next_token_logprobs(self, prompts):  # type: ignore[override]
+        for i, p in enumerate(prompts):
+            ids = list(p) if not isinstance(p, str) else self.encode(p, add_special_tokens=True)
+            if self._bad in ids:
+                raise RuntimeError(f"out of memory at prompt {i}, position {ids.index(self._bad)}, length {len(ids)}")
+        return super().next_token_logprobs(prompts)
+
+    def start(self, prompts):  # type: ignore[override]
+        self.next_token_logprobs(prompts)
+        return super().start(prompts)
+
+
+def _failure(make, dataset: PrivateDataset) -> BaseException:
+    backend = FailsOn([*WORDS, "e2"], word="e2", eos_token="<eos>")
+    budget = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = make(dataset, backend, budget)
+    with pytest.raises(ReleaseFailedError) as caught:
+        for seed in range(20):  # until a failing record is drawn
+            decoder.generate("a b", rng=np.random.default_rng(seed))
+    assert len(budget.history()) >= 1  # it failed after its charge, which stands
+    return caught.value
+
+
+@pytest.mark.parametrize("make", [_mozo, _clip], ids=["mozo", "clip-blend"])
+def test_a_failure_after_the_charge_is_the_same_error_on_neighbouring_datasets(make) -> None:
+    # D and D′ differ in one record: each holds a record the backend fails on, at different places and lengths
+    texts = [" ".join("abcde"[(i + j) % 5] for j in range(3)) for i in range(12)]
+    d, d2 = list(texts), list(texts)
+    d[0], d2[0] = "e2", "a b c d e2 e"
+    errors = [_failure(make, PrivateDataset([PrivateRecord(t, "ab"[i % 2]) for i, t in enumerate(x)])) for x in (d, d2)]
+    first, second = errors
+    assert type(first) is type(second) and str(first) == str(second) and first.args == second.args
+    for error in errors:
+        assert error.__cause__ is None and error.__suppress_context__ and "prompt" not in str(error)
+
+
+def test_a_failure_during_synthesis_is_the_fixed_error_and_the_charge_stands() -> None:
+    backend = FailsOn([*WORDS, "e2", "{", "}"], word="e2")
+    budget = BudgetManager(PrivacyBudget(50.0, 1e-3))
+    data = PrivateDataset([PrivateRecord("e2", "a"), *(PrivateRecord("a b", "a") for _ in range(5))],
+                          public_label_counts="observed")  # fmt: skip
+    method = TangSynthesizer(noise_multiplier=1.0, max_tokens=2, n_prompts=6, records_per_prompt=1, top_k=5)
+    with pytest.raises(ReleaseFailedError) as caught:
+        method.synthesize(data, backend=backend, budget=budget, rng=np.random.default_rng(0))
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert len(budget.history()) == 1
+
+
+@pytest.mark.parametrize("make", [_mozo, _clip], ids=["mozo", "clip-blend"])
+def test_the_templates_stop_text_ends_an_answer(make) -> None:
+    table = {(): [0.0] * (len(WORDS) - 1) + [1.0]}  # the fake model always says "/"
+    backend = FakeBackend(WORDS, table=table, eos_token="<eos>")
+    template = AnswerTemplate(stop="/")
+    decoder = make(_data(), backend, BudgetManager(PrivacyBudget(50.0, 1e-3)), template=template)
+    answer = decoder.generate("a b", rng=np.random.default_rng(0), max_tokens=3)
+    assert answer.text == "" and answer.finish_reason == "stop" and len(answer.token_ids) <= 1
