@@ -24,6 +24,7 @@ __all__ = [
     "PROBE_TEXTS",
     "Embedder",
     "default_embedder",
+    "embed_records",
     "embed_texts",
     "embedder_fingerprint",
     "embedder_name",
@@ -89,7 +90,8 @@ def same_embedder(fingerprint: Sequence[Sequence[float]], embedder: object) -> b
 
 
 def embed_texts(embedder: object, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
-    """Unit-length float32 embeddings of ``texts`` with any embedder (SentenceTransformer or callable).
+    """Unit-length float32 embeddings of ``texts`` in batches, with any embedder (public texts only: a row may
+    depend on its batch-mates; private records go through :func:`embed_records`).
 
     Raises:
         ConfigurationError: the embedder returned the wrong shape, NaN/inf, or an all-zero vector
@@ -98,32 +100,64 @@ def embed_texts(embedder: object, texts: Sequence[str], *, batch_size: int = 64)
     texts = list(texts)
     if not texts:
         return np.zeros((0, 0), dtype=np.float32)
+    return _unit_rows(_raw(embedder, texts, batch_size), len(texts))
+
+
+def embed_records(embedder: object, texts: Sequence[str]) -> np.ndarray:
+    """Unit-length float32 embeddings of private records, each text embedded on its own (a batch of one).
+
+    Row isolation: whether a record takes part in a release depends on its own vector alone, so that vector
+    must be the same bits whatever else is embedded with it. A batch is padded to its longest text, and the
+    padded shapes change the kernels' summation order: with MiniLM a long batch-mate moved another record's
+    vector by 8.6e-8, enough to flip it across ``min_similarity``. The embedder is the user's (LangChain,
+    LlamaIndex, SentenceTransformer, a callable) and its padding is not ours to control, so each record is
+    embedded alone: slower (``docs/retrieval.md`` gives the figure), never a function of other records.
+
+    Raises:
+        ConfigurationError: as :func:`embed_texts` (positions among ``texts``), or vectors of different sizes.
+    """
+    rows = [_unit_rows(_raw(embedder, [text], 1), 1, first=i) for i, text in enumerate(texts)]
+    if not rows:
+        return np.zeros((0, 0), dtype=np.float32)
+    dims = [r.shape[1] for r in rows]
+    if len(set(dims)) > 1:
+        other = next(i for i, d in enumerate(dims) if d != dims[0])
+        raise ConfigurationError(f"the embedder returned {dims[0]}-d vectors for text 0 and {dims[other]}-d for "
+                                 f"text {other}")  # fmt: skip
+    return np.concatenate(rows)
+
+
+def _raw(embedder: object, texts: list[str], batch_size: int) -> Any:
     documents = getattr(embedder, "embed_documents", None)  # LangChain Embeddings
     batch = getattr(embedder, "get_text_embedding_batch", None)  # LlamaIndex BaseEmbedding
     encode = getattr(embedder, "encode", None)  # SentenceTransformer
     if callable(documents):
-        raw = documents(texts)
-    elif callable(batch):
-        raw = batch(texts)
-    elif callable(encode):
-        raw = encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
-    elif callable(embedder):
-        raw = embedder(texts)
-    else:
-        raise ConfigurationError(
-            "embedder must be a LangChain Embeddings, a LlamaIndex BaseEmbedding, a SentenceTransformer or a "
-            "callable taking a list of texts"
-        )
+        return documents(texts)
+    if callable(batch):
+        return batch(texts)
+    if callable(encode):
+        return encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+    if callable(embedder):
+        return embedder(texts)
+    raise ConfigurationError(
+        "embedder must be a LangChain Embeddings, a LlamaIndex BaseEmbedding, a SentenceTransformer or a "
+        "callable taking a list of texts"
+    )
+
+
+def _unit_rows(raw: Any, n: int, *, first: int = 0) -> np.ndarray:
+    """Check the embedder's output for ``n`` texts (the first at position ``first``) and normalise each row."""
     try:
         vectors = np.asarray(raw, dtype=np.float32)
     except (TypeError, ValueError):
         raise ConfigurationError("the embedder must return numbers") from None
-    if vectors.ndim != 2 or vectors.shape[0] != len(texts) or vectors.shape[1] == 0:
-        raise ConfigurationError(f"the embedder returned shape {vectors.shape} for {len(texts)} texts")
+    if vectors.ndim != 2 or vectors.shape[0] != n or vectors.shape[1] == 0:
+        raise ConfigurationError(f"the embedder returned shape {vectors.shape} for {n} texts")
     bad = ~np.isfinite(vectors).all(axis=1)
     if bad.any():
-        raise ConfigurationError(f"the embedder returned NaN or inf for text {int(np.argmax(bad))}")
+        raise ConfigurationError(f"the embedder returned NaN or inf for text {first + int(np.argmax(bad))}")
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     if (norms == 0).any():
-        raise ConfigurationError(f"the embedder returned a zero vector for text {int(np.argmax(norms[:, 0] == 0))}")
+        position = first + int(np.argmax(norms[:, 0] == 0))
+        raise ConfigurationError(f"the embedder returned a zero vector for text {position}")
     return np.ascontiguousarray(vectors / norms, dtype=np.float32)

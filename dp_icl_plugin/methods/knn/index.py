@@ -51,6 +51,7 @@ from dp_icl_plugin.accounting.stores.pg_connection import is_postgres_url
 from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError
 from dp_icl_plugin.methods.knn.embedding import (
     default_embedder,
+    embed_records,
     embed_texts,
     embedder_fingerprint,
     embedder_name,
@@ -290,7 +291,8 @@ class PrivateIndex:
         answers: Sequence[str | None] | None = None,
         user_ids: Sequence[str | None] | None = None,
     ) -> np.ndarray:
-        """Embed and add records; returns their ids. Nothing is released, so nothing is charged."""
+        """Embed (each text on its own, :func:`~dp_icl_plugin.methods.knn.embedding.embed_records`) and add
+        records; returns their ids. Nothing is released, so nothing is charged."""
         self._check_usable()
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise ConfigurationError("texts must be a sequence of strings (pass [text] for one record)")
@@ -306,7 +308,7 @@ class PrivateIndex:
             raise ConfigurationError("an index grouped by user needs a user id for every record")
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        vectors = embed_texts(self._embedder, texts)
+        vectors = embed_records(self._embedder, texts)  # one by one: a record's vector never depends on another
         with self._lock:
             self.refresh()
             if self.dim is not None and vectors.shape[1] != self.dim:
