@@ -267,6 +267,10 @@ def test_a_person_grouped_filter_is_charged_to_the_record_ledger_by_group_privac
     with pytest.raises(ConfigurationError, match="group privacy"):
         PrivateKNN(person_index(epsilon=20.0), budget=big, labels=LABELS)
     assert big.history() == [] and small.history() == []
+    # What the adapters report as each record's guarantee is the record-level one, not the person's.
+    grouped = PrivateKNN(person_index(), budget=BudgetManager(PrivacyBudget(10.0, 1e-5, neighbouring="add_remove")),
+                         labels=LABELS)  # fmt: skip
+    assert (grouped.per_record_epsilon(), grouped.per_record_delta()) == (event.epsilon, event.delta)
     # A ledger that already holds the unconverted cover (written before this conversion) is refused.
     index = person_index()
     old = BudgetManager(PrivacyBudget(10.0, 1e-5, neighbouring="add_remove"))
@@ -275,8 +279,9 @@ def test_a_person_grouped_filter_is_charged_to_the_record_ledger_by_group_privac
         PrivateKNN(index, budget=old, labels=LABELS)
     # Per-record indexes keep the filter's own (ε, δ).
     per_record = PrivateIndex(budget=IndividualBudget(epsilon=eps, delta=delta), embedder=BagEmbedder())
-    PrivateKNN(per_record, budget=big, labels=LABELS)
+    plain = PrivateKNN(per_record, budget=big, labels=LABELS)
     assert big.history()[0].event == ev.ApproxDPEvent(eps, delta, neighbouring="add_remove")
+    assert (plain.per_record_epsilon(), plain.per_record_delta()) == (eps, delta)
 
 
 def test_a_person_pays_a_threshold_answer_for_every_shard_they_can_change() -> None:

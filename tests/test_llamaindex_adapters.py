@@ -103,6 +103,26 @@ def test_the_retriever_repr_names_no_count_of_private_records() -> None:
     assert "40" not in before and "41" not in repr(retriever)
 
 
+def test_the_spend_reports_each_records_guarantee_for_a_person_grouped_index() -> None:
+    """Per person, a record's guarantee is group privacy's (2ε, (1 + e^ε)δ), not the person's (ε, δ)."""
+    import math
+
+    from dp_icl_plugin.accounting import IndividualBudget
+    from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+
+    index = PrivateIndex(budget=IndividualBudget(epsilon=3.0, delta=1e-7), group_by_user=True,
+                         embedder=lambda texts: np.array([[1.0, t.count("cat"), 0.5] for t in texts]))  # fmt: skip
+    index.add(["the cat sat", "the cat ran"], answers=["cat", "cat"], user_ids=["ann", "bob"])
+    core = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(10.0, 1e-4, neighbouring="add_remove")),
+                      backend=backend(), config=KNNConfig(k=2, shards=2, min_similarity=0.5, max_answer_tokens=2))  # fmt: skip
+    (node,) = DPICLRetriever(core, rng=np.random.default_rng(0)).retrieve("where did the cat sit?")
+    assert node.node.metadata["per_record_epsilon"] == pytest.approx(6.0)
+    handler = Spends()
+    get_dispatcher().add_event_handler(handler)
+    DPICLRetriever(core, rng=np.random.default_rng(1)).retrieve("where did the cat sit?")
+    assert handler.events[-1].per_record_delta == pytest.approx((1 + math.exp(3.0)) * 1e-7)
+
+
 def test_bad_construction() -> None:
     with pytest.raises(ConfigurationError):
         DPICLRetriever("not a retriever", rng=np.random.default_rng(0))  # type: ignore[arg-type]

@@ -483,8 +483,13 @@ class PrivateKNN:
         ).keywords
 
     def per_record_epsilon(self) -> float:
-        """The (ε, δ) each unit is protected with over all releases of this index (the filter's budget)."""
-        return self.index.filter.budget.epsilon
+        """The ε each record is protected with over all releases of this index, under add/remove of a record:
+        the filter's budget, or for a per-person index group privacy's 2ε (:meth:`cover_event`)."""
+        return self.cover_event().epsilon
+
+    def per_record_delta(self) -> float:
+        """The δ that goes with :meth:`per_record_epsilon` (per person: (1 + e^ε)δ)."""
+        return self.cover_event().delta
 
     # -- internals --------------------------------------------------------------------------------
     def cover_event(self) -> ev.ApproxDPEvent:

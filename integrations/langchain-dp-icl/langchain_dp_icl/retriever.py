@@ -86,7 +86,7 @@ class DPICLRetriever(BaseRetriever):
         answer = self.knn.answer(query, rng=self.rng, keywords=wanted)
         spend = {"ledger_entry": answer.ledger_entry, "release": "knn-answer",
                  "per_record_epsilon": self.knn.per_record_epsilon(),
-                 "per_record_delta": self.knn.index.filter.budget.delta}  # fmt: skip
+                 "per_record_delta": self.knn.per_record_delta()}  # fmt: skip
         run_manager.get_child().on_custom_event("dp_icl_spend", spend, run_id=run_manager.run_id)
         meta = {**spend, "keywords_released": answer.keywords is not None}
         if self.mode == "answer":

@@ -76,8 +76,9 @@ class DPICLRetriever(BaseRetriever):
         generator = noise_source(rng, seed)
         if mode not in ("answer", "keywords"):
             raise ConfigurationError("mode must be 'answer' or 'keywords'")
-        if similarity_top_k is not None and (isinstance(similarity_top_k, bool)
-                                             or not isinstance(similarity_top_k, int) or similarity_top_k < 1):
+        if similarity_top_k is not None and (
+            isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) or similarity_top_k < 1
+        ):
             raise ConfigurationError("similarity_top_k must be a positive integer")  # fmt: skip
         self._core = knn
         self._rng = generator
@@ -92,7 +93,7 @@ class DPICLRetriever(BaseRetriever):
         answer = self._core.answer(query_bundle.query_str, rng=self._rng, keywords=self._keywords)
         spend = DPSpendEvent(ledger_entry=answer.ledger_entry, release="knn-answer",
                              per_record_epsilon=self._core.per_record_epsilon(),
-                             per_record_delta=self._core.index.filter.budget.delta)  # fmt: skip
+                             per_record_delta=self._core.per_record_delta())  # fmt: skip
         dispatcher.event(spend)
         meta = {"ledger_entry": answer.ledger_entry, "per_record_epsilon": spend.per_record_epsilon,
                 "keywords_released": answer.keywords is not None}  # fmt: skip
