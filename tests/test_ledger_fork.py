@@ -11,6 +11,7 @@ import copy
 import multiprocessing
 import os
 import pickle
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,7 +38,9 @@ def in_child(work: Callable[[], object]) -> tuple[str, str]:
             send.send((type(exc).__name__, str(exc)))
 
     child = ctx.Process(target=target)
-    child.start()
+    with warnings.catch_warnings():  # Python ≥ 3.12 warns when a process with other threads forks
+        warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+        child.start()
     try:
         if not receive.poll(60):
             raise AssertionError("the forked child did not answer")
