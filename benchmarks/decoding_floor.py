@@ -121,39 +121,60 @@ def clip_floor_seconds_per_token(backend: HFBackend, decoder: ClipBlendDecoder, 
     return total / tokens
 
 
+class WholePrompts:
+    """The backend without its prefix cache: every prompt of a step computed whole (what "re-encoded" measures)."""
+
+    def __init__(self, inner: HFBackend) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        if name.startswith(("next_token_logprobs_shared", "start_shared")):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--records", type=int, default=100, help="private records (default 100: all fit the cache)")
     parser.add_argument("--warm-answers", type=int, default=8, help="answers run to fill the prefix cache")
+    parser.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[4, 8],
+                        help="rows per forward (HFBackend micro_batch_size) to measure, side by side")  # fmt: skip
     args = parser.parse_args()
     started = time.perf_counter()
-    backend = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
+    loaded = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
     print(f"model loaded in {time.perf_counter() - started:.1f} s (converted and cached on first use)")
     data = records(args.records)
-    budget = BudgetManager(PrivacyBudget(1e6, 1e-4))
-    mozo = MozoDecoder(data, backend=backend, budget=budget, n_queries=100, epsilon=8.0, max_tokens=args.tokens)
-    clip = ClipBlendDecoder(data, backend=backend, budget=budget, n_queries=100, subset_size=32, epsilon=8.0,
-                            max_tokens=args.tokens, rng_subset=np.random.default_rng(0))  # fmt: skip
     rows = []
-    mozo_floor = mozo_floor_seconds_per_token(backend, data, 4, args.tokens)
-    backend.next_token_logprobs_shared_suffix = None  # type: ignore[method-assign]  # the re-encoding path
-    rows.append(("MozoDecoder (n_shots = 4), every prompt re-encoded (before)", decoder_seconds_per_token(
-        mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
-    del backend.next_token_logprobs_shared_suffix
-    backend.prefix_cache.clear()
-    rows.append(("MozoDecoder (n_shots = 4), records not yet cached", decoder_seconds_per_token(
-        mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
-    for seed in range(args.warm_answers):  # every record's part in the prefix cache (steady state)
-        mozo.generate(QUERY, rng=np.random.default_rng(100 + seed), max_tokens=args.tokens, stop=[])
-    cache = backend.prefix_cache
-    print(f"prefix cache: {len(cache)} prefixes, {cache.cached_tokens} tokens, "
-          f"{cache.cached_bytes / max(1, cache.cached_tokens) / 1024:.0f} KiB a token")  # fmt: skip
-    rows.append((f"MozoDecoder (n_shots = 4), records cached ({len(backend.prefix_cache)} prefixes)",
-                 decoder_seconds_per_token(mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
-    rows.append(("ClipBlendDecoder (s = 32)", decoder_seconds_per_token(clip, args.tokens, args.repeats),
-                 clip_floor_seconds_per_token(backend, clip, args.tokens)))  # fmt: skip
+    for rows_per_forward in args.micro_batch_sizes:
+        backend = HFBackend(loaded.model, loaded.tokenizer, model_id=loaded.model_id, device="cpu",
+                            micro_batch_size=rows_per_forward)  # fmt: skip
+        budget = BudgetManager(PrivacyBudget(1e6, 1e-4))
+
+        def mozo_on(model: HFBackend | WholePrompts, budget: BudgetManager = budget) -> MozoDecoder:
+            return MozoDecoder(data, backend=model, budget=budget, n_queries=100, epsilon=8.0,  # type: ignore[arg-type]
+                               max_tokens=args.tokens)  # fmt: skip
+
+        clip = ClipBlendDecoder(data, backend=backend, budget=budget, n_queries=100, subset_size=32, epsilon=8.0,
+                                max_tokens=args.tokens, rng_subset=np.random.default_rng(0))  # fmt: skip
+        b = f"B = {rows_per_forward}"
+        mozo_floor = mozo_floor_seconds_per_token(backend, data, 4, args.tokens)
+        rows.append((f"MozoDecoder (n_shots = 4), every prompt computed whole, {b}", decoder_seconds_per_token(
+            mozo_on(WholePrompts(backend)), args.tokens, args.repeats), mozo_floor))  # fmt: skip
+        mozo = mozo_on(backend)
+        backend.prefix_cache.clear()
+        rows.append((f"MozoDecoder (n_shots = 4), records not yet cached, {b}", decoder_seconds_per_token(
+            mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
+        for seed in range(args.warm_answers):  # every record's part in the prefix cache (steady state)
+            mozo.generate(QUERY, rng=np.random.default_rng(100 + seed), max_tokens=args.tokens, stop=[])
+        cache = backend.prefix_cache
+        print(f"{b}: prefix cache: {len(cache)} prefixes, {cache.cached_tokens} tokens, "
+              f"{cache.cached_bytes / max(1, cache.cached_tokens) / 1024:.0f} KiB a token")  # fmt: skip
+        rows.append((f"MozoDecoder (n_shots = 4), records cached ({len(cache)} prefixes), {b}",
+                     decoder_seconds_per_token(mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
+        rows.append((f"ClipBlendDecoder (s = 32), {b}", decoder_seconds_per_token(clip, args.tokens, args.repeats),
+                     clip_floor_seconds_per_token(backend, clip, args.tokens)))  # fmt: skip
     print("| decoder on SmolLM2-135M-Instruct | s/token | floor s/token | ratio |")
     print("|---|---:|---:|---:|")
     for name, spent, bound in rows:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import time
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,14 @@ class Recorder:
         self.calls: list[tuple[list[int], list[int]]] = []
         self.starts: list[float] = []  # when each call began; the charge comes after the public probe (call 0)
 
-    def __getattr__(self, name: str) -> Any:
-        if not self._share and name in self.SHARED:
+    def __getattribute__(self, name: str) -> Any:
+        # hide the prefix-cache methods (they are defined below, so __getattr__ alone would never hide them:
+        # before this, the "whole prompts" column ran through the prefix cache too)
+        if name in Recorder.SHARED and not object.__getattribute__(self, "_share"):
             raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
     def must_compute(self, rows: list[list[int]]) -> None:
@@ -77,9 +83,9 @@ class Recorder:
         self.must_compute(self._inner._prompt_ids(prompts))  # texts encoded as the backend encodes them
         return self._inner.next_token_logprobs(prompts)
 
-    def next_token_logprobs_shared_suffix(self, prefixes, suffix):
-        self.must_compute([[*map(int, p), *map(int, suffix)] for p in prefixes])
-        return self._inner.next_token_logprobs_shared_suffix(prefixes, suffix)
+    def next_token_logprobs_shared_suffix(self, rows, suffix):
+        self.must_compute([list(map(int, r)) for r in rows])
+        return self._inner.next_token_logprobs_shared_suffix(rows, suffix)
 
     def next_token_logprobs_shared_prefix(self, prefix, rows):
         self.must_compute([list(map(int, r)) for r in rows])
@@ -90,10 +96,10 @@ class Recorder:
         self.must_compute(rows)
         return RecordingSession(self, self._inner.start(prompts), rows)
 
-    def start_shared_suffix(self, prefixes, suffix):
-        rows = [[*map(int, p), *map(int, suffix)] for p in prefixes]
+    def start_shared_suffix(self, prompts, suffix):
+        rows = [list(map(int, r)) for r in prompts]
         self.must_compute(rows)
-        return RecordingSession(self, self._inner.start_shared_suffix(prefixes, suffix), rows)
+        return RecordingSession(self, self._inner.start_shared_suffix(prompts, suffix), rows)
 
     def start_shared_prefix(self, prefix, prompts):
         rows = [list(map(int, r)) for r in prompts]
@@ -129,7 +135,7 @@ def floor_seconds(backend: HFBackend, calls: list[tuple[list[int], list[int]]]) 
     from transformers import DynamicCache
 
     model, total = backend.model, 0.0
-    keyword = backend._cache_keyword
+    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.inference_mode():
         for new, cached in calls:
             rows, width, past = len(new), max(new), max(cached)

@@ -172,3 +172,18 @@ def test_fuzzed_budget_arguments_end_in_a_status_never_a_traceback(
         code = exc.code
     assert code in (0, 2, 3)
     capsys.readouterr()
+
+
+def test_isolation_checks_a_local_model_and_refuses_local_options_for_a_server(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    from tests_support import tiny_text_gpt2
+
+    model = tiny_text_gpt2(tmp_path / "tiny", ["the cat sat on the mat", "a dog ran in the park"] * 10)
+    code, out = run(capsys, "isolation", "--model", str(model), "--device", "cpu", "--dtype", "bfloat16",
+                    "--micro-batch-size", "4")  # fmt: skip
+    assert code == 0 and out["isolated"] is True and out["dtype"] == "torch.bfloat16"
+    assert len(out["cases"]) == 10 and all(c["identical"] for c in out["cases"])
+    code, out = run(capsys, "isolation", "--model", "http://127.0.0.1:9", "--dtype", "float32")
+    assert code == 2 and "local models only" in out["message"]

@@ -22,7 +22,7 @@ from vllm_server import MODEL_NAME, VLLMServer, vllm_server_fixture  # noqa: F40
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.backends.server import ServerBackend
-from dp_icl_plugin.errors import ServerUnavailableError
+from dp_icl_plugin.errors import ReleaseFailedError, ServerUnavailableError
 from dp_icl_plugin.methods import PrivateDataset
 
 TOL = 1e-3
@@ -110,6 +110,15 @@ def test_the_langchain_chat_model_through_the_server(vllm_server: VLLMServer, qu
     assert 0 < budget.spent().epsilon <= 4.0
 
 
+def test_rows_are_isolated_on_the_real_server(server: ServerBackend) -> None:
+    """The harness against vLLM's CPU build: 32 requests in flight (the server batches them as it likes) and
+    its own prefix cache (repeated prompts) give every row the same bits."""
+    from dp_icl_plugin.backends.isolation import check_row_isolation
+
+    report = check_row_isolation(server, long_length=40)
+    assert report.isolated, str(report)
+
+
 def test_a_server_killed_mid_answer_ends_in_a_typed_error_with_the_charge_kept(
     vllm_server: VLLMServer, server: ServerBackend, questions: PrivateDataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # last: the server is gone afterwards
@@ -128,6 +137,9 @@ def test_a_server_killed_mid_answer_ends_in_a_typed_error_with_the_charge_kept(
         return rows(ids)
 
     monkeypatch.setattr(server, "_row", row_then_kill)
-    with pytest.raises(ServerUnavailableError, match=r"cannot be reached|timed out|HTTP 5"):
+    with pytest.raises(ReleaseFailedError) as caught:  # after the charge: the one fixed error, no cause
         decoder.generate("Who wrote Hamlet?", rng=np.random.default_rng(3))
+    assert caught.value.__cause__ is None and str(caught.value) == ReleaseFailedError.MESSAGE
     assert budget.spent().epsilon > 0  # charged before the first token, kept
+    with pytest.raises(ServerUnavailableError, match=r"cannot be reached|timed out|HTTP 5"):
+        server.next_token_logprobs([[1, 2, 3]])  # a direct (public) call still says what failed

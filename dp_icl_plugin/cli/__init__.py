@@ -1,8 +1,9 @@
 """The ``dp-icl`` command: JSON on stdout for machines, readable text with ``--human``.
 
 Exit status: 0 success, 2 bad input (including an unusable ledger file or path), 3 a charge refused for lack
-of budget (nothing committed), 1 an unexpected failure or a failed audit. Every failure writes one line to
-stderr (never a traceback) and, except for malformed arguments, a JSON ``error`` object to stdout.
+of budget (nothing committed), 1 an unexpected failure, a failed audit or a row that is not isolated. Every
+failure writes one line to stderr (never a traceback) and, except for malformed arguments, a JSON ``error``
+object to stdout.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dp_icl_plugin.accounting.neighbouring import DEFAULT_NEIGHBOURING, RELATIONS
-from dp_icl_plugin.cli import audit, bench, commands, synthesize
+from dp_icl_plugin.cli import audit, bench, commands, isolation, synthesize
 from dp_icl_plugin.errors import BudgetExhaustedError, DPICLError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_REFUSED", "build_parser", "main"]
@@ -130,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     synthesize.add_parser(top, common, _float, _int)
     bench.add_parsers(top, common, _float, _int)
     audit.add_parser(top, common, _int)
+    isolation.add_parser(top, common, _int)
     return parser
 
 
