@@ -26,6 +26,9 @@ Messages never contain private text: only parameters, counts and file paths.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 __all__ = [
     "BackendError",
     "BudgetExhaustedError",
@@ -44,6 +47,7 @@ __all__ = [
     "ServerRateLimitError",
     "ServerUnavailableError",
     "UnsupportedEventError",
+    "after_charge",
 ]
 
 
@@ -108,6 +112,17 @@ class ReleaseFailedError(DPICLError):
 
     def __init__(self) -> None:
         super().__init__(self.MESSAGE)
+
+
+@contextmanager
+def after_charge() -> Iterator[None]:
+    """Run a private computation whose release is already charged: any exception becomes
+    :class:`ReleaseFailedError`, with no cause or context (``GeneratorExit``, ``KeyboardInterrupt`` and other
+    non-``Exception`` signals pass through)."""
+    try:
+        yield
+    except Exception:
+        raise ReleaseFailedError() from None
 
 
 class LedgerError(DPICLError):

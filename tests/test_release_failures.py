@@ -119,3 +119,24 @@ def test_the_templates_stop_text_ends_an_answer(make) -> None:
     decoder = make(_data(), backend, BudgetManager(PrivacyBudget(50.0, 1e-3)), template=template)
     answer = decoder.generate("a b", rng=np.random.default_rng(0), max_tokens=3)
     assert answer.text == "" and answer.finish_reason == "stop" and len(answer.token_ids) <= 1
+
+
+@pytest.mark.parametrize("release", ["classify", "answer"])
+def test_a_knn_release_that_fails_after_its_charge_is_the_fixed_error(
+    release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_knn_retriever import setup
+
+    index, ledger, retriever = setup()
+    charges = len(ledger.history())
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA out of memory while computing a 412-token prompt of shard 3")
+
+    monkeypatch.setattr(retriever.backend, "next_token_logprobs", out_of_memory)
+    monkeypatch.setattr(retriever.backend, "start", out_of_memory)
+    with pytest.raises(ReleaseFailedError) as caught:
+        getattr(retriever, release)("red thing number1", rng=np.random.default_rng(0))
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+    assert str(caught.value) == ReleaseFailedError.MESSAGE and "412" not in str(caught.value)
+    assert len(ledger.history()) == charges + 1  # the release was charged; the charge stands

@@ -34,7 +34,7 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.errors import BackendError, ConfigurationError, ReleaseFailedError
+from dp_icl_plugin.errors import BackendError, ConfigurationError, after_charge
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
 from dp_icl_plugin.methods.prompting import check_records_encode
@@ -227,11 +227,8 @@ class SynthesisMethod(ABC):
         check_records_encode(backend, self._records_read(dataset, plan))
         label = ledger_label or f"{self.name}:synthesize"
         entry = budget.spend(plan.event, label=label)
-        try:
+        with after_charge():  # anything failing from here on read private records: one fixed error
             demos = self._generate(dataset, plan, backend, rng, private=True, progress=progress)
-        except Exception:
-            # Anything that fails from here on read private records: one fixed error, no cause, no context.
-            raise ReleaseFailedError() from None
         epsilon = tightest().epsilon(plan.event, delta=budget.budget.delta)  # the event is under the ledger's relation
         return DemoSet(demos, self._provenance(plan, backend, epsilon, budget.budget.delta, entry.id, label))
 

@@ -56,7 +56,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.generation import greedy_generate
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, after_charge
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import answer_keywords, threshold_keywords, threshold_sensitivity
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
@@ -369,19 +369,20 @@ class PrivateKNN:
             ),
             label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
         )
-        # A record another host removed after this copy's refresh may have paid; it takes no part.
-        still, stored = self.index.present(admitted.ids)
-        admitted = admitted.take(still)
-        used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
-        records = [
-            RetrievedRecord(
-                PrivateText(r.text),
-                None if r.label is None else PrivateText(r.label),
-                None if r.answer is None else PrivateText(r.answer),
-                float(s),
-            )
-            for r, s in zip(stored[: len(used)], used.similarities, strict=True)
-        ]
+        with after_charge():  # reading the charged records: a failure here is the one fixed error
+            # A record another host removed after this copy's refresh may have paid; it takes no part.
+            still, stored = self.index.present(admitted.ids)
+            admitted = admitted.take(still)
+            used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
+            records = [
+                RetrievedRecord(
+                    PrivateText(r.text),
+                    None if r.label is None else PrivateText(r.label),
+                    None if r.answer is None else PrivateText(r.answer),
+                    float(s),
+                )
+                for r, s in zip(stored[: len(used)], used.similarities, strict=True)
+            ]
         return Retrieval(release, query, used, records, k, entry.id, charged_by=self)
 
     def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
@@ -390,7 +391,11 @@ class PrivateKNN:
             return self._vote(query, rng)
 
     def _vote(self, query: str | Retrieval, rng: np.random.Generator) -> Classification:
-        retrieval = self._retrieval(query, "vote", rng)
+        retrieval = self._retrieval(query, "vote", rng)  # charged (here or before); public checks only
+        with after_charge():  # anything failing from here on read private records: one fixed error
+            return self._vote_released(retrieval, rng)
+
+    def _vote_released(self, retrieval: Retrieval, rng: np.random.Generator) -> Classification:
         assert self.labels is not None
         counts = np.zeros(len(self.labels))
         position = {label: i for i, label in enumerate(self.labels)}
@@ -406,7 +411,11 @@ class PrivateKNN:
             return self._classify(query, rng)
 
     def _classify(self, query: str | Retrieval, rng: np.random.Generator) -> Classification:
-        retrieval = self._retrieval(query, "classify", rng)
+        retrieval = self._retrieval(query, "classify", rng)  # charged (here or before); public checks only
+        with after_charge():  # anything failing from here on read private records: one fixed error
+            return self._classify_released(retrieval, rng)
+
+    def _classify_released(self, retrieval: Retrieval, rng: np.random.Generator) -> Classification:
         assert self.labels is not None and self.backend is not None
         shards = self._shards(retrieval, rng, need="label")
         counts = np.zeros(len(self.labels))
@@ -431,7 +440,11 @@ class PrivateKNN:
             return self._answer(query, rng, n_keywords)
 
     def _answer(self, query: str | Retrieval, rng: np.random.Generator, n_keywords: int) -> Answer:
-        retrieval = self._retrieval(query, "answer", rng)
+        retrieval = self._retrieval(query, "answer", rng)  # charged (here or before); public checks only
+        with after_charge():  # anything failing from here on read private records: one fixed error
+            return self._answer_released(retrieval, rng, n_keywords)
+
+    def _answer_released(self, retrieval: Retrieval, rng: np.random.Generator, n_keywords: int) -> Answer:
         backend = self.backend
         assert backend is not None
         shards = [demos for demos in self._shards(retrieval, rng, need="answer") if demos]
