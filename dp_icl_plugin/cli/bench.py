@@ -92,7 +92,7 @@ def ginc_eval(a: argparse.Namespace) -> dict[str, Any]:
 
         torch.set_num_threads(a.threads)
     started = time.monotonic()
-    backend, language = load_model(a.model, device=a.device)
+    backend, language = load_model(a.model, device=a.device, micro_batch_size=256)  # thousands of public prompts
     cells = evaluate_icl(backend, language, shots=a.shots, ks=a.k, n_prompts=a.prompts, seed=a.seed,
                          progress=a.progress)  # fmt: skip
     accuracy: dict[str, dict[str, float]] = {}

@@ -48,9 +48,13 @@ def read_metadata(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
 
 
 def load_model(
-    path: str | os.PathLike[str] | None = None, *, device: str | None = "auto", micro_batch_size: int = 256
+    path: str | os.PathLike[str] | None = None, *, device: str | None = "auto", micro_batch_size: int = 32
 ) -> tuple[HFBackend, GincLanguage]:
-    """Open a GINC model directory (default: the committed one) as an ``HFBackend`` with its language."""
+    """Open a GINC model directory (default: the committed one) as an ``HFBackend`` with its language.
+
+    ``micro_batch_size``: rows in every forward (public; filler rows complete one, so a DP step of a few
+    prompts pays for this many rows: the small GINC model makes that cheap, and evaluations of thousands of
+    prompts want a larger value)."""
     from dp_icl_plugin.backends.hf import HFBackend
 
     directory = Path(path) if path is not None else default_model_path()
