@@ -122,10 +122,10 @@ def test_forked_workers_share_one_sqlite_ledger(tmp_path: Path) -> None:
 
 def test_a_fork_is_recognised_even_when_the_child_has_its_parents_pid(monkeypatch: pytest.MonkeyPatch) -> None:
     """A grandchild may get the pid of an exited grandparent: the at-fork hook's count tells them apart."""
-    from dp_icl_plugin.accounting.stores import memory
+    from dp_icl_plugin.accounting import process_mark
 
     manager = BudgetManager(PrivacyBudget(1.0, 1e-6))
-    monkeypatch.setattr(memory, "_forks", memory._forks + 1)  # what the hook does in a child
+    monkeypatch.setattr(process_mark, "_forks", process_mark._forks + 1)  # what the hook does in a child
     with pytest.raises(LedgerError, match="another"):
         manager.spend(CHARGE, label="worker")
     monkeypatch.undo()

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
+from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.accounting.stores.filter_postgres import PostgresFilterStore
 from dp_icl_plugin.accounting.stores.pg_connection import is_postgres_url, mask_dsn
 from dp_icl_plugin.accounting.stores.sqlite_file import SQLiteFile
@@ -42,7 +43,7 @@ from dp_icl_plugin.errors import (
     LedgerFormatError,
 )
 
-__all__ = ["RenyiFilter", "process_mark"]
+__all__ = ["RenyiFilter"]
 
 APPLICATION_ID = 0x44504946  # "DPIF"
 SCHEMA_VERSION = 1
@@ -51,24 +52,6 @@ SEVERAL_WORKERS_HINT = (
     "for several worker processes keep the index in a directory (SQLite: PrivateIndex(path='index-dir')) or in "
     "PostgreSQL (path='postgresql://...'), whose filter every worker shares"
 )
-
-_forks = 0
-"""How many times this process's lineage has forked since import (a child's count is its parent's + 1)."""
-
-
-def _count_fork() -> None:
-    global _forks
-    _forks += 1
-
-
-# The pid alone is not enough: a grandchild may be given the pid of its grandparent once that has exited.
-os.register_at_fork(after_in_child=_count_fork)
-
-
-def process_mark() -> tuple[int, int]:
-    """This process, as in-memory private state records it at construction: (pid, forks since import)."""
-    return os.getpid(), _forks
-
 
 class RenyiFilter:
     """Per-unit RDP spend at fixed orders with a per-unit (ε, δ) budget.

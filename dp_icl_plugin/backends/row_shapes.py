@@ -30,10 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from dp_icl_plugin import _validation as check
 
 __all__ = ["RowShapes", "micro_batches"]
+
+Key = TypeVar("Key", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -65,13 +68,13 @@ class RowShapes:
         return width
 
 
-def micro_batches(keys: Sequence[Hashable], rows: int) -> list[tuple[Hashable, list[int]]]:
+def micro_batches(keys: Sequence[Key], rows: int) -> list[tuple[Key, list[int]]]:
     """Indices grouped by key (in order of first appearance), cut into chunks of at most ``rows``.
 
     Each chunk becomes one forward of exactly ``rows`` rows (the caller adds filler rows), so a row's
     forward has the same shape whichever rows share its key.
     """
-    groups: dict[Hashable, list[int]] = {}
+    groups: dict[Key, list[int]] = {}
     for i, key in enumerate(keys):
         groups.setdefault(key, []).append(i)
     return [(key, members[start : start + rows])

@@ -11,7 +11,6 @@ live ledger for the same records).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
+from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.accounting.stores.base import LedgerRow, LedgerStore, LedgerTransaction
 from dp_icl_plugin.errors import BudgetMismatchError, LedgerError
 
@@ -28,23 +28,6 @@ _SHARED_HINT = (
     "to share one budget between worker processes, give BudgetManager an SQLite ledger file "
     "(ledger='budget.db') or a PostgreSQL URL (ledger='postgresql://...')"
 )
-
-_forks = 0
-"""How many times this process's lineage has forked since import (a child's count is its parent's + 1)."""
-
-
-def _count_fork() -> None:
-    global _forks
-    _forks += 1
-
-
-# The pid alone is not enough: a grandchild may be given the pid of its grandparent once that has exited.
-os.register_at_fork(after_in_child=_count_fork)
-
-
-def _process() -> tuple[int, int]:
-    return os.getpid(), _forks
-
 
 class _MemoryTransaction(LedgerTransaction):
     def __init__(self, store: InMemoryStore) -> None:
@@ -68,7 +51,7 @@ class InMemoryStore(LedgerStore):
     """Keeps the ledger in process memory; lost when the process ends, refused in any other process."""
 
     def __init__(self) -> None:
-        self._process = _process()
+        self._process = process_mark()
         self._lock = threading.RLock()
         self._budget: PrivacyBudget | None = None
         self._rows: list[LedgerRow] = []
@@ -84,7 +67,7 @@ class InMemoryStore(LedgerStore):
 
     def _check_process(self) -> None:
         # Before the lock: a lock held by another thread at fork() time stays held forever in the child.
-        if self._process != _process():
+        if self._process != process_mark():
             raise LedgerError(
                 f"this in-memory ledger was made in process {self._process[0]} and cannot be used in another "
                 f"(after a fork, every worker's copy would spend the whole budget again); {_SHARED_HINT}"

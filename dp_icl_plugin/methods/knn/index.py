@@ -46,7 +46,8 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
-from dp_icl_plugin.accounting.renyi_filter import SEVERAL_WORKERS_HINT, RenyiFilter, process_mark
+from dp_icl_plugin.accounting.process_mark import process_mark
+from dp_icl_plugin.accounting.renyi_filter import SEVERAL_WORKERS_HINT, RenyiFilter
 from dp_icl_plugin.accounting.stores.pg_connection import is_postgres_url
 from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError
 from dp_icl_plugin.methods.knn.embedding import (
@@ -135,6 +136,9 @@ class PrivateIndex:
             memory only (:meth:`save` writes it out later).
         name: the index's name in a PostgreSQL database (several indexes may share one).
     """
+
+    _retired: str | None  # why this object may no longer be used (saved to a directory)
+    _faiss_index: Any  # a faiss.IndexIDMap2 once the dimension is known
 
     _version: int  # the store version this process's FAISS copy reflects
 
@@ -496,10 +500,10 @@ class PrivateIndex:
             raise LedgerError(f"cannot create index directory {root}: {exc}") from None
 
     def _init_memory(self) -> None:
-        self._retired: str | None = None  # why this object may no longer be used (saved to a directory)
+        self._retired = None
         in_memory = self.path is None and isinstance(self._store, SQLiteRecordStore)
         self._process = process_mark() if in_memory else None  # in-memory state: this process only
-        self._faiss_index: Any = None  # a faiss.IndexIDMap2 once the dimension is known
+        self._faiss_index = None
         self._unit_of = np.zeros(0, dtype=np.int64)  # by record id; -1: no such record
         self._active = np.zeros(0, dtype=bool)  # by record id: present and not known to be exhausted
         self._bitmap = np.zeros(1, dtype=np.uint8)
