@@ -483,3 +483,35 @@ def test_auto_with_custom_members() -> None:
     assert only_basic.epsilon(ten_tenths, delta=1e-5) == math.nextafter(1.0, math.inf)  # ten floats 0.1 exceed 1
     with pytest.raises(UnsupportedEventError):
         only_basic.epsilon(G, delta=1e-5)
+
+
+@given(
+    st.floats(min_value=0.0, max_value=50.0, allow_nan=False),
+    st.floats(min_value=1e-300, max_value=1e-2, allow_nan=False),
+)
+def test_group_privacy_delta_is_never_below_the_exact_value(epsilon: float, delta: float) -> None:
+    """(1 + e^ε)·δ computed in floats rounds to nearest (issue 27): it is now rounded up, ≥ the exact value."""
+    from decimal import Decimal, getcontext
+
+    from dp_icl_plugin.accounting.conversion import group_of_two_delta
+
+    getcontext().prec = 60
+    exact = (1 + Decimal(epsilon).exp()) * Decimal(delta)
+    assert Decimal(group_of_two_delta(epsilon, delta)) >= exact
+
+
+def test_group_privacy_delta_pinned_case_rounds_up() -> None:
+    from decimal import Decimal, getcontext
+
+    from dp_icl_plugin.accounting.conversion import group_of_two_delta
+
+    getcontext().prec = 60
+    from dp_icl_plugin.accounting import events as ev
+    from dp_icl_plugin.accounting.conversion import to_relation
+
+    epsilon, delta = 1.0, 1e-5  # the plain float product is below the exact value here
+    plain = (1.0 + math.exp(epsilon)) * delta
+    exact = (1 + Decimal(epsilon).exp()) * Decimal(delta)
+    assert Decimal(plain) < exact <= Decimal(group_of_two_delta(epsilon, delta))
+    converted = to_relation(ev.ApproxDPEvent(epsilon, delta, neighbouring=ev.ADD_REMOVE), ev.REPLACE_ONE)
+    assert isinstance(converted, ev.ApproxDPEvent) and Decimal(converted.delta) >= exact

@@ -174,3 +174,20 @@ def test_processes_sharing_a_filter_file_admit_exactly_what_fits(tmp_path: Path)
     for w in workers:
         w.join(timeout=60)
     assert sum(totals) == 4 * fits  # each of the 4 units admitted exactly `fits` times, across processes
+
+
+def test_a_spend_a_rounding_step_past_the_cap_is_refused() -> None:
+    """The filter keeps a relative margin below each cap for the float sums (issue 27: a 1e-12 slack *above*
+    the cap admitted spend past it)."""
+    from dp_icl_plugin.accounting.individual_filter import admissible
+
+    budget = IndividualBudget(epsilon=2.0, delta=1e-5)
+    caps = budget.caps
+    best = int(np.nanargmax(np.where(np.isfinite(caps), caps, -np.inf)))
+    spent = np.zeros((1, len(caps)))
+    over = np.full(len(caps), np.inf)
+    over[best] = caps[best] * (1 + 5e-13)  # past the cap by less than the old slack
+    assert not admissible(budget, spent, np.zeros(1), over, 0.0)[0]
+    under = np.full(len(caps), np.inf)
+    under[best] = caps[best] * (1 - 2e-9)  # what noise_for_uses leaves: still fits
+    assert admissible(budget, spent, np.zeros(1), under, 0.0)[0]

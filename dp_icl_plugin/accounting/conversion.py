@@ -33,7 +33,7 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, REPLACE_ONE, check_relation
 from dp_icl_plugin.errors import UnsupportedEventError
 
-__all__ = ["HOLDER_EXPONENTS", "to_relation", "weak_triangle"]
+__all__ = ["HOLDER_EXPONENTS", "group_of_two_delta", "to_relation", "weak_triangle"]
 
 HOLDER_EXPONENTS: tuple[float, ...] = (1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0)
 """The p tried by :func:`weak_triangle` (q = p/(p − 1)); any p > 1 gives a valid bound."""
@@ -79,6 +79,18 @@ def to_relation(event: ev.DPEvent, relation: str) -> ev.DPEvent:
     return _atom_to_replace_one(event)
 
 
+def group_of_two_delta(epsilon: float, delta: float) -> float:
+    """δ of group privacy over two steps, (1 + e^ε)·δ, rounded up: ``exp`` (≤ 1 ulp off in IEEE libms), the sum
+    and the product (½ ulp each) round to nearest, so three steps up bound the exact value from above. ε ≥ 700
+    (e^ε past the floats) gives inf."""
+    if epsilon >= 700:
+        return math.inf
+    value = (1.0 + math.exp(epsilon)) * delta
+    for _ in range(3):
+        value = math.nextafter(value, math.inf)
+    return value
+
+
 def _atom_to_replace_one(event: ev.DPEvent) -> ev.DPEvent:
     tag = {"neighbouring": REPLACE_ONE}
     if isinstance(event, ev.GaussianEvent):
@@ -88,7 +100,7 @@ def _atom_to_replace_one(event: ev.DPEvent) -> ev.DPEvent:
     if isinstance(event, ev.ExponentialMechanismEvent):
         return ev.ExponentialMechanismEvent(2.0 * event.epsilon, **tag)
     if isinstance(event, ev.ApproxDPEvent):
-        delta = (1.0 + math.exp(event.epsilon)) * event.delta if event.epsilon < 700 else math.inf
+        delta = group_of_two_delta(event.epsilon, event.delta)
         if not delta < 1.0:
             raise UnsupportedEventError(
                 f"group privacy turns ({event.epsilon}, {event.delta})-DP under add/remove into a δ of "

@@ -40,7 +40,10 @@ FILTER_ORDERS: tuple[float, ...] = (
 )  # fmt: skip
 """Few orders on purpose: each one costs a share δ/m of the conversion δ."""
 
-_FIT_SLACK = 1e-12  # relative: a unit that fits exactly is not refused for a rounding error in the sum
+_FIT_MARGIN = 1e-9
+"""Relative room kept below every cap: a unit's spend is a float sum, which may fall below the exact sum of its
+costs by (n − 1)·2⁻⁵³ of it after n terms (1e-9 covers n up to 9 million), and the caps invert a conversion
+in floats. Calibrations leave 2e-9 of room (``noise_for_uses``), so exactly ``uses`` releases still fit."""
 
 
 def order_caps(epsilon: float, conversion_delta: float, orders: tuple[float, ...]) -> np.ndarray:
@@ -163,7 +166,7 @@ def admissible(
     """
     caps = budget.caps
     after = spent + cost
-    fits_rdp = (after <= caps * (1 + _FIT_SLACK)).any(axis=-1)
+    fits_rdp = (after <= caps * (1 - _FIT_MARGIN)).any(axis=-1)
     approx = float(budget.approximate_delta or 0.0)
-    fits_delta = spent_delta + cost_delta <= approx * (1 + _FIT_SLACK)
+    fits_delta = spent_delta + cost_delta <= approx * (1 - _FIT_MARGIN)
     return np.asarray(fits_rdp & fits_delta, dtype=bool)

@@ -53,6 +53,7 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager
+from dp_icl_plugin.accounting.conversion import group_of_two_delta
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.generation import greedy_generate
@@ -520,7 +521,7 @@ class PrivateKNN:
         budget = self.index.filter.budget
         if not self.index.group_by_user:
             return budget.as_event()
-        delta = (1.0 + math.exp(budget.epsilon)) * budget.delta if budget.epsilon < 700 else math.inf
+        delta = group_of_two_delta(budget.epsilon, budget.delta)  # rounded up
         if not delta < 1.0:
             raise ConfigurationError(
                 f"a per-person budget of (epsilon={budget.epsilon}, delta={budget.delta}) gives no guarantee for "
