@@ -3,7 +3,7 @@
 Issue 27, defect 2: 1,000 ``FilteredReleaseEvent`` s of ε ≈ 990 each were admitted at ε 0 spent, ``covered_by``
 naming no entry. The ledger now checks, in the transaction of the charge, that the entry exists in this ledger,
 is a filter cover (a ``<component>-filter:<owner>`` charge of the filter's (ε, δ)) for the release's component
-and owner; otherwise it refuses and commits nothing.
+and owner, and that one release's per-unit cost fits in it; otherwise it refuses and commits nothing.
 """
 
 from __future__ import annotations
@@ -73,6 +73,23 @@ def test_a_release_naming_another_filters_cover_is_refused(ledger: BudgetManager
     refused(ledger, release(cover_a.id), "vote", "another filter")  # a label that names no owner
     refused(ledger, release(cover_a.id), "knn-filter:index-a", "another filter")  # a second cover label
     assert ledger.spend(release(cover_b.id), label="knn-classify:index-b").event.covered_by == cover_b.id
+
+
+def test_a_release_costing_more_than_its_cover_is_refused(ledger: BudgetManager) -> None:
+    """One release's cost per unit past the filter's whole (ε, δ): no unit could join it, or the filter was
+    bypassed; either way it is not covered."""
+    cover = ledger.spend(COVER, label="knn-filter:index-a")
+    refused(ledger, release(cover.id, HUGE), "knn-answer:index-a", r"epsilon=\d+.* more than its cover")
+    approx = ev.ApproxDPEvent(0.5, 1e-3, neighbouring=ev.ADD_REMOVE)  # its δ alone is past the cover's
+    refused(ledger, release(cover.id, approx), "knn-answer:index-a", "more than its cover")
+    replace = ev.GaussianEvent(8.0, neighbouring=ev.REPLACE_ONE)  # not the filter's add/remove relation
+    refused(ledger, release(cover.id, replace), "knn-answer:index-a", "cannot be analysed under add_remove")
+    # What a filter with this budget admits for one use fits: a unit at the cap of its best order.
+    from dp_icl_plugin.methods.knn.retriever import noise_for_uses
+
+    sigma = noise_for_uses(FILTER, uses=1, sensitivity=math.sqrt(2))
+    at_cap = ev.GaussianEvent(sigma / math.sqrt(2), sensitivity=math.sqrt(2), neighbouring=ev.ADD_REMOVE)
+    ledger.spend(release(cover.id, at_cap), label="knn-vote:index-a")
 
 
 def test_a_composition_holding_a_bad_release_commits_nothing(ledger: BudgetManager) -> None:

@@ -27,8 +27,10 @@ nothing because an earlier entry, its cover, paid for every release of a per-rec
 admitted only if, in the transaction of the charge, ``covered_by`` names an entry of this ledger labelled
 ``<component>-filter:<owner>`` whose event is the filter's (ε, δ) under add/remove (what
 ``IndividualBudget.as_event`` gives), the release is labelled ``<component>-<kind>:<owner>`` with the same
-component and owner (``knn-filter:<index id>`` covers ``knn-vote:<index id>``). Otherwise it is refused
-with :class:`~dp_icl_plugin.errors.ConfigurationError` and nothing is committed.
+component and owner (``knn-filter:<index id>`` covers ``knn-vote:<index id>``), and one release's
+``per_unit`` cost is within the cover's (ε, δ) by basic composition or RDP (a release whose cost per unit
+exceeds the filter's whole budget is one no unit can join, or one that bypassed the filter). Otherwise it is
+refused with :class:`~dp_icl_plugin.errors.ConfigurationError` and nothing is committed.
 
 Speed: the ledger keeps a count per distinct event, and the check tries the cheap valid bounds (basic
 composition, RDP) before numerical PLD/PRV composition, stopping at the first bound that shows the charge
@@ -52,7 +54,7 @@ from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, LedgerTransaction, PostgresStore, SQLiteStore
 from dp_icl_plugin.accounting.stores.pg_connection import POSTGRES_SCHEMES
-from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
+from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError, DPICLError
 
 __all__ = ["BudgetManager", "LedgerEntry"]
 
@@ -266,6 +268,16 @@ class BudgetManager:
                     f"{label!r} (a release of it is labelled '<component>-<kind>:<owner>' with the cover's component "
                     "and owner); nothing was committed"
                 )
+            unit_epsilon = _unit_epsilon(cover, release.per_unit)
+            if unit_epsilon is None or unit_epsilon > cover.epsilon:
+                cost = (
+                    "cannot be analysed under add_remove" if unit_epsilon is None else f"is epsilon={unit_epsilon:.6g}"
+                )
+                raise ConfigurationError(
+                    f"filtered release: one release's cost per unit {cost} at its cover's delta={cover.delta}, more "
+                    f"than its cover (entry {entry_id}: epsilon={cover.epsilon}) holds; the filter could admit no unit "
+                    "to it; nothing was committed"
+                )
 
     def _converted(self, event: ev.DPEvent) -> ev.DPEvent:
         return to_relation(event, self._budget.neighbouring)
@@ -333,6 +345,26 @@ def _release_owner(label: str, component: str) -> str | None:
     if not colon or kind == head or not kind or head == component + FILTER_COVER_SUFFIX:
         return None
     return owner
+
+
+def _unit_epsilon(cover: ev.ApproxDPEvent, per_unit: ev.DPEvent) -> float | None:
+    """ε of one release's per-unit cost at the cover's δ (under add/remove), or None if it has no analysis.
+
+    Basic composition or RDP at the shared accountant's orders (which hold the filter's default orders): a
+    unit the filter can admit has an RDP cost within a cap that converts to the cover's ε at a δ no larger than
+    the cover's, so its release always passes. The numerical PLD analysis is not run: its cost grows without
+    bound for the tiny noise this check exists to refuse.
+    """
+    try:
+        unit = to_relation(per_unit, ev.ADD_REMOVE)
+    except DPICLError:
+        return None
+    found = [
+        get_accountant(n).epsilon(unit, delta=cover.delta)
+        for n in (ev.BASIC, ev.RDP)
+        if n in unit.supported_accountants
+    ]
+    return min(found, default=None)
 
 
 def _remaining(budget: float, spent: float) -> float:

@@ -331,7 +331,8 @@ class FilteredReleaseEvent(DPEvent):
     Being free, it is admitted only against a real cover: the ledger checks, in the transaction of the
     charge, that ``covered_by`` is an earlier entry of the same ledger labelled ``<component>-filter:<owner>``
     holding the filter's add/remove (ε, δ), that the release is labelled ``<component>-<kind>:<owner>`` with
-    the same component and owner (see :mod:`dp_icl_plugin.accounting.budget`).
+    the same component and owner, and that ``per_unit`` fits in that (ε, δ) (see
+    :mod:`dp_icl_plugin.accounting.budget`).
     """
 
     type_name: ClassVar[str] = "filtered_release"
