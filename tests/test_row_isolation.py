@@ -21,7 +21,7 @@ pytest.importorskip("transformers")
 
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget  # noqa: E402
+from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget  # noqa: E402
 from dp_icl_plugin.backends.hf import HFBackend  # noqa: E402
 from dp_icl_plugin.backends.isolation import check_row_isolation  # noqa: E402
 from dp_icl_plugin.ginc.language import symbol_names  # noqa: E402
@@ -114,6 +114,56 @@ def test_the_harness_catches_rows_that_share_a_padded_forward() -> None:
     report = check_row_isolation(_OneForward(_tiny("llama", torch.bfloat16)))  # type: ignore[arg-type]
     assert not report.isolated
     assert not next(c for c in report.cases if c.name == "among 19 rows of many lengths").identical
+
+
+def _phi3_longrope() -> object:
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(0)
+    half = 8  # head dim 16 / 2
+    return Phi3ForCausalLM(Phi3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, original_max_position_embeddings=64, sliding_window=None,
+        rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half,
+                      "original_max_position_embeddings": 64},
+        bos_token_id=0, eos_token_id=0, pad_token_id=0))  # fmt: skip
+
+
+def _mixtral() -> object:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    return MixtralForCausalLM(MixtralConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=None, bos_token_id=0, eos_token_id=0, pad_token_id=0))  # fmt: skip
+
+
+@pytest.mark.parametrize("make", [_phi3_longrope, _mixtral], ids=["longrope", "mixture-of-experts"])
+def test_a_model_that_couples_rows_runs_one_row_per_forward(make) -> None:
+    """LongRoPE picks its frequencies from the longest row of a forward (a 64-token row moved by 3.3e-3 beside a
+    70-token one in the same bucket) and expert routing sizes each expert's product by every row's tokens
+    (4.8e-7): fixed shapes cannot isolate rows there, so such a model is refused unless one row goes per forward."""
+    model = make()
+    tokenizer = build_tokenizer(symbol_names(VOCAB), model_max_length=512)
+    with pytest.raises(ConfigurationError, match="micro_batch_size=1"):
+        HFBackend(model, tokenizer, device="cpu", micro_batch_size=4)
+    backend = HFBackend(model, tokenizer, device="cpu", micro_batch_size=1)
+    rng = np.random.default_rng(0)
+    target, mate = [int(t) for t in rng.integers(1, VOCAB, 40)], [int(t) for t in rng.integers(1, VOCAB, 62)]
+    with backend.start([target]) as alone, backend.start([mate, target]) as beside:
+        rows = [(alone.logprobs[0], beside.logprobs[1])]
+        for _ in range(4):  # the mate passes 64 positions (LongRoPE's original context) on the third step
+            rows.append((alone.append(5)[0], beside.append(5)[1]))
+    assert all(np.array_equal(a, b) for a, b in rows)
+    report = check_row_isolation(backend)
+    assert report.isolated, str(report)
+
+
+def test_float16_is_refused() -> None:
+    tokenizer = build_tokenizer(symbol_names(VOCAB), model_max_length=N_POSITIONS)
+    with pytest.raises(ConfigurationError, match="bfloat16"):
+        HFBackend(_tiny("llama", torch.float32).model.to(torch.float16), tokenizer, device="cpu")
 
 
 # ------------------------------------------------------------------------------------------- decoders, D vs D′

@@ -27,7 +27,7 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import Prompt, appended_ids
 from dp_icl_plugin.backends.hf_prefix import PrefixKVCache, supports_prefix_cache
-from dp_icl_plugin.backends.hf_rows import IsolatedForward, RowKV, RowState, RowTask
+from dp_icl_plugin.backends.hf_rows import IsolatedForward, RowKV, RowState, RowTask, rows_coupled_by
 from dp_icl_plugin.backends.hf_tokenizer import TokenizerBackendBase
 from dp_icl_plugin.backends.row_shapes import RowShapes
 from dp_icl_plugin.backends.shared_suffix import prefix_members, suffix_members
@@ -73,6 +73,8 @@ class HFBackend(TokenizerBackendBase):
         model_id: a name for provenance (default: the model's ``name_or_path``).
         micro_batch_size: rows in every forward pass (public; filler rows complete a micro-batch, so a call's
             number of rows never reaches a forward's shape). Small on a CPU (the default, 8), larger on a GPU.
+            Must be 1 for models whose forward couples rows whatever the shape (mixture-of-experts routing,
+            dynamic or LongRoPE rotary scaling: :func:`~dp_icl_plugin.backends.hf_rows.rows_coupled_by`).
         width_step: new tokens are padded to the next multiple of this strictly above their count
             (:class:`~dp_icl_plugin.backends.row_shapes.RowShapes`).
         device: ``"auto"`` (CUDA when available, else CPU), a device name, or a ``torch.device``.
@@ -106,6 +108,17 @@ class HFBackend(TokenizerBackendBase):
         # whether a row's keys and values can be cut out and reused (not with sliding-window attention)
         self._kv_reusable = supports_prefix_cache(model.config)
         self._prefix_cache_on = self.prefix_cache.max_tokens > 0 and self._kv_reusable
+        coupled = rows_coupled_by(model.config)
+        if coupled is not None and self.shapes.rows != 1:
+            raise ConfigurationError(
+                f"{type(model).__name__}: {coupled}, so a row would depend on the others in its forward whatever its "
+                "shape: build the backend with micro_batch_size=1 (one row per forward)"
+            )
+        if getattr(model, "dtype", None) is not None and str(model.dtype) == "torch.float16":
+            raise ConfigurationError(
+                "float16 overflows on some prompts (inf or NaN log-probabilities), so a release would fail for some "
+                "records and not for others: load the model with dtype='bfloat16' or 'float32'"
+            )
         self.device = _resolve_device(device)
         try:
             self.model = model.to(self.device).eval()
@@ -143,7 +156,12 @@ class HFBackend(TokenizerBackendBase):
 
         Args:
             dtype: ``"auto"`` (the checkpoint's), a torch dtype, or its name (``"float32"``, ``"bfloat16"``).
-                Rows are isolated in any dtype (fixed shapes; see the module docstring).
+                Rows are isolated in either (fixed shapes; see the module docstring); float16 is refused (it
+                overflows on some prompts, a failure that would depend on the records).
+
+        Raises:
+            ConfigurationError: float16, or a model that couples rows (see ``micro_batch_size``) with more than
+                one row per forward.
         """
         _torch()
         from transformers import AutoModelForCausalLM, AutoTokenizer

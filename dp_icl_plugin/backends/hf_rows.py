@@ -27,10 +27,45 @@ import numpy as np
 from dp_icl_plugin.backends.base import check_logprobs
 from dp_icl_plugin.backends.row_shapes import RowShapes, micro_batches
 
-__all__ = ["IsolatedForward", "RowKV", "RowState", "RowTask"]
+__all__ = ["IsolatedForward", "RowKV", "RowState", "RowTask", "rows_coupled_by"]
 
 RowKV = list[tuple[Any, Any]]
 """One row's keys and values per layer, each ``[1, kv_heads, length, head_dim]``: its own positions only."""
+
+
+_BATCH_WIDE_ROPE = ("dynamic", "longrope")
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _rope_types(config: Any) -> set[str]:
+    found: set[str] = set()
+    for name in ("rope_parameters", "rope_scaling"):
+        params = getattr(config, name, None)
+        if isinstance(params, dict):  # one dict, or one per layer type
+            nested = [v for v in params.values() if isinstance(v, dict)]
+            for p in [params, *nested]:
+                kind = p.get("rope_type", p.get("type"))
+                if isinstance(kind, str):
+                    found.add(kind)
+    return found
+
+
+def rows_coupled_by(config: Any) -> str | None:
+    """Why a model's forward couples the rows of a batch whatever their shape (None when it does not).
+
+    Fixed shapes isolate rows only if no layer reads across rows. Two kinds do: rotary scaling chosen from the
+    longest position in the whole forward (``dynamic`` NTK and ``longrope``, as transformers applies them:
+    one row passing the original context switches every row's frequencies), and mixture-of-experts routing
+    (each expert's matrix product is as large as the tokens of all rows routed to it). Such a model runs one
+    row per forward (``micro_batch_size=1``).
+    """
+    scaled = _rope_types(config) & set(_BATCH_WIDE_ROPE)
+    if scaled:
+        return f"its rotary scaling ({', '.join(sorted(scaled))}) is chosen from the longest row of each forward"
+    experts = [n for n in _EXPERT_COUNTS if isinstance(getattr(config, n, None), int) and getattr(config, n) > 1]
+    if experts:
+        return "it routes tokens to experts, whose matrix products are sized by every row's tokens"
+    return None
 
 
 @dataclass
