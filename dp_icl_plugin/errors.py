@@ -26,8 +26,8 @@ Messages never contain private text: only parameters, counts and file paths.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 __all__ = [
     "BackendError",
@@ -48,7 +48,10 @@ __all__ = [
     "ServerUnavailableError",
     "UnsupportedEventError",
     "after_charge",
+    "iterate_after_charge",
 ]
+
+T = TypeVar("T")
 
 
 class DPICLError(Exception):
@@ -114,15 +117,38 @@ class ReleaseFailedError(DPICLError):
         super().__init__(self.MESSAGE)
 
 
-@contextmanager
-def after_charge() -> Iterator[None]:
+def after_charge(compute: Callable[[], T]) -> T:
     """Run a private computation whose release is already charged: any exception becomes
-    :class:`ReleaseFailedError`, with no cause or context (``GeneratorExit``, ``KeyboardInterrupt`` and other
-    non-``Exception`` signals pass through)."""
+    :class:`ReleaseFailedError`, raised outside the handler so that it has no ``__context__`` either (``raise
+    ... from None`` would keep the original, with its message, in ``__context__``). ``KeyboardInterrupt`` and
+    other non-``Exception`` signals pass through."""
+    failed = False
     try:
-        yield
+        return compute()
     except Exception:
-        raise ReleaseFailedError() from None
+        failed = True
+    assert failed
+    raise ReleaseFailedError()
+
+
+def iterate_after_charge(pieces: Iterator[T]) -> Iterator[T]:
+    """:func:`after_charge` for a computation that yields its release piece by piece (closing this closes it)."""
+    try:
+        while True:
+            failed = False
+            try:
+                piece = next(pieces)
+            except StopIteration:
+                return
+            except Exception:
+                failed = True
+            if failed:
+                raise ReleaseFailedError()
+            yield piece
+    finally:
+        close = getattr(pieces, "close", None)
+        if close is not None:
+            close()
 
 
 class LedgerError(DPICLError):

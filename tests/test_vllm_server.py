@@ -139,7 +139,8 @@ def test_a_server_killed_mid_answer_ends_in_a_typed_error_with_the_charge_kept(
     monkeypatch.setattr(server, "_row", row_then_kill)
     with pytest.raises(ReleaseFailedError) as caught:  # after the charge: the one fixed error, no cause
         decoder.generate("Who wrote Hamlet?", rng=np.random.default_rng(3))
-    assert caught.value.__cause__ is None and str(caught.value) == ReleaseFailedError.MESSAGE
+    assert caught.value.__cause__ is None and caught.value.__context__ is None
+    assert str(caught.value) == ReleaseFailedError.MESSAGE
     assert budget.spent().epsilon > 0  # charged before the first token, kept
     with pytest.raises(ServerUnavailableError, match=r"cannot be reached|timed out|HTTP 5"):
         server.next_token_logprobs([[1, 2, 3]])  # a direct (public) call still says what failed

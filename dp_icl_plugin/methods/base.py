@@ -113,6 +113,7 @@ class SynthesisMethod(ABC):
     name: ClassVar[str]
     config_type: ClassVar[type]
     config: Any
+    labels_in_prompts: ClassVar[bool] = False  # whether a record's label enters its prompts (checked then too)
 
     def __init__(self, config: Any = None, **overrides: Any) -> None:
         """Take a config object, or its fields as keywords (validated by the config)."""
@@ -197,6 +198,32 @@ class SynthesisMethod(ABC):
         chosen = dataset.labels if labels is None else dataset.check_labels(labels)
         return self._plan(dataset, chosen, relation)
 
+    def check(
+        self,
+        dataset: PrivateDataset,
+        *,
+        backend: NextTokenBackend,
+        labels: Sequence[str] | None = None,
+        public_inputs: Sequence[str] | None = None,
+        neighbouring: str = REPLACE_ONE,
+    ) -> Plan:
+        """Everything :meth:`synthesize` checks before its charge, charging nothing: the plan, the backend's
+        public pre-flight and every record it may read encoded by the backend's tokenizer.
+
+        Call it when the synthesis itself runs later, on someone's request (a lazy example selector): a record
+        that cannot be encoded is then refused at set-up, in front of the data holder, not in front of
+        whoever made the request, whose answer would otherwise depend on it without a charge.
+
+        Raises:
+            ConfigurationError: what :meth:`synthesize` would refuse before its charge.
+            BackendError: the public pre-flight failed.
+        """
+        plan = self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring)
+        check_backend(backend)
+        self._preflight(plan, backend)
+        check_records_encode(backend, self._records_read(dataset, plan), with_labels=self.labels_in_prompts)
+        return plan
+
     def synthesize(
         self,
         dataset: PrivateDataset,
@@ -221,14 +248,12 @@ class SynthesisMethod(ABC):
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (every synthesis is charged to one)")
         check_rng(rng)
-        plan = self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=budget.neighbouring)
-        check_backend(backend)
-        self._preflight(plan, backend)
-        check_records_encode(backend, self._records_read(dataset, plan))
+        plan = self.check(dataset, backend=backend, labels=labels, public_inputs=public_inputs,
+                          neighbouring=budget.neighbouring)  # fmt: skip
         label = ledger_label or f"{self.name}:synthesize"
         entry = budget.spend(plan.event, label=label)
-        with after_charge():  # anything failing from here on read private records: one fixed error
-            demos = self._generate(dataset, plan, backend, rng, private=True, progress=progress)
+        # anything failing from here on read private records: one fixed error
+        demos = after_charge(lambda: self._generate(dataset, plan, backend, rng, private=True, progress=progress))
         epsilon = tightest().epsilon(plan.event, delta=budget.budget.delta)  # the event is under the ledger's relation
         return DemoSet(demos, self._provenance(plan, backend, epsilon, budget.budget.delta, entry.id, label))
 

@@ -53,7 +53,7 @@ from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperatur
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.backends.shared_suffix import public_suffix, rows_logprobs, start_rows
-from dp_icl_plugin.errors import ConfigurationError, DPICLError, after_charge
+from dp_icl_plugin.errors import ConfigurationError, DPICLError, iterate_after_charge
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
 from dp_icl_plugin.methods.base import check_top_k
@@ -253,8 +253,7 @@ class _Decoder:
         state.charge = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
         # Anything that fails from here on read private records: one fixed error, no cause, no context
         # (whether and how it failed must not depend on them; records were checked when this was built).
-        with after_charge():
-            yield from self._pieces(prompt, limit, stops, rng, state)
+        yield from iterate_after_charge(self._pieces(prompt, limit, stops, rng, state))
 
     def _pieces(self, prompt, limit, stops, rng, state: AnswerState) -> Iterator[str]:
         tokens = self._tokens(prompt, limit, rng)

@@ -200,6 +200,7 @@ class MozoOfflineSynthesizer(SynthesisMethod):
     name: ClassVar[str] = "mozo_offline"
     config_type: ClassVar[type] = MozoOfflineConfig
     config: MozoOfflineConfig
+    labels_in_prompts: ClassVar[bool] = True  # a one-shot prompt holds its record's output ({label})
 
     # -- planning -----------------------------------------------------------------------------------
     def plan(

@@ -370,21 +370,25 @@ class PrivateKNN:
             ),
             label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
         )
-        with after_charge():  # reading the charged records: a failure here is the one fixed error
-            # A record another host removed after this copy's refresh may have paid; it takes no part.
-            still, stored = self.index.present(admitted.ids)
-            admitted = admitted.take(still)
-            used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
-            records = [
-                RetrievedRecord(
-                    PrivateText(r.text),
-                    None if r.label is None else PrivateText(r.label),
-                    None if r.answer is None else PrivateText(r.answer),
-                    float(s),
-                )
-                for r, s in zip(stored[: len(used)], used.similarities, strict=True)
-            ]
+        # reading the charged records: a failure here is the one fixed error
+        used, records = after_charge(lambda: self._charged_records(admitted, release, k))
         return Retrieval(release, query, used, records, k, entry.id, charged_by=self)
+
+    def _charged_records(self, admitted: Candidates, release: str, k: int) -> tuple[Candidates, list[RetrievedRecord]]:
+        # A record another host removed after this copy's refresh may have paid; it takes no part.
+        still, stored = self.index.present(admitted.ids)
+        admitted = admitted.take(still)
+        used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
+        records = [
+            RetrievedRecord(
+                PrivateText(r.text),
+                None if r.label is None else PrivateText(r.label),
+                None if r.answer is None else PrivateText(r.answer),
+                float(s),
+            )
+            for r, s in zip(stored[: len(used)], used.similarities, strict=True)
+        ]
+        return used, records
 
     def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
         """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates."""
@@ -393,8 +397,7 @@ class PrivateKNN:
 
     def _vote(self, query: str | Retrieval, rng: np.random.Generator) -> Classification:
         retrieval = self._retrieval(query, "vote", rng)  # charged (here or before); public checks only
-        with after_charge():  # anything failing from here on read private records: one fixed error
-            return self._vote_released(retrieval, rng)
+        return after_charge(lambda: self._vote_released(retrieval, rng))  # a failure: the one fixed error
 
     def _vote_released(self, retrieval: Retrieval, rng: np.random.Generator) -> Classification:
         assert self.labels is not None
@@ -413,8 +416,7 @@ class PrivateKNN:
 
     def _classify(self, query: str | Retrieval, rng: np.random.Generator) -> Classification:
         retrieval = self._retrieval(query, "classify", rng)  # charged (here or before); public checks only
-        with after_charge():  # anything failing from here on read private records: one fixed error
-            return self._classify_released(retrieval, rng)
+        return after_charge(lambda: self._classify_released(retrieval, rng))  # a failure: the one fixed error
 
     def _classify_released(self, retrieval: Retrieval, rng: np.random.Generator) -> Classification:
         assert self.labels is not None and self.backend is not None
@@ -442,8 +444,7 @@ class PrivateKNN:
 
     def _answer(self, query: str | Retrieval, rng: np.random.Generator, n_keywords: int) -> Answer:
         retrieval = self._retrieval(query, "answer", rng)  # charged (here or before); public checks only
-        with after_charge():  # anything failing from here on read private records: one fixed error
-            return self._answer_released(retrieval, rng, n_keywords)
+        return after_charge(lambda: self._answer_released(retrieval, rng, n_keywords))  # a failure: the fixed error
 
     def _answer_released(self, retrieval: Retrieval, rng: np.random.Generator, n_keywords: int) -> Answer:
         backend = self.backend
@@ -638,7 +639,10 @@ class PrivateKNN:
         return retrieval
 
     def _shards(self, retrieval: Retrieval, rng: np.random.Generator, *, need: str) -> list[list[tuple[str, str]]]:
-        """Per-query shards: each shard's r most similar candidates; records lacking ``need`` sit idle."""
+        """Per-query shards: each shard's r most similar candidates; records lacking ``need`` sit idle, as do
+        records the backend's tokenizer cannot encode (their own text decides: a failure after the charge
+        would otherwise depend on them). Either way an idle record keeps its slot, so the others' shards do
+        not change."""
         cfg = self.config
         keys = _shard_keys(retrieval._candidates.ids, int(rng.integers(0, 2**63)), cfg.shards)
         per_shard = retrieval.k // cfg.shards
@@ -649,6 +653,14 @@ class PrivateKNN:
                 continue
             taken[key] += 1
             field = record.label if need == "label" else record.answer
-            if field is not None:
+            if field is not None and self._encodes(record.text.reveal()) and self._encodes(field.reveal()):
                 shards[key].append((record.text.reveal(), field.reveal()))
         return shards
+
+    def _encodes(self, text: str) -> bool:
+        assert self.backend is not None
+        try:
+            self.backend.encode(text)
+        except Exception:  # tokenizers raise plain Exception for what they cannot encode
+            return False
+        return True

@@ -138,6 +138,9 @@ class DPICLExampleSelector(BaseExampleSelector):
                 raise ConfigurationError("synthesizer must be a SynthesisMethod (e.g. TangSynthesizer)")
             if not isinstance(budget, BudgetManager):
                 raise ConfigurationError("lazy synthesis needs budget=BudgetManager (the app's shared ledger)")
+            # everything the synthesis checks before its charge, now: a bad record is refused here, at set-up,
+            # not on a user's first request (whose answer would then depend on it, uncharged)
+            synthesizer.check(dataset, backend=backend, neighbouring=budget.neighbouring)
             rng = noise_source(rng, seed)
             self._demos = None
         self._lazy = (synthesizer, dataset, backend, budget, rng)
