@@ -184,6 +184,6 @@ def test_isolation_checks_a_local_model_and_refuses_local_options_for_a_server(
     code, out = run(capsys, "isolation", "--model", str(model), "--device", "cpu", "--dtype", "bfloat16",
                     "--micro-batch-size", "4")  # fmt: skip
     assert code == 0 and out["isolated"] is True and out["dtype"] == "torch.bfloat16"
-    assert len(out["cases"]) == 10 and all(c["identical"] for c in out["cases"])
+    assert len(out["cases"]) == 13 and all(c["identical"] for c in out["cases"])
     code, out = run(capsys, "isolation", "--model", "http://127.0.0.1:9", "--dtype", "float32")
     assert code == 2 and "local models only" in out["message"]

@@ -67,7 +67,7 @@ def smollm2_bf16() -> HFBackend:
 def test_the_harness_passes_on_tiny_models(architecture: str, dtype: torch.dtype) -> None:
     report = check_row_isolation(_tiny(architecture, dtype))
     assert report.isolated, str(report)
-    assert len(report.cases) == 10  # the prefix-cache cases ran too
+    assert len(report.cases) == 13  # the prefix-cache cases ran too
 
 
 @needs_smollm2
@@ -284,3 +284,21 @@ def test_a_shards_answer_does_not_depend_on_the_other_shards() -> None:
                 rows.append(session.append([token] * len(prompts))[-1])
         steps.append(np.stack(rows))
     assert all(np.array_equal(steps[0], s) for s in steps[1:])
+
+
+def test_a_decoders_backend_computes_one_step_per_forward(tmp_path) -> None:
+    """build_decoder (behind every from_model_id) sizes its backend's forwards from the decoder's public
+    settings: DPS-MOZO's n_shots + 1 rows, clip-blend's public row and room for its subset (s + 2√s)."""
+    from tests_support import tiny_text_gpt2
+
+    from dp_icl_plugin.methods.decoding import build_decoder, step_rows
+
+    model = tiny_text_gpt2(tmp_path / "tiny", ["the cat sat on the mat", "a dog ran in the park"] * 10)
+    data = PrivateDataset([PrivateRecord(f"the cat {i}", "ab"[i % 2]) for i in range(40)])
+    budget = BudgetManager(PrivacyBudget(100.0, 1e-3))
+    mozo = build_decoder(str(model), data, budget=budget, method="mozo", n_queries=1, beta=0.5, n_shots=3, top_k=20,
+                         device="cpu")  # fmt: skip
+    assert mozo.backend.micro_batch_size == 4 == step_rows("mozo", {"n_shots": 3})  # type: ignore[attr-defined]
+    clip = build_decoder(str(model), data, budget=budget, method="clip-blend", n_queries=1, temperature=1.0,
+                         subset_size=16, rng_subset=np.random.default_rng(0), device="cpu")  # fmt: skip
+    assert clip.backend.micro_batch_size == 1 + 16 + 8  # type: ignore[attr-defined]

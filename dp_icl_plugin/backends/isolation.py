@@ -1,11 +1,12 @@
 """The row-isolation check: is a row the same bits whatever shares its batch and whatever the cache holds?
 
 Every DP analysis here treats a prompt's next-token distribution as a function of that prompt alone (a record's
-one-shot row, a shard's answer) or as public (the zero-shot row). :func:`check_row_isolation` computes one
-target row in many company: alone, beside a short and a long row, in either order, among more rows than a
-micro-batch holds, inside an incremental session step after step, and through the backend's prefix cache
-(cold, warm, and filled beside other prefixes), and compares the bits. Any difference is a failure: a
-neighbouring dataset changes a batch-mate, so it would change the row.
+one-shot row, a shard's answer) or as public (the zero-shot row). :func:`check_row_isolation` computes target rows in
+many company: alone, beside a short and a long row, in either order, among more rows than a micro-batch holds,
+at a bucket edge among a full batch of its own length, a 48-token row repeated (a server's prefix cache keeps
+whole blocks), inside incremental sessions step after step (also crossing bucket edges), and through the
+backend's prefix cache (cold, warm, and filled beside other prefixes), and compares the bits. Any difference
+is a failure: a neighbouring dataset changes a batch-mate, so it would change the row.
 
 Only public, made-up token ids are used (random ids from a seeded generator), so the check is safe to run on a
 production backend; it never clears a cache it did not fill (the prefixes are fresh random ids). Run it on
@@ -97,6 +98,15 @@ def check_row_isolation(
 
     alone = row([target], 0)
     cases.append(IsolationCase("beside a short and a long row", _diff(alone, row([short, target, long], 1))))
+    edge = ids(16)  # a row at a bucket edge, among 31 of its length (full micro-batches with no padding at all,
+    # if widths were not strictly above the rows: then the kernels would drop the mask for those batches only)
+    peers = [ids(16) for _ in range(31)]
+    among = row([*peers[:15], edge, *peers[15:]], 15)
+    cases.append(IsolationCase("a 16-token row alone and among 31 of its length", _diff(row([edge], 0), among)))
+    longer = ids(min(48, room))  # three 16-token blocks: a server's prefix cache keeps whole blocks
+    first = row([longer], 0)
+    again = max(_diff(first, row([longer], 0)), _diff(first, row([short, longer, target], 1)))
+    cases.append(IsolationCase("a 48-token row, again (a server's cache) and beside short rows", again))
     cases.append(IsolationCase("the same, in the other order", _diff(alone, row([long, target, short], 1))))
     cases.append(IsolationCase("among 19 rows of many lengths", _diff(alone, row([*crowd[:9], target, *crowd[9:]], 9))))
     cases.append(IsolationCase("beside copies of itself", _diff(alone, row([target, target, target], 2))))
@@ -113,6 +123,10 @@ def check_row_isolation(
     for name, prompts, at in (("a session beside a short and a long row", [short, target, long], 1),
                               ("a session among 19 rows", [*crowd[:9], target, *crowd[9:]], 9)):  # fmt: skip
         cases.append(IsolationCase(name, _diff(session_alone, session_rows(backend.start, prompts, at))))
+    crossing, mate = ids(15), ids(31)  # both cross a bucket edge (16, 32) as they grow
+    cases.append(IsolationCase("a session crossing a bucket edge, beside a mate crossing another",
+                               _diff(session_rows(backend.start, [crossing], 0),
+                                     session_rows(backend.start, [mate, crossing], 1))))  # fmt: skip
 
     if isinstance(backend, SharedSuffixBackend):
         suffix = ids(5)

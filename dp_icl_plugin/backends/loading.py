@@ -22,12 +22,14 @@ def load_backend(
     tokenizer: Any = None,
     device: str | None = None,
     dtype: str | None = None,
+    micro_batch_size: int | None = None,
     **server_settings: Any,
 ) -> NextTokenBackend:
     """:class:`~dp_icl_plugin.backends.server.ServerBackend` for a server URL (``tokenizer``: the served model's,
     a folder, ``.gguf`` file, named model or tokenizer object; ``server_settings`` such as ``top_k``,
     ``allow_insecure_http``), else :class:`~dp_icl_plugin.backends.hf.HFBackend` over a local model (a folder,
-    a hub id already cached, a ``.gguf`` file or a named model such as ``"smollm2-135m-instruct"``)."""
+    a hub id already cached, a ``.gguf`` file or a named model such as ``"smollm2-135m-instruct"``;
+    ``micro_batch_size``: its rows per forward, default the backend's)."""
     if is_server_url(model):
         if tokenizer is None:
             raise ConfigurationError("a server URL needs tokenizer= (the served model's folder, .gguf file or name): "
@@ -40,4 +42,6 @@ def load_backend(
         raise ConfigurationError(f"{extra} apply to a server URL only, not to a local model")
     from dp_icl_plugin.backends.hf import HFBackend
 
-    return HFBackend.from_pretrained(model, device=device, dtype=dtype)
+    if micro_batch_size is None:
+        return HFBackend.from_pretrained(model, device=device, dtype=dtype)
+    return HFBackend.from_pretrained(model, device=device, dtype=dtype, micro_batch_size=micro_batch_size)

@@ -18,9 +18,11 @@ row's *own* length:
   strictly above it, so that every row has at least one masked column (transformers drops the attention
   mask, a different kernel path, when a whole batch is unpadded: a row must never decide that for another).
   A call's public suffix (the same tokens for every row) is used at its exact width.
-- **past width** (cached keys and values): the smallest power of two strictly above the row's cached
-  length (at least ``step``): coarse, so that rows of different lengths share a forward (attention over a
-  few masked keys is cheap next to the layers' matrix products).
+- **past width** (cached keys and values): the first width of the ladder ``past_min``, ``past_min·growth``,
+  ... strictly above the row's cached length (128, 512, 2048, ... by default): coarse, so that rows of
+  different lengths share a forward (each forward reads every weight once, the dominant cost of a decoding
+  step on a CPU; attention over masked keys is cheap next to it: measured, DPS-MOZO's zero-shot prefix and
+  its records' prefixes fell in three power-of-two buckets and cost three forwards a token).
 
 Rows with the same key form a group; a group goes in micro-batches of exactly ``rows`` rows. Nothing here
 reads a token: keys come from lengths the row itself has. Pure Python, no torch.
@@ -45,26 +47,31 @@ class RowShapes:
 
     Attributes:
         rows: rows in every forward (filler rows complete a micro-batch).
-        step: new tokens are padded to the next multiple of ``step`` strictly above their count; cached
-            positions to the next power of two strictly above theirs, at least ``step``.
+        step: new tokens are padded to the next multiple of ``step`` strictly above their count.
+        past_min, past_growth: cached positions are padded to the first of ``past_min·past_growth^k``
+            strictly above their count.
     """
 
     rows: int = 8
     step: int = 16
+    past_min: int = 128
+    past_growth: int = 4
 
     def __post_init__(self) -> None:
         check.positive_int("rows", self.rows)
         check.positive_int("step", self.step)
+        check.positive_int("past_min", self.past_min)
+        check.int_at_least("past_growth", self.past_growth, 2)
 
     def new_width(self, n: int) -> int:
         """Padded width of ``n`` new tokens: the next multiple of ``step`` strictly above ``n``."""
         return (n // self.step + 1) * self.step
 
     def past_width(self, n: int) -> int:
-        """Padded width of ``n`` cached positions: the smallest power of two strictly above ``n``, ≥ ``step``."""
-        width = self.step
+        """Padded width of ``n`` cached positions: the first rung of the ladder strictly above ``n``."""
+        width = self.past_min
         while width <= n:
-            width *= 2
+            width *= self.past_growth
         return width
 
 

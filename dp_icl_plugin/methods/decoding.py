@@ -39,6 +39,7 @@ one (a base model such as the GINC model) the chat is laid out as plain lines, `
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any
@@ -64,7 +65,9 @@ from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.methods.prompting import check_records_encode
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
 
-__all__ = ["ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query"]  # re-exported
+__all__ = [  # DecodedAnswer, Query, check_query: re-exported
+    "ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query", "step_rows",
+]  # fmt: skip
 
 
 class _Decoder:
@@ -464,6 +467,18 @@ class ClipBlendDecoder(_Decoder):
                     logprobs = check_logprobs(session.append(token))
 
 
+def step_rows(method: str, settings: dict[str, Any]) -> int:
+    """Rows per forward that fit one step of a decoder, from its public settings only: DPS-MOZO's zero-shot row
+    and ``n_shots`` records; clip-blend's public row and a subset of expected size s (each record joins with
+    probability s/N, so its size is private: room for s + 2√s, which holds the draw 97.7 % of the time, the
+    rest taking a second forward). Never the realised number of rows, which would make a row's shape depend
+    on the others."""
+    if method == "mozo":
+        return 1 + int(settings.get("n_shots", 4))
+    subset = int(settings.get("subset_size", 1))
+    return 1 + subset + math.ceil(2 * math.sqrt(subset))
+
+
 def build_decoder(
     model_id: str,
     dataset: PrivateDataset,
@@ -478,12 +493,15 @@ def build_decoder(
 ) -> MozoDecoder | ClipBlendDecoder:
     """A DP decoder (``method``: ``"mozo"`` or ``"clip-blend"``; ``settings`` go to it) over a local model or an
     inference server: ``model_id`` as :func:`~dp_icl_plugin.backends.loading.load_backend` takes it (a URL
-    needs ``tokenizer``; ``server`` holds ServerBackend settings such as ``top_k``)."""
-    from dp_icl_plugin.backends.loading import load_backend
+    needs ``tokenizer``; ``server`` holds ServerBackend settings such as ``top_k``). A local model's backend
+    computes as many rows per forward as a step of this decoder does (:func:`step_rows`)."""
+    from dp_icl_plugin.backends.loading import is_server_url, load_backend
 
     if method not in ("mozo", "clip-blend"):
         raise ConfigurationError(f"method must be 'mozo' or 'clip-blend', got {method!r}")
-    backend = load_backend(model_id, tokenizer=tokenizer, device=device, dtype=dtype, **(server or {}))
+    rows = None if is_server_url(model_id) else step_rows(method, settings)
+    backend = load_backend(model_id, tokenizer=tokenizer, device=device, dtype=dtype, micro_batch_size=rows,
+                           **(server or {}))  # fmt: skip
     if method == "mozo":
         return MozoDecoder(dataset, backend=backend, budget=budget, **settings)
     return ClipBlendDecoder(dataset, backend=backend, budget=budget, **settings)
