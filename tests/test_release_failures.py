@@ -191,3 +191,31 @@ def test_a_knn_record_the_tokenizer_rejects_sits_idle_instead_of_failing_the_rel
     for seed in range(5):
         getattr(knn, release)("red thing number1", rng=np.random.default_rng(seed))  # no error
     assert index.filter.spent(np.array([bad]))[0].sum() > 0  # it was a candidate, and paid
+
+
+def test_a_charged_retrieval_is_released_once_and_only_in_its_process() -> None:
+    """A Retrieval is one charge: released twice (two threads, or a fork of the process holding it), its records
+    would be used twice for one payment (review of issue 27)."""
+    import multiprocessing as mp
+
+    from test_knn_retriever import setup
+
+    _, _, retriever = setup()
+    retrieval = retriever.retrieve("red thing number1", release="vote")
+    context = mp.get_context("fork")
+    queue = context.Queue()
+
+    def child() -> None:
+        try:
+            retriever.vote(retrieval, rng=np.random.default_rng(0))
+            queue.put("released")
+        except ConfigurationError as exc:
+            queue.put(str(exc))
+
+    worker = context.Process(target=child)
+    worker.start()
+    worker.join(60)
+    assert "other than the one that charged it" in queue.get(timeout=5)  # the fork refuses it
+    retriever.vote(retrieval, rng=np.random.default_rng(0))  # the parent releases it, once
+    with pytest.raises(ConfigurationError, match="once"):
+        retriever.vote(retrieval, rng=np.random.default_rng(1))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
@@ -88,7 +89,10 @@ class IndividualBudget:
         orders = tuple(check.order("orders[i]", a) for a in self.orders)
         if not orders or len(set(orders)) != len(orders):
             raise ConfigurationError("orders must be a non-empty tuple of distinct Rényi orders")
-        caps = order_caps(eps, delta - approx, orders)
+        conversion = delta - approx  # rounded down, never above the exact difference
+        if Fraction(conversion) > Fraction(delta) - Fraction(approx):
+            conversion = math.nextafter(conversion, 0.0)
+        caps = order_caps(eps, conversion, orders)
         if not np.isfinite(caps).any():
             raise ConfigurationError(
                 f"epsilon={eps} is too small for delta={delta}: no order leaves any RDP budget after the conversion"

@@ -328,4 +328,4 @@ class HFIncrementalSession:
         self.close()
 
     def __repr__(self) -> str:
-        return f"HFIncrementalSession(n_prompts={self._n}, open={self._open})"
+        return f"HFIncrementalSession(open={self._open})"  # no n_prompts: a subset's or shards' size is private

@@ -7,13 +7,13 @@ package's typed errors with the password scrubbed (it never appears in a ``repr`
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from contextlib import suppress
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError, LedgerFormatError
 
 __all__ = ["POSTGRES_SCHEMES", "PostgresConnection", "is_postgres_url", "mask_dsn", "psycopg"]
@@ -88,7 +88,7 @@ class PostgresConnection:
         self.lock_timeout = float(lock_timeout)
         self.lock = threading.RLock()  # one connection: one thread at a time
         self._conn: Any = None
-        self._pid = 0
+        self._process: tuple[int, int] | None = None  # (pid, forks): the process that opened _conn
         try:
             parsed = self.pg.conninfo.conninfo_to_dict(dsn)
             self._secrets = [str(parsed[k]) for k in ("password", "sslpassword") if parsed.get(k)]
@@ -119,7 +119,7 @@ class PostgresConnection:
 
     def get(self) -> Any:
         """The connection (the caller holds :attr:`lock`)."""
-        if self._conn is not None and self._pid != os.getpid():  # never reuse a connection across fork()
+        if self._conn is not None and self._process != process_mark():  # never across fork(), even on a reused pid
             self._conn = None  # psycopg leaves a connection made in another process open for its owner
         if self._conn is None or self._conn.closed:  # also after a lost connection: reconnect
             conn = None
@@ -135,17 +135,17 @@ class PostgresConnection:
                 if conn is not None:
                     conn.close()
                 raise LedgerError(f"cannot connect to PostgreSQL {self.where()}: {self.scrub(exc)}") from None
-            self._conn, self._pid = conn, os.getpid()
+            self._conn, self._process = conn, process_mark()
         return self._conn
 
     def close(self) -> None:
         with self.lock:
-            if self._conn is not None and self._pid == os.getpid():
+            if self._conn is not None and self._process == process_mark():
                 self._conn.close()
             self._conn = None
 
     def __del__(self) -> None:  # like an sqlite3 connection: an unclosed store closes quietly
         conn = getattr(self, "_conn", None)
-        if conn is not None and getattr(self, "_pid", 0) == os.getpid():
+        if conn is not None and getattr(self, "_process", None) == process_mark():
             with suppress(Exception):
                 conn.close()

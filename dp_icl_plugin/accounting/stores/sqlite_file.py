@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.errors import LedgerCorruptError, LedgerError, LedgerFormatError
 
 __all__ = ["SQLiteFile"]
@@ -51,12 +52,12 @@ class SQLiteFile:
         self.pragmas = pragmas
         self.lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
-        self._pid = 0
+        self._process: tuple[int, int] | None = None  # (pid, forks): the process that opened _conn
 
     def connection(self) -> sqlite3.Connection:
         if self.path is None and self._conn is not None:  # memory: the database is the connection
             return self._conn
-        if self._conn is None or self._pid != os.getpid():  # never reuse a connection across fork()
+        if self._conn is None or self._process != process_mark():  # never across fork(), even on a reused pid
             try:
                 self._conn = sqlite3.connect(
                     ":memory:" if self.path is None else self.path, timeout=self.busy_timeout,
@@ -66,12 +67,12 @@ class SQLiteFile:
                     self._conn.execute(pragma)
             except sqlite3.Error as exc:
                 raise LedgerError(f"cannot open {self.kind} {self.path}: {exc}") from None
-            self._pid = os.getpid()
+            self._process = process_mark()
         return self._conn
 
     def close(self) -> None:
         with self.lock:
-            if self._conn is not None and (self.path is None or self._pid == os.getpid()):
+            if self._conn is not None and (self.path is None or self._process == process_mark()):
                 self._conn.close()
             self._conn = None
 

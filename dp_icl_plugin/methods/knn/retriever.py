@@ -43,6 +43,7 @@ the query).
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -55,6 +56,7 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.conversion import group_of_two_delta
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
+from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.errors import ConfigurationError, after_charge
@@ -217,7 +219,19 @@ class Retrieval(Sequence[RetrievedRecord]):
         self.k = k
         self.complete = len(records) >= k
         self._used = False
+        self._claim = threading.Lock()  # released once, even by two threads at once
+        self._process = process_mark()  # ... and never by a forked copy (a second release of one charge)
         self._charged_by = charged_by  # the PrivateKNN whose costs were charged (its release must match them)
+
+    def claim(self) -> None:
+        """Mark this retrieval released; raises ConfigurationError if it already was, or in another process."""
+        if self._process != process_mark():
+            raise ConfigurationError("a retrieval cannot be released in a process other than the one that charged it "
+                                     "(a fork would release one charge twice)")  # fmt: skip
+        with self._claim:
+            if self._used:
+                raise ConfigurationError("a retrieval can be released once")
+            self._used = True
 
     def __len__(self) -> int:
         return len(self._records)
@@ -630,12 +644,10 @@ class PrivateKNN:
                 raise ConfigurationError(f"this retrieval was charged for a {query.release} release, not {release}")
             if query._charged_by is not self:  # another retriever's noise, sensitivity or δ was paid for
                 raise ConfigurationError("this retrieval was charged by another retriever: release it there")
-            if query._used:
-                raise ConfigurationError("a retrieval can be released once")
             retrieval = query
         else:
             retrieval = self.retrieve(query, release=release)
-        retrieval._used = True
+        retrieval.claim()
         return retrieval
 
     def _shards(self, retrieval: Retrieval, rng: np.random.Generator, *, need: str) -> list[list[tuple[str, str]]]:
