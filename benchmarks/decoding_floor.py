@@ -25,7 +25,7 @@ import numpy as np
 
 from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget
 from dp_icl_plugin.methods import PrivateDataset
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder, step_rows
 
 TREC = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train.txt"
 QUERY = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who wrote Hamlet?"}]
@@ -139,27 +139,33 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--records", type=int, default=100, help="private records (default 100: all fit the cache)")
     parser.add_argument("--warm-answers", type=int, default=8, help="answers run to fill the prefix cache")
-    parser.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[4, 8],
-                        help="rows per forward (HFBackend micro_batch_size) to measure, side by side")  # fmt: skip
+    parser.add_argument("--micro-batch-sizes", type=int, nargs="*", default=[8],
+                        help="rows per forward to measure besides each decoder's own (decoding.step_rows)")  # fmt: skip
     args = parser.parse_args()
     started = time.perf_counter()
     loaded = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
     print(f"model loaded in {time.perf_counter() - started:.1f} s (converted and cached on first use)")
     data = records(args.records)
+    subset = 32
+    mozo_rows, clip_rows = step_rows("mozo", {"n_shots": 4}), step_rows("clip-blend", {"subset_size": subset})
     rows = []
-    for rows_per_forward in args.micro_batch_sizes:
-        backend = HFBackend(loaded.model, loaded.tokenizer, model_id=loaded.model_id, device="cpu",
-                            micro_batch_size=rows_per_forward)  # fmt: skip
+    for mozo_b, clip_b in [(mozo_rows, clip_rows), *((b, b) for b in args.micro_batch_sizes)]:
         budget = BudgetManager(PrivacyBudget(1e6, 1e-4))
+
+        def backend_of(b: int) -> HFBackend:
+            return HFBackend(loaded.model, loaded.tokenizer, model_id=loaded.model_id, device="cpu", micro_batch_size=b)
+
+        backend = backend_of(mozo_b)
 
         def mozo_on(model: HFBackend | WholePrompts, budget: BudgetManager = budget) -> MozoDecoder:
             return MozoDecoder(data, backend=model, budget=budget, n_queries=100, epsilon=8.0,  # type: ignore[arg-type]
                                max_tokens=args.tokens)  # fmt: skip
 
-        clip = ClipBlendDecoder(data, backend=backend, budget=budget, n_queries=100, subset_size=32, epsilon=8.0,
-                                max_tokens=args.tokens, rng_subset=np.random.default_rng(0))  # fmt: skip
-        b = f"B = {rows_per_forward}"
+        clip_backend = backend_of(clip_b)
+        clip = ClipBlendDecoder(data, backend=clip_backend, budget=budget, n_queries=100, subset_size=subset,
+                                epsilon=8.0, max_tokens=args.tokens, rng_subset=np.random.default_rng(0))  # fmt: skip
         mozo_floor = mozo_floor_seconds_per_token(backend, data, 4, args.tokens)
+        b = f"B = {mozo_b}"
         rows.append((f"MozoDecoder (n_shots = 4), every prompt computed whole, {b}", decoder_seconds_per_token(
             mozo_on(WholePrompts(backend)), args.tokens, args.repeats), mozo_floor))  # fmt: skip
         mozo = mozo_on(backend)
@@ -173,8 +179,9 @@ def main() -> None:
               f"{cache.cached_bytes / max(1, cache.cached_tokens) / 1024:.0f} KiB a token")  # fmt: skip
         rows.append((f"MozoDecoder (n_shots = 4), records cached ({len(cache)} prefixes), {b}",
                      decoder_seconds_per_token(mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
-        rows.append((f"ClipBlendDecoder (s = 32), {b}", decoder_seconds_per_token(clip, args.tokens, args.repeats),
-                     clip_floor_seconds_per_token(backend, clip, args.tokens)))  # fmt: skip
+        clip_floor = clip_floor_seconds_per_token(clip_backend, clip, args.tokens)
+        rows.append((f"ClipBlendDecoder (s = {subset}), B = {clip_b}", decoder_seconds_per_token(
+            clip, args.tokens, args.repeats), clip_floor))  # fmt: skip
     print("| decoder on SmolLM2-135M-Instruct | s/token | floor s/token | ratio |")
     print("|---|---:|---:|---:|")
     for name, spent, bound in rows:

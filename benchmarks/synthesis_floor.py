@@ -42,26 +42,19 @@ TREC = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train
 
 
 class Recorder:
-    """The backend, plus what each call had to compute: (new tokens per row, cached positions per row)."""
+    """The backend without its prefix-cache methods (every prompt computed whole), plus what each call had to
+    compute: (new tokens per row, cached positions per row). :class:`SharingRecorder` adds those methods
+    (capabilities are protocols checked on the class, so a recorder that must not have them is another class)."""
 
-    SHARED = ("next_token_logprobs_shared_suffix", "next_token_logprobs_shared_prefix", "start_shared_suffix",
-              "start_shared_prefix")  # fmt: skip
-
-    def __init__(self, backend: HFBackend, *, share: bool = True) -> None:
+    def __init__(self, backend: HFBackend) -> None:
         self._inner = backend
-        self._share = share  # False: the backend without its prefix-cache methods (every prompt computed whole)
         self._trie: dict[int, Any] = {}
         self.calls: list[tuple[list[int], list[int]]] = []
         self.starts: list[float] = []  # when each call began; the charge comes after the public probe (call 0)
 
-    def __getattribute__(self, name: str) -> Any:
-        # hide the prefix-cache methods (they are defined below, so __getattr__ alone would never hide them:
-        # before this, the "whole prompts" column ran through the prefix cache too)
-        if name in Recorder.SHARED and not object.__getattribute__(self, "_share"):
-            raise AttributeError(name)
-        return object.__getattribute__(self, name)
-
     def __getattr__(self, name: str) -> Any:
+        if name.startswith(("next_token_logprobs_shared", "start_shared")):
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     def must_compute(self, rows: list[list[int]]) -> None:
@@ -83,6 +76,15 @@ class Recorder:
         self.must_compute(self._inner._prompt_ids(prompts))  # texts encoded as the backend encodes them
         return self._inner.next_token_logprobs(prompts)
 
+    def start(self, prompts):
+        rows = [list(r) for r in self._inner._prompt_ids(prompts)]
+        self.must_compute(rows)
+        return RecordingSession(self, self._inner.start(prompts), rows)
+
+
+class SharingRecorder(Recorder):
+    """The recorder with the backend's prefix-cache methods."""
+
     def next_token_logprobs_shared_suffix(self, rows, suffix):
         self.must_compute([list(map(int, r)) for r in rows])
         return self._inner.next_token_logprobs_shared_suffix(rows, suffix)
@@ -90,11 +92,6 @@ class Recorder:
     def next_token_logprobs_shared_prefix(self, prefix, rows):
         self.must_compute([list(map(int, r)) for r in rows])
         return self._inner.next_token_logprobs_shared_prefix(prefix, rows)
-
-    def start(self, prompts):
-        rows = [list(r) for r in self._inner._prompt_ids(prompts)]
-        self.must_compute(rows)
-        return RecordingSession(self, self._inner.start(prompts), rows)
 
     def start_shared_suffix(self, prompts, suffix):
         rows = [list(map(int, r)) for r in prompts]
@@ -185,7 +182,7 @@ def main() -> None:
         seconds = {}
         for share in (False, True):  # the same seed: the same prompts, so one floor serves both
             backend.prefix_cache.clear()
-            recorder = Recorder(backend, share=share)
+            recorder = SharingRecorder(backend) if share else Recorder(backend)
             budget = BudgetManager(PrivacyBudget(1e6, 1e-3))
             method.synthesize(dataset, backend=recorder, budget=budget, rng=np.random.default_rng(0),
                               progress=False, **kwargs)  # fmt: skip
