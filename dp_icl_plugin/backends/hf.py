@@ -75,6 +75,9 @@ class HFBackend(TokenizerBackendBase):
             number of rows never reaches a forward's shape). Small on a CPU (the default, 8), larger on a GPU.
             Must be 1 for models whose forward couples rows whatever the shape (mixture-of-experts routing,
             dynamic or LongRoPE rotary scaling: :func:`~dp_icl_plugin.backends.hf_rows.rows_coupled_by`).
+        tokens_per_forward: new tokens a forward aims at: a forward of new width w has
+            clamp(tokens_per_forward // w, 1, micro_batch_size) rows (public: from the width, which comes from
+            the row itself), so a one-token step fills a micro-batch and a long prompt takes few rows.
         width_step: new tokens are padded to the next multiple of this strictly above their count
             (:class:`~dp_icl_plugin.backends.row_shapes.RowShapes`).
         device: ``"auto"`` (CUDA when available, else CPU), a device name, or a ``torch.device``.
@@ -97,11 +100,13 @@ class HFBackend(TokenizerBackendBase):
         *,
         model_id: str | None = None,
         micro_batch_size: int = 8,
+        tokens_per_forward: int = 256,
         width_step: int = 16,
         device: str | Any | None = "auto",
         prefix_cache_tokens: int = 8192,
     ) -> None:
         self.shapes = RowShapes(rows=check.positive_int("micro_batch_size", micro_batch_size),
+                                tokens=check.positive_int("tokens_per_forward", tokens_per_forward),
                                 step=check.positive_int("width_step", width_step))  # fmt: skip
         self.micro_batch_size = self.shapes.rows
         self.prefix_cache = PrefixKVCache(prefix_cache_tokens)

@@ -2,7 +2,8 @@
 
 :class:`IsolatedForward` runs :class:`RowTask` s (tokens to compute, optionally after one row's cached keys
 and values) in forwards whose shape is fixed by :class:`~dp_icl_plugin.backends.row_shapes.RowShapes` from
-public settings and the row's own lengths: rows of one key in micro-batches of exactly ``shapes.rows`` rows
+public settings and the row's own lengths: rows of one key in micro-batches of exactly ``shapes.rows_for``
+rows
 (filler rows complete them), new tokens left-padded to their bucket, cached positions left-padded to
 theirs. So a row's log-probabilities, and the keys and values it leaves, are the same bits whatever else is
 in the call and whatever the prefix cache held before (a cached prefix's keys and values were computed by
@@ -82,7 +83,8 @@ class RowTask:
     exact: bool = False
 
     def key(self, shapes: RowShapes) -> tuple[int, int]:
-        """(past width, new width): the row's forward shape besides ``shapes.rows``; from its own lengths."""
+        """(past width, new width): the row's forward shape (its rows follow from the new width); from its own
+        lengths."""
         if self.past is None:
             return 0, shapes.new_width(len(self.new))
         new_width = len(self.new) if self.exact else shapes.new_width(len(self.new))
@@ -139,7 +141,8 @@ class IsolatedForward:
         with their caches (to continue a session or to read a row's keys and values)."""
         result = np.empty((len(tasks), self.vocab_size), dtype=np.float32)
         states: list[RowState] = []
-        for (past_width, new_width), members in micro_batches([t.key(self.shapes) for t in tasks], self.shapes.rows):
+        keys = [t.key(self.shapes) for t in tasks]
+        for (past_width, new_width), members in micro_batches(keys, lambda key: self.shapes.rows_for(key[1])):
             logprobs, state = self._micro_batch([tasks[i] for i in members], members, past_width, new_width, keep)
             result[members] = check_logprobs(logprobs[: len(members)])
             if keep:
@@ -151,7 +154,7 @@ class IsolatedForward:
     ) -> tuple[np.ndarray, RowState]:
         import torch
 
-        rows = self.shapes.rows
+        rows = self.shapes.rows_for(new_width)
         input_ids = torch.full((rows, new_width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((rows, past_width + new_width), dtype=torch.long)
         positions = torch.zeros((rows, new_width), dtype=torch.long)
@@ -166,7 +169,7 @@ class IsolatedForward:
             lengths[r] = start + n
         cache = None
         if past_width:
-            cache = self._padded_cache([t.past for t in tasks], [t.past_length for t in tasks], past_width)
+            cache = self._padded_cache([t.past for t in tasks], [t.past_length for t in tasks], past_width, rows)
         elif keep:
             from transformers import DynamicCache
 
@@ -182,13 +185,13 @@ class IsolatedForward:
         return [(k[row : row + 1].index_select(2, columns).clone(), v[row : row + 1].index_select(2, columns).clone())
                 for k, v in _layers_of(state.cache)]  # fmt: skip
 
-    def _padded_cache(self, pasts: Sequence[RowKV | None], lengths: Sequence[int], width: int) -> Any:
-        """A cache of ``shapes.rows`` rows: each past left-padded to ``width`` (fillers: zeros, masked)."""
+    def _padded_cache(self, pasts: Sequence[RowKV | None], lengths: Sequence[int], width: int, rows: int) -> Any:
+        """A cache of ``rows`` rows: each past left-padded to ``width`` (fillers: zeros, masked)."""
         template = next(p for p in pasts if p is not None)
         layers = []
         for layer, (k0, v0) in enumerate(template):
-            keys = k0.new_zeros((self.shapes.rows, k0.shape[1], width, k0.shape[3]))
-            values = v0.new_zeros((self.shapes.rows, v0.shape[1], width, v0.shape[3]))
+            keys = k0.new_zeros((rows, k0.shape[1], width, k0.shape[3]))
+            values = v0.new_zeros((rows, v0.shape[1], width, v0.shape[3]))
             for r, (past, n) in enumerate(zip(pasts, lengths, strict=True)):
                 if past is not None and n:
                     keys[r, :, width - n :] = past[layer][0][0]
@@ -208,11 +211,12 @@ class IsolatedForward:
                 kvs[i], lengths[i] = self.own_kv(state, r), state.lengths[r]
         regrouped = []
         widths = [self.shapes.past_width(int(n)) for n in lengths]
-        for _, members in micro_batches(widths, self.shapes.rows):
+        rows = self.shapes.rows_for(1)  # a session grows by one token a step
+        for _, members in micro_batches(widths, lambda _: rows):
             width = widths[members[0]]
-            cache = self._padded_cache([kvs[i] for i in members], [int(lengths[i]) for i in members], width)
-            mask = torch.zeros((self.shapes.rows, width), dtype=torch.long)
-            row_lengths = np.ones(self.shapes.rows, dtype=np.int64)
+            cache = self._padded_cache([kvs[i] for i in members], [int(lengths[i]) for i in members], width, rows)
+            mask = torch.zeros((rows, width), dtype=torch.long)
+            row_lengths = np.ones(rows, dtype=np.int64)
             mask[:, -1] = 1  # fillers: one (zero) position, as in a forward
             for r, i in enumerate(members):
                 mask[r, width - int(lengths[i]) :] = 1
@@ -224,7 +228,7 @@ class IsolatedForward:
         """Grow ``state``'s rows by one token each (``tokens`` one per member); their new log-probabilities."""
         import torch
 
-        rows = self.shapes.rows
+        rows = state.mask.shape[0]
         ids = torch.full((rows, 1), self.pad_token_id, dtype=torch.long)
         ids[: len(state.members), 0] = torch.as_tensor(tokens, dtype=torch.long)
         one = torch.ones((rows, 1), dtype=torch.long, device=self.device)

@@ -12,8 +12,12 @@ widens the padding, and by 4e-5 / 0.28 nats when only the number of rows changes
 :class:`RowShapes` is the public policy that fixes every forward's shape from public settings and the
 row's *own* length:
 
-- **rows**: every forward has exactly ``rows`` rows; filler rows (one masked pad token) complete the last
-  micro-batch of a group. The number of rows a call brings never reaches the shape.
+- **rows**: a forward of new width w has exactly ``rows_for(w)`` = clamp(``tokens`` // w, 1, ``rows``) rows;
+  filler rows (one masked pad token) complete the last micro-batch of a group. The number of rows a call
+  brings never reaches the shape: only public settings and the width, which comes from the row itself. Many
+  rows for a one-token append (each forward reads every weight once: that is a decoding step's cost), few
+  for a long prompt (its compute grows with rows × width, and fillers would double it: measured, Tang's
+  step of 11 prompts spread over four width buckets took 2.9× as long with 8 rows in every forward).
 - **new width** (tokens computed): a row's own token count rounded up to the next multiple of ``step``,
   strictly above it, so that every row has at least one masked column (transformers drops the attention
   mask, a different kernel path, when a whole batch is unpadded: a row must never decide that for another).
@@ -30,7 +34,7 @@ reads a token: keys come from lengths the row itself has. Pure Python, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -46,22 +50,30 @@ class RowShapes:
     """The public shape of every forward (see the module docstring).
 
     Attributes:
-        rows: rows in every forward (filler rows complete a micro-batch).
+        rows: the most rows in a forward (filler rows complete a micro-batch); a forward of new width w has
+            ``rows_for(w)`` rows.
+        tokens: new tokens a forward aims at: ``rows_for(w)`` = clamp(tokens // w, 1, rows).
         step: new tokens are padded to the next multiple of ``step`` strictly above their count.
         past_min, past_growth: cached positions are padded to the first of ``past_min·past_growth^k``
             strictly above their count.
     """
 
     rows: int = 8
+    tokens: int = 256
     step: int = 16
     past_min: int = 128
     past_growth: int = 4
 
     def __post_init__(self) -> None:
         check.positive_int("rows", self.rows)
+        check.positive_int("tokens", self.tokens)
         check.positive_int("step", self.step)
         check.positive_int("past_min", self.past_min)
         check.int_at_least("past_growth", self.past_growth, 2)
+
+    def rows_for(self, new_width: int) -> int:
+        """Rows in a forward whose new tokens are ``new_width`` wide (public: from the width alone)."""
+        return max(1, min(self.rows, self.tokens // new_width))
 
     def new_width(self, n: int) -> int:
         """Padded width of ``n`` new tokens: the next multiple of ``step`` strictly above ``n``."""
@@ -75,14 +87,14 @@ class RowShapes:
         return width
 
 
-def micro_batches(keys: Sequence[Key], rows: int) -> list[tuple[Key, list[int]]]:
-    """Indices grouped by key (in order of first appearance), cut into chunks of at most ``rows``.
+def micro_batches(keys: Sequence[Key], rows: Callable[[Key], int]) -> list[tuple[Key, list[int]]]:
+    """Indices grouped by key (in order of first appearance), cut into chunks of at most ``rows(key)``.
 
-    Each chunk becomes one forward of exactly ``rows`` rows (the caller adds filler rows), so a row's
+    Each chunk becomes one forward of exactly ``rows(key)`` rows (the caller adds filler rows), so a row's
     forward has the same shape whichever rows share its key.
     """
     groups: dict[Key, list[int]] = {}
     for i, key in enumerate(keys):
         groups.setdefault(key, []).append(i)
-    return [(key, members[start : start + rows])
-            for key, members in groups.items() for start in range(0, len(members), rows)]  # fmt: skip
+    return [(key, members[start : start + rows(key)])
+            for key, members in groups.items() for start in range(0, len(members), rows(key))]  # fmt: skip
