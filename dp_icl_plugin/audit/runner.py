@@ -16,7 +16,10 @@ __all__ = ["AuditRow", "run_audit", "to_markdown"]
 
 @dataclass(frozen=True)
 class AuditRow:
-    """One mechanism, real or broken: the claim, the best empirical lower bound, and the verdict."""
+    """One mechanism, real or broken: the claim, the best empirical lower bound, and the verdict.
+
+    ``skipped``: why the case did not run here (empty when it ran); a skipped row proves nothing either way.
+    """
 
     mechanism: str
     broken: bool
@@ -27,6 +30,7 @@ class AuditRow:
     event: str
     samples: int
     seconds: float
+    skipped: str = ""
 
     @property
     def consistent(self) -> bool:
@@ -35,6 +39,8 @@ class AuditRow:
 
     @property
     def verdict(self) -> str:
+        if self.skipped:
+            return f"skipped: {self.skipped}"
         if not self.broken:
             return "pass" if self.consistent else "FAIL: claim violated"
         return "caught" if not self.consistent else "MISSED"
@@ -42,6 +48,10 @@ class AuditRow:
 
 def audit_case(case: AuditCase, *, broken: bool, samples: int, seed: int, confidence: float = 0.95) -> AuditRow:
     """Sample the case's pairs and keep the largest lower bound (Bonferroni over the pairs)."""
+    variant = case.broken_as if broken else "as shipped"
+    reason = case.requires() if case.requires is not None else None
+    if reason:
+        return AuditRow(case.name, broken, variant, case.delta, case.claim(broken), 0.0, "not run", 0, 0.0, reason)
     started = time.perf_counter()
     samples = max(4, round(samples * case.sample_share))
     samplers = case.pairs(broken)
@@ -53,13 +63,13 @@ def audit_case(case: AuditCase, *, broken: bool, samples: int, seed: int, confid
         bound, event = epsilon_lower_bound(on_d, on_d_prime, delta=case.delta, confidence=level)
         if bound > best:
             best, best_event = bound, f"pair {i}: {event}"
-    variant = case.broken_as if broken else "as shipped"
     return AuditRow(case.name, broken, variant, case.delta, case.claim(broken), best, best_event, samples,
                     time.perf_counter() - started)  # fmt: skip
 
 
 def run_audit(*, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CASES) -> list[AuditRow]:
-    """Every case, real and broken (half the noise), at ``samples`` outputs per input and pair."""
+    """Every case, real and broken (half the noise), at ``samples`` outputs per input and pair; a case whose
+    requirements are missing gives two skipped rows."""
     samples = check.positive_int("samples", samples)
     return [audit_case(c, broken=b, samples=samples, seed=seed) for c in cases for b in (False, True)]
 
@@ -68,6 +78,7 @@ def to_markdown(rows: list[AuditRow]) -> str:
     lines = ["| mechanism | variant | δ | claimed ε | empirical ε lower bound (95 %) | verdict | strongest test |",
              "|---|---|---:|---:|---:|---|---|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r.mechanism} | {r.variant} | {r.delta:.3g} | {r.claimed_epsilon:.3f} | {r.lower_bound:.3f} "
+        bound = "—" if r.skipped else f"{r.lower_bound:.3f}"
+        lines.append(f"| {r.mechanism} | {r.variant} | {r.delta:.3g} | {r.claimed_epsilon:.3f} | {bound} "
                      f"| {r.verdict} | {r.event} |")  # fmt: skip
     return "\n".join(lines)

@@ -36,8 +36,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     rows = run_audit(samples=samples, seed=args.seed)
     table = to_markdown(rows)
-    shipped_ok = all(r.consistent for r in rows if not r.broken)
-    broken_caught = all(not r.consistent for r in rows if r.broken)
+    ran = [r for r in rows if not r.skipped]  # a skipped case proves nothing either way: listed, not judged
+    shipped_ok = all(r.consistent for r in ran if not r.broken)
+    broken_caught = all(not r.consistent for r in ran if r.broken)
+    skipped = sorted({f"{r.mechanism}: {r.skipped}" for r in rows if r.skipped})
     command = (
         "dp-icl audit" + (" --quick" if args.quick else "") + (f" --samples {args.samples}" if args.samples else "")
     )
@@ -47,15 +49,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": round(time.monotonic() - started, 1),
         "shipped_mechanisms_consistent": shipped_ok,
         "broken_mechanisms_caught": broken_caught,
+        "skipped": skipped,
         "rows": [
             {
                 "mechanism": r.mechanism,
                 "variant": r.variant,
                 "delta": r.delta,
                 "claimed_epsilon": r.claimed_epsilon,
-                "lower_bound": r.lower_bound,
+                "lower_bound": None if r.skipped else r.lower_bound,
                 "verdict": r.verdict,
                 "test": r.event,
+                "seconds": round(r.seconds, 1),
             }
             for r in rows
         ],
