@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from tests_support import steps_of
 
 from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import calibrate_adadpsyn
@@ -409,7 +410,7 @@ def test_every_token_draws_fresh_records_without_replacement() -> None:
     _method(max_tokens=8, shots_per_label=1).synthesize(PrivateDataset(records, public_label_counts="observed"), backend=backend, budget=_budget(),
                                                         rng=np.random.default_rng(0))  # fmt: skip
     draws = []
-    for token, batch in enumerate(backend.prompts[1:]):  # the first call is the public pre-flight
+    for token, batch in enumerate(steps_of(backend.prompts[1:], public=1)):  # the first call: the pre-flight
         words = [w for prompt in batch[1:] for w in prompt[1 : 1 + 2 * 2 : 2]]  # "/ wA / wB / <generated>"
         assert len(words) == 10 == len(set(words))  # M·N distinct records
         assert all(len(prompt) == 5 + token for prompt in batch[1:])
@@ -422,7 +423,7 @@ def test_noiseless_synthesis_is_the_argmax_of_the_mean_on_clustered_distribution
     method = _method(top_k=12, max_tokens=5, shots_per_label=1, sigma1=1.0, epsilon=None)
     demos = method.synthesize_nonprivate(_dataset(), labels=["a"], backend=backend, rng=np.random.default_rng(0))
     expected = []
-    for batch in backend.calls[1:]:
+    for batch in steps_of(backend.calls[1:], public=1):
         p = np.exp(batch.astype(np.float64))
         vocab = np.lexsort((np.arange(p.shape[1]), -p[0]))[:12]
         rows = p[1:, vocab] / p[1:, vocab].sum(axis=1, keepdims=True)

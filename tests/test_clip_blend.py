@@ -354,11 +354,22 @@ def _record_text(backend: FakeBackend, prompt: list[int]) -> str:
     return backend.decode(prompt).removeprefix("/ ").removesuffix(" /")
 
 
+def _joined(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each demonstration's two sessions (its public prompt alone, then its group's records) as one session:
+    asserts that the public prompt ran apart and that both took the same appends (groups never empty here)."""
+    assert len(sessions) % 2 == 0
+    joined = []
+    for public, records in zip(sessions[0::2], sessions[1::2], strict=True):
+        assert len(public["prompts"]) == 1 and public["appends"] == records["appends"]
+        joined.append({"prompts": public["prompts"] + records["prompts"], "appends": public["appends"]})
+    return joined
+
+
 def test_each_demonstration_reads_its_own_disjoint_group_and_the_groups_cover_the_label() -> None:
     data, backend = _dataset(n_per_label=40), RecordingBackend(VOCAB, seed=3)
     _method(shots_per_label=2, subset_size=20).synthesize(data, backend=backend, budget=_budget(),
                                                          rng=np.random.default_rng(5))  # fmt: skip
-    generation = backend.sessions[1:]  # the first session is the public pre-flight
+    generation = _joined(backend.sessions[1:])  # the first session is the public pre-flight
     assert len(generation) == 4
     public = {label: backend.encode(TEMPLATE.public_prompt(label)) for label in ("a", "b")}
     for label, sessions in (("a", generation[:2]), ("b", generation[2:])):
@@ -381,7 +392,7 @@ def test_decoding_is_incremental_one_position_per_prompt_per_token() -> None:
         n_prompts = len(session["prompts"])
         lengths = sum(len(p) for p in session["prompts"])
         total += lengths + session["appends"] * n_prompts
-    for session in backend.sessions[1:]:
+    for session in _joined(backend.sessions[1:]):
         assert session["appends"] == 6  # T − 1: the last token needs no forward pass
     probe = len(backend.encode(TEMPLATE.public_prompt("a")))
     assert backend.forward_tokens == probe + total
@@ -414,9 +425,13 @@ def test_an_empty_group_decodes_from_the_public_prompt_alone() -> None:
         backend = RecordingBackend(VOCAB, seed=3)
         demos = _method(shots_per_label=2).synthesize(data, backend=backend, budget=_budget(),
                                                       rng=np.random.default_rng(seed))  # fmt: skip
-        sizes = [len(s["prompts"]) - 1 for s in backend.sessions[1:]]
-        if 0 in sizes:
-            assert sorted(sizes) == [0, 2] and len(demos) == 2
+        public = backend.encode(TEMPLATE.public_prompt("a"))
+        starts = [i for i, s in enumerate(backend.sessions) if s["prompts"] == [public]]
+        assert starts[0] == 0 and len(starts) == 3  # the pre-flight and one public session per demonstration
+        groups = [backend.sessions[starts[1] + 1 : starts[2]], backend.sessions[starts[2] + 1 :]]
+        if [] in groups:  # a group drew no record: no records' session (nothing to compute), the demo made
+            assert sorted(len(g) for g in groups) == [0, 1] and len(demos) == 2
+            assert sum(len(g[0]["prompts"]) for g in groups if g) == 2
             return
     pytest.fail("no seed in 50 left a group empty")  # probability 2^-49
 
@@ -452,7 +467,7 @@ def test_prompts_are_cut_so_that_t_tokens_fit_the_context() -> None:
     """Private prompts "/ wI wJ /" (4 tokens) with a 7-token context and T = 5: each keeps its last 3."""
     backend = RecordingBackend(VOCAB, seed=3, max_length=7)
     _method(max_tokens=5).synthesize(_dataset(), backend=backend, budget=_budget(), rng=np.random.default_rng(0))
-    for session in backend.sessions[1:]:
+    for session in _joined(backend.sessions[1:]):
         assert session["appends"] == 4
         assert all(len(p) == 3 and p[-1] == VOCAB.index("/") for p in session["prompts"][1:])  # the query end kept
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from tests_support import steps_of
 
 from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import method_events as me
@@ -341,7 +342,7 @@ def test_prompts_are_one_record_each_drawn_without_replacement() -> None:
     ordered = [r for y in data.labels for r in data.records(y)]
     records = {tuple(backend.encode(f"/ {r.text} {r.label} / w1 w2 w3")): i for i, r in enumerate(ordered)}
     assert len(records) == len(ordered)
-    for t, batch in enumerate(backend.batches[1:]):  # the first batch is the public pre-flight
+    for t, batch in enumerate(steps_of(backend.batches[1:], public=1)):  # the first batch: the public pre-flight
         generated = list(demos[0].token_ids[:t])
         assert len(batch) == 1 + 4 and batch[0] == zero_shot + generated
         used = [records[tuple(p[: len(p) - t])] for p in batch[1:]]

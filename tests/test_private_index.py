@@ -187,6 +187,62 @@ def test_a_saved_in_memory_index_and_its_filter_refuse_every_use(tmp_path: Path)
     assert len(saved) == 5 and saved.filter.all_spent()[0].size == 0
 
 
+
+@pytest.mark.parametrize("fails", ["filter copy", "publish"])
+def test_a_save_that_fails_midway_leaves_no_index_and_the_original_in_use(
+    tmp_path: Path, fails: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cold review of issue 27: a save that failed after the records were written and the filter file created
+    (a full disk, a kill) left a directory PrivateIndex.open accepted, same id, its filter without the spend:
+    a record with uses = 1 voted again there under the one cover. Now nothing is published until complete."""
+    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
+    from dp_icl_plugin.methods.knn import KNNConfig, PrivateKNN
+    from dp_icl_plugin.methods.knn import index as index_module
+
+    emb = TableEmbedder()
+    index = PrivateIndex(budget=BUDGET, embedder=emb)
+    index.add(["r0"], labels=["x"])
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
+    config = KNNConfig(k=1, shards=1, min_similarity=0.9, uses=1)
+
+    def takes_part(ix: PrivateIndex) -> int:
+        return len(PrivateKNN(ix, budget=ledger, labels=["x", "y"], config=config).retrieve("r0"))
+
+    assert takes_part(index) == 1 and takes_part(index) == 0  # r0 has spent its one use
+    if fails == "filter copy":
+        real = RenyiFilter._write_copy
+
+        def write_copy(self: RenyiFilter, path: object, owner: str) -> RenyiFilter:
+            real(self, path, owner)
+            raise OSError("disk full (injected)")  # the file exists by now: as a full disk mid-write leaves it
+
+        monkeypatch.setattr(RenyiFilter, "_write_copy", write_copy)
+        error: type[Exception] = OSError
+    else:
+        monkeypatch.setattr(index_module.os, "rename", lambda *a: (_ for _ in ()).throw(OSError("injected")))
+        error = LedgerError
+    with pytest.raises(error):
+        index.save(tmp_path / "ix")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []  # nothing at the path, no staging directory left
+    with pytest.raises(LedgerError, match="no private index"):
+        PrivateIndex.open(tmp_path / "ix", embedder=emb)
+    assert takes_part(index) == 0  # the original is the one live index, and still knows r0 is spent
+    saved = index.save(tmp_path / "ix")  # a later save works
+    assert takes_part(saved) == 0 and len([e for e in ledger.history() if "filter" in e.label]) == 1
+
+
+def test_an_index_is_saved_to_a_new_or_empty_directory_only(tmp_path: Path) -> None:
+    index, _ = make_index(3)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("someone's file")
+    with pytest.raises(ConfigurationError, match="already holds files"):
+        index.save(tmp_path / "busy")
+    (tmp_path / "empty").mkdir()
+    saved = index.save(tmp_path / "empty")
+    assert len(saved) == 3 and sorted(p.name for p in tmp_path.iterdir()) == ["busy", "empty"]
+
 def test_persistence_refuses_mismatched_parts(tmp_path: Path) -> None:
     a, emb = make_index(5)
     b, _ = make_index(5)

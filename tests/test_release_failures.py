@@ -219,3 +219,30 @@ def test_a_charged_retrieval_is_released_once_and_only_in_its_process() -> None:
     retriever.vote(retrieval, rng=np.random.default_rng(0))  # the parent releases it, once
     with pytest.raises(ConfigurationError, match="once"):
         retriever.vote(retrieval, rng=np.random.default_rng(1))
+
+
+@pytest.mark.parametrize("make", [_mozo, _clip], ids=["mozo", "clip-blend"])
+def test_a_charged_answer_stream_continues_only_in_its_process(make, tmp_path) -> None:
+    """A forked copy of a charged stream drew the rest of the answer again from the one charge (found by the
+    cold review of issue 27: parent and child streamed different tokens, the ledger held one answer)."""
+    import multiprocessing as mp
+
+    budget = BudgetManager(PrivacyBudget(1000.0, 1e-3), ledger=tmp_path / "ledger.sqlite")
+    decoder = make(_data(), FakeBackend(WORDS, eos_token="<eos>"), budget)
+    stream = decoder.stream("a b", rng=np.random.default_rng(0), stop=[])
+    next(stream)  # charged here
+    context = mp.get_context("fork")
+    queue = context.Queue()
+
+    def child() -> None:
+        try:
+            queue.put("released: " + "".join(stream))
+        except ConfigurationError as exc:
+            queue.put(str(exc))
+
+    worker = context.Process(target=child)
+    worker.start()
+    worker.join(60)
+    assert "charged in another process" in queue.get(timeout=5)
+    "".join(stream)  # the parent finishes its answer
+    assert len(budget.history()) == 1

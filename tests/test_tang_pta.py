@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests_support import steps_of
 
 from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import calibrate_subsampled_gaussian
@@ -163,7 +164,7 @@ def test_noiseless_tang_is_the_argmax_of_the_renormalised_sum() -> None:
     method = TangSynthesizer(n_prompts=4, records_per_prompt=3, max_tokens=5, shots_per_label=1, top_k=6,
                              top_p=0.6, noise_multiplier=1.0, template=TEMPLATE)  # fmt: skip
     demos = method.synthesize_nonprivate(_dataset(), labels=["a"], backend=backend, rng=np.random.default_rng(0))
-    calls = backend.calls[1:]  # the first call is the public pre-flight
+    calls = steps_of(backend.calls[1:], public=1)  # the first call is the public pre-flight
 
     def pick(batch: np.ndarray) -> int:
         p = np.exp(batch.astype(np.float64))
@@ -187,7 +188,7 @@ def test_noiseless_pta_with_alpha_zero_follows_the_base_prompt() -> None:
         order = np.lexsort((np.arange(batch.shape[1]), -batch[0]))[:10]
         return int(order[np.argmax(batch[1, order])])  # row 1 is the base prompt
 
-    first_demo = backend.calls[1 : 1 + 6]
+    first_demo = steps_of(backend.calls[1 : 1 + 2 * 6], public=2)  # public + base apart
     assert list(demos[0].token_ids) == _replay(first_demo, pick)
 
 
@@ -196,7 +197,7 @@ def test_pta3_drops_the_base_prompt() -> None:
     _pta(use_base=False, max_tokens=2, shots_per_label=1).synthesize_nonprivate(
         _dataset(), labels=["a"], backend=backend, rng=np.random.default_rng(1)
     )
-    assert backend.calls[1].shape[0] == 1 + 4  # public + M private, no base row
+    assert [c.shape[0] for c in backend.calls[1:3]] == [1, 4]  # the public row apart, then M private; no base row
 
 
 # ---------------------------------------------------------------------------- sampling as accounted

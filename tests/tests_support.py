@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import numpy as np
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = REPO_ROOT.parent / "shared"
 
@@ -51,3 +53,17 @@ def write_ginc_csv(path: Path, *, label_column: str = "label") -> Path:
             for ex in split[concept][0]:
                 writer.writerow([language.render([*ex.tokens, ex.label]), f"c{concept}"])
     return path
+
+
+def steps_of(calls: list, public: int) -> list:
+    """Each generation step's two backend calls (its ``public`` rows alone, then the records' rows) joined into
+    the step's rows, public first; asserts that every step made exactly those two calls."""
+    assert len(calls) % 2 == 0, f"{len(calls)} calls: not one public and one private call per step"
+    steps = []
+    for public_call, private_call in zip(calls[0::2], calls[1::2], strict=True):
+        assert len(public_call) == public, f"a public call held {len(public_call)} rows, not {public}"
+        if hasattr(public_call, "shape"):
+            steps.append(np.vstack([public_call, private_call]))
+        else:
+            steps.append([*public_call, *private_call])
+    return steps

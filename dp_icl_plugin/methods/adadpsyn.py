@@ -173,8 +173,9 @@ class AdaDPSynSynthesizer(SynthesisMethod):
                                                  per_prompt=c.records_per_prompt, rng=rng)  # fmt: skip
                     prompts = [ids.public(label, generated)]
                     prompts += [ids.private(label, subset, generated) for subset in subsets]
-                    # the public instruction the prompts start with is computed once (prefix KV cache)
-                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts, ids.instruction(label)))
+                    # the public instruction the prompts start with is computed once (prefix KV cache); the public
+                    # prompt in a call of its own, never beside the records' prompts
+                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts, ids.instruction(label), public=1))
                     if logprobs.shape[0] != len(prompts):
                         raise BackendError(f"the backend returned {logprobs.shape[0]} rows for {len(prompts)} prompts")
                     vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k)

@@ -298,7 +298,7 @@ class ClipBlendSynthesizer(SynthesisMethod):
                     for i in group
                 ]  # fmt: skip
                 sampled = 0
-                with start_prefix_rows(backend, prompts, instruction) as session:
+                with start_prefix_rows(backend, prompts, instruction, public=1) as session:  # the public prompt apart
                     generated = clip_blend_decode(session, clip=c.clip, subset_size=s, temperature=tau,
                                                   max_tokens=c.max_tokens, rng=rng, eos_token_id=eos, done=done,
                                                   on_token=tick)  # fmt: skip

@@ -18,6 +18,7 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.budget import LedgerEntry
+from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["ROLES", "AnswerStream", "DecodedAnswer", "Decoder", "Query", "answer_limit", "check_query"]
@@ -67,12 +68,19 @@ class AnswerState:
     finish_reason: str = "length"
     charge: LedgerEntry | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
+    charged_in: tuple[int, int] | None = None  # the process that charged it (process_mark), once charged
+
+    def charged(self, charge: LedgerEntry) -> None:
+        """Record the answer's charge and the process that made it."""
+        self.charge, self.charged_in = charge, process_mark()
 
 
 class AnswerStream(Iterator[str]):
     """The text pieces of one DP answer. The answer is charged on the first ``next`` (before anything is
     computed from private data); afterwards :attr:`charge` is the committed ledger entry. ``close()`` stops
-    the generation (refunding nothing)."""
+    the generation (refunding nothing). A charged stream continues only in the process that charged it: a
+    forked copy (a pre-forking server) would draw the rest of the answer again from the same charge, a second
+    release paid once, so it raises ``ConfigurationError`` instead."""
 
     def __init__(self, pieces: Generator[str, None, None], state: AnswerState) -> None:
         self._pieces = pieces
@@ -82,6 +90,11 @@ class AnswerStream(Iterator[str]):
         return self
 
     def __next__(self) -> str:
+        if self._state.charged_in is not None and self._state.charged_in != process_mark():
+            raise ConfigurationError(
+                "this answer was charged in another process: a forked copy cannot continue it (one charge pays "
+                "for one release); start a new answer here"
+            )
         return next(self._pieces)
 
     def close(self) -> None:

@@ -54,7 +54,7 @@ from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperatur
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.backends.shared_suffix import public_suffix, rows_logprobs, start_rows
-from dp_icl_plugin.errors import ConfigurationError, DPICLError, iterate_after_charge
+from dp_icl_plugin.errors import ConfigurationError, iterate_after_charge
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
 from dp_icl_plugin.methods.base import check_top_k
@@ -226,7 +226,7 @@ class _Decoder:
         probe_text = query if isinstance(query, str) else query[-1]["content"]
         try:
             probe = self._ids(query, PrivateRecord(probe_text, probe_text), reserve=reserve)
-        except DPICLError:  # the public probe does not encode: every row is sent whole
+        except Exception:  # the public probe does not encode (public: the query's own text): rows go whole
             return []
         return public_suffix(self._ids(query, None, reserve=reserve), probe)
 
@@ -253,7 +253,7 @@ class _Decoder:
         # The charge comes first: nothing below runs, and nothing is yielded, unless it is committed.
         if state.cancelled.is_set():  # the caller gave up before its answer began: nothing to pay for
             return
-        state.charge = self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer")
+        state.charged(self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer"))
         # Anything that fails from here on read private records: one fixed error, no cause, no context
         # (whether and how it failed must not depend on them; records were checked when this was built).
         yield from iterate_after_charge(self._pieces(prompt, limit, stops, rng, state))
@@ -369,7 +369,8 @@ class MozoDecoder(_Decoder):
                 if i not in one_shot:
                     one_shot[i] = self._ids(prompt, self._records[i])
             rows = [zero_shot, *(one_shot[i] for i in picked)]
-            logprobs = check_logprobs(rows_logprobs(self.backend, rows, generated, suffix=suffix))
+            # the zero-shot row is public: computed in a call of its own, never beside the records' rows
+            logprobs = check_logprobs(rows_logprobs(self.backend, rows, generated, suffix=suffix, public=1))
             token = mozo_token(logprobs[1:], logprobs[0], beta=self.beta, order=self.order, top_k=self.top_k,
                                rng=rng, lambda_max=self.lambda_max, variant="projected").token_id  # fmt: skip
             generated.append(token)
@@ -457,7 +458,8 @@ class ClipBlendDecoder(_Decoder):
         prompts = [self._ids(prompt, None, reserve=room)] + [self._ids(prompt, r, reserve=room) for r in self._subset]
         # the prompts stay fixed: one KV cache each, the records' parts from the backend's prefix cache (they
         # recur in every answer) where it has one
-        with start_rows(self.backend, prompts, suffix=self._public_suffix(prompt, reserve=room)) as session:
+        suffix = self._public_suffix(prompt, reserve=room)
+        with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
             logprobs = check_logprobs(session.logprobs)
             for step in range(limit):
                 token = clip_blend_token(logprobs[1:], logprobs[0], clip=self.clip, subset_size=self.subset_size,
@@ -468,15 +470,16 @@ class ClipBlendDecoder(_Decoder):
 
 
 def step_rows(method: str, settings: dict[str, Any]) -> int:
-    """Rows per forward that fit one step of a decoder, from its public settings only: DPS-MOZO's zero-shot row
-    and ``n_shots`` records; clip-blend's public row and a subset of expected size s (each record joins with
-    probability s/N, so its size is private: room for s + 2√s, which holds the draw 97.7 % of the time, the
-    rest taking a second forward). Never the realised number of rows, which would make a row's shape depend
-    on the others."""
+    """Rows per forward that fit one step of a decoder's records, from its public settings only: DPS-MOZO's
+    ``n_shots`` records; clip-blend's subset of expected size s (each record joins with probability s/N, so its
+    size is private: room for s + 2√s, which holds the draw 97.7 % of the time, the rest taking a second
+    forward). The public row (zero-shot or public prompt) goes in a forward of its own
+    (:mod:`~dp_icl_plugin.backends.public_rows`). Never the realised number of rows, which would make a row's
+    shape depend on the others."""
     if method == "mozo":
-        return 1 + int(settings.get("n_shots", 4))
+        return int(settings.get("n_shots", 4))
     subset = int(settings.get("subset_size", 1))
-    return 1 + subset + math.ceil(2 * math.sqrt(subset))
+    return subset + math.ceil(2 * math.sqrt(subset))
 
 
 def build_decoder(

@@ -293,9 +293,9 @@ class MozoOfflineSynthesizer(SynthesisMethod):
                         one_shot[i] = backend.encode(text, add_special_tokens=True)
                 # the records' parts from the backend's prefix KV cache where it has one (each row that ends
                 # with the public suffix); a prompt longer than the model keeps its end (the query and the
-                # output so far)
+                # output so far); the public zero-shot row in a call of its own
                 rows = [zero_shot] + [one_shot[i] for i in picked]
-                logprobs = check_logprobs(rows_logprobs(backend, rows, generated, suffix=suffix))
+                logprobs = check_logprobs(rows_logprobs(backend, rows, generated, suffix=suffix, public=1))
                 if private:
                     step = mozo_token(logprobs[1:], logprobs[0], beta=plan.params["beta"], order=c.order,
                                       top_k=c.top_k, rng=rng, lambda_max=c.lambda_max, variant="projected")  # fmt: skip

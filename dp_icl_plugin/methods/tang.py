@@ -160,8 +160,10 @@ class TangSynthesizer(SynthesisMethod):
                     if has_base:
                         prompts.append(ids.base(label, generated))
                     prompts += [ids.private(label, subset, generated) for subset in subsets]
-                    # the public instruction the prompts start with is computed once (prefix KV cache)
-                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts, ids.instruction(label)))
+                    # the public instruction the prompts start with is computed once (prefix KV cache); the public
+                    # prompt (and PTA's base prompt) in a call of their own, never beside the records' prompts
+                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts, ids.instruction(label),
+                                                                   public=2 if has_base else 1))  # fmt: skip
                     vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k,
                                                   top_p=c.top_p)  # fmt: skip
                     candidates = self._candidate_distributions(logprobs, vocabulary, has_base)

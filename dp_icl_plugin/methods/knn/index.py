@@ -254,9 +254,17 @@ class PrivateIndex:
         use afterwards (and a second save), so no record can spend its budget once here and once there. A
         copy under a new id would need a second cover charge for the same records, paying for nothing.
 
+        All or nothing: both files are written in a hidden staging directory beside ``path`` and renamed to
+        ``path`` once complete, under the filter's lock (no charge in between), and only then is this object
+        retired. A save that fails (a full disk) leaves no index at ``path`` and this object usable; a process
+        killed mid-save leaves at most a ``.<name>.saving-*`` directory, which is never opened as an index
+        (before, a directory with the records and a filter without its spend was left behind, and opening it
+        gave every record its budget again under the same cover).
+
         Raises:
             ConfigurationError: the index already lives in a directory or database, was saved already, or
-                ``path`` holds an index.
+                ``path`` exists and is not an empty directory.
+            LedgerError: the directory cannot be written.
         """
         self._check_usable()  # before the lock (a fork may leave it held)
         with self._lock:
@@ -264,14 +272,33 @@ class PrivateIndex:
             if self.path is not None or not isinstance(self._store, SQLiteRecordStore):
                 raise ConfigurationError(f"this index already lives in {self._store.where}; it is saved on each change")
             root = Path(path)
-            self._claim_directory(root)
-            self._store.backup_to(root / RECORDS_FILE)
-            self.filter.move_to(root / FILTER_FILE).close()  # retires the in-memory filter under its lock
+            staging = self._staging_directory(root)
+            try:
+                self._store.backup_to(staging / RECORDS_FILE)
+                # writes the filter's copy, renames the staging directory into place, then retires the
+                # in-memory filter: all under its lock
+                self.filter.move_to(staging / FILTER_FILE, publish=lambda: _publish(staging, root)).close()
+            except BaseException:
+                _remove_staging(staging)
+                raise
             self._retired = (f"this in-memory index was saved to {root}: use the index save() returned (or "
                              f"PrivateIndex.open on that directory)")  # fmt: skip
             self._store.close()
             self._faiss_index = None
         return PrivateIndex.open(root, embedder=self._embedder)
+
+    @staticmethod
+    def _staging_directory(root: Path) -> Path:
+        if root.exists() and (not root.is_dir() or any(root.iterdir())):
+            what = "a private index" if (root / RECORDS_FILE).exists() or (root / FILTER_FILE).exists() else "files"
+            raise ConfigurationError(f"{root} already holds {what}: an index is saved to a new or empty directory"
+                                     + ("; use PrivateIndex.open" if what == "a private index" else ""))  # fmt: skip
+        staging = root.parent / f".{root.name}.saving-{uuid.uuid4().hex[:12]}"
+        try:
+            staging.mkdir(parents=True)
+        except OSError as exc:
+            raise LedgerError(f"cannot create index directory {root}: {exc}") from None
+        return staging
 
     # -- records ----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -617,3 +644,17 @@ class PrivateIndex:
             self._selector = faiss.IDSelectorBitmap(len(self._active), faiss.swig_ptr(self._bitmap))
             self._bitmap_stale = False
         return _faiss().SearchParameters(sel=self._selector)
+
+
+def _publish(staging: Path, root: Path) -> None:
+    """Rename the complete staging directory to ``root`` (which must not exist, or be an empty directory)."""
+    try:
+        os.rename(staging, root)  # POSIX: replaces an empty directory, fails on a non-empty one
+    except OSError as exc:
+        raise LedgerError(f"cannot move the saved index into {root}: {exc}") from None
+
+
+def _remove_staging(staging: Path) -> None:
+    import shutil
+
+    shutil.rmtree(staging, ignore_errors=True)
