@@ -20,8 +20,8 @@ once per dataset and sampled many times.
 **The broken variant: the zero-shot row in the shared batch**, the decoder and backend before row isolation:
 the step's prompts (zero-shot and records) in one call, as the decoder sent them, computed as the backend did
 before commit f0de48a, written out here (:class:`SharedBatchRows`): the rows cut where they stop differing,
-the parts before the cut computed together in one left-padded forward, every part's keys and values zero-
-padded on the left to the call's *longest* part, one forward of the common suffix for all rows. The long
+the parts before the cut computed together in one left-padded forward, every part's keys and values
+zero-padded on the left to the call's *longest* part, one forward of the common suffix for all rows. The long
 record widens that padding; in bfloat16 a row's bits depend on its padded width (on this AVX-512 CPU, on the
 width modulo 16: the lanes its real positions fall in), so the zero-shot row moves (0.25–0.7 nats here) and
 with it the top-k support. A token in the support on one side only has probability 0 on the other: an
