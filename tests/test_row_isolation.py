@@ -70,6 +70,19 @@ def test_the_harness_passes_on_tiny_models(architecture: str, dtype: torch.dtype
     assert len(report.cases) == 13  # the prefix-cache cases ran too
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_the_harness_passes_with_two_threads(dtype: torch.dtype) -> None:
+    """The suite pins one thread; deployments run torch's default (one per core), whose kernels split work by
+    thread: the harness on two (cold review of issue 27)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        report = check_row_isolation(_tiny("llama", dtype))
+    finally:
+        torch.set_num_threads(threads)
+    assert report.isolated, str(report)
+
 @needs_smollm2
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
