@@ -233,6 +233,50 @@ def test_a_save_that_fails_midway_leaves_no_index_and_the_original_in_use(
     assert takes_part(saved) == 0 and len([e for e in ledger.history() if "filter" in e.label]) == 1
 
 
+
+@pytest.mark.parametrize("after", ["an error", "an interrupt"])
+def test_a_rename_that_took_effect_retires_the_original_whatever_it_reported(
+    tmp_path: Path, after: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Second cold review of issue 27: a rename that took effect and then reported an error (an NFS
+    retransmission) or was followed by an interrupt left the original in use beside the saved copy: two live
+    filters for one id (a record with uses = 2 used 3 times). The original is now retired before publishing,
+    and put back in use only when nothing was published."""
+    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin.methods.knn import KNNConfig, PrivateKNN
+    from dp_icl_plugin.methods.knn import index as index_module
+
+    emb = TableEmbedder()
+    index = PrivateIndex(budget=BUDGET, embedder=emb)
+    index.add(["r0"], labels=["x"])
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
+    config = KNNConfig(k=1, shards=1, min_similarity=0.9, uses=2)
+
+    def takes_part(ix: PrivateIndex) -> int:
+        try:
+            return len(PrivateKNN(ix, budget=ledger, labels=["x", "y"], config=config).retrieve("r0"))
+        except ConfigurationError as exc:
+            assert "saved to" in str(exc)
+            return 0
+
+    assert takes_part(index) == 1  # one of r0's two uses
+    real = index_module.os.rename
+    failure: BaseException = OSError("ENOENT (a retransmitted rename)") if after == "an error" else KeyboardInterrupt()
+
+    def rename(src: object, dst: object) -> None:
+        real(src, dst)
+        raise failure
+
+    monkeypatch.setattr(index_module.os, "rename", rename)
+    if after == "an error":
+        saved = index.save(tmp_path / "ix")  # it took effect: a successful save
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            index.save(tmp_path / "ix")
+        saved = PrivateIndex.open(tmp_path / "ix", embedder=emb)
+    monkeypatch.undo()
+    assert takes_part(index) == 0 and takes_part(saved) == 1 and takes_part(saved) == 0  # 2 uses in all
+
 def test_an_index_is_saved_to_a_new_or_empty_directory_only(tmp_path: Path) -> None:
     index, _ = make_index(3)
     (tmp_path / "busy").mkdir()

@@ -117,21 +117,21 @@ def test_public_apart_makes_two_calls_and_keeps_the_rows_order() -> None:
         calls.append(list(rows))
         return np.array([[float(r), 0.0] for r in rows])
 
-    out = public_apart([7, 8, 9], 1, compute)
+    out = public_apart(None, [7, 8, 9], 1, compute)
     assert calls == [[7], [8, 9]] and out[:, 0].tolist() == [7.0, 8.0, 9.0]
     calls.clear()
-    assert public_apart([7], 1, compute)[:, 0].tolist() == [7.0] and calls == [[7]]  # no records: one call
+    assert public_apart(None, [7], 1, compute)[:, 0].tolist() == [7.0] and calls == [[7]]  # no records: one call
     calls.clear()
-    public_apart([7, 8], 0, compute)
+    public_apart(None, [7, 8], 0, compute)
     assert calls == [[7, 8]]
     with pytest.raises(ConfigurationError, match="public must be"):
-        public_apart([7], 2, compute)
+        public_apart(None, [7], 2, compute)
 
 
 def test_a_stacked_session_steps_both_sessions_and_closes_both() -> None:
     backend = FakeBackend(WORDS, seed=1)
     prompts = [[0, 1], [2, 3, 4], [5]]
-    with backend.start(prompts) as whole, start_apart(prompts, 1, backend.start) as apart:
+    with backend.start(prompts) as whole, start_apart(backend, prompts, 1, backend.start) as apart:
         assert isinstance(apart, StackedSession) and apart.n_prompts == 3
         assert np.array_equal(apart.lengths, whole.lengths) and np.allclose(apart.logprobs, whole.logprobs)
         assert np.allclose(apart.append(3), whole.append(3))
@@ -151,6 +151,20 @@ def test_a_stacked_session_closes_the_public_one_when_the_second_fails_to_start(
         return opened[-1]
 
     with pytest.raises(RuntimeError):
-        start_apart([[0], [1]], 1, start)
+        start_apart(backend, [[0], [1]], 1, start)
     with pytest.raises(ConfigurationError, match="closed"):
         opened[0].append(1)
+
+
+def test_a_stacked_session_closes_every_session_even_when_one_fails_to_close() -> None:
+    class Failing(RecomputingSession):
+        def close(self) -> None:
+            super().close()
+            raise RuntimeError("close failed")
+
+    backend = FakeBackend(WORDS, seed=1)
+    first, second = Failing(backend, [[0]]), RecomputingSession(backend, [[1]])
+    with pytest.raises(RuntimeError):
+        StackedSession([first, second]).close()
+    with pytest.raises(ConfigurationError, match="closed"):
+        second.append(1)

@@ -183,15 +183,23 @@ class RenyiFilter:
             )
         return self._write_copy(path, owner)
 
-    def move_to(self, path: str | os.PathLike[str], *, publish: Callable[[], None] | None = None) -> RenyiFilter:
+    def move_to(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        publish: Callable[[], None] | None = None,
+        published: Callable[[], bool] | None = None,
+    ) -> RenyiFilter:
         """Write this in-memory filter (budget, owner, every unit's spend) to a new file at ``path`` and return
         it; this object then refuses every use, so the units' spend lives in one place only.
 
         Args:
             path: the new file.
-            publish: run after the copy is complete and before this object is retired, under the filter's lock
-                (e.g. renaming the directory that holds the copy into place). If it raises, the copy is closed,
-                this object stays in use and the error propagates.
+            publish: run once the copy is complete and this object is retired, under the filter's lock (e.g.
+                renaming the directory that holds the copy into place).
+            published: after ``publish`` raised, whether the copy was published all the same (a rename that
+                took effect and still reported an error). Only when it says no (given and False) is this
+                object put back in use; otherwise it stays retired (fail closed: never two live filters).
         """
         self._check_usable()
         with self._lock:  # no charge between the copy and the retirement
@@ -200,11 +208,17 @@ class RenyiFilter:
                 raise ConfigurationError(f"this filter already lives in {self.url or self.path}; only an in-memory "
                                          "filter is moved")  # fmt: skip
             moved = self._write_copy(path, self.owner)
-            if publish is not None:
-                moved.close()  # complete on disk (its log checkpointed) before it is published
-                publish()
+            memory = self._memory
             self._retire(f"this in-memory filter was saved to {path}: use the filter there (the index's save() "
                          "returned it)")  # fmt: skip
+            if publish is not None:
+                moved.close()  # complete on disk (its log checkpointed) before it is published
+                try:
+                    publish()
+                except BaseException:
+                    if published is not None and not published():
+                        self._retired, self._memory = None, memory  # nothing was published: still the only one
+                    raise
         return moved
 
     def _write_copy(self, path: str | os.PathLike[str], owner: str) -> RenyiFilter:

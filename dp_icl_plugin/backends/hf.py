@@ -140,6 +140,7 @@ class HFBackend(TokenizerBackendBase):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad) if pad is not None else 0
         self._lock = threading.Lock()
+        self._scope = threading.local()  # public_rows(): this thread's calls hold public rows only
         self._rows = IsolatedForward(self.model, device=self.device, pad_token_id=self.pad_token_id,
                                      vocab_size=self._vocab_size, shapes=self.shapes)  # fmt: skip
 
@@ -210,10 +211,29 @@ class HFBackend(TokenizerBackendBase):
             except (RuntimeError, ValueError, IndexError, TypeError) as exc:
                 raise BackendError(f"forward pass of {self.model_id} failed: {type(exc).__name__}") from exc
 
+    @contextmanager
+    def public_rows(self) -> Iterator[None]:
+        """Inside, this thread's calls hold public rows only (:mod:`~dp_icl_plugin.backends.public_rows` enters
+        it around a step's public rows), so their forwards have as many rows as the call brings (a public
+        number) instead of :meth:`RowShapes.rows_for <dp_icl_plugin.backends.row_shapes.RowShapes.rows_for>`
+        filler-completed micro-batches: a lone zero-shot row is one row, not ``micro_batch_size``. A
+        prefix's keys and values are computed as always (the cache's bits never depend on who asked). Never
+        enter it around a call with a private row: that call's size would reach the shape."""
+        previous = getattr(self._scope, "public", False)
+        self._scope.public = True
+        try:
+            yield
+        finally:
+            self._scope.public = previous
+
+    def _call_rows(self, n: int) -> int | None:
+        """Rows per forward for a call of ``n`` rows: ``n`` inside :meth:`public_rows`, else the shape policy's."""
+        return n if getattr(self._scope, "public", False) else None
+
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
         ids = self._prompt_ids(prompts)
         with self._forwarding():
-            result, _ = self._rows.run([RowTask(r) for r in ids], keep=False)
+            result, _ = self._rows.run([RowTask(r) for r in ids], keep=False, rows=self._call_rows(len(ids)))
         return result
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> HFIncrementalSession:
@@ -228,7 +248,7 @@ class HFBackend(TokenizerBackendBase):
         suffix; any other row is computed whole. Each row decides for itself, from its own tokens."""
         ids = self._prompt_ids(rows)  # next_token_logprobs' checks, length too
         with self._forwarding():
-            result, _ = self._rows.run(self._suffix_tasks(ids, suffix), keep=False)
+            result, _ = self._rows.run(self._suffix_tasks(ids, suffix), keep=False, rows=self._call_rows(len(ids)))
         return result
 
     def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> HFIncrementalSession:
@@ -245,7 +265,7 @@ class HFBackend(TokenizerBackendBase):
         the (public) prefix only."""
         ids = self._prompt_ids(rows)  # next_token_logprobs' checks, length too
         with self._forwarding():
-            result, _ = self._rows.run(self._prefix_tasks(prefix, ids), keep=False)
+            result, _ = self._rows.run(self._prefix_tasks(prefix, ids), keep=False, rows=self._call_rows(len(ids)))
         return result
 
     def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> HFIncrementalSession:
@@ -257,9 +277,10 @@ class HFBackend(TokenizerBackendBase):
 
     def _session(self, ids: list[list[int]], tasks: list[RowTask]) -> HFIncrementalSession:
         """The first forward of ``tasks`` and the session continuing it (the caller holds the lock)."""
-        logprobs, states = self._rows.run(tasks, keep=True)
+        rows = self._call_rows(len(tasks))
+        logprobs, states = self._rows.run(tasks, keep=True, rows=rows)
         if self._kv_reusable:  # rows of many lengths step together
-            states = self._rows.regroup(states, len(tasks))
+            states = self._rows.regroup(states, len(tasks), rows)
         return HFIncrementalSession(self, ids, logprobs, states)
 
     def _suffix_tasks(self, ids: list[list[int]], suffix: Sequence[int]) -> list[RowTask]:

@@ -61,6 +61,8 @@ def _quantised(model: Any) -> str | None:
     config = getattr(model, "config", None)
     if getattr(config, "quantization_config", None):
         return "its quantization_config"
+    if getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None:
+        return "transformers marks it quantised"
     modules = model.modules() if hasattr(model, "modules") else ()
     for module in modules:
         origin = type(module).__module__
@@ -70,6 +72,9 @@ def _quantised(model: Any) -> str | None:
     for parameter in parameters:
         if not parameter.dtype.is_floating_point or parameter.dtype.itemsize == 1:
             return f"its {parameter.dtype} weights"
+        for kind in (type(parameter), type(getattr(parameter, "data", parameter))):  # tensor subclasses (torchao)
+            if kind.__module__.startswith(_QUANTISED_MODULES):
+                return f"its {kind.__name__} weights ({kind.__module__.split('.')[0]})"
     return None
 
 
@@ -176,25 +181,35 @@ class IsolatedForward:
         last = out.logits[:, -1, : self.vocab_size].float()
         return torch.log_softmax(last, dim=-1).cpu().numpy(), getattr(out, self._cache_keyword)
 
-    def run(self, tasks: Sequence[RowTask], *, keep: bool) -> tuple[np.ndarray, list[RowState]]:
+    def run(
+        self, tasks: Sequence[RowTask], *, keep: bool, rows: int | None = None
+    ) -> tuple[np.ndarray, list[RowState]]:
         """Each task's next-token log-probabilities ``[len(tasks), vocab]`` and, with ``keep``, the micro-batches
-        with their caches (to continue a session or to read a row's keys and values)."""
+        with their caches (to continue a session or to read a row's keys and values).
+
+        ``rows``: the call's number of rows, when all are public (that number is then public too): forwards
+        have min(``rows``, ``shapes.rows_for``) rows instead of ``shapes.rows_for`` (no filler rows beyond the
+        call's)."""
         result = np.empty((len(tasks), self.vocab_size), dtype=np.float32)
         states: list[RowState] = []
         keys = [t.key(self.shapes) for t in tasks]
-        for (past_width, new_width), members in micro_batches(keys, lambda key: self.shapes.rows_for(key[1])):
-            logprobs, state = self._micro_batch([tasks[i] for i in members], members, past_width, new_width, keep)
+
+        def rows_of(key: tuple[int, int]) -> int:
+            return self.shapes.rows_for(key[1]) if rows is None else min(rows, self.shapes.rows_for(key[1]))
+
+        for (past_width, new_width), members in micro_batches(keys, rows_of):
+            logprobs, state = self._micro_batch([tasks[i] for i in members], members, past_width, new_width, keep,
+                                                rows_of((past_width, new_width)))  # fmt: skip
             result[members] = check_logprobs(logprobs[: len(members)])
             if keep:
                 states.append(state)
         return result, states
 
     def _micro_batch(
-        self, tasks: list[RowTask], members: list[int], past_width: int, new_width: int, keep: bool
+        self, tasks: list[RowTask], members: list[int], past_width: int, new_width: int, keep: bool, rows: int
     ) -> tuple[np.ndarray, RowState]:
         import torch
 
-        rows = self.shapes.rows_for(new_width)
         input_ids = torch.full((rows, new_width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((rows, past_width + new_width), dtype=torch.long)
         positions = torch.zeros((rows, new_width), dtype=torch.long)
@@ -239,9 +254,10 @@ class IsolatedForward:
             layers.append((keys, values))
         return _cache_from(layers)
 
-    def regroup(self, states: list[RowState], n_rows: int) -> list[RowState]:
+    def regroup(self, states: list[RowState], n_rows: int, rows: int | None = None) -> list[RowState]:
         """Session micro-batches of the rows of ``states``: each row's own keys and values, grouped by the
-        bucket of its own length (the coarse past width), so rows of many lengths step together."""
+        bucket of its own length (the coarse past width), so rows of many lengths step together. ``rows``: as
+        in :meth:`run` (a session whose rows are all public)."""
         import torch
 
         kvs: list[RowKV] = [[] for _ in range(n_rows)]
@@ -251,7 +267,7 @@ class IsolatedForward:
                 kvs[i], lengths[i] = self.own_kv(state, r), state.lengths[r]
         regrouped = []
         widths = [self.shapes.past_width(int(n)) for n in lengths]
-        rows = self.shapes.rows_for(1)  # a session grows by one token a step
+        rows = self.shapes.rows_for(1) if rows is None else min(rows, self.shapes.rows_for(1))  # one token a step
         for _, members in micro_batches(widths, lambda _: rows):
             width = widths[members[0]]
             cache = self._padded_cache([kvs[i] for i in members], [int(lengths[i]) for i in members], width, rows)

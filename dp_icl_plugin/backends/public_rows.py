@@ -7,7 +7,11 @@ neighbouring datasets, or a token can have probability 0 on one and not on the o
 Fixed forward shapes (:mod:`~dp_icl_plugin.backends.row_shapes`) keep rows apart only where no layer reads
 across rows; quantised layers with per-batch scales, a server batching requests, or a kernel that splits its
 reduction by batch size do. So the public rows of a step go to the backend in a call of their own, before
-the private rows: on any backend, whatever its kernels, a public row's batch-mates are public rows.
+the private rows: on a local backend (:class:`~dp_icl_plugin.backends.hf.HFBackend`, which serialises its
+calls), whatever its kernels, a public row's batch-mates are public rows. A server batching requests
+continuously may still put a public row beside another answer's or another client's rows: there the public
+row is apart from its own step's records only, and isolation rests on the server's batch-invariant kernels
+(``VLLM_BATCH_INVARIANT=1``) and ``dp-icl isolation`` against it (``docs/backends.md``).
 
 :func:`public_apart` splits a step's rows into those two calls; :class:`StackedSession` keeps two
 incremental sessions (public, private) side by side as one. The number of public rows is the method's
@@ -18,16 +22,30 @@ decision; what it costs is measured in ``benchmarks/decoding_floor.md``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from dp_icl_plugin.backends.base import IncrementalSession, appended_ids
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 
-__all__ = ["StackedSession", "public_apart", "start_apart"]
+__all__ = ["PublicRowsBackend", "StackedSession", "public_apart", "start_apart"]
 
 Row = TypeVar("Row")
+
+
+@runtime_checkable
+class PublicRowsBackend(Protocol):
+    """A backend that can size a call's forwards to the call when every row in it is public
+    (:meth:`~dp_icl_plugin.backends.hf.HFBackend.public_rows`: a lone public row is one row, not a micro-batch
+    of filler rows). Entered only around the public part of a step."""
+
+    def public_rows(self) -> AbstractContextManager[None]: ...
+
+
+def _public_scope(backend: object) -> AbstractContextManager[None]:
+    return backend.public_rows() if isinstance(backend, PublicRowsBackend) else nullcontext()
 
 
 def _check_public(public: int, n_rows: int) -> int:
@@ -36,10 +54,14 @@ def _check_public(public: int, n_rows: int) -> int:
     return public
 
 
-def public_apart(rows: Sequence[Row], public: int, compute: Callable[[list[Row]], np.ndarray]) -> np.ndarray:
+def public_apart(
+    backend: object, rows: Sequence[Row], public: int, compute: Callable[[list[Row]], np.ndarray]
+) -> np.ndarray:
     """``compute`` on the first ``public`` rows and on the rest in two calls, stacked in the rows' order.
 
     Args:
+        backend: the backend ``compute`` calls; the public call runs in its ``public_rows()`` scope where it
+            has one (:class:`PublicRowsBackend`).
         rows: the step's rows, public ones first.
         public: how many leading rows are public (from the method's structure, not from data).
         compute: one backend call: rows -> log-probabilities ``[len(rows), V]``.
@@ -54,10 +76,12 @@ def public_apart(rows: Sequence[Row], public: int, compute: Callable[[list[Row]]
     public = _check_public(public, len(rows))
     parts = [list(rows[:public]), list(rows[public:])]
     outputs = []
-    for part in parts:
+    scopes: list[AbstractContextManager[None]] = [_public_scope(backend), nullcontext()]
+    for part, scope in zip(parts, scopes, strict=True):
         if not part:  # e.g. clip-blend's subset drew no record: nothing to compute (the public call still runs)
             continue
-        out = np.asarray(compute(part))
+        with scope:
+            out = np.asarray(compute(part))
         if out.ndim != 2 or out.shape[0] != len(part):
             raise BackendError(f"the backend returned shape {out.shape} for {len(part)} prompts")
         outputs.append(out)
@@ -65,18 +89,22 @@ def public_apart(rows: Sequence[Row], public: int, compute: Callable[[list[Row]]
 
 
 def start_apart(
-    rows: Sequence[Row], public: int, start: Callable[[list[Row]], IncrementalSession]
+    backend: object, rows: Sequence[Row], public: int, start: Callable[[list[Row]], IncrementalSession]
 ) -> IncrementalSession:
     """An incremental session over ``rows`` whose first ``public`` rows run in a session of their own
-    (:class:`StackedSession`); ``start(rows)`` itself when all or none are public.
+    (:class:`StackedSession`, the public one started in ``backend``'s ``public_rows()`` scope where it has
+    one); ``start(rows)`` itself when none are public.
 
     Raises:
         ConfigurationError: ``public`` outside ``[0, len(rows)]``.
     """
     public = _check_public(public, len(rows))
-    if public in (0, len(rows)):
+    if public == 0:
         return start(list(rows))
-    first = start(list(rows[:public]))
+    with _public_scope(backend):
+        first = start(list(rows[:public]))
+    if public == len(rows):  # no records (clip-blend's subset drew none)
+        return first
     try:
         second = start(list(rows[public:]))
     except BaseException:
@@ -116,8 +144,9 @@ class StackedSession:
                           for s, a, b in zip(self._sessions, bounds[:-1], bounds[1:], strict=True)])  # fmt: skip
 
     def close(self) -> None:
-        for s in self._sessions:
-            s.close()
+        with ExitStack() as stack:  # every session closed, whichever raises
+            for s in self._sessions:
+                stack.callback(s.close)
 
     def __enter__(self) -> StackedSession:
         return self

@@ -133,7 +133,7 @@ def rows_logprobs(
             return np.asarray(backend.next_token_logprobs_shared_suffix(part, tail))
         return np.asarray(backend.next_token_logprobs(part))
 
-    return public_apart(prompts, public, compute)
+    return public_apart(backend, prompts, public, compute)
 
 
 def start_rows(
@@ -149,7 +149,7 @@ def start_rows(
             return backend.start_shared_suffix(part, list(suffix))
         return backend.start(part)
 
-    return start_apart(list(rows), public, start)
+    return start_apart(backend, list(rows), public, start)
 
 
 def prefix_rows_logprobs(
@@ -178,7 +178,7 @@ def prefix_rows_logprobs(
             )
         return result
 
-    return public_apart(list(rows), public, compute)
+    return public_apart(backend, list(rows), public, compute)
 
 
 def start_prefix_rows(
@@ -193,4 +193,4 @@ def start_prefix_rows(
             return backend.start(part)
         return backend.start_shared_prefix(list(prefix), part)
 
-    return start_apart(list(rows), public, start)
+    return start_apart(backend, list(rows), public, start)

@@ -275,17 +275,24 @@ class PrivateIndex:
             staging = self._staging_directory(root)
             try:
                 self._store.backup_to(staging / RECORDS_FILE)
-                # writes the filter's copy, renames the staging directory into place, then retires the
-                # in-memory filter: all under its lock
-                self.filter.move_to(staging / FILTER_FILE, publish=lambda: _publish(staging, root)).close()
+                # writes the filter's copy, retires the in-memory filter and renames the staging directory
+                # into place, all under the filter's lock; put back in use only if nothing was published
+                self.filter.move_to(staging / FILTER_FILE, publish=lambda: _publish(staging, root),
+                                    published=lambda: not staging.exists()).close()  # fmt: skip
             except BaseException:
-                _remove_staging(staging)
+                if staging.exists():  # not published: this index is still the only one
+                    _remove_staging(staging)
+                    raise
+                self._retire_saved(root)  # published after all (an interrupted or misreported rename)
                 raise
-            self._retired = (f"this in-memory index was saved to {root}: use the index save() returned (or "
-                             f"PrivateIndex.open on that directory)")  # fmt: skip
-            self._store.close()
-            self._faiss_index = None
+            self._retire_saved(root)
         return PrivateIndex.open(root, embedder=self._embedder)
+
+    def _retire_saved(self, root: Path) -> None:
+        self._retired = (f"this in-memory index was saved to {root}: use the index save() returned (or "
+                         f"PrivateIndex.open on that directory)")  # fmt: skip
+        self._store.close()
+        self._faiss_index = None
 
     @staticmethod
     def _staging_directory(root: Path) -> Path:
@@ -651,6 +658,8 @@ def _publish(staging: Path, root: Path) -> None:
     try:
         os.rename(staging, root)  # POSIX: replaces an empty directory, fails on a non-empty one
     except OSError as exc:
+        if not staging.exists() and (root / FILTER_FILE).exists():  # it took effect (e.g. an NFS retransmission)
+            return
         raise LedgerError(f"cannot move the saved index into {root}: {exc}") from None
 
 
