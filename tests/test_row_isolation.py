@@ -332,3 +332,19 @@ def test_a_decoders_backend_computes_one_step_per_forward(tmp_path) -> None:
     clip = build_decoder(str(model), data, budget=budget, method="clip-blend", n_queries=1, temperature=1.0,
                          subset_size=16, rng_subset=np.random.default_rng(0), device="cpu")  # fmt: skip
     assert clip.backend.micro_batch_size == 16 + 8  # type: ignore[attr-defined]
+
+
+def test_a_decoder_over_a_model_that_couples_rows_gets_one_row_per_forward(tmp_path) -> None:
+    """build_decoder chooses the rows per forward for the user, so a model that couples rows gets one (it was
+    refused with no way to ask for 1; second cold review of issue 27)."""
+    from dp_icl_plugin.methods.decoding import build_decoder
+
+    model = _mixtral()
+    model.save_pretrained(tmp_path / "moe")  # type: ignore[attr-defined]
+    build_tokenizer(symbol_names(VOCAB), model_max_length=512).save_pretrained(tmp_path / "moe")
+    data = PrivateDataset([PrivateRecord(" ".join(symbol_names(VOCAB)[10 + i : 12 + i]), "ab"[i % 2]) for i in range(8)])
+    decoder = build_decoder(str(tmp_path / "moe"), data, budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
+                            method="mozo", n_queries=1, beta=0.5, n_shots=3, top_k=20, device="cpu")  # fmt: skip
+    assert decoder.backend.micro_batch_size == 1  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match="micro_batch_size=1"):
+        HFBackend.from_pretrained(tmp_path / "moe", device="cpu", micro_batch_size=4)  # the user's own choice

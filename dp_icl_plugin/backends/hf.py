@@ -156,6 +156,7 @@ class HFBackend(TokenizerBackendBase):
         width_step: int = 16,
         prefix_cache_tokens: int = 8192,
         trust_remote_code: bool = False,
+        one_row_if_coupled: bool = False,
         **model_kwargs: Any,
     ) -> HFBackend:
         """Load a model directory, a hub id, a ``.gguf`` file or a named model (``gguf.MODELS``, e.g.
@@ -170,6 +171,9 @@ class HFBackend(TokenizerBackendBase):
                 overflows on some prompts, a failure that would depend on the records).
             micro_batch_size, tokens_per_forward, width_step, prefix_cache_tokens, device: as the constructor.
             trust_remote_code: passed to transformers (runs the checkpoint's own code: only for trusted ones).
+            one_row_if_coupled: a model whose forward couples rows (see ``micro_batch_size``) gets one row per
+                forward instead of being refused (for callers that chose ``micro_batch_size`` for the user, as
+                :func:`~dp_icl_plugin.backends.loading.load_backend` does).
             model_kwargs: passed to ``AutoModelForCausalLM.from_pretrained`` (a quantisation config makes the
                 model run one row per forward: see ``micro_batch_size``).
 
@@ -194,6 +198,8 @@ class HFBackend(TokenizerBackendBase):
             )
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendError(f"could not load a causal LM from {os.fspath(path_or_id)!r}: {exc}") from exc
+        if one_row_if_coupled and rows_coupled_by(model) is not None:
+            micro_batch_size = 1
         return cls(model, tokenizer, model_id=model_id, micro_batch_size=micro_batch_size, device=device,
                    tokens_per_forward=tokens_per_forward, width_step=width_step,
                    prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip

@@ -29,7 +29,8 @@ def load_backend(
     a folder, ``.gguf`` file, named model or tokenizer object; ``server_settings`` such as ``top_k``,
     ``allow_insecure_http``), else :class:`~dp_icl_plugin.backends.hf.HFBackend` over a local model (a folder,
     a hub id already cached, a ``.gguf`` file or a named model such as ``"smollm2-135m-instruct"``;
-    ``micro_batch_size``: its rows per forward, default the backend's)."""
+    ``micro_batch_size``: its rows per forward, default the backend's; 1 for a model whose forward couples
+    rows)."""
     if is_server_url(model):
         if tokenizer is None:
             raise ConfigurationError("a server URL needs tokenizer= (the served model's folder, .gguf file or name): "
@@ -42,6 +43,6 @@ def load_backend(
         raise ConfigurationError(f"{extra} apply to a server URL only, not to a local model")
     from dp_icl_plugin.backends.hf import HFBackend
 
-    if micro_batch_size is None:
-        return HFBackend.from_pretrained(model, device=device, dtype=dtype)
-    return HFBackend.from_pretrained(model, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
+    rows = {} if micro_batch_size is None else {"micro_batch_size": micro_batch_size}
+    # a model that couples rows (quantised, mixture-of-experts, ...) runs one row per forward
+    return HFBackend.from_pretrained(model, device=device, dtype=dtype, one_row_if_coupled=True, **rows)
