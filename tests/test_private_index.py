@@ -49,6 +49,33 @@ def make_index(n: int = 30, **kwargs) -> tuple[PrivateIndex, TableEmbedder]:
     return index, emb
 
 
+class OneRecord:
+    """An in-memory index of one record r0 with ``uses`` votes in its budget, a ledger, and how often an index
+    lets r0 vote (0 where it is retired: a saved original)."""
+
+    def __init__(self, uses: int) -> None:
+        from dp_icl_plugin import BudgetManager, PrivacyBudget
+        from dp_icl_plugin.methods.knn import KNNConfig
+
+        self.embedder = TableEmbedder()
+        self.index = PrivateIndex(budget=BUDGET, embedder=self.embedder)
+        self.index.add(["r0"], labels=["x"])
+        self.ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
+        self.config = KNNConfig(k=1, shards=1, min_similarity=0.9, uses=uses)
+
+    def takes_part(self, ix: PrivateIndex) -> int:
+        from dp_icl_plugin.methods.knn import PrivateKNN
+
+        try:
+            return len(PrivateKNN(ix, budget=self.ledger, labels=["x", "y"], config=self.config).retrieve("r0"))
+        except ConfigurationError as exc:
+            assert "saved to" in str(exc)
+            return 0
+
+    def covers(self) -> int:
+        return len([e for e in self.ledger.history() if e.label.startswith("knn-filter")])
+
+
 def brute_force(vectors: np.ndarray, q: np.ndarray, k: int) -> list[int]:
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     sims = unit @ (q / np.linalg.norm(q))
@@ -135,22 +162,8 @@ def test_saving_moves_the_index_so_a_record_spends_its_budget_once(tmp_path: Pat
     """Issue 27: save() returned a copy with the same id and left the original usable (and savable again), so
     a record with uses = 1 took part in 3 votes under one ledger charge. Now the spend moves to the directory:
     the in-memory original refuses every use, naming where it went, and a second save is refused."""
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods.knn import KNNConfig, PrivateKNN
-
-    emb = TableEmbedder()
-    index = PrivateIndex(budget=BUDGET, embedder=emb)
-    index.add(["r0"], labels=["x"])
-    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
-    config = KNNConfig(k=1, shards=1, min_similarity=0.9, uses=1)
-
-    def takes_part(ix: PrivateIndex) -> int:
-        try:
-            return len(PrivateKNN(ix, budget=ledger, labels=["x", "y"], config=config).retrieve("r0"))
-        except ConfigurationError as exc:
-            assert "saved to" in str(exc)
-            return 0
-
+    one = OneRecord(uses=1)
+    index, takes_part = one.index, one.takes_part
     copies = [index]
     for name in ("a", "b"):
         try:
@@ -159,7 +172,7 @@ def test_saving_moves_the_index_so_a_record_spends_its_budget_once(tmp_path: Pat
             assert f"saved to {tmp_path / 'a'}" in str(exc)
     assert sum(takes_part(ix) for ix in copies) == 1  # was 3: the original and two copies each let it vote
     assert len(copies) == 2 and not (tmp_path / "b").exists()
-    assert len([e for e in ledger.history() if e.label.startswith("knn-filter")]) == 1
+    assert one.covers() == 1
 
 
 def test_a_saved_in_memory_index_and_its_filter_refuse_every_use(tmp_path: Path) -> None:
@@ -187,7 +200,6 @@ def test_a_saved_in_memory_index_and_its_filter_refuse_every_use(tmp_path: Path)
     assert len(saved) == 5 and saved.filter.all_spent()[0].size == 0
 
 
-
 @pytest.mark.parametrize("fails", ["filter copy", "publish"])
 def test_a_save_that_fails_midway_leaves_no_index_and_the_original_in_use(
     tmp_path: Path, fails: str, monkeypatch: pytest.MonkeyPatch
@@ -195,20 +207,11 @@ def test_a_save_that_fails_midway_leaves_no_index_and_the_original_in_use(
     """Cold review of issue 27: a save that failed after the records were written and the filter file created
     (a full disk, a kill) left a directory PrivateIndex.open accepted, same id, its filter without the spend:
     a record with uses = 1 voted again there under the one cover. Now nothing is published until complete."""
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
-    from dp_icl_plugin.methods.knn import KNNConfig, PrivateKNN
     from dp_icl_plugin.methods.knn import index as index_module
 
-    emb = TableEmbedder()
-    index = PrivateIndex(budget=BUDGET, embedder=emb)
-    index.add(["r0"], labels=["x"])
-    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
-    config = KNNConfig(k=1, shards=1, min_similarity=0.9, uses=1)
-
-    def takes_part(ix: PrivateIndex) -> int:
-        return len(PrivateKNN(ix, budget=ledger, labels=["x", "y"], config=config).retrieve("r0"))
-
+    one = OneRecord(uses=1)
+    index, takes_part = one.index, one.takes_part
     assert takes_part(index) == 1 and takes_part(index) == 0  # r0 has spent its one use
     if fails == "filter copy":
         real = RenyiFilter._write_copy
@@ -227,11 +230,10 @@ def test_a_save_that_fails_midway_leaves_no_index_and_the_original_in_use(
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []  # nothing at the path, no staging directory left
     with pytest.raises(LedgerError, match="no private index"):
-        PrivateIndex.open(tmp_path / "ix", embedder=emb)
+        PrivateIndex.open(tmp_path / "ix", embedder=one.embedder)
     assert takes_part(index) == 0  # the original is the one live index, and still knows r0 is spent
     saved = index.save(tmp_path / "ix")  # a later save works
-    assert takes_part(saved) == 0 and len([e for e in ledger.history() if "filter" in e.label]) == 1
-
+    assert takes_part(saved) == 0 and one.covers() == 1
 
 
 @pytest.mark.parametrize("after", ["an error", "an interrupt"])
@@ -242,23 +244,10 @@ def test_a_rename_that_took_effect_retires_the_original_whatever_it_reported(
     retransmission) or was followed by an interrupt left the original in use beside the saved copy: two live
     filters for one id (a record with uses = 2 used 3 times). The original is now retired before publishing,
     and put back in use only when nothing was published."""
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods.knn import KNNConfig, PrivateKNN
     from dp_icl_plugin.methods.knn import index as index_module
 
-    emb = TableEmbedder()
-    index = PrivateIndex(budget=BUDGET, embedder=emb)
-    index.add(["r0"], labels=["x"])
-    ledger = BudgetManager(PrivacyBudget(10.0, 1e-4))
-    config = KNNConfig(k=1, shards=1, min_similarity=0.9, uses=2)
-
-    def takes_part(ix: PrivateIndex) -> int:
-        try:
-            return len(PrivateKNN(ix, budget=ledger, labels=["x", "y"], config=config).retrieve("r0"))
-        except ConfigurationError as exc:
-            assert "saved to" in str(exc)
-            return 0
-
+    one = OneRecord(uses=2)
+    index, takes_part = one.index, one.takes_part
     assert takes_part(index) == 1  # one of r0's two uses
     real = index_module.os.rename
     failure: BaseException = OSError("ENOENT (a retransmitted rename)") if after == "an error" else KeyboardInterrupt()
@@ -273,9 +262,10 @@ def test_a_rename_that_took_effect_retires_the_original_whatever_it_reported(
     else:
         with pytest.raises(KeyboardInterrupt):
             index.save(tmp_path / "ix")
-        saved = PrivateIndex.open(tmp_path / "ix", embedder=emb)
+        saved = PrivateIndex.open(tmp_path / "ix", embedder=one.embedder)
     monkeypatch.undo()
     assert takes_part(index) == 0 and takes_part(saved) == 1 and takes_part(saved) == 0  # 2 uses in all
+
 
 def test_an_index_is_saved_to_a_new_or_empty_directory_only(tmp_path: Path) -> None:
     index, _ = make_index(3)
