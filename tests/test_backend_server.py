@@ -30,6 +30,7 @@ from dp_icl_plugin.backends.server_http import check_base_url  # noqa: E402
 from dp_icl_plugin.backends.server_rows import full_row  # noqa: E402
 from dp_icl_plugin.errors import (  # noqa: E402
     ConfigurationError,
+    ReleaseFailedError,
     ServerError,
     ServerMismatchError,
     ServerRateLimitError,
@@ -245,8 +246,9 @@ def test_a_server_that_goes_down_mid_synthesis_keeps_the_charge(hf: HFBackend) -
         return fake(request)
 
     server._client._client._transport = httpx.MockTransport(go_down)
-    with pytest.raises(ServerUnavailableError):
+    with pytest.raises(ReleaseFailedError) as failed:  # after the charge: the one fixed error, no cause
         method.synthesize(data, backend=server, budget=budget, rng=np.random.default_rng(0), progress=False)
+    assert failed.value.__cause__ is None and failed.value.__context__ is None
     assert budget.spent().epsilon > 0  # charged before the first private call, never refunded
 
 

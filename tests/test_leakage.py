@@ -88,7 +88,7 @@ def test_components_holding_private_records_refuse_to_pickle() -> None:
 
     with pytest.raises(TypeError):
         pickle.dumps(DPICLLLM(decoder=decoder, rng=np.random.default_rng(0)))
-    selector = DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3), dataset=dataset(),
+    selector = DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3, top_k=5), dataset=dataset(),
                                         backend=backend(), budget=ledger, rng=np.random.default_rng(0))  # fmt: skip
     with pytest.raises(TypeError):
         pickle.dumps(selector)

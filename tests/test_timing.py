@@ -194,9 +194,10 @@ def test_real_clock_padding_and_bad_settings() -> None:
 
 @pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
 def test_concurrent_answers_each_keep_their_own_window(kind: str) -> None:
-    """Real clock: one answer alone takes ~0.16 s (4 forwards of ≥ 40 ms), the window is 0.45 s. Four callers
-    at once: answers interleaved token by token would each take ~0.64 s and all overrun their windows; run
-    one at a time, each inside its own window, none does."""
+    """Real clock: one answer alone takes ~0.32 s (8 backend calls of ≥ 40 ms: a step's public row and its
+    records' rows in calls of their own), the window is 0.45 s. Four callers at once: answers interleaved token
+    by token would each take ~1.3 s and all overrun their windows; run one at a time, each inside its own
+    window, none does."""
     backend = FakeBackend(WORDS, eos_token="<eos>", seed=3)
     forward, start = backend.next_token_logprobs, backend.start
 
@@ -207,7 +208,9 @@ def test_concurrent_answers_each_keep_their_own_window(kind: str) -> None:
     class SlowSession:
         def __init__(self, session) -> None:
             self._session = session
-            self.logprobs = session.logprobs
+
+        def __getattr__(self, name: str):  # n_prompts, lengths, logprobs, close
+            return getattr(self._session, name)
 
         def append(self, token):
             time.sleep(0.04)
