@@ -43,6 +43,6 @@ def load_backend(
         raise ConfigurationError(f"{extra} apply to a server URL only, not to a local model")
     from dp_icl_plugin.backends.hf import HFBackend
 
-    rows = {} if micro_batch_size is None else {"micro_batch_size": micro_batch_size}
+    rows: dict[str, Any] = {} if micro_batch_size is None else {"micro_batch_size": micro_batch_size}
     # a model that couples rows (quantised, mixture-of-experts, ...) runs one row per forward
     return HFBackend.from_pretrained(model, device=device, dtype=dtype, one_row_if_coupled=True, **rows)
