@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from dp_icl_plugin.backends.hf_rows import cache_from_layers, cache_layers
 from dp_icl_plugin.backends.shared_suffix import common_suffix_length
 from dp_icl_plugin.mechanisms.mozo import mozo_distribution, top_k_support
 
@@ -187,7 +188,7 @@ class SharedBatchRows(RecordingBackend):
         width = input_ids.shape[1]
         for i, p in enumerate(missing):
             self.parts[p] = [(k[i : i + 1, :, width - len(p) :].clone(), v[i : i + 1, :, width - len(p) :].clone())
-                             for k, v in _layers_of(cache)]  # fmt: skip
+                             for k, v in cache_layers(cache)]  # fmt: skip
 
     def _suffix_forward(self, prefixes: list[list[int]], suffix: list[int], width: int | None = None) -> np.ndarray:
         """One forward of ``suffix`` after every part's keys and values, left-padded to ``width`` (the old
@@ -207,7 +208,7 @@ class SharedBatchRows(RecordingBackend):
             mask[i, longest - len(k) :] = 1
         positions = torch.tensor([len(k) for k in keys]).unsqueeze(1) + torch.arange(len(suffix)).unsqueeze(0)
         suffix_ids = torch.tensor([suffix] * len(keys), dtype=torch.long)
-        logprobs, _ = self._forward(suffix_ids, mask, positions, _cache_from(padded))
+        logprobs, _ = self._forward(suffix_ids, mask, positions, cache_from_layers(padded))
         return logprobs
 
 
@@ -219,21 +220,6 @@ def _old_split(rows: list[list[int]], capacity: int | None) -> int | None:
     common = min(common_suffix_length(rows[0], r) for r in rows[1:])
     common = min(common, min(map(len, rows)) - 1)
     return common if common > 0 else None
-
-
-def _layers_of(cache: Any) -> list[tuple[Any, Any]]:
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
-
-
-def _cache_from(layers: list[tuple[Any, Any]]) -> Any:
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(ddp_cache_data=layers)
-    except TypeError:  # older transformers
-        return DynamicCache.from_legacy_cache(tuple(layers))  # type: ignore[attr-defined]
 
 
 # -- the neighbouring datasets and the decoder's first token -------------------------------------------------

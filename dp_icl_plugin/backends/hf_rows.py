@@ -28,7 +28,7 @@ import numpy as np
 from dp_icl_plugin.backends.base import check_logprobs
 from dp_icl_plugin.backends.row_shapes import RowShapes, micro_batches
 
-__all__ = ["IsolatedForward", "RowKV", "RowState", "RowTask", "rows_coupled_by"]
+__all__ = ["IsolatedForward", "RowKV", "RowState", "RowTask", "cache_from_layers", "cache_layers", "rows_coupled_by"]
 
 RowKV = list[tuple[Any, Any]]
 """One row's keys and values per layer, each ``[1, kv_heads, length, head_dim]``: its own positions only."""
@@ -58,7 +58,7 @@ _QUANTISED_MODULES = ("torch.ao.nn.quantized", "torch.nn.quantized", "bitsandbyt
 def _quantised(model: Any) -> str | None:
     """What marks ``model`` as quantised: a quantisation config, a module from a quantisation library, or a
     weight stored as integers or 8-bit floats (None when nothing does)."""
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", model)
     if getattr(config, "quantization_config", None):
         return "its quantization_config"
     if getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None) is not None:
@@ -86,7 +86,7 @@ def rows_coupled_by(model: Any) -> str | None:
     row passing the original context switches every row's frequencies); mixture-of-experts routing (each
     expert's matrix product is as large as the tokens of all rows routed to it); and quantised layers, whose
     activation scales or outlier columns may be chosen from the whole batch (``torch.ao`` dynamic
-    quantisation: the review measured a public row moving by 0.011 nats with its batch-mate; bitsandbytes
+    quantisation: a row moved 0.016 nats with its batch-mate, ``tests/test_row_isolation.py``; bitsandbytes
     LLM.int8's outlier columns, FP8 with per-tensor dynamic scales). Quantisation schemes are too many to tell
     apart, so any quantised model counts (a GGUF file is dequantised on load and does not). Such a model runs
     one row per forward (``micro_batch_size=1``). The list is what is known, not a proof: ``dp-icl isolation``
@@ -106,9 +106,7 @@ def rows_coupled_by(model: Any) -> str | None:
     experts = [n for n in _EXPERT_COUNTS if isinstance(getattr(config, n, None), int) and getattr(config, n) > 1]
     if experts:
         return "it routes tokens to experts, whose matrix products are sized by every row's tokens"
-    quantised = _quantised(model) if model is not config else None
-    if quantised is None and getattr(config, "quantization_config", None):
-        quantised = "its quantization_config"
+    quantised = _quantised(model)
     if quantised:
         return f"it is quantised ({quantised}): activation scales or outliers may be chosen from the whole batch"
     return None
@@ -238,7 +236,7 @@ class IsolatedForward:
         """The keys and values of ``state``'s row ``row`` at its own (unmasked) positions, copied."""
         columns = state.mask[row].nonzero().flatten()
         return [(k[row : row + 1].index_select(2, columns).clone(), v[row : row + 1].index_select(2, columns).clone())
-                for k, v in _layers_of(state.cache)]  # fmt: skip
+                for k, v in cache_layers(state.cache)]  # fmt: skip
 
     def _padded_cache(self, pasts: Sequence[RowKV | None], lengths: Sequence[int], width: int, rows: int) -> Any:
         """A cache of ``rows`` rows: each past left-padded to ``width`` (fillers: zeros, masked)."""
@@ -252,7 +250,7 @@ class IsolatedForward:
                     keys[r, :, width - n :] = past[layer][0][0]
                     values[r, :, width - n :] = past[layer][1][0]
             layers.append((keys, values))
-        return _cache_from(layers)
+        return cache_from_layers(layers)
 
     def regroup(self, states: list[RowState], n_rows: int, rows: int | None = None) -> list[RowState]:
         """Session micro-batches of the rows of ``states``: each row's own keys and values, grouped by the
@@ -296,14 +294,15 @@ class IsolatedForward:
         return check_logprobs(logprobs[: len(state.members)])
 
 
-def _layers_of(cache: Any) -> list[tuple[Any, Any]]:
+def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
     """(keys, values) per layer from a transformers cache."""
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
     return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
 
 
-def _cache_from(layers: list[tuple[Any, Any]]) -> Any:
+def cache_from_layers(layers: list[tuple[Any, Any]]) -> Any:
+    """A transformers cache holding ``layers`` ((keys, values) per layer)."""
     from transformers import DynamicCache
 
     try:
