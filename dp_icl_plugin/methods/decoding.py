@@ -49,7 +49,7 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
-from dp_icl_plugin.accounting.budget import BudgetManager
+from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
@@ -71,13 +71,13 @@ __all__ = [  # DecodedAnswer, Query, check_query: re-exported
 
 
 class _Decoder:
-    """Shared plumbing: prompt building, the per-answer charge, stop sequences, streaming."""
+    """Shared plumbing: prompt building, the per-answer charge, stop sequences, streaming. Subclasses say what
+    an answer is charged (:meth:`_charge`) and how its tokens are drawn (:meth:`_tokens`)."""
 
     kind = ""
 
     def __init__(
         self,
-        dataset: PrivateDataset,
         *,
         backend: NextTokenBackend,
         budget: BudgetManager,
@@ -85,13 +85,10 @@ class _Decoder:
         template: AnswerTemplate | None,
         fixed_latency: float | FixedLatency | None,
     ) -> None:
-        if not isinstance(dataset, PrivateDataset):
-            raise ConfigurationError("dataset must be a PrivateDataset")
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
         if not isinstance(backend, NextTokenBackend):
             raise ConfigurationError("backend must be a NextTokenBackend")
-        self.dataset = dataset
         self.backend = backend
         self.budget = budget
         self.max_tokens = check.positive_int("max_tokens", max_tokens)
@@ -99,8 +96,6 @@ class _Decoder:
         if not isinstance(self.template, AnswerTemplate):
             raise ConfigurationError("template must be an AnswerTemplate")
         self.fixed_latency = as_fixed_latency(fixed_latency)
-        self._records = [r for y in dataset.labels for r in dataset.records(y)]
-        check_records_encode(backend, self._records, with_labels=True)
         self._lock = threading.Lock()  # one token step at a time (backend, rng, tokenizer); never held across a yield
 
     def __repr__(self) -> str:
@@ -253,13 +248,19 @@ class _Decoder:
         # The charge comes first: nothing below runs, and nothing is yielded, unless it is committed.
         if state.cancelled.is_set():  # the caller gave up before its answer began: nothing to pay for
             return
-        state.charged(self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer"))
+        charge, paid = self._charge(prompt, limit)
+        state.charged(charge)
         # Anything that fails from here on read private records: one fixed error, no cause, no context
         # (whether and how it failed must not depend on them; records were checked when this was built).
-        yield from iterate_after_charge(self._pieces(prompt, limit, stops, rng, state))
+        yield from iterate_after_charge(self._pieces(prompt, limit, stops, rng, state, paid))
 
-    def _pieces(self, prompt, limit, stops, rng, state: AnswerState) -> Iterator[str]:
-        tokens = self._tokens(prompt, limit, rng)
+    def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Any]:
+        """Charge one answer of at most ``limit`` tokens (nothing private computed yet); returns the committed
+        ledger entry and what the answer's tokens are drawn from (here nothing beyond the decoder's records)."""
+        return self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer"), None
+
+    def _pieces(self, prompt, limit, stops, rng, state: AnswerState, paid: Any) -> Iterator[str]:
+        tokens = self._tokens(prompt, limit, rng, paid)
         hold = max((len(s) - 1 for s in stops), default=0)  # a tail that may still grow into a stop sequence
         try:
             while True:
@@ -288,11 +289,33 @@ class _Decoder:
         finally:
             tokens.close()  # its session drops its caches; no lock (a collected stream may close in any thread)
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Generator[int, None, None]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
         raise NotImplementedError
 
 
-class MozoDecoder(_Decoder):
+class _DatasetDecoder(_Decoder):
+    """A decoder over a :class:`PrivateDataset` held in memory, charged to the ledger per answer."""
+
+    def __init__(
+        self,
+        dataset: PrivateDataset,
+        *,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        max_tokens: int,
+        template: AnswerTemplate | None,
+        fixed_latency: float | FixedLatency | None,
+    ) -> None:
+        if not isinstance(dataset, PrivateDataset):
+            raise ConfigurationError("dataset must be a PrivateDataset")
+        super().__init__(backend=backend, budget=budget, max_tokens=max_tokens, template=template,
+                         fixed_latency=fixed_latency)  # fmt: skip
+        self.dataset = dataset
+        self._records = [r for y in dataset.labels for r in dataset.records(y)]
+        check_records_encode(backend, self._records, with_labels=True)
+
+
+class MozoDecoder(_DatasetDecoder):
     """DPS-MOZO online decoding; see the module docstring.
 
     Args:
@@ -357,7 +380,7 @@ class MozoDecoder(_Decoder):
         steps = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
         return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Generator[int, None, None]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
         zero_shot = self._ids(prompt, None)
         suffix = self._public_suffix(prompt)
         one_shot: dict[int, list[int]] = {}
@@ -377,7 +400,7 @@ class MozoDecoder(_Decoder):
             yield token
 
 
-class ClipBlendDecoder(_Decoder):
+class ClipBlendDecoder(_DatasetDecoder):
     """Clip-blend online decoding over a fixed private subset; see the module docstring.
 
     Args:
@@ -453,7 +476,7 @@ class ClipBlendDecoder(_Decoder):
     def _reserve(self, limit: int) -> int:
         return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator) -> Generator[int, None, None]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
         room = self._reserve(limit)
         prompts = [self._ids(prompt, None, reserve=room)] + [self._ids(prompt, r, reserve=room) for r in self._subset]
         # the prompts stay fixed: one KV cache each, the records' parts from the backend's prefix cache (they

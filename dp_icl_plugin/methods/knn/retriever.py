@@ -53,7 +53,8 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
-from dp_icl_plugin.accounting.budget import BudgetManager
+from dp_icl_plugin.accounting import rdp
+from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.conversion import group_of_two_delta
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.process_mark import process_mark
@@ -79,7 +80,10 @@ __all__ = [
 ]
 
 SQRT2 = math.sqrt(2.0)
-RELEASES = ("vote", "classify", "answer")
+RELEASES = ("vote", "classify", "answer", "decode")
+EXPERT_CLIP_MAX = 10.0
+"""The largest clipping bound c an expert-decoding release uses (Bhusal et al.'s c): beyond it a larger
+privacy allowance lowers the temperature instead (a greedier answer)."""
 KEYWORD_RELEASES = ("threshold", "ptr")
 
 
@@ -95,6 +99,29 @@ def noise_for_uses(budget: IndividualBudget, *, uses: int, sensitivity: float) -
     ok = np.isfinite(caps) & (caps > 0)
     ratio = float(np.min(a[ok] / caps[ok]))
     return math.sqrt(uses * delta_sens**2 * ratio / 2.0) * (1 + 1e-9)
+
+
+def token_epsilon_for_uses(budget: IndividualBudget, *, uses: int, tokens: int) -> float:
+    """The largest per-token ε0 of a bounded-range mechanism (the expert-decoding token, one expert changed)
+    such that a unit can pay for ``uses`` answers of ``tokens`` tokens each: uses·tokens·min(αε0²/8, pure(ε0))
+    ≤ B_α at some order α of the filter, found by bisection (the RDP curve grows with ε0)."""
+    uses = check.positive_int("uses", uses)
+    steps = uses * check.positive_int("tokens", tokens)
+    orders = np.asarray(budget.orders)
+    caps = budget.caps * (1 - 2e-9)  # the filter keeps 1e-9 of room below every cap
+
+    def fits(eps0: float) -> bool:
+        return bool(np.any(steps * rdp.bounded_range_rdp(orders, eps0) <= caps))
+
+    low, high = 0.0, 1.0
+    while fits(high):
+        low, high = high, 2.0 * high
+    for _ in range(100):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    if low <= 0.0:
+        raise ConfigurationError(f"the index's budget cannot pay for {uses} answers of {tokens} tokens")
+    return low
 
 
 @dataclass(frozen=True)
@@ -118,7 +145,12 @@ class KNNConfig:
             keyword tokens (the ℓ2 sensitivity is √(2·keywords_per_answer) per shard).
         stopwords: words that are never keywords (a keyword is a token with a letter or digit whose
             lower-cased text is not one of them); public, default :data:`~dp_icl_plugin.methods.knn.prompts.STOPWORDS`.
-        max_answer_tokens: the length limit of every generated answer.
+        max_answer_tokens: the length limit of every generated answer (a ``decode`` release is charged for it).
+        expert_temperature: the highest sampling temperature τ of a ``decode`` release (expert decoding,
+            :class:`~dp_icl_plugin.methods.knn.experts.KNNExpertDecoder`); the clipping bound follows from the
+            budget, and where it would pass :data:`EXPERT_CLIP_MAX` the temperature is lowered instead.
+        expert_top_k: a ``decode`` release samples among the zero-shot output's this many most likely tokens
+            (public; 0 for the whole vocabulary).
     """
 
     k: int = 40
@@ -132,6 +164,8 @@ class KNNConfig:
     keywords_per_answer: int = 4
     stopwords: frozenset[str] = STOPWORDS
     max_answer_tokens: int = 16
+    expert_temperature: float = 0.5
+    expert_top_k: int = 100
 
     def __post_init__(self) -> None:
         for name in ("k", "shards", "uses", "keywords", "keywords_per_answer", "max_answer_tokens"):
@@ -151,6 +185,9 @@ class KNNConfig:
         for name in ("noise_std", "keyword_noise_std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check.positive_finite(name, getattr(self, name)))
+        object.__setattr__(self, "expert_temperature", check.positive_finite("expert_temperature",
+                                                                             self.expert_temperature))  # fmt: skip
+        object.__setattr__(self, "expert_top_k", check.int_at_least("expert_top_k", self.expert_top_k, 0))
 
 
 class PrivateText:
@@ -210,9 +247,11 @@ class Retrieval(Sequence[RetrievedRecord]):
         k: int,
         entry: int,
         charged_by: object,
+        charge: LedgerEntry | None = None,
     ) -> None:
         self.release = release
         self.ledger_entry = entry
+        self.charge = charge  # the committed ledger entry (its id is ``ledger_entry``)
         self._query = query
         self._candidates = candidates
         self._records = records
@@ -343,6 +382,7 @@ class PrivateKNN:
         self.ptr_delta = (
             float(filt.approximate_delta or 0.0) / self.config.uses if self.config.keyword_release == "ptr" else 0.0
         )
+        self.expert_epsilon = token_epsilon_for_uses(filt, uses=self.config.uses, tokens=self.config.max_answer_tokens)
         self._label_tokens: np.ndarray | None = None
         self.cover_entry = self._cover()
 
@@ -350,13 +390,18 @@ class PrivateKNN:
         return f"PrivateKNN(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
 
     # -- public API -------------------------------------------------------------------------------
-    def retrieve(self, query: str, *, release: str = "vote", k: int | None = None) -> Retrieval:
+    def retrieve(
+        self, query: str, *, release: str = "vote", k: int | None = None, tokens: int | None = None
+    ) -> Retrieval:
         """Charge every candidate's unit for one ``release`` and return the records that release may use.
 
         Args:
             query: the public query text.
-            release: the release the records are for (``vote``, ``classify`` or ``answer``); it sets the cost.
+            release: the release the records are for (``vote``, ``classify``, ``answer`` or ``decode``); it
+                sets the cost.
             k: records to use (default ``config.k``; for classify/answer a multiple of ``config.shards``).
+            tokens: a ``decode`` release's answer length it is charged for (default and most:
+                ``config.max_answer_tokens``).
 
         Raises:
             ConfigurationError: bad query, k or release kind, or a release this retriever cannot run (no
@@ -368,6 +413,10 @@ class PrivateKNN:
         k = self.config.k if k is None else check.positive_int("k", k)
         if release != "vote" and k % self.config.shards:
             raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
+        tokens = self.config.max_answer_tokens if tokens is None else check.positive_int("tokens", tokens)
+        if tokens > self.config.max_answer_tokens:
+            raise ConfigurationError(f"an answer of {tokens} tokens exceeds the {self.config.max_answer_tokens} "
+                                     "(config.max_answer_tokens) a unit's budget was divided for")  # fmt: skip
         self._require(release)
         query_vector = self.index.embed_query(query)
         if release == "answer":
@@ -375,24 +424,25 @@ class PrivateKNN:
         # No check of the index's size: whether it holds any record is private (add/remove), so an empty index
         # (or one with no candidate) goes through the same charge and release, over zero records.
         self.index.refresh()  # records added or removed by other processes or hosts
-        self.index.expect_release(self._cost(release, 1, k))  # public: the search mask's floor
+        self.index.expect_release(self._cost(release, 1, k, tokens))  # public: the search mask's floor
         candidates = self.index.within(query_vector, self.config.min_similarity)
-        admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k))
+        admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k, tokens))
         entry = self.budget.spend(
             ev.FilteredReleaseEvent(
-                self._event(release, 1, k), covered_by=self.cover_entry, neighbouring=ev.ADD_REMOVE
+                self._event(release, 1, k, tokens), covered_by=self.cover_entry, neighbouring=ev.ADD_REMOVE
             ),
             label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
         )
         # reading the charged records: a failure here is the one fixed error
         used, records = after_charge(lambda: self._charged_records(admitted, release, k))
-        return Retrieval(release, query, used, records, k, entry.id, charged_by=self)
+        return Retrieval(release, query, used, records, k, entry.id, charged_by=self, charge=entry)
 
     def _charged_records(self, admitted: Candidates, release: str, k: int) -> tuple[Candidates, list[RetrievedRecord]]:
         # A record another host removed after this copy's refresh may have paid; it takes no part.
         still, stored = self.index.present(admitted.ids)
         admitted = admitted.take(still)
-        used = admitted if release != "vote" else admitted.take(np.arange(len(admitted)) < k)
+        top_k = release in ("vote", "decode")  # the k nearest admitted; shards pick their own from all of them
+        used = admitted.take(np.arange(len(admitted)) < k) if top_k else admitted
         records = [
             RetrievedRecord(
                 PrivateText(r.text),
@@ -570,7 +620,7 @@ class PrivateKNN:
     def _require(self, release: str) -> None:
         if release in ("vote", "classify") and self.labels is None:
             raise ConfigurationError(f"a {release} release needs the retriever's labels")
-        if release in ("classify", "answer") and self.backend is None:
+        if release in ("classify", "answer", "decode") and self.backend is None:
             raise ConfigurationError(f"a {release} release needs a backend (a language model)")
         if release == "classify":
             self._label_token_ids()
@@ -607,7 +657,12 @@ class PrivateKNN:
             self._label_tokens = np.asarray(first, dtype=np.int64)
         return self._label_tokens
 
-    def _event(self, release: str, c: int, k: int | None = None) -> ev.DPEvent:
+    def _event(self, release: str, c: int, k: int | None = None, tokens: int | None = None) -> ev.DPEvent:
+        """What one release costs a unit with ``c`` candidate records (a function of its own records only)."""
+        if release == "decode":  # min(c, k) experts swapped, each moving ẑ by c_clip/k: ε0 per expert
+            token = ev.ExponentialMechanismEvent(self.expert_epsilon * min(c, k or self.config.k),
+                                                 neighbouring=ev.ADD_REMOVE)  # fmt: skip
+            return ev.SelfComposedEvent(token, tokens or self.config.max_answer_tokens)
         cap = (self.config.k if k is None else k) if release == "vote" else self.config.shards
         if release == "answer" and self.config.keyword_release == "ptr":  # the group is inside the distance
             return ev.GaussianEvent(self.keyword_noise_std, sensitivity=1.0, neighbouring=ev.ADD_REMOVE)
@@ -618,9 +673,21 @@ class PrivateKNN:
             sensitivity, noise = SQRT2 * min(c, cap), self.noise_std
         return ev.GaussianEvent(noise / sensitivity, sensitivity=sensitivity, neighbouring=ev.ADD_REMOVE)
 
-    def _cost(self, release: str, c: int, k: int | None = None) -> ReleaseCost:
+    def _cost(self, release: str, c: int, k: int | None = None, tokens: int | None = None) -> ReleaseCost:
         delta = self.ptr_delta if release == "answer" else 0.0  # 0 unless the keywords go by PTR
-        return ReleaseCost.of(self._event(release, c, k), self.index.filter.budget.orders, delta=delta)
+        return ReleaseCost.of(self._event(release, c, k, tokens), self.index.filter.budget.orders, delta=delta)
+
+    def expert_scale(self, k: int | None = None) -> tuple[float, float]:
+        """The clipping bound c and temperature τ of a ``decode`` release over ``k`` experts (default
+        ``config.k``): one expert swapped moves the blended score by c/k per token, an exponential mechanism
+        of ε0 = 2c/(kτ) = :attr:`expert_epsilon`; so c/τ = ε0·k/2. τ is ``config.expert_temperature`` unless
+        c would then pass :data:`EXPERT_CLIP_MAX`, where c stays at it and τ drops (public settings only)."""
+        k = self.config.k if k is None else check.positive_int("k", k)
+        ratio = self.expert_epsilon * k / 2.0
+        temperature = self.config.expert_temperature
+        if ratio * temperature > EXPERT_CLIP_MAX:
+            temperature = EXPERT_CLIP_MAX / ratio
+        return ratio * temperature, temperature
 
     def _fit(self, text: str, *, room: int) -> list[int]:
         """A prompt's tokens, oldest cut first so that ``room`` positions stay free: a private demonstration
