@@ -9,7 +9,9 @@ data, the defect issue 14 fixed) while keeping the claim, so the audit must catc
 keeps the mechanism and breaks the claim instead: the total of its components taken at face value, the way
 a ledger that ignored neighbouring relations composed them. The decoder case (:mod:`.decoder_case`) runs the
 real ``MozoDecoder`` on a real model in bfloat16 and breaks the backend instead: the public zero-shot row
-computed in the shared, padded batch of the private rows, as before row isolation.
+computed in the shared, padded batch of the private rows, as before row isolation. The expert-decoding
+case (:mod:`.expert_case`) runs the real kNN retrieval and expert token step, broken with the divisor read
+from the data.
 Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
 for the claimed noise and for half of it.
 """
@@ -28,7 +30,7 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
-from dp_icl_plugin.audit import decoder_case
+from dp_icl_plugin.audit import decoder_case, expert_case
 from dp_icl_plugin.mechanisms.adadpsyn import release_token
 from dp_icl_plugin.mechanisms.clip_blend import blended_scores, clip_blend_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, pta_distributions, restrict
@@ -439,6 +441,8 @@ CASES: tuple[AuditCase, ...] = (
     AuditCase("mixed transcript on one ledger (Tang, MOZO, clip-blend, kNN vote)", _mixed_events()[0], 1e-3,
               _mixed_pairs, broken_as="charges composed at face value, relations ignored",
               broken_event=_mixed_events()[1], sample_share=0.5),
+    AuditCase("kNN expert decoding token (D vs D minus one expert)", expert_case.expert_event(), expert_case.DELTA,
+              expert_case.expert_pairs, broken_as="divisor read from the data (experts present)"),
     AuditCase("DPS-MOZO decoding, bfloat16 SmolLM2 (one record short vs long)",
               ev.MozoTokenEvent(beta=decoder_case.BETA, order=decoder_case.ORDER), decoder_case.DELTA,
               decoder_case.decoder_pairs, broken_as="zero-shot row in the shared batch",

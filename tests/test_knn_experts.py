@@ -1,0 +1,160 @@
+"""Expert decoding (KNNExpertDecoder): who pays and how much, the fixed divisor, idle records, the budget
+filling after ``uses`` answers, the signal the experts carry, bad input before any charge, both adapters."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from test_knn_retriever import BagEmbedder
+
+from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
+from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget, rdp
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.methods import knn as knn_module
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder
+from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP_MAX, token_epsilon_for_uses
+from dp_icl_plugin.methods.mozo import AnswerTemplate
+
+VOCAB = ["q", "t", "u", "plain", "rare", "a", "b", "c", "<eos>"]
+ID = {w: i for i, w in enumerate(VOCAB)}
+TEMPLATE = AnswerTemplate(example="{text} {label} ", query="{input}", stop=None, stop_at_eos=False)
+
+
+def backend() -> FakeBackend:
+    """Zero-shot after ``q`` favours ``a``; a prompt whose demonstration is labelled ``rare`` favours ``b``."""
+    zero = np.array([1e-3] * len(VOCAB))
+    zero[ID["a"]] = 0.9
+    rare = np.array([1e-6] * len(VOCAB))
+    rare[ID["b"]] = 1.0
+    return FakeBackend(VOCAB, table={(ID["q"],): zero / zero.sum(), (ID["rare"], ID["q"]): rare / rare.sum()},
+                       eos_token="<eos>", chat_template=True)  # fmt: skip
+
+
+def build(labels: list[str], *, texts: list[str] | None = None, config: KNNConfig | None = None, epsilon=4.0):
+    index = PrivateIndex(budget=IndividualBudget(epsilon=epsilon, delta=1e-5), embedder=BagEmbedder())
+    index.add(texts or ["q"] * len(labels), labels=labels)
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    cfg = config or KNNConfig(k=8, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=3)
+    knn = PrivateKNN(index, budget=ledger, backend=backend(), config=cfg)
+    return index, ledger, KNNExpertDecoder(knn, template=TEMPLATE)
+
+
+def test_every_candidate_pays_its_own_tokens_and_the_ledger_records_a_filtered_release() -> None:
+    index, ledger, decoder = build(["rare"] * 3 + ["plain"] * 3, texts=["q"] * 6)
+    index.add(["u"], labels=["plain"])  # not similar to the query "q": no candidate, pays nothing
+    answer = decoder.generate("q", rng=np.random.default_rng(0), max_tokens=2)
+    entry = ledger.history()[-1]
+    assert answer.ledger_entry == entry.id and entry.label.startswith("knn-decode:")
+    assert isinstance(entry.event, FilteredReleaseEvent)
+    one_token = ev.ExponentialMechanismEvent(decoder.token_epsilon, neighbouring="add_remove")
+    assert entry.event.per_unit == ev.SelfComposedEvent(one_token, 2)
+    spent = index.filter.epsilon_spent(np.arange(1, 8))  # records 1..6 are the candidates, 7 is not
+    assert np.all(spent[:6] > 0) and spent[6] == 0
+    curve, _ = index.filter.spent(np.array([1]))
+    orders = np.asarray(index.filter.budget.orders)
+    np.testing.assert_allclose(curve[0], 2 * rdp.bounded_range_rdp(orders, decoder.token_epsilon), rtol=1e-12)
+
+
+def test_uses_answers_fill_a_records_budget_and_the_next_answer_is_made_without_it() -> None:
+    index, _, decoder = build(["rare"])
+    for seed in range(2):  # uses = 2 answers of max_answer_tokens = 3 tokens
+        decoder.generate("q", rng=np.random.default_rng(seed))
+    before = index.filter.spent(np.array([1]))[0].copy()
+    decoder.generate("q", rng=np.random.default_rng(2))  # the record is out of budget: not charged, no expert
+    np.testing.assert_array_equal(index.filter.spent(np.array([1]))[0], before)
+    eps0 = token_epsilon_for_uses(index.filter.budget, uses=2, tokens=3)
+    assert eps0 == pytest.approx(decoder.token_epsilon)
+    assert not bool(np.any(6.001 * rdp.bounded_range_rdp(np.asarray(index.filter.budget.orders), eps0)
+                           <= index.filter.budget.caps))  # fmt: skip  # the calibration is tight
+
+
+def test_the_divisor_is_k_whatever_the_number_of_experts(monkeypatch) -> None:
+    seen = []
+    real = knn_module.experts.clip_blend_token
+
+    def spy(private, public, **kw):
+        seen.append((len(private), kw["subset_size"]))
+        return real(private, public, **kw)
+
+    monkeypatch.setattr(knn_module.experts, "clip_blend_token", spy)
+    _, _, decoder = build(["rare", "plain"])
+    decoder.generate("q", rng=np.random.default_rng(0), max_tokens=1)
+    assert seen == [(2, 8)]
+
+
+def test_a_unit_with_several_candidates_pays_for_as_many_experts_capped_at_k() -> None:
+    _, _, decoder = build(["plain"])
+    knn = decoder.knn
+    for c in (1, 3, 8, 50):
+        event = knn._event("decode", c, 8, 4)
+        assert event.event.epsilon == pytest.approx(decoder.token_epsilon * min(c, 8)) and event.count == 4
+
+
+def test_the_clip_and_temperature_spend_exactly_the_token_epsilon() -> None:
+    _, _, decoder = build(["plain"])
+    clip, tau = decoder.clip, decoder.temperature
+    assert 2 * clip / (decoder.k * tau) == pytest.approx(decoder.token_epsilon)
+    assert clip <= EXPERT_CLIP_MAX and tau <= decoder.knn.config.expert_temperature
+    # a large allowance keeps c at its cap and lowers τ instead
+    _, _, loose = build(["plain"], config=KNNConfig(k=40, shards=1, min_similarity=0.5, uses=1, max_answer_tokens=1),
+                        epsilon=8.0)  # fmt: skip
+    assert loose.clip == pytest.approx(EXPERT_CLIP_MAX) and loose.temperature < 0.5
+    assert 2 * loose.clip / (40 * loose.temperature) == pytest.approx(loose.token_epsilon)
+
+
+def test_records_without_an_output_sit_idle_but_pay() -> None:
+    index, _, decoder = build(["plain"])
+    index.add(["q"], labels=[None])
+    _, retrieval = decoder._charge("q", 1)
+    assert len(retrieval) == 2 and len(decoder._experts(retrieval)) == 1
+    assert np.all(index.filter.epsilon_spent(np.arange(1, 3)) > 0)
+
+
+def test_experts_that_agree_move_the_answer_where_zero_shot_would_not_go() -> None:
+    # 8 experts labelled "rare" (favouring b); zero-shot favours a. A generous budget: the signal shows.
+    _, _, decoder = build(["rare"] * 8, config=KNNConfig(k=8, shards=1, min_similarity=0.5, uses=1,
+                                                         max_answer_tokens=1), epsilon=8.0)  # fmt: skip
+    _, _, empty = build(["plain"] * 8, config=KNNConfig(k=8, shards=1, min_similarity=0.5, uses=1,
+                                                        max_answer_tokens=1), epsilon=8.0)  # fmt: skip
+    rng = np.random.default_rng(1)
+    draws = {"rare": [], "plain": []}
+    for name, dec in (("rare", decoder), ("plain", empty)):
+        _, retrieval = dec._charge("q", 1)
+        prompts = [dec._ids("q", None)] + [dec._ids("q", r) for r in dec._experts(retrieval)]
+        rows = dec.backend.next_token_logprobs(prompts)
+        draws[name] = [dec._token(rows, rng) for _ in range(400)]
+    share = {k: float(np.mean(np.asarray(v) == ID["b"])) for k, v in draws.items()}
+    assert share["plain"] < 0.05 < 0.5 < share["rare"], share  # 400 draws: far outside sampling error
+
+
+def test_bad_input_is_refused_before_any_charge() -> None:
+    _, ledger, decoder = build(["rare"])
+    n = len(ledger.history())
+    with pytest.raises(ConfigurationError, match="exceeds"):
+        decoder.check("q", max_tokens=4)
+    with pytest.raises(ConfigurationError):
+        decoder.check("")
+    with pytest.raises(ConfigurationError, match="exceeds"):
+        decoder.knn.retrieve("q", release="decode", tokens=4)
+    no_backend = PrivateKNN(decoder.knn.index, budget=ledger, config=decoder.knn.config)
+    with pytest.raises(ConfigurationError, match="backend"):
+        KNNExpertDecoder(no_backend)
+    assert len(ledger.history()) == n
+    assert math.isfinite(decoder.token_epsilon)
+
+
+def test_expert_decoding_serves_the_langchain_chat_model_and_the_llama_index_llm() -> None:
+    pytest.importorskip("langchain_dp_icl")
+    pytest.importorskip("llama_index.llms.dp_icl")
+    from langchain_dp_icl import ChatDPICL
+    from llama_index.llms.dp_icl import DPICL
+
+    _, ledger, decoder = build(["rare"] * 4 + ["plain"] * 4)
+    chat = ChatDPICL(decoder=decoder, seed=0)
+    assert isinstance(chat.invoke("q").content, str)
+    llm = DPICL(decoder=decoder, seed=0)
+    assert isinstance(llm.complete("q").text, str)
+    assert sum(e.label.startswith("knn-decode:") for e in ledger.history()) == 2
