@@ -221,10 +221,10 @@ class HFBackend(TokenizerBackendBase):
     def public_rows(self) -> Iterator[None]:
         """Inside, this thread's calls hold public rows only (:mod:`~dp_icl_plugin.backends.public_rows` enters
         it around a step's public rows), so their forwards have as many rows as the call brings (a public
-        number; at most the shape policy's) instead of
-        :meth:`RowShapes.rows_for <dp_icl_plugin.backends.row_shapes.RowShapes.rows_for>` filler-completed
-        micro-batches: a lone zero-shot row is one row, not ``micro_batch_size``. A prefix's keys and values
-        are computed as always (the cache's bits never depend on who asked). Never
+        number; at most the shape policy's) instead of :meth:`~dp_icl_plugin.backends.row_shapes.RowShapes.rows_for`
+        filler-completed micro-batches: a lone zero-shot row is one row, not ``micro_batch_size``. A
+        prefix's keys and values are computed as always (the cache's bits never depend on who asked). Never
+        enter it around a call with a private row: that call's size would reach the shape."""
         previous = getattr(self._scope, "public", False)
         self._scope.public = True
         try:
