@@ -47,6 +47,7 @@ __all__ = [
     "ServerRateLimitError",
     "ServerUnavailableError",
     "UnsupportedEventError",
+    "WeakReleaseWarning",
     "after_charge",
     "iterate_after_charge",
 ]
@@ -56,6 +57,11 @@ T = TypeVar("T")
 
 class DPICLError(Exception):
     """Base class of every error raised by dp-icl-plugin."""
+
+
+class WeakReleaseWarning(UserWarning):
+    """A configuration whose releases would be paid for yet carry (almost) nothing of the private data: the
+    message gives the figure that decides it (:mod:`dp_icl_plugin.planning`) and the setting to change."""
 
 
 class ConfigurationError(DPICLError, ValueError):

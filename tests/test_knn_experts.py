@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_knn_retriever import BagEmbedder
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
@@ -14,8 +16,8 @@ from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget, rdp
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.methods import knn as knn_module
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
-from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder
-from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP_MAX, token_epsilon_for_uses
+from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder, expert_scores
+from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, token_epsilon_for_uses
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 
 VOCAB = ["q", "t", "u", "plain", "rare", "a", "b", "c", "<eos>"]
@@ -73,13 +75,13 @@ def test_uses_answers_fill_a_records_budget_and_the_next_answer_is_made_without_
 
 def test_the_divisor_is_k_whatever_the_number_of_experts(monkeypatch) -> None:
     seen = []
-    real = knn_module.experts.clip_blend_token
+    real = knn_module.experts.expert_token
 
     def spy(private, public, **kw):
-        seen.append((len(private), kw["subset_size"]))
+        seen.append((len(private), kw["divisor"]))
         return real(private, public, **kw)
 
-    monkeypatch.setattr(knn_module.experts, "clip_blend_token", spy)
+    monkeypatch.setattr(knn_module.experts, "expert_token", spy)
     _, _, decoder = build(["rare", "plain"])
     decoder.generate("q", rng=np.random.default_rng(0), max_tokens=1)
     assert seen == [(2, 8)]
@@ -96,13 +98,29 @@ def test_a_unit_with_several_candidates_pays_for_as_many_experts_capped_at_k() -
 def test_the_clip_and_temperature_spend_exactly_the_token_epsilon() -> None:
     _, _, decoder = build(["plain"])
     clip, tau = decoder.clip, decoder.temperature
-    assert 2 * clip / (decoder.k * tau) == pytest.approx(decoder.token_epsilon)
-    assert clip <= EXPERT_CLIP_MAX and tau <= decoder.knn.config.expert_temperature
-    # a large allowance keeps c at its cap and lowers τ instead
-    _, _, loose = build(["plain"], config=KNNConfig(k=40, shards=1, min_similarity=0.5, uses=1, max_answer_tokens=1),
-                        epsilon=8.0)  # fmt: skip
-    assert loose.clip == pytest.approx(EXPERT_CLIP_MAX) and loose.temperature < 0.5
-    assert 2 * loose.clip / (40 * loose.temperature) == pytest.approx(loose.token_epsilon)
+    assert clip == EXPERT_CLIP and 2 * clip / (decoder.k * tau) == pytest.approx(decoder.token_epsilon)
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 12), n=st.integers(0, 12), v=st.integers(2, 9), c=st.floats(0.1, 8.0),
+       tau=st.floats(0.05, 5.0), t0=st.floats(0.1, 2.0), seed=st.integers(0, 2**31))  # fmt: skip
+def test_swapping_one_expert_moves_the_token_distribution_by_at_most_eps0(k, n, v, c, tau, t0, seed) -> None:
+    """The pure-DP claim of one token: |log p(x) − log p′(x)| ≤ ε0 = 2c/(kτ) for every x, whatever the rows."""
+    n = min(n, k)
+    rng = np.random.default_rng(seed)
+    rows = rng.normal(0, 10, size=(n + 1, v))
+    public = rng.normal(0, 3, size=v)
+
+    def logp(private: np.ndarray) -> np.ndarray:
+        z = expert_scores(private, public, clip=c, divisor=k, temperature=tau, public_temperature=t0)
+        return z - np.logaddexp.reduce(z)
+
+    base = logp(rows[:n])
+    eps0 = 2 * c / (k * tau)
+    for other in (rows[1 : n + 1], rows[:n - 1] if n else rows[:0]):  # one row swapped, or one row gone
+        if len(other) == len(rows[:n]) and n == 0:
+            continue
+        assert np.max(np.abs(logp(other) - base)) <= eps0 * (1 + 1e-9) + 1e-12
 
 
 def test_records_without_an_output_sit_idle_but_pay() -> None:

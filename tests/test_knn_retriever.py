@@ -80,6 +80,7 @@ def setup(*, config: KNNConfig | None = None, n: int = 60, group_by_user: bool =
     return index, ledger, retriever
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_the_ledger_holds_the_filter_total_once_and_a_record_of_every_release() -> None:
     index, ledger, retriever = setup()
     rng = np.random.default_rng(0)
@@ -140,6 +141,7 @@ def test_a_person_pays_for_all_their_records() -> None:
         assert retriever._event("classify", int(c)).sensitivity == pytest.approx(math.sqrt(2) * min(c, 4))
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_fixed_seed_gives_identical_releases() -> None:
     outs = []
     for _ in range(2):
@@ -201,6 +203,7 @@ def test_bad_input_is_refused_before_anything_is_charged(call, message) -> None:
     assert (len(ledger.history()), index.filter.all_spent()[0].size) == before
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_ptr_answers_need_an_approximate_delta_share_and_threshold_answers_spend_none() -> None:
     texts, labels, answers = records(9)
     index = PrivateIndex(
@@ -217,6 +220,7 @@ def test_ptr_answers_need_an_approximate_delta_share_and_threshold_answers_spend
     assert spent_delta.max() == 0.0 and spent.max() > 0
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_a_threshold_answer_charges_the_gaussian_of_its_histogram_sensitivity() -> None:
     """Each shard adds its first m keyword tokens: √(2m) per shard, RDP α·Δ²/(2σ²), σ the release's noise."""
     index, _, retriever = setup(config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=3, keywords_per_answer=5))
@@ -284,6 +288,7 @@ def test_a_person_grouped_filter_is_charged_to_the_record_ledger_by_group_privac
     assert (plain.per_record_epsilon(), plain.per_record_delta()) == (eps, delta)
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_a_person_pays_a_threshold_answer_for_every_shard_they_can_change() -> None:
     config = KNNConfig(k=8, shards=4, min_similarity=0.6, uses=50, keywords_per_answer=3)
     index, _, retriever = setup(group_by_user=True, config=config)
@@ -320,6 +325,7 @@ def _trec(limit: int) -> tuple[list[str], list[str]]:
     return [line.split(" ", 1)[1] for line in lines], coarse
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 @pytest.mark.slow
 def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
     pytest.importorskip("faiss")
@@ -370,6 +376,7 @@ def test_k_per_call_and_fewer_records_than_k_are_flagged_never_padded() -> None:
         retriever.retrieve("red thing number1", release="classify", k=6)
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 @pytest.mark.parametrize("release", ["vote", "classify", "answer", "answer-ptr"])
 def test_an_empty_index_releases_and_charges_as_a_one_record_index_does(release: str) -> None:
     """Whether the index holds a record is private (add/remove): an empty index must not raise where a
@@ -496,6 +503,7 @@ def test_a_retrieval_is_released_only_by_the_retriever_that_charged_it() -> None
     ptr.answer(retrieval, rng=np.random.default_rng(0))
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_the_threshold_release_puts_noise_on_every_token_of_the_vocabulary(monkeypatch) -> None:
     from dp_icl_plugin.methods.knn import retriever as module
 

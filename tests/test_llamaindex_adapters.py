@@ -103,6 +103,7 @@ def test_the_retriever_repr_names_no_count_of_private_records() -> None:
     assert "40" not in before and "41" not in repr(retriever)
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_the_spend_reports_each_records_guarantee_for_a_person_grouped_index() -> None:
     """Per person, a record's guarantee is group privacy's (2ε, (1 + e^ε)δ), not the person's (ε, δ)."""
     import math

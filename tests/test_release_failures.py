@@ -121,6 +121,7 @@ def test_the_templates_stop_text_ends_an_answer(make) -> None:
     assert answer.text == "" and answer.finish_reason == "stop" and len(answer.token_ids) <= 1
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 @pytest.mark.parametrize("release", ["classify", "answer"])
 def test_a_knn_release_that_fails_after_its_charge_is_the_fixed_error(
     release: str, monkeypatch: pytest.MonkeyPatch
@@ -171,6 +172,7 @@ def test_a_lazy_example_selector_refuses_a_bad_record_when_it_is_built() -> None
     assert budget.history() == []
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 @pytest.mark.parametrize("release", ["classify", "answer"])
 def test_a_knn_record_the_tokenizer_rejects_sits_idle_instead_of_failing_the_release(release: str) -> None:
     """The index has no tokenizer when records are added, so a record the retriever's backend cannot encode was

@@ -31,9 +31,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.backends.base import check_logprobs
 from dp_icl_plugin.backends.fake import FakeBackend
-from dp_icl_plugin.mechanisms.clip_blend import blended_scores, clip_blend_token
-from dp_icl_plugin.mechanisms.mozo import top_k_support
-from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder
+from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder, expert_scores, expert_token
 from dp_icl_plugin.methods.knn.index import PrivateIndex
 from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.methods.mozo import AnswerTemplate
@@ -61,12 +59,9 @@ class _PresentDivisor(KNNExpertDecoder):
     """The broken decoder: it divides by the number of experts present, a count read from the data."""
 
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
-        public = logprobs[0]
-        support = np.arange(public.size) if self.top_k == 0 else top_k_support(public, self.top_k)
-        index = clip_blend_token(logprobs[1:, support], public[support], clip=self.clip,
-                                 subset_size=max(1, len(logprobs) - 1), temperature=self.temperature,
-                                 rng=rng)  # fmt: skip
-        return int(support[index])
+        return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=max(1, len(logprobs) - 1),
+                            temperature=self.temperature, public_temperature=self.public_temperature,
+                            top_k=self.top_k, rng=rng)  # fmt: skip
 
 
 def _backend(rare_share: float) -> FakeBackend:
@@ -117,7 +112,8 @@ def _tuned_rows(broken: bool) -> list[dict[bool, tuple[KNNExpertDecoder, np.ndar
 
 
 def _blend(decoder: KNNExpertDecoder, rows: np.ndarray) -> np.ndarray:
-    return blended_scores(rows[1:], rows[0], clip=decoder.clip, subset_size=decoder.k) / decoder.temperature
+    return expert_scores(rows[1:], rows[0], clip=decoder.clip, divisor=decoder.k, temperature=decoder.temperature,
+                         public_temperature=decoder.public_temperature)  # fmt: skip
 
 
 def expert_pairs(broken: bool) -> list[Any]:

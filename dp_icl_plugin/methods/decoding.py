@@ -57,6 +57,7 @@ from dp_icl_plugin.backends.shared_suffix import public_suffix, rows_logprobs, s
 from dp_icl_plugin.errors import ConfigurationError, iterate_after_charge
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
+from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, warn_if_weak
 from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.clip_blend import assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
@@ -375,6 +376,8 @@ class MozoDecoder(_DatasetDecoder):
             self.beta = result.value
         else:
             self.beta = check.positive_finite("beta", beta)
+        warn_if_weak(f"DPS-MOZO at beta = {self.beta:.3g}", mozo_shift(self.beta, self.order),
+                     "raise epsilon, or lower n_queries or max_tokens (beta is spread over every token)")  # fmt: skip
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
         steps = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
@@ -464,6 +467,9 @@ class ClipBlendDecoder(_DatasetDecoder):
             self.temperature = result.value
         else:
             self.temperature = check.positive_finite("temperature", temperature)
+        warn_if_weak(f"clip-blend at temperature {self.temperature:.3g} (clip {self.clip:g})",
+                     log_odds_shift(self.clip / self.temperature),
+                     "raise epsilon or subset_size, or lower n_queries or max_tokens")  # fmt: skip
         (members,) = assign_groups(len(self._records), population=self.population_size, n_groups=1,
                                    subset_size=self.subset_size, rng=rng_subset)  # fmt: skip
         self._subset = [self._records[int(i)] for i in members]

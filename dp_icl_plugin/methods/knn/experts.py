@@ -9,11 +9,13 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    :mod:`dp_icl_plugin.methods.knn.index`). A unit's charge depends on its own records and the public query
    alone (its number c of candidate records), the condition under which the filter is valid.
 2. **Tokens.** Each expert gives a one-shot prompt (its text and answer, or label, as one demonstration
-   before the query); the prompts stay fixed for the whole answer. Per token: the zero-shot row u (query and
-   tokens so far, no record; public) and each expert's row z_i are restricted to u's ``expert_top_k`` most
-   likely tokens (public), clipped to [−c, c] (eq. 2), averaged with the **fixed** divisor k (never the
-   number of experts present), blended with the clipped public row, and sampled at temperature τ:
-   ẑ = ((1/k)·Σ_i clip_c(z_i) + clip_c(u))/2, x ~ softmax(ẑ/τ).
+   before the query); the prompts stay fixed for the whole answer. Per token: the zero-shot row ℓ0 (query and
+   tokens so far, no record; public) and each expert's row z_i are restricted to ℓ0's ``expert_top_k`` most
+   likely tokens (public), the experts' rows clipped to [−c, c] (eq. 2) and averaged with the **fixed**
+   divisor k (never the number of experts present), and the token drawn from softmax(ẑ),
+   ẑ = ℓ0/T0 + z̄/(2τ), z̄ = (1/k)·Σ_i clip_c(z_i). Unlike the paper's blend, the public row is not clipped:
+   it is public, so its log-probabilities at a public temperature T0 (``expert_public_temperature``) cost
+   nothing and keep the zero-shot answer's fluency; the experts tilt it by at most c/τ nats of log-odds.
 3. **Neighbouring relation and sensitivity.** Add/remove one unit (a record, or all of one person's records
    with ``group_by_user``). Removing a unit with c candidate records swaps at most min(c, k) experts (the next
    candidates move up; with fewer than k left, rows go): each swap moves every entry of ẑ by at most c_clip/k,
@@ -43,8 +45,9 @@ from dp_icl_plugin.accounting.budget import LedgerEntry
 from dp_icl_plugin.backends.base import check_logprobs
 from dp_icl_plugin.backends.shared_suffix import start_rows
 from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
+from dp_icl_plugin.mechanisms.clip_blend import clip_logits, exponential_mechanism
 from dp_icl_plugin.mechanisms.mozo import top_k_support
+from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
 from dp_icl_plugin.methods.data import PrivateRecord
 from dp_icl_plugin.methods.decoder import Query
 from dp_icl_plugin.methods.decoding import _Decoder
@@ -52,7 +55,7 @@ from dp_icl_plugin.methods.knn.retriever import PrivateKNN, Retrieval
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency
 
-__all__ = ["KNNExpertDecoder"]
+__all__ = ["KNNExpertDecoder", "expert_scores", "expert_token"]
 
 
 def _query_text(prompt: str | tuple[dict[str, str], ...]) -> str:
@@ -68,7 +71,7 @@ class KNNExpertDecoder(_Decoder):
 
     Args:
         knn: the private index, ledger, backend and settings (``config.k`` experts, ``min_similarity``,
-            ``uses`` answers per record of ``max_answer_tokens`` tokens, ``expert_temperature``,
+            ``uses`` answers per record of ``max_answer_tokens`` tokens, ``expert_public_temperature``,
             ``expert_top_k``).
         template: how a record and a completion query form a prompt (default: ``AnswerTemplate(stop=None)``).
         fixed_latency: hide timing: every answer returns this many seconds after it starts (how many
@@ -96,7 +99,10 @@ class KNNExpertDecoder(_Decoder):
         self.knn = knn
         self.k = knn.config.k
         self.clip, self.temperature = knn.expert_scale(self.k)
+        self.public_temperature = knn.config.expert_public_temperature
         self.top_k = knn.config.expert_top_k
+        warn_if_weak(f"expert decoding over k = {self.k} records", log_odds_shift(self.clip / self.temperature),
+                     "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens")  # fmt: skip
 
     @property
     def token_epsilon(self) -> float:
@@ -143,9 +149,56 @@ class KNNExpertDecoder(_Decoder):
                     logprobs = check_logprobs(session.append(token))
 
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
-        """One token: the public support, then clip-blend over it with the fixed divisor k."""
-        public = logprobs[0]
-        support = np.arange(public.size) if self.top_k == 0 else top_k_support(public, self.top_k)
-        index = clip_blend_token(logprobs[1:, support], public[support], clip=self.clip, subset_size=self.k,
-                                 temperature=self.temperature, rng=rng)  # fmt: skip
-        return int(support[index])
+        """One token from the public row (``logprobs[0]``) and the experts' rows (the rest)."""
+        return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=self.k, temperature=self.temperature,
+                            public_temperature=self.public_temperature, top_k=self.top_k, rng=rng)  # fmt: skip
+
+
+def expert_scores(
+    private_logprobs: np.ndarray,
+    public_logprobs: np.ndarray,
+    *,
+    clip: float,
+    divisor: int,
+    temperature: float,
+    public_temperature: float,
+) -> np.ndarray:
+    """ẑ = ℓ0/T0 + z̄/(2τ), z̄ = (1/k)·Σ_i clip_c(z_i) (internal scores of :func:`expert_token`).
+
+    Sensitivity: one expert swapped moves an entry of Σ_i clip_c(z_i) by at most 2c, so ẑ by at most c/(kτ);
+    ℓ0 (public) moves nothing. Sampling softmax(ẑ) is then an exponential mechanism of ε0 = 2c/(kτ).
+    """
+    public = public_logprobs - np.logaddexp.reduce(public_logprobs)
+    rows = clip_logits(private_logprobs, clip) if len(private_logprobs) else np.zeros((0, public.size))
+    tilt = rows.sum(axis=0) / divisor
+    return public / public_temperature + tilt / (2.0 * temperature)
+
+
+def expert_token(
+    private_logprobs: np.ndarray,
+    public_logprobs: np.ndarray,
+    *,
+    clip: float,
+    divisor: int,
+    temperature: float,
+    public_temperature: float,
+    top_k: int,
+    rng: np.random.Generator,
+) -> int:
+    """One expert-decoding token (see the module docstring, step 2).
+
+    Args:
+        private_logprobs: the experts' rows, shape (n ≤ k, V) (any number, none included).
+        public_logprobs: the zero-shot row, shape (V,).
+        clip: c; divisor: k, fixed in advance; temperature: τ of the experts' part (ε0 = 2c/(kτ));
+        public_temperature: T0, the zero-shot row's temperature (public: no privacy cost).
+        top_k: sample among the zero-shot row's this many most likely tokens (0: every token it gives
+            probability above 0).
+
+    Returns:
+        The token id.
+    """
+    support = top_k_support(public_logprobs, top_k or public_logprobs.size)  # public; finite ℓ0 only
+    scores = expert_scores(private_logprobs[:, support], public_logprobs[support], clip=clip, divisor=divisor,
+                           temperature=temperature, public_temperature=public_temperature)  # fmt: skip
+    return int(support[exponential_mechanism(scores, temperature=1.0, rng=rng)])

@@ -62,8 +62,14 @@ from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.errors import ConfigurationError, after_charge
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
-from dp_icl_plugin.mechanisms.keyword_threshold import answer_keywords, threshold_keywords, threshold_sensitivity
+from dp_icl_plugin.mechanisms.keyword_threshold import (
+    answer_keywords,
+    keyword_threshold,
+    threshold_keywords,
+    threshold_sensitivity,
+)
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
+from dp_icl_plugin.mechanisms.token_shift import MIN_KEYWORD_PASS, keyword_pass_probability
 from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
 from dp_icl_plugin.methods.knn.prompts import STOPWORDS, AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
@@ -81,9 +87,9 @@ __all__ = [
 
 SQRT2 = math.sqrt(2.0)
 RELEASES = ("vote", "classify", "answer", "decode")
-EXPERT_CLIP_MAX = 10.0
-"""The largest clipping bound c an expert-decoding release uses (Bhusal et al.'s c): beyond it a larger
-privacy allowance lowers the temperature instead (a greedier answer)."""
+EXPERT_CLIP = 4.0
+"""The clipping bound c of an expert-decoding release: an expert's tokens within 2c nats of its favourite keep
+their order, the rest share the floor. Only c/τ is paid for: τ follows from the budget."""
 KEYWORD_RELEASES = ("threshold", "ptr")
 
 
@@ -146,9 +152,9 @@ class KNNConfig:
         stopwords: words that are never keywords (a keyword is a token with a letter or digit whose
             lower-cased text is not one of them); public, default :data:`~dp_icl_plugin.methods.knn.prompts.STOPWORDS`.
         max_answer_tokens: the length limit of every generated answer (a ``decode`` release is charged for it).
-        expert_temperature: the highest sampling temperature τ of a ``decode`` release (expert decoding,
-            :class:`~dp_icl_plugin.methods.knn.experts.KNNExpertDecoder`); the clipping bound follows from the
-            budget, and where it would pass :data:`EXPERT_CLIP_MAX` the temperature is lowered instead.
+        expert_public_temperature: the temperature T0 of the public zero-shot row in a ``decode`` release
+            (expert decoding, :class:`~dp_icl_plugin.methods.knn.experts.KNNExpertDecoder`); public, free. The
+            experts' part has the temperature the budget allows (:meth:`PrivateKNN.expert_scale`).
         expert_top_k: a ``decode`` release samples among the zero-shot output's this many most likely tokens
             (public; 0 for the whole vocabulary).
     """
@@ -164,7 +170,7 @@ class KNNConfig:
     keywords_per_answer: int = 4
     stopwords: frozenset[str] = STOPWORDS
     max_answer_tokens: int = 16
-    expert_temperature: float = 0.5
+    expert_public_temperature: float = 0.5
     expert_top_k: int = 100
 
     def __post_init__(self) -> None:
@@ -185,8 +191,8 @@ class KNNConfig:
         for name in ("noise_std", "keyword_noise_std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check.positive_finite(name, getattr(self, name)))
-        object.__setattr__(self, "expert_temperature", check.positive_finite("expert_temperature",
-                                                                             self.expert_temperature))  # fmt: skip
+        object.__setattr__(self, "expert_public_temperature",
+                           check.positive_finite("expert_public_temperature", self.expert_public_temperature))
         object.__setattr__(self, "expert_top_k", check.int_at_least("expert_top_k", self.expert_top_k, 0))
 
 
@@ -626,6 +632,29 @@ class PrivateKNN:
             self._label_token_ids()
         if release == "answer" and self.config.keyword_release == "ptr" and self.ptr_delta <= 0:
             raise ConfigurationError("PTR keyword releases need approximate_delta > 0 in the index's IndividualBudget")
+        if release == "answer" and self.config.keyword_release == "threshold":
+            self._check_keywords_can_pass()
+
+    def keyword_outlook(self) -> tuple[float, float]:
+        """The threshold keyword release's threshold T and how often a keyword every shard says passes it,
+        P[shards + N(0, σ²) > T] (public settings only)."""
+        assert self.backend is not None
+        threshold = keyword_threshold(self.keyword_noise_std, self.backend.vocab_size)
+        return threshold, keyword_pass_probability(threshold, self.config.shards, self.keyword_noise_std)
+
+    def _check_keywords_can_pass(self) -> None:
+        """Refuse, before anything is charged, keyword answers that could release no keyword: every candidate
+        would pay for the zero-shot answer."""
+        threshold, passes = self.keyword_outlook()
+        if passes < MIN_KEYWORD_PASS:
+            raise ConfigurationError(
+                f"keyword answers would release nothing: the threshold is {threshold:.3g} noisy votes but at most "
+                f"{self.config.shards} shards vote, so a keyword every shard says passes with probability "
+                f"{passes:.2g}; every candidate would pay for the zero-shot answer. Use more shards (at least "
+                f"{math.ceil(threshold)}), fewer uses ({self.config.uses}) or keywords_per_answer "
+                f"({self.config.keywords_per_answer}), a larger per-record epsilon, or expert decoding "
+                "(KNNExpertDecoder; see `dp-icl plan`)"
+            )
 
     def _check_answer_room(self, query: str) -> None:
         """Refuse, before the charge, a (public) query whose answer prompt cannot fit the model: the final
@@ -678,16 +707,12 @@ class PrivateKNN:
         return ReleaseCost.of(self._event(release, c, k, tokens), self.index.filter.budget.orders, delta=delta)
 
     def expert_scale(self, k: int | None = None) -> tuple[float, float]:
-        """The clipping bound c and temperature τ of a ``decode`` release over ``k`` experts (default
-        ``config.k``): one expert swapped moves the blended score by c/k per token, an exponential mechanism
-        of ε0 = 2c/(kτ) = :attr:`expert_epsilon`; so c/τ = ε0·k/2. τ is ``config.expert_temperature`` unless
-        c would then pass :data:`EXPERT_CLIP_MAX`, where c stays at it and τ drops (public settings only)."""
+        """The clipping bound c and the experts' temperature τ of a ``decode`` release over ``k`` experts
+        (default ``config.k``): one expert swapped moves the scores by c/(kτ) per token, an exponential mechanism
+        of ε0 = 2c/(kτ) = :attr:`expert_epsilon`; so c = :data:`EXPERT_CLIP` and τ = 2c/(kε0). The experts
+        then add at most c/τ = ε0·k/2 nats to a token's log-odds (public settings only)."""
         k = self.config.k if k is None else check.positive_int("k", k)
-        ratio = self.expert_epsilon * k / 2.0
-        temperature = self.config.expert_temperature
-        if ratio * temperature > EXPERT_CLIP_MAX:
-            temperature = EXPERT_CLIP_MAX / ratio
-        return ratio * temperature, temperature
+        return EXPERT_CLIP, 2.0 * EXPERT_CLIP / (k * self.expert_epsilon)
 
     def _fit(self, text: str, *, room: int) -> list[int]:
         """A prompt's tokens, oldest cut first so that ``room`` positions stay free: a private demonstration

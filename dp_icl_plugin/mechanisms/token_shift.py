@@ -1,0 +1,108 @@
+"""How much private records can move one released token: the figure that says whether a paid release can
+carry anything of them (the *token shift*). Public settings only.
+
+The figure that decides whether a DP decoder can give back anything the zero-shot answer would not is the
+largest probability any set of records can add to one token:
+
+- clip-blend samples from softmax(ẑ/τ), ẑ = (z̄ + clip_c(u))/2, expert decoding from softmax(ℓ0/T0 + z̄/(2τ)), with
+  the records' mean z̄ ∈ [−c, c]: against rows that favour nothing, the records add at most R = c/τ = ε0·s/2 nats to
+  one token's log-odds over any other (s the fixed divisor: the subset size, or k experts), which raises a token's
+  probability by at most tanh(R/4) (the largest p′ − p with logit(p′) − logit(p) = R, at p = 1/(1 + e^{R/2})).
+- DPS-MOZO's projected output lies within D_{2α}(out‖c0) ≤ r1 and D_{2α−1}(c0‖out) ≤ r2 of the public centre
+  (Hölder radii, :func:`~dp_icl_plugin.mechanisms.mozo.holder_radii`): :func:`mozo_shift` finds the largest
+  gain that ball allows. The centre softmax(n_shots·ℓ0) is the zero-shot row sharpened: sampling near it is
+  near-greedy zero-shot decoding.
+
+Below :data:`USELESS_SHIFT` the answer is the zero-shot one with high probability: the decoders warn
+(:class:`~dp_icl_plugin.errors.WeakReleaseWarning`). The keyword answer of kNN refuses outright when even a
+keyword that every shard says would pass its threshold with probability below :data:`MIN_KEYWORD_PASS`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from scipy.stats import norm
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.errors import WeakReleaseWarning
+from dp_icl_plugin.mechanisms.mozo import holder_radii
+
+__all__ = [
+    "MIN_KEYWORD_PASS",
+    "USELESS_SHIFT",
+    "WEAK_SHIFT",
+    "keyword_pass_probability",
+    "log_odds_shift",
+    "mozo_shift",
+    "verdict",
+    "warn_if_weak",
+]
+
+USELESS_SHIFT = 0.05
+"""A token shift below this: the records cannot change an answer in any way a reader would see."""
+WEAK_SHIFT = 0.25
+"""A token shift below this: the records can tip close calls only."""
+MIN_KEYWORD_PASS = 0.05
+"""A keyword every shard says must pass the threshold at least this often, or the keyword answer is refused."""
+
+
+def log_odds_shift(nats: float) -> float:
+    """The most probability a token can gain when its log-odds over every other token rise by ``nats``: tanh(R/4)."""
+    return math.tanh(check.non_negative_finite("nats", nats) / 4.0)
+
+
+def mozo_shift(beta: float, order: float) -> float:
+    """DPS-MOZO's largest probability gain on one token, over every public centre c0 and every output the
+    projection admits: max p − c over c ∈ (0, 1) and two-point tilts (p on the token, the rest scaled) with
+    D_{2α}(out‖c0) ≤ r1 and D_{2α−1}(c0‖out) ≤ r2 (:func:`~dp_icl_plugin.mechanisms.mozo.holder_radii`).
+    Moving mass onto one token and scaling the rest is the cheapest way to gain it in any Rényi divergence
+    (the divergence of the two-point coarsening is at most that of the whole); c runs over a grid."""
+    r1, r2 = holder_radii(beta, order)
+    a = check.order("order", order)
+
+    def renyi(p: float, q: float, k: float) -> float:  # D_k between (p, 1 − p) and (q, 1 − q)
+        terms = [k * math.log(p) + (1 - k) * math.log(q)]
+        if p < 1:
+            terms.append(k * math.log1p(-p) + (1 - k) * math.log1p(-q))
+        top = max(terms)
+        return (top + math.log(sum(math.exp(t - top) for t in terms))) / (k - 1)
+
+    def fits(p: float, c: float) -> bool:
+        return renyi(p, c, 2 * a) <= r1 and (p == 1 or renyi(c, p, 2 * a - 1) <= r2)
+
+    best = 0.0
+    for c in [10.0**e for e in (-6, -5, -4, -3)] + [i / 40 for i in range(1, 40)]:
+        if fits(1.0, c):
+            best = max(best, 1.0 - c)
+            continue
+        low, high = c, 1.0
+        for _ in range(60):
+            mid = 0.5 * (low + high)
+            low, high = (mid, high) if fits(mid, c) else (low, mid)
+        best = max(best, low - c)
+    return best
+
+
+def verdict(shift: float) -> str:
+    """``"useless"``, ``"weak"`` or ``"useful"`` for a token shift (see :data:`USELESS_SHIFT`, :data:`WEAK_SHIFT`)."""
+    return "useless" if shift < USELESS_SHIFT else "weak" if shift < WEAK_SHIFT else "useful"
+
+
+def keyword_pass_probability(threshold: float, shards: int, noise_std: float) -> float:
+    """P[shards + N(0, σ²) > T]: how often a keyword that every shard says is released."""
+    return float(norm.sf((threshold - shards) / check.positive_finite("noise_std", noise_std)))
+
+
+def warn_if_weak(what: str, shift: float, change: str) -> None:
+    """Warn (:class:`~dp_icl_plugin.errors.WeakReleaseWarning`) when ``shift`` is below :data:`USELESS_SHIFT`:
+    the answers would be paid for and be the zero-shot ones with high probability."""
+    if shift < USELESS_SHIFT:
+        warnings.warn(
+            f"{what}: the private records can add at most {shift:.3g} to any token's probability (below "
+            f"{USELESS_SHIFT}), so the answers will almost surely be the zero-shot answers while each is charged; "
+            f"{change} (see `dp-icl plan`)",
+            WeakReleaseWarning,
+            stacklevel=3,
+        )

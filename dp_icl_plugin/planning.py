@@ -1,0 +1,203 @@
+"""What each method would do with a budget, computed before anything is charged (``dp-icl plan``).
+
+Nothing here reads private data or charges a ledger: every figure is a function of public settings (the
+dataset size the caller states, ε, δ, how many answers of how many tokens, the methods' settings).
+
+How much the records can move one token (the *token shift*) is computed in
+:mod:`dp_icl_plugin.mechanisms.token_shift`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget
+from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, REPLACE_ONE, check_relation
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
+from dp_icl_plugin.mechanisms.token_shift import (
+    MIN_KEYWORD_PASS,
+    keyword_pass_probability,
+    log_odds_shift,
+    mozo_shift,
+    verdict,
+)
+from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, noise_for_uses, token_epsilon_for_uses
+
+__all__ = ["MethodOutlook", "Plan", "plan"]
+
+@dataclass(frozen=True)
+class MethodOutlook:
+    """One method's figures for a plan (all public).
+
+    Attributes:
+        method: the method's name.
+        pays: ``"per answer"`` or ``"once"``.
+        settings: what it would run with (calibrated noise, temperature, β, ...).
+        token_shift: the most probability the records can add to one token (None where it does not apply).
+        verdict: ``"useful"``, ``"weak"``, ``"useless"`` (or ``"refused"`` where the component would refuse).
+        note: one sentence on what decides it.
+    """
+
+    method: str
+    pays: str
+    settings: dict[str, Any]
+    token_shift: float | None
+    verdict: str
+    note: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every method's outlook and the recommendation (see :func:`plan`)."""
+
+    inputs: dict[str, Any]
+    methods: list[MethodOutlook] = field(default_factory=list)
+    recommendation: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "inputs": self.inputs,
+            "methods": {
+                m.method: {"pays": m.pays, **m.settings, "token_shift": m.token_shift, "verdict": m.verdict,
+                           "note": m.note}
+                for m in self.methods
+            },
+            "recommendation": self.recommendation,
+        }
+
+
+def _filter_budget(epsilon: float, delta: float, relation: str) -> IndividualBudget:
+    """The per-record filter budget whose cover costs the ledger (ε, δ): itself under add/remove; under
+    replace-one the cover is (2ε_f, (1 + e^ε_f)δ_f), so ε_f = ε/2, δ_f = δ/(1 + e^{ε/2})."""
+    if relation == ADD_REMOVE:
+        return IndividualBudget(epsilon=epsilon, delta=delta)
+    half = epsilon / 2.0
+    return IndividualBudget(epsilon=half, delta=delta / (1.0 + math.exp(half)) * (1 - 1e-9))
+
+
+def plan(
+    *,
+    records: int,
+    epsilon: float,
+    delta: float,
+    answers: int,
+    tokens: int,
+    relation: str = REPLACE_ONE,
+    k: int = 40,
+    candidates: int | None = None,
+    shards: int = 10,
+    keywords_per_answer: int = 4,
+    n_shots: int = 4,
+    mozo_order: float = 8.0,
+    subset_size: int | None = None,
+    clip: float = 10.0,
+    vocab_size: int = 49152,
+) -> Plan:
+    """What each method would do with (ε, δ) for ``answers`` answers of ``tokens`` tokens over ``records``
+    records, and which to use. Never charges anything.
+
+    Args:
+        records: the number of private records (as the caller knows it; the plan reads no data).
+        epsilon, delta: the ledger's budget for this use.
+        answers, tokens: how many answers the app needs, and the longest one in tokens.
+        relation: the ledger's neighbouring relation (kNN's filter budget is what covers (ε, δ) on it).
+        k: kNN experts per answer (expert decoding) and records per vote.
+        candidates: records expected to pass ``min_similarity`` per query (default ``k``): they pay each answer.
+        shards, keywords_per_answer: the kNN keyword answer's settings.
+        n_shots, mozo_order: DPS-MOZO's settings.
+        subset_size: clip-blend's fixed subset (default min(records, k)).
+        clip: clip-blend's clipping bound.
+        vocab_size: the model's vocabulary (SmolLM2: 49152), for the keyword threshold.
+
+    Raises:
+        ConfigurationError: a setting out of range.
+    """
+    n = check.positive_int("records", records)
+    eps, dlt = check.positive_finite("epsilon", epsilon), check.probability_open("delta", delta)
+    a, t = check.positive_int("answers", answers), check.positive_int("tokens", tokens)
+    rel = check_relation(relation)
+    k = check.positive_int("k", k)
+    c = k if candidates is None else check.positive_int("candidates", candidates)
+    s = min(n, k) if subset_size is None else check.positive_int("subset_size", subset_size)
+    if n_shots > n or s > n:
+        raise ConfigurationError(f"n_shots ({n_shots}) and subset_size ({s}) cannot exceed the {n} records")
+    inputs = {"records": n, "epsilon": eps, "delta": dlt, "answers": a, "tokens": t, "relation": rel, "k": k,
+              "candidates_per_answer": c}  # fmt: skip
+    out = [
+        _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel),
+        _clip_blend(eps, dlt, a, t, s, clip, rel),
+        _experts(eps, dlt, n, a, t, k, c, rel),
+        _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size, rel),
+    ]
+    return Plan(inputs, out, _recommend(out, a, t))
+
+
+def _mozo(eps, dlt, n, a, t, n_shots, order, rel) -> MethodOutlook:
+    name = "dps-mozo decoding"
+    if rel != REPLACE_ONE:
+        return MethodOutlook(name, "per answer", {}, None, "refused", "DPS-MOZO needs a replace-one ledger")
+    beta = calibrate_mozo(epsilon=eps, delta=dlt, sampling_rate=n_shots / n, steps=a * t, order=order).value
+    shift = mozo_shift(beta, order)
+    return MethodOutlook(name, "per answer", {"beta": beta, "n_shots": n_shots, "records_per_token": n_shots},
+                         shift, verdict(shift),
+                         f"the records add at most {shift:.3g} to a token's probability around the zero-shot row "
+                         f"sharpened {n_shots}-fold (near-greedy zero-shot)")  # fmt: skip
+
+
+def _clip_blend(eps, dlt, a, t, s, clip, rel) -> MethodOutlook:
+    tau = calibrate_clip_blend_temperature(epsilon=eps, delta=dlt, clip=clip, subset_size=s, steps=a * t,
+                                           neighbouring=rel).value  # fmt: skip
+    nats = clip / tau
+    shift = log_odds_shift(nats)
+    return MethodOutlook("clip-blend decoding", "per answer",
+                         {"temperature": tau, "clip": clip, "subset_size": s, "log_odds_range": nats},
+                         shift, verdict(shift),
+                         f"the {s} records of one fixed subset add at most {nats:.3g} nats to a token's log-odds, "
+                         f"every answer from the same subset")  # fmt: skip
+
+
+def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
+    budget = _filter_budget(eps, dlt, rel)
+    uses = max(1, math.ceil(a * c / n))
+    eps0 = token_epsilon_for_uses(budget, uses=uses, tokens=t)
+    nats = eps0 * k / 2.0
+    shift = log_odds_shift(nats)
+    settings = {"per_record_epsilon": budget.epsilon, "per_record_delta": budget.delta, "uses": uses,
+                "token_epsilon": eps0, "log_odds_range": nats, "clip": EXPERT_CLIP,
+                "expert_temperature": EXPERT_CLIP / nats,
+                "records_paying_per_answer": c, "answers_before_records_run_out": n * uses // c}  # fmt: skip
+    return MethodOutlook("knn expert decoding", "per answer (each record its own budget)", settings, shift,
+                         verdict(shift),
+                         f"{k} nearest records steer each token by up to {nats:.3g} nats; a record pays only for the "
+                         f"answers it is a candidate of ({uses} of them)")  # fmt: skip
+
+
+def _keywords(eps, dlt, n, a, c, shards, m, vocab, rel) -> MethodOutlook:
+    budget = _filter_budget(eps, dlt, rel)
+    uses = max(1, math.ceil(a * c / n))
+    sigma = noise_for_uses(budget, uses=uses, sensitivity=threshold_sensitivity(m))
+    threshold = keyword_threshold(sigma, vocab)
+    passes = keyword_pass_probability(threshold, shards, sigma)
+    ok = passes >= MIN_KEYWORD_PASS
+    return MethodOutlook("knn keyword answer", "per answer (each record its own budget)",
+                         {"uses": uses, "noise_std": sigma, "threshold": threshold, "shards": shards,
+                          "unanimous_keyword_passes": passes}, None, "useful" if passes >= 0.5 else
+                         "weak" if ok else "refused",
+                         f"threshold {threshold:.3g} against at most {shards} shard votes: a keyword every shard "
+                         f"says passes with probability {passes:.3g}")  # fmt: skip
+
+
+def _recommend(methods: list[MethodOutlook], answers: int, tokens: int) -> str:
+    rated = [m for m in methods if m.token_shift is not None and m.verdict != "refused"]
+    best = max(rated, key=lambda m: m.token_shift or 0.0, default=None)
+    if best is None or best.verdict == "useless":
+        return (f"no per-answer method can change an answer at this budget ({answers} answers of {tokens} tokens): "
+                "synthesize demonstrations once and reuse them (the cost does not grow with the answers), or "
+                "raise epsilon / lower the answers or tokens")  # fmt: skip
+    extra = " (weak: expect small gains; synthesizing once may do better)" if best.verdict == "weak" else ""
+    return f"{best.method}: {best.note}{extra}"
