@@ -10,14 +10,16 @@ How much the records can move one token (the *token shift*) is computed in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
-from dp_icl_plugin.accounting.individual_filter import IndividualBudget
-from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, REPLACE_ONE, check_relation
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
+from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
 from dp_icl_plugin.mechanisms.token_shift import (
     MIN_KEYWORD_PASS,
@@ -26,9 +28,10 @@ from dp_icl_plugin.mechanisms.token_shift import (
     mozo_shift,
     verdict,
 )
+from dp_icl_plugin.methods.knn.experts import filter_budget_for
 from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, noise_for_uses, token_epsilon_for_uses
 
-__all__ = ["MethodOutlook", "Plan", "plan"]
+__all__ = ["MethodOutlook", "Plan", "estimate_min_similarity", "plan"]
 
 @dataclass(frozen=True)
 class MethodOutlook:
@@ -69,15 +72,6 @@ class Plan:
             },
             "recommendation": self.recommendation,
         }
-
-
-def _filter_budget(epsilon: float, delta: float, relation: str) -> IndividualBudget:
-    """The per-record filter budget whose cover costs the ledger (ε, δ): itself under add/remove; under
-    replace-one the cover is (2ε_f, (1 + e^ε_f)δ_f), so ε_f = ε/2, δ_f = δ/(1 + e^{ε/2})."""
-    if relation == ADD_REMOVE:
-        return IndividualBudget(epsilon=epsilon, delta=delta)
-    half = epsilon / 2.0
-    return IndividualBudget(epsilon=half, delta=delta / (1.0 + math.exp(half)) * (1 - 1e-9))
 
 
 def plan(
@@ -129,12 +123,21 @@ def plan(
     inputs = {"records": n, "epsilon": eps, "delta": dlt, "answers": a, "tokens": t, "relation": rel, "k": k,
               "candidates_per_answer": c}  # fmt: skip
     out = [
-        _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel),
-        _clip_blend(eps, dlt, a, t, s, clip, rel),
-        _experts(eps, dlt, n, a, t, k, c, rel),
-        _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size, rel),
-    ]
+        _outlook("dps-mozo decoding", lambda: _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel)),
+        _outlook("clip-blend decoding", lambda: _clip_blend(eps, dlt, a, t, s, clip, rel)),
+        _outlook("knn expert decoding", lambda: _experts(eps, dlt, n, a, t, k, c, rel)),
+        _outlook("knn keyword answer", lambda: _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size,
+                                                         rel)),
+    ]  # fmt: skip
     return Plan(inputs, out, _recommend(out, a, t))
+
+
+def _outlook(name: str, compute: Callable[[], MethodOutlook]) -> MethodOutlook:
+    """A method's outlook, or "refused" with the reason when no setting of it meets the budget."""
+    try:
+        return compute()
+    except (CalibrationError, ConfigurationError) as exc:
+        return MethodOutlook(name, "per answer", {}, 0.0, "refused", f"no setting meets the budget: {exc}")
 
 
 def _mozo(eps, dlt, n, a, t, n_shots, order, rel) -> MethodOutlook:
@@ -162,7 +165,7 @@ def _clip_blend(eps, dlt, a, t, s, clip, rel) -> MethodOutlook:
 
 
 def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
-    budget = _filter_budget(eps, dlt, rel)
+    budget = filter_budget_for(eps, dlt, rel)
     uses = max(1, math.ceil(a * c / n))
     eps0 = token_epsilon_for_uses(budget, uses=uses, tokens=t)
     nats = eps0 * k / 2.0
@@ -178,7 +181,7 @@ def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
 
 
 def _keywords(eps, dlt, n, a, c, shards, m, vocab, rel) -> MethodOutlook:
-    budget = _filter_budget(eps, dlt, rel)
+    budget = filter_budget_for(eps, dlt, rel)
     uses = max(1, math.ceil(a * c / n))
     sigma = noise_for_uses(budget, uses=uses, sensitivity=threshold_sensitivity(m))
     threshold = keyword_threshold(sigma, vocab)
@@ -201,3 +204,39 @@ def _recommend(methods: list[MethodOutlook], answers: int, tokens: int) -> str:
                 "raise epsilon / lower the answers or tokens")  # fmt: skip
     extra = " (weak: expect small gains; synthesizing once may do better)" if best.verdict == "weak" else ""
     return f"{best.method}: {best.note}{extra}"
+
+
+def estimate_min_similarity(
+    public: Sequence[str] | np.ndarray, *, k: int, records: int, embedder: object | None = None
+) -> float:
+    """A ``min_similarity`` at which about ``k`` of ``records`` private records pass for a typical query,
+    estimated from **public** texts alone (queries like the app's, or any public sample of the records'
+    distribution); the private records are never read.
+
+    Each public text stands for a query, the others for a sample of the records: a query with m − 1 others
+    sees about k·(m − 1)/records of them at the similarity that k records would reach; the estimate is the
+    median over the queries of that rank's similarity. Every record at least this similar pays for an answer
+    (:class:`~dp_icl_plugin.methods.knn.KNNConfig`), so this sets how many pay.
+
+    Args:
+        public: public texts (embedded with ``embedder``, default all-MiniLM-L6-v2) or their unit vectors.
+        k, records: experts per answer and the number of private records (as the caller states it).
+
+    Raises:
+        ConfigurationError: fewer than two public texts, or bad k / records.
+    """
+    k, n = check.positive_int("k", k), check.positive_int("records", records)
+    if isinstance(public, np.ndarray):
+        vectors = np.asarray(public, dtype=np.float64)
+    else:
+        from dp_icl_plugin.methods.knn.embedding import default_embedder, embed_texts
+
+        vectors = embed_texts(embedder if embedder is not None else default_embedder(), list(public))
+    m = len(vectors)
+    if m < 2 or vectors.ndim != 2:
+        raise ConfigurationError("estimate_min_similarity needs at least two public texts (or a 2-d array)")
+    sims = vectors @ vectors.T
+    np.fill_diagonal(sims, -np.inf)
+    rank = min(m - 1, max(1, math.ceil(k * (m - 1) / n)))
+    kth = -np.sort(-sims, axis=1)[:, rank - 1]
+    return float(np.clip(np.median(kth), -1.0, 1.0))

@@ -5,7 +5,7 @@ ledger, whose total is printed at the end:
 
 - PTA synthesizes one demonstration per large question class (label sizes declared public), shown to the LLM in
   the query engine's prompt (free to reuse: post-processing);
-- the private retriever releases a DP answer built from keywords that passed propose-test-release (each
+- the private retriever releases a DP answer decoded by the nearest records as experts (expert decoding; each
   record may lose ε = 2, δ = 1e-6 under add/remove; the ledger holds its group-privacy conversion);
 - the LLM decodes with DPS-MOZO over the same records.
 
@@ -65,7 +65,7 @@ def main() -> None:
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))
     index.add(questions, answers=classes)
     retriever = DPICLRetriever(
-        PrivateKNN(index, budget=budget, backend=backend, config=KNNConfig(k=20, shards=5, uses=4, keywords=2)),
+        PrivateKNN(index, budget=budget, backend=backend, config=KNNConfig(k=40, uses=2, max_answer_tokens=4)),
         rng=np.random.default_rng(),
     )
     decoder = MozoDecoder(records, backend=backend, budget=budget, n_queries=50, epsilon=2.0, max_tokens=8)

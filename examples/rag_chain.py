@@ -2,10 +2,10 @@
 
 Offline, about 16 s on 2 cores: 1,000 TREC questions (``../shared/data/trec``) are the private records, with their
 coarse class as the "answer" each record carries; every record may lose at most ε = 2 (δ = 1e-6) for
-adding or removing it, ε = 4 for replacing it (the ledger's relation). The retriever returns only DP-released
-keywords (keyword-space aggregation with propose-test-release over the nearest records' shard answers),
-which the chain puts into the chat prompt of a local model: the pretrained SmolLM2-135M-Instruct that the
-set-up installs, which also writes the shard answers the keywords are voted from.
+adding or removing it, ε = 4 for replacing it (the ledger's relation). The retriever returns one DP answer
+decoded by the 40 nearest records as experts (each paying its own budget; expert decoding), which the chain
+puts into the chat prompt of a local model: the pretrained SmolLM2-135M-Instruct that the set-up installs,
+which also decodes the experts' answer.
 
     python examples/rag_chain.py [LEDGER]
 """
@@ -48,13 +48,13 @@ def main() -> None:
     index.add(texts, answers=answers)
     budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1e-4), ledger=ledger)
     core = PrivateKNN(
-        index, budget=budget, backend=backend, config=KNNConfig(k=20, shards=5, min_similarity=0.3, uses=4, keywords=2)
-    )
-    retriever = DPICLRetriever(knn=core, rng=np.random.default_rng(), mode="keywords")
-    prompt = PromptTemplate.from_template("Answer briefly. Hints: {context}\nQuestion: {question}")
+        index, budget=budget, backend=backend, config=KNNConfig(k=40, min_similarity=0.3, uses=2, max_answer_tokens=4)
+    )  # a record joins 2 answers of at most 4 tokens
+    retriever = DPICLRetriever(knn=core, rng=np.random.default_rng())  # mode="experts"
+    prompt = PromptTemplate.from_template("Answer briefly. The answer type: {context}\nQuestion: {question}")
     chain = (
         {
-            "context": retriever | (lambda docs: ", ".join(d.page_content for d in docs)),
+            "context": retriever | (lambda docs: docs[0].page_content),
             "question": RunnablePassthrough(),
         }
         | prompt

@@ -104,7 +104,7 @@ class World:
         rng = np.random.default_rng(0)
         self.lc_chat = lc.ChatDPICL(decoder=self.decoder, rng=rng)
         self.lc_llm = lc.DPICLLLM(decoder=self.decoder, rng=rng)
-        self.lc_retriever = lc.DPICLRetriever(knn=self.core, rng=rng)
+        self.lc_retriever = lc.DPICLRetriever(knn=self.core, rng=rng, mode="keywords")
         self.li_llm = li.DPICL(self.decoder, rng=rng)
         self.li_retriever = li_ret.DPICLRetriever(self.core, rng=rng, mode="keywords")
         self.released: list[Any] = []
@@ -325,7 +325,7 @@ MESSAGES: dict[str, str] = {
     "add_public_example non-string value": "a public example needs",
     "lc retriever construction k = 0": "k must be a positive integer",
     "lc retriever construction not a core": "knn must be a dp_icl_plugin PrivateKNN",
-    "lc retriever construction unknown mode": "Input should be 'keywords' or 'answer'",
+    "lc retriever construction unknown mode": "Input should be 'experts', 'keywords' or 'answer'",
     "lc retriever empty query": "query must be a non-empty string",
     "lc retriever zero-width query": "query must be a non-empty string",
     "lc retriever RTL marks only": "query must be a non-empty string",
@@ -377,7 +377,7 @@ MESSAGES: dict[str, str] = {
     "lc chat abatch with one empty prompt": "the last user message is empty",
     "li retriever construction not a core": "knn must be a dp_icl_plugin PrivateKNN",
     "li retriever construction rng a seed": "rng must be a numpy.random.Generator",
-    "li retriever construction unknown mode": "mode must be 'answer' or 'keywords'",
+    "li retriever construction unknown mode": "mode must be 'experts', 'answer' or 'keywords'",
     "li retriever empty query": "query must be a non-empty string",
     "li retriever zero-width query": "query must be a non-empty string",
     "li retriever RTL marks only": "query must be a non-empty string",
@@ -416,7 +416,7 @@ MESSAGES: dict[str, str] = {
 
 
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> World:
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weak_keywords_allowed: None) -> World:
     monkeypatch.chdir(tmp_path)
     return World(tmp_path)
 

@@ -59,13 +59,13 @@ def test_query_engine_with_the_dp_retriever_and_llm_sync_and_async() -> None:
     before = len(ledger.history())
     response = engine.query("where did the cat sit?")
     assert isinstance(str(response), str)
-    assert all(n.node.metadata["kind"] == "dp_answer" for n in response.source_nodes)
+    assert all(n.node.metadata["kind"] == "dp_expert_answer" for n in response.source_nodes)  # the default mode
     assert len(ledger.history()) > before  # the LLM's answer was charged
     response = asyncio.run(engine.aquery("where is the mat?"))
     assert isinstance(str(response), str)
     # every release, the retriever's and the LLM's, emitted its charge
     charged = [h.id for h in ledger.history()[before:]]
-    assert {e.release for e in handler.events} == {"knn-answer", "mozo-answer"}
+    assert {e.release for e in handler.events} == {"knn-decode", "mozo-answer"}
     assert [e.ledger_entry for e in handler.events if e.release == "mozo-answer"] == charged
     texts = " ".join(n.node.get_content() for n in response.source_nodes)
     assert CANARY not in texts

@@ -160,6 +160,7 @@ def knn(clock: FakeClock, **kw) -> PrivateKNN:
 QUERIES = ("red thing number1", "Answer:")  # many candidates; none
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_knn_releases_take_the_fixed_time_and_the_ledger_names_no_count(clock: FakeClock) -> None:
     rng = np.random.default_rng(0)
     exposed = knn(clock)

@@ -67,7 +67,8 @@ from dp_icl_plugin.methods.prompting import check_records_encode
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
 
 __all__ = [  # DecodedAnswer, Query, check_query: re-exported
-    "ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query", "step_rows",
+    "DECODING_METHODS", "ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query",
+    "step_rows",
 ]  # fmt: skip
 
 
@@ -498,6 +499,9 @@ class ClipBlendDecoder(_DatasetDecoder):
                     logprobs = check_logprobs(session.append(token))
 
 
+DECODING_METHODS = ("mozo", "clip-blend", "knn-experts")
+
+
 def step_rows(method: str, settings: dict[str, Any]) -> int:
     """Rows per forward that fit one step of a decoder's records, from its public settings only: DPS-MOZO's
     ``n_shots`` records; clip-blend's subset of expected size s (each record joins with probability s/N, so its
@@ -507,6 +511,8 @@ def step_rows(method: str, settings: dict[str, Any]) -> int:
     shape depend on the others."""
     if method == "mozo":
         return int(settings.get("n_shots", 4))
+    if method == "knn-experts":  # at most k experts, padded to k (how many there are is private)
+        return int(settings.get("k", 40))
     subset = int(settings.get("subset_size", 1))
     return subset + math.ceil(2 * math.sqrt(subset))
 
@@ -522,18 +528,23 @@ def build_decoder(
     tokenizer: Any = None,
     server: dict[str, Any] | None = None,
     **settings: Any,
-) -> MozoDecoder | ClipBlendDecoder:
-    """A DP decoder (``method``: ``"mozo"`` or ``"clip-blend"``; ``settings`` go to it) over a local model or an
+) -> _Decoder:
+    """A DP decoder (``method``: ``"mozo"``, ``"clip-blend"`` or ``"knn-experts"``, the last through
+    :func:`~dp_icl_plugin.methods.knn.experts.build_expert_decoder`; ``settings`` go to it) over a local model or an
     inference server: ``model_id`` as :func:`~dp_icl_plugin.backends.loading.load_backend` takes it (a URL
     needs ``tokenizer``; ``server`` holds ServerBackend settings such as ``top_k``). A local model's backend
     computes as many rows per forward as a step of this decoder does (:func:`step_rows`)."""
     from dp_icl_plugin.backends.loading import is_server_url, load_backend
 
-    if method not in ("mozo", "clip-blend"):
-        raise ConfigurationError(f"method must be 'mozo' or 'clip-blend', got {method!r}")
+    if method not in DECODING_METHODS:
+        raise ConfigurationError(f"method must be one of {', '.join(DECODING_METHODS)}, got {method!r}")
     rows = None if is_server_url(model_id) else step_rows(method, settings)
     backend = load_backend(model_id, tokenizer=tokenizer, device=device, dtype=dtype, micro_batch_size=rows,
                            **(server or {}))  # fmt: skip
     if method == "mozo":
         return MozoDecoder(dataset, backend=backend, budget=budget, **settings)
+    if method == "knn-experts":  # the kNN package builds on this module: imported where it is used
+        from dp_icl_plugin.methods.knn.experts import build_expert_decoder
+
+        return build_expert_decoder(backend, dataset, budget=budget, **settings)
     return ClipBlendDecoder(dataset, backend=backend, budget=budget, **settings)

@@ -36,26 +36,39 @@ they keep their slot, so the others' do not change). Generated tokens and the pu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
 
-from dp_icl_plugin.accounting.budget import LedgerEntry
-from dp_icl_plugin.backends.base import check_logprobs
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget
+from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.backends.shared_suffix import start_rows
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_logits, exponential_mechanism
 from dp_icl_plugin.mechanisms.mozo import top_k_support
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
-from dp_icl_plugin.methods.data import PrivateRecord
-from dp_icl_plugin.methods.decoder import Query
+from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.decoder import DecodedAnswer, Query
 from dp_icl_plugin.methods.decoding import _Decoder
-from dp_icl_plugin.methods.knn.retriever import PrivateKNN, Retrieval
+from dp_icl_plugin.methods.knn.index import PrivateIndex
+from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN, Retrieval
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency
 
-__all__ = ["KNNExpertDecoder", "expert_scores", "expert_token"]
+QUESTION_TEMPLATE = AnswerTemplate(
+    example="Question: {text}\nAnswer: {label}\n\n", query="Question: {input}\nAnswer:", stop="\n"
+)
+"""A record as a question and its answer, the query as the next question (completion models)."""
+
+__all__ = [
+    "QUESTION_TEMPLATE", "KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token",
+    "filter_budget_for",
+]  # fmt: skip
 
 
 def _query_text(prompt: str | tuple[dict[str, str], ...]) -> str:
@@ -103,6 +116,12 @@ class KNNExpertDecoder(_Decoder):
         self.top_k = knn.config.expert_top_k
         warn_if_weak(f"expert decoding over k = {self.k} records", log_odds_shift(self.clip / self.temperature),
                      "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens")  # fmt: skip
+
+    def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
+        """A DP answer to a public question (a retriever's query): the question as the user's chat turn when
+        the model has a chat template (a record then enters as an earlier exchange), else in the template."""
+        query: Query = [{"role": "user", "content": question}] if self.has_chat_template else question
+        return self.generate(query, rng=rng, max_tokens=max_tokens)
 
     @property
     def token_epsilon(self) -> float:
@@ -202,3 +221,69 @@ def expert_token(
     scores = expert_scores(private_logprobs[:, support], public_logprobs[support], clip=clip, divisor=divisor,
                            temperature=temperature, public_temperature=public_temperature)  # fmt: skip
     return int(support[exponential_mechanism(scores, temperature=1.0, rng=rng)])
+
+
+def filter_budget_for(epsilon: float, delta: float, neighbouring: str) -> IndividualBudget:
+    """The per-record filter budget whose cover costs a ledger of this relation (ε, δ): the filter's own
+    (ε, δ) under add/remove; under replace-one the cover is (2ε_f, (1 + e^ε_f)δ_f) (group privacy,
+    :meth:`PrivateKNN.cover_event`), so ε_f = ε/2 and δ_f = δ/(1 + e^{ε/2}) (rounded down)."""
+    eps = check.positive_finite("epsilon", epsilon)
+    dlt = check.probability_open("delta", delta)
+    if neighbouring == ADD_REMOVE:
+        return IndividualBudget(epsilon=eps, delta=dlt)
+    return IndividualBudget(epsilon=eps / 2.0, delta=math.nextafter(dlt / (1.0 + math.exp(eps / 2.0)), 0.0))
+
+
+def build_expert_decoder(
+    backend: NextTokenBackend,
+    dataset: PrivateDataset,
+    *,
+    budget: BudgetManager,
+    epsilon: float,
+    n_queries: int,
+    delta: float | None = None,
+    max_tokens: int = 16,
+    k: int = 40,
+    min_similarity: float = 0.3,
+    uses: int | None = None,
+    embedder: object | None = None,
+    public_temperature: float = 0.5,
+    top_k: int = 100,
+    template: AnswerTemplate | None = None,
+    fixed_latency: float | FixedLatency | None = None,
+) -> KNNExpertDecoder:
+    """Expert decoding over a dataset held in memory: its records go into a new in-memory
+    :class:`PrivateIndex` whose per-record filter is covered by ``epsilon`` (and δ) on the ledger.
+
+    Args:
+        backend: the language model.
+        dataset: the private records (text, label); a record's label is its demonstration's answer.
+        budget: the shared ledger; the filter's total is charged to it once, here.
+        epsilon, delta: this decoder's share of the ledger (δ default: half the ledger's δ).
+        n_queries: the answers expected; with ``k`` it sets ``uses`` (default ⌈n_queries·k/|D|⌉ answers per
+            record, which holds when queries spread over the records; a record near many queries runs out
+            sooner and its next neighbours take over).
+        max_tokens, k, min_similarity, embedder: the answer limit, experts per answer, the public similarity a
+            record needs to take part (and pay), the embedder (default all-MiniLM-L6-v2).
+        public_temperature, top_k: the zero-shot row's temperature and support.
+        template, fixed_latency: as :class:`KNNExpertDecoder`.
+
+    Raises:
+        ConfigurationError: a bad setting (before anything is charged).
+    """
+    if not isinstance(dataset, PrivateDataset):
+        raise ConfigurationError("dataset must be a PrivateDataset")
+    if not isinstance(budget, BudgetManager):
+        raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
+    n_queries = check.positive_int("n_queries", n_queries)
+    k = check.positive_int("k", k)
+    records = [r for y in dataset.labels for r in dataset.records(y)]
+    per_record_uses = max(1, math.ceil(n_queries * k / len(records))) if uses is None else uses
+    config = KNNConfig(k=k, shards=1, min_similarity=min_similarity, uses=per_record_uses,
+                       max_answer_tokens=max_tokens, expert_public_temperature=public_temperature,
+                       expert_top_k=top_k)  # fmt: skip
+    share = budget.budget.delta / 2.0 if delta is None else delta
+    index = PrivateIndex(budget=filter_budget_for(epsilon, share, budget.neighbouring), embedder=embedder)
+    index.add([r.text for r in records], labels=[r.label for r in records])
+    return KNNExpertDecoder(PrivateKNN(index, budget=budget, backend=backend, config=config), template=template,
+                            fixed_latency=fixed_latency)  # fmt: skip

@@ -427,6 +427,8 @@ class PrivateKNN:
         query_vector = self.index.embed_query(query)
         if release == "answer":
             self._check_answer_room(query)
+            if self.config.keyword_release == "threshold":
+                self._check_keywords_can_pass()
         # No check of the index's size: whether it holds any record is private (add/remove), so an empty index
         # (or one with no candidate) goes through the same charge and release, over zero records.
         self.index.refresh()  # records added or removed by other processes or hosts
@@ -632,8 +634,6 @@ class PrivateKNN:
             self._label_token_ids()
         if release == "answer" and self.config.keyword_release == "ptr" and self.ptr_delta <= 0:
             raise ConfigurationError("PTR keyword releases need approximate_delta > 0 in the index's IndividualBudget")
-        if release == "answer" and self.config.keyword_release == "threshold":
-            self._check_keywords_can_pass()
 
     def keyword_outlook(self) -> tuple[float, float]:
         """The threshold keyword release's threshold T and how often a keyword every shard says passes it,

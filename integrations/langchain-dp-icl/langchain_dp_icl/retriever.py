@@ -1,9 +1,11 @@
 """A LangChain retriever that returns only DP-released content from private records.
 
 Anything a retriever returns reaches every tracer (``on_retriever_end``) and the LLM prompt, so raw private
-records never leave: each query runs a keyword-space aggregation over the nearest private records
-(:meth:`~dp_icl_plugin.methods.knn.PrivateKNN.answer`) and the retriever returns the released keywords
-(one ``Document`` each, up to ``k``) or the DP answer built from them. Metadata: the release kind, the
+records never leave: by default each query is answered by expert decoding, the nearest private records
+steering every token (:class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder`), and the retriever returns that
+DP answer as one ``Document``; or a keyword-space aggregation over them
+(:meth:`~dp_icl_plugin.methods.knn.PrivateKNN.answer`) releases keywords (one ``Document`` each, up to ``k``)
+or the answer built from them. Metadata: the release kind, the
 ledger entry and the per-record budget; never record ids, texts or how many records took part (that count
 depends on the private data). The budget spend is reported as a custom callback event ``dp_icl_spend``.
 """
@@ -15,10 +17,11 @@ from typing import Any, Literal
 from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.knn import PrivateKNN
+from dp_icl_plugin.methods.knn import KNNExpertDecoder, PrivateKNN
+from dp_icl_plugin.methods.knn.experts import QUESTION_TEMPLATE
 from dp_icl_plugin.methods.randomness import noise_source
 
 __all__ = ["DPICLRetriever"]
@@ -37,9 +40,11 @@ class DPICLRetriever(BaseRetriever):
 
     Key init args:
         knn: the private kNN core (its index, ledger, backend and settings).
-        mode: ``"keywords"`` (default: one Document per released keyword, at most ``k``; none when
-            no keyword is released) or ``"answer"`` (one Document: the DP answer generated from the keywords,
-            or the 0-shot answer when none is released).
+        mode: ``"experts"`` (default: one Document, the answer the nearest records decode, each paying its
+            own budget; the records' answers, or labels, are what they teach), ``"keywords"`` (one Document
+            per released keyword, at most ``k``; none when no keyword is released) or ``"answer"`` (one
+            Document: the DP answer generated from the keywords, or the 0-shot answer when none is released).
+            Keyword modes are refused before any charge when the budget lets no keyword pass.
         k: keywords to release (default: the core's ``config.keywords``); a call's ``k`` overrides it.
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
         seed: reproducible noise for tests and benchmarks only.
@@ -62,9 +67,10 @@ class DPICLRetriever(BaseRetriever):
     """
 
     knn: Any = Field(exclude=True, repr=False)
+    _experts: Any = PrivateAttr(default=None)
     rng: Any = Field(default=None, exclude=True, repr=False)
     seed: int | None = Field(default=None, exclude=True, repr=False)
-    mode: Literal["keywords", "answer"] = "keywords"
+    mode: Literal["experts", "keywords", "answer"] = "experts"
     k: int | None = None
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -72,6 +78,7 @@ class DPICLRetriever(BaseRetriever):
         if not isinstance(self.knn, PrivateKNN):
             raise ConfigurationError("knn must be a dp_icl_plugin PrivateKNN")
         self.rng = noise_source(self.rng, self.seed)
+        self._experts = KNNExpertDecoder(self.knn, template=QUESTION_TEMPLATE) if self.mode == "experts" else None
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
             raise ConfigurationError("k must be a positive integer")
 
@@ -82,6 +89,13 @@ class DPICLRetriever(BaseRetriever):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[Document]:
+        if self._experts is not None:
+            decoded = self._experts.answer(query, rng=self.rng)
+            spend = {"ledger_entry": decoded.ledger_entry, "release": "knn-decode",
+                     "per_record_epsilon": self.knn.per_record_epsilon(),
+                     "per_record_delta": self.knn.per_record_delta()}  # fmt: skip
+            run_manager.get_child().on_custom_event("dp_icl_spend", spend, run_id=run_manager.run_id)
+            return [Document(page_content=decoded.text.strip(), metadata={**spend, "kind": "dp_expert_answer"})]
         wanted = k if k is not None else self.k
         answer = self.knn.answer(query, rng=self.rng, keywords=wanted)
         spend = {"ledger_entry": answer.ledger_entry, "release": "knn-answer",

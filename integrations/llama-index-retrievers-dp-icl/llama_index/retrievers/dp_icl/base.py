@@ -1,8 +1,9 @@
 """A LlamaIndex retriever that returns only DP-released content from private records.
 
-Each query runs keyword-space aggregation over the nearest private records
-(:meth:`~dp_icl_plugin.methods.knn.PrivateKNN.answer`); the nodes hold the released keywords or the
-DP answer, never record texts or ids. The spend is emitted as a
+By default each query is answered by expert decoding, the nearest private records steering every token
+(:class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder`); or keyword-space aggregation over them
+(:meth:`~dp_icl_plugin.methods.knn.PrivateKNN.answer`) releases keywords or the answer built from them. The
+nodes hold only what was released, never record texts or ids. The spend is emitted as a
 :class:`~llama_index.llms.dp_icl.events.DPSpendEvent` through LlamaIndex's instrumentation. ``aretrieve``
 runs the release in a worker thread, so it does not block the event loop.
 """
@@ -18,7 +19,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.llms.dp_icl.events import DPSpendEvent
 
 from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.knn import PrivateKNN
+from dp_icl_plugin.methods.knn import KNNExpertDecoder, PrivateKNN
+from dp_icl_plugin.methods.knn.experts import QUESTION_TEMPLATE
 from dp_icl_plugin.methods.randomness import noise_source
 
 __all__ = ["DPICLRetriever"]
@@ -39,8 +41,10 @@ class DPICLRetriever(BaseRetriever):
 
     Key init args:
         knn: the private kNN core (its index, ledger, backend and settings).
-        mode: ``"answer"`` (default: one node with the DP answer built from the released keywords, or the
-            0-shot answer when no keyword is released) or ``"keywords"`` (one node per released keyword).
+        mode: ``"experts"`` (default: one node, the answer the nearest records decode, each paying its own
+            budget), ``"answer"`` (one node with the DP answer built from released keywords, or the 0-shot
+            answer when no keyword is released) or ``"keywords"`` (one node per released keyword). Keyword
+            modes are refused before any charge when the budget lets no keyword pass.
         similarity_top_k: how many keywords to release (default: the core's ``config.keywords``).
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
         seed: reproducible noise for tests and benchmarks only.
@@ -65,7 +69,7 @@ class DPICLRetriever(BaseRetriever):
         self,
         knn: PrivateKNN,
         *,
-        mode: Literal["answer", "keywords"] = "answer",
+        mode: Literal["experts", "answer", "keywords"] = "experts",
         similarity_top_k: int | None = None,
         rng: Any = None,
         seed: int | None = None,
@@ -74,8 +78,8 @@ class DPICLRetriever(BaseRetriever):
         if not isinstance(knn, PrivateKNN):
             raise ConfigurationError("knn must be a dp_icl_plugin PrivateKNN")
         generator = noise_source(rng, seed)
-        if mode not in ("answer", "keywords"):
-            raise ConfigurationError("mode must be 'answer' or 'keywords'")
+        if mode not in ("experts", "answer", "keywords"):
+            raise ConfigurationError("mode must be 'experts', 'answer' or 'keywords'")
         if similarity_top_k is not None and (
             isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) or similarity_top_k < 1
         ):
@@ -83,6 +87,7 @@ class DPICLRetriever(BaseRetriever):
         self._core = knn
         self._rng = generator
         self._mode = mode
+        self._experts = KNNExpertDecoder(knn, template=QUESTION_TEMPLATE) if mode == "experts" else None
         self._keywords = similarity_top_k
         super().__init__(**kwargs)
 
@@ -90,6 +95,15 @@ class DPICLRetriever(BaseRetriever):
         return f"DPICLRetriever(mode={self._mode!r}, {self._core!r})"
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        if self._experts is not None:
+            decoded = self._experts.answer(query_bundle.query_str, rng=self._rng)
+            event = DPSpendEvent(ledger_entry=decoded.ledger_entry, release="knn-decode",
+                                 per_record_epsilon=self._core.per_record_epsilon(),
+                                 per_record_delta=self._core.per_record_delta())  # fmt: skip
+            dispatcher.event(event)
+            meta = {"ledger_entry": decoded.ledger_entry, "per_record_epsilon": event.per_record_epsilon,
+                    "kind": "dp_expert_answer"}  # fmt: skip
+            return [NodeWithScore(node=TextNode(text=decoded.text.strip(), metadata=meta), score=1.0)]
         answer = self._core.answer(query_bundle.query_str, rng=self._rng, keywords=self._keywords)
         spend = DPSpendEvent(ledger_entry=answer.ledger_entry, release="knn-answer",
                              per_record_epsilon=self._core.per_record_epsilon(),

@@ -1,0 +1,455 @@
+"""One real-text harness: does the private data make a difference a user can see?
+
+Every row answers the same held-out queries with the same prompt layout on the same real model
+(SmolLM2-135M-Instruct, float32 on CPU unless ``--device``), and is compared with what the user already has
+without private data, **greedy zero-shot**, and with the non-private ceiling, **kNN RAG** (the nearest
+records as the examples of one prompt, greedy). Per task:
+
+- ``e2e`` (answers): the E2E dev pairs (4,672, meaning representation → reference) are the private records;
+  queries are test MRs. Score: ROUGE-L F1 against the best reference (``rouge-score``, stemming) ×100. Chat
+  layout of the DPS-MOZO paper (instruction as system turn, a record as an earlier exchange).
+- ``trec`` (classification): the TREC training questions (5,452) are the private records, test questions
+  the queries; the header names the six types. Score: the answer names the right type (accuracy ×100).
+- ``triage`` (an app-shaped task): route news items to one of four desks (World, Sports, Business,
+  Technology), 2,000 AG News items as the private "tickets" (public benchmark text standing in for private
+  tickets: AG News is the only routing-style set in ``../shared/data``), queries from the rest. Accuracy.
+
+Rows, each on its own ledger ``PrivacyBudget(ε, δ = 1e-5)`` (replace-one) at ε ∈ {1, 2, 4, 8}; for the kNN
+rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 per record,
+:func:`~dp_icl_plugin.methods.knn.experts.filter_budget_for`):
+
+- ``expert decoding``: :class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder` (``build_expert_decoder``), the
+  k nearest records with budget left as experts of every token; ``min_similarity`` estimated from public
+  queries only (:func:`~dp_icl_plugin.planning.estimate_min_similarity`); ``uses`` from the plan.
+- ``DPS-MOZO decoding``: :class:`MozoDecoder` (ε for the run's answers, β calibrated).
+- ``clip-blend decoding``: :class:`ClipBlendDecoder` (a fixed subset of 40 records, τ calibrated).
+- ``kNN vote`` (classification): :meth:`PrivateKNN.vote`, report-noisy-max over the k nearest labels (no LLM).
+- ``kNN keyword answer`` (e2e): :meth:`PrivateKNN.answer`; refused before any charge when no keyword could
+  pass its threshold (then the row says so).
+
+Gains are paired per query against greedy zero-shot, with 95 % bootstrap intervals (2,000 resamples, seeded);
+"recovered" is the gain over the ceiling's gain. Queries: ``--split held-out`` (default) draws them from a part
+of the test data that no setting was chosen on; ``--split tune`` from the part used to choose the expert
+defaults (T0, k, ``uses`` margin). Seeds are fixed (benchmarks only).
+
+    python benchmarks/harness/run.py                 # every task, 100 held-out queries, ε ∈ {1, 2, 4, 8}
+    python benchmarks/harness/run.py --quick         # 12 queries, ε = 4, e2e 8 tokens: minutes on 2 cores
+
+Writes ``results/harness[_quick].{json,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parents[1].parent / "shared" / "data"
+sys.path.insert(0, str(HERE.parent / "knn"))
+sys.path.insert(0, str(HERE.parent / "e2e"))
+
+DELTA = 1e-5
+MODEL = "smollm2-135m-instruct"
+E2E_INSTRUCTION = "Please convert the structured data into natural language."
+TREC_NAMES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
+              "NUM": "number"}  # fmt: skip
+DESKS = {"1": "World", "2": "Sports", "3": "Business", "4": "Technology"}
+
+
+@dataclass
+class Task:
+    """One task: private records, public queries, one prompt layout, a per-query score."""
+
+    name: str
+    metric: str
+    records: list[tuple[str, str]]
+    queries: list[str]
+    tune_queries: list[str]  # public: the part of the test data settings were chosen on
+    header: str
+    example: str
+    query: str
+    max_tokens: int
+    k: int
+    ceiling_shots: int
+    score: Callable[[int, str], float]
+    labels: list[str] | None = None
+    truth: list[str] = field(default_factory=list)
+
+
+def _label_of(text: str, labels: list[str]) -> str | None:
+    words = text.strip().lower().replace(".", " ").split()
+    if not words:
+        return None
+    hits = [y for y in labels if y.lower().startswith(words[0]) and len(words[0]) >= 3]
+    return hits[0] if len(hits) == 1 else None
+
+
+def e2e_task(n: int, split: str, quick: bool) -> Task:
+    with open(DATA / "e2e" / "devset.csv", newline="", encoding="utf-8") as fh:
+        records = [(r["mr"], r["ref"]) for r in csv.DictReader(fh)]
+    refs: dict[str, list[str]] = {}
+    with open(DATA / "e2e" / "testset_w_refs.csv", newline="", encoding="utf-8") as fh:
+        for r in csv.DictReader(fh):
+            refs.setdefault(r["mr"], []).append(r["ref"])
+    mrs = list(refs)
+    order = np.random.default_rng(2026).permutation(len(mrs))
+    tune, held = [mrs[i] for i in order[:200]], [mrs[i] for i in order[200:]]
+    queries = (tune if split == "tune" else held)[:n]
+    from rouge_score import rouge_scorer
+
+    rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+    def score(i: int, out: str) -> float:
+        return 100 * max(rouge.score(ref, out)["rougeL"].fmeasure for ref in refs[queries[i]])
+
+    return Task("e2e", "ROUGE-L", records, queries, tune, f"<|im_start|>system\n{E2E_INSTRUCTION}<|im_end|>\n",
+                "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n{label}<|im_end|>\n",
+                "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n", 8 if quick else 25, 16, 4, score)
+
+
+def classification_task(name: str, n: int, split: str) -> Task:
+    if name == "trec":
+
+        def read(path: Path) -> tuple[list[str], list[str]]:
+            lines = path.read_text(encoding="latin-1").splitlines()
+            return [ln.split(" ", 1)[1] for ln in lines], [TREC_NAMES[ln.split(":", 1)[0]] for ln in lines]
+
+        pool_x, pool_y = read(DATA / "trec" / "train.txt")
+        test_x, test_y = read(DATA / "trec" / "test.txt")
+        labels, item = sorted(TREC_NAMES.values()), "question"
+    else:
+        with open(DATA / "agnews" / "test.csv", newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh))
+        texts = [f"{r['Title']}. {r['Description']}".replace("\\", " ")[:400] for r in rows]
+        ys = [DESKS[r["Class Index"]] for r in rows]
+        order = np.random.default_rng(7).permutation(len(texts))
+        pool_x, pool_y = [texts[i] for i in order[:2000]], [ys[i] for i in order[:2000]]
+        test_x, test_y = [texts[i] for i in order[2000:3000]], [ys[i] for i in order[2000:3000]]
+        labels, item = list(DESKS.values()), "news item"
+    order = np.random.default_rng(2026).permutation(len(test_x))
+    tune_idx, held_idx = order[:200], order[200:]
+    chosen = (tune_idx if split == "tune" else held_idx)[:n]
+    queries, truth = [test_x[i] for i in chosen], [test_y[i] for i in chosen]
+    kind = "type" if name == "trec" else "desk"
+    header = (f"<|im_start|>system\nAnswer with the {kind} of the {item}, one of: {', '.join(labels)}."
+              "<|im_end|>\n")  # fmt: skip
+
+    def score(i: int, out: str) -> float:
+        return 100.0 * (_label_of(out, labels) == truth[i])
+
+    return Task("trec" if name == "trec" else "triage", "accuracy", list(zip(pool_x, pool_y, strict=True)), queries,
+                [test_x[i] for i in tune_idx], header,
+                "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n{label}<|im_end|>\n",
+                "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n", 3, 40, 8, score, labels, truth)
+
+
+class Harness:
+    """Models, embeddings and rows for one task."""
+
+    def __init__(self, task: Task, args) -> None:
+        from accuracy import Lookup
+
+        from dp_icl_plugin.methods import AnswerTemplate
+        from dp_icl_plugin.methods.knn import default_embedder
+        from dp_icl_plugin.methods.knn.embedding import embed_texts
+
+        self.task, self.args = task, args
+        self.template = AnswerTemplate(header=task.header, example=task.example, query=task.query, stop="\n")
+        model = default_embedder()
+        texts = [x for x, _ in task.records]
+        self.record_vectors = embed_texts(model, texts, batch_size=128)
+        self.query_vectors = embed_texts(model, task.queries, batch_size=128)
+        self.tune_vectors = embed_texts(model, task.tune_queries, batch_size=128)
+        self.embedder = Lookup(texts + task.queries + task.tune_queries,
+                               np.vstack([self.record_vectors, self.query_vectors, self.tune_vectors]), model)
+        self._backends: dict[int, object] = {}
+        self.rows: list[dict] = []
+        self.zero: np.ndarray | None = None
+
+    def backend(self, rows: int):
+        from dp_icl_plugin.backends.loading import load_backend
+
+        if rows not in self._backends:
+            self._backends[rows] = load_backend(MODEL, device=self.args.device, micro_batch_size=rows)
+        return self._backends[rows]
+
+    # -- scoring -----------------------------------------------------------------------------------------
+    def add(self, method: str, epsilon: float, outputs: list[str] | None, seconds: float, **extra) -> None:
+        task = self.task
+        if outputs is None:
+            row = {"task": task.name, "method": method, "epsilon": epsilon, "score": None, "seconds": seconds, **extra}
+        else:
+            scores = np.array([task.score(i, o) for i, o in enumerate(outputs)])
+            row = {"task": task.name, "method": method, "epsilon": epsilon, "score": float(scores.mean()),
+                   "scores": scores.tolist(), "seconds": round(seconds, 1), "examples": outputs[:3], **extra}
+            if self.zero is not None:
+                row.update(gain_interval(scores - self.zero))
+        self.rows.append(row)
+        shown = "refused" if row["score"] is None else f"{row['score']:.1f}"
+        print(f"[{task.name}] {method} ε={epsilon:g}: {shown} ({seconds:.0f} s)", flush=True)
+
+    # -- rows ----------------------------------------------------------------------------------------------
+    def zero_shot(self) -> None:
+        from dp_icl_plugin.backends.generation import greedy_generate
+
+        started = time.perf_counter()
+        b = self.backend(1)
+        prompts = [b.encode(self.template.zero_shot_prompt(q), add_special_tokens=True) for q in self.task.queries]
+        outs = [b.decode(o).strip() for o in greedy_generate(b, prompts, max_new_tokens=self.task.max_tokens)]
+        self.add("zero-shot greedy (no private data)", 0.0, outs, time.perf_counter() - started)
+        self.zero = np.asarray(self.rows[-1]["scores"])
+
+    def ceiling(self) -> None:
+        from dp_icl_plugin.backends.generation import greedy_generate
+
+        started = time.perf_counter()
+        b, t = self.backend(1), self.task
+        sims = self.query_vectors @ self.record_vectors.T
+        prompts = []
+        for q, row in zip(t.queries, sims, strict=True):
+            near = np.argsort(-row)[: t.ceiling_shots][::-1]  # the nearest last, closest to the query
+            examples = "".join(self.template.example.format(text=t.records[i][0], label=t.records[i][1]) for i in near)
+            prompts.append(b.encode(t.header + examples + t.query.format(input=q), add_special_tokens=True))
+        outs = [b.decode(o).strip() for o in greedy_generate(b, prompts, max_new_tokens=t.max_tokens)]
+        self.add(f"kNN RAG, {t.ceiling_shots} nearest (NOT private, the ceiling)", math.inf, outs,
+                 time.perf_counter() - started)  # fmt: skip
+
+    def _ledger(self, epsilon: float):
+        from dp_icl_plugin import BudgetManager, PrivacyBudget
+
+        return BudgetManager(PrivacyBudget(epsilon, DELTA))
+
+    def _dataset(self):
+        from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+
+        return PrivateDataset([PrivateRecord(x, y) for x, y in self.task.records])
+
+    def _answer_all(self, decoder, seed: int) -> list[str]:
+        rng = np.random.default_rng(seed)
+        return [decoder.generate(q, rng=rng).text.strip() for q in self.task.queries]
+
+    def experts(self, epsilon: float) -> None:
+        from dp_icl_plugin.methods.knn.experts import build_expert_decoder
+        from dp_icl_plugin.planning import estimate_min_similarity
+
+        t = self.task
+        started = time.perf_counter()
+        tau = estimate_min_similarity(self.tune_vectors, k=t.k, records=len(t.records))
+        uses = max(1, math.ceil(1.5 * len(t.queries) * t.k / len(t.records)))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            decoder = build_expert_decoder(self.backend(t.k), self._dataset(), budget=self._ledger(epsilon),
+                                           epsilon=epsilon, delta=DELTA * (1 - 1e-9), n_queries=len(t.queries),
+                                           max_tokens=t.max_tokens, k=t.k, min_similarity=tau, uses=uses,
+                                           embedder=self.embedder, template=self.template)  # fmt: skip
+        outs = self._answer_all(decoder, 11)
+        paid = len(decoder.knn.index.filter.all_spent()[0])  # records charged at least once
+        self.add(f"expert decoding (k = {t.k})", epsilon, outs, time.perf_counter() - started,
+                 min_similarity=round(tau, 3), uses=uses, token_epsilon=decoder.token_epsilon,
+                 log_odds_range=decoder.clip / decoder.temperature, warned=[str(w.message)[:120] for w in caught],
+                 records_paid=paid)  # fmt: skip
+
+    def mozo(self, epsilon: float) -> None:
+        from dp_icl_plugin.methods.decoding import MozoDecoder
+
+        started = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            decoder = MozoDecoder(self._dataset(), backend=self.backend(4), budget=self._ledger(epsilon),
+                                  n_queries=len(self.task.queries), max_tokens=self.task.max_tokens, epsilon=epsilon,
+                                  delta=DELTA, order={1.0: 14.0, 2.0: 8.0}.get(epsilon, 5.0),
+                                  template=self.template)  # fmt: skip
+        self.add("DPS-MOZO decoding", epsilon, self._answer_all(decoder, 12), time.perf_counter() - started,
+                 beta=decoder.beta, warned=[str(w.message)[:120] for w in caught])  # fmt: skip
+
+    def clip_blend(self, epsilon: float) -> None:
+        from dp_icl_plugin.methods.decoding import ClipBlendDecoder, step_rows
+
+        started = time.perf_counter()
+        s = 40
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows = step_rows("clip-blend", {"subset_size": s})
+            decoder = ClipBlendDecoder(self._dataset(), backend=self.backend(rows), budget=self._ledger(epsilon),
+                                       n_queries=len(self.task.queries), max_tokens=self.task.max_tokens,
+                                       epsilon=epsilon, delta=DELTA, subset_size=s,
+                                       rng_subset=np.random.default_rng(13), template=self.template)  # fmt: skip
+        self.add("clip-blend decoding (s = 40)", epsilon, self._answer_all(decoder, 14), time.perf_counter() - started,
+                 temperature=decoder.temperature, warned=[str(w.message)[:120] for w in caught])  # fmt: skip
+
+    def _knn(self, epsilon: float, *, labels, config):
+        from dp_icl_plugin.methods.knn import PrivateIndex, PrivateKNN
+        from dp_icl_plugin.methods.knn.experts import filter_budget_for
+
+        index = PrivateIndex(budget=filter_budget_for(epsilon, DELTA * (1 - 1e-9), "replace_one"),
+                             embedder=self.embedder)  # fmt: skip
+        xs, ys = zip(*self.task.records, strict=True)
+        if labels is None:
+            index.add(list(xs), answers=list(ys))
+        else:
+            index.add(list(xs), labels=list(ys))
+        return PrivateKNN(index, budget=self._ledger(epsilon), backend=self.backend(1), labels=labels, config=config)
+
+    def vote(self, epsilon: float) -> None:
+        from dp_icl_plugin.methods.knn import KNNConfig
+        from dp_icl_plugin.planning import estimate_min_similarity
+
+        t = self.task
+        started = time.perf_counter()
+        tau = estimate_min_similarity(self.tune_vectors, k=40, records=len(t.records))
+        uses = max(1, math.ceil(1.5 * len(t.queries) * 40 / len(t.records)))
+        knn = self._knn(epsilon, labels=t.labels, config=KNNConfig(k=40, shards=10, min_similarity=tau, uses=uses))
+        rng = np.random.default_rng(15)
+        outs = [knn.vote(q, rng=rng).label for q in t.queries]
+        self.add("kNN vote (no LLM)", epsilon, outs, time.perf_counter() - started, min_similarity=round(tau, 3),
+                 uses=uses)
+
+    def keywords(self, epsilon: float) -> None:
+        from dp_icl_plugin.errors import ConfigurationError
+        from dp_icl_plugin.methods.knn import KNNConfig
+        from dp_icl_plugin.planning import estimate_min_similarity
+
+        t = self.task
+        started = time.perf_counter()
+        tau = estimate_min_similarity(self.tune_vectors, k=40, records=len(t.records))
+        uses = max(1, math.ceil(1.5 * len(t.queries) * 40 / len(t.records)))
+        knn = self._knn(epsilon, labels=None, config=KNNConfig(k=40, shards=10, min_similarity=tau, uses=uses,
+                                                               max_answer_tokens=t.max_tokens))  # fmt: skip
+        rng = np.random.default_rng(16)
+        try:
+            outs = [knn.answer(q, rng=rng).text for q in t.queries]
+        except ConfigurationError as exc:
+            self.add("kNN keyword answer", epsilon, None, time.perf_counter() - started, refused=str(exc)[:300])
+            return
+        self.add("kNN keyword answer", epsilon, outs, time.perf_counter() - started, uses=uses)
+
+
+def gain_interval(diff: np.ndarray, resamples: int = 2000) -> dict[str, float]:
+    """Mean paired gain over greedy zero-shot and its 95 % bootstrap interval (seeded)."""
+    rng = np.random.default_rng(0)
+    means = diff[rng.integers(0, len(diff), size=(resamples, len(diff)))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"gain": float(diff.mean()), "gain_low": float(low), "gain_high": float(high)}
+
+
+def recovered(rows: list[dict]) -> None:
+    """Adds, to every DP row, the share of the ceiling's gain it recovers (with the interval's ends)."""
+    for task in {r["task"] for r in rows}:
+        ceiling = next(r for r in rows if r["task"] == task and r["epsilon"] == math.inf)
+        gap = ceiling.get("gain")
+        for r in rows:
+            if r["task"] == task and 0 < r["epsilon"] < math.inf and r.get("gain") is not None and gap:
+                r["recovered"] = r["gain"] / gap
+                r["recovered_low"], r["recovered_high"] = r["gain_low"] / gap, r["gain_high"] / gap
+
+
+def to_markdown(rows: list[dict], meta: dict) -> str:
+    lines = [f"# DP-ICL harness ({meta['split']} queries)", "",
+             f"Model {meta['model']} on {meta['machine']}; {meta['queries']} queries per task; δ = {DELTA}; "
+             f"`{meta['command']}` took {meta['minutes']:.1f} min.", ""]  # fmt: skip
+    for task in dict.fromkeys(r["task"] for r in rows):
+        lines += [f"## {task}", "", "| method | ε | score | gain over greedy zero-shot [95 % CI] | recovered |",
+                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+        for r in (r for r in rows if r["task"] == task):
+            eps = "∞" if r["epsilon"] == math.inf else f"{r['epsilon']:g}"
+            if r["score"] is None:
+                lines.append(f"| {r['method']} | {eps} | refused | {r.get('refused', '')[:160]} | |")
+                continue
+            gain = "" if "gain" not in r else f"{r['gain']:+.1f} [{r['gain_low']:+.1f}, {r['gain_high']:+.1f}]"
+            rec = "" if "recovered" not in r else f"{100 * r['recovered']:.0f} %"
+            lines.append(f"| {r['method']} | {eps} | {r['score']:.1f} | {gain} | {rec} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        mine = [r for r in rows if r["task"] == task]
+        ceiling = next(r for r in mine if r["epsilon"] == math.inf)
+        ax.axhline(ceiling.get("gain", 0.0), color="grey", linestyle="--", label="kNN RAG (not private)")
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        for method in dict.fromkeys(r["method"] for r in mine if 0 < r["epsilon"] < math.inf):
+            pts = [r for r in mine if r["method"] == method and r.get("gain") is not None]
+            if not pts:
+                continue
+            eps = [r["epsilon"] for r in pts]
+            gain = np.array([r["gain"] for r in pts])
+            err = np.array([gain - [r["gain_low"] for r in pts], [r["gain_high"] for r in pts] - gain])
+            ax.errorbar(eps, gain, yerr=err, marker="o", capsize=3, label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("ε (ledger)")
+        ax.set_ylabel("gain over greedy zero-shot")
+        ax.set_title(task)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tasks", default="e2e,trec,triage")
+    parser.add_argument("--epsilons", default=None, help="comma-separated (default 1,2,4,8; --quick: 4)")
+    parser.add_argument("--queries", type=int, default=None, help="per task (default 100; --quick: 12)")
+    parser.add_argument("--methods", default="experts,mozo,clip-blend,vote,keywords")
+    parser.add_argument("--split", choices=["held-out", "tune"], default="held-out")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args()
+    if not DATA.is_dir():
+        sys.exit(f"the data are not at {DATA} (../shared/data beside the project)")
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    n = args.queries or (12 if args.quick else 100)
+    epsilons = [float(e) for e in (args.epsilons or ("4" if args.quick else "1,2,4,8")).split(",")]
+    methods = args.methods.split(",")
+    started = time.perf_counter()
+    rows: list[dict] = []
+    for name in args.tasks.split(","):
+        task = e2e_task(n, args.split, args.quick) if name == "e2e" else classification_task(
+            "trec" if name == "trec" else "agnews", n, args.split)  # fmt: skip
+        h = Harness(task, args)
+        h.zero_shot()
+        h.ceiling()
+        for eps in epsilons:
+            for m in methods:
+                if (m == "vote" and task.labels is None) or (m == "keywords" and task.labels is not None):
+                    continue
+                {"experts": h.experts, "mozo": h.mozo, "clip-blend": h.clip_blend, "vote": h.vote,
+                 "keywords": h.keywords}[m](eps)  # fmt: skip
+        rows += h.rows
+    recovered(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "harness_quick" if args.quick else "harness" if args.split == "held-out" else "harness_tune"
+    meta = {"model": MODEL, "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+            f"{torch.get_num_threads()} threads, device {args.device or 'cpu'}", "queries": n, "split": args.split,
+            "command": "python benchmarks/harness/run.py " + " ".join(sys.argv[1:]),
+            "minutes": (time.perf_counter() - started) / 60}  # fmt: skip
+    (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    (out / f"{stem}.md").write_text(to_markdown(rows, meta))
+    plot(rows, out / f"{stem}.png")
+    print(to_markdown(rows, meta))
+
+
+if __name__ == "__main__":
+    main()

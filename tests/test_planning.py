@@ -1,0 +1,102 @@
+"""Nothing paid for nothing: the token shift (golden values and a brute-force check), the decoders' warnings,
+the kNN keyword refusal before any charge, and the plan (`dp-icl plan`), which charges nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from test_knn_retriever import BagEmbedder, fake_backend, records, setup
+
+from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
+from dp_icl_plugin.accounting import IndividualBudget
+from dp_icl_plugin.cli import main
+from dp_icl_plugin.errors import WeakReleaseWarning
+from dp_icl_plugin.mechanisms.mozo import holder_radii, renyi_divergence
+from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, verdict
+from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.planning import plan
+
+
+def test_the_log_odds_shift_is_the_largest_probability_gain() -> None:
+    for nats in (0.1, 1.0, 3.0, 8.0):
+        p = np.linspace(1e-6, 1 - 1e-6, 200001)
+        gained = p * math.exp(nats) / (1 - p + p * math.exp(nats)) - p
+        assert log_odds_shift(nats) == pytest.approx(float(gained.max()), abs=1e-6)
+    assert log_odds_shift(0.0) == 0.0 and verdict(0.01) == "useless" and verdict(0.1) == "weak"
+
+
+def test_no_distribution_in_mozos_ball_gains_more_than_the_mozo_shift() -> None:
+    """Random centres and random outputs inside the projection's ball (checked with the library's divergence):
+    none adds more probability to a token than mozo_shift; the shift grows with β."""
+    beta, order = 0.01, 8.0
+    r1, r2 = holder_radii(beta, order)
+    bound = mozo_shift(beta, order)
+    rng = np.random.default_rng(0)
+    best = 0.0
+    for _ in range(3000):
+        centre = np.log(rng.dirichlet(np.full(5, 0.3)) + 1e-9)
+        out = centre + rng.normal(0, 0.3, 5) * rng.random()
+        out -= np.logaddexp.reduce(out)
+        if renyi_divergence(out, centre, 2 * order) <= r1 and renyi_divergence(centre, out, 2 * order - 1) <= r2:
+            best = max(best, float(np.max(np.exp(out) - np.exp(centre - np.logaddexp.reduce(centre)))))
+    assert 0 < best <= bound
+    assert mozo_shift(0.0018, 8.0) < mozo_shift(0.01, 8.0) < mozo_shift(0.1, 8.0) <= 1.0
+
+
+def test_the_decoders_warn_when_the_records_cannot_change_an_answer() -> None:
+    from test_decoding import backend, data
+
+    budget = BudgetManager(PrivacyBudget(10.0, 1e-4))
+    with pytest.warns(WeakReleaseWarning, match="zero-shot answers"):
+        MozoDecoder(data(), backend=backend(), budget=budget, n_queries=100, max_tokens=16, epsilon=2.0)
+    with pytest.warns(WeakReleaseWarning, match="raise epsilon or subset_size"):
+        ClipBlendDecoder(data(), backend=backend(), budget=budget, n_queries=100, max_tokens=16, epsilon=0.5,
+                         subset_size=4, rng_subset=np.random.default_rng(0))  # fmt: skip
+    assert budget.history() == []  # warned, nothing charged
+
+
+def test_a_keyword_answer_that_cannot_release_a_keyword_is_refused_before_any_charge() -> None:
+    index, ledger, retriever = setup()  # (2, 1e-5) per record, 4 uses, 4 shards: a threshold of 55 votes
+    threshold, passes = retriever.keyword_outlook()
+    assert threshold > retriever.config.shards and passes < 0.05
+    before = ledger.history()
+    with pytest.raises(ConfigurationError, match=r"threshold is 55\.\d noisy votes but at most 4 shards"):
+        retriever.answer("blue thing number3", rng=np.random.default_rng(0))
+    assert ledger.history() == before and not np.any(index.filter.epsilon_spent(np.arange(1, 61)))
+    # a budget that lets a unanimous keyword through is accepted (4 per record, one use, one keyword per shard)
+    texts, labels, answers = records()
+    rich = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-7), embedder=BagEmbedder())
+    rich.add(texts, labels=labels, answers=answers)
+    ok = PrivateKNN(rich, budget=BudgetManager(PrivacyBudget(10.0, 1e-4)), backend=fake_backend(texts),
+                    config=KNNConfig(k=8, shards=8, min_similarity=0.6, uses=1, keywords=2, keywords_per_answer=1))
+    assert ok.keyword_outlook()[1] > 0.3  # 0.44: the threshold sits near the 8 shards
+    ok.answer("blue thing number3", rng=np.random.default_rng(0))
+
+
+def test_the_plan_reproduces_the_issue_and_recommends_synthesis_when_nothing_per_answer_can_help() -> None:
+    weak = plan(records=60, epsilon=2.0, delta=1e-5, answers=100, tokens=16)
+    by = {m.method: m for m in weak.methods}
+    assert by["dps-mozo decoding"].verdict == "useless"
+    assert by["knn keyword answer"].verdict == "refused"
+    nothing = plan(records=60, epsilon=0.2, delta=1e-5, answers=1000, tokens=32)
+    assert nothing.recommendation.startswith("no per-answer method") and "synthesize" in nothing.recommendation
+    strong = plan(records=5000, epsilon=4.0, delta=1e-5, answers=100, tokens=16, candidates=40)
+    experts = {m.method: m for m in strong.methods}["knn expert decoding"]
+    assert experts.verdict == "useful" and experts.settings["uses"] == 1
+    assert experts.token_shift == pytest.approx(log_odds_shift(experts.settings["log_odds_range"]))
+    with pytest.raises(ConfigurationError):
+        plan(records=0, epsilon=1.0, delta=1e-5, answers=1, tokens=1)
+
+
+def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -> None:
+    assert main(["plan", "--records", "1000", "--epsilon", "4", "--delta", "1e-5", "--answers", "100",
+                 "--tokens", "16"]) == 0  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["methods"]) == {"dps-mozo decoding", "clip-blend decoding", "knn expert decoding",
+                                   "knn keyword answer"}  # fmt: skip
+    assert out["recommendation"] and out["inputs"]["records"] == 1000
+    assert list(tmp_path.iterdir()) == []  # no ledger, no file
