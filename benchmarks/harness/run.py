@@ -166,13 +166,22 @@ class Harness:
 
         self.task, self.args = task, args
         self.template = AnswerTemplate(header=task.header, example=task.example, query=task.query, stop="\n")
-        model = default_embedder()
         texts = [x for x, _ in task.records]
-        self.record_vectors = embed_texts(model, texts, batch_size=128)
-        self.query_vectors = embed_texts(model, task.queries, batch_size=128)
-        self.tune_vectors = embed_texts(model, task.tune_queries, batch_size=128)
-        self.embedder = Lookup(texts + task.queries + task.tune_queries,
-                               np.vstack([self.record_vectors, self.query_vectors, self.tune_vectors]), model)
+        if args.embeddings:  # precomputed (a machine without the MiniLM files): every text must be in the table
+            table = load_table(args.embeddings)
+            self.record_vectors = np.stack([table[t] for t in texts])
+            self.query_vectors = np.stack([table[t] for t in task.queries])
+            self.tune_vectors = np.stack([table[t] for t in task.tune_queries])
+            self.embedder = TableEmbedder(table)
+        else:
+            model = default_embedder()
+            self.record_vectors = embed_texts(model, texts, batch_size=128)
+            self.query_vectors = embed_texts(model, task.queries, batch_size=128)
+            self.tune_vectors = embed_texts(model, task.tune_queries, batch_size=128)
+            self.embedder = Lookup(texts + task.queries + task.tune_queries,
+                                   np.vstack([self.record_vectors, self.query_vectors, self.tune_vectors]), model)
+        self.expert_settings = {k: v for k, v in (("public_temperature", args.expert_t0),
+                                                  ("top_k", args.expert_top_k)) if v is not None}  # fmt: skip
         self._backends: dict[int, object] = {}
         self.rows: list[dict] = []
         self.zero: np.ndarray | None = None
@@ -181,7 +190,7 @@ class Harness:
         from dp_icl_plugin.backends.loading import load_backend
 
         if rows not in self._backends:
-            self._backends[rows] = load_backend(MODEL, device=self.args.device, micro_batch_size=rows)
+            self._backends[rows] = load_backend(self.args.model, device=self.args.device, micro_batch_size=rows)
         return self._backends[rows]
 
     # -- scoring -----------------------------------------------------------------------------------------
@@ -252,7 +261,8 @@ class Harness:
             decoder = build_expert_decoder(self.backend(t.k), self._dataset(), budget=self._ledger(epsilon),
                                            epsilon=epsilon, delta=DELTA * (1 - 1e-9), n_queries=len(t.queries),
                                            max_tokens=t.max_tokens, k=t.k, min_similarity=tau, uses=uses,
-                                           embedder=self.embedder, template=self.template)  # fmt: skip
+                                           embedder=self.embedder, template=self.template,
+                                           **self.expert_settings)  # fmt: skip
         outs = self._answer_all(decoder, 11)
         paid = len(decoder.knn.index.filter.all_spent()[0])  # records charged at least once
         self.add(f"expert decoding (k = {t.k})", epsilon, outs, time.perf_counter() - started,
@@ -335,6 +345,34 @@ class Harness:
         self.add("kNN keyword answer", epsilon, outs, time.perf_counter() - started, uses=uses)
 
 
+class TableEmbedder:
+    """Precomputed unit vectors by text (``--embeddings``); a text not in the table is an error."""
+
+    name = "sentence-transformers/all-MiniLM-L6-v2"
+
+    def __init__(self, table: dict[str, np.ndarray]) -> None:
+        self.table = table
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self.table[t] for t in texts])
+
+
+def load_table(path: str) -> dict[str, np.ndarray]:
+    data = np.load(path, allow_pickle=False)
+    return dict(zip(data["texts"].tolist(), data["vectors"].astype(np.float32), strict=True))
+
+
+def save_table(path: str, tasks: list[Task]) -> None:
+    """MiniLM vectors of every text the tasks embed (and the index's probe texts), for ``--embeddings``."""
+    from dp_icl_plugin.methods.knn import default_embedder
+    from dp_icl_plugin.methods.knn.embedding import PROBE_TEXTS, embed_texts
+
+    texts = list(dict.fromkeys([*PROBE_TEXTS, *(x for t in tasks for x, _ in t.records),
+                                *(q for t in tasks for q in t.queries + t.tune_queries)]))  # fmt: skip
+    vectors = embed_texts(default_embedder(), texts, batch_size=128)
+    np.savez_compressed(path, texts=np.array(texts), vectors=vectors.astype(np.float16))
+
+
 def gain_interval(diff: np.ndarray, resamples: int = 2000) -> dict[str, float]:
     """Mean paired gain over greedy zero-shot and its 95 % bootstrap interval (seeded)."""
     rng = np.random.default_rng(0)
@@ -412,6 +450,11 @@ def main() -> None:
     parser.add_argument("--methods", default="experts,mozo,clip-blend,vote,keywords")
     parser.add_argument("--split", choices=["held-out", "tune"], default="held-out")
     parser.add_argument("--device", default=None)
+    parser.add_argument("--model", default=MODEL, help="the model (a name, folder or .gguf file)")
+    parser.add_argument("--embeddings", default=None, help="precomputed MiniLM vectors (.npz from --save-embeddings)")
+    parser.add_argument("--save-embeddings", default=None, help="write the vectors every task needs, then exit")
+    parser.add_argument("--expert-t0", type=float, default=None, help="expert decoding's public temperature")
+    parser.add_argument("--expert-top-k", type=int, default=None, help="expert decoding's support (0: all)")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
     if not DATA.is_dir():
@@ -424,9 +467,12 @@ def main() -> None:
     methods = args.methods.split(",")
     started = time.perf_counter()
     rows: list[dict] = []
-    for name in args.tasks.split(","):
-        task = e2e_task(n, args.split, args.quick) if name == "e2e" else classification_task(
-            "trec" if name == "trec" else "agnews", n, args.split)  # fmt: skip
+    tasks = [e2e_task(n, args.split, args.quick) if name == "e2e" else classification_task(
+        "trec" if name == "trec" else "agnews", n, args.split) for name in args.tasks.split(",")]  # fmt: skip
+    if args.save_embeddings:
+        save_table(args.save_embeddings, tasks)
+        return
+    for task in tasks:
         h = Harness(task, args)
         h.zero_shot()
         h.ceiling()
@@ -441,8 +487,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "harness_quick" if args.quick else "harness" if args.split == "held-out" else "harness_tune"
-    meta = {"model": MODEL, "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
-            f"{torch.get_num_threads()} threads, device {args.device or 'cpu'}", "queries": n, "split": args.split,
+    gpu = f" ({torch.cuda.get_device_name()})" if (args.device or "").startswith("cuda") else ""
+    meta = {"model": Path(args.model).name, "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+            f"{torch.get_num_threads()} threads, device {args.device or 'cpu'}{gpu}", "queries": n, "split": args.split,
             "command": "python benchmarks/harness/run.py " + " ".join(sys.argv[1:]),
             "minutes": (time.perf_counter() - started) / 60}  # fmt: skip
     (out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
