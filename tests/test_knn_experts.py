@@ -15,6 +15,7 @@ from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, Privac
 from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget, rdp
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.methods import knn as knn_module
+from dp_icl_plugin.methods.data import PrivateRecord
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder, expert_scores
 from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, token_epsilon_for_uses
@@ -126,9 +127,40 @@ def test_swapping_one_expert_moves_the_token_distribution_by_at_most_eps0(k, n, 
 def test_records_without_an_output_sit_idle_but_pay() -> None:
     index, _, decoder = build(["plain"])
     index.add(["q"], labels=[None])
-    _, retrieval = decoder._charge("q", 1)
-    assert len(retrieval) == 2 and len(decoder._experts(retrieval)) == 1
+    _, admitted = decoder._charge("q", 1)
+    assert len(admitted) == 2 and len(decoder._experts(admitted)) == 1
     assert np.all(index.filter.epsilon_spent(np.arange(1, 3)) > 0)
+
+
+def test_no_record_can_fail_an_answer_after_its_charge() -> None:
+    """A record whose prompt cannot be built, or whose row has nothing finite (or NaN) on the support, sits
+    idle: the answer goes on over the others, as it would without that record."""
+    _, _, decoder = build(["rare", "plain"])
+    _, admitted = decoder._charge("q", 1)
+    experts = decoder._experts(admitted)
+    experts.append(PrivateRecord("not-a-word", "rare"))  # the fake tokenizer rejects it
+    assert len(decoder._expert_prompts("q", experts, 0)) == 2
+    rows = np.log(np.full((4, len(VOCAB)), 1.0 / len(VOCAB)))
+    rows[2] = -np.inf
+    rows[3, 0] = np.nan
+    with_bad = expert_scores(rows[1:], rows[0], clip=1.0, divisor=8, temperature=1.0, public_temperature=1.0)
+    without = expert_scores(rows[1:2], rows[0], clip=1.0, divisor=8, temperature=1.0, public_temperature=1.0)
+    np.testing.assert_array_equal(with_bad, without)
+
+
+def test_the_decoder_keeps_the_retrievers_fixed_latency_and_add_remove_needs_public_uses() -> None:
+    index, _, decoder = build(["rare"])
+    timed = PrivateKNN(index, budget=decoder.knn.budget, backend=decoder.backend, config=decoder.knn.config,
+                       fixed_latency=0.01)  # fmt: skip
+    assert KNNExpertDecoder(timed).fixed_latency is not None
+    from dp_icl_plugin.methods import PrivateDataset
+    from dp_icl_plugin.methods.knn.experts import build_expert_decoder
+
+    ledger = BudgetManager(PrivacyBudget(8.0, 1e-4, neighbouring="add_remove"))
+    data = PrivateDataset.from_pairs(["q"] * 4, ["rare"] * 4)
+    with pytest.raises(ConfigurationError, match="population_size"):
+        build_expert_decoder(backend(), data, budget=ledger, epsilon=2.0, n_queries=10, embedder=BagEmbedder())
+    assert ledger.history() == []
 
 
 def test_experts_that_agree_move_the_answer_where_zero_shot_would_not_go() -> None:
@@ -140,8 +172,8 @@ def test_experts_that_agree_move_the_answer_where_zero_shot_would_not_go() -> No
     rng = np.random.default_rng(1)
     draws = {"rare": [], "plain": []}
     for name, dec in (("rare", decoder), ("plain", empty)):
-        _, retrieval = dec._charge("q", 1)
-        prompts = [dec._ids("q", None)] + [dec._ids("q", r) for r in dec._experts(retrieval)]
+        _, admitted = dec._charge("q", 1)
+        prompts = [dec._ids("q", None)] + [dec._ids("q", r) for r in dec._experts(admitted)]
         rows = dec.backend.next_token_logprobs(prompts)
         draws[name] = [dec._token(rows, rng) for _ in range(400)]
     share = {k: float(np.mean(np.asarray(v) == ID["b"])) for k, v in draws.items()}
@@ -155,8 +187,8 @@ def test_bad_input_is_refused_before_any_charge() -> None:
         decoder.check("q", max_tokens=4)
     with pytest.raises(ConfigurationError):
         decoder.check("")
-    with pytest.raises(ConfigurationError, match="exceeds"):
-        decoder.knn.retrieve("q", release="decode", tokens=4)
+    with pytest.raises(ConfigurationError, match="release must be one of vote, classify, answer"):
+        decoder.knn.retrieve("q", release="decode")  # expert decoding charges through its decoder only
     no_backend = PrivateKNN(decoder.knn.index, budget=ledger, config=decoder.knn.config)
     with pytest.raises(ConfigurationError, match="backend"):
         KNNExpertDecoder(no_backend)

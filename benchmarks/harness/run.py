@@ -450,6 +450,7 @@ def main() -> None:
     parser.add_argument("--methods", default="experts,mozo,clip-blend,vote,keywords")
     parser.add_argument("--split", choices=["held-out", "tune"], default="held-out")
     parser.add_argument("--device", default=None)
+    parser.add_argument("--data", default=str(DATA), help="the data folder (default ../shared/data)")
     parser.add_argument("--model", default=MODEL, help="the model (a name, folder or .gguf file)")
     parser.add_argument("--embeddings", default=None, help="precomputed MiniLM vectors (.npz from --save-embeddings)")
     parser.add_argument("--save-embeddings", default=None, help="write the vectors every task needs, then exit")
@@ -457,6 +458,8 @@ def main() -> None:
     parser.add_argument("--expert-top-k", type=int, default=None, help="expert decoding's support (0: all)")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
+    global DATA
+    DATA = Path(args.data)
     if not DATA.is_dir():
         sys.exit(f"the data are not at {DATA} (../shared/data beside the project)")
     import torch

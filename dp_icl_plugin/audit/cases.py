@@ -10,8 +10,8 @@ keeps the mechanism and breaks the claim instead: the total of its components ta
 a ledger that ignored neighbouring relations composed them. The decoder case (:mod:`.decoder_case`) runs the
 real ``MozoDecoder`` on a real model in bfloat16 and breaks the backend instead: the public zero-shot row
 computed in the shared, padded batch of the private rows, as before row isolation. The expert-decoding
-case (:mod:`.expert_case`) runs the real kNN retrieval and expert token step, broken with the divisor read
-from the data.
+cases (:mod:`.expert_case`) run the real kNN retrieval and expert token step, broken with the temperature
+halved and with the divisor read from the data.
 Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
 for the claimed noise and for half of it.
 """
@@ -441,8 +441,10 @@ CASES: tuple[AuditCase, ...] = (
     AuditCase("mixed transcript on one ledger (Tang, MOZO, clip-blend, kNN vote)", _mixed_events()[0], 1e-3,
               _mixed_pairs, broken_as="charges composed at face value, relations ignored",
               broken_event=_mixed_events()[1], sample_share=0.5),
-    AuditCase("kNN expert decoding token (D vs D minus one expert)", expert_case.expert_event(), expert_case.DELTA,
-              expert_case.expert_pairs, broken_as="divisor read from the data (experts present)"),
+    AuditCase("kNN expert decoding token (an expert replaced by the next)", expert_case.expert_event(),
+              expert_case.DELTA, expert_case.replacement_pairs, broken_as="expert temperature halved"),
+    AuditCase("kNN expert decoding token (fewer than k experts, one removed)", expert_case.expert_event(),
+              expert_case.DELTA, expert_case.removal_pairs, broken_as="divisor read from the data (experts present)"),
     AuditCase("DPS-MOZO decoding, bfloat16 SmolLM2 (one record short vs long)",
               ev.MozoTokenEvent(beta=decoder_case.BETA, order=decoder_case.ORDER), decoder_case.DELTA,
               decoder_case.decoder_pairs, broken_as="zero-shot row in the shared batch",

@@ -1,21 +1,25 @@
-"""Audit case: expert decoding (:class:`~dp_icl_plugin.methods.knn.experts.KNNExpertDecoder`), D vs D minus
-the one expert that favours a rare token.
+"""Audit cases: expert decoding (:class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder`), D against D minus the
+one expert that favours a rare token.
 
 **Relation, sensitivity, accounting.** Add/remove one record of a :class:`~dp_icl_plugin.methods.knn.PrivateIndex`.
-The record x is a candidate and one of the query's experts; removing it drops its row (fewer candidates than
-k here, so nobody moves up: the case where a divisor read from the data would move every other row's
-weight). Each token is an exponential mechanism of ε0 = 2c/(kτ) for a unit with one candidate record
+Each token is an exponential mechanism of ε0 = 2c/(kτ) for a unit with one candidate record
 (:meth:`PrivateKNN.expert_scale`); the claim audited is one token's ``ExponentialMechanismEvent(ε0)``, the
-per-token part of what the filter charges x (``_event("decode", 1, k, 1)``).
+per-token part of what the filter charges that record (``_event("decode", 1, k, 1)``).
 
-**The pair.** The real retriever and decoder on a :class:`~dp_icl_plugin.backends.FakeBackend` whose
-next-token table makes a record labelled ``rare`` favour the token ``b`` and every other prompt favour
-``a``: the decoder's own retrieval (the filter charged, the experts read), its prompts, its rows and its
-token step (:meth:`KNNExpertDecoder._token`) on D and on D′; the rows are computed once per side and the
-token drawn many times. The zero-shot row is tuned (public) so that ``b`` is rare (P ≈ 0.02) on D′.
+**The pairs.** The real retriever and decoder on a :class:`~dp_icl_plugin.backends.FakeBackend` whose
+next-token table makes a record labelled ``rare`` favour the token ``b``, one labelled ``opp`` favour ``a``, and
+every other prompt fall back to the zero-shot row: the decoder's own charge, its experts, their prompts, the
+rows from ``start_rows`` (the public row apart) and its token step (:meth:`KNNExpertDecoder._token`) on D and
+on D′; the rows are computed once per side and the token drawn many times. Records sit at public angles from
+the query, so their ranks are fixed. The zero-shot row is tuned (public) so that ``b`` is rare (P ≈ 0.02,
+0.005) on D′.
 
-**The broken variant: the divisor read from the data** (the number of experts present, 4 on D, 3 on D′,
-instead of the fixed k = 10): x's row then weighs 1/4 instead of 1/10 and the others' rows change weight too.
+- *replacement* (:func:`replacement_pairs`): k + 1 candidates, x (``rare``) among the k experts, the (k+1)-th
+  (``opp``) moving up when x goes. Two experts' worth of opposite preference: the pair where the bound ε0 is
+  tight. Broken: **τ halved** (the noise halved, as in the other cases).
+- *removal* (:func:`removal_pairs`): x and three others, fewer than k = 10 candidates: removing x drops its row.
+  Broken: **the divisor read from the data** (the number of experts present, 4 on D and 3 on D′, instead of
+  k), so x weighs 1/4 instead of 1/10 and the others change weight too.
 """
 
 from __future__ import annotations
@@ -29,34 +33,44 @@ import numpy as np
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
-from dp_icl_plugin.backends.base import check_logprobs
 from dp_icl_plugin.backends.fake import FakeBackend
+from dp_icl_plugin.backends.shared_suffix import start_rows
 from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder, expert_scores, expert_token
 from dp_icl_plugin.methods.knn.index import PrivateIndex
 from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 
-__all__ = ["DELTA", "expert_event", "expert_pairs"]
+__all__ = ["DELTA", "expert_event", "removal_pairs", "replacement_pairs"]
 
 DELTA = 1e-6
-_VOCAB = ["q", "t", "plain", "rare", "a", "b", "c"]
+_VOCAB = ["q", "near", "mid", "far", "plain", "rare", "opp", "a", "b", "c"]
 _K = 10
 _CONFIG = KNNConfig(k=_K, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=1, expert_top_k=0)
 _FILTER = IndividualBudget(epsilon=2.0, delta=1e-6)
 _TEMPLATE = AnswerTemplate(example="{text} {label} ", query="{input}", stop=None, stop_at_eos=False)
+_ANGLE = {"q": 0.0, "near": 0.1, "mid": 0.2, "far": 0.3}  # ranks: near, then mid, then far
 
 
-class _OneVector:
-    """Every text the same unit vector: every record is a candidate of every query (similarity 1)."""
+class _Angles:
+    """Texts at fixed public angles from the query: the records' similarity ranks are set by their text."""
 
-    name = "one-vector"
+    name = "angles"
 
     def __call__(self, texts: list[str]) -> np.ndarray:
-        return np.ones((len(texts), 4))
+        return np.array([[math.cos(_ANGLE.get(t, 1.2)), math.sin(_ANGLE.get(t, 1.2))] for t in texts])
+
+
+class _HalfTemperature(KNNExpertDecoder):
+    """Broken: the experts' temperature halved while the claim stays (twice the claimed ε0)."""
+
+    def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
+        return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=self.k,
+                            temperature=self.temperature / 2, public_temperature=self.public_temperature,
+                            top_k=self.top_k, rng=rng)  # fmt: skip
 
 
 class _PresentDivisor(KNNExpertDecoder):
-    """The broken decoder: it divides by the number of experts present, a count read from the data."""
+    """Broken: it divides by the number of experts present, a count read from the data."""
 
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
         return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=max(1, len(logprobs) - 1),
@@ -68,58 +82,67 @@ def _backend(rare_share: float) -> FakeBackend:
     ids = {w: i for i, w in enumerate(_VOCAB)}
     zero = np.full(len(_VOCAB), 1e-3)
     zero[ids["a"]], zero[ids["b"]] = 1.0 - rare_share, rare_share
-    favour_b = np.full(len(_VOCAB), 1e-12)
-    favour_b[ids["b"]] = 1.0
-    table = {(ids["q"],): zero / zero.sum(), (ids["rare"], ids["q"]): favour_b / favour_b.sum()}
-    return FakeBackend(_VOCAB, table=table)
+
+    def favour(word: str) -> np.ndarray:
+        row = np.full(len(_VOCAB), 1e-12)
+        row[ids[word]] = 1.0
+        return row / row.sum()
+
+    return FakeBackend(_VOCAB, table={(ids["q"],): zero / zero.sum(), (ids["rare"], ids["q"]): favour("b"),
+                                      (ids["opp"], ids["q"]): favour("a")})  # fmt: skip
 
 
-def _decoder(with_x: bool, rare_share: float, broken: bool) -> tuple[KNNExpertDecoder, np.ndarray]:
-    """A decoder over D (x and three others) or D′ (the three), and the rows of its first token."""
-    index = PrivateIndex(budget=_FILTER, embedder=_OneVector())
-    labels = ["plain"] * 3 + (["rare"] if with_x else [])
-    index.add(["t"] * len(labels), labels=labels)
-    knn = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")),
-                     backend=_backend(rare_share), config=_CONFIG)  # fmt: skip
-    decoder = (_PresentDivisor if broken else KNNExpertDecoder)(knn, template=_TEMPLATE)
-    _, retrieval = decoder._charge("q", 1)
-    prompts = [decoder._ids("q", None)] + [decoder._ids("q", r) for r in decoder._experts(retrieval)]
-    return decoder, check_logprobs(decoder.backend.next_token_logprobs(prompts))
+# the records of each pair's D (x first); D′ is D without x
+_PAIRS = {
+    "removal": [("near", "rare"), ("mid", "plain"), ("mid", "plain"), ("mid", "plain")],
+    "replacement": [("near", "rare")] + [("mid", "plain")] * (_K - 1) + [("far", "opp")],
+}
+
+
+def _knn(records: list[tuple[str, str]], rare_share: float) -> PrivateKNN:
+    index = PrivateIndex(budget=_FILTER, embedder=_Angles())
+    index.add([t for t, _ in records], labels=[y for _, y in records])
+    return PrivateKNN(index, budget=BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")),
+                      backend=_backend(rare_share), config=_CONFIG)  # fmt: skip
+
+
+def _side(pair: str, with_x: bool, rare_share: float, kind: type[KNNExpertDecoder]):
+    """A decoder over D (``with_x``) or D′ and the rows of its first token, as the decoder computes them."""
+    records = _PAIRS[pair] if with_x else _PAIRS[pair][1:]
+    decoder = kind(_knn(records, rare_share), template=_TEMPLATE)
+    _, admitted = decoder._charge("q", 1)
+    prompts = [decoder._ids("q", None), *decoder._expert_prompts("q", decoder._experts(admitted), 0)]
+    with start_rows(decoder.backend, prompts, public=1) as session:
+        return decoder, np.asarray(session.logprobs)
 
 
 def expert_event() -> ev.DPEvent:
     """The claim: one token of a unit with one candidate record."""
-    index = PrivateIndex(budget=_FILTER, embedder=_OneVector())
-    knn = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")),
-                     backend=_backend(0.5), config=_CONFIG)  # fmt: skip
-    return knn._event("decode", 1, _K, 1)
+    return _knn(_PAIRS["removal"], 0.5)._event("decode", 1, _K, 1)
 
 
-@functools.lru_cache(maxsize=4)
-def _tuned_rows(broken: bool) -> list[dict[bool, tuple[KNNExpertDecoder, np.ndarray]]]:
-    """Per pair, the decoders and rows on D (False) and D′ (True): the public row's share of ``b`` set so that
-    ``b`` has probability ≈ 0.02 on D′ under the shipped mechanism."""
-    pairs = []
+@functools.lru_cache(maxsize=8)
+def _tuned(pair: str, broken: bool) -> list[dict[bool, tuple[KNNExpertDecoder, np.ndarray]]]:
+    """Per target, the decoders and rows on D (False) and D′ (True), the public share of ``b`` set so that ``b``
+    has probability ≈ the target on D′ under the shipped mechanism."""
+    kind = (_HalfTemperature if pair == "replacement" else _PresentDivisor) if broken else KNNExpertDecoder
+    sides = []
     for target in (0.02, 0.005):
         share = 0.5
         for share in np.geomspace(0.5, 1e-6, 80):
-            decoder, rows = _decoder(False, float(share), False)
-            scores = _blend(decoder, rows)
+            decoder, rows = _side(pair, False, float(share), KNNExpertDecoder)
+            scores = expert_scores(rows[1:], rows[0], clip=decoder.clip, divisor=decoder.k,
+                                   temperature=decoder.temperature,
+                                   public_temperature=decoder.public_temperature)  # fmt: skip
             if math.exp(scores[_VOCAB.index("b")] - np.logaddexp.reduce(scores)) <= target:
                 break
-        pairs.append({nb: _decoder(not nb, float(share), broken) for nb in (False, True)})
-    return pairs
+        sides.append({nb: _side(pair, not nb, float(share), kind) for nb in (False, True)})
+    return sides
 
 
-def _blend(decoder: KNNExpertDecoder, rows: np.ndarray) -> np.ndarray:
-    return expert_scores(rows[1:], rows[0], clip=decoder.clip, divisor=decoder.k, temperature=decoder.temperature,
-                         public_temperature=decoder.public_temperature)  # fmt: skip
-
-
-def expert_pairs(broken: bool) -> list[Any]:
-    """One sampler per tuned pair: ``(neighbour, n, rng) -> token ids`` from the decoder's token step."""
+def _samplers(pair: str, broken: bool) -> list[Any]:
     samplers = []
-    for sides in _tuned_rows(broken):
+    for sides in _tuned(pair, broken):
 
         def sampler(nb: bool, n: int, rng: np.random.Generator, s: dict = sides) -> np.ndarray:
             decoder, rows = s[nb]
@@ -127,3 +150,13 @@ def expert_pairs(broken: bool) -> list[Any]:
 
         samplers.append(sampler)
     return samplers
+
+
+def replacement_pairs(broken: bool) -> list[Any]:
+    """The replacement pairs' samplers ``(neighbour, n, rng) -> token ids`` (broken: τ halved)."""
+    return _samplers("replacement", broken)
+
+
+def removal_pairs(broken: bool) -> list[Any]:
+    """The removal pairs' samplers (broken: the divisor read from the data)."""
+    return _samplers("removal", broken)

@@ -69,14 +69,11 @@ def mozo_shift(beta: float, order: float) -> float:
         top = max(terms)
         return (top + math.log(sum(math.exp(t - top) for t in terms))) / (k - 1)
 
-    def fits(p: float, c: float) -> bool:
-        return renyi(p, c, 2 * a) <= r1 and (p == 1 or renyi(c, p, 2 * a - 1) <= r2)
+    def fits(p: float, c: float) -> bool:  # p = 1 leaves the centre's other mass on a point of probability 0
+        return p < 1 and renyi(p, c, 2 * a) <= r1 and renyi(c, p, 2 * a - 1) <= r2
 
     best = 0.0
     for c in [10.0**e for e in (-6, -5, -4, -3)] + [i / 40 for i in range(1, 40)]:
-        if fits(1.0, c):
-            best = max(best, 1.0 - c)
-            continue
         low, high = c, 1.0
         for _ in range(60):
             mid = 0.5 * (low + high)

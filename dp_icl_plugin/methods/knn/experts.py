@@ -18,10 +18,12 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    nothing and keep the zero-shot answer's fluency; the experts tilt it by at most c/τ nats of log-odds.
 3. **Neighbouring relation and sensitivity.** Add/remove one unit (a record, or all of one person's records
    with ``group_by_user``). Removing a unit with c candidate records swaps at most min(c, k) experts (the next
-   candidates move up; with fewer than k left, rows go): each swap moves every entry of ẑ by at most c_clip/k,
-   so a token is an exponential mechanism with ε0·min(c, k), ε0 = 2c_clip/(kτ): ε0-DP and ε0-bounded-range,
-   ε0²/8-zCDP (Cesar & Rogers 2021). The per-token bound is that of one replaced prompt and does not grow
-   with k, while the experts' agreement does: c_clip/τ = ε0·k/2 (:meth:`PrivateKNN.expert_scale`).
+   candidates move up; with fewer than k left, rows go): each swap moves every entry of Σ_i clip_c(z_i) by at
+   most 2c, so every score ẑ by at most c/(kτ), and a token is an exponential mechanism with ε0·min(c, k),
+   ε0 = 2c/(kτ): ε0-DP and ε0-bounded-range, ε0²/8-zCDP (Cesar & Rogers 2021). The per-token bound is that of
+   one replaced prompt and does not grow with k, while the experts' agreement does: c/τ = ε0·k/2
+   (:meth:`PrivateKNN.expert_scale`). "Pure" holds up to the float64 rounding of the inverse-CDF sampler
+   (a probability off by about V·2⁻⁵³ per token), as for every sampler in this library.
 4. **Accounting.** The answer's T tokens compose adaptively (each token's distribution depends on the
    released tokens before it, which are public): a unit pays T·min(αε0²/8, pure(ε0)) per candidate record
    group at every filter order (``uses`` answers of ``max_answer_tokens`` tokens fill one unit's budget,
@@ -30,8 +32,10 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    The ledger holds the filter's total once (:meth:`PrivateKNN.cover_event`) and records each answer as a
    :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`.
 
-Records with neither an answer nor a label, or whose text the tokenizer cannot encode, sit idle (they paid;
-they keep their slot, so the others' do not change). Generated tokens and the public row are post-processing.
+Records with neither an answer nor a label, whose prompt the tokenizer cannot build, or whose row has no
+finite entry on the support sit idle: they paid, they keep their slot (so the others' do not change), and their
+row adds nothing, a value inside [−c, c]; whether one is idle depends on that record alone, and nothing that a
+record holds can fail the answer after its charge. Generated tokens and the public row are post-processing.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
@@ -52,11 +57,12 @@ from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_logits, exponential_mechanism
 from dp_icl_plugin.mechanisms.mozo import top_k_support
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
+from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import DecodedAnswer, Query
 from dp_icl_plugin.methods.decoding import _Decoder
-from dp_icl_plugin.methods.knn.index import PrivateIndex
-from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN, Retrieval
+from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
+from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency
 
@@ -88,7 +94,7 @@ class KNNExpertDecoder(_Decoder):
             ``expert_top_k``).
         template: how a record and a completion query form a prompt (default: ``AnswerTemplate(stop=None)``).
         fixed_latency: hide timing: every answer returns this many seconds after it starts (how many
-            experts an answer had shows in its computation time otherwise).
+            experts an answer had shows in its computation time otherwise); default the PrivateKNN's.
 
     Raises:
         ConfigurationError: the retriever has no backend.
@@ -108,12 +114,15 @@ class KNNExpertDecoder(_Decoder):
         if knn.backend is None:
             raise ConfigurationError("expert decoding needs the PrivateKNN's backend (a language model)")
         super().__init__(backend=knn.backend, budget=knn.budget, max_tokens=knn.config.max_answer_tokens,
-                         template=template, fixed_latency=fixed_latency)  # fmt: skip
+                         template=template,
+                         fixed_latency=knn.fixed_latency if fixed_latency is None else fixed_latency)  # fmt: skip
         self.knn = knn
         self.k = knn.config.k
         self.clip, self.temperature = knn.expert_scale(self.k)
         self.public_temperature = knn.config.expert_public_temperature
         self.top_k = knn.config.expert_top_k
+        if self.top_k:
+            check_top_k(min(self.top_k, self.backend.vocab_size), self.backend)
         warn_if_weak(f"expert decoding over k = {self.k} records", log_odds_shift(self.clip / self.temperature),
                      "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens")  # fmt: skip
 
@@ -135,42 +144,61 @@ class KNNExpertDecoder(_Decoder):
     def _reserve(self, limit: int) -> int:
         return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
 
-    def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Retrieval]:
-        retrieval = self.knn.retrieve(_query_text(prompt), release="decode", k=self.k, tokens=limit)
-        retrieval.claim()
-        assert retrieval.charge is not None
-        return retrieval.charge, retrieval
+    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
+        """What one answer of at most ``max_tokens`` tokens costs a record that is a candidate (its own filter
+        pays it; the ledger records it as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`)."""
+        tokens = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
+        return self.knn._event("decode", 1, self.k, tokens)
 
-    def _experts(self, retrieval: Retrieval) -> list[PrivateRecord]:
-        """The experts' demonstrations (private): answer, else label; records without either, or that the
-        tokenizer rejects, sit idle."""
+    def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Candidates]:
+        admitted, entry, _ = self.knn._charge_release(_query_text(prompt), "decode", self.k, limit)
+        return entry, admitted  # the records are read in _tokens, after the charge is on the answer's state
+
+    def _experts(self, admitted: Candidates) -> list[PrivateRecord]:
+        """The experts' demonstrations (private): the k nearest admitted candidates' answers, else labels;
+        records without either sit idle."""
+        _, records = self.knn._charged_records(admitted, "decode", self.k)
         out = []
-        for record in retrieval:
+        for record in records:
             field = record.answer if record.answer is not None else record.label
-            if field is None:
+            if field is not None:
+                out.append(PrivateRecord(record.text.reveal(), field.reveal()))
+        return out
+
+    def _expert_prompts(self, prompt, experts: list[PrivateRecord], room: int) -> list[list[int]]:
+        """Each expert's one-shot prompt; a record whose prompt cannot be built (its own text decides) sits idle."""
+        out = []
+        for record in experts:
+            try:
+                out.append(self._ids(prompt, record, reserve=room))
+            except Exception:  # a tokenizer or chat template that rejects this record's text
                 continue
-            text, output = record.text.reveal(), field.reveal()
-            if self.knn._encodes(text) and self.knn._encodes(output):
-                out.append(PrivateRecord(text, output))
         return out
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
         room = self._reserve(limit)
-        experts = self._experts(paid)
-        prompts = [self._ids(prompt, None, reserve=room)] + [self._ids(prompt, r, reserve=room) for r in experts]
+        public = self._ids(prompt, None, reserve=room)  # public: checked before the charge
+        prompts = [public, *self._expert_prompts(prompt, self._experts(paid), room)]
         suffix = self._public_suffix(prompt, reserve=room)
         with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
-            logprobs = check_logprobs(session.logprobs)
+            logprobs = _public_checked(session.logprobs)
             for step in range(limit):
                 token = self._token(logprobs, rng)
                 yield token
                 if step + 1 < limit:
-                    logprobs = check_logprobs(session.append(token))
+                    logprobs = _public_checked(session.append(token))
 
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
         """One token from the public row (``logprobs[0]``) and the experts' rows (the rest)."""
         return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=self.k, temperature=self.temperature,
                             public_temperature=self.public_temperature, top_k=self.top_k, rng=rng)  # fmt: skip
+
+
+def _public_checked(logprobs: np.ndarray) -> np.ndarray:
+    """Refuse a bad public row (the model's fault, whatever the records); experts' rows are judged one by one
+    in :func:`expert_scores`, so that no record can fail the answer."""
+    check_logprobs(logprobs[:1])
+    return logprobs
 
 
 def expert_scores(
@@ -188,8 +216,11 @@ def expert_scores(
     ℓ0 (public) moves nothing. Sampling softmax(ẑ) is then an exponential mechanism of ε0 = 2c/(kτ).
     """
     public = public_logprobs - np.logaddexp.reduce(public_logprobs)
-    rows = clip_logits(private_logprobs, clip) if len(private_logprobs) else np.zeros((0, public.size))
-    tilt = rows.sum(axis=0) / divisor
+    rows = np.asarray(private_logprobs, dtype=np.float64).reshape(-1, public.size)
+    # a row with NaN, +inf or nothing finite on the support sits idle (adds 0, inside [−c, c]): its own content
+    # decides, and it cannot fail the release
+    usable = np.isfinite(rows).any(axis=1) & ~np.isnan(rows).any(axis=1) & ~np.isposinf(rows).any(axis=1)
+    tilt = clip_logits(rows[usable], clip).sum(axis=0) / divisor if usable.any() else np.zeros(public.size)
     return public / public_temperature + tilt / (2.0 * temperature)
 
 
@@ -246,6 +277,7 @@ def build_expert_decoder(
     k: int = 40,
     min_similarity: float = 0.3,
     uses: int | None = None,
+    population_size: int | None = None,
     embedder: object | None = None,
     public_temperature: float = 0.5,
     top_k: int = 100,
@@ -260,9 +292,12 @@ def build_expert_decoder(
         dataset: the private records (text, label); a record's label is its demonstration's answer.
         budget: the shared ledger; the filter's total is charged to it once, here.
         epsilon, delta: this decoder's share of the ledger (δ default: half the ledger's δ).
-        n_queries: the answers expected; with ``k`` it sets ``uses`` (default ⌈n_queries·k/|D|⌉ answers per
+        n_queries: the answers expected; with ``k`` it sets ``uses`` (default ⌈n_queries·k/N⌉ answers per
             record, which holds when queries spread over the records; a record near many queries runs out
             sooner and its next neighbours take over).
+        uses, population_size: give ``uses``, or the public N it is computed from; under a replace-one ledger N
+            defaults to |D| (public by the relation), under add/remove |D| is private and one of them is required
+            (it sets the noise of every answer).
         max_tokens, k, min_similarity, embedder: the answer limit, experts per answer, the public similarity a
             record needs to take part (and pay), the embedder (default all-MiniLM-L6-v2).
         public_temperature, top_k: the zero-shot row's temperature and support.
@@ -278,7 +313,13 @@ def build_expert_decoder(
     n_queries = check.positive_int("n_queries", n_queries)
     k = check.positive_int("k", k)
     records = [r for y in dataset.labels for r in dataset.records(y)]
-    per_record_uses = max(1, math.ceil(n_queries * k / len(records))) if uses is None else uses
+    if uses is None and population_size is None and budget.neighbouring == ADD_REMOVE:
+        raise ConfigurationError(
+            "under an add/remove ledger |D| is private: give uses (answers per record) or the public "
+            "population_size it is computed from"
+        )
+    population = len(records) if population_size is None else check.positive_int("population_size", population_size)
+    per_record_uses = max(1, math.ceil(n_queries * k / population)) if uses is None else uses
     config = KNNConfig(k=k, shards=1, min_similarity=min_similarity, uses=per_record_uses,
                        max_answer_tokens=max_tokens, expert_public_temperature=public_temperature,
                        expert_top_k=top_k)  # fmt: skip

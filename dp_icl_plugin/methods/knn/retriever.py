@@ -1,6 +1,7 @@
-"""DP-ICL with nearest-neighbour retrieval and individual privacy filters (REFERENCE §6; kNN DP-ICL paper).
+"""DP-ICL with nearest-neighbour retrieval and individual privacy filters (the kNN DP-ICL paper, Wu et al. 2024).
 
-Three releases, each answering one public query from the private records nearest to it:
+Four releases, each answering one public query from the private records nearest to it (the fourth, expert
+decoding, is :class:`~dp_icl_plugin.methods.knn.experts.KNNExpertDecoder`, charged here as ``"decode"``):
 
 - :meth:`PrivateKNN.vote` ("nearest neighbours only"): report-noisy-max over the labels of the k
   nearest records; no language model.
@@ -87,6 +88,7 @@ __all__ = [
 
 SQRT2 = math.sqrt(2.0)
 RELEASES = ("vote", "classify", "answer", "decode")
+PUBLIC_RELEASES = RELEASES[:3]  # "decode" is charged by KNNExpertDecoder, which reads its records itself
 EXPERT_CLIP = 4.0
 """The clipping bound c of an expert-decoding release: an expert's tokens within 2c nats of its favourite keep
 their order, the rest share the floor. Only c/τ is paid for: τ follows from the budget."""
@@ -396,28 +398,34 @@ class PrivateKNN:
         return f"PrivateKNN(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
 
     # -- public API -------------------------------------------------------------------------------
-    def retrieve(
-        self, query: str, *, release: str = "vote", k: int | None = None, tokens: int | None = None
-    ) -> Retrieval:
+    def retrieve(self, query: str, *, release: str = "vote", k: int | None = None) -> Retrieval:
         """Charge every candidate's unit for one ``release`` and return the records that release may use.
 
         Args:
             query: the public query text.
-            release: the release the records are for (``vote``, ``classify``, ``answer`` or ``decode``); it
-                sets the cost.
+            release: the release the records are for (``vote``, ``classify`` or ``answer``); it sets the cost.
+                (Expert decoding charges through :class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder`.)
             k: records to use (default ``config.k``; for classify/answer a multiple of ``config.shards``).
-            tokens: a ``decode`` release's answer length it is charged for (default and most:
-                ``config.max_answer_tokens``).
 
         Raises:
             ConfigurationError: bad query, k or release kind, or a release this retriever cannot run (no
                 labels / no backend / no approximate δ for answers); nothing is charged then. An empty index
                 is no error: the release is charged and made over zero records, as over any number.
         """
-        if release not in RELEASES:
-            raise ConfigurationError(f"release must be one of {', '.join(RELEASES)}, got {release!r}")
+        if release not in PUBLIC_RELEASES:
+            raise ConfigurationError(f"release must be one of {', '.join(PUBLIC_RELEASES)}, got {release!r}")
+        admitted, entry, k = self._charge_release(query, release, k, None)
+        # reading the charged records: a failure here is the one fixed error
+        used, records = after_charge(lambda: self._charged_records(admitted, release, k))
+        return Retrieval(release, query, used, records, k, entry.id, charged_by=self, charge=entry)
+
+    def _charge_release(
+        self, query: str, release: str, k: int | None, tokens: int | None
+    ) -> tuple[Candidates, LedgerEntry, int]:
+        """The public checks, then the charge of every candidate's unit and the ledger record (nothing private
+        is read or released here): the admitted candidates, the committed ledger entry and k."""
         k = self.config.k if k is None else check.positive_int("k", k)
-        if release != "vote" and k % self.config.shards:
+        if release in ("classify", "answer") and k % self.config.shards:
             raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
         tokens = self.config.max_answer_tokens if tokens is None else check.positive_int("tokens", tokens)
         if tokens > self.config.max_answer_tokens:
@@ -441,9 +449,7 @@ class PrivateKNN:
             ),
             label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
         )
-        # reading the charged records: a failure here is the one fixed error
-        used, records = after_charge(lambda: self._charged_records(admitted, release, k))
-        return Retrieval(release, query, used, records, k, entry.id, charged_by=self, charge=entry)
+        return admitted, entry, k
 
     def _charged_records(self, admitted: Candidates, release: str, k: int) -> tuple[Candidates, list[RetrievedRecord]]:
         # A record another host removed after this copy's refresh may have paid; it takes no part.

@@ -45,7 +45,8 @@ class DPICLRetriever(BaseRetriever):
             per released keyword, at most ``k``; none when no keyword is released) or ``"answer"`` (one
             Document: the DP answer generated from the keywords, or the 0-shot answer when none is released).
             Keyword modes are refused before any charge when the budget lets no keyword pass.
-        k: keywords to release (default: the core's ``config.keywords``); a call's ``k`` overrides it.
+        k: keywords to release (default: the core's ``config.keywords``); a call's ``k`` overrides it. The
+            ``"experts"`` mode returns one Document whatever ``k`` (its experts are the core's ``config.k``).
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
         seed: reproducible noise for tests and benchmarks only.
 

@@ -45,7 +45,8 @@ class DPICLRetriever(BaseRetriever):
             budget), ``"answer"`` (one node with the DP answer built from released keywords, or the 0-shot
             answer when no keyword is released) or ``"keywords"`` (one node per released keyword). Keyword
             modes are refused before any charge when the budget lets no keyword pass.
-        similarity_top_k: how many keywords to release (default: the core's ``config.keywords``).
+        similarity_top_k: how many keywords to release (default: the core's ``config.keywords``); the
+            ``"experts"`` mode returns one node whatever it is (its experts are the core's ``config.k``).
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
         seed: reproducible noise for tests and benchmarks only.
 
