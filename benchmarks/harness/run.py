@@ -88,8 +88,13 @@ class Task:
     truth: list[str] = field(default_factory=list)
 
 
+def _clean(text: str) -> str:
+    """An answer up to the chat end marker (a tokenizer that does not stop or skip it leaves it in the text)."""
+    return text.split("<|im_end|>")[0].split("<|endoftext|>")[0].strip()
+
+
 def _label_of(text: str, labels: list[str]) -> str | None:
-    words = text.strip().lower().replace(".", " ").split()
+    words = _clean(text).lower().replace(".", " ").split()
     if not words:
         return None
     hits = [y for y in labels if y.lower().startswith(words[0]) and len(words[0]) >= 3]
@@ -112,7 +117,7 @@ def e2e_task(n: int, split: str, quick: bool) -> Task:
     rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 
     def score(i: int, out: str) -> float:
-        return 100 * max(rouge.score(ref, out)["rougeL"].fmeasure for ref in refs[queries[i]])
+        return 100 * max(rouge.score(ref, _clean(out))["rougeL"].fmeasure for ref in refs[queries[i]])
 
     return Task("e2e", "ROUGE-L", records, queries, tune, f"<|im_start|>system\n{E2E_INSTRUCTION}<|im_end|>\n",
                 "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n{label}<|im_end|>\n",
