@@ -50,6 +50,15 @@ def main() -> None:
         print(repr(piece), end=" ")
     # --8<-- [end:chat]
 
+    # What the records did: the same model's greedy answer with no private data, beside the DP answer above.
+    from dp_icl_plugin.backends.generation import greedy_generate
+
+    backend = chat.decoder.backend
+    messages = [{"role": "system", "content": "Name the class of the question."},
+                {"role": "user", "content": "Who wrote Hamlet ?"}]  # fmt: skip
+    zero_shot = backend.decode(greedy_generate(backend, [backend.apply_chat_template(messages)], max_new_tokens=12)[0])
+    print(f"\nzero-shot greedy (no private data): {zero_shot!r}")
+
     print(f"\nledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
           f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}")  # fmt: skip
     budget.close()
