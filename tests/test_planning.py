@@ -100,3 +100,18 @@ def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -
                                    "knn keyword answer"}  # fmt: skip
     assert out["recommendation"] and out["inputs"]["records"] == 1000
     assert list(tmp_path.iterdir()) == []  # no ledger, no file
+
+
+def test_estimate_min_similarity_lets_about_k_of_the_stated_records_pass() -> None:
+    """Public texts drawn like the records: at the estimate, about k of n records pass for a typical query."""
+    from dp_icl_plugin.planning import estimate_min_similarity
+
+    rng = np.random.default_rng(0)
+    points = rng.normal(size=(2400, 8))
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    public, records = points[:400], points[400:]
+    tau = estimate_min_similarity(public, k=40, records=len(records))
+    passing = np.median(((public @ records.T) >= tau).sum(axis=1))
+    assert 30 <= passing <= 50, passing  # 40 ± sampling error of a 400-text proxy
+    with pytest.raises(ConfigurationError):
+        estimate_min_similarity(public[:1], k=4, records=10)

@@ -72,6 +72,11 @@ __all__ = [  # DecodedAnswer, Query, check_query: re-exported
 ]  # fmt: skip
 
 
+def query_text(query: str | tuple[dict[str, str], ...]) -> str:
+    """A checked query's own text: a completion prompt, or a chat's last (user) message."""
+    return query if isinstance(query, str) else query[-1]["content"]
+
+
 class _Decoder:
     """Shared plumbing: prompt building, the per-answer charge, stop sequences, streaming. Subclasses say what
     an answer is charged (:meth:`_charge`) and how its tokens are drawn (:meth:`_tokens`)."""
@@ -220,7 +225,7 @@ class _Decoder:
     def _public_suffix(self, query: str | tuple[dict[str, str], ...], *, reserve: int = 0) -> list[int]:
         """The tokens every step's prompts may share at their end (the query part), found from public inputs
         only: the zero-shot prompt against a one-shot prompt whose record is the query's own (public) text."""
-        probe_text = query if isinstance(query, str) else query[-1]["content"]
+        probe_text = query_text(query)
         try:
             probe = self._ids(query, PrivateRecord(probe_text, probe_text), reserve=reserve)
         except Exception:  # the public probe does not encode (public: the query's own text): rows go whole

@@ -124,6 +124,8 @@ ANSWER_PRESETS: dict[str, AnswerTemplate] = {
         example="Dialogue:\n{text}\nSummarize the above dialogue: {label}\n\n",
         query="Dialogue:\n{input}\nSummarize the above dialogue:",
     ),
+    # a record is a question and its answer, the query the next question (retrievers' expert decoding)
+    "question": AnswerTemplate(example="Question: {text}\nAnswer: {label}\n\n", query="Question: {input}\nAnswer:"),
 }
 """Layouts for MOZO; pass ``template=ANSWER_PRESETS["classification"]`` or build your own."""
 

@@ -22,8 +22,8 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    most 2c, so every score ẑ by at most c/(kτ), and a token is an exponential mechanism with ε0·min(c, k),
    ε0 = 2c/(kτ): ε0-DP and ε0-bounded-range, ε0²/8-zCDP (Cesar & Rogers 2021). The per-token bound is that of
    one replaced prompt and does not grow with k, while the experts' agreement does: c/τ = ε0·k/2
-   (:meth:`PrivateKNN.expert_scale`). "Pure" holds up to the float64 rounding of the inverse-CDF sampler
-   (a probability off by about V·2⁻⁵³ per token), as for every sampler in this library.
+   (:meth:`PrivateKNN.expert_scale`). "Pure" holds up to the float64 rounding of the inverse-CDF sampler, as
+   for every sampler in this library.
 4. **Accounting.** The answer's T tokens compose adaptively (each token's distribution depends on the
    released tokens before it, which are public): a unit pays T·min(αε0²/8, pure(ε0)) per candidate record
    group at every filter order (``uses`` answers of ``max_answer_tokens`` tokens fill one unit's budget,
@@ -60,26 +60,13 @@ from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
 from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import DecodedAnswer, Query
-from dp_icl_plugin.methods.decoding import _Decoder
+from dp_icl_plugin.methods.decoding import _Decoder, query_text
 from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
 from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency
 
-QUESTION_TEMPLATE = AnswerTemplate(
-    example="Question: {text}\nAnswer: {label}\n\n", query="Question: {input}\nAnswer:", stop="\n"
-)
-"""A record as a question and its answer, the query as the next question (completion models)."""
-
-__all__ = [
-    "QUESTION_TEMPLATE", "KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token",
-    "filter_budget_for",
-]  # fmt: skip
-
-
-def _query_text(prompt: str | tuple[dict[str, str], ...]) -> str:
-    """The text a query is retrieved by: a completion prompt, or a chat's last (user) message."""
-    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+__all__ = ["KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token", "filter_budget_for"]
 
 
 class KNNExpertDecoder(_Decoder):
@@ -151,7 +138,7 @@ class KNNExpertDecoder(_Decoder):
         return self.knn._event("decode", 1, self.k, tokens)
 
     def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Candidates]:
-        admitted, entry, _ = self.knn._charge_release(_query_text(prompt), "decode", self.k, limit)
+        admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, limit)
         return entry, admitted  # the records are read in _tokens, after the charge is on the answer's state
 
     def _experts(self, admitted: Candidates) -> list[PrivateRecord]:

@@ -255,11 +255,9 @@ class Retrieval(Sequence[RetrievedRecord]):
         k: int,
         entry: int,
         charged_by: object,
-        charge: LedgerEntry | None = None,
     ) -> None:
         self.release = release
         self.ledger_entry = entry
-        self.charge = charge  # the committed ledger entry (its id is ``ledger_entry``)
         self._query = query
         self._candidates = candidates
         self._records = records
@@ -417,7 +415,7 @@ class PrivateKNN:
         admitted, entry, k = self._charge_release(query, release, k, None)
         # reading the charged records: a failure here is the one fixed error
         used, records = after_charge(lambda: self._charged_records(admitted, release, k))
-        return Retrieval(release, query, used, records, k, entry.id, charged_by=self, charge=entry)
+        return Retrieval(release, query, used, records, k, entry.id, charged_by=self)
 
     def _charge_release(
         self, query: str, release: str, k: int | None, tokens: int | None

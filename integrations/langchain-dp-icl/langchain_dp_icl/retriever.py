@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.knn import KNNExpertDecoder, PrivateKNN
-from dp_icl_plugin.methods.knn.experts import QUESTION_TEMPLATE
+from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 from dp_icl_plugin.methods.randomness import noise_source
 
 __all__ = ["DPICLRetriever"]
@@ -79,7 +79,8 @@ class DPICLRetriever(BaseRetriever):
         if not isinstance(self.knn, PrivateKNN):
             raise ConfigurationError("knn must be a dp_icl_plugin PrivateKNN")
         self.rng = noise_source(self.rng, self.seed)
-        self._experts = KNNExpertDecoder(self.knn, template=QUESTION_TEMPLATE) if self.mode == "experts" else None
+        experts = self.mode == "experts"
+        self._experts = KNNExpertDecoder(self.knn, template=ANSWER_PRESETS["question"]) if experts else None
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
             raise ConfigurationError("k must be a positive integer")
 

@@ -20,7 +20,7 @@ from llama_index.llms.dp_icl.events import DPSpendEvent
 
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.knn import KNNExpertDecoder, PrivateKNN
-from dp_icl_plugin.methods.knn.experts import QUESTION_TEMPLATE
+from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 from dp_icl_plugin.methods.randomness import noise_source
 
 __all__ = ["DPICLRetriever"]
@@ -88,7 +88,7 @@ class DPICLRetriever(BaseRetriever):
         self._core = knn
         self._rng = generator
         self._mode = mode
-        self._experts = KNNExpertDecoder(knn, template=QUESTION_TEMPLATE) if mode == "experts" else None
+        self._experts = KNNExpertDecoder(knn, template=ANSWER_PRESETS["question"]) if mode == "experts" else None
         self._keywords = similarity_top_k
         super().__init__(**kwargs)
 
