@@ -1,9 +1,15 @@
 """A DP chat model in an LCEL chain (LangChain): every answer is DP with respect to private records.
 
-Offline: 500 TREC questions with their coarse class are the private records; each answer is decoded by
-DPS-MOZO (one-shot prompts from 4 records drawn per token, mixed with the zero-shot prompt) and charged to
-the ledger before its first token. The model is the pretrained SmolLM2-135M-Instruct chat model that the
-set-up installs (``"smollm2-135m-instruct"``; any local model path or ``.gguf`` works the same way).
+Offline: 2,000 TREC questions with their type are the private records. Each answer is decoded by expert
+decoding: the 40 records nearest to the question (with budget left) each give a one-shot prompt, steer every
+token of the answer, and pay their own share of the budget through their Rényi filter; the answer is
+restricted to the six public types (``choices``). The model is the pretrained SmolLM2-135M-Instruct chat
+model that the set-up installs (``"smollm2-135m-instruct"``; any local model path or ``.gguf`` works the same
+way). The data are ``../shared/data/trec`` beside the project (see its README); the script stops with a
+message where they are absent.
+
+The script then prints what the app has without the records (the same model's greedy answer, free and
+restricted to the same types) beside the DP answers.
 
     python examples/chat_chain.py [LEDGER]
 """
@@ -20,44 +26,49 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_dp_icl import ChatDPICL
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
-from dp_icl_plugin.methods import PrivateDataset
+from dp_icl_plugin.methods import AnswerChoices, PrivateDataset
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"
+TYPES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
+         "NUM": "number"}  # fmt: skip
+QUESTIONS = ["Who wrote Hamlet ?", "How far is the Moon from the Earth ?", "What does NASA stand for ?"]
 
 
 def main() -> None:
     if not DATA.is_dir():
-        sys.exit(f"the TREC data is not at {DATA}")
+        sys.exit(f"the TREC data is not at {DATA} (../shared/data beside the project; see its README)")
     ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
-    lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:500]
+    lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:2000]
     questions = [ln.split(" ", 1)[1] for ln in lines]
-    classes = [ln.split(":", 1)[0] for ln in lines]
+    types = [TYPES[ln.split(":", 1)[0]] for ln in lines]
 
     # --8<-- [start:chat]
-    private = PrivateDataset.from_pairs(questions, classes)  # the private records
+    private = PrivateDataset.from_pairs(questions, types)  # the private records
     budget = BudgetManager(PrivacyBudget(epsilon=3.0, delta=1e-4), ledger=ledger)
     chat = ChatDPICL.from_model_id(
-        "smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(), n_queries=100, epsilon=2.0,
-        max_tokens=12,
-    )  # β calibrated for 100 answers
-    chain = (
-        ChatPromptTemplate.from_messages([("system", "Name the class of the question."), ("human", "{question}")])
-        | chat
-        | StrOutputParser()
-    )
-    print(repr(chain.invoke({"question": "Who wrote Hamlet ?"})))
-    for piece in chain.stream({"question": "How far is the Moon ?"}):  # charged before the first piece
+        "smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(), method="knn-experts",
+        n_queries=100, epsilon=2.0, choices=list(TYPES.values()),
+    )  # the nearest records steer each answer and pay for it; answers are one of the public types
+    system = f"Answer with the type of the question, one of: {', '.join(TYPES.values())}."
+    chain = ChatPromptTemplate.from_messages([("system", system), ("human", "{question}")]) | chat | StrOutputParser()
+    for question in QUESTIONS[:2]:
+        print(f"{question!r}: {chain.invoke({'question': question})!r}")
+    print(f"{QUESTIONS[2]!r}:", end=" ")
+    for piece in chain.stream({"question": QUESTIONS[2]}):  # charged before the first piece
         print(repr(piece), end=" ")
     # --8<-- [end:chat]
 
-    # What the records did: the same model's greedy answer with no private data, beside the DP answer above.
+    # What the app has without the records: the same model, greedy, free and restricted to the same types.
     from dp_icl_plugin.backends.generation import greedy_generate
 
     backend = chat.decoder.backend
-    messages = [{"role": "system", "content": "Name the class of the question."},
-                {"role": "user", "content": "Who wrote Hamlet ?"}]  # fmt: skip
-    zero_shot = backend.decode(greedy_generate(backend, [backend.apply_chat_template(messages)], max_new_tokens=12)[0])
-    print(f"\nzero-shot greedy (no private data): {zero_shot!r}")
+    choices = AnswerChoices(backend, list(TYPES.values()))
+    print("\nwithout the private records (greedy zero-shot):")
+    for question in QUESTIONS:
+        prompt = backend.apply_chat_template([{"role": "system", "content": system},
+                                              {"role": "user", "content": question}])  # fmt: skip
+        free = backend.decode(greedy_generate(backend, [prompt], max_new_tokens=8)[0])
+        print(f"{question!r}: {choices.greedy(backend, prompt)!r} (restricted), {free!r} (free)")
 
     print(f"\nledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
           f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}")  # fmt: skip

@@ -189,6 +189,11 @@ class Harness:
         self.expert_settings = {k: v for k, v in (("public_temperature", args.expert_t0),
                                                   ("top_k", args.expert_top_k)) if v is not None}  # fmt: skip
         self._backends: dict[int, object] = {}
+        self.choices = None  # classification: every LLM row (and the baselines) answers with one of the labels
+        if task.labels is not None and not args.free_answers:
+            from dp_icl_plugin.methods.choices import AnswerChoices
+
+            self.choices = AnswerChoices(self.backend(1), task.labels)
         self.rows: list[dict] = []
         self.on_row: Callable[[], None] = lambda: None
         self.zero: np.ndarray | None = None
@@ -225,6 +230,11 @@ class Harness:
         prompts = [b.encode(self.template.zero_shot_prompt(q), add_special_tokens=True) for q in self.task.queries]
         outs = [b.decode(o).strip() for o in greedy_generate(b, prompts, max_new_tokens=self.task.max_tokens)]
         self.add("zero-shot greedy (no private data)", 0.0, outs, time.perf_counter() - started)
+        if self.choices is not None:  # the fair baseline where answers are restricted to the labels
+            started = time.perf_counter()
+            outs = [self.choices.greedy(b, p) for p in prompts]
+            self.add("zero-shot greedy, restricted to the labels (no private data)", 0.0, outs,
+                     time.perf_counter() - started)  # fmt: skip
         self.zero = np.asarray(self.rows[-1]["scores"])
 
     def ceiling(self) -> None:
@@ -238,7 +248,10 @@ class Harness:
             near = np.argsort(-row)[: t.ceiling_shots][::-1]  # the nearest last, closest to the query
             examples = "".join(self.template.example.format(text=t.records[i][0], label=t.records[i][1]) for i in near)
             prompts.append(b.encode(t.header + examples + t.query.format(input=q), add_special_tokens=True))
-        outs = [b.decode(o).strip() for o in greedy_generate(b, prompts, max_new_tokens=t.max_tokens)]
+        if self.choices is None:
+            outs = [b.decode(o).strip() for o in greedy_generate(b, prompts, max_new_tokens=t.max_tokens)]
+        else:
+            outs = [self.choices.greedy(b, p) for p in prompts]
         self.add(f"kNN RAG, {t.ceiling_shots} nearest (NOT private, the ceiling)", math.inf, outs,
                  time.perf_counter() - started)  # fmt: skip
 
@@ -251,6 +264,9 @@ class Harness:
         from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
 
         return PrivateDataset([PrivateRecord(x, y) for x, y in self.task.records])
+
+    def _labels(self) -> list[str] | None:
+        return None if self.choices is None else self.task.labels
 
     def _answer_all(self, decoder, seed: int) -> list[str]:
         rng = np.random.default_rng(seed)
@@ -278,7 +294,7 @@ class Harness:
                                            epsilon=epsilon, delta=DELTA * (1 - 1e-9), n_queries=len(t.queries),
                                            max_tokens=t.max_tokens, k=t.k, min_similarity=tau, uses=uses,
                                            embedder=self.embedder, template=self.template,
-                                           **self.expert_settings)  # fmt: skip
+                                           choices=self._labels(), **self.expert_settings)  # fmt: skip
         outs = self._answer_all(decoder, 11)
         paid = len(decoder.knn.index.filter.all_spent()[0])  # records charged at least once
         self.add(f"expert decoding (k = {t.k})", epsilon, outs, time.perf_counter() - started,
@@ -295,7 +311,7 @@ class Harness:
             decoder = MozoDecoder(self._dataset(), backend=self.backend(4), budget=self._ledger(epsilon),
                                   n_queries=len(self.task.queries), max_tokens=self.task.max_tokens, epsilon=epsilon,
                                   delta=DELTA, order={1.0: 14.0, 2.0: 8.0}.get(epsilon, 5.0),
-                                  template=self.template)  # fmt: skip
+                                  template=self.template, choices=self._labels())  # fmt: skip
         self.add("DPS-MOZO decoding", epsilon, self._answer_all(decoder, 12), time.perf_counter() - started,
                  beta=decoder.beta, warned=[str(w.message)[:120] for w in caught])  # fmt: skip
 
@@ -310,7 +326,8 @@ class Harness:
             decoder = ClipBlendDecoder(self._dataset(), backend=self.backend(rows), budget=self._ledger(epsilon),
                                        n_queries=len(self.task.queries), max_tokens=self.task.max_tokens,
                                        epsilon=epsilon, delta=DELTA, subset_size=s,
-                                       rng_subset=np.random.default_rng(13), template=self.template)  # fmt: skip
+                                       rng_subset=np.random.default_rng(13), template=self.template,
+                                       choices=self._labels())  # fmt: skip
         self.add("clip-blend decoding (s = 40)", epsilon, self._answer_all(decoder, 14), time.perf_counter() - started,
                  temperature=decoder.temperature, warned=[str(w.message)[:120] for w in caught])  # fmt: skip
 
@@ -473,6 +490,8 @@ def main() -> None:
     parser.add_argument("--save-embeddings", default=None, help="write the vectors every task needs, then exit")
     parser.add_argument("--expert-t0", type=float, default=None, help="expert decoding's public temperature")
     parser.add_argument("--expert-top-k", type=int, default=None, help="expert decoding's support (0: all)")
+    parser.add_argument("--free-answers", action="store_true",
+                        help="classification: let answers be any text (default: restricted to the labels)")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
     _use_data(Path(args.data))

@@ -8,6 +8,7 @@ first and returns a :class:`DemoSet`.
 
 from dp_icl_plugin.methods.adadpsyn import AdaDPSynConfig, AdaDPSynSynthesizer
 from dp_icl_plugin.methods.base import Plan, SynthesisMethod
+from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.clip_blend import ClipBlendConfig, ClipBlendSynthesizer
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
@@ -21,6 +22,7 @@ __all__ = [
     "PRESETS",
     "AdaDPSynConfig",
     "AdaDPSynSynthesizer",
+    "AnswerChoices",
     "AnswerTemplate",
     "ClipBlendConfig",
     "ClipBlendSynthesizer",

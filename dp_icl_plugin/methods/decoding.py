@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,7 @@ from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, warn_if_weak
 from dp_icl_plugin.methods.base import check_top_k
+from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.clip_blend import assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import AnswerState, AnswerStream, DecodedAnswer, Query, check_query
@@ -91,6 +92,7 @@ class _Decoder:
         max_tokens: int,
         template: AnswerTemplate | None,
         fixed_latency: float | FixedLatency | None,
+        choices: Sequence[str] | AnswerChoices | None = None,
     ) -> None:
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
@@ -99,6 +101,15 @@ class _Decoder:
         self.backend = backend
         self.budget = budget
         self.max_tokens = check.positive_int("max_tokens", max_tokens)
+        self.choices = AnswerChoices(backend, choices) if choices is not None and not isinstance(
+            choices, AnswerChoices) else choices  # fmt: skip
+        if self.choices is not None:  # public: an answer is at most the longest choice, and that is what is paid
+            if self.choices.max_tokens > self.max_tokens:
+                raise ConfigurationError(
+                    f"max_tokens = {self.max_tokens} is below the {self.choices.max_tokens} tokens the longest "
+                    "choice needs: raise it (an answer cut inside a choice would be no choice)"
+                )
+            self.max_tokens = self.choices.max_tokens
         self.template = template if template is not None else AnswerTemplate(stop=None)
         if not isinstance(self.template, AnswerTemplate):
             raise ConfigurationError("template must be an AnswerTemplate")
@@ -187,6 +198,10 @@ class _Decoder:
         limit = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
         if limit > self.max_tokens:
             raise ConfigurationError(f"max_tokens = {limit} exceeds the {self.max_tokens} this decoder's budget covers")
+        if self.choices is not None and limit < self.choices.max_tokens:
+            raise ConfigurationError(
+                f"max_tokens = {limit} is below the {self.choices.max_tokens} tokens the longest choice needs"
+            )
         stops = self._stops(stop) + ((self.template.stop,) if self.template.stop is not None else ())
         prompt = check_query(query)
         if not self._ids(prompt, None, reserve=self._reserve(limit)):
@@ -278,6 +293,7 @@ class _Decoder:
                     ended = token is None or (token == self.backend.eos_token_id and self.template.stop_at_eos)
                     if token is not None and not ended:
                         state.tokens.append(token)
+                        ended = self.choices is not None and self.choices.complete(state.tokens)
                     text = self.backend.decode(state.tokens)
                 cut = self._cut(text, stops)
                 if ended or len(cut) < len(text):
@@ -299,6 +315,23 @@ class _Decoder:
     def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
         raise NotImplementedError
 
+    def _steps(self, tokens: int) -> int:
+        """Token mechanisms an answer of at most ``tokens`` tokens runs, what it is charged and calibrated for:
+        ``tokens``, or with :attr:`choices` their :attr:`~AnswerChoices.decisions` (a token that alone can follow
+        is public and free)."""
+        return tokens if self.choices is None else self.choices.decisions
+
+    def _forced(self, generated: Sequence[int]) -> int | None:
+        """The next token where the choices leave only one (public: no mechanism runs), else None."""
+        return None if self.choices is None else self.choices.forced(generated)
+
+    def _draw(self, mechanism: Callable[[np.ndarray], int], logprobs: np.ndarray, generated: Sequence[int]) -> int:
+        """One token: ``mechanism`` (rows → a column) on every column, or, with :attr:`choices`, on the columns
+        that continue a choice after ``generated`` (a public support: :mod:`dp_icl_plugin.methods.choices`)."""
+        if self.choices is None:
+            return int(mechanism(logprobs))
+        return self.choices.restrict(mechanism, logprobs, generated)
+
 
 class _DatasetDecoder(_Decoder):
     """A decoder over a :class:`PrivateDataset` held in memory, charged to the ledger per answer."""
@@ -312,11 +345,12 @@ class _DatasetDecoder(_Decoder):
         max_tokens: int,
         template: AnswerTemplate | None,
         fixed_latency: float | FixedLatency | None,
+        choices: Sequence[str] | AnswerChoices | None,
     ) -> None:
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationError("dataset must be a PrivateDataset")
         super().__init__(backend=backend, budget=budget, max_tokens=max_tokens, template=template,
-                         fixed_latency=fixed_latency)  # fmt: skip
+                         fixed_latency=fixed_latency, choices=choices)  # fmt: skip
         self.dataset = dataset
         self._records = [r for y in dataset.labels for r in dataset.records(y)]
         check_records_encode(backend, self._records, with_labels=True)
@@ -359,9 +393,10 @@ class MozoDecoder(_DatasetDecoder):
         lambda_max: float = LAMBDA_MAX,
         template: AnswerTemplate | None = None,
         fixed_latency: float | FixedLatency | None = None,
+        choices: Sequence[str] | AnswerChoices | None = None,
     ) -> None:
         super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template,
-                         fixed_latency=fixed_latency)  # fmt: skip
+                         fixed_latency=fixed_latency, choices=choices)  # fmt: skip
         me.require_replace_one("DPS-MOZO", budget.neighbouring)
         self.n_queries = check.positive_int("n_queries", n_queries)
         self.n_shots = check.positive_int("n_shots", n_shots)
@@ -377,8 +412,8 @@ class MozoDecoder(_DatasetDecoder):
         self.delta = check.probability_open("delta", delta) if delta is not None else 1.0 / len(self._records)
         if beta is None:
             result = calibrate_mozo(epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta,
-                                    sampling_rate=self.sampling_rate, steps=self.n_queries * self.max_tokens,
-                                    order=self.order)  # fmt: skip
+                                    sampling_rate=self.sampling_rate,
+                                    steps=self.n_queries * self._steps(self.max_tokens), order=self.order)  # fmt: skip
             self.beta = result.value
         else:
             self.beta = check.positive_finite("beta", beta)
@@ -386,7 +421,7 @@ class MozoDecoder(_DatasetDecoder):
                      "raise epsilon, or lower n_queries or max_tokens (beta is spread over every token)")  # fmt: skip
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
-        steps = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
+        steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
         return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
@@ -395,6 +430,11 @@ class MozoDecoder(_DatasetDecoder):
         one_shot: dict[int, list[int]] = {}
         generated: list[int] = []
         for _ in range(limit):
+            forced = self._forced(generated)
+            if forced is not None:  # public: no records drawn, no mechanism, no step charged
+                generated.append(forced)
+                yield forced
+                continue
             # n_shots records uniformly without replacement, fresh per token (WBK 2019 Thm 9's sampling)
             picked = [int(i) for i in rng.choice(len(self._records), size=self.n_shots, replace=False)]
             for i in picked:
@@ -403,8 +443,9 @@ class MozoDecoder(_DatasetDecoder):
             rows = [zero_shot, *(one_shot[i] for i in picked)]
             # the zero-shot row is public: computed in a call of its own, never beside the records' rows
             logprobs = check_logprobs(rows_logprobs(self.backend, rows, generated, suffix=suffix, public=1))
-            token = mozo_token(logprobs[1:], logprobs[0], beta=self.beta, order=self.order, top_k=self.top_k,
-                               rng=rng, lambda_max=self.lambda_max, variant="projected").token_id  # fmt: skip
+            token = self._draw(lambda rows: mozo_token(rows[1:], rows[0], beta=self.beta, order=self.order,
+                                                       top_k=self.top_k, rng=rng, lambda_max=self.lambda_max,
+                                                       variant="projected").token_id, logprobs, generated)  # fmt: skip
             generated.append(token)
             yield token
 
@@ -443,9 +484,10 @@ class ClipBlendDecoder(_DatasetDecoder):
         population_size: int | None = None,
         template: AnswerTemplate | None = None,
         fixed_latency: float | FixedLatency | None = None,
+        choices: Sequence[str] | AnswerChoices | None = None,
     ) -> None:
         super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template,
-                         fixed_latency=fixed_latency)  # fmt: skip
+                         fixed_latency=fixed_latency, choices=choices)  # fmt: skip
         self.neighbouring = budget.neighbouring
         if population_size is None and self.neighbouring == ADD_REMOVE:
             raise ConfigurationError(
@@ -468,7 +510,8 @@ class ClipBlendDecoder(_DatasetDecoder):
         if temperature is None:
             result = calibrate_clip_blend_temperature(
                 epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta, clip=self.clip,
-                subset_size=self.subset_size, steps=self.n_queries * self.max_tokens, neighbouring=self.neighbouring,
+                subset_size=self.subset_size, steps=self.n_queries * self._steps(self.max_tokens),
+                neighbouring=self.neighbouring,
             )  # fmt: skip
             self.temperature = result.value
         else:
@@ -481,7 +524,7 @@ class ClipBlendDecoder(_DatasetDecoder):
         self._subset = [self._records[int(i)] for i in members]
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
-        steps = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
+        steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
         return me.clip_blend_event(clip=self.clip, subset_size=self.subset_size, temperature=self.temperature,
                                    steps=steps, neighbouring=self.neighbouring)  # fmt: skip
 
@@ -496,9 +539,13 @@ class ClipBlendDecoder(_DatasetDecoder):
         suffix = self._public_suffix(prompt, reserve=room)
         with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
             logprobs = check_logprobs(session.logprobs)
+            generated: list[int] = []
             for step in range(limit):
-                token = clip_blend_token(logprobs[1:], logprobs[0], clip=self.clip, subset_size=self.subset_size,
-                                         temperature=self.temperature, rng=rng)  # fmt: skip
+                token = self._draw(lambda rows: clip_blend_token(rows[1:], rows[0], clip=self.clip,
+                                                                 subset_size=self.subset_size,
+                                                                 temperature=self.temperature, rng=rng),
+                                   logprobs, generated)  # fmt: skip
+                generated.append(token)
                 yield token
                 if step + 1 < limit:
                     logprobs = check_logprobs(session.append(token))

@@ -58,6 +58,7 @@ from dp_icl_plugin.mechanisms.clip_blend import clip_logits, exponential_mechani
 from dp_icl_plugin.mechanisms.mozo import top_k_support
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
 from dp_icl_plugin.methods.base import check_top_k
+from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import DecodedAnswer, Query
 from dp_icl_plugin.methods.decoding import _Decoder, query_text
@@ -67,6 +68,9 @@ from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency
 
 __all__ = ["KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token", "filter_budget_for"]
+
+PUBLIC_TEMPERATURE = 0.5  # free text: the zero-shot row keeps the answer fluent (KNNConfig's default)
+CHOICES_PUBLIC_TEMPERATURE = 2.0  # public choices: the row is only a prior over them (chosen on tune queries)
 
 
 class KNNExpertDecoder(_Decoder):
@@ -82,9 +86,13 @@ class KNNExpertDecoder(_Decoder):
         template: how a record and a completion query form a prompt (default: ``AnswerTemplate(stop=None)``).
         fixed_latency: hide timing: every answer returns this many seconds after it starts (how many
             experts an answer had shows in its computation time otherwise); default the PrivateKNN's.
+        choices: public answers (labels, desks, "yes"/"no"): every token restricted to those that continue one
+            (:mod:`dp_icl_plugin.methods.choices`); an answer is then charged for the choices' token decisions
+            (:attr:`~dp_icl_plugin.methods.choices.AnswerChoices.decisions`, at most ``config.max_answer_tokens``).
 
     Raises:
-        ConfigurationError: the retriever has no backend.
+        ConfigurationError: the retriever has no backend, or ``config.max_answer_tokens`` is below the choices'
+            decisions.
     """
 
     kind = "knn-experts"
@@ -95,14 +103,25 @@ class KNNExpertDecoder(_Decoder):
         *,
         template: AnswerTemplate | None = None,
         fixed_latency: float | FixedLatency | None = None,
+        choices: Sequence[str] | AnswerChoices | None = None,
     ) -> None:
         if not isinstance(knn, PrivateKNN):
             raise ConfigurationError("knn must be a PrivateKNN")
         if knn.backend is None:
             raise ConfigurationError("expert decoding needs the PrivateKNN's backend (a language model)")
-        super().__init__(backend=knn.backend, budget=knn.budget, max_tokens=knn.config.max_answer_tokens,
-                         template=template,
-                         fixed_latency=knn.fixed_latency if fixed_latency is None else fixed_latency)  # fmt: skip
+        answers = AnswerChoices(knn.backend, choices) if choices is not None and not isinstance(
+            choices, AnswerChoices) else choices  # fmt: skip
+        if answers is not None and answers.decisions > knn.config.max_answer_tokens:
+            raise ConfigurationError(
+                f"the choices need {answers.decisions} token decisions per answer, more than the "
+                f"{knn.config.max_answer_tokens} (config.max_answer_tokens) a record's budget was divided for"
+            )
+        # with choices an answer runs at most `decisions` token mechanisms (what the filters were divided for)
+        # and has at most the longest choice's tokens
+        tokens = knn.config.max_answer_tokens if answers is None else answers.max_tokens
+        super().__init__(backend=knn.backend, budget=knn.budget, max_tokens=tokens, template=template,
+                         fixed_latency=knn.fixed_latency if fixed_latency is None else fixed_latency,
+                         choices=answers)  # fmt: skip
         self.knn = knn
         self.k = knn.config.k
         self.clip, self.temperature = knn.expert_scale(self.k)
@@ -135,10 +154,10 @@ class KNNExpertDecoder(_Decoder):
         """What one answer of at most ``max_tokens`` tokens costs a record that is a candidate (its own filter
         pays it; the ledger records it as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`)."""
         tokens = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
-        return self.knn._event("decode", 1, self.k, tokens)
+        return self.knn._event("decode", 1, self.k, self._steps(tokens))
 
     def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Candidates]:
-        admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, limit)
+        admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, self._steps(limit))
         return entry, admitted  # the records are read in _tokens, after the charge is on the answer's state
 
     def _experts(self, admitted: Candidates) -> list[PrivateRecord]:
@@ -169,8 +188,10 @@ class KNNExpertDecoder(_Decoder):
         suffix = self._public_suffix(prompt, reserve=room)
         with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
             logprobs = _public_checked(session.logprobs)
+            generated: list[int] = []
             for step in range(limit):
-                token = self._token(logprobs, rng)
+                token = self._draw(lambda rows: self._token(rows, rng), logprobs, generated)
+                generated.append(token)
                 yield token
                 if step + 1 < limit:
                     logprobs = _public_checked(session.append(token))
@@ -208,7 +229,8 @@ def expert_scores(
     # decides, and it cannot fail the release
     usable = np.isfinite(rows).any(axis=1) & ~np.isnan(rows).any(axis=1) & ~np.isposinf(rows).any(axis=1)
     tilt = clip_logits(rows[usable], clip).sum(axis=0) / divisor if usable.any() else np.zeros(public.size)
-    return public / public_temperature + tilt / (2.0 * temperature)
+    prior = public / public_temperature if math.isfinite(public_temperature) else np.zeros(public.size)
+    return prior + tilt / (2.0 * temperature)
 
 
 def expert_token(
@@ -266,10 +288,11 @@ def build_expert_decoder(
     uses: int | None = None,
     population_size: int | None = None,
     embedder: object | None = None,
-    public_temperature: float = 0.5,
+    public_temperature: float | None = None,
     top_k: int = 100,
     template: AnswerTemplate | None = None,
     fixed_latency: float | FixedLatency | None = None,
+    choices: Sequence[str] | None = None,
 ) -> KNNExpertDecoder:
     """Expert decoding over a dataset held in memory: its records go into a new in-memory
     :class:`PrivateIndex` whose per-record filter is covered by ``epsilon`` (and δ) on the ledger.
@@ -287,11 +310,15 @@ def build_expert_decoder(
             (it sets the noise of every answer).
         max_tokens, k, min_similarity, embedder: the answer limit, experts per answer, the public similarity a
             record needs to take part (and pay), the embedder (default all-MiniLM-L6-v2).
-        public_temperature, top_k: the zero-shot row's temperature and support.
+        public_temperature, top_k: the zero-shot row's temperature T0 (default 0.5, or 2.0 with ``choices``,
+            where the public row is only a prior over the choices: on 30 TREC tune queries at ε = 4, T0 = 0.5
+            gave 26.7 % accuracy, 2.0 and 1000 both 50.0 %; ``benchmarks/harness/RESULTS.md``) and support.
         template, fixed_latency: as :class:`KNNExpertDecoder`.
+        choices: public answers every answer is restricted to (:class:`KNNExpertDecoder`); the budget is then
+            calibrated for the choices' token decisions, not ``max_tokens``.
 
     Raises:
-        ConfigurationError: a bad setting (before anything is charged).
+        ConfigurationError: a bad setting, ``max_tokens`` below the longest choice (before anything is charged).
     """
     if not isinstance(dataset, PrivateDataset):
         raise ConfigurationError("dataset must be a PrivateDataset")
@@ -299,6 +326,14 @@ def build_expert_decoder(
         raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
     n_queries = check.positive_int("n_queries", n_queries)
     k = check.positive_int("k", k)
+    answers = None if choices is None else AnswerChoices(backend, choices)
+    if answers is not None:  # calibrate for the token decisions an answer runs (public); too few tokens refused
+        if answers.max_tokens > check.positive_int("max_tokens", max_tokens):
+            raise ConfigurationError(f"max_tokens = {max_tokens} is below the {answers.max_tokens} tokens the "
+                                     "longest choice needs: raise it")  # fmt: skip
+        max_tokens = answers.decisions
+    if public_temperature is None:
+        public_temperature = PUBLIC_TEMPERATURE if answers is None else CHOICES_PUBLIC_TEMPERATURE
     records = [r for y in dataset.labels for r in dataset.records(y)]
     if uses is None and population_size is None and budget.neighbouring == ADD_REMOVE:
         raise ConfigurationError(
@@ -314,4 +349,4 @@ def build_expert_decoder(
     index = PrivateIndex(budget=filter_budget_for(epsilon, share, budget.neighbouring), embedder=embedder)
     index.add([r.text for r in records], labels=[r.label for r in records])
     return KNNExpertDecoder(PrivateKNN(index, budget=budget, backend=backend, config=config), template=template,
-                            fixed_latency=fixed_latency)  # fmt: skip
+                            fixed_latency=fixed_latency, choices=answers)  # fmt: skip

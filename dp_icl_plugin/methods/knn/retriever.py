@@ -156,7 +156,8 @@ class KNNConfig:
         max_answer_tokens: the length limit of every generated answer (a ``decode`` release is charged for it).
         expert_public_temperature: the temperature T0 of the public zero-shot row in a ``decode`` release
             (expert decoding, :class:`~dp_icl_plugin.methods.knn.experts.KNNExpertDecoder`); public, free. The
-            experts' part has the temperature the budget allows (:meth:`PrivateKNN.expert_scale`).
+            experts' part has the temperature the budget allows (:meth:`PrivateKNN.expert_scale`); ``inf``
+            drops the public row's preferences (it still sets the support), as with public answer choices.
         expert_top_k: a ``decode`` release samples among the zero-shot output's this many most likely tokens
             (public; 0 for the whole vocabulary).
     """
@@ -193,8 +194,10 @@ class KNNConfig:
         for name in ("noise_std", "keyword_noise_std"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, check.positive_finite(name, getattr(self, name)))
-        object.__setattr__(self, "expert_public_temperature",
-                           check.positive_finite("expert_public_temperature", self.expert_public_temperature))
+        t0 = check.real("expert_public_temperature", self.expert_public_temperature)
+        if not t0 > 0.0:
+            raise ConfigurationError(f"expert_public_temperature must be positive (inf: no public prior), got {t0!r}")
+        object.__setattr__(self, "expert_public_temperature", t0)
         object.__setattr__(self, "expert_top_k", check.int_at_least("expert_top_k", self.expert_top_k, 0))
 
 
