@@ -152,3 +152,16 @@ def test_expert_decoding_charges_the_choices_decisions_and_refuses_more_than_its
     assert ledger.history()[-1].event.per_unit.count == 2
     with pytest.raises(ConfigurationError, match="3 token decisions"):
         type(decoder)(decoder.knn, template=TEMPLATE, choices=["a b c", "a b u", "a c", "u"])
+
+
+def test_both_adapters_answer_with_a_choice() -> None:
+    pytest.importorskip("langchain_dp_icl")
+    pytest.importorskip("llama_index.llms.dp_icl")
+    from langchain_dp_icl import ChatDPICL
+    from llama_index.llms.dp_icl import DPICL
+
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    decoder = mozo(ledger, choices=["a b c", "e"])
+    assert ChatDPICL(decoder=decoder, seed=0).invoke("a b").content in {"a b c", "e"}
+    assert DPICL(decoder=decoder, seed=0).complete("a b").text in {"a b c", "e"}
+    assert [e.label for e in ledger.history()] == ["mozo-answer"] * 2

@@ -70,7 +70,7 @@ from dp_icl_plugin.timing import FixedLatency
 __all__ = ["KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token", "filter_budget_for"]
 
 PUBLIC_TEMPERATURE = 0.5  # free text: the zero-shot row keeps the answer fluent (KNNConfig's default)
-CHOICES_PUBLIC_TEMPERATURE = 2.0  # public choices: the row is only a prior over them (chosen on tune queries)
+CHOICES_PUBLIC_TEMPERATURE = math.inf  # public choices: the row is only a (biased) prior; chosen on tune queries
 
 
 class KNNExpertDecoder(_Decoder):
@@ -310,9 +310,10 @@ def build_expert_decoder(
             (it sets the noise of every answer).
         max_tokens, k, min_similarity, embedder: the answer limit, experts per answer, the public similarity a
             record needs to take part (and pay), the embedder (default all-MiniLM-L6-v2).
-        public_temperature, top_k: the zero-shot row's temperature T0 (default 0.5, or 2.0 with ``choices``,
-            where the public row is only a prior over the choices: on 30 TREC tune queries at ε = 4, T0 = 0.5
-            gave 26.7 % accuracy, 2.0 and 1000 both 50.0 %; ``benchmarks/harness/RESULTS.md``) and support.
+        public_temperature, top_k: the zero-shot row's temperature T0 and support. T0 defaults to 0.5, or
+            with ``choices`` to ``inf`` (no prior: the row, only a prior over the choices, leans to one of them
+            whatever the question; on 30 TREC tune queries at ε = 4, T0 = 2 gave 63.3 % accuracy and ``inf``
+            73.3 %, ``benchmarks/harness/RESULTS.md``).
         template, fixed_latency: as :class:`KNNExpertDecoder`.
         choices: public answers every answer is restricted to (:class:`KNNExpertDecoder`); the budget is then
             calibrated for the choices' token decisions, not ``max_tokens``.
