@@ -165,3 +165,38 @@ def test_both_adapters_answer_with_a_choice() -> None:
     assert ChatDPICL(decoder=decoder, seed=0).invoke("a b").content in {"a b c", "e"}
     assert DPICL(decoder=decoder, seed=0).complete("a b").text in {"a b c", "e"}
     assert [e.label for e in ledger.history()] == ["mozo-answer"] * 2
+
+
+@pytest.mark.parametrize("name", ["mozo_token", "clip_blend_token"])
+def test_a_row_without_a_finite_choice_cannot_fail_the_release(name) -> None:
+    # a record whose prompt gives every choice probability 0 must not make the answer fail (after the charge)
+    choices = AnswerChoices(fake(), ["a", "e"])
+    rng = np.random.default_rng(0)
+    rows = np.log(np.full((5, len(WORDS)), 1.0 / len(WORDS)))
+    rows[2, [WORDS.index("a"), WORDS.index("e")]] = -np.inf
+    mechanism = {"mozo_token": lambda r: decoding.mozo_token(r[1:], r[0], beta=0.5, order=8.0, top_k=2, rng=rng,
+                                                             variant="projected").token_id,
+                 "clip_blend_token": lambda r: decoding.clip_blend_token(r[1:], r[0], clip=4.0, subset_size=4,
+                                                                         temperature=1.0, rng=rng)}[name]  # fmt: skip
+    assert choices.restrict(mechanism, rows, []) in {WORDS.index("a"), WORDS.index("e")}
+    rows[0, [WORDS.index("a"), WORDS.index("e")]] = -np.inf  # the public row too (public: uniform on the choices)
+    assert choices.restrict(mechanism, rows, []) in {WORDS.index("a"), WORDS.index("e")}
+
+
+def test_a_stop_sequence_inside_a_choice_is_refused_and_eos_never_enters_the_text() -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    decoder = mozo(ledger, choices=["a b", "d"])
+    with pytest.raises(ConfigurationError, match="inside a choice"):
+        decoder.generate("a b", rng=np.random.default_rng(0), stop=["b"])
+    assert ledger.history() == []
+    from dp_icl_plugin.methods.mozo import AnswerTemplate
+
+    plain = mozo(ledger, choices=["a", "a b"], template=AnswerTemplate(stop=None, stop_at_eos=False))
+    texts = {plain.generate("a b", rng=np.random.default_rng(s)).text for s in range(12)}
+    assert texts <= {"a", "a b"}  # "a" ends with the end-of-sequence token, which is not part of the answer
+
+
+def test_choices_built_for_another_tokenizer_are_encoded_again() -> None:
+    other = AnswerChoices(FakeBackend(["e", "a", "<eos>"], eos_token="<eos>", seed=1), ["a", "e"])
+    decoder = mozo(BudgetManager(PrivacyBudget(100.0, 1e-2)), choices=other)
+    assert decoder.choices.sequences == ((WORDS.index("a"),), (WORDS.index("e"),))

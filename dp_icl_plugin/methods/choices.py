@@ -20,7 +20,10 @@ A choice is encoded as the tokenizer encodes the text alone (``add_special_token
 answer begins after a chat template's assistant header; with a completion template that ends in
 ``"Answer:"`` give the choices with their leading space (``" yes"``). When one choice's tokens begin
 another's (``"Sport"``, ``"Sports"``), the shorter one ends with the model's end-of-sequence token, which
-the model then needs to have.
+the model then needs to have (on a chat model whose end-of-turn token is another, such as Llama 3's
+``<|eot_id|>``, that token is unlikely and the longer choice wins; prefer choices that are no prefix of
+another). A choice the zero-shot row gives probability exactly 0 is outside DPS-MOZO's and expert decoding's
+support (their public support has only tokens of positive zero-shot probability).
 """
 
 from __future__ import annotations
@@ -108,6 +111,11 @@ class AnswerChoices:
         """Run a token mechanism on the allowed columns only and map its pick back to a token id; where one
         token alone can follow, return it without running the mechanism (:meth:`forced`).
 
+        A row with no finite entry on the allowed columns (a model that gives every choice probability 0 after
+        one record's prompt) would make a mechanism raise, and so make the release fail for that record alone:
+        such a row becomes the uniform row (zeros) on those columns, a fixed map of the row itself, under
+        which every mechanism's sensitivity holds as before. The public row is treated the same way (public).
+
         Args:
             draw: the mechanism: takes rows restricted to the allowed columns (shape (n, m)), returns a column.
             logprobs: every row of the step, shape (n, V).
@@ -119,7 +127,10 @@ class AnswerChoices:
         columns = self.allowed(prefix)
         if columns.size == 1:
             return int(columns[0])
-        return int(columns[draw(np.asarray(logprobs)[..., columns])])
+        rows = np.array(np.asarray(logprobs)[..., columns], dtype=np.float64)
+        empty = ~np.isfinite(rows).any(axis=-1) & ~np.isnan(rows).any(axis=-1)
+        rows[empty] = 0.0
+        return int(columns[draw(rows)])
 
     def text_of(self, token_ids: Sequence[int]) -> str | None:
         """The choice that ``token_ids`` spell, or None."""

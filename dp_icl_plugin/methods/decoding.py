@@ -101,8 +101,9 @@ class _Decoder:
         self.backend = backend
         self.budget = budget
         self.max_tokens = check.positive_int("max_tokens", max_tokens)
-        self.choices = AnswerChoices(backend, choices) if choices is not None and not isinstance(
-            choices, AnswerChoices) else choices  # fmt: skip
+        # encoded by this decoder's tokenizer, whatever tokenizer built a given AnswerChoices
+        self.choices = None if choices is None else AnswerChoices(
+            backend, choices.texts if isinstance(choices, AnswerChoices) else choices)  # fmt: skip
         if self.choices is not None:  # public: an answer is at most the longest choice, and that is what is paid
             if self.choices.max_tokens > self.max_tokens:
                 raise ConfigurationError(
@@ -203,6 +204,8 @@ class _Decoder:
                 f"max_tokens = {limit} is below the {self.choices.max_tokens} tokens the longest choice needs"
             )
         stops = self._stops(stop) + ((self.template.stop,) if self.template.stop is not None else ())
+        if self.choices is not None and any(s in c for s in stops for c in self.choices.texts):
+            raise ConfigurationError("a stop sequence occurs inside a choice: the answer would be cut to no choice")
         prompt = check_query(query)
         if not self._ids(prompt, None, reserve=self._reserve(limit)):
             raise ConfigurationError("the prompt encodes to no tokens")
@@ -290,7 +293,9 @@ class _Decoder:
                 # a reader that stops reading holds nothing, and other answers interleave with this one.
                 with self._lock:
                     token = next(tokens, None)
-                    ended = token is None or (token == self.backend.eos_token_id and self.template.stop_at_eos)
+                    # with choices an end-of-sequence token only ever ends a choice: never part of the text
+                    ended = token is None or (token == self.backend.eos_token_id
+                                              and (self.template.stop_at_eos or self.choices is not None))  # fmt: skip
                     if token is not None and not ended:
                         state.tokens.append(token)
                         ended = self.choices is not None and self.choices.complete(state.tokens)

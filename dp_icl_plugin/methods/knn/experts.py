@@ -109,8 +109,8 @@ class KNNExpertDecoder(_Decoder):
             raise ConfigurationError("knn must be a PrivateKNN")
         if knn.backend is None:
             raise ConfigurationError("expert decoding needs the PrivateKNN's backend (a language model)")
-        answers = AnswerChoices(knn.backend, choices) if choices is not None and not isinstance(
-            choices, AnswerChoices) else choices  # fmt: skip
+        answers = None if choices is None else AnswerChoices(
+            knn.backend, choices.texts if isinstance(choices, AnswerChoices) else choices)  # fmt: skip
         if answers is not None and answers.decisions > knn.config.max_answer_tokens:
             raise ConfigurationError(
                 f"the choices need {answers.decisions} token decisions per answer, more than the "
