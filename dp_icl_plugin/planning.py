@@ -98,7 +98,9 @@ def plan(
     Args:
         records: the number of private records (as the caller knows it; the plan reads no data).
         epsilon, delta: the ledger's budget for this use.
-        answers, tokens: how many answers the app needs, and the longest one in tokens.
+        answers, tokens: how many answers the app needs, and the longest one in tokens (with public answer
+            choices, their :attr:`~dp_icl_plugin.methods.choices.AnswerChoices.decisions`: the tokens a
+            mechanism decides).
         relation: the ledger's neighbouring relation (kNN's filter budget is what covers (ε, δ) on it).
         k: kNN experts per answer (expert decoding) and records per vote.
         candidates: records expected to pass ``min_similarity`` per query (default ``k``): they pay each answer.

@@ -188,7 +188,7 @@ def test_demo_and_example_run(tmp_path: Path) -> None:
         ("private_knn_classification.py", "DP nearest-neighbour vote on 50 TREC questions"),
         ("few_shot_chain.py", "4 DP demonstrations (PTA, ε = 1)"),
         ("rag_chain.py", "'knn-decode': 2"),
-        ("chat_chain.py", "'mozo-answer': 2"),
+        ("chat_chain.py", "without the private records (greedy zero-shot)"),
         ("llamaindex_query_engine.py", "'mozo-answer': 1"),
         ("shared_ledger_components.py", "20 × clip-blend-answer"),
     ],

@@ -15,7 +15,9 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--epsilon", type=number, required=True, help="the ledger's ε for this use")
     p.add_argument("--delta", type=number, required=True)
     p.add_argument("--answers", type=integer, required=True, help="how many answers the app needs")
-    p.add_argument("--tokens", type=integer, required=True, help="the longest answer, in tokens")
+    p.add_argument("--tokens", type=integer, required=True,
+                   help="the longest answer, in tokens (answers restricted to public choices: the tokens a "
+                        "mechanism decides, e.g. 1 for six one-word types)")  # fmt: skip
     p.add_argument("--neighbouring", default="replace_one", choices=["replace_one", "add_remove"],
                    help="the ledger's neighbouring relation (default replace_one)")  # fmt: skip
     p.add_argument("--k", type=integer, default=40, help="kNN experts per answer (default 40)")
