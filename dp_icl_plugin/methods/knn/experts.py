@@ -69,7 +69,7 @@ from dp_icl_plugin.timing import FixedLatency
 
 __all__ = ["KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token", "filter_budget_for"]
 
-PUBLIC_TEMPERATURE = 0.5  # free text: the zero-shot row keeps the answer fluent (KNNConfig's default)
+PUBLIC_TEMPERATURE = KNNConfig.expert_public_temperature  # free text: the zero-shot row keeps the answer fluent
 CHOICES_PUBLIC_TEMPERATURE = math.inf  # public choices: the row is only a (biased) prior; chosen on tune queries
 
 
@@ -310,7 +310,8 @@ def build_expert_decoder(
             (it sets the noise of every answer).
         max_tokens, k, min_similarity, embedder: the answer limit, experts per answer, the public similarity a
             record needs to take part (and pay), the embedder (default all-MiniLM-L6-v2).
-        public_temperature, top_k: the zero-shot row's temperature T0 and support. T0 defaults to 0.5, or
+        public_temperature, top_k: the zero-shot row's temperature T0 and support. T0 defaults to 0.1 (see
+            :class:`KNNConfig`), or
             with ``choices`` to ``inf`` (no prior: the row, only a prior over the choices, leans to one of them
             whatever the question; on 30 TREC tune queries at ε = 4, T0 = 2 gave 63.3 % accuracy and ``inf``
             73.3 %, ``benchmarks/harness/RESULTS.md``).
