@@ -28,6 +28,11 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
 - ``kNN keyword answer`` (e2e): :meth:`PrivateKNN.answer`; refused before any charge when no keyword could
   pass its threshold (then the row says so).
 
+Classification rows answer with one of the labels (``choices``: every token restricted to those continuing a
+label, :mod:`dp_icl_plugin.methods.choices`; ``--free-answers`` lets them write anything), and so does the
+baseline they are compared with, greedy zero-shot restricted to the labels (the free greedy zero-shot row is
+shown too); the ceiling is restricted the same way.
+
 Gains are paired per query against greedy zero-shot, with 95 % bootstrap intervals (2,000 resamples, seeded);
 "recovered" is the gain over the ceiling's gain. Queries: ``--split held-out`` (default) draws them from a part
 of the test data that no setting was chosen on; ``--split tune`` from the part used to choose the expert
@@ -426,7 +431,7 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
              f"Model {meta['model']} on {meta['machine']}; {meta['queries']} queries per task; δ = {DELTA}; "
              f"`{meta['command']}` took {meta['minutes']:.1f} min.", ""]  # fmt: skip
     for task in dict.fromkeys(r["task"] for r in rows):
-        lines += [f"## {task}", "", "| method | ε | score | gain over greedy zero-shot [95 % CI] | recovered |",
+        lines += [f"## {task}", "", "| method | ε | score | gain over the last zero-shot row [95 % CI] | recovered |",
                   "|---|---:|---:|---:|---:|"]  # fmt: skip
         for r in (r for r in rows if r["task"] == task):
             eps = "∞" if r["epsilon"] == math.inf else f"{r['epsilon']:g}"

@@ -45,7 +45,9 @@ __all__ = ["DELTA", "expert_event", "removal_pairs", "replacement_pairs"]
 DELTA = 1e-6
 _VOCAB = ["q", "near", "mid", "far", "plain", "rare", "opp", "a", "b", "c"]
 _K = 10
-_CONFIG = KNNConfig(k=_K, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=1, expert_top_k=0)
+# T0 is public (no privacy cost at any value); the pairs' public shares are tuned at 0.5
+_CONFIG = KNNConfig(k=_K, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=1, expert_top_k=0,
+                    expert_public_temperature=0.5)  # fmt: skip
 _FILTER = IndividualBudget(epsilon=2.0, delta=1e-6)
 _TEMPLATE = AnswerTemplate(example="{text} {label} ", query="{input}", stop=None, stop_at_eos=False)
 _ANGLE = {"q": 0.0, "near": 0.1, "mid": 0.2, "far": 0.3}  # ranks: near, then mid, then far
