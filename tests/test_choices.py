@@ -200,3 +200,40 @@ def test_choices_built_for_another_tokenizer_are_encoded_again() -> None:
     other = AnswerChoices(FakeBackend(["e", "a", "<eos>"], eos_token="<eos>", seed=1), ["a", "e"])
     decoder = mozo(BudgetManager(PrivacyBudget(100.0, 1e-2)), choices=other)
     assert decoder.choices.sequences == ((WORDS.index("a"),), (WORDS.index("e"),))
+
+
+def _poison(rows: np.ndarray) -> np.ndarray:
+    out = np.array(rows, dtype=np.float64, copy=True)
+    out[2, 0] = np.nan  # one record's row: NaN on a token no choice uses (an fp16 overflow, say)
+    return out
+
+
+class _PoisonedSession:
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __enter__(self):
+        self.session = self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return _poison(self.session.logprobs)
+
+    def append(self, token):
+        return _poison(self.session.append(token))
+
+
+@pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
+@pytest.mark.parametrize("choices", [None, ["a", "e"]], ids=["free", "choices"])
+def test_a_records_bad_row_cannot_fail_the_release(make, choices, monkeypatch) -> None:
+    real_rows, real_start = decoding.rows_logprobs, decoding.start_rows
+    monkeypatch.setattr(decoding, "rows_logprobs", lambda *a, **kw: _poison(real_rows(*a, **kw)))
+    monkeypatch.setattr(decoding, "start_rows", lambda *a, **kw: _PoisonedSession(real_start(*a, **kw)))
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    decoder = make(ledger, choices=choices)
+    answer = decoder.generate("a b", rng=np.random.default_rng(0), max_tokens=decoder.max_tokens)
+    assert len(ledger.history()) == 1 and (choices is None or answer.text in choices)

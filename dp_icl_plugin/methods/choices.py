@@ -79,6 +79,7 @@ class AnswerChoices:
                 ids = (*ids, int(self.eos_token_id))  # it ends only where the model ends it
             ended.append(ids)
         self.sequences = tuple(ended)
+        self.decoded = tuple(backend.decode(list(ids)) for ids in encoded)  # as an answer's text would read
         self.max_tokens = max(len(s) for s in self.sequences)
         self.decisions = max(sum(len(self.allowed(s[:i])) > 1 for i in range(len(s))) for s in self.sequences)
 

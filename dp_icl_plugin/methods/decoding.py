@@ -73,6 +73,31 @@ __all__ = [  # DecodedAnswer, Query, check_query: re-exported
 ]  # fmt: skip
 
 
+def public_checked(logprobs: np.ndarray, *, stand_in: bool = True) -> np.ndarray:
+    """A step's rows with the public row (row 0) checked and, with ``stand_in``, every record's row made usable
+    (without it, the caller judges records' rows itself, as expert decoding does: a bad row sits idle).
+
+    A bad public row (NaN, +inf, nothing finite) is the model's fault whatever the records: refused. A record's
+    bad row must not fail the release, or whether it fails would depend on that record: it is replaced by the
+    public row (the records' part of each mechanism then sees a row it could have seen, and for DPS-MOZO the
+    record adds nothing, as with λ = 0). The replacement is a fixed map of the row and the public row, so every
+    mechanism's per-row bound holds as before.
+
+    Raises:
+        BackendError: the public row is bad (public: nothing private is read).
+    """
+    check_logprobs(logprobs[:1])
+    rows = np.asarray(logprobs)
+    if not stand_in:
+        return rows
+    bad = np.isnan(rows[1:]).any(axis=-1) | np.isposinf(rows[1:]).any(axis=-1) | ~np.isfinite(rows[1:]).any(axis=-1)
+    if not bad.any():
+        return rows
+    out = np.array(rows, copy=True)
+    out[1:][bad] = rows[0]
+    return out
+
+
 def query_text(query: str | tuple[dict[str, str], ...]) -> str:
     """A checked query's own text: a completion prompt, or a chat's last (user) message."""
     return query if isinstance(query, str) else query[-1]["content"]
@@ -204,7 +229,7 @@ class _Decoder:
                 f"max_tokens = {limit} is below the {self.choices.max_tokens} tokens the longest choice needs"
             )
         stops = self._stops(stop) + ((self.template.stop,) if self.template.stop is not None else ())
-        if self.choices is not None and any(s in c for s in stops for c in self.choices.texts):
+        if self.choices is not None and any(s in c for s in stops for c in self.choices.texts + self.choices.decoded):
             raise ConfigurationError("a stop sequence occurs inside a choice: the answer would be cut to no choice")
         prompt = check_query(query)
         if not self._ids(prompt, None, reserve=self._reserve(limit)):
@@ -447,7 +472,7 @@ class MozoDecoder(_DatasetDecoder):
                     one_shot[i] = self._ids(prompt, self._records[i])
             rows = [zero_shot, *(one_shot[i] for i in picked)]
             # the zero-shot row is public: computed in a call of its own, never beside the records' rows
-            logprobs = check_logprobs(rows_logprobs(self.backend, rows, generated, suffix=suffix, public=1))
+            logprobs = public_checked(rows_logprobs(self.backend, rows, generated, suffix=suffix, public=1))
             token = self._draw(lambda rows: mozo_token(rows[1:], rows[0], beta=self.beta, order=self.order,
                                                        top_k=self.top_k, rng=rng, lambda_max=self.lambda_max,
                                                        variant="projected").token_id, logprobs, generated)  # fmt: skip
@@ -543,7 +568,7 @@ class ClipBlendDecoder(_DatasetDecoder):
         # recur in every answer) where it has one
         suffix = self._public_suffix(prompt, reserve=room)
         with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
-            logprobs = check_logprobs(session.logprobs)
+            logprobs = public_checked(session.logprobs)
             generated: list[int] = []
             for step in range(limit):
                 token = self._draw(lambda rows: clip_blend_token(rows[1:], rows[0], clip=self.clip,
@@ -553,7 +578,7 @@ class ClipBlendDecoder(_DatasetDecoder):
                 generated.append(token)
                 yield token
                 if step + 1 < limit:
-                    logprobs = check_logprobs(session.append(token))
+                    logprobs = public_checked(session.append(token))
 
 
 DECODING_METHODS = ("mozo", "clip-blend", "knn-experts")

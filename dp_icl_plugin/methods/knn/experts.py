@@ -51,7 +51,7 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
-from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.shared_suffix import start_rows
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_logits, exponential_mechanism
@@ -61,7 +61,7 @@ from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import DecodedAnswer, Query
-from dp_icl_plugin.methods.decoding import _Decoder, query_text
+from dp_icl_plugin.methods.decoding import _Decoder, public_checked, query_text
 from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
 from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.methods.mozo import AnswerTemplate
@@ -187,26 +187,19 @@ class KNNExpertDecoder(_Decoder):
         prompts = [public, *self._expert_prompts(prompt, self._experts(paid), room)]
         suffix = self._public_suffix(prompt, reserve=room)
         with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
-            logprobs = _public_checked(session.logprobs)
+            logprobs = public_checked(session.logprobs, stand_in=False)
             generated: list[int] = []
             for step in range(limit):
                 token = self._draw(lambda rows: self._token(rows, rng), logprobs, generated)
                 generated.append(token)
                 yield token
                 if step + 1 < limit:
-                    logprobs = _public_checked(session.append(token))
+                    logprobs = public_checked(session.append(token), stand_in=False)
 
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
         """One token from the public row (``logprobs[0]``) and the experts' rows (the rest)."""
         return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=self.k, temperature=self.temperature,
                             public_temperature=self.public_temperature, top_k=self.top_k, rng=rng)  # fmt: skip
-
-
-def _public_checked(logprobs: np.ndarray) -> np.ndarray:
-    """Refuse a bad public row (the model's fault, whatever the records); experts' rows are judged one by one
-    in :func:`expert_scores`, so that no record can fail the answer."""
-    check_logprobs(logprobs[:1])
-    return logprobs
 
 
 def expert_scores(
