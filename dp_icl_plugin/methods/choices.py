@@ -83,6 +83,12 @@ class AnswerChoices:
         self.max_tokens = max(len(s) for s in self.sequences)
         self.decisions = max(sum(len(self.allowed(s[:i])) > 1 for i in range(len(s))) for s in self.sequences)
 
+    @classmethod
+    def of(cls, backend: NextTokenBackend, choices: Sequence[str] | AnswerChoices) -> AnswerChoices:
+        """``choices`` encoded by ``backend``'s tokenizer (an :class:`AnswerChoices` built for another model
+        is encoded again from its texts)."""
+        return cls(backend, choices.texts if isinstance(choices, AnswerChoices) else choices)
+
     def __repr__(self) -> str:
         return f"AnswerChoices({list(self.texts)!r})"
 

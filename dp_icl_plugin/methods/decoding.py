@@ -114,23 +114,24 @@ class _Decoder:
         *,
         backend: NextTokenBackend,
         budget: BudgetManager,
-        max_tokens: int,
+        max_tokens: int | None,
         template: AnswerTemplate | None,
         fixed_latency: float | FixedLatency | None,
         choices: Sequence[str] | AnswerChoices | None = None,
     ) -> None:
+        """``max_tokens`` None: the longest choice's tokens (``choices`` required)."""
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
         if not isinstance(backend, NextTokenBackend):
             raise ConfigurationError("backend must be a NextTokenBackend")
         self.backend = backend
         self.budget = budget
-        self.max_tokens = check.positive_int("max_tokens", max_tokens)
-        # encoded by this decoder's tokenizer, whatever tokenizer built a given AnswerChoices
-        self.choices = None if choices is None else AnswerChoices(
-            backend, choices.texts if isinstance(choices, AnswerChoices) else choices)  # fmt: skip
+        self.choices = None if choices is None else AnswerChoices.of(backend, choices)
+        if max_tokens is None and self.choices is None:
+            raise ConfigurationError("max_tokens is required without choices")
+        self.max_tokens = check.positive_int("max_tokens", max_tokens) if max_tokens is not None else 0
         if self.choices is not None:  # public: an answer is at most the longest choice, and that is what is paid
-            if self.choices.max_tokens > self.max_tokens:
+            if max_tokens is not None and self.choices.max_tokens > self.max_tokens:
                 raise ConfigurationError(
                     f"max_tokens = {self.max_tokens} is below the {self.choices.max_tokens} tokens the longest "
                     "choice needs: raise it (an answer cut inside a choice would be no choice)"

@@ -109,19 +109,17 @@ class KNNExpertDecoder(_Decoder):
             raise ConfigurationError("knn must be a PrivateKNN")
         if knn.backend is None:
             raise ConfigurationError("expert decoding needs the PrivateKNN's backend (a language model)")
-        answers = None if choices is None else AnswerChoices(
-            knn.backend, choices.texts if isinstance(choices, AnswerChoices) else choices)  # fmt: skip
-        if answers is not None and answers.decisions > knn.config.max_answer_tokens:
+        # with choices an answer has at most the longest choice's tokens and runs at most `decisions` token
+        # mechanisms, which must fit what the filters were divided for (checked here, long before any charge)
+        super().__init__(backend=knn.backend, budget=knn.budget, template=template,
+                         max_tokens=knn.config.max_answer_tokens if choices is None else None,
+                         fixed_latency=knn.fixed_latency if fixed_latency is None else fixed_latency,
+                         choices=choices)  # fmt: skip
+        if self.choices is not None and self.choices.decisions > knn.config.max_answer_tokens:
             raise ConfigurationError(
-                f"the choices need {answers.decisions} token decisions per answer, more than the "
+                f"the choices need {self.choices.decisions} token decisions per answer, more than the "
                 f"{knn.config.max_answer_tokens} (config.max_answer_tokens) a record's budget was divided for"
             )
-        # with choices an answer runs at most `decisions` token mechanisms (what the filters were divided for)
-        # and has at most the longest choice's tokens
-        tokens = knn.config.max_answer_tokens if answers is None else answers.max_tokens
-        super().__init__(backend=knn.backend, budget=knn.budget, max_tokens=tokens, template=template,
-                         fixed_latency=knn.fixed_latency if fixed_latency is None else fixed_latency,
-                         choices=answers)  # fmt: skip
         self.knn = knn
         self.k = knn.config.k
         self.clip, self.temperature = knn.expert_scale(self.k)
@@ -321,7 +319,7 @@ def build_expert_decoder(
         raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
     n_queries = check.positive_int("n_queries", n_queries)
     k = check.positive_int("k", k)
-    answers = None if choices is None else AnswerChoices(backend, choices)
+    answers = None if choices is None else AnswerChoices.of(backend, choices)
     if answers is not None:  # calibrate for the token decisions an answer runs (public); too few tokens refused
         if answers.max_tokens > check.positive_int("max_tokens", max_tokens):
             raise ConfigurationError(f"max_tokens = {max_tokens} is below the {answers.max_tokens} tokens the "
