@@ -305,13 +305,14 @@ def test_charged_event_is_the_planned_event() -> None:
     method = _method()
     demos = method.synthesize(data, backend=FakeBackend(VOCAB, seed=3), budget=budget, rng=np.random.default_rng(0))
     (entry,) = budget.history()
-    assert entry.event == method.event(data)
+    assert entry.event == method.event(data, ledger_delta=budget.budget.delta)
     params = demos.provenance.extra
     # Two labels: a replacement that changes a record's label touches both labels' runs (labels_touched = 2).
     assert entry.event == me.adadpsyn_event(sigma0=10.0, sigma1=params["sigma1"], sigma2=3.0, sampling_rate=10 / 60,
                                             steps=2 * 6, t_hat=1, theta=0.1, labels_touched=2)  # fmt: skip
     assert params["labels_touched"] == 2 and entry.event.neighbouring == "replace_one"
-    assert params["target_delta"] == 1 / 120  # δ = 1/|D|
+    assert params["target_delta"] == budget.budget.delta  # the ledger's δ (without a ledger 1/|D|, the paper's)
+    assert method.plan(data).params["target_delta"] == 1 / 120
     assert demos.provenance.method == "adadpsyn" and demos.provenance.ledger_entry_id == entry.id
     assert demos.provenance.epsilon == pytest.approx(budget.spent().epsilon)
     assert len(demos) == 4 and demos.labels == ("a", "b")
@@ -536,4 +537,4 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     demos = method.synthesize(data, backend=backend, budget=budget, rng=rng)
     assert len(demos) == 2 and all(len(d.token_ids) == 6 for d in demos)
     assert all(d.text == " ".join(names[t] for t in d.token_ids) for d in demos)
-    assert budget.history()[0].event == method.event(data)
+    assert budget.history()[0].event == method.event(data, ledger_delta=budget.budget.delta)

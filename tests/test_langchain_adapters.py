@@ -32,7 +32,15 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests, Retriev
 from langchain_tests.unit_tests import ChatModelUnitTests
 
 from dp_icl_plugin import BudgetExhaustedError, BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
+from dp_icl_plugin.methods import (
+    DemoSet,
+    PrivateDataset,
+    PrivateRecord,
+    Provenance,
+    PTASynthesizer,
+    TangSynthesizer,
+)
+from dp_icl_plugin.methods.data import Demonstration
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 
 
@@ -155,6 +163,57 @@ def test_selector_bad_input() -> None:
         selector.add_example({"input": "x", "output": "y"})
     selector.add_public_example({"input": "a public example", "output": "pos"})
     assert selector.select_examples({"input": "q"})[-1] == {"input": "a public example", "output": "pos"}
+
+
+def braced_demo_set() -> DemoSet:
+    prov = Provenance(method="tang", config={}, epsilon=1.0, delta=1e-5, event={}, ledger_entry_id=1,
+                      ledger_label="synthesis", model_id="m")  # fmt: skip
+    demos = [Demonstration(label="pos", text="$$5 {numPlayers} x {{ y }} {% if %} }"),
+             Demonstration(label="neg", text="plain")]  # fmt: skip
+    return DemoSet(demos, prov)
+
+
+@pytest.mark.parametrize("template_format", ["f-string", "jinja2"])
+def test_selector_escapes_braces_for_the_few_shot_template(template_format: str) -> None:
+    # a synthetic demonstration with braces failed every format with KeyError after the synthesis was charged
+    example_prompt = PromptTemplate.from_template(
+        "Text: {{ input }}\nLabel: {{ output }}" if template_format == "jinja2" else "Text: {input}\nLabel: {output}",
+        template_format=template_format)  # fmt: skip
+    selector = DPICLExampleSelector(braced_demo_set(), example_prompt=example_prompt)
+    assert selector.template_format == template_format
+    prompt = FewShotPromptTemplate(example_selector=selector, example_prompt=example_prompt, input_variables=["input"],
+                                   suffix="Text: {{ input }}" if template_format == "jinja2" else "Text: {input}",
+                                   template_format=template_format)  # fmt: skip
+    assert "Text: $$5 {numPlayers} x {{ y }} {% if %} }\nLabel: pos" in prompt.format(input="a {query}")
+    chat = FewShotChatMessagePromptTemplate(
+        example_selector=DPICLExampleSelector(braced_demo_set(), example_prompt=ChatPromptTemplate.from_messages(
+            [("human", "{input}"), ("ai", "{output}")])),
+        input_variables=["input"], example_prompt=ChatPromptTemplate.from_messages([("human", "{input}"), ("ai", "{output}")]),
+    )  # fmt: skip
+    assert chat.format_messages(input="q")[0].content == "$$5 {numPlayers} x {{ y }} {% if %} }"  # not escaped
+    with pytest.raises(ConfigurationError, match="template_format"):
+        DPICLExampleSelector(braced_demo_set(), template_format="mustache")  # type: ignore[arg-type]
+
+
+def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path: Any) -> None:
+    ledger = BudgetManager(PrivacyBudget(5.0, 1e-3))
+    saved = tmp_path / "demos.jsonl"
+
+    def selector() -> DPICLExampleSelector:
+        method = TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3,
+                                 shots_per_label=1, top_k=5)  # fmt: skip
+        return DPICLExampleSelector(synthesizer=method, dataset=dataset().with_public_label_counts("observed"),
+                                    backend=backend(), budget=ledger, seed=0, save_to=str(saved))  # fmt: skip
+
+    first = selector().select_examples({"input": "q"})
+    assert saved.exists() and len(ledger.history()) == 1
+    restarted = selector()  # a restart: the file is served, the dataset dropped, nothing charged
+    assert restarted._lazy == (None, None, None, None, None)
+    assert restarted.select_examples({"input": "q"}) == first and len(ledger.history()) == 1
+    other = PTASynthesizer(epsilon=2.0, delta=1e-3, max_tokens=2, shots_per_label=1)
+    with pytest.raises(ConfigurationError, match="remove the file"):
+        DPICLExampleSelector(synthesizer=other, dataset=dataset(), backend=backend(), budget=ledger,
+                             save_to=str(saved))  # fmt: skip
 
 
 def test_dp_llm_charges_every_answer_before_any_token_and_honours_stop() -> None:

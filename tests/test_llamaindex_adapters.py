@@ -8,6 +8,7 @@ import functools
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import MetadataMode
 from llama_index.llms.dp_icl import DPICL, DPSpendEvent
 from llama_index.retrievers.dp_icl import DPICLRetriever
 
@@ -133,23 +135,31 @@ def test_bad_construction() -> None:
 
 def test_aretrieve_leaves_the_event_loop_free() -> None:
     retriever = DPICLRetriever(knn_core(), rng=np.random.default_rng(0))
+    loop_ran = threading.Event()
+    release = retriever._experts.answer
 
-    async def main() -> tuple[int, int]:
-        ticks = 0
+    def answer(*args: Any, **kwargs: Any) -> Any:  # the release waits for the loop to run something else
+        assert loop_ran.wait(120), "the event loop was blocked while the release ran"
+        return release(*args, **kwargs)
 
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.001)
+    retriever._experts.answer = answer
 
-        task = asyncio.create_task(ticker())
-        nodes = await retriever.aretrieve("where did the cat sit?")
-        task.cancel()
-        return ticks, len(nodes)
+    async def main() -> int:
+        task = asyncio.create_task(retriever.aretrieve("where did the cat sit?"))
+        await asyncio.sleep(0)  # the task starts its release; on the loop's thread it would block here for good
+        loop_ran.set()
+        return len(await task)
 
-    ticks, n = asyncio.run(main())
-    assert n == 1 and ticks > 1  # the loop kept running while the release ran in a worker thread
+    assert asyncio.run(main()) == 1
+
+
+def test_node_metadata_stays_out_of_the_llms_context() -> None:
+    # the LLM received 'ledger_entry: 8\nper_record_epsilon: 2.0...' as context and answered with it
+    for mode in ("experts", "answer"):
+        (node,) = DPICLRetriever(knn_core(), rng=np.random.default_rng(0), mode=mode).retrieve("where is the cat?")
+        assert "ledger_entry" in node.node.metadata
+        for seen_by in (MetadataMode.LLM, MetadataMode.EMBED):
+            assert node.node.get_content(metadata_mode=seen_by) == node.node.get_content()
 
 
 class _Tokenizer:  # enough of a tokenizer to reach the URL check

@@ -496,4 +496,4 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     demos = method.synthesize(data, public_inputs=inputs, backend=backend, budget=budget, rng=rng)
     assert [d.input for d in demos] == inputs and all(len(d.token_ids) == 1 for d in demos)
     assert all(d.text == names[d.token_ids[0]] == d.label for d in demos)
-    assert budget.history()[0].event == method.event(data, public_inputs=inputs)
+    assert budget.history()[0].event == method.event(data, public_inputs=inputs, ledger_delta=budget.budget.delta)

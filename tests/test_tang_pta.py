@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.errors import BackendError, BudgetExhaustedError, ConfigurationError
 from dp_icl_plugin.methods import (
     PRESETS,
+    AdaDPSynSynthesizer,
+    ClipBlendSynthesizer,
     DemoSet,
     PrivateDataset,
     PrivateRecord,
@@ -77,6 +80,24 @@ def test_charged_event_is_the_planned_event_and_provenance_says_so() -> None:
     assert demos.provenance.epsilon == pytest.approx(budget.spent().epsilon)
     assert demos.provenance.epsilon <= 2.0
     assert len(demos) == 4 and demos.labels == ("a", "b")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _pta(delta=None, epsilon=2.0),
+    lambda: TangSynthesizer(n_prompts=4, records_per_prompt=3, max_tokens=6, shots_per_label=2, top_k=8, epsilon=2.0,
+                            template=TEMPLATE),
+    lambda: AdaDPSynSynthesizer(n_prompts=2, records_per_prompt=2, max_tokens=2, shots_per_label=1, top_k=8,
+                                epsilon=2.0, template=TEMPLATE),
+    lambda: ClipBlendSynthesizer(max_tokens=4, shots_per_label=1, epsilon=2.0, template=TEMPLATE),
+])  # fmt: skip
+def test_a_target_epsilon_without_delta_is_met_at_the_ledgers_delta(make: Any) -> None:
+    # PTASynthesizer(epsilon=2.0) charged 3.84 on a ledger with δ 1e-4: its target δ defaulted to 1/min_y n_y
+    data, budget = _dataset(), BudgetManager(PrivacyBudget(epsilon=10.0, delta=1e-4))
+    method = make()
+    assert method.plan(data).params["target_delta"] == pytest.approx(1 / (60 if method.name != "adadpsyn" else 120))
+    demos = method.synthesize(data, backend=FakeBackend(VOCAB, seed=3), budget=budget, rng=np.random.default_rng(0))
+    assert demos.provenance.extra["target_delta"] == 1e-4
+    assert 1.9 < budget.spent().epsilon <= 2.0 + 1e-9
 
 
 def test_sigma_is_what_the_calibrate_command_returns() -> None:

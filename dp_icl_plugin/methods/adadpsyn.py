@@ -75,7 +75,7 @@ class AdaDPSynConfig:
         lam: λ in the margin 2λRσ1√K/M (the paper searches {0.15, 0.2, 0.25}; Tables 13–17 use 0.1–0.35).
         epsilon: target ε of the whole run (σ1 calibrated), or None when ``sigma1`` is given.
         sigma1: the projected means' noise multiplier (std 2Rσ1 on the sum), instead of a target ε.
-        delta: δ of the target (default 1/|D|, as in the paper).
+        delta: δ of the target (default: the ledger's δ; without a ledger 1/|D|, as in the paper).
         template: the prompt layout (public; see ``templates.PRESETS``).
     """
 
@@ -123,12 +123,13 @@ class AdaDPSynSynthesizer(SynthesisMethod):
     config_type: ClassVar[type] = AdaDPSynConfig
     config: AdaDPSynConfig
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+              ) -> Plan:  # fmt: skip
         c = self.config
         me.require_replace_one("AdaDPSyn", neighbouring)
         rate, _, steps = self._sampling(dataset, labels, drawn="are drawn without replacement per token")
         touched = min(2, len(labels))
-        delta = c.delta if c.delta is not None else 1.0 / len(dataset)
+        delta = self._target_delta(ledger_delta, 1.0 / len(dataset))
         if c.sigma1 is not None:
             sigma1, target = float(c.sigma1), None
         else:

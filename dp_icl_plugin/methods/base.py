@@ -125,8 +125,18 @@ class SynthesisMethod(ABC):
 
     # -- what subclasses provide ------------------------------------------------------------------
     @abstractmethod
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
-        """Check the data against the config and calibrate for ``neighbouring``; raise before any charge."""
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+              ) -> Plan:  # fmt: skip
+        """Check the data against the config and calibrate for ``neighbouring`` (at the config's δ, else
+        ``ledger_delta``, else the paper's default: :meth:`_target_delta`); raise before any charge."""
+
+    def _target_delta(self, ledger_delta: float | None, paper_default: float) -> float:
+        """The δ a target ε is calibrated at: the config's, else the ledger's (the δ at which the ledger certifies
+        the charge, so that ``epsilon=2`` charges 2), else the paper's default (a plan with no ledger)."""
+        configured = self.config.delta
+        if configured is not None:
+            return float(configured)
+        return float(ledger_delta) if ledger_delta is not None else paper_default
 
     @abstractmethod
     def _generate(
@@ -173,9 +183,12 @@ class SynthesisMethod(ABC):
         *,
         public_inputs: Sequence[str] | None = None,
         neighbouring: str = REPLACE_ONE,
+        ledger_delta: float | None = None,
     ) -> ev.DPEvent:
-        """The privacy event a run on ``dataset`` (for ``labels``, default all) charges under ``neighbouring``."""
-        return self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring).event
+        """The privacy event a run on ``dataset`` (for ``labels``, default all) charges under ``neighbouring``
+        (calibrated at ``ledger_delta`` when the config names no δ: see :meth:`plan`)."""
+        return self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring,
+                         ledger_delta=ledger_delta).event  # fmt: skip
 
     def plan(
         self,
@@ -184,19 +197,32 @@ class SynthesisMethod(ABC):
         *,
         public_inputs: Sequence[str] | None = None,
         neighbouring: str = REPLACE_ONE,
+        ledger_delta: float | None = None,
     ) -> Plan:
         """Validated labels, calibrated parameters and the event under ``neighbouring`` (the relation of the
         ledger it will be charged to), without touching a backend.
 
-        ``public_inputs`` is for methods that answer public inputs (MOZO offline); the others refuse it.
+        Args:
+            dataset: the private records (only declared, public sizes are read).
+            labels: the labels to synthesize for (default all).
+            public_inputs: for methods that answer public inputs (MOZO offline); the others refuse it.
+            neighbouring: the ledger's relation.
+            ledger_delta: the ledger's δ: a target ε is calibrated at it when the config names no δ, so that the
+                charge the ledger certifies is the ε asked for (:meth:`synthesize` passes it; without it the
+                paper's default δ, e.g. 1/min_y n_y, is used).
+
+        Raises:
+            ConfigurationError: bad data, labels or parameters.
         """
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationError("dataset must be a PrivateDataset")
         relation = check_relation(neighbouring)
         if public_inputs is not None:
             raise ConfigurationError(f"{self.name} does not take public_inputs")
+        if ledger_delta is not None:
+            check.probability_open("ledger_delta", ledger_delta)
         chosen = dataset.labels if labels is None else dataset.check_labels(labels)
-        return self._plan(dataset, chosen, relation)
+        return self._plan(dataset, chosen, relation, ledger_delta)
 
     def check(
         self,
@@ -206,6 +232,7 @@ class SynthesisMethod(ABC):
         labels: Sequence[str] | None = None,
         public_inputs: Sequence[str] | None = None,
         neighbouring: str = REPLACE_ONE,
+        ledger_delta: float | None = None,
     ) -> Plan:
         """Everything :meth:`synthesize` checks before its charge, charging nothing: the plan, the backend's
         public pre-flight and every record it may read encoded by the backend's tokenizer.
@@ -218,7 +245,8 @@ class SynthesisMethod(ABC):
             ConfigurationError: what :meth:`synthesize` would refuse before its charge.
             BackendError: the public pre-flight failed.
         """
-        plan = self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring)
+        plan = self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring,
+                         ledger_delta=ledger_delta)  # fmt: skip
         check_backend(backend)
         self._preflight(plan, backend)
         check_records_encode(backend, self._records_read(dataset, plan), with_labels=self.labels_in_prompts)
@@ -249,7 +277,7 @@ class SynthesisMethod(ABC):
             raise ConfigurationError("budget must be a BudgetManager (every synthesis is charged to one)")
         check_rng(rng)
         plan = self.check(dataset, backend=backend, labels=labels, public_inputs=public_inputs,
-                          neighbouring=budget.neighbouring)  # fmt: skip
+                          neighbouring=budget.neighbouring, ledger_delta=budget.budget.delta)  # fmt: skip
         label = ledger_label or f"{self.name}:synthesize"
         entry = budget.spend(plan.event, label=label)
         # anything failing from here on read private records: one fixed error

@@ -124,7 +124,7 @@ class ClipBlendConfig:
         temperature: τ itself, or None when ``epsilon`` is given.
         epsilon: target ε of the run (τ calibrated with the tightest accounting for the ledger's relation:
             ε0 = c/(sτ) under add/remove, 2c/(sτ) under replace-one), or None.
-        delta: δ of the target and of the reported figures (default 1/min_y n_y).
+        delta: δ of the target and of the reported figures (default: the ledger's δ; without a ledger 1/min_y n_y).
         template: the private prompt layout: ``template.private_prompt(label, [record])``.
         public_prompt: a format string with ``{label}`` for the public prompt (App. F words it differently
             from the private one); None = ``template.public_prompt(label)``.
@@ -199,7 +199,8 @@ class ClipBlendSynthesizer(SynthesisMethod):
     config: ClipBlendConfig
 
     # -- planning -----------------------------------------------------------------------------------
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+              ) -> Plan:  # fmt: skip
         c = self.config
         k = c.shots_per_label
         smallest = min(dataset.public_count(y) for y in labels)  # declared sizes: never the observed counts
@@ -214,7 +215,7 @@ class ClipBlendSynthesizer(SynthesisMethod):
                 "many"
             )
         steps = c.max_tokens  # each record sits in one group: it takes part in T tokens (parallel composition)
-        delta = c.delta if c.delta is not None else 1.0 / smallest
+        delta = self._target_delta(ledger_delta, 1.0 / smallest)
         if c.temperature is not None:
             tau, target = float(c.temperature), None
         else:

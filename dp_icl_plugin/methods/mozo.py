@@ -157,7 +157,7 @@ class MozoOfflineConfig:
         lambda_max: the upper limit of each λ_i.
         epsilon: target ε of the whole run (β calibrated), or None when ``beta`` is given.
         beta: target leakage β itself, instead of a target ε.
-        delta: δ of the target (default 1/|D|).
+        delta: δ of the target (default: the ledger's δ; without a ledger 1/|D|).
         template: the prompt layout (see ``ANSWER_PRESETS``).
         demo_label: the ``label`` of every demonstration; None (default) puts the DP output there too,
             which is what a classification task wants (the output is the label).
@@ -212,10 +212,14 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         *,
         public_inputs: Sequence[str] | None = None,
         neighbouring: str = REPLACE_ONE,
+        ledger_delta: float | None = None,
     ) -> Plan:
-        """Validated inputs, calibrated β and the event, without touching a backend (replace-one only)."""
+        """Validated inputs, calibrated β and the event, without touching a backend (replace-one only; a target
+        ε at the config's δ, else ``ledger_delta``, else 1/|D|)."""
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationError("dataset must be a PrivateDataset")
+        if ledger_delta is not None:
+            check.probability_open("ledger_delta", ledger_delta)
         me.require_replace_one("DPS-MOZO", neighbouring)
         if labels is not None:
             raise ConfigurationError("mozo_offline draws records from the whole dataset; do not pass labels")
@@ -226,7 +230,7 @@ class MozoOfflineSynthesizer(SynthesisMethod):
             raise ConfigurationError(f"n_shots = {c.n_shots} exceeds the {size} records (q = n_shots/|D| ≤ 1)")
         rate = c.n_shots / size
         steps = len(inputs) * c.max_tokens  # the tokens generated offline (Algorithm 3 writes n_test·T̃_max)
-        delta = c.delta if c.delta is not None else 1.0 / size
+        delta = self._target_delta(ledger_delta, 1.0 / size)
         if c.beta is not None:
             beta, target = float(c.beta), None
         else:
@@ -238,7 +242,8 @@ class MozoOfflineSynthesizer(SynthesisMethod):
                   "calibrated_epsilon": target, "public_inputs": inputs, "neighbouring": REPLACE_ONE}  # fmt: skip
         return Plan(dataset.labels, event, params)
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+              ) -> Plan:  # fmt: skip
         raise ConfigurationError("mozo_offline needs public inputs: call plan(dataset, public_inputs=[...])")
 
     def _provenance(

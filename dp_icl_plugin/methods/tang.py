@@ -59,7 +59,8 @@ class TangConfig:
         top_p: the adaptive limit p ("BA2"/"PA2"), or None.
         epsilon: target ε of the whole run (σ calibrated for the ledger's relation), or None when
             ``noise_multiplier`` is given.
-        delta: δ of the target (default 1/min_y n_y over the declared sizes, as in the papers).
+        delta: δ of the target (default: the ledger's δ; without a ledger 1/min_y n_y over the declared sizes, as in
+            the papers).
         noise_multiplier: σ itself, instead of a target ε.
         template: the prompt layout (public; see ``templates.PRESETS``).
     """
@@ -92,10 +93,11 @@ class TangSynthesizer(SynthesisMethod):
     config_type: ClassVar[type] = TangConfig
     config: TangConfig
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str) -> Plan:
+    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+              ) -> Plan:  # fmt: skip
         c = self.config
         rate, smallest, steps = self._sampling(dataset, labels, drawn="need at least as many (q = M·N/n_y ≤ 1)")
-        delta = c.delta if c.delta is not None else 1.0 / smallest
+        delta = self._target_delta(ledger_delta, 1.0 / smallest)
         if c.noise_multiplier is not None:
             sigma, target = float(c.noise_multiplier), None
         else:

@@ -10,6 +10,7 @@ store of the demonstrations), post-processing of DP output like any other.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ from langchain_core.example_selectors import (
     MaxMarginalRelevanceExampleSelector,
     SemanticSimilarityExampleSelector,
 )
+from langchain_core.prompts.chat import BaseChatPromptTemplate
+from langchain_core.prompts.string import StringPromptTemplate
 from langchain_core.vectorstores import InMemoryVectorStore
 
 from dp_icl_plugin.accounting.budget import BudgetManager
@@ -33,6 +36,38 @@ from dp_icl_plugin.methods.randomness import noise_source
 __all__ = ["DPICLExampleSelector"]
 
 DEMO_FIELDS = ("text", "label", "input")
+TEMPLATE_FORMATS = ("f-string", "jinja2")
+_LABEL = "_dp_icl_label"  # the vector store's label metadata, apart from the example's own variables
+_JINJA2_LITERAL = {ord("{"): "{{ '{' }}", ord("}"): "{{ '}' }}"}
+_log = logging.getLogger(__name__)
+
+
+def _template_format(explicit: str | None, example_prompt: Any) -> str | None:
+    """How the examples will be formatted: ``"f-string"`` or ``"jinja2"`` where a ``FewShotPromptTemplate``
+    joins them into its template (whose formatter would read a brace in a demonstration as a variable), None
+    where a chat few-shot template inserts them as message values (nothing to escape)."""
+    if explicit != "auto":
+        if explicit is not None and explicit not in TEMPLATE_FORMATS:
+            raise ConfigurationError(f"template_format must be one of {TEMPLATE_FORMATS}, None or 'auto'")
+        return explicit
+    if isinstance(example_prompt, BaseChatPromptTemplate):
+        return None
+    if isinstance(example_prompt, StringPromptTemplate):
+        fmt = getattr(example_prompt, "template_format", "f-string")
+        if fmt not in TEMPLATE_FORMATS:  # FewShotPromptTemplate formats f-string or jinja2 only
+            raise ConfigurationError(f"the example prompt's template_format {fmt!r} is not one FewShotPromptTemplate "
+                                     f"formats {TEMPLATE_FORMATS}")  # fmt: skip
+        return str(fmt)
+    return "f-string"  # FewShotPromptTemplate's default
+
+
+def _escaped(value: str, template_format: str | None) -> str:
+    """``value`` as literal text in a template of ``template_format`` (unchanged for None)."""
+    if template_format == "f-string":
+        return value.replace("{", "{{").replace("}", "}}")
+    if template_format == "jinja2":
+        return value.translate(_JINJA2_LITERAL)
+    return value
 
 
 class DPICLExampleSelector(BaseExampleSelector):
@@ -54,7 +89,15 @@ class DPICLExampleSelector(BaseExampleSelector):
         selection: ``"similarity"`` (the default with ``embeddings``), ``"mmr"`` (maximal marginal
             relevance over ``fetch_k`` candidates) or ``"round_robin"`` over labels (the default without).
         fetch_k: candidates MMR re-ranks (default 20).
-        save_to: where to save a lazily synthesized DemoSet (JSONL), so that a restart reuses it.
+        save_to: where to save a lazily synthesized DemoSet (JSONL). When the file already exists (a restart),
+            it is loaded and served instead: nothing is synthesized or charged again, and the private dataset
+            is not kept. Its method must be the synthesizer's.
+        template_format: how the examples are escaped. ``FewShotPromptTemplate`` joins the formatted examples
+            into its own template, so a brace in a synthetic demonstration (``"{numPlayers}"``) would be read as
+            a variable and fail every format after the synthesis was charged: ``"f-string"`` doubles braces,
+            ``"jinja2"`` writes them as literals; None leaves values as they are (chat templates, which insert
+            values without reading them). ``"auto"`` (the default) follows ``example_prompt``: a chat prompt
+            means None, a string prompt its own format; without one, ``"f-string"``.
         label_key: when set and present in the input variables, serve only the demonstrations of that label
             (e.g. the class a query is known to belong to, as in GINC's per-concept prompts).
 
@@ -92,6 +135,7 @@ class DPICLExampleSelector(BaseExampleSelector):
         query_key: str = "input",
         save_to: str | None = None,
         label_key: str | None = None,
+        template_format: Literal["f-string", "jinja2", "auto"] | None = "auto",
     ) -> None:
         if fields is not None and not isinstance(fields, Mapping):
             raise ConfigurationError("fields must be a mapping of prompt variables to demonstration fields")
@@ -117,6 +161,7 @@ class DPICLExampleSelector(BaseExampleSelector):
             raise ConfigurationError("fetch_k must be a positive integer")
         if save_to is not None and Path(save_to).is_dir():
             raise ConfigurationError("save_to must be a file path, not a directory")  # else it fails after the charge
+        self.template_format = _template_format(template_format, example_prompt)
         self.k = k
         self.embeddings = embeddings
         self.selection = selection
@@ -131,6 +176,9 @@ class DPICLExampleSelector(BaseExampleSelector):
             if not isinstance(demos, DemoSet):
                 raise ConfigurationError("demos must be a DemoSet")
             self._demos: DemoSet | None = demos
+        elif save_to is not None and Path(save_to).exists():
+            self._demos = _saved(Path(save_to), synthesizer)  # a restart: DP output already paid for, free to reuse
+            synthesizer = dataset = backend = budget = rng = None
         else:
             if synthesizer is None or dataset is None or backend is None:
                 raise ConfigurationError("without demos, give synthesizer, dataset and backend to synthesize once")
@@ -140,7 +188,8 @@ class DPICLExampleSelector(BaseExampleSelector):
                 raise ConfigurationError("lazy synthesis needs budget=BudgetManager (the app's shared ledger)")
             # everything the synthesis checks before its charge, now: a bad record is refused here, at set-up,
             # not on a user's first request (whose answer would then depend on it, uncharged)
-            synthesizer.check(dataset, backend=backend, neighbouring=budget.neighbouring)
+            synthesizer.check(dataset, backend=backend, neighbouring=budget.neighbouring,
+                              ledger_delta=budget.budget.delta)  # fmt: skip
             rng = noise_source(rng, seed)
             self._demos = None
         self._lazy = (synthesizer, dataset, backend, budget, rng)
@@ -198,10 +247,15 @@ class DPICLExampleSelector(BaseExampleSelector):
             chosen = [self._as_example(d) for d in _round_robin(demos)][: self.k]
         else:
             chosen = self._ranked(input_variables, label, len(demos))
-        return chosen + [dict(e) for e in self._public]
+        return self._formatted(chosen + [dict(e) for e in self._public])
 
     def _as_example(self, demo: Demonstration) -> dict[str, str]:
         return {var: str(getattr(demo, name) or "") for var, name in self.fields.items()}
+
+    def _formatted(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The examples escaped for :attr:`template_format` (see the class docstring)."""
+        return [{k: _escaped(v, self.template_format) if isinstance(v, str) else v for k, v in e.items()}
+                for e in examples]  # fmt: skip
 
     def _ranked(self, input_variables: Mapping[str, str], label: str | None, available: int) -> list[dict]:
         """The k demonstrations nearest the query, ranked by LangChain's similarity or MMR selector."""
@@ -209,7 +263,7 @@ class DPICLExampleSelector(BaseExampleSelector):
             return []
         store = self._vector_store()
         k = min(self.k or available, available)
-        search: dict[str, Any] = {} if label is None else {"filter": lambda doc: doc.metadata["label"] == label}
+        search: dict[str, Any] = {} if label is None else {"filter": lambda doc: doc.metadata[_LABEL] == label}
         settings: dict[str, Any] = {"vectorstore": store, "k": k, "input_keys": [self.query_key],
                                     "example_keys": list(self.fields), "vectorstore_kwargs": search}  # fmt: skip
         if self.selection == "mmr":
@@ -225,12 +279,26 @@ class DPICLExampleSelector(BaseExampleSelector):
             if self._store is None:
                 assert self.embeddings is not None
                 store = InMemoryVectorStore(self.embeddings)
-                docs = [Document(page_content=d.text, metadata={**self._as_example(d), "label": d.label})
+                docs = [Document(page_content=d.text, metadata={**self._as_example(d), _LABEL: d.label})
                         for d in demos]  # fmt: skip
                 if docs:
                     store.add_documents(docs)
                 self._store = store
             return self._store
+
+
+def _saved(path: Path, synthesizer: SynthesisMethod | None) -> DemoSet:
+    """The DemoSet a previous run saved at ``path`` (typed errors for a file that is not one, or one made by
+    another method than ``synthesizer``)."""
+    demos = DemoSet.load(path)
+    method = getattr(synthesizer, "name", None)
+    if method is not None and demos.provenance.method != method:
+        raise ConfigurationError(
+            f"save_to {path} holds demonstrations from {demos.provenance.method!r}, not from this synthesizer "
+            f"({method!r}); remove the file or point save_to elsewhere"
+        )
+    _log.info("serving the %d DP demonstrations saved at %s (nothing synthesized or charged)", len(demos), path)
+    return demos
 
 
 def _round_robin(demos: Sequence[Demonstration]) -> list[Demonstration]:

@@ -104,7 +104,7 @@ class DPICLRetriever(BaseRetriever):
             dispatcher.event(event)
             meta = {"ledger_entry": decoded.ledger_entry, "per_record_epsilon": event.per_record_epsilon,
                     "kind": "dp_expert_answer"}  # fmt: skip
-            return [NodeWithScore(node=TextNode(text=decoded.text.strip(), metadata=meta), score=1.0)]
+            return [_node(decoded.text.strip(), meta)]
         answer = self._core.answer(query_bundle.query_str, rng=self._rng, keywords=self._keywords)
         spend = DPSpendEvent(ledger_entry=answer.ledger_entry, release="knn-answer",
                              per_record_epsilon=self._core.per_record_epsilon(),
@@ -113,9 +113,16 @@ class DPICLRetriever(BaseRetriever):
         meta = {"ledger_entry": answer.ledger_entry, "per_record_epsilon": spend.per_record_epsilon,
                 "keywords_released": answer.keywords is not None}  # fmt: skip
         if self._mode == "answer":
-            return [NodeWithScore(node=TextNode(text=answer.text, metadata={**meta, "kind": "dp_answer"}), score=1.0)]
-        return [NodeWithScore(node=TextNode(text=kw, metadata={**meta, "kind": "dp_keyword"}), score=1.0)
-                for kw in answer.keywords or ()]  # fmt: skip
+            return [_node(answer.text, {**meta, "kind": "dp_answer"})]
+        return [_node(kw, {**meta, "kind": "dp_keyword"}) for kw in answer.keywords or ()]
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return await asyncio.to_thread(self._retrieve, query_bundle)
+
+
+def _node(text: str, metadata: dict[str, Any]) -> NodeWithScore:
+    """A node of released text whose bookkeeping metadata (ledger entry, budget, kind) stays out of what the
+    LLM and an embedding model read: LlamaIndex puts a node's metadata into the context unless excluded."""
+    keys = list(metadata)
+    node = TextNode(text=text, metadata=metadata, excluded_llm_metadata_keys=keys, excluded_embed_metadata_keys=keys)
+    return NodeWithScore(node=node, score=1.0)
