@@ -37,6 +37,7 @@ from dp_icl_plugin.errors import (
     CalibrationError,
     ConfigurationError,
     DPICLError,
+    FilterMismatchError,
     LedgerCorruptError,
     LedgerError,
     LedgerFormatError,
@@ -46,6 +47,7 @@ from dp_icl_plugin.errors import (
     ServerMismatchError,
     ServerRateLimitError,
     ServerUnavailableError,
+    ShareExhaustedError,
     UnsupportedEventError,
 )
 from dp_icl_plugin.timing import FixedLatency
@@ -67,6 +69,7 @@ __all__ = [
     "DPICLError",
     "ExponentialMechanismEvent",
     "FakeBackend",
+    "FilterMismatchError",
     "FixedLatency",
     "GaussianEvent",
     "HFBackend",
@@ -91,6 +94,7 @@ __all__ = [
     "ServerMismatchError",
     "ServerRateLimitError",
     "ServerUnavailableError",
+    "ShareExhaustedError",
     "UnsupportedEventError",
     "__version__",
     "calibrate",

@@ -8,6 +8,7 @@
     │   ├── CalibrationError                      no parameter in the search range meets the target
     │   └── BudgetMismatchError                   a ledger opened with a budget other than its own
     ├── BudgetExhaustedError                      a charge refused: it would overspend (nothing committed)
+    │   └── ShareExhaustedError                   a decoder's n_queries answers all given
     ├── ReleaseFailedError                        a private computation failed after its charge (fixed message)
     ├── LedgerError                               a ledger file that cannot be used
     │   ├── LedgerFormatError                     not a dp-icl ledger (foreign or newer schema)
@@ -46,6 +47,7 @@ __all__ = [
     "ServerMismatchError",
     "ServerRateLimitError",
     "ServerUnavailableError",
+    "ShareExhaustedError",
     "UnsupportedEventError",
     "WeakReleaseWarning",
     "after_charge",
@@ -101,6 +103,23 @@ class BudgetExhaustedError(DPICLError):
         self.requested_epsilon = requested_epsilon
         self.remaining_epsilon = remaining_epsilon
         self.total_epsilon = total_epsilon
+
+
+class ShareExhaustedError(BudgetExhaustedError):
+    """A decoder refused an answer beyond the ``n_queries`` its budget share was calibrated for; nothing was
+    committed (the ledger may still have room: a new decoder takes a new share).
+
+    Attributes:
+        requested_epsilon: ε of the refused answer on its own, at the ledger's δ.
+        remaining_epsilon: 0.0, what the share has left.
+        total_epsilon: ``inf``: the share has no room for another answer at any ε.
+        n_queries: the answers the share covered.
+    """
+
+    def __init__(self, message: str, *, requested_epsilon: float, n_queries: int) -> None:
+        super().__init__(message, requested_epsilon=requested_epsilon, remaining_epsilon=0.0,
+                         total_epsilon=float("inf"))  # fmt: skip
+        self.n_queries = n_queries
 
 
 class ReleaseFailedError(DPICLError):

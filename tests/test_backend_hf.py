@@ -23,7 +23,7 @@ from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from dp_icl_plugin.backends import IncrementalSession, NextTokenBackend  # noqa: E402
 from dp_icl_plugin.backends.hf import HFBackend, HFIncrementalSession  # noqa: E402
-from dp_icl_plugin.errors import BackendError, ConfigurationError  # noqa: E402
+from dp_icl_plugin.errors import BackendError, ConfigurationError, ModelFileError  # noqa: E402
 from dp_icl_plugin.ginc.language import symbol_names  # noqa: E402
 from dp_icl_plugin.ginc.tokenizer import build_tokenizer  # noqa: E402
 
@@ -343,11 +343,41 @@ def test_append_after_close(backend: HFBackend) -> None:
 
 
 def test_from_pretrained_missing_directory(tmp_path: Path) -> None:
-    # An absolute path that does not exist is no valid hub id either, so nothing is fetched.
-    with pytest.raises(BackendError):
+    # An absolute path that does not exist is no valid hub id either, so nothing is fetched; the error says
+    # which it is (transformers said "Repo id must use alphanumeric chars")
+    with pytest.raises(ModelFileError, match="no such model folder"):
         HFBackend.from_pretrained(tmp_path / "no" / "such" / "model", device="cpu")
-    with pytest.raises(BackendError):
+    with pytest.raises(ModelFileError, match="no such model folder"):
+        HFBackend.from_pretrained("./no-such-model", device="cpu")
+    with pytest.raises(ModelFileError, match="folder without a config"):
         HFBackend.from_pretrained(tmp_path, device="cpu")  # exists, but holds no model
+
+
+def test_a_name_that_is_no_model_here_is_refused_at_once_with_the_close_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a typo spent 46 s retrying an unreachable hub, then said "check your internet connection"
+    from dp_icl_plugin.backends import model_reference
+
+    probes: list[str] = []
+    monkeypatch.setattr(model_reference, "_hub_reachable", lambda: probes.append("probe") or False)
+    with pytest.raises(ConfigurationError, match="Did you mean 'smollm2-135m-instruct'"):
+        HFBackend.from_pretrained("smollm2-135m", device="cpu")
+    assert probes == []  # a typo of a named model needs no network at all
+    with pytest.raises(ConfigurationError, match="hub is unreachable"):
+        HFBackend.from_pretrained("some-org/some-model-not-cached", device="cpu")
+    assert probes == ["probe"]
+    monkeypatch.undo()  # the real probe: HF_HUB_OFFLINE answers it without a connection
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert model_reference._hub_reachable() is False
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_a_device_this_machine_lacks_is_a_configuration_error(model_dir: Path) -> None:
+    # device="cuda" without a GPU raised a bare AssertionError from inside torch
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(ConfigurationError, match="torch sees no CUDA GPU"):
+            HFBackend.from_pretrained(model_dir, device=device)
 
 
 @pytest.mark.parametrize("dtype", ["int32", "no_such_dtype", "complex64", "bool", "Tensor"])

@@ -71,6 +71,7 @@ from dp_icl_plugin import (
     FakeBackend,
     PrivacyBudget,
     PureDPEvent,
+    ShareExhaustedError,
 )
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.cli import main
@@ -92,7 +93,7 @@ class World:
 
     def __init__(self, tmp: Path) -> None:
         self.ledger = BudgetManager(PrivacyBudget(1e4, 1e-3), ledger=tmp / "ledger.db")
-        self.decoder = MozoDecoder(dataset(), backend=backend(), budget=self.ledger, n_queries=10, max_tokens=4,
+        self.decoder = MozoDecoder(dataset(), backend=backend(), budget=self.ledger, n_queries=100, max_tokens=4,
                                    beta=0.5, top_k=20)  # fmt: skip
         # (5, 1e-9) per record: the replace-one ledger holds (10, 2.2e-5) for it
         index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-9), embedder=_embed)
@@ -295,6 +296,26 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "li llm achat ends with the assistant": (CE, lambda w: asyncio.run(w.li_llm.achat([ChatMessage(
         role="assistant", content="x")]))),
     "li llm stream chat exhausted budget": (BE, lambda w: w.drain(w.li_llm.stream_chat(_user("Hi")))),
+    # settings a DP answer cannot honour: refused, not ignored or capped (issue 29)
+    "lc chat construction temperature": (VE, lambda w: lc.ChatDPICL(decoder=w.decoder, temperature=0.0, seed=0)),
+    "lc chat temperature per call": (CE, lambda w: w.lc_chat.invoke("Hello", temperature=0.2)),
+    "lc chat top_p per call": (CE, lambda w: w.lc_chat.invoke("Hello", top_p=0.9)),
+    "lc chat max_tokens above the share": (CE, lambda w: w.lc_chat.invoke("Hello", max_tokens=10**12)),
+    "lc chat construction max_tokens above the share": (VE, lambda w: lc.ChatDPICL(decoder=w.decoder, seed=0,
+                                                                                   max_tokens=5)),
+    "lc chat stream temperature": (CE, lambda w: w.drain(w.lc_chat.stream("Hello", temperature=0.0))),
+    "lc llm temperature per call": (CE, lambda w: w.lc_llm.invoke("Hello", temperature=0.0)),
+    "lc llm max_tokens above the share": (CE, lambda w: w.lc_llm.invoke("Hello", max_tokens=10**12)),
+    "li llm complete temperature": (CE, lambda w: w.li_llm.complete("Hello", temperature=0.0)),
+    "li llm chat seed": (CE, lambda w: w.li_llm.chat(_user("Hello"), seed=3)),
+    "li llm max_tokens above the share": (CE, lambda w: w.li_llm.complete("Hello", max_tokens=10**12)),
+    "li llm construction max_tokens above the share": (CE, lambda w: li.DPICL(w.decoder, seed=0, max_tokens=5)),
+    "lc from_model_id temperature": (CE, lambda w: lc.ChatDPICL.from_model_id("no-such-model", dataset(),
+                                                                              budget=w.ledger, epsilon=1.0,
+                                                                              n_queries=2, temperature=0.2)),
+    "li from_model_id unknown setting": (CE, lambda w: li.DPICL.from_model_id("no-such-model", dataset(),
+                                                                              budget=w.ledger, epsilon=1.0,
+                                                                              n_queries=2, topk=5)),
 }  # fmt: skip
 
 # What each error says: a case passes only for its own reason, not because an earlier check failed.
@@ -412,6 +433,20 @@ MESSAGES: dict[str, str] = {
     "li llm chat exhausted budget": "charge refused",
     "li llm achat ends with the assistant": "the last message of a chat must be the user's",
     "li llm stream chat exhausted budget": "charge refused",
+    "lc chat construction temperature": "temperature cannot be set on a DP answer",
+    "lc chat temperature per call": "temperature cannot be set on a DP answer",
+    "lc chat top_p per call": "top_p: not a setting a DP answer honours",
+    "lc chat max_tokens above the share": "above the 4 tokens this decoder's budget share covers",
+    "lc chat construction max_tokens above the share": "above the 4 tokens this decoder's budget share covers",
+    "lc chat stream temperature": "temperature cannot be set on a DP answer",
+    "lc llm temperature per call": "temperature cannot be set on a DP answer",
+    "lc llm max_tokens above the share": "above the 4 tokens this decoder's budget share covers",
+    "li llm complete temperature": "temperature cannot be set on a DP answer",
+    "li llm chat seed": "seed: not a setting a DP answer honours",
+    "li llm max_tokens above the share": "above the 4 tokens this decoder's budget share covers",
+    "li llm construction max_tokens above the share": "above the 4 tokens this decoder's budget share covers",
+    "lc from_model_id temperature": "temperature cannot be set on a DP answer",
+    "li from_model_id unknown setting": "mozo decoding takes no setting topk",
 }
 
 
@@ -439,11 +474,11 @@ def test_bad_adapter_input_ends_in_a_typed_error_with_nothing_charged(world: Wor
 def test_documented_results_charge_exactly_once(world: World) -> None:
     """Inputs that are legal but extreme: a defined result, one charge per answer, none for bad batch items."""
     w = world
-    # max_tokens above the decoder's share is capped to it (ChatDPICL/DPICLLLM ``_limit``): one answer charged.
+    # max_tokens at the decoder's share: one answer charged for it.
     before = len(w.ledger.history())
-    w.lc_llm.invoke("Hello", max_tokens=10**12)
+    w.lc_llm.invoke("Hello", max_tokens=4)
     assert len(w.ledger.history()) == before + 1 and w.ledger.history()[-1].event == w.decoder.answer_event(4)
-    assert li.DPICL(w.decoder, rng=np.random.default_rng(0), max_tokens=10**12).metadata.num_output == 4
+    assert li.DPICL(w.decoder, rng=np.random.default_rng(0), max_tokens=4).metadata.num_output == 4
     # a NUL or an RTL mark inside visible text is text: answered and charged once.
     for prompt in ("Hello\x00there", "\u202eHello"):
         before = len(w.ledger.history())
@@ -760,3 +795,21 @@ def test_cli_unexpected_error_is_one_line_without_its_message(
     assert canary not in out + err and "Traceback" not in out + err
     (line,) = err.splitlines()
     assert ONE_LINE.match(line) and "unexpected error (KeyError): at " in line
+
+
+def test_a_decoder_refuses_answers_past_its_n_queries_before_any_charge(world: World) -> None:
+    # n_queries=2 let 5 answers through: only the ledger, not the decoder, refused the sixth
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=world.ledger, n_queries=2, max_tokens=2, beta=0.5,
+                          top_k=20)  # fmt: skip
+    chat, llm = lc.ChatDPICL(decoder=decoder, seed=0), li.DPICL(decoder, seed=0)
+    chat.invoke("Hello")
+    assert decoder.answers_left == 1
+    llm.complete("Hello")  # one share, whichever adapter asks
+    assert decoder.answers_left == 0
+    before = world.charged()
+    for refused in (lambda: chat.invoke("Hello"), lambda: llm.complete("Hello"),
+                    lambda: world.drain(chat.stream("Hello"))):  # fmt: skip
+        with pytest.raises(ShareExhaustedError, match="this decoder's share covers 2 answers") as caught:
+            refused()
+        assert isinstance(caught.value, BudgetExhaustedError) and caught.value.n_queries == 2
+    assert world.charged() == before and world.released == []

@@ -193,3 +193,20 @@ def test_pure_dp_charges_never_exceed_the_budget(charges: list[float]) -> None:
     assert math.fsum(committed) <= 1.0
     assert manager.spent().epsilon <= 1.0
     assert len(manager.history()) == len(committed)
+
+
+def test_a_refusal_names_the_relation_conversion_and_a_delta_no_epsilon_can_pay() -> None:
+    # a kNN cover refused on an 8.0 ledger said "this charge alone: 7.99996" without naming the conversion that
+    # doubled it, and "epsilon would reach inf" where the converted delta was the cause
+    ledger = BudgetManager(PrivacyBudget(8.0, 1e-5))
+    with pytest.raises(BudgetExhaustedError, match="group privacy over two records: epsilon doubles") as caught:
+        ledger.spend(ApproxDPEvent(4.0, 1e-6, neighbouring="add_remove"), label="cover")
+    assert "its delta after that conversion is 5.56e-05, above the ledger's 1e-05" in str(caught.value)
+    with pytest.raises(BudgetExhaustedError) as caught:
+        ledger.spend(ApproxDPEvent(1.0, 2e-5, neighbouring="replace_one"), label="a larger delta than the ledger's")
+    assert "its delta is 2e-05, above the ledger's 1e-05" in str(caught.value)
+    assert "group privacy" not in str(caught.value)
+    with pytest.raises(BudgetExhaustedError) as caught:
+        ledger.spend(ApproxDPEvent(9.0, 1e-7, neighbouring="replace_one"), label="plainly too much")
+    assert "group privacy" not in str(caught.value) and "above the ledger's" not in str(caught.value)
+    assert ledger.history() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -77,12 +78,19 @@ def test_budget_lifecycle_and_exit_codes(capsys: pytest.CaptureFixture[str], led
     assert out["events"] == 2 and out["events_per_label"] == {"a": 1, "c": 1}
     assert out["spent"]["epsilon"] == pytest.approx(0.7, rel=1e-4)
     assert out["remaining"]["epsilon"] == pytest.approx(0.3, rel=1e-3)
-    assert out["neighbouring"] == "replace_one"
+    assert out["neighbouring"] == "replace_one" and out["spent"]["at_delta"] == out["remaining"]["at_delta"] == 1e-6
+    # --human: epsilon at the ledger's delta, to 4 digits rounded against the user (spent up, remaining down)
+    assert main(["--human", "budget", "show", "--ledger", led]) == 0
+    text = capsys.readouterr().out
+    assert f"spent: epsilon {math.ceil(out['spent']['epsilon'] * 1e4) / 1e4:g} at delta 1e-06" in text
+    assert f"remaining: epsilon {math.floor(out['remaining']['epsilon'] * 1e4) / 1e4:g} at delta 1e-06" in text
+    code, out = run(capsys, "budget", "spend", "--ledger", led, "--epsilon", "0.01", "--label", "e")  # --pure-epsilon
+    assert code == 0
     # an event declared under add/remove is converted (group privacy: 2ε) by the replace-one ledger
     code, out = run(capsys, "budget", "spend", "--ledger", led, "--pure-epsilon", "0.1", "--neighbouring",
                     "add_remove", "--label", "d")  # fmt: skip
     assert code == 0
-    assert run(capsys, "budget", "show", "--ledger", led)[1]["spent"]["epsilon"] == pytest.approx(0.9, rel=1e-3)
+    assert run(capsys, "budget", "show", "--ledger", led)[1]["spent"]["epsilon"] == pytest.approx(0.91, rel=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,16 @@ def test_synthesize_needs_declared_label_sizes_and_an_add_remove_ledger_for_adad
     ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
     code = main(["synthesize", *argv, "--data", str(data_file), "--epsilon", "4", "--ledger", str(ledger),
                  "--budget-epsilon", "5", "--budget-delta", "0.01", "--out", str(out)])  # fmt: skip
-    assert code == 2 and "public_label_counts" in capsys.readouterr().out and not out.exists()
+    captured = capsys.readouterr()
+    # the command line's flag, not the Python argument (public_label_counts=) the library's message names
+    assert code == 2 and "--public-label-counts" in captured.out and not out.exists()
+    assert "public_label_counts" not in captured.out + captured.err
+    code = main(["synthesize", *argv, "--data", str(data_file), "--epsilon", "4", "--ledger", str(ledger),
+                 "--budget-epsilon", "5", "--budget-delta", "0.01", "--public-label-counts", "c0=3,c1=500", "--out",
+                 str(out)])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 2 and "label 'c0' has declared size 3" in captured.err  # which label, by its (public) name
+    assert "--n-prompts × --records-per-prompt = 20" in captured.err
     code = main(["synthesize", "--method", "adadpsyn", "--text-column", "text", "--label-column", "concept",
                  "--model", "ginc", "--template", "ginc", "--public-label-counts", "observed", "--data", str(data_file),
                  "--epsilon", "4", "--ledger", str(tmp_path / "ar.db"), "--budget-epsilon", "5", "--budget-delta",

@@ -8,7 +8,14 @@ import threading
 import numpy as np
 import pytest
 
-from dp_icl_plugin import BudgetExhaustedError, BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
+from dp_icl_plugin import (
+    BudgetExhaustedError,
+    BudgetManager,
+    ConfigurationError,
+    FakeBackend,
+    PrivacyBudget,
+    ShareExhaustedError,
+)
 from dp_icl_plugin.accounting import get_accountant
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
@@ -62,6 +69,21 @@ def test_the_calibrated_share_pays_for_exactly_n_queries_answers(make) -> None:
     with pytest.raises(BudgetExhaustedError):
         next(decoder.stream("a b", rng=rng))  # a sixth answer does not fit: refused before any forward pass
     assert Counting.calls == before and len(ledger.history()) == 5
+
+
+@pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
+def test_a_share_without_delta_costs_its_epsilon_at_the_ledgers_delta(make) -> None:
+    # δ defaulted to 1/|D|: five answers of an epsilon=2 share cost more than 2 on a ledger with a smaller δ
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-3))
+    decoder = make(ledger)
+    assert decoder.delta == 1e-3
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        decoder.generate("a b", rng=rng)
+    assert 1.9 < ledger.spent().epsilon <= 2.0
+    with pytest.raises(ShareExhaustedError):  # the share is spent although the ledger has room
+        decoder.generate("a b", rng=rng)
+    assert len(ledger.history()) == 5 and decoder.answers_left == 0
 
 
 @pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
@@ -185,7 +207,7 @@ def test_a_paused_stream_does_not_block_other_answers(make) -> None:
 @pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
 def test_many_interleaved_streams_all_finish_as_if_alone(make) -> None:
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
-    decoder = make(ledger, max_tokens=4)
+    decoder = make(ledger, max_tokens=4, n_queries=8)
     streams = [decoder.stream("a b", rng=np.random.default_rng(i), max_tokens=4) for i in range(8)]
     texts = [""] * 8
     live = set(range(8))
@@ -196,6 +218,6 @@ def test_many_interleaved_streams_all_finish_as_if_alone(make) -> None:
                 live.discard(i)
             else:
                 texts[i] += piece
-    alone = make(BudgetManager(PrivacyBudget(100.0, 1e-2)), max_tokens=4)
+    alone = make(BudgetManager(PrivacyBudget(100.0, 1e-2)), max_tokens=4, n_queries=8)
     assert texts == [alone.generate("a b", rng=np.random.default_rng(i)).text for i in range(8)]
     assert len(ledger.history()) == 8

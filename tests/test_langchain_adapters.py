@@ -51,8 +51,14 @@ def shared_ledger() -> BudgetManager:
 
 @functools.cache
 def shared_decoder() -> MozoDecoder:
-    return MozoDecoder(dataset(), backend=backend(), budget=shared_ledger(), n_queries=10_000, max_tokens=8,
+    # max_tokens 10: the standard suite builds the model with max_tokens=10 (test_standard_params)
+    return MozoDecoder(dataset(), backend=backend(), budget=shared_ledger(), n_queries=10_000, max_tokens=10,
                        beta=0.5, top_k=20)  # fmt: skip
+
+
+# LangChain's standard parameters, but temperature: a DP answer's sampling is the mechanism's (refused otherwise),
+# and max_tokens within the decoder's share (above it is refused, not capped)
+STANDARD_PARAMS = {"max_tokens": 8, "timeout": 60, "stop": [], "max_retries": 2}
 
 
 def chat_params() -> dict[str, Any]:
@@ -80,6 +86,10 @@ class TestDPChatModelUnit(ChatModelUnitTests):
         return ChatDPICL
 
     @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        return dict(STANDARD_PARAMS)
+
+    @property
     def chat_model_params(self) -> dict[str, Any]:
         return chat_params()
 
@@ -88,6 +98,10 @@ class TestDPChatModelIntegration(ChatModelIntegrationTests):
     @property
     def chat_model_class(self) -> type[ChatDPICL]:
         return ChatDPICL
+
+    @property
+    def standard_chat_model_params(self) -> dict[str, Any]:
+        return dict(STANDARD_PARAMS)
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
@@ -218,7 +232,7 @@ def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path:
 
 def test_dp_llm_charges_every_answer_before_any_token_and_honours_stop() -> None:
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=3, max_tokens=6, beta=0.05,
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=5, max_tokens=6, beta=0.05,
                           top_k=20)  # fmt: skip
     llm = DPICLLLM(decoder=decoder, rng=np.random.default_rng(1))
     out = llm.invoke("Hello, how are you?")
@@ -563,3 +577,22 @@ def test_bad_input_is_refused_before_a_lazy_synthesis_or_a_first_answer_is_charg
     with pytest.raises(ConfigurationError, match="last message"):
         chat.generate([[HumanMessage("hi")], [HumanMessage("hi"), AIMessage("hello")]])
     assert ledger.history() == []
+
+
+def test_token_counts_come_from_the_models_own_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # get_num_tokens fell back to LangChain's GPT-2 tokenizer: minutes of hub retries offline, then 0
+    import langchain_core.language_models.base as lc_base
+    from langchain_core.messages import trim_messages
+
+    def no_hub() -> Any:
+        raise AssertionError("LangChain's default GPT-2 tokenizer was asked for")
+
+    monkeypatch.setattr(lc_base, "get_tokenizer", no_hub)
+    for model in (ChatDPICL(**chat_params()), DPICLLLM(decoder=shared_decoder(), seed=0)):
+        assert model.get_token_ids("hello world") == backend().encode("hello world", add_special_tokens=False)
+        assert model.get_num_tokens("hello world") == len(backend().encode("hello world"))
+    chat = ChatDPICL(**chat_params())
+    history = [SystemMessage("Answer briefly."), HumanMessage("Hello " * 20), AIMessage("Hi " * 20), HumanMessage("cat?")]
+    kept = trim_messages(history, max_tokens=30, token_counter=chat, strategy="last", include_system=True)
+    assert kept[0] == history[0] and kept[-1] == history[-1] and len(kept) < len(history)
+    assert chat.get_num_tokens_from_messages(kept) <= 30

@@ -179,10 +179,11 @@ def test_dpllm_from_a_server_url_needs_the_tokenizer_and_keeps_to_loopback() -> 
     data = PrivateDataset.from_pairs(["a question"] * 5, ["x"] * 5)
     budget = BudgetManager(PrivacyBudget(2.0, 1e-3))
     with pytest.raises(ConfigurationError, match="tokenizer="):
-        DPICL.from_model_id("http://127.0.0.1:8000", data, budget=budget, rng=np.random.default_rng(0))
+        DPICL.from_model_id("http://127.0.0.1:8000", data, budget=budget, rng=np.random.default_rng(0), epsilon=1.0,
+                            n_queries=2)  # fmt: skip
     with pytest.raises(ConfigurationError, match="plain http"):
         DPICL.from_model_id("http://10.0.0.7:8000", data, budget=budget, rng=np.random.default_rng(0),
-                            tokenizer=_Tokenizer())  # fmt: skip
+                            tokenizer=_Tokenizer(), epsilon=1.0, n_queries=2)  # fmt: skip
     assert budget.history() == []
 
 
@@ -284,8 +285,9 @@ def test_a_call_may_lower_max_tokens_and_is_charged_for_that() -> None:
     assert spy.calls[0][1] == 2
     assert ledger.history()[-1].event == llm._decoder.answer_event(2)
     assert response.additional_kwargs["ledger_entry"] == ledger.history()[-1].id
-    llm.complete("where did the cat sit?", max_tokens=10**6)  # above the share: capped to it
-    assert spy.calls[1][1] == 6
+    with pytest.raises(ConfigurationError, match="above the 6 tokens"):  # above the share: refused, not capped
+        llm.complete("where did the cat sit?", max_tokens=10**6)
+    assert len(spy.calls) == 1
 
 
 def test_metadata_follows_the_model() -> None:

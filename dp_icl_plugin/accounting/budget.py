@@ -311,6 +311,22 @@ class BudgetManager:
     def _spent_epsilon(self, counts: Counter[str]) -> float:
         return self._epsilon(self._total(counts, None)) if counts else 0.0
 
+    def _why(self, event: ev.DPEvent) -> str:
+        """What a refusal's figures owe to the event's own terms: a conversion between relations (which doubles
+        ε and grows δ), and a δ above the ledger's (which no ε can pay for at the ledger's δ)."""
+        b, converted = self._budget, self._converted(event)
+        parts = []
+        if event.neighbouring != b.neighbouring:
+            parts.append(
+                f"the event holds under {event.neighbouring} and is charged to this {b.neighbouring} ledger by group "
+                "privacy over two records: epsilon doubles, delta grows by (1 + e^epsilon)"
+            )
+        deltas = [a.delta for a in ev.atoms(converted) if isinstance(a, ev.ApproxDPEvent)]
+        if deltas and max(deltas) > b.delta:
+            parts.append(f"its delta{' after that conversion' if parts else ''} is {max(deltas):.3g}, above the "
+                         f"ledger's {b.delta:g}: no epsilon is finite at the ledger's delta")  # fmt: skip
+        return "".join(f"; {p}" for p in parts)
+
     def _refusal(self, event: ev.DPEvent, total: ev.DPEvent, counts: Counter[str]) -> BudgetExhaustedError:
         b = self._budget
         total_eps = self._epsilon(total)
@@ -318,7 +334,8 @@ class BudgetManager:
         remaining = _remaining(b.epsilon, self._spent_epsilon(counts))
         return BudgetExhaustedError(
             f"charge refused: epsilon would reach {_fmt(total_eps)} > budget {b.epsilon} at delta={b.delta} "
-            f"(this charge alone: {_fmt(requested)}; remaining: {_fmt(remaining)}); nothing was committed",
+            f"(this charge alone: {_fmt(requested)}; remaining: {_fmt(remaining)}){self._why(event)}; nothing "
+            "was committed",
             requested_epsilon=requested,
             remaining_epsilon=remaining,
             total_epsilon=total_eps,

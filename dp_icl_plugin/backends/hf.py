@@ -30,6 +30,7 @@ from dp_icl_plugin.backends.base import Prompt, appended_ids
 from dp_icl_plugin.backends.hf_prefix import PrefixKVCache, supports_prefix_cache
 from dp_icl_plugin.backends.hf_rows import IsolatedForward, RowKV, RowState, RowTask, rows_coupled_by
 from dp_icl_plugin.backends.hf_tokenizer import TokenizerBackendBase
+from dp_icl_plugin.backends.model_reference import check_model_reference
 from dp_icl_plugin.backends.row_shapes import RowShapes
 from dp_icl_plugin.backends.shared_suffix import prefix_members, suffix_members
 from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
@@ -50,9 +51,20 @@ def _resolve_device(device: str | Any | None) -> Any:
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ConfigurationError(f"not a torch device: {device!r}") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ConfigurationError(
+            f"device {device!r}: torch sees no CUDA GPU here (torch {torch.__version__}, {build}); use device='cpu' "
+            "or 'auto'"
+        )
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise ConfigurationError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s)")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigurationError(f"device {device!r}: MPS is not available here; use device='cpu' or 'auto'")
+    return resolved
 
 
 def _resolve_dtype(dtype: str | Any) -> Any:
@@ -178,8 +190,10 @@ class HFBackend(TokenizerBackendBase):
                 model run one row per forward: see ``micro_batch_size``).
 
         Raises:
-            ConfigurationError: float16, or a model that couples rows (see ``micro_batch_size``) with more than
-                one row per forward.
+            ConfigurationError: float16, a device this machine lacks, a model that couples rows (see
+                ``micro_batch_size``) with more than one row per forward, or a name that is no model here
+                (:func:`~dp_icl_plugin.backends.model_reference.check_model_reference`).
+            ModelFileError: a missing path, a folder that holds no model, a bad GGUF file.
         """
         _torch()
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -187,6 +201,8 @@ class HFBackend(TokenizerBackendBase):
         from dp_icl_plugin.backends import gguf
 
         model_id = os.fspath(path_or_id)
+        _resolve_device(device)  # a device this machine lacks is refused before the model loads
+        check_model_reference(path_or_id)
         if gguf.is_gguf(path_or_id):
             path_or_id = gguf.converted_folder(path_or_id)
 

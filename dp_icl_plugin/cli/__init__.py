@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -117,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = bud.add_parser("spend", parents=[common], help="charge one pure-DP or (ε, δ)-DP event")
     p.add_argument("--ledger", required=True)
-    p.add_argument("--pure-epsilon", type=_float, required=True, help="ε of the event")
+    p.add_argument("--epsilon", "--pure-epsilon", dest="pure_epsilon", type=_float, required=True,
+                   help="ε of the event (with --delta: an (ε, δ)-DP event; without: pure ε-DP)")
     p.add_argument("--delta", type=_float, default=None, help="δ of the event (omit for pure DP)")
     p.add_argument("--label", required=True)
     p.add_argument("--neighbouring", default=None, choices=list(RELATIONS),
@@ -172,6 +174,27 @@ def _one_line(exc: BaseException) -> str:
     return _printable(" ".join(str(exc).split()) or type(exc).__name__)
 
 
+def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option's Python name (``public_label_counts``) and its flag (``--public-label-counts``), over every
+    subcommand, for names with an underscore (those that cannot be read as plain words)."""
+    names: dict[str, str] = {}
+    parsers = [parser]
+    while parsers:
+        current = parsers.pop()
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+            flags = [f for f in action.option_strings if f.startswith("--")]
+            if flags and "_" in action.dest:
+                names.setdefault(action.dest, flags[0])
+    return names
+
+
+def _in_flags(message: str, names: dict[str, str]) -> str:
+    """``message`` with the library's argument names written as the command line's flags."""
+    return re.sub(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b", lambda m: names.get(m.group(0), m.group(0)), message)
+
+
 def _raised_at(exc: BaseException) -> str:
     """Where ``exc`` was raised (file name and line), for a bug report that quotes no data."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -193,8 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dp-icl: refused: {_one_line(exc)}", file=sys.stderr)
         return EXIT_REFUSED
     except (DPICLError, OSError) as exc:  # OSError: a path that cannot be read or written
-        _emit({"error": type(exc).__name__, "message": str(exc)}, args.human)
-        print(f"dp-icl: error: {_one_line(exc)}", file=sys.stderr)
+        message = _in_flags(str(exc), _option_names(parser))
+        _emit({"error": type(exc).__name__, "message": message}, args.human)
+        print(f"dp-icl: error: {_in_flags(_one_line(exc), _option_names(parser))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # a bug: one line, and not its message, which could quote a private record
         where = _raised_at(exc)

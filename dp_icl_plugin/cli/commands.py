@@ -119,11 +119,30 @@ def _summary(manager: BudgetManager) -> dict[str, Any]:
     return {
         "budget": {"epsilon": manager.budget.epsilon, "delta": manager.budget.delta},
         "neighbouring": manager.neighbouring,
-        "spent": {"epsilon": spent.epsilon, "delta": spent.delta},
-        "remaining": {"epsilon": remaining.epsilon, "delta": remaining.delta},
+        # ε is certified at the ledger's one δ: there is no "δ spent" or "δ remaining" apart from it
+        "spent": {"epsilon": spent.epsilon, "at_delta": spent.delta},
+        "remaining": {"epsilon": remaining.epsilon, "at_delta": remaining.delta},
         "events": sum(counts.values()),
         "events_per_label": dict(sorted(counts.items())),
     }
+
+
+def _significant(value: float, *, up: bool, digits: int = 4) -> float:
+    """``value`` to ``digits`` significant digits, rounded up or down (never the other way)."""
+    if value == 0 or not math.isfinite(value):
+        return value
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(abs(value))))
+    rounded = (math.ceil if up else math.floor)(value * scale) / scale
+    return float(f"{rounded:.{digits}g}")
+
+
+def _certified(name: str, value: dict[str, Any]) -> str | None:
+    """``spent``/``remaining`` in one line: ε to 4 digits rounded against the user (spent up, remaining down),
+    at the ledger's δ; None for any other entry."""
+    if name not in ("spent", "remaining") or set(value) != {"epsilon", "at_delta"}:
+        return None
+    shown = _significant(value["epsilon"], up=name == "spent")  # the JSON output (no --human) has every digit
+    return f"{name}: epsilon {shown:g} at delta {value['at_delta']:g}"
 
 
 def to_text(result: dict[str, Any], indent: str = "") -> str:
@@ -131,7 +150,10 @@ def to_text(result: dict[str, Any], indent: str = "") -> str:
     lines = []
     for key, value in result.items():
         name = key.replace("_", " ")
-        if isinstance(value, dict):
+        line = _certified(key, value) if isinstance(value, dict) else None
+        if line is not None:
+            lines.append(indent + line)
+        elif isinstance(value, dict):
             lines.append(f"{indent}{name}:")
             lines.append(to_text(value, indent + "  ") if value else f"{indent}  (none)")
         elif isinstance(value, float):

@@ -163,9 +163,11 @@ class SynthesisMethod(ABC):
         draw M·N records per token; ``drawn`` says how, for the error when a label is too small."""
         c = self.config
         per_token = c.n_prompts * c.records_per_prompt
-        smallest = min(dataset.public_count(y) for y in labels)
+        label = min(labels, key=dataset.public_count)  # label names and declared sizes are public
+        smallest = dataset.public_count(label)
         if smallest < per_token:
-            raise ConfigurationError(f"a label's declared size is {smallest}; M·N = {per_token} {drawn}")
+            raise ConfigurationError(f"label {label!r} has declared size {smallest}; M·N = n_prompts × "
+                                     f"records_per_prompt = {per_token} {drawn}")  # fmt: skip
         return per_token / smallest, smallest, c.shots_per_label * c.max_tokens
 
     def _records_read(self, dataset: PrivateDataset, plan: Plan) -> list[PrivateRecord]:

@@ -203,16 +203,16 @@ class ClipBlendSynthesizer(SynthesisMethod):
               ) -> Plan:  # fmt: skip
         c = self.config
         k = c.shots_per_label
-        smallest = min(dataset.public_count(y) for y in labels)  # declared sizes: never the observed counts
+        label = min(labels, key=dataset.public_count)  # declared sizes (public): never the observed counts
+        smallest = dataset.public_count(label)
         if smallest < k:
-            raise ConfigurationError(
-                f"a label's declared size is {smallest}; shots_per_label = {k} demonstrations need at least one each"
-            )
+            raise ConfigurationError(f"label {label!r} has declared size {smallest}; shots_per_label = {k} "
+                                     "demonstrations need at least one record each")  # fmt: skip
         s = c.subset_size if c.subset_size is not None else smallest // k
         if k * s > smallest:
             raise ConfigurationError(
-                f"a label's declared size is {smallest}; shots_per_label × subset_size = {k * s} need at least as "
-                "many"
+                f"label {label!r} has declared size {smallest}; shots_per_label × subset_size = {k * s} need at "
+                "least as many"
             )
         steps = c.max_tokens  # each record sits in one group: it takes part in T tokens (parallel composition)
         delta = self._target_delta(ledger_delta, 1.0 / smallest)

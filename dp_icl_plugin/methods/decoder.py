@@ -21,7 +21,10 @@ from dp_icl_plugin.accounting.budget import LedgerEntry
 from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["ROLES", "AnswerStream", "DecodedAnswer", "Decoder", "Query", "answer_limit", "check_query"]
+__all__ = [
+    "ROLES", "TEMPERATURE_REFUSED", "AnswerStream", "DecodedAnswer", "Decoder", "Query", "answer_limit",
+    "check_call_settings", "check_query",
+]  # fmt: skip
 
 Query = str | Sequence[Mapping[str, str]]
 ROLES = ("system", "user", "assistant")
@@ -148,6 +151,10 @@ class Decoder(Protocol):
         """Tokens of the public prompt: the query alone, never a private record's length."""
         ...
 
+    def token_ids(self, text: str) -> list[int]:
+        """``text`` (public: the caller's) in the model's own tokens, without special tokens."""
+        ...
+
     def stream(
         self, query: Query, *, rng: np.random.Generator, max_tokens: int | None = None,
         stop: Sequence[str] | None = None,
@@ -164,8 +171,48 @@ class Decoder(Protocol):
 
 
 def answer_limit(decoder: Decoder, requested: object | None) -> int:
-    """The token limit of one call: ``requested`` (a positive int) capped at what the decoder's budget share
-    covers, or the decoder's own limit when None (frameworks pass ``max_tokens`` per call)."""
+    """The token limit of one call: ``requested`` (a positive int), or the decoder's own limit when None
+    (frameworks pass ``max_tokens`` per call).
+
+    Raises:
+        ConfigurationError: ``requested`` is not a positive int, or is above what the decoder's share covers (a
+            limit silently lowered would cut answers the caller sized; the share is fixed when it is built).
+    """
     if requested is None:
         return decoder.max_tokens
-    return min(check.positive_int("max_tokens", requested), decoder.max_tokens)
+    limit = check.positive_int("max_tokens", requested)
+    if limit > decoder.max_tokens:
+        raise ConfigurationError(
+            f"max_tokens = {limit} is above the {decoder.max_tokens} tokens this decoder's budget share covers "
+            "per answer: ask for at most that, or build the decoder with a larger max_tokens"
+        )
+    return limit
+
+
+TEMPERATURE_REFUSED = (
+    "temperature cannot be set on a DP answer: the mechanism decides how each token is drawn (DPS-MOZO samples "
+    "the privately mixed distribution, clip-blend samples at the temperature calibrated to its epsilon, expert "
+    "decoding samples the noisy vote), and its privacy analysis covers that sampling only (greedy decoding, "
+    "temperature 0, is not covered). Leave temperature unset"
+)
+
+
+def check_call_settings(settings: Mapping[str, object], *, honoured: Sequence[str]) -> None:
+    """Refuse a generation setting a DP answer cannot honour, before anything is charged.
+
+    Args:
+        settings: what the caller passed for one answer (a framework's per-call keywords).
+        honoured: the names the adapter honours (e.g. ``max_tokens``, ``stop``, a framework's own switches).
+
+    Raises:
+        ConfigurationError: ``temperature`` other than None (see :data:`TEMPERATURE_REFUSED`), or a setting
+            not in ``honoured`` (``top_p``, ``seed``, ``n``, ...: silently ignored they would mislead).
+    """
+    if settings.get("temperature") is not None:
+        raise ConfigurationError(TEMPERATURE_REFUSED)
+    unknown = sorted(str(k) for k in settings if k not in honoured and k != "temperature")
+    if unknown:
+        raise ConfigurationError(
+            f"{', '.join(unknown)}: not a setting a DP answer honours (the mechanism fixes how tokens are drawn); "
+            f"per call: {', '.join(honoured)}"
+        )

@@ -39,6 +39,7 @@ one (a base model such as the GINC model) the chat is laid out as plain lines, `
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -49,12 +50,13 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.backends.shared_suffix import public_suffix, rows_logprobs, start_rows
-from dp_icl_plugin.errors import ConfigurationError, iterate_after_charge
+from dp_icl_plugin.errors import ConfigurationError, ShareExhaustedError, iterate_after_charge
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, warn_if_weak
@@ -62,7 +64,14 @@ from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.clip_blend import assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
-from dp_icl_plugin.methods.decoder import AnswerState, AnswerStream, DecodedAnswer, Query, check_query
+from dp_icl_plugin.methods.decoder import (
+    TEMPERATURE_REFUSED,
+    AnswerState,
+    AnswerStream,
+    DecodedAnswer,
+    Query,
+    check_query,
+)
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.methods.prompting import check_records_encode
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
@@ -142,6 +151,9 @@ class _Decoder:
             raise ConfigurationError("template must be an AnswerTemplate")
         self.fixed_latency = as_fixed_latency(fixed_latency)
         self._lock = threading.Lock()  # one token step at a time (backend, rng, tokenizer); never held across a yield
+        self.n_queries: int | None = None  # answers the share covers (set by decoders that calibrate per answer)
+        self._answered = 0
+        self._answers_lock = threading.Lock()  # the count and the charge together
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(max_tokens={self.max_tokens})"  # no record count: private under add/remove
@@ -173,6 +185,13 @@ class _Decoder:
     def prompt_tokens(self, query: Query) -> int:
         """Tokens of the public prompt (the query in the template, no record): never a private record's length."""
         return len(self._ids(check_query(query), None))
+
+    def token_ids(self, text: str) -> list[int]:
+        """``text`` (public: the caller's) in the model's own tokens, without special tokens: what a framework
+        counts to trim a conversation to the model (its default tokenizer is another model's)."""
+        if not isinstance(text, str):
+            raise ConfigurationError("text must be a string")
+        return list(self.backend.encode(text, add_special_tokens=False))
 
     def stream(
         self,
@@ -299,11 +318,30 @@ class _Decoder:
         # The charge comes first: nothing below runs, and nothing is yielded, unless it is committed.
         if state.cancelled.is_set():  # the caller gave up before its answer began: nothing to pay for
             return
-        charge, paid = self._charge(prompt, limit)
+        with self._answers_lock:
+            if self.n_queries is not None and self._answered >= self.n_queries:
+                raise self._share_spent(limit)
+            charge, paid = self._charge(prompt, limit)
+            self._answered += 1
         state.charged(charge)
         # Anything that fails from here on read private records: one fixed error, no cause, no context
         # (whether and how it failed must not depend on them; records were checked when this was built).
         yield from iterate_after_charge(self._pieces(prompt, limit, stops, rng, state, paid))
+
+    @property
+    def answers_left(self) -> int | None:
+        """Answers this decoder's share still covers (None: no count, its records' own filters bound them)."""
+        return None if self.n_queries is None else max(self.n_queries - self._answered, 0)
+
+    def _share_spent(self, limit: int) -> ShareExhaustedError:
+        """The refusal of an answer beyond ``n_queries`` (its calibration covers no more), nothing charged."""
+        assert self.n_queries is not None
+        requested = tightest().epsilon(self.answer_event(limit), delta=self.budget.budget.delta)
+        return ShareExhaustedError(
+            f"this decoder's share covers {self.n_queries} answers and all were given: its noise was calibrated "
+            "for no more (the ledger itself may have room: build a new decoder for a new share); nothing was "
+            "committed", requested_epsilon=requested, n_queries=self.n_queries,
+        )  # fmt: skip
 
     def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Any]:
         """Charge one answer of at most ``limit`` tokens (nothing private computed yet); returns the committed
@@ -396,8 +434,11 @@ class MozoDecoder(_DatasetDecoder):
         budget: the shared ledger; every answer is charged to it before it is computed.
         epsilon: this decoder's share of the budget, for ``n_queries`` answers (β is calibrated); or give
             ``beta`` directly.
-        delta: δ of that share (default 1/|D|).
-        n_queries: how many answers the share covers.
+        delta: δ of that share (default: the ledger's δ, at which the ledger certifies what it is charged, so
+            that the share costs the ``epsilon`` asked for).
+        n_queries: how many answers the share covers; the decoder refuses the next one
+            (:class:`~dp_icl_plugin.errors.BudgetExhaustedError`, nothing charged). Counted per decoder object:
+            the shared ledger is what bounds answers across copies and processes.
         max_tokens: the most tokens of one answer (charged in full).
         n_shots, top_k, order, lambda_max: the mechanism's settings (paper defaults 4, 100, 8, 1.5).
         template: how a record and a completion query form a prompt (default: ``AnswerTemplate``).
@@ -440,7 +481,7 @@ class MozoDecoder(_DatasetDecoder):
         self.sampling_rate = self.n_shots / len(self._records)
         if (epsilon is None) == (beta is None):
             raise ConfigurationError("give exactly one of epsilon (β is calibrated) and beta")
-        self.delta = check.probability_open("delta", delta) if delta is not None else 1.0 / len(self._records)
+        self.delta = check.probability_open("delta", delta if delta is not None else budget.budget.delta)
         if beta is None:
             result = calibrate_mozo(epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta,
                                     sampling_rate=self.sampling_rate,
@@ -489,7 +530,7 @@ class ClipBlendDecoder(_DatasetDecoder):
             with probability s/N, ``rng_subset``) and serves every answer.
         backend, budget, n_queries, max_tokens, template: as :class:`MozoDecoder`.
         epsilon, delta: this decoder's share (τ is calibrated for the ledger's relation), or give
-            ``temperature``. δ defaults to 1/N.
+            ``temperature`` (τ itself: the mechanism's own, accounted as given). δ defaults to the ledger's δ.
         clip: the clipping bound c (the paper: 10).
         population_size: N, the public population size the draw uses: required under an add/remove ledger
             (where |D| is private); under replace-one it defaults to |D|, which the relation keeps fixed.
@@ -537,7 +578,7 @@ class ClipBlendDecoder(_DatasetDecoder):
             raise ConfigurationError("rng_subset must be a numpy.random.Generator")
         if (epsilon is None) == (temperature is None):
             raise ConfigurationError("give exactly one of epsilon (τ is calibrated) and temperature")
-        self.delta = check.probability_open("delta", delta) if delta is not None else 1.0 / self.population_size
+        self.delta = check.probability_open("delta", delta if delta is not None else budget.budget.delta)
         if temperature is None:
             result = calibrate_clip_blend_temperature(
                 epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta, clip=self.clip,
@@ -600,6 +641,33 @@ def step_rows(method: str, settings: dict[str, Any]) -> int:
     return subset + math.ceil(2 * math.sqrt(subset))
 
 
+def _decoder_type(method: str) -> Callable[..., _Decoder]:
+    if method == "knn-experts":  # the kNN package builds on this module: imported where it is used
+        from dp_icl_plugin.methods.knn.experts import build_expert_decoder
+
+        return build_expert_decoder
+    return MozoDecoder if method == "mozo" else ClipBlendDecoder
+
+
+def _check_settings(method: str, settings: dict[str, Any]) -> None:
+    """Refuse a setting ``method``'s decoder does not take, naming those it does (a typed error, not a
+    ``TypeError`` from deep inside, and before any model is loaded)."""
+    parameters = {name: p for name, p in inspect.signature(_decoder_type(method)).parameters.items()
+                  if p.kind is p.KEYWORD_ONLY and name not in ("backend", "budget")}  # fmt: skip
+    taken = list(parameters)
+    unknown = sorted(set(settings) - set(taken))
+    if not unknown:
+        missing = [name for name, p in parameters.items() if p.default is p.empty and name not in settings]
+        if missing:
+            raise ConfigurationError(f"{method} decoding needs {', '.join(missing)}")
+        return
+    if "temperature" in unknown:
+        raise ConfigurationError(f"{TEMPERATURE_REFUSED} ({method}; clip-blend alone takes temperature, its own "
+                                 "calibrated tau)")  # fmt: skip
+    raise ConfigurationError(f"{method} decoding takes no setting {', '.join(unknown)}; it takes "
+                             f"{', '.join(sorted(taken))}")  # fmt: skip
+
+
 def build_decoder(
     model_id: str,
     dataset: PrivateDataset,
@@ -621,13 +689,10 @@ def build_decoder(
 
     if method not in DECODING_METHODS:
         raise ConfigurationError(f"method must be one of {', '.join(DECODING_METHODS)}, got {method!r}")
+    _check_settings(method, settings)  # before the model loads
     rows = None if is_server_url(model_id) else step_rows(method, settings)
     backend = load_backend(model_id, tokenizer=tokenizer, device=device, dtype=dtype, micro_batch_size=rows,
                            **(server or {}))  # fmt: skip
-    if method == "mozo":
-        return MozoDecoder(dataset, backend=backend, budget=budget, **settings)
-    if method == "knn-experts":  # the kNN package builds on this module: imported where it is used
-        from dp_icl_plugin.methods.knn.experts import build_expert_decoder
-
-        return build_expert_decoder(backend, dataset, budget=budget, **settings)
-    return ClipBlendDecoder(dataset, backend=backend, budget=budget, **settings)
+    if method == "knn-experts":
+        return _decoder_type(method)(backend, dataset, budget=budget, **settings)
+    return _decoder_type(method)(dataset, backend=backend, budget=budget, **settings)

@@ -42,7 +42,13 @@ from pydantic import ConfigDict, Field
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateDataset
-from dp_icl_plugin.methods.decoder import AnswerStream, Decoder, answer_limit
+from dp_icl_plugin.methods.decoder import (
+    TEMPERATURE_REFUSED,
+    AnswerStream,
+    Decoder,
+    answer_limit,
+    check_call_settings,
+)
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads, wait_through_cancellations
@@ -50,6 +56,8 @@ from dp_icl_plugin.methods.threaded import iterate_in_threads, wait_through_canc
 __all__ = ["DPICLLLM", "ChatDPICL"]
 
 SPEND_EVENT = "dp_icl_spend"
+# what a call may pass besides stop: max_tokens, and LangChain's own switch between _generate and _stream
+_HONOURED = ("max_tokens", "stream")
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,13 @@ class _SpendTarget:
 # run's target here around their own steps only (streams may interleave in one context).
 _STREAM_TARGET: ContextVar[_SpendTarget | None] = ContextVar("dp_icl_stream_target", default=None)
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
+# generate()'s own parameters (the run's callbacks and tracing), which never reach _generate
+_RUN_PARAMETERS = ("callbacks", "tags", "metadata", "run_name", "run_id")
+
+
+def _call_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What of generate()'s keywords reaches _generate: the call's settings, without the run's tracing."""
+    return {k: v for k, v in kwargs.items() if k not in _RUN_PARAMETERS}
 
 
 def _messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
@@ -119,6 +134,8 @@ class _DPModelMixin:
                                      "see build_decoder)")  # fmt: skip
         self.rng = noise_source(self.rng, self.seed)
         answer_limit(self.decoder, self.max_tokens)
+        if getattr(self, "temperature", None) is not None:
+            raise ConfigurationError(TEMPERATURE_REFUSED)
 
     @classmethod
     def from_model_id(
@@ -135,8 +152,15 @@ class _DPModelMixin:
     def is_lc_serializable(cls) -> bool:
         return False  # the decoder holds private records
 
+    def get_token_ids(self, text: str) -> list[int]:
+        """``text`` in the model's own tokens (LangChain's default would fetch GPT-2's tokenizer from the hub);
+        ``get_num_tokens`` and message trimming count with it."""
+        return self.decoder.token_ids(text)
+
     def _limit(self, kwargs: dict[str, Any]) -> int:
-        """The call's token limit, at most the decoder's (which its budget share covers)."""
+        """The call's token limit (refused above the decoder's, which its budget share covers), after refusing
+        any setting the answer cannot honour (temperature, top_p, ...)."""
+        check_call_settings(kwargs, honoured=_HONOURED)
         return answer_limit(self.decoder, kwargs.get("max_tokens", self.max_tokens))
 
     def _stops(self, stop: list[str] | None) -> list[str] | None:
@@ -219,9 +243,12 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
     Key init args — completion params:
         decoder: a :class:`~dp_icl_plugin.methods.decoder.Decoder` (``MozoDecoder``/``ClipBlendDecoder``)
             holding the private records, the backend and the budget share; or use :meth:`from_model_id`.
-        max_tokens: the most tokens of one answer (capped at the decoder's share).
+        max_tokens: the most tokens of one answer (at most the decoder's share: above it is refused).
         stop: stop sequences added to every call's.
         model: a display name for traces (``model_name``).
+        temperature: None only. DP decoding's mechanism decides how tokens are drawn and its analysis covers
+            that sampling alone, so any other value (at construction or per call) is refused; so is any other
+            per-call setting but ``max_tokens`` and ``stop``.
 
     Key init args — client params:
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
@@ -261,7 +288,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
     model_name: str = Field(default="dp-icl", alias="model")
     max_tokens: int | None = None
     stop: list[str] | None = None
-    temperature: float | None = None  # accepted for API compatibility; the mechanism sets the randomness
+    temperature: float | None = None  # None only: the mechanism decides how tokens are drawn (refused otherwise)
     timeout: float | None = None
     max_retries: int | None = None
     model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
@@ -284,13 +311,13 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
     def generate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
                  **kwargs: Any) -> Any:  # fmt: skip
         for batch_item in messages:  # one bad conversation fails the call: refuse it before any answer is charged
-            self._check(_messages(batch_item), stop, kwargs)
+            self._check(_messages(batch_item), stop, _call_kwargs(kwargs))
         return super().generate(messages, stop, *args, **kwargs)
 
     async def agenerate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
                         **kwargs: Any) -> Any:  # fmt: skip
         for batch_item in messages:
-            self._check(_messages(batch_item), stop, kwargs)
+            self._check(_messages(batch_item), stop, _call_kwargs(kwargs))
         return await super().agenerate(messages, stop, *args, **kwargs)
 
     def batch(
@@ -489,9 +516,10 @@ class DPICLLLM(_DPModelMixin, LLM):
 
     Key init args:
         decoder: a :class:`~dp_icl_plugin.methods.decoder.Decoder`; or use :meth:`from_model_id`.
-        max_tokens: the most tokens of one answer (capped at the decoder's share).
+        max_tokens: the most tokens of one answer (at most the decoder's share: above it is refused).
         stop: stop sequences added to every call's.
-        rng / seed: the noise source, as :class:`ChatDPICL`.
+        rng / seed: the noise source, as :class:`ChatDPICL`. Per call, ``max_tokens`` and ``stop`` only:
+            ``temperature`` and other sampling settings are refused (the mechanism decides how tokens are drawn).
 
     Instantiate:
         ```python

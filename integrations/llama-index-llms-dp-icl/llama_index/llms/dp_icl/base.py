@@ -34,7 +34,7 @@ from pydantic import Field, PrivateAttr
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateDataset
-from dp_icl_plugin.methods.decoder import AnswerStream, Decoder, Query, answer_limit
+from dp_icl_plugin.methods.decoder import AnswerStream, Decoder, Query, answer_limit, check_call_settings
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads
@@ -58,8 +58,9 @@ class DPICL(CustomLLM):
     Key init args:
         decoder: a :class:`~dp_icl_plugin.methods.decoder.Decoder` holding the private records, the backend
             and the budget share; or use :meth:`from_model_id`.
-        max_tokens: the most tokens of one answer (capped at the decoder's share; a call's ``max_tokens``
-            may lower it).
+        max_tokens: the most tokens of one answer (at most the decoder's share: above it is refused; a call's
+            ``max_tokens`` may lower it). Per call, ``max_tokens`` and ``stop`` only: ``temperature`` and
+            other sampling settings are refused (the mechanism decides how tokens are drawn).
         is_chat_model: whether query engines send chats (laid out by the model's chat template); default:
             whether the model has one.
         context_window: default the model's positions.
@@ -127,6 +128,12 @@ class DPICL(CustomLLM):
         return "DPICL"
 
     @property
+    def decoder(self) -> Decoder:
+        """The DP decoder (its records, backend and budget share): hand ``decoder.backend`` to a retriever or
+        an index so that an app loads the model once."""
+        return self._decoder
+
+    @property
     def metadata(self) -> LLMMetadata:
         window = self.context_window or self._decoder.context_window or DEFAULT_CONTEXT_WINDOW
         chat = self._decoder.has_chat_template if self.is_chat_model is None else self.is_chat_model
@@ -155,6 +162,7 @@ class DPICL(CustomLLM):
 
     def _open(self, query: Query, kwargs: dict[str, Any]) -> AnswerStream:
         """The answer's stream; every check runs here, before anything is charged."""
+        check_call_settings(kwargs, honoured=("max_tokens", "stop"))
         limit = answer_limit(self._decoder, kwargs.get("max_tokens", self.max_tokens))
         return self._decoder.stream(query, rng=self._rng, max_tokens=limit, stop=kwargs.get("stop"))
 
