@@ -113,7 +113,7 @@ def test_a_forced_token_runs_no_mechanism(make, name, monkeypatch) -> None:
     real = getattr(decoding, name)
     calls = []
     monkeypatch.setattr(decoding, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    decoder = make(BudgetManager(PrivacyBudget(100.0, 1e-2)), choices=["a b c", "e"])
+    decoder = make(BudgetManager(PrivacyBudget(100.0, 1e-2)), choices=["a b c", "e"], n_queries=6)
     answers = [decoder.generate("a b", rng=np.random.default_rng(s)).text for s in range(6)]
     assert decoder.choices.decisions == 1 and len(calls) == 6  # one mechanism per answer, whatever its length
     assert set(answers) <= {"a b c", "e"}
@@ -191,7 +191,7 @@ def test_a_stop_sequence_inside_a_choice_is_refused_and_eos_never_enters_the_tex
     assert ledger.history() == []
     from dp_icl_plugin.methods.mozo import AnswerTemplate
 
-    plain = mozo(ledger, choices=["a", "a b"], template=AnswerTemplate(stop=None, stop_at_eos=False))
+    plain = mozo(ledger, choices=["a", "a b"], template=AnswerTemplate(stop=None, stop_at_eos=False), n_queries=12)
     texts = {plain.generate("a b", rng=np.random.default_rng(s)).text for s in range(12)}
     assert texts <= {"a", "a b"}  # "a" ends with the end-of-sequence token, which is not part of the answer
 

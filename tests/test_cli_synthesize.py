@@ -175,3 +175,33 @@ def test_server_options_are_checked_before_anything_is_charged(data_file: Path, 
         budget = BudgetManager.open(ledger)
         assert budget.history() == []
         budget.close()
+
+
+def test_progress_off_a_terminal_and_an_interrupt_after_the_charge_are_reported(
+    data_file: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # dp-icl synthesize ran 15 minutes silent off a terminal, and Ctrl-C lost the charge without a word
+    ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
+    argv = ["synthesize", *ARGS, "--data", str(data_file), "--epsilon", "4", "--ledger", str(ledger),
+            "--budget-epsilon", "9", "--budget-delta", "0.01", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "pta synthesis: 0/40 tokens (0 %), 0 s started" in err and "pta synthesis: 40/40 tokens (100 %)" in err
+    assert main([*argv, "--no-progress"]) == 0 and "synthesis" not in capsys.readouterr().err
+    from dp_icl_plugin.methods import PTASynthesizer
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PTASynthesizer, "_generate", interrupted)
+    out.unlink()
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    budget = BudgetManager.open(ledger)
+    history = budget.history()
+    budget.close()
+    entry = history[-1]
+    assert len(history) == 3 and entry.label == "pta:synthesize"  # charged before _generate ran
+    err = capsys.readouterr().err
+    assert f"interrupted after the charge: ledger entry {entry.id} (pta:synthesize) stands, never refunded" in err
+    assert not out.exists()

@@ -19,10 +19,10 @@ PUBLIC_API = {
     "ADD_REMOVE", "REPLACE_ONE", "to_relation",
     "ApproxDPEvent", "BackendError", "BudgetExhaustedError", "BudgetManager", "BudgetMismatchError",
     "CalibrationError", "ComposedEvent", "ConfigurationError", "DPEvent", "DPICLError",
-    "ExponentialMechanismEvent", "FakeBackend", "FixedLatency", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
+    "ExponentialMechanismEvent", "FakeBackend", "FilterMismatchError", "FixedLatency", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
     "LedgerFormatError", "ModelFileError", "MozoTokenEvent", "NextTokenBackend", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
     "RDPCurveEvent", "ReleaseFailedError", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
-    "ServerBackend", "ServerError", "ServerMismatchError", "ServerRateLimitError", "ServerUnavailableError",
+    "ServerBackend", "ServerError", "ServerMismatchError", "ServerRateLimitError", "ServerUnavailableError", "ShareExhaustedError",
     "__version__", "calibrate", "compose", "get_accountant",
 }  # fmt: skip
 
@@ -49,6 +49,7 @@ def test_error_tree() -> None:
     assert issubclass(errors.ServerUnavailableError, errors.ServerError) and issubclass(errors.ServerError,
                                                                                       errors.BackendError)
     assert issubclass(errors.ServerMismatchError, errors.ConfigurationError)  # raised before anything is charged
+    assert issubclass(errors.ShareExhaustedError, errors.BudgetExhaustedError)  # a refusal: nothing committed
 
 
 def test_core_import_loads_no_heavy_framework() -> None:

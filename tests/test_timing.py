@@ -72,7 +72,7 @@ def dataset(words_per_record: int) -> PrivateDataset:
 def decoder(kind: str, data: PrivateDataset, clock: FakeClock, **kw):
     backend = slow(FakeBackend(WORDS, eos_token="<eos>", seed=3), clock, 1e-3)
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
-    common = {"backend": backend, "budget": ledger, "n_queries": 5, "max_tokens": 4, "epsilon": 2.0, **kw}
+    common = {"backend": backend, "budget": ledger, "n_queries": 12, "max_tokens": 4, "epsilon": 8.0, **kw}
     if kind == "mozo":
         return MozoDecoder(data, top_k=6, **common)
     return ClipBlendDecoder(data, subset_size=8, rng_subset=np.random.default_rng(1), **common)
@@ -231,7 +231,7 @@ def test_concurrent_answers_each_keep_their_own_window(kind: str) -> None:
     backend.start = start_session  # type: ignore[method-assign]
     policy = FixedLatency(0.45)
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
-    common = {"backend": backend, "budget": ledger, "n_queries": 5, "max_tokens": 4, "epsilon": 2.0,
+    common = {"backend": backend, "budget": ledger, "n_queries": 12, "max_tokens": 4, "epsilon": 8.0,
               "fixed_latency": policy}  # fmt: skip
     if kind == "mozo":
         hidden = MozoDecoder(dataset(3), top_k=6, **common)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dp_icl_plugin._progress import report_lines_off_a_terminal
 from dp_icl_plugin.backends.base import NextTokenBackend
 
 __all__ = ["METHOD_CHOICES", "add_parser", "synthesize"]
@@ -78,7 +80,10 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     g.add_argument("--n-shots", type=integer, default=None, help="MOZO records per token")
     g.add_argument("--order", type=number, default=None, help="MOZO Rényi order α")
     p.add_argument("--seed", type=integer, default=None, help="noise seed (tests and benchmarks only)")
-    p.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--progress", action="store_true", help="a progress bar on stderr even off a terminal "
+                       "(default: a bar on a terminal, a line every 30 s elsewhere)")  # fmt: skip
+    shown.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     p.set_defaults(handler=synthesize)
 
 
@@ -165,6 +170,18 @@ def _check_out(path: Path) -> None:
         raise ConfigurationError(f"--out {path}: cannot create a file under {parent}")
 
 
+def _interrupted(budget: Any, label: str, charged_before: int) -> None:
+    """Say on stderr what an interrupted run leaves: its charge stands when it was made (never refunded;
+    the demonstrations under way are not written, being unfinished)."""
+    if budget.label_counts().get(label, 0) > charged_before:
+        entry = [e for e in budget.history() if e.label == label][-1]
+        message = (f"dp-icl: interrupted after the charge: ledger entry {entry.id} ({label}) stands, never refunded; "
+                   "nothing was written (a shorter run: fewer --max-tokens or --shots-per-label)")  # fmt: skip
+        print(message, file=sys.stderr)
+    else:
+        print("dp-icl: interrupted before the charge: nothing was charged or written", file=sys.stderr)
+
+
 def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget
     from dp_icl_plugin.errors import ConfigurationError
@@ -216,10 +233,17 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
 
         backend = HFBackend.from_pretrained(a.model, device=a.device)
     budget = BudgetManager(budget_arg, ledger=ledger)
+    report_lines_off_a_terminal(not a.no_progress)
+    progress = False if a.no_progress else (True if a.progress else None)
     try:
         labels = None if inputs is not None else plan.labels
-        demos = method.synthesize(data, labels=labels, public_inputs=inputs, backend=backend, budget=budget,
-                                  rng=np.random.default_rng(a.seed), progress=a.progress or None)  # fmt: skip
+        charged_before = budget.label_counts().get(f"{method.name}:synthesize", 0)
+        try:
+            demos = method.synthesize(data, labels=labels, public_inputs=inputs, backend=backend, budget=budget,
+                                      rng=np.random.default_rng(a.seed), progress=progress)  # fmt: skip
+        except KeyboardInterrupt:
+            _interrupted(budget, f"{method.name}:synthesize", charged_before)
+            raise
         out = demos.save(a.out)
         spent, remaining = budget.spent(), budget.remaining()
     finally:
