@@ -174,19 +174,21 @@ def _one_line(exc: BaseException) -> str:
     return _printable(" ".join(str(exc).split()) or type(exc).__name__)
 
 
-def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """Each option's Python name (``public_label_counts``) and its flag (``--public-label-counts``), over every
-    subcommand, for names with an underscore (those that cannot be read as plain words)."""
-    names: dict[str, str] = {}
-    parsers = [parser]
+def _option_names(parser: argparse.ArgumentParser, handler: Any) -> dict[str, str]:
+    """The running subcommand's options (the one whose handler is ``handler``): each Python name
+    (``public_label_counts``) and its flag (``--public-label-counts``), for names with an underscore (those
+    that cannot be read as plain words)."""
+    parsers, names = [parser], {}
     while parsers:
         current = parsers.pop()
         for action in current._actions:
             if isinstance(action, argparse._SubParsersAction):
                 parsers.extend(action.choices.values())
-            flags = [f for f in action.option_strings if f.startswith("--")]
-            if flags and "_" in action.dest:
-                names.setdefault(action.dest, flags[0])
+        if current._defaults.get("handler") is handler:
+            for action in current._actions:
+                flags = [f for f in action.option_strings if f.startswith("--")]
+                if flags and "_" in action.dest:
+                    names[action.dest] = flags[0]
     return names
 
 
@@ -216,9 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dp-icl: refused: {_one_line(exc)}", file=sys.stderr)
         return EXIT_REFUSED
     except (DPICLError, OSError) as exc:  # OSError: a path that cannot be read or written
-        message = _in_flags(str(exc), _option_names(parser))
-        _emit({"error": type(exc).__name__, "message": message}, args.human)
-        print(f"dp-icl: error: {_in_flags(_one_line(exc), _option_names(parser))}", file=sys.stderr)
+        names = _option_names(parser, getattr(args, "handler", None))
+        _emit({"error": type(exc).__name__, "message": _in_flags(str(exc), names)}, args.human)
+        print(f"dp-icl: error: {_in_flags(_one_line(exc), names)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as exc:  # a bug: one line, and not its message, which could quote a private record
         where = _raised_at(exc)

@@ -35,7 +35,25 @@ import numpy as np
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["AnswerChoices"]
+__all__ = ["AnswerChoices", "draw_among"]
+
+
+def draw_among(draw: Callable[[np.ndarray], int], logprobs: np.ndarray, columns: np.ndarray) -> int:
+    """A token mechanism run on a public support: ``draw`` sees every row restricted to ``columns`` (token ids,
+    ascending) and its pick is mapped back to a token id; where one column alone is allowed, that token, with no
+    mechanism run.
+
+    A row with no finite entry on the columns (a model that gives every allowed token probability 0 after one
+    record's prompt) would make a mechanism raise, and so make the release fail for that record alone: such a row
+    becomes the uniform row (zeros) on those columns, a fixed map of the row itself, under which every mechanism's
+    sensitivity holds as before. The public row is treated the same way (public).
+    """
+    if columns.size == 1:
+        return int(columns[0])
+    rows = np.array(np.asarray(logprobs)[..., columns], dtype=np.float64)
+    empty = ~np.isfinite(rows).any(axis=-1) & ~np.isnan(rows).any(axis=-1)
+    rows[empty] = 0.0
+    return int(columns[draw(rows)])
 
 
 class AnswerChoices:
@@ -116,12 +134,7 @@ class AnswerChoices:
 
     def restrict(self, draw: Callable[[np.ndarray], int], logprobs: np.ndarray, prefix: Sequence[int]) -> int:
         """Run a token mechanism on the allowed columns only and map its pick back to a token id; where one
-        token alone can follow, return it without running the mechanism (:meth:`forced`).
-
-        A row with no finite entry on the allowed columns (a model that gives every choice probability 0 after
-        one record's prompt) would make a mechanism raise, and so make the release fail for that record alone:
-        such a row becomes the uniform row (zeros) on those columns, a fixed map of the row itself, under
-        which every mechanism's sensitivity holds as before. The public row is treated the same way (public).
+        token alone can follow, return it without running the mechanism (:meth:`forced`; :func:`draw_among`).
 
         Args:
             draw: the mechanism: takes rows restricted to the allowed columns (shape (n, m)), returns a column.
@@ -131,13 +144,7 @@ class AnswerChoices:
         Returns:
             The token id.
         """
-        columns = self.allowed(prefix)
-        if columns.size == 1:
-            return int(columns[0])
-        rows = np.array(np.asarray(logprobs)[..., columns], dtype=np.float64)
-        empty = ~np.isfinite(rows).any(axis=-1) & ~np.isnan(rows).any(axis=-1)
-        rows[empty] = 0.0
-        return int(columns[draw(rows)])
+        return draw_among(draw, logprobs, self.allowed(prefix))
 
     def text_of(self, token_ids: Sequence[int]) -> str | None:
         """The choice that ``token_ids`` spell, or None."""

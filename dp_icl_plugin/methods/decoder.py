@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -72,6 +72,7 @@ class AnswerState:
     charge: LedgerEntry | None = None
     cancelled: threading.Event = field(default_factory=threading.Event)
     charged_in: tuple[int, int] | None = None  # the process that charged it (process_mark), once charged
+    rule: Any = None  # the public restriction of its tokens (AnswerChoices, a SchemaAnswer), or None
 
     def charged(self, charge: LedgerEntry) -> None:
         """Record the answer's charge and the process that made it."""
@@ -143,8 +144,12 @@ class Decoder(Protocol):
     @property
     def has_chat_template(self) -> bool: ...
 
-    def check(self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None) -> None:
-        """Raise ``ConfigurationError`` for a query, limit or stop list the decoder would refuse (no charge)."""
+    def check(
+        self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None,
+        schema: object | None = None,
+    ) -> None:  # fmt: skip
+        """Raise ``ConfigurationError`` for a query, limit, stop list or schema the decoder would refuse (no
+        charge)."""
         ...
 
     def prompt_tokens(self, query: Query) -> int:
@@ -157,14 +162,15 @@ class Decoder(Protocol):
 
     def stream(
         self, query: Query, *, rng: np.random.Generator, max_tokens: int | None = None,
-        stop: Sequence[str] | None = None,
+        stop: Sequence[str] | None = None, schema: object | None = None,
     ) -> AnswerStream:  # fmt: skip
-        """The answer piece by piece, charged on the first ``next``."""
+        """The answer piece by piece, charged on the first ``next`` (a JSON document valid under ``schema``
+        when one is given: :mod:`~dp_icl_plugin.methods.structured`)."""
         ...
 
     def generate(
         self, query: Query, *, rng: np.random.Generator, max_tokens: int | None = None,
-        stop: Sequence[str] | None = None,
+        stop: Sequence[str] | None = None, schema: object | None = None,
     ) -> DecodedAnswer:  # fmt: skip
         """The whole answer, charged first."""
         ...

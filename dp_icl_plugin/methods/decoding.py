@@ -40,6 +40,7 @@ one (a base model such as the GINC model) the chat is laid out as plain lines, `
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -74,6 +75,7 @@ from dp_icl_plugin.methods.decoder import (
 )
 from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.methods.prompting import check_records_encode
+from dp_icl_plugin.methods.structured import JSONSchemaAnswers, json_schema_of, with_instruction
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
 
 __all__ = [  # DecodedAnswer, Query, check_query: re-exported
@@ -151,6 +153,8 @@ class _Decoder:
             raise ConfigurationError("template must be an AnswerTemplate")
         self.fixed_latency = as_fixed_latency(fixed_latency)
         self._lock = threading.Lock()  # one token step at a time (backend, rng, tokenizer); never held across a yield
+        self._schemas: dict[str, JSONSchemaAnswers] = {}  # compiled per schema (public)
+        self._schemas_lock = threading.Lock()
         self.n_queries: int | None = None  # answers the share covers (set by decoders that calibrate per answer)
         self._answered = 0
         self._answers_lock = threading.Lock()  # the count and the charge together
@@ -177,10 +181,13 @@ class _Decoder:
         """Whether chats are laid out by the model's chat template (else as ``role: content`` lines)."""
         return bool(getattr(self.backend, "has_chat_template", False))
 
-    def check(self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None) -> None:
+    def check(
+        self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None,
+        schema: object | None = None,
+    ) -> None:  # fmt: skip
         """Raise :class:`~dp_icl_plugin.errors.ConfigurationError` for what :meth:`stream` would refuse
-        (a bad query, limit or stop list); nothing is charged."""
-        self._prepare(query, max_tokens, stop)
+        (a bad query, limit, stop list or schema); nothing is charged."""
+        self._prepare(query, max_tokens, stop, schema)
 
     def prompt_tokens(self, query: Query) -> int:
         """Tokens of the public prompt (the query in the template, no record): never a private record's length."""
@@ -200,17 +207,26 @@ class _Decoder:
         rng: np.random.Generator,
         max_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        schema: object | None = None,
     ) -> AnswerStream:
         """Yield the answer's text piece by piece; the whole answer is charged before the first piece.
 
+        Args:
+            query: the public query (a completion text or a chat).
+            rng: the noise source.
+            max_tokens: this answer's limit (at most the decoder's; charged in full).
+            stop: stop sequences (post-processing: they refund nothing).
+            schema: a public JSON schema (dict, JSON text or Pydantic model class): the answer is then a JSON
+                document valid under it (:mod:`~dp_icl_plugin.methods.structured`; not with ``choices``).
+
         Raises:
-            ConfigurationError: at once, for a bad query, stop sequences, limits or rng (nothing charged).
+            ConfigurationError: at once, for a bad query, stop sequences, limits, schema or rng (nothing charged).
             BudgetExhaustedError: on the first ``next``, before anything is computed from private data.
         """
         if not isinstance(rng, np.random.Generator):
             raise ConfigurationError("rng must be a numpy.random.Generator")
-        limit, stops, prompt = self._prepare(query, max_tokens, stop)
-        state = AnswerState()
+        limit, stops, prompt, rules = self._prepare(query, max_tokens, stop, schema)
+        state = AnswerState(rule=rules.start() if isinstance(rules, JSONSchemaAnswers) else rules)
         return AnswerStream(self._run(prompt, limit, stops, rng, state), state)
 
     def generate(
@@ -220,14 +236,15 @@ class _Decoder:
         rng: np.random.Generator,
         max_tokens: int | None = None,
         stop: Sequence[str] | None = None,
+        schema: object | None = None,
     ) -> DecodedAnswer:
-        """The whole answer (charged first)."""
-        pieces = self.stream(query, rng=rng, max_tokens=max_tokens, stop=stop)
+        """The whole answer (charged first); arguments as :meth:`stream`."""
+        pieces = self.stream(query, rng=rng, max_tokens=max_tokens, stop=stop, schema=schema)
         for _ in pieces:
             pass
         charge = pieces.charge
         assert charge is not None  # the first next() charges or raises
-        _, stops, _ = self._prepare(query, max_tokens, stop)  # public: the same stops the stream cut at
+        _, stops, _, _ = self._prepare(query, max_tokens, stop, schema)  # public: the same stops the stream cut at
         text = self._cut(self.backend.decode(list(pieces.token_ids)), stops)
         return DecodedAnswer(text, pieces.token_ids, pieces.finish_reason, charge.id, charge)
 
@@ -240,7 +257,24 @@ class _Decoder:
             raise ConfigurationError("stop must be a list of non-empty strings")
         return tuple(stop)
 
-    def _prepare(self, query, max_tokens, stop) -> tuple[int, tuple[str, ...], str | tuple[dict[str, str], ...]]:
+    def _rules(self, schema: object | None) -> AnswerChoices | JSONSchemaAnswers | None:
+        """What restricts an answer's tokens: the decoder's choices, a call's schema (compiled once per schema),
+        or nothing."""
+        if schema is None:
+            return self.choices
+        if self.choices is not None:
+            raise ConfigurationError("a decoder with choices answers with one of them: it takes no schema")
+        key = json.dumps(json_schema_of(schema), sort_keys=True)
+        with self._schemas_lock:
+            compiled = self._schemas.get(key)
+            if compiled is None:
+                compiled = self._schemas[key] = JSONSchemaAnswers(self.backend, schema)
+        return compiled
+
+    def _prepare(
+        self, query, max_tokens, stop, schema=None
+    ) -> tuple[int, tuple[str, ...], str | tuple[dict[str, str], ...], AnswerChoices | JSONSchemaAnswers | None]:
+        rules = self._rules(schema)
         limit = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
         if limit > self.max_tokens:
             raise ConfigurationError(f"max_tokens = {limit} exceeds the {self.max_tokens} this decoder's budget covers")
@@ -252,9 +286,11 @@ class _Decoder:
         if self.choices is not None and any(s in c for s in stops for c in self.choices.texts + self.choices.decoded):
             raise ConfigurationError("a stop sequence occurs inside a choice: the answer would be cut to no choice")
         prompt = check_query(query)
+        if isinstance(rules, JSONSchemaAnswers):  # public: the schema's fields in words, for the model
+            prompt = with_instruction(prompt, rules.instruction)
         if not self._ids(prompt, None, reserve=self._reserve(limit)):
             raise ConfigurationError("the prompt encodes to no tokens")
-        return limit, stops, prompt
+        return limit, stops, prompt, rules
 
     def _reserve(self, limit: int) -> int:
         """Positions a prompt must leave free for an answer of ``limit`` tokens beyond the next one: none when
@@ -349,7 +385,8 @@ class _Decoder:
         return self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer"), None
 
     def _pieces(self, prompt, limit, stops, rng, state: AnswerState, paid: Any) -> Iterator[str]:
-        tokens = self._tokens(prompt, limit, rng, paid)
+        rule = state.rule
+        tokens = self._tokens(prompt, limit, rng, paid, rule)
         hold = max((len(s) - 1 for s in stops), default=0)  # a tail that may still grow into a stop sequence
         try:
             while True:
@@ -357,12 +394,12 @@ class _Decoder:
                 # a reader that stops reading holds nothing, and other answers interleave with this one.
                 with self._lock:
                     token = next(tokens, None)
-                    # with choices an end-of-sequence token only ever ends a choice: never part of the text
+                    # with choices or a schema an end-of-sequence token only ever ends the answer: never its text
                     ended = token is None or (token == self.backend.eos_token_id
-                                              and (self.template.stop_at_eos or self.choices is not None))  # fmt: skip
+                                              and (self.template.stop_at_eos or rule is not None))  # fmt: skip
                     if token is not None and not ended:
                         state.tokens.append(token)
-                        ended = self.choices is not None and self.choices.complete(state.tokens)
+                        ended = rule is not None and rule.complete(state.tokens)
                     text = self.backend.decode(state.tokens)
                 cut = self._cut(text, stops)
                 if ended or len(cut) < len(text):
@@ -381,7 +418,9 @@ class _Decoder:
         finally:
             tokens.close()  # its session drops its caches; no lock (a collected stream may close in any thread)
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any
+                ) -> Generator[int, None, None]:  # fmt: skip
+        """The answer's tokens (``rule``: the public restriction of each, or None; see :meth:`_draw`)."""
         raise NotImplementedError
 
     def _steps(self, tokens: int) -> int:
@@ -390,16 +429,21 @@ class _Decoder:
         is public and free)."""
         return tokens if self.choices is None else self.choices.decisions
 
-    def _forced(self, generated: Sequence[int]) -> int | None:
-        """The next token where the choices leave only one (public: no mechanism runs), else None."""
-        return None if self.choices is None else self.choices.forced(generated)
+    @staticmethod
+    def _forced(generated: Sequence[int], rule: Any) -> int | None:
+        """The next token where ``rule`` (choices, a schema) leaves only one (public: no mechanism runs), else
+        None."""
+        return None if rule is None else rule.forced(generated)
 
-    def _draw(self, mechanism: Callable[[np.ndarray], int], logprobs: np.ndarray, generated: Sequence[int]) -> int:
-        """One token: ``mechanism`` (rows → a column) on every column, or, with :attr:`choices`, on the columns
-        that continue a choice after ``generated`` (a public support: :mod:`dp_icl_plugin.methods.choices`)."""
-        if self.choices is None:
+    @staticmethod
+    def _draw(mechanism: Callable[[np.ndarray], int], logprobs: np.ndarray, generated: Sequence[int], rule: Any
+              ) -> int:  # fmt: skip
+        """One token: ``mechanism`` (rows → a column) on every column, or, with a ``rule``, on the columns it
+        allows after ``generated`` (a public support: :mod:`~dp_icl_plugin.methods.choices`,
+        :mod:`~dp_icl_plugin.methods.structured`)."""
+        if rule is None:
             return int(mechanism(logprobs))
-        return self.choices.restrict(mechanism, logprobs, generated)
+        return int(rule.restrict(mechanism, logprobs, generated))
 
 
 class _DatasetDecoder(_Decoder):
@@ -496,13 +540,14 @@ class MozoDecoder(_DatasetDecoder):
         steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
         return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any
+                ) -> Generator[int, None, None]:  # fmt: skip
         zero_shot = self._ids(prompt, None)
         suffix = self._public_suffix(prompt)
         one_shot: dict[int, list[int]] = {}
         generated: list[int] = []
         for _ in range(limit):
-            forced = self._forced(generated)
+            forced = self._forced(generated, rule)
             if forced is not None:  # public: no records drawn, no mechanism, no step charged
                 generated.append(forced)
                 yield forced
@@ -517,7 +562,8 @@ class MozoDecoder(_DatasetDecoder):
             logprobs = public_checked(rows_logprobs(self.backend, rows, generated, suffix=suffix, public=1))
             token = self._draw(lambda rows: mozo_token(rows[1:], rows[0], beta=self.beta, order=self.order,
                                                        top_k=self.top_k, rng=rng, lambda_max=self.lambda_max,
-                                                       variant="projected").token_id, logprobs, generated)  # fmt: skip
+                                                       variant="projected").token_id, logprobs, generated,
+                               rule)  # fmt: skip
             generated.append(token)
             yield token
 
@@ -603,7 +649,8 @@ class ClipBlendDecoder(_DatasetDecoder):
     def _reserve(self, limit: int) -> int:
         return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any
+                ) -> Generator[int, None, None]:  # fmt: skip
         room = self._reserve(limit)
         prompts = [self._ids(prompt, None, reserve=room)] + [self._ids(prompt, r, reserve=room) for r in self._subset]
         # the prompts stay fixed: one KV cache each, the records' parts from the backend's prefix cache (they
@@ -616,7 +663,7 @@ class ClipBlendDecoder(_DatasetDecoder):
                 token = self._draw(lambda rows: clip_blend_token(rows[1:], rows[0], clip=self.clip,
                                                                  subset_size=self.subset_size,
                                                                  temperature=self.temperature, rng=rng),
-                                   logprobs, generated)  # fmt: skip
+                                   logprobs, generated, rule)  # fmt: skip
                 generated.append(token)
                 yield token
                 if step + 1 < limit:

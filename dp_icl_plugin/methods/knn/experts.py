@@ -141,8 +141,11 @@ class KNNExpertDecoder(_Decoder):
         """ε0: what one token costs a unit with one candidate record (pure DP, add/remove)."""
         return self.knn.expert_epsilon
 
-    def check(self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None) -> None:
-        super().check(query, max_tokens=max_tokens, stop=stop)
+    def check(
+        self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None,
+        schema: object | None = None,
+    ) -> None:  # fmt: skip
+        super().check(query, max_tokens=max_tokens, stop=stop, schema=schema)
         self.knn._require("decode")
 
     def _reserve(self, limit: int) -> int:
@@ -179,7 +182,8 @@ class KNNExpertDecoder(_Decoder):
                 continue
         return out
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any) -> Generator[int, None, None]:
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any
+                ) -> Generator[int, None, None]:  # fmt: skip
         room = self._reserve(limit)
         public = self._ids(prompt, None, reserve=room)  # public: checked before the charge
         prompts = [public, *self._expert_prompts(prompt, self._experts(paid), room)]
@@ -188,7 +192,7 @@ class KNNExpertDecoder(_Decoder):
             logprobs = public_checked(session.logprobs, stand_in=False)
             generated: list[int] = []
             for step in range(limit):
-                token = self._draw(lambda rows: self._token(rows, rng), logprobs, generated)
+                token = self._draw(lambda rows: self._token(rows, rng), logprobs, generated, rule)
                 generated.append(token)
                 yield token
                 if step + 1 < limit:

