@@ -5,8 +5,7 @@ decoding: the 40 records nearest to the question (with budget left) each give a 
 token of the answer, and pay their own share of the budget through their Rényi filter; the answer is
 restricted to the six public types (``choices``). The model is the pretrained SmolLM2-135M-Instruct chat
 model that the set-up installs (``"smollm2-135m-instruct"``; any local model path or ``.gguf`` works the same
-way). The data are ``../shared/data/trec`` beside the project (see its README); the script stops with a
-message where they are absent.
+way). The data are the TREC questions shipped in ``examples/data/trec`` (see ``examples/data/README.md``).
 
 The script then prints what the app has without the records (the same model's greedy answer, free and
 restricted to the same types) beside the DP answers.
@@ -28,15 +27,13 @@ from langchain_dp_icl import ChatDPICL
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.methods import AnswerChoices, PrivateDataset
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"
+DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 TYPES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
          "NUM": "number"}  # fmt: skip
 QUESTIONS = ["Who wrote Hamlet ?", "How far is the Moon from the Earth ?", "What does NASA stand for ?"]
 
 
 def main() -> None:
-    if not DATA.is_dir():
-        sys.exit(f"the TREC data is not at {DATA} (../shared/data beside the project; see its README)")
     ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
     lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:2000]
     questions = [ln.split(" ", 1)[1] for ln in lines]

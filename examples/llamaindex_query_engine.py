@@ -38,12 +38,10 @@ from dp_icl_plugin.methods import PromptTemplate as DemoTemplate
 from dp_icl_plugin.methods.decoding import MozoDecoder
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"
+DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 
 
 def main() -> None:
-    if not DATA.is_dir():
-        sys.exit(f"the TREC data is not at {DATA}")
     ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
     lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:1000]
     questions = [ln.split(" ", 1)[1] for ln in lines]

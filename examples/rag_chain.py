@@ -1,6 +1,6 @@
 """A RAG chain whose context comes from private records through a DP release (LangChain).
 
-Offline, about 16 s on 2 cores: 1,000 TREC questions (``../shared/data/trec``) are the private records, with their
+Offline, about 16 s on 2 cores: 1,000 TREC questions (``examples/data/trec``, shipped) are the private records, with their
 coarse class as the "answer" each record carries; every record may lose at most ε = 2 (δ = 1e-6) for
 adding or removing it, ε = 4 for replacing it (the ledger's relation). The retriever returns one DP answer
 decoded by the 40 nearest records as experts (each paying its own budget; expert decoding), which the chain
@@ -29,14 +29,12 @@ from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec"
+DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 NAMES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
          "NUM": "number"}  # fmt: skip
 
 
 def main() -> None:
-    if not DATA.is_dir():
-        sys.exit(f"the TREC data is not at {DATA}")
     ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
     lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:1000]
     texts = [ln.split(" ", 1)[1] for ln in lines]

@@ -557,6 +557,16 @@ def test_selector_ranks_with_langchains_own_selectors() -> None:
     labelled = DPICLExampleSelector(demos, k=3, embeddings=embeddings, label_key="label")
     assert {e["output"] for e in labelled.select_examples({**query, "label": "pos"})} == {"pos"}
 
+    class Encoder:  # a SentenceTransformer's interface (the selector refused one that PrivateIndex accepts)
+        def encode(self, texts: list[str], **kwargs: Any) -> np.ndarray:
+            return np.asarray(embeddings.embed_documents(texts))
+
+    for embedder in (Encoder(), lambda texts: np.asarray(embeddings.embed_documents(texts))):
+        other = DPICLExampleSelector(demos, k=3, embeddings=embedder)
+        chosen = [e["input"] for e in other.select_examples(query)]  # unit float32 vectors: near-ties may swap
+        assert chosen[0] == "synthetic neg 1" and set(chosen) == {
+            e["input"] for e in DPICLExampleSelector(demos, k=3, embeddings=embeddings).select_examples(query)}
+
 
 def lazy_selector(ledger: BudgetManager, **settings: Any) -> DPICLExampleSelector:
     """A selector that synthesizes (Tang, on a word-level fake model) on its first selection."""

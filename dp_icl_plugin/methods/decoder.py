@@ -23,7 +23,7 @@ from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = [
     "ROLES", "TEMPERATURE_REFUSED", "AnswerStream", "DecodedAnswer", "Decoder", "Query", "answer_limit",
-    "check_call_settings", "check_query",
+    "check_call_settings", "check_query", "spend_payload",
 ]  # fmt: skip
 
 Query = str | Sequence[Mapping[str, str]]
@@ -174,6 +174,17 @@ class Decoder(Protocol):
     ) -> DecodedAnswer:  # fmt: skip
         """The whole answer, charged first."""
         ...
+
+
+def spend_payload(charge: LedgerEntry) -> dict[str, Any]:
+    """What an adapter reports of an answer's charge (LangChain's ``dp_icl_spend`` event and response metadata,
+    LlamaIndex's ``DPSpendEvent``): the ledger entry, the release's label and the ledger's certified ε after it;
+    no private data. One payload for every adapter.
+
+    Args:
+        charge: the committed ledger entry (:attr:`AnswerStream.charge`).
+    """
+    return {"ledger_entry": charge.id, "release": charge.label, "ledger_epsilon": charge.certified_epsilon}
 
 
 def answer_limit(decoder: Decoder, requested: object | None) -> int:

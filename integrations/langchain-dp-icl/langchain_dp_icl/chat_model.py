@@ -44,7 +44,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from langchain_core.utils.uuid import uuid7
 from pydantic import ConfigDict, Field
 
-from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
+from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateDataset
 from dp_icl_plugin.methods.decoder import (
@@ -53,6 +53,7 @@ from dp_icl_plugin.methods.decoder import (
     Decoder,
     answer_limit,
     check_call_settings,
+    spend_payload,
 )
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
@@ -149,11 +150,6 @@ def _messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
             text = "\n".join([*([text] if text else []), *(json.dumps(c) for c in calls)])
         out.append({"role": role, "content": text})
     return out
-
-
-def spend_payload(charge: LedgerEntry) -> dict[str, Any]:
-    """What a ``dp_icl_spend`` event and the response metadata say of a charge (no private data)."""
-    return {"ledger_entry": charge.id, "release": charge.label, "ledger_epsilon": charge.certified_epsilon}
 
 
 class _DPModelMixin:

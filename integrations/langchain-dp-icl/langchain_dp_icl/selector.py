@@ -31,6 +31,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods import DemoSet, PrivateDataset, SynthesisMethod
 from dp_icl_plugin.methods.data import Demonstration
+from dp_icl_plugin.methods.knn.embedding import embed_texts
 from dp_icl_plugin.methods.randomness import noise_source
 
 __all__ = ["DPICLExampleSelector"]
@@ -84,8 +85,9 @@ class DPICLExampleSelector(BaseExampleSelector):
             ``{"input": "text", "output": "label"}``.
         k: how many examples to return (default: all).
         example_prompt: the template's example prompt, to check its variables here rather than at format time.
-        embeddings: a LangChain ``Embeddings``; when given, demonstrations are ranked by similarity to the
-            query (``query_key`` of the input variables) with LangChain's own selectors.
+        embeddings: any embedder ``PrivateIndex`` takes (a LangChain ``Embeddings``, a SentenceTransformer, a
+            LlamaIndex embedding, a callable on a list of texts); when given, demonstrations are ranked by
+            similarity to the query (``query_key`` of the input variables) with LangChain's own selectors.
         selection: ``"similarity"`` (the default with ``embeddings``), ``"mmr"`` (maximal marginal
             relevance over ``fetch_k`` candidates) or ``"round_robin"`` over labels (the default without).
         fetch_k: candidates MMR re-ranks (default 20).
@@ -151,7 +153,7 @@ class DPICLExampleSelector(BaseExampleSelector):
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ConfigurationError("k must be a positive integer or None")
         if embeddings is not None and not isinstance(embeddings, Embeddings):
-            raise ConfigurationError("embeddings must be a LangChain Embeddings (e.g. HuggingFaceEmbeddings) or None")
+            embeddings = _AnyEmbeddings.of(embeddings)
         selection = selection or ("similarity" if embeddings is not None else "round_robin")
         if selection not in ("similarity", "mmr", "round_robin"):
             raise ConfigurationError("selection must be 'similarity', 'mmr' or 'round_robin'")
@@ -285,6 +287,28 @@ class DPICLExampleSelector(BaseExampleSelector):
                     store.add_documents(docs)
                 self._store = store
             return self._store
+
+
+class _AnyEmbeddings(Embeddings):
+    """A SentenceTransformer, a LlamaIndex embedding or a callable as LangChain ``Embeddings`` (what it embeds
+    here, DP demonstrations and queries, is public: batched as the embedder likes)."""
+
+    def __init__(self, embedder: object) -> None:
+        self._embedder = embedder
+
+    @classmethod
+    def of(cls, embedder: object) -> _AnyEmbeddings:
+        if not any(callable(getattr(embedder, name, None)) for name in ("encode", "get_text_embedding_batch")) \
+                and not callable(embedder):  # fmt: skip
+            raise ConfigurationError("embeddings must be a LangChain Embeddings, a SentenceTransformer, a LlamaIndex "
+                                     "embedding or a callable taking a list of texts")  # fmt: skip
+        return cls(embedder)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [[float(x) for x in row] for row in embed_texts(self._embedder, texts)]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
 
 
 def _saved(path: Path, synthesizer: SynthesisMethod | None) -> DemoSet:

@@ -34,7 +34,14 @@ from pydantic import BaseModel, Field, PrivateAttr
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateDataset
-from dp_icl_plugin.methods.decoder import AnswerStream, Decoder, Query, answer_limit, check_call_settings
+from dp_icl_plugin.methods.decoder import (
+    AnswerStream,
+    Decoder,
+    Query,
+    answer_limit,
+    check_call_settings,
+    spend_payload,
+)
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads
@@ -172,10 +179,9 @@ class DPICL(CustomLLM):
         """Emit the charge as a DPSpendEvent (once charged); the same fields go into the response."""
         if pieces.charge is None:
             return {}
-        event = DPSpendEvent(ledger_entry=pieces.charge.id, release=pieces.charge.label,
-                             ledger_epsilon=pieces.charge.certified_epsilon)  # fmt: skip
-        dispatcher.event(event)
-        return {"ledger_entry": event.ledger_entry, "release": event.release, "ledger_epsilon": event.ledger_epsilon}
+        payload = spend_payload(pieces.charge)
+        dispatcher.event(DPSpendEvent(**payload))
+        return payload
 
     def _texts(self, pieces: AnswerStream, spend: dict[str, Any]) -> Any:
         """(delta, text so far) per piece; the spend is reported once charged, even on an early stop."""
