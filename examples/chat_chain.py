@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_dp_icl import ChatDPICL
+from langchain_dp_icl import ChatDPICL, ChatZeroShot
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
-from dp_icl_plugin.methods import AnswerChoices, PrivateDataset
+from dp_icl_plugin.methods import PrivateDataset
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 TYPES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
@@ -55,17 +55,14 @@ def main() -> None:
         print(repr(piece), end=" ")
     # --8<-- [end:chat]
 
-    # What the app has without the records: the same model, greedy, free and restricted to the same types.
-    from dp_icl_plugin.backends.generation import greedy_generate
-
-    backend = chat.decoder.backend
-    choices = AnswerChoices(backend, list(TYPES.values()))
+    # What the app has without the records: the same model (loaded once), greedy, restricted and free.
+    restricted = ChatZeroShot(backend=chat.decoder.backend, choices=list(TYPES.values()))
+    free = ChatZeroShot(backend=chat.decoder.backend, max_tokens=8)
     print("\nwithout the private records (greedy zero-shot):")
     for question in QUESTIONS:
-        prompt = backend.apply_chat_template([{"role": "system", "content": system},
-                                              {"role": "user", "content": question}])  # fmt: skip
-        free = backend.decode(greedy_generate(backend, [prompt], max_new_tokens=8)[0])
-        print(f"{question!r}: {choices.greedy(backend, prompt)!r} (restricted), {free!r} (free)")
+        messages = [("system", system), ("human", question)]
+        print(f"{question!r}: {restricted.invoke(messages).content!r} (restricted), "
+              f"{free.invoke(messages).content!r} (free)")  # fmt: skip
 
     print(f"\nledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
           f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}")  # fmt: skip

@@ -21,11 +21,10 @@ import numpy as np
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import PromptTemplate
 from langchain_core.runnables import RunnablePassthrough
-from langchain_dp_icl import DPICLRetriever
+from langchain_dp_icl import ChatZeroShot, DPICLRetriever
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
@@ -56,8 +55,7 @@ def main() -> None:
             "question": RunnablePassthrough(),
         }
         | prompt
-        | (lambda p: backend.apply_chat_template([{"role": "user", "content": p.to_string()}]))
-        | (lambda ids: backend.decode(greedy_generate(backend, [ids], max_new_tokens=16)[0]))
+        | ChatZeroShot(backend=backend, max_tokens=16)  # the same model, greedy: it reads only the DP context
         | StrOutputParser()
     )
     for question in ["Who wrote Hamlet ?", "How far is the Moon from the Earth ?"]:

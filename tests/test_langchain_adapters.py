@@ -27,9 +27,10 @@ from langchain_core.prompts import (
     FewShotPromptTemplate,
     PromptTemplate,
 )
-from langchain_dp_icl import DPICLLLM, ChatDPICL, DPICLExampleSelector, DPICLRetriever
+from langchain_dp_icl import DPICLLLM, ChatDPICL, ChatZeroShot, DPICLExampleSelector, DPICLRetriever
 from langchain_tests.integration_tests import ChatModelIntegrationTests, RetrieversIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
+from pydantic import ValidationError
 
 from dp_icl_plugin import BudgetExhaustedError, BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
 from dp_icl_plugin.methods import (
@@ -617,3 +618,24 @@ def test_token_counts_come_from_the_models_own_tokenizer(monkeypatch: pytest.Mon
     kept = trim_messages(history, max_tokens=30, token_counter=chat, strategy="last", include_system=True)
     assert kept[0] == history[0] and kept[-1] == history[-1] and len(kept) < len(history)
     assert chat.get_num_tokens_from_messages(kept) <= 30
+
+
+def test_the_zero_shot_baseline_is_the_same_model_greedy_and_charges_nothing() -> None:
+    # the examples hand-wrote greedy_generate and apply_chat_template for the baseline and a RAG generator
+    from dp_icl_plugin.backends.generation import greedy_generate
+
+    model = backend()
+    baseline = ChatZeroShot(backend=model, max_tokens=5)
+    answer = baseline.invoke([SystemMessage("Answer briefly."), HumanMessage("Hello, how are you?")])
+    # no chat template on the tiny model: plain role lines, as the DP decoders lay them out
+    prompt = model.encode("system: Answer briefly.\nuser: Hello, how are you?\nassistant:", add_special_tokens=True)
+    assert answer.content == model.decode(greedy_generate(model, [prompt], max_new_tokens=5, stop=())[0])
+    assert answer.usage_metadata["input_tokens"] == len(prompt)
+    assert "".join(str(c.content) for c in baseline.stream("Hello, how are you?")) == baseline.invoke(
+        "Hello, how are you?").content
+    restricted = ChatZeroShot(backend=model, choices=["apples", "oranges"])
+    assert restricted.invoke("which fruit?").content in ("apples", "oranges")
+    with pytest.raises(ConfigurationError, match="temperature"):
+        baseline.invoke("hi", temperature=0.3)
+    with pytest.raises(ValidationError):
+        ChatZeroShot(backend="not a backend")
