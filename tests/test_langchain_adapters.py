@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import uuid
 from typing import Any
@@ -220,7 +221,7 @@ def test_selector_escapes_braces_for_the_few_shot_template(template_format: str)
         DPICLExampleSelector(braced_demo_set(), template_format="mustache")  # type: ignore[arg-type]
 
 
-def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path: Any) -> None:
+def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path: Any, caplog: Any) -> None:
     ledger = BudgetManager(PrivacyBudget(5.0, 1e-3))
     saved = tmp_path / "demos.jsonl"
 
@@ -235,6 +236,11 @@ def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path:
     restarted = selector()  # a restart: the file is served, the dataset dropped, nothing charged
     assert restarted._lazy == (None, None, None, None, None)
     assert restarted.select_examples({"input": "q"}) == first and len(ledger.history()) == 1
+    elsewhere = BudgetManager(PrivacyBudget(5.0, 1e-3))  # a ledger that never paid for the file: served, with a word
+    with caplog.at_level(logging.WARNING, logger="langchain_dp_icl.selector"):
+        DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=2.0, delta=1e-3), dataset=dataset(),
+                             backend=backend(), budget=elsewhere, save_to=str(saved))  # fmt: skip
+    assert "is not in this app's ledger" in caplog.text and elsewhere.history() == []
     other = PTASynthesizer(epsilon=2.0, delta=1e-3, max_tokens=2, shots_per_label=1)
     with pytest.raises(ConfigurationError, match="remove the file"):
         DPICLExampleSelector(synthesizer=other, dataset=dataset(), backend=backend(), budget=ledger,

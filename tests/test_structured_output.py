@@ -202,3 +202,53 @@ def test_structured_answers_and_tool_calls_on_the_real_model() -> None:
     call = chat.bind_tools([route], tool_choice="any").invoke("Route: my card was charged twice")
     assert [c["name"] for c in call.tool_calls] == ["route"] and call.tool_calls[0]["args"]["desk"] in ("billing",
                                                                                                       "technical")
+
+
+# ------------------------------------------------------------------------------------------ review findings
+
+
+def test_tool_choice_none_answers_in_text_and_any_answer_parses_without_raising() -> None:
+    from langchain_dp_icl.tools import message_fields
+
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    chat = ChatDPICL(decoder=tiny_decoder(ledger, max_tokens=4), seed=0)
+
+    def route(desk: Literal["billing", "technical"]) -> str:
+        """Send the ticket to a desk."""
+        return desk
+
+    plain = chat.bind_tools([route], tool_choice="none").invoke("hello")
+    assert plain.tool_calls == [] and plain.invalid_tool_calls == [] and isinstance(plain.content, str)
+    for text in ("5", '{"x": 1}', '{"name": 3, "arguments": {}}', "[1, 2]"):  # raised after the charge before
+        assert message_fields(text, "stop")["invalid_tool_calls"][0]["error"] == "not a tool call"
+
+
+def test_a_batch_larger_than_the_share_left_is_refused_before_any_charge() -> None:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    chat = ChatDPICL(decoder=tiny_decoder(ledger, n_queries=2, max_tokens=2), seed=0)
+    with pytest.raises(ConfigurationError, match="a batch of 3 answers, but this decoder's share covers 2 more"):
+        chat.batch(["a", "b", "c"])  # charged two, then failed with the third: both paid answers were lost
+    assert ledger.history() == []
+    assert len(chat.batch(["a", "b"])) == 2 and len(ledger.history()) == 2
+
+
+def test_structured_output_batches_and_keeps_the_schemas_field_order() -> None:
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = tiny_decoder(ledger)
+    chat = ChatDPICL(decoder=decoder, seed=0)
+    assert len(chat.with_structured_output({**DESK, "title": "Desk"}).batch(["a", "b"])) == 2
+    reordered = {**DESK, "properties": dict(reversed(list(DESK["properties"].items())))}
+    assert decoder._rules(reordered) is not decoder._rules(DESK)  # the order the fields are generated in
+
+
+def test_a_completion_query_keeps_its_own_text_under_a_schema_instruction() -> None:
+    from dp_icl_plugin.methods.decoding import query_text
+    from dp_icl_plugin.methods.structured import with_instruction
+
+    instructed = with_instruction("where is the cat?", "Reply with JSON")
+    assert instructed.startswith("Reply with JSON") and query_text(instructed) == "where is the cat?"
+
+
+def test_a_share_delta_above_the_ledgers_warns() -> None:
+    with pytest.warns(UserWarning, match="above the ledger's"):
+        tiny_decoder(BudgetManager(PrivacyBudget(1e4, 1e-5)), delta=1e-3)

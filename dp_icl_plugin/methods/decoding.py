@@ -43,6 +43,7 @@ import inspect
 import json
 import math
 import threading
+import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
@@ -84,6 +85,24 @@ __all__ = [  # DecodedAnswer, Query, check_query: re-exported
 ]  # fmt: skip
 
 
+SCHEMA_CACHE_SIZE = 64  # compiled schemas a decoder keeps (least recently used dropped)
+
+
+def share_delta(delta: float | None, budget: BudgetManager) -> float:
+    """A decoder share's δ: ``delta``, or the ledger's (at which the ledger certifies the charges, so that the
+    share costs the ε asked for). A larger one is allowed with a warning: the share then costs the ledger more
+    than its ε."""
+    if delta is None:
+        return float(budget.budget.delta)
+    value = check.probability_open("delta", delta)
+    if value > budget.budget.delta:
+        warnings.warn(
+            f"delta = {value:g} is above the ledger's {budget.budget.delta:g}: the ledger certifies the share at "
+            "its own delta, where it costs more than the epsilon asked for", stacklevel=3,
+        )  # fmt: skip
+    return value
+
+
 def public_checked(logprobs: np.ndarray, *, stand_in: bool = True) -> np.ndarray:
     """A step's rows with the public row (row 0) checked and, with ``stand_in``, every record's row made usable
     (without it, the caller judges records' rows itself, as expert decoding does: a bad row sits idle).
@@ -110,8 +129,9 @@ def public_checked(logprobs: np.ndarray, *, stand_in: bool = True) -> np.ndarray
 
 
 def query_text(query: str | tuple[dict[str, str], ...]) -> str:
-    """A checked query's own text: a completion prompt, or a chat's last (user) message."""
-    return query if isinstance(query, str) else query[-1]["content"]
+    """A checked query's own text: a completion prompt (without a schema's instruction), or a chat's last (user)
+    message."""
+    return str(getattr(query, "query", query)) if isinstance(query, str) else query[-1]["content"]
 
 
 class _Decoder:
@@ -264,11 +284,14 @@ class _Decoder:
             return self.choices
         if self.choices is not None:
             raise ConfigurationError("a decoder with choices answers with one of them: it takes no schema")
-        key = json.dumps(json_schema_of(schema), sort_keys=True)
+        key = json.dumps(json_schema_of(schema))  # key order is the fields' order in the answer: kept
         with self._schemas_lock:
-            compiled = self._schemas.get(key)
+            compiled = self._schemas.pop(key, None)
             if compiled is None:
-                compiled = self._schemas[key] = JSONSchemaAnswers(self.backend, schema)
+                compiled = JSONSchemaAnswers(self.backend, schema)
+            self._schemas[key] = compiled  # most recent last
+            while len(self._schemas) > SCHEMA_CACHE_SIZE:
+                self._schemas.pop(next(iter(self._schemas)))
         return compiled
 
     def _prepare(
@@ -525,7 +548,7 @@ class MozoDecoder(_DatasetDecoder):
         self.sampling_rate = self.n_shots / len(self._records)
         if (epsilon is None) == (beta is None):
             raise ConfigurationError("give exactly one of epsilon (β is calibrated) and beta")
-        self.delta = check.probability_open("delta", delta if delta is not None else budget.budget.delta)
+        self.delta = share_delta(delta, budget)
         if beta is None:
             result = calibrate_mozo(epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta,
                                     sampling_rate=self.sampling_rate,
@@ -624,7 +647,7 @@ class ClipBlendDecoder(_DatasetDecoder):
             raise ConfigurationError("rng_subset must be a numpy.random.Generator")
         if (epsilon is None) == (temperature is None):
             raise ConfigurationError("give exactly one of epsilon (τ is calibrated) and temperature")
-        self.delta = check.probability_open("delta", delta if delta is not None else budget.budget.delta)
+        self.delta = share_delta(delta, budget)
         if temperature is None:
             result = calibrate_clip_blend_temperature(
                 epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta, clip=self.clip,

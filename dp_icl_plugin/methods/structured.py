@@ -32,7 +32,7 @@ from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.choices import draw_among
 
-__all__ = ["JSONSchemaAnswers", "SchemaAnswer", "json_schema_of", "with_instruction"]
+__all__ = ["InstructedText", "JSONSchemaAnswers", "SchemaAnswer", "json_schema_of", "with_instruction"]
 
 _NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _VALUES = ("const", "enum", "default", "examples")
@@ -147,11 +147,21 @@ class JSONSchemaAnswers:
                             self.eos_token_id)  # fmt: skip
 
 
+class InstructedText(str):
+    """A completion text with a public instruction in front; :attr:`query` is the caller's own text (what a
+    retriever searches with, not the schema)."""
+
+    query: str
+
+
 def with_instruction(query: str | tuple[dict[str, str], ...], instruction: str) -> str | tuple[dict[str, str], ...]:
     """``query`` (a completion text or a checked chat) with ``instruction`` added: a chat's system message gets
-    it (one is added first where there is none), a completion text begins with it. Public text only."""
+    it (one is added first where there is none), a completion text begins with it (an :class:`InstructedText`
+    that keeps the query). Public text only."""
     if isinstance(query, str):
-        return f"{instruction}\n\n{query}"
+        text = InstructedText(f"{instruction}\n\n{query}")
+        text.query = getattr(query, "query", query)
+        return text
     messages = list(query)
     if messages and messages[0]["role"] == "system":
         messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{instruction}"}

@@ -203,6 +203,11 @@ class _DPModelMixin:
             return tools_schema(kwargs["tools"], kwargs.get("tool_choice"))
         return kwargs.get("json_schema")
 
+    @staticmethod
+    def _calls_tools(kwargs: dict[str, Any]) -> bool:
+        """Whether the answer is a tool call to parse: tools bound, and tool_choice not "none"."""
+        return kwargs.get("tools") is not None and kwargs.get("tool_choice") not in ("none", False)
+
     def _stops(self, stop: list[str] | None) -> list[str] | None:
         merged: list[str] = []
         for given in (getattr(self, "stop", None), stop):
@@ -210,6 +215,14 @@ class _DPModelMixin:
                 raise ConfigurationError("stop must be a list of non-empty strings")  # not split into characters
             merged += given or []
         return merged or None
+
+    def _check_room(self, answers: int) -> None:
+        """Refuse, before any is charged, a batch of more answers than the decoder's share still covers: the first
+        ones would be charged and then thrown away with the batch's error."""
+        left = getattr(self.decoder, "answers_left", None)
+        if left is not None and answers > left:
+            raise ConfigurationError(f"a batch of {answers} answers, but this decoder's share covers {left} more: "
+                                     "nothing was charged")  # fmt: skip
 
     def _check(self, query: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> None:
         """Refuse a bad query before anything is charged (the decoder's own checks, run early)."""
@@ -402,17 +415,21 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
     def _check_batch(self, inputs: list[Any], return_exceptions: bool, kwargs: dict[str, Any]) -> None:
         """One bad input fails the whole batch: refuse it before any answer is charged."""
         if not return_exceptions:
+            self._check_room(len(inputs))
             for item in inputs:
-                self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"), kwargs)
+                self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"),
+                            _call_kwargs(kwargs))  # fmt: skip
 
     def generate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
                  **kwargs: Any) -> Any:  # fmt: skip
+        self._check_room(len(messages))
         for batch_item in messages:  # one bad conversation fails the call: refuse it before any answer is charged
             self._check(_messages(batch_item), stop, _call_kwargs(kwargs))
         return super().generate(messages, stop, *args, **kwargs)
 
     async def agenerate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
                         **kwargs: Any) -> Any:  # fmt: skip
+        self._check_room(len(messages))
         for batch_item in messages:
             self._check(_messages(batch_item), stop, _call_kwargs(kwargs))
         return await super().agenerate(messages, stop, *args, **kwargs)
@@ -535,7 +552,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
         parts: list[str] = []
-        tools = kwargs.get("tools") is not None
+        tools = self._calls_tools(kwargs)
         message_id = None if tools else self._tokens_to(run_manager, kwargs, async_api=False)  # a call is not text
         for piece in self._pieces(pieces, run_manager, spend):
             parts.append(piece)
@@ -559,7 +576,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
         parts: list[str] = []
-        tools = kwargs.get("tools") is not None
+        tools = self._calls_tools(kwargs)
         message_id = None if tools else self._tokens_to(run_manager, kwargs, async_api=True)
         async for piece in self._apieces(pieces, run_manager, spend):
             parts.append(piece)
@@ -581,7 +598,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         query = _messages(messages)
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
-        if kwargs.get("tools") is not None:  # a tool call arrives whole, as one chunk
+        if self._calls_tools(kwargs):  # a tool call arrives whole, as one chunk
             text = "".join(self._pieces(pieces, run_manager, spend))
             yield self._chunk(_call_chunk(text, pieces.finish_reason), False)
         else:
@@ -602,7 +619,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         query = _messages(messages)
         pieces = self._answer(query, stop, kwargs)
         spend: dict[str, Any] = {}
-        if kwargs.get("tools") is not None:
+        if self._calls_tools(kwargs):
             text = "".join([piece async for piece in self._apieces(pieces, run_manager, spend)])
             yield self._chunk(_call_chunk(text, pieces.finish_reason), False)
         else:
@@ -687,6 +704,7 @@ class DPICLLLM(_DPModelMixin, LLM):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> LLMResult:
+        self._check_room(len(prompts))
         for prompt in prompts:  # a batch fails as a whole: refuse it before its first answer is charged
             self._check(prompt, stop, kwargs)
         generations = []
@@ -706,6 +724,7 @@ class DPICLLLM(_DPModelMixin, LLM):
         **kwargs: Any,
     ) -> LLMResult:
         # steps in worker threads, handlers on the caller's loop (LangChain's default runs _generate in a thread)
+        self._check_room(len(prompts))
         for prompt in prompts:
             self._check(prompt, stop, kwargs)
         generations = []

@@ -179,7 +179,7 @@ class DPICLExampleSelector(BaseExampleSelector):
                 raise ConfigurationError("demos must be a DemoSet")
             self._demos: DemoSet | None = demos
         elif save_to is not None and Path(save_to).exists():
-            self._demos = _saved(Path(save_to), synthesizer)  # a restart: DP output already paid for, free to reuse
+            self._demos = _saved(Path(save_to), synthesizer, budget)  # a restart: DP output already paid for
             synthesizer = dataset = backend = budget = rng = None
         else:
             if synthesizer is None or dataset is None or backend is None:
@@ -311,10 +311,17 @@ class _AnyEmbeddings(Embeddings):
         return self.embed_documents([text])[0]
 
 
-def _saved(path: Path, synthesizer: SynthesisMethod | None) -> DemoSet:
+def _saved(path: Path, synthesizer: SynthesisMethod | None, budget: BudgetManager | None) -> DemoSet:
     """The DemoSet a previous run saved at ``path`` (typed errors for a file that is not one, or one made by
-    another method than ``synthesizer``)."""
+    another method than ``synthesizer``; a warning when ``budget`` holds no charge for it: DP output may be
+    served anywhere, but a file paid for elsewhere, or stale, is worth a word)."""
     demos = DemoSet.load(path)
+    entry = demos.provenance.ledger_entry_id
+    if isinstance(budget, BudgetManager) and not any(e.id == entry and e.label == demos.provenance.ledger_label
+                                                     for e in budget.history()):  # fmt: skip
+        _log.warning("save_to %s holds demonstrations whose charge (ledger entry %s, %r) is not in this app's "
+                     "ledger: served as saved (DP output), but check it is the set you meant", path, entry,
+                     demos.provenance.ledger_label)  # fmt: skip
     method = getattr(synthesizer, "name", None)
     if method is not None and demos.provenance.method != method:
         raise ConfigurationError(

@@ -75,6 +75,11 @@ def message_fields(text: str, finish_reason: str) -> dict[str, Any]:
             {"name": None, "args": text, "id": _call_id(), "error": why, "type": "invalid_tool_call"}]}  # fmt: skip
     if isinstance(value, dict) and ANSWER_KEY in value and "name" not in value:
         return {"content": str(value[ANSWER_KEY])}
+    named = isinstance(value, dict) and isinstance(value.get("name"), str)
+    if not (named and isinstance(value.get("arguments"), dict)):
+        why = "not a tool call"
+        return {"content": "", "invalid_tool_calls": [
+            {"name": None, "args": text, "id": _call_id(), "error": why, "type": "invalid_tool_call"}]}  # fmt: skip
     return {"content": "", "tool_calls": [{"name": value["name"], "args": value["arguments"], "id": _call_id(),
                                            "type": "tool_call"}]}  # fmt: skip
 
