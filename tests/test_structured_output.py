@@ -21,7 +21,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_dp_icl import ChatDPICL
 from pydantic import BaseModel
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
+from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget, ShareExhaustedError
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 from dp_icl_plugin.methods.structured import JSONSchemaAnswers
@@ -226,7 +226,7 @@ def test_tool_choice_none_answers_in_text_and_any_answer_parses_without_raising(
 def test_a_batch_larger_than_the_share_left_is_refused_before_any_charge() -> None:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
     chat = ChatDPICL(decoder=tiny_decoder(ledger, n_queries=2, max_tokens=2), seed=0)
-    with pytest.raises(ConfigurationError, match="a batch of 3 answers, but this decoder's share covers 2 more"):
+    with pytest.raises(ShareExhaustedError, match="3 answers asked for, 2 left"):
         chat.batch(["a", "b", "c"])  # charged two, then failed with the third: both paid answers were lost
     assert ledger.history() == []
     assert len(chat.batch(["a", "b"])) == 2 and len(ledger.history()) == 2

@@ -156,6 +156,15 @@ class Decoder(Protocol):
         """Tokens of the public prompt: the query alone, never a private record's length."""
         ...
 
+    @property
+    def answers_left(self) -> int | None:
+        """Answers the decoder's share still covers (None: not counted)."""
+        ...
+
+    def check_answers_left(self, answers: int) -> None:
+        """Raise ``ShareExhaustedError`` (nothing charged) when a batch asks for more answers than are left."""
+        ...
+
     def token_ids(self, text: str) -> list[int]:
         """``text`` (public: the caller's) in the model's own tokens, without special tokens."""
         ...

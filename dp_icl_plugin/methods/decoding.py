@@ -392,6 +392,21 @@ class _Decoder:
         """Answers this decoder's share still covers (None: no count, its records' own filters bound them)."""
         return None if self.n_queries is None else max(self.n_queries - self._answered, 0)
 
+    def check_answers_left(self, answers: int) -> None:
+        """Refuse, before any is charged, ``answers`` answers (a batch) when this decoder's share covers fewer:
+        the first ones would be charged and then lost with the batch's error.
+
+        Raises:
+            ShareExhaustedError: more answers than :attr:`answers_left`; nothing charged.
+        """
+        left = self.answers_left
+        if left is not None and answers > left:
+            assert self.n_queries is not None
+            requested = tightest().epsilon(self.answer_event(), delta=self.budget.budget.delta)
+            raise ShareExhaustedError(f"{answers} answers asked for, {left} left of this decoder's share of "
+                                      f"{self.n_queries}: nothing was committed", requested_epsilon=requested,
+                                      n_queries=self.n_queries)  # fmt: skip
+
     def _share_spent(self, limit: int) -> ShareExhaustedError:
         """The refusal of an answer beyond ``n_queries`` (its calibration covers no more), nothing charged."""
         assert self.n_queries is not None

@@ -217,12 +217,9 @@ class _DPModelMixin:
         return merged or None
 
     def _check_room(self, answers: int) -> None:
-        """Refuse, before any is charged, a batch of more answers than the decoder's share still covers: the first
-        ones would be charged and then thrown away with the batch's error."""
-        left = getattr(self.decoder, "answers_left", None)
-        if left is not None and answers > left:
-            raise ConfigurationError(f"a batch of {answers} answers, but this decoder's share covers {left} more: "
-                                     "nothing was charged")  # fmt: skip
+        """Refuse, before any is charged, a batch of more answers than the decoder's share still covers (the
+        first ones would be charged and then thrown away with the batch's error)."""
+        self.decoder.check_answers_left(answers)
 
     def _check(self, query: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> None:
         """Refuse a bad query before anything is charged (the decoder's own checks, run early)."""

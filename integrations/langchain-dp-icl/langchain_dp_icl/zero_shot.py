@@ -19,7 +19,6 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field
 
-from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.errors import ConfigurationError
@@ -27,6 +26,12 @@ from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.decoder import check_call_settings, check_query
 
 __all__ = ["ChatZeroShot"]
+
+
+def _limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError("max_tokens must be a positive integer")
+    return value
 
 
 class ChatZeroShot(BaseChatModel):
@@ -56,7 +61,7 @@ class ChatZeroShot(BaseChatModel):
     def model_post_init(self, context: Any) -> None:
         if not isinstance(self.backend, NextTokenBackend):
             raise ConfigurationError("backend must be a dp_icl_plugin NextTokenBackend (e.g. chat.decoder.backend)")
-        check.positive_int("max_tokens", self.max_tokens)
+        _limit(self.max_tokens)
         self._answers = None if self.choices is None else AnswerChoices(self.backend, self.choices)
 
     @property
@@ -85,7 +90,7 @@ class ChatZeroShot(BaseChatModel):
 
     def _answer(self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> AIMessage:
         check_call_settings(kwargs, honoured=("max_tokens", "stream"))
-        limit = check.positive_int("max_tokens", kwargs.get("max_tokens", self.max_tokens))
+        limit = _limit(kwargs.get("max_tokens", self.max_tokens))
         prompt = self._prompt(messages)
         if self._answers is not None:
             text = self._answers.greedy(self.backend, prompt)
