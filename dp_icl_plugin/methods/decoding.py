@@ -400,6 +400,8 @@ class _Decoder:
             ShareExhaustedError: more answers than :attr:`answers_left`; nothing charged.
         """
         left = self.answers_left
+        if left == 0:
+            raise self._share_spent(self.max_tokens)
         if left is not None and answers > left:
             assert self.n_queries is not None
             requested = tightest().epsilon(self.answer_event(), delta=self.budget.budget.delta)
