@@ -2,7 +2,7 @@
 
 A local model is named by a folder, a ``.gguf`` file, a named model (:data:`~dp_icl_plugin.backends.gguf.MODELS`)
 or a hub id. transformers treats anything that is not an existing folder as a hub id: a missing folder gets
-"Repo id must use alphanumeric chars", and a typo such as ``"smollm2-135m"`` spends a minute retrying a hub
+"Repo id must use alphanumeric chars", and a typo such as ``"smollm2-135m"`` keeps retrying a hub
 this machine may not reach before it says "check your internet connection". :func:`check_model_reference`
 says at once which of the four the reference is not, and what is close to it.
 """

@@ -80,7 +80,8 @@ from dp_icl_plugin.methods.structured import JSONSchemaAnswers, json_schema_of, 
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
 
 __all__ = [  # DecodedAnswer, Query, check_query: re-exported
-    "DECODING_METHODS", "ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "check_query",
+    "DECODING_METHODS", "ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "chat_ids",
+    "check_query",
     "step_rows",
 ]  # fmt: skip
 
@@ -101,6 +102,16 @@ def share_delta(delta: float | None, budget: BudgetManager) -> float:
             "its own delta, where it costs more than the epsilon asked for", stacklevel=3,
         )  # fmt: skip
     return value
+
+
+def chat_ids(backend: NextTokenBackend, messages: Sequence[dict[str, str]]) -> list[int]:
+    """A chat's prompt ids, ready for the assistant's answer: the tokenizer's chat template, or, for a model
+    without one, ``role: content`` lines then ``assistant:`` (the layout every decoder and the zero-shot baseline
+    share)."""
+    if backend.has_chat_template:
+        return list(backend.apply_chat_template(list(messages), add_generation_prompt=True))
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+    return list(backend.encode(text, add_special_tokens=True))
 
 
 def public_checked(logprobs: np.ndarray, *, stand_in: bool = True) -> np.ndarray:
@@ -333,11 +344,7 @@ class _Decoder:
                 at = 1 if messages[0]["role"] == "system" else 0
                 example = [{"role": "user", "content": record.text}, {"role": "assistant", "content": record.label}]
                 messages[at:at] = example
-            if b.has_chat_template:
-                ids = b.apply_chat_template(messages, add_generation_prompt=True)
-            else:
-                text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-                ids = b.encode(text, add_special_tokens=True)
+            ids = chat_ids(b, messages)
         capacity = getattr(b, "max_length", None)
         room = None if capacity is None else capacity - 1 - reserve  # one position left for the next token
         if room is not None and room < 1:  # public: the query's limit against the model's length
@@ -400,24 +407,21 @@ class _Decoder:
             ShareExhaustedError: more answers than :attr:`answers_left`; nothing charged.
         """
         left = self.answers_left
-        if left == 0:
-            raise self._share_spent(self.max_tokens)
         if left is not None and answers > left:
-            assert self.n_queries is not None
-            requested = tightest().epsilon(self.answer_event(), delta=self.budget.budget.delta)
-            raise ShareExhaustedError(f"{answers} answers asked for, {left} left of this decoder's share of "
-                                      f"{self.n_queries}: nothing was committed", requested_epsilon=requested,
-                                      n_queries=self.n_queries)  # fmt: skip
+            raise self._share_spent(self.max_tokens, asked=answers if left else None)
 
-    def _share_spent(self, limit: int) -> ShareExhaustedError:
-        """The refusal of an answer beyond ``n_queries`` (its calibration covers no more), nothing charged."""
+    def _share_spent(self, limit: int, asked: int | None = None) -> ShareExhaustedError:
+        """The refusal of an answer beyond ``n_queries`` (its calibration covers no more), or of a batch of
+        ``asked`` answers beyond those left; nothing charged."""
         assert self.n_queries is not None
         requested = tightest().epsilon(self.answer_event(limit), delta=self.budget.budget.delta)
-        return ShareExhaustedError(
-            f"this decoder's share covers {self.n_queries} answers and all were given: its noise was calibrated "
-            "for no more (the ledger itself may have room: build a new decoder for a new share); nothing was "
-            "committed", requested_epsilon=requested, n_queries=self.n_queries,
-        )  # fmt: skip
+        if asked is None:
+            why = (f"this decoder's share covers {self.n_queries} answers and all were given: its noise was "
+                   "calibrated for no more (the ledger itself may have room: build a new decoder for a new share)")
+        else:
+            why = f"{asked} answers asked for, {self.answers_left} left of this decoder's share of {self.n_queries}"
+        return ShareExhaustedError(f"{why}; nothing was committed", requested_epsilon=requested,
+                                   n_queries=self.n_queries)  # fmt: skip
 
     def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Any]:
         """Charge one answer of at most ``limit`` tokens (nothing private computed yet); returns the committed

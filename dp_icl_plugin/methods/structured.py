@@ -3,8 +3,8 @@
 An app that parses the answer (a Pydantic model, a router's fields, a tool's arguments) gives a JSON schema;
 the decoder then samples, at every step, among the tokens that keep the answer a prefix of a JSON document
 valid under the schema, and the answer ends when the document is complete. The grammar and the token masks
-come from `llguidance <https://github.com/guidance-ai/llguidance>`_ (the grammar engine of vLLM's, SGLang's
-and llama.cpp's constrained decoding), not from hand-written parsing.
+come from `llguidance <https://github.com/guidance-ai/llguidance>`_ (the guidance project's maintained grammar
+engine), not from hand-written parsing.
 
 **Privacy.** The schema is public (the caller's, never computed from records), so the set of allowed tokens at
 a step is a function of public inputs and of the tokens released before it: restricting every row, public and
@@ -81,7 +81,7 @@ def _closed(node: Any) -> Any:
 
 
 def _grammar_tokenizer(backend: NextTokenBackend) -> Any:
-    """llguidance's view of the backend's tokenizer (built once per tokenizer: about a second)."""
+    """llguidance's view of the backend's tokenizer (built once per tokenizer and kept)."""
     try:
         import llguidance.hf
     except ImportError as exc:

@@ -9,14 +9,14 @@ private data and charges nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, Field
 
 from dp_icl_plugin.backends.base import NextTokenBackend
@@ -24,6 +24,8 @@ from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.decoder import check_call_settings, check_query
+from dp_icl_plugin.methods.decoding import chat_ids
+from langchain_dp_icl.chat_model import _messages
 
 __all__ = ["ChatZeroShot"]
 
@@ -76,20 +78,11 @@ class ChatZeroShot(BaseChatModel):
         return list(self.backend.encode(text, add_special_tokens=False))
 
     def _prompt(self, messages: Sequence[BaseMessage]) -> list[int]:
-        roles = {"human": "user", "ai": "assistant", "system": "system"}
-        chat = []
-        for m in messages:
-            if m.type not in roles or not isinstance(m.content, str):
-                raise ConfigurationError("ChatZeroShot takes system, human and ai messages with text content")
-            chat.append({"role": roles[m.type], "content": m.content})
-        query = check_query(chat)
-        if self.backend.has_chat_template:
-            return list(self.backend.apply_chat_template(list(query), add_generation_prompt=True))
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in query) + "assistant:"
-        return list(self.backend.encode(text, add_special_tokens=True))
+        """The chat's prompt ids, laid out as the DP decoders lay out theirs (no record)."""
+        return chat_ids(self.backend, check_query(_messages(messages)))
 
     def _answer(self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> AIMessage:
-        check_call_settings(kwargs, honoured=("max_tokens", "stream"))
+        check_call_settings(kwargs, honoured=("max_tokens", "stream"))  # streamed whole by LangChain: it is public
         limit = _limit(kwargs.get("max_tokens", self.max_tokens))
         prompt = self._prompt(messages)
         if self._answers is not None:
@@ -109,18 +102,3 @@ class ChatZeroShot(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         return ChatResult(generations=[ChatGeneration(message=self._answer(messages, stop, kwargs))])
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        message = self._answer(messages, stop, kwargs)  # greedy and public: computed whole, then sent
-        whole = AIMessageChunk(content=message.content, usage_metadata=message.usage_metadata,
-                               response_metadata=message.response_metadata)  # fmt: skip
-        chunk = ChatGenerationChunk(message=whole)
-        if run_manager is not None:
-            run_manager.on_llm_new_token(str(message.content), chunk=chunk)
-        yield chunk
