@@ -135,6 +135,13 @@ def test_langchain_structured_output_and_tools_on_the_tiny_model() -> None:
     assert isinstance(raw["raw"], AIMessage) and raw["parsing_error"] is None
     with pytest.raises(ConfigurationError, match="method must be"):
         chat.with_structured_output(Desk, method="xml")
+    # json_mode keeps to the schema when one is given (a missing key would fail the parser after the charge),
+    # and to any JSON object without one
+    assert set(chat.with_structured_output(desk_schema, method="json_mode").invoke("which desk?")) == {"desk",
+                                                                                                     "urgent"}
+    assert isinstance(chat.with_structured_output(None, method="json_mode").invoke("which desk?"), dict)
+    with pytest.raises(ConfigurationError, match="needs a schema"):
+        chat.with_structured_output(None)
 
     def route(desk: Literal["billing", "technical"], urgent: bool) -> str:
         """Send the ticket to a desk."""

@@ -372,8 +372,10 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         Args:
             schema: the output's schema.
             include_raw: also return the raw message and any parsing error, as LangChain's models do.
-            method: ``"json_schema"`` (the default), ``"json_mode"`` (any JSON object) or ``"function_calling"``
-                (through :meth:`bind_tools`).
+            method: ``"json_schema"`` (the default), ``"json_mode"`` or ``"function_calling"`` (through
+                :meth:`bind_tools`). Under ``"json_mode"`` the answer is a JSON object that keeps to ``schema``
+                when one is given (the grammar is what a DP answer can keep to, so the parser never meets a
+                missing key), or any JSON object with ``schema=None``.
             kwargs: ``strict`` is accepted and has no effect (the grammar is always strict).
 
         Raises:
@@ -387,8 +389,10 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         if method not in ("json_schema", "json_mode"):
             raise ConfigurationError("method must be 'json_schema', 'json_mode' or 'function_calling'")
         pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-        if method == "json_mode":
+        if schema is None and method == "json_mode":
             json_schema: dict[str, Any] = {"type": "object"}
+        elif schema is None:
+            raise ConfigurationError("with_structured_output needs a schema (or method='json_mode' for any object)")
         else:
             try:
                 json_schema = convert_to_json_schema(schema)
