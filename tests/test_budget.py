@@ -210,3 +210,24 @@ def test_a_refusal_names_the_relation_conversion_and_a_delta_no_epsilon_can_pay(
         ledger.spend(ApproxDPEvent(9.0, 1e-7, neighbouring="replace_one"), label="plainly too much")
     assert "group privacy" not in str(caught.value) and "above the ledger's" not in str(caught.value)
     assert ledger.history() == []
+
+
+def test_on_charge_sees_every_committed_entry_once_and_a_failing_watcher_does_not_undo_a_charge(
+    manager: BudgetManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[int] = []
+    stop = manager.on_charge(lambda entry: seen.append(entry.id))
+    manager.on_charge(lambda entry: 1 / 0)  # an app's broken audit log
+    first = manager.spend(PureDPEvent(0.4, neighbouring="replace_one"), label="a")
+    second = manager.spend(PureDPEvent(0.4, neighbouring="replace_one"), label="b")
+    with pytest.raises(BudgetExhaustedError):
+        manager.spend(PureDPEvent(0.4, neighbouring="replace_one"), label="refused")  # nothing committed: nothing reported
+    assert seen == [first.id, second.id] == [e.id for e in manager.history()]
+    assert "on_charge callback failed" in caplog.text
+    stop()
+    stop()  # twice is harmless
+    manager.spend(PureDPEvent(0.1, neighbouring="replace_one"), label="c")
+    assert len(seen) == 2
+    with pytest.raises(ConfigurationError, match="callable"):
+        manager.on_charge("print")  # type: ignore[arg-type]
+

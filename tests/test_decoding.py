@@ -97,6 +97,15 @@ def test_each_answer_is_charged_its_worst_case_before_the_first_token(make) -> N
     assert isinstance("".join(pieces), str)
 
 
+def test_the_ledgers_on_charge_hook_has_the_entry_before_the_first_token() -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
+    order: list[str] = []
+    ledger.on_charge(lambda entry: order.append(f"charged {entry.label}"))
+    for _ in mozo(ledger).stream("a b", rng=np.random.default_rng(0), max_tokens=3):
+        order.append("token")
+    assert order[0] == "charged mozo-answer" and order[1:] == ["token"] * (len(order) - 1) and len(order) > 1
+
+
 def test_stop_sequences_cut_and_end_the_answer() -> None:
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
     decoder = mozo(ledger, max_tokens=12)

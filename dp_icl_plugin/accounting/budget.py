@@ -32,6 +32,11 @@ component and owner (``knn-filter:<index id>`` covers ``knn-vote:<index id>``), 
 exceeds the filter's whole budget is one no unit can join, or one that bypassed the filter). Otherwise it is
 refused with :class:`~dp_icl_plugin.errors.ConfigurationError` and nothing is committed.
 
+**Watching charges.** :meth:`BudgetManager.on_charge` registers a callable that receives every entry this
+manager commits (from any method, adapter or thread), after the commit and before the charging release goes
+on: an audit log or a budget dashboard that does not depend on a framework's callbacks. It sees this process's
+charges; :meth:`BudgetManager.history` has every process's.
+
 Speed: the ledger keeps a count per distinct event, and the check tries the cheap valid bounds (basic
 composition, RDP) before numerical PLD/PRV composition, stopping at the first bound that shows the charge
 fits. Refusals and :meth:`BudgetManager.spent` use the tightest bound.
@@ -41,11 +46,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import logging
 import math
 import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dp_icl_plugin.accounting import events as ev
@@ -62,6 +69,7 @@ MAX_LABEL_LENGTH = 200
 FILTER_COVER_SUFFIX = "-filter"
 """A filter's cover is labelled ``<component>-filter:<owner>``; its releases ``<component>-<kind>:<owner>``."""
 _POSTGRES_SCHEMES = POSTGRES_SCHEMES
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,8 @@ class BudgetManager:
         self._budget = store.initialize(budget)
         self._decoded: dict[str, ev.DPEvent] = {}  # event key → the event converted to the ledger's relation
         self._decode_lock = threading.Lock()
+        self._watchers: list[Callable[[LedgerEntry], object]] = []
+        self._watchers_lock = threading.Lock()
 
     @classmethod
     def open(cls, ledger: str | os.PathLike[str], *, accountant: str | Accountant = "auto") -> BudgetManager:
@@ -191,7 +201,48 @@ class BudgetManager:
                 row_id = tx.append(timestamp=timestamp, label=label, event_key=key, certified_epsilon=certified)
         if certified is None:  # the transaction has ended (nothing appended): explain outside the lock
             raise self._refusal(event, total, counts)
-        return LedgerEntry(row_id, label, event, timestamp, certified)
+        entry = LedgerEntry(row_id, label, event, timestamp, certified)
+        self._tell_watchers(entry)
+        return entry
+
+    def on_charge(self, callback: Callable[[LedgerEntry], object]) -> Callable[[], None]:
+        """Call ``callback(entry)`` with every entry this manager commits from now on.
+
+        It runs in the charging thread, after the commit and before the release that charged goes on, so it
+        should be quick (hand the entry to a queue for slow work). An exception it raises is logged and
+        swallowed: the charge stands, and failing the release after it would spend the budget for nothing.
+        Refused charges commit nothing and are not reported.
+
+        Args:
+            callback: a callable taking the :class:`LedgerEntry` (id, label, event, timestamp, the ledger's
+                certified ε after it). The entry holds no private data.
+
+        Returns:
+            A function that unregisters ``callback``.
+
+        Raises:
+            ConfigurationError: ``callback`` is not callable.
+        """
+        if not callable(callback):
+            raise ConfigurationError("on_charge takes a callable")
+        with self._watchers_lock:
+            self._watchers.append(callback)
+
+        def unregister() -> None:
+            with self._watchers_lock:
+                if callback in self._watchers:
+                    self._watchers.remove(callback)
+
+        return unregister
+
+    def _tell_watchers(self, entry: LedgerEntry) -> None:
+        with self._watchers_lock:
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            try:
+                watcher(entry)
+            except Exception:  # the charge is committed: a watcher's failure must not throw the release away
+                _log.exception("an on_charge callback failed on ledger entry %s (the charge stands)", entry.id)
 
     def would_fit(self, event: ev.DPEvent, *, label: str | None = None) -> bool:
         """Dry run of :meth:`spend`: whether ``event`` would be admitted now (nothing is committed).

@@ -27,7 +27,7 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 from langchain_core.language_models import LLM, BaseChatModel
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, convert_to_messages
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import (
@@ -38,9 +38,11 @@ from langchain_core.outputs import (
     GenerationChunk,
     LLMResult,
 )
+from langchain_core.prompt_values import PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough, ensure_config
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
+from langchain_core.utils.utils import LC_ID_PREFIX
 from langchain_core.utils.uuid import uuid7
 from pydantic import ConfigDict, Field
 
@@ -112,6 +114,19 @@ _RUN_PARAMETERS = ("callbacks", "tags", "metadata", "run_name", "run_id", "ls_st
 def _call_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """What of generate()'s keywords reaches _generate: the call's settings, without the run's tracing."""
     return {k: v for k, v in kwargs.items() if k not in _RUN_PARAMETERS}
+
+
+def _input_messages(item: Any) -> list[BaseMessage]:
+    """A chat model's input as the messages LangChain will hand ``_generate``: a prompt value's, a string as one
+    human message, or a sequence of messages (tuples, dicts, message objects)."""
+    if isinstance(item, PromptValue):
+        return item.to_messages()
+    if isinstance(item, str):
+        return [HumanMessage(item)]
+    if isinstance(item, Sequence):
+        return convert_to_messages(item)
+    raise ConfigurationError(f"a chat model's input is a PromptValue, a str or a list of messages, not "
+                             f"{type(item).__name__}")  # fmt: skip
 
 
 def _text(content: Any) -> str:
@@ -418,7 +433,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         if not return_exceptions:
             self._check_room(len(inputs))
             for item in inputs:
-                self._check(_messages(self._convert_input(item).to_messages()), kwargs.get("stop"),
+                self._check(_messages(_input_messages(item)), kwargs.get("stop"),
                             _call_kwargs(kwargs))  # fmt: skip
 
     def generate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
@@ -515,7 +530,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         would have streamed (a streaming handler such as astream_events', or stream=True); None: no streaming."""
         if run_manager is None or not super()._should_stream(async_api=async_api, run_manager=run_manager, **kwargs):
             return None
-        return f"lc_run--{run_manager.run_id}"  # LangChain's id for a streamed run's chunks and message
+        return f"{LC_ID_PREFIX}-{run_manager.run_id}"  # LangChain's id for a streamed run's chunks and message
 
     def _chunk(self, message: AIMessageChunk, streamed_by_us: bool) -> ChatGenerationChunk:
         """A chunk; content blocks under ``output_version="v1"`` where LangChain does not convert it (the
