@@ -121,7 +121,7 @@ def test_an_answer_cut_by_max_tokens_is_not_a_document() -> None:
 
 
 def test_langchain_structured_output_and_tools_on_the_tiny_model() -> None:
-    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    ledger = BudgetManager(PrivacyBudget(1e5, 1e-3))
     chat = ChatDPICL(decoder=tiny_decoder(ledger, max_tokens=96), seed=0)  # byte-level: a token per character
 
     class Desk(BaseModel):
@@ -133,6 +133,12 @@ def test_langchain_structured_output_and_tools_on_the_tiny_model() -> None:
     assert parsed["desk"] in ("billing", "technical")
     raw = chat.with_structured_output(desk_schema, include_raw=True).invoke("which desk?")
     assert isinstance(raw["raw"], AIMessage) and raw["parsing_error"] is None
+    # usage counts the public prompt the model read, the schema's instruction included
+    query = [{"role": "user", "content": "which desk?"}]
+    plain = chat.invoke("which desk?").usage_metadata
+    assert plain is not None and plain["input_tokens"] == chat.decoder.prompt_tokens(query)
+    assert raw["raw"].usage_metadata["input_tokens"] == chat.decoder.prompt_tokens(query, desk_schema)
+    assert chat.decoder.prompt_tokens(query, desk_schema) > plain["input_tokens"]
     with pytest.raises(ConfigurationError, match="method must be"):
         chat.with_structured_output(Desk, method="xml")
     # json_mode keeps to the schema when one is given (a missing key would fail the parser after the charge),

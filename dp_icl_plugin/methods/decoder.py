@@ -86,9 +86,10 @@ class AnswerStream(Iterator[str]):
     forked copy (a pre-forking server) would draw the rest of the answer again from the same charge, a second
     release paid once, so it raises ``ConfigurationError`` instead."""
 
-    def __init__(self, pieces: Generator[str, None, None], state: AnswerState) -> None:
+    def __init__(self, pieces: Generator[str, None, None], state: AnswerState, prompt_tokens: int) -> None:
         self._pieces = pieces
         self._state = state
+        self._prompt_tokens = prompt_tokens
 
     def __iter__(self) -> AnswerStream:
         return self
@@ -114,6 +115,12 @@ class AnswerStream(Iterator[str]):
     def charge(self) -> LedgerEntry | None:
         """The ledger entry that paid for this answer; None until the first ``next``."""
         return self._state.charge
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of this answer's public prompt (the query in the template, a schema's instruction included):
+        never a private record's length."""
+        return self._prompt_tokens
 
     @property
     def token_ids(self) -> tuple[int, ...]:
@@ -152,8 +159,9 @@ class Decoder(Protocol):
         charge)."""
         ...
 
-    def prompt_tokens(self, query: Query) -> int:
-        """Tokens of the public prompt: the query alone, never a private record's length."""
+    def prompt_tokens(self, query: Query, schema: object | None = None) -> int:
+        """Tokens of the public prompt (with ``schema``'s instruction when given): never a private record's
+        length."""
         ...
 
     @property

@@ -220,9 +220,14 @@ class _Decoder:
         (a bad query, limit, stop list or schema); nothing is charged."""
         self._prepare(query, max_tokens, stop, schema)
 
-    def prompt_tokens(self, query: Query) -> int:
-        """Tokens of the public prompt (the query in the template, no record): never a private record's length."""
-        return len(self._ids(check_query(query), None))
+    def prompt_tokens(self, query: Query, schema: object | None = None) -> int:
+        """Tokens of the public prompt (the query in the template, with ``schema``'s instruction when given; no
+        record): never a private record's length."""
+        prompt = check_query(query)
+        rules = None if schema is None else self._rules(schema)
+        if isinstance(rules, JSONSchemaAnswers):
+            prompt = with_instruction(prompt, rules.instruction)
+        return len(self._ids(prompt, None))
 
     def token_ids(self, text: str) -> list[int]:
         """``text`` (public: the caller's) in the model's own tokens, without special tokens: what a framework
@@ -258,7 +263,7 @@ class _Decoder:
             raise ConfigurationError("rng must be a numpy.random.Generator")
         limit, stops, prompt, rules = self._prepare(query, max_tokens, stop, schema)
         state = AnswerState(rule=rules.start() if isinstance(rules, JSONSchemaAnswers) else rules)
-        return AnswerStream(self._run(prompt, limit, stops, rng, state), state)
+        return AnswerStream(self._run(prompt, limit, stops, rng, state), state, len(self._ids(prompt, None)))
 
     def generate(
         self,

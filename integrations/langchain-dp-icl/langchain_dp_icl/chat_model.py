@@ -244,9 +244,11 @@ class _DPModelMixin:
         return self.decoder.stream(query, rng=self.rng, max_tokens=self._limit(kwargs), stop=self._stops(stop),
                                    schema=self._schema(kwargs))  # fmt: skip
 
-    def _usage(self, query: Any, output_tokens: int) -> UsageMetadata:
-        public = self.decoder.prompt_tokens(query)  # the public prompt only: never a private record's length
-        return UsageMetadata(input_tokens=public, output_tokens=output_tokens, total_tokens=public + output_tokens)
+    @staticmethod
+    def _usage(pieces: AnswerStream) -> UsageMetadata:
+        public = pieces.prompt_tokens  # the public prompt only (a schema's instruction too): no record's length
+        generated = len(pieces.token_ids)
+        return UsageMetadata(input_tokens=public, output_tokens=generated, total_tokens=public + generated)
 
     @staticmethod
     def _target(run_manager: Any) -> _SpendTarget | None:
@@ -541,17 +543,17 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
                 **message.response_metadata, "output_version": "v1"}})  # fmt: skip
         return ChatGenerationChunk(message=message)
 
-    def _last(self, query: Any, pieces: AnswerStream, spend: dict[str, Any], message_id: str | None) -> AIMessageChunk:
+    def _last(self, pieces: AnswerStream, spend: dict[str, Any], message_id: str | None) -> AIMessageChunk:
         metadata = {"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name}
-        return AIMessageChunk(content="", usage_metadata=self._usage(query, len(pieces.token_ids)),
+        return AIMessageChunk(content="", usage_metadata=self._usage(pieces),
                               chunk_position="last", response_metadata=metadata, id=message_id)  # fmt: skip
 
-    def _result(self, query: Any, pieces: AnswerStream, parts: list[str], spend: dict[str, Any],
+    def _result(self, pieces: AnswerStream, parts: list[str], spend: dict[str, Any],
                 message_id: str | None, tools: bool = False) -> ChatResult:  # fmt: skip
         text = "".join(parts)
         message = AIMessage(
             **(message_fields(text, pieces.finish_reason) if tools else {"content": text}),
-            usage_metadata=self._usage(query, len(pieces.token_ids)),
+            usage_metadata=self._usage(pieces),
             response_metadata={"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name},
             id=message_id,  # a streamed answer's message keeps its chunks' id, as LangChain's own streaming does
         )
@@ -576,8 +578,8 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
                 run_manager.on_llm_new_token(piece, chunk=self._chunk(AIMessageChunk(content=piece, id=message_id),
                                                                       True))  # fmt: skip
         if message_id is not None and run_manager is not None:
-            run_manager.on_llm_new_token("", chunk=self._chunk(self._last(query, pieces, spend, message_id), True))
-        return self._result(query, pieces, parts, spend, message_id, tools)
+            run_manager.on_llm_new_token("", chunk=self._chunk(self._last(pieces, spend, message_id), True))
+        return self._result(pieces, parts, spend, message_id, tools)
 
     async def _agenerate(
         self,
@@ -600,9 +602,9 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
                 await run_manager.on_llm_new_token(piece, chunk=self._chunk(
                     AIMessageChunk(content=piece, id=message_id), True))  # fmt: skip
         if message_id is not None and run_manager is not None:
-            await run_manager.on_llm_new_token("", chunk=self._chunk(self._last(query, pieces, spend, message_id),
+            await run_manager.on_llm_new_token("", chunk=self._chunk(self._last(pieces, spend, message_id),
                                                                      True))  # fmt: skip
-        return self._result(query, pieces, parts, spend, message_id, tools)
+        return self._result(pieces, parts, spend, message_id, tools)
 
     def _stream(
         self,
@@ -623,7 +625,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
                 if run_manager is not None:
                     run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
-        yield self._chunk(self._last(query, pieces, spend, None), False)
+        yield self._chunk(self._last(pieces, spend, None), False)
 
     async def _astream(
         self,
@@ -644,7 +646,7 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
                 if run_manager is not None:
                     await run_manager.on_llm_new_token(piece, chunk=chunk)
                 yield chunk
-        yield self._chunk(self._last(query, pieces, spend, None), False)
+        yield self._chunk(self._last(pieces, spend, None), False)
 
 
 def _call_chunk(text: str, finish_reason: str) -> AIMessageChunk:
