@@ -21,3 +21,16 @@ def weak_keywords_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     from dp_icl_plugin.methods.knn import retriever
 
     monkeypatch.setattr(retriever, "MIN_KEYWORD_PASS", 0.0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A standard-suite class with ``standard_tests_kept`` runs only those of its inherited tests (the others
+    run in another class of the same suite): the rest are deselected, not skipped."""
+    kept, dropped = [], []
+    for item in items:
+        names = getattr(getattr(item, "cls", None), "standard_tests_kept", None)
+        name = getattr(item, "originalname", item.name)
+        (dropped if names is not None and name not in names else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

@@ -100,7 +100,7 @@ def test_each_answer_is_charged_its_worst_case_before_the_first_token(make) -> N
 def test_the_ledgers_on_charge_hook_has_the_entry_before_the_first_token() -> None:
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
     order: list[str] = []
-    ledger.on_charge(lambda entry: order.append(f"charged {entry.label}"))
+    ledger.on_charge(lambda entry: order.append(f"charged {entry.label}" * (entry in ledger.history())))
     for _ in mozo(ledger).stream("a b", rng=np.random.default_rng(0), max_tokens=3):
         order.append("token")
     assert order[0] == "charged mozo-answer" and order[1:] == ["token"] * (len(order) - 1) and len(order) > 1

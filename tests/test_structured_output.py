@@ -245,6 +245,39 @@ def test_a_batch_larger_than_the_share_left_is_refused_before_any_charge() -> No
     assert len(chat.batch(["a", "b"])) == 2 and len(ledger.history()) == 2
 
 
+@pytest.mark.parametrize("kind", ["chat", "llm"])
+async def test_a_batch_split_by_max_concurrency_is_checked_whole_before_any_charge(kind: str) -> None:
+    """BaseLLM.batch splits a batch into max_concurrency chunks that fail together: the third chunk's refusal
+    would throw away the first two chunks' charged answers."""
+    from langchain_dp_icl import DPICLLLM
+
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = tiny_decoder(ledger, n_queries=4, max_tokens=2)
+    model: Any = ChatDPICL(decoder=decoder, seed=0) if kind == "chat" else DPICLLLM(decoder=decoder, seed=0)
+    with pytest.raises(ShareExhaustedError, match="5 answers asked for, 4 left"):
+        model.batch(["a", "b", "c", "d", "e"], config={"max_concurrency": 2})
+    with pytest.raises(ShareExhaustedError, match="5 answers asked for, 4 left"):
+        await model.abatch(["a", "b", "c", "d", "e"], config={"max_concurrency": 2})
+    with pytest.raises(ConfigurationError, match="empty"):
+        model.batch(["a", "b", "c", "   "], config={"max_concurrency": 2})
+    assert ledger.history() == []
+    assert len(model.batch([[("human", "a")], "b"], config={"max_concurrency": 1})) == 2
+
+
+def test_usage_counts_no_private_record() -> None:
+    """The same query over records of very different lengths reports the same input tokens."""
+    ledger = BudgetManager(PrivacyBudget(1e5, 1e-3))
+    short = PrivateDataset([PrivateRecord("a", "x") for _ in range(24)])
+    long = PrivateDataset([PrivateRecord("apples " * 60, "x") for _ in range(24)])
+    counts = []
+    for records in (short, long):
+        decoder = MozoDecoder(records, backend=backend(), budget=ledger, n_queries=5, max_tokens=2, beta=0.5,
+                              top_k=20)  # fmt: skip
+        message = ChatDPICL(decoder=decoder, seed=0).invoke("which desk?")
+        counts.append(message.usage_metadata["input_tokens"])
+    assert counts[0] == counts[1] > 0
+
+
 def test_structured_output_batches_and_keeps_the_schemas_field_order() -> None:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
     decoder = tiny_decoder(ledger)

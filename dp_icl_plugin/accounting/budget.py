@@ -208,14 +208,20 @@ class BudgetManager:
     def on_charge(self, callback: Callable[[LedgerEntry], object]) -> Callable[[], None]:
         """Call ``callback(entry)`` with every entry this manager commits from now on.
 
-        It runs in the charging thread, after the commit and before the release that charged goes on, so it
-        should be quick (hand the entry to a queue for slow work). An exception it raises is logged and
-        swallowed: the charge stands, and failing the release after it would spend the budget for nothing.
-        Refused charges commit nothing and are not reported.
+        It runs in the charging thread, after the commit and before the release that charged goes on: inside
+        the release's :class:`~dp_icl_plugin.timing.FixedLatency` window when it has one, and while other
+        answers of the same decoder wait for their charge. So it must be quick (hand the entry to a queue for
+        slow work): a slow callback lengthens every release, and one that overruns a fixed-latency window
+        shows in the release's timing. An exception it raises is logged and swallowed: the charge stands, and
+        failing the release after it would spend the budget for nothing. Refused charges commit nothing and
+        are not reported.
 
         Args:
             callback: a callable taking the :class:`LedgerEntry` (id, label, event, timestamp, the ledger's
-                certified ε after it). The entry holds no private data.
+                certified ε after it): no record's text, id or count. Its timestamp, and the moment the
+                callback runs, are when the charge was committed; for a kNN release that follows the
+                retrieval of private neighbours, so, like :meth:`history`'s timestamps, keep them from
+                whoever a fixed latency hides the release's timing from.
 
         Returns:
             A function that unregisters ``callback``.

@@ -1,7 +1,8 @@
 """The public contract of a DP decoder: what an adapter (a LangChain chat model, a LlamaIndex LLM) needs.
 
 An adapter validates a query before anything is charged (:meth:`Decoder.check`), reports the public prompt's
-length (:meth:`Decoder.prompt_tokens`: the query alone, never a private record's length), and streams an
+length (:meth:`Decoder.prompt_tokens`, :attr:`AnswerStream.prompt_tokens`: the query in the template, with a
+schema's instruction when there is one, never a private record's length), and streams an
 answer that is charged before its first token is computed (:meth:`Decoder.stream`, an :class:`AnswerStream`
 that tells, once charged, which ledger entry paid for it). :class:`~dp_icl_plugin.methods.decoding.MozoDecoder`
 and :class:`~dp_icl_plugin.methods.decoding.ClipBlendDecoder` implement it.

@@ -38,7 +38,7 @@ from langchain_core.outputs import (
     GenerationChunk,
     LLMResult,
 )
-from langchain_core.prompt_values import PromptValue
+from langchain_core.prompt_values import ChatPromptValue, PromptValue
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableMap, RunnablePassthrough, ensure_config
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -230,6 +230,31 @@ class _DPModelMixin:
                 raise ConfigurationError("stop must be a list of non-empty strings")  # not split into characters
             merged += given or []
         return merged or None
+
+    def _batch_query(self, item: Any) -> Any:
+        """A batch item as the query the decoder will answer (the chat model's messages, the LLM's text)."""
+        raise NotImplementedError
+
+    def _check_batch(self, inputs: list[Any], return_exceptions: bool, kwargs: dict[str, Any]) -> None:
+        """One bad input fails the whole batch (and LangChain's ``max_concurrency`` splits it into batches
+        that fail together): refuse it, and a batch larger than the share left, before any answer is charged."""
+        if not return_exceptions:
+            self._check_room(len(inputs))
+            for item in inputs:
+                self._check(self._batch_query(item), kwargs.get("stop"), _call_kwargs(kwargs))
+
+    def batch(
+        self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+    ) -> list[Any]:
+        self._check_batch(inputs, return_exceptions, kwargs)
+        return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)  # type: ignore[misc]
+
+    async def abatch(
+        self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
+    ) -> list[Any]:
+        self._check_batch(inputs, return_exceptions, kwargs)
+        return await super().abatch(inputs, config, return_exceptions=return_exceptions,  # type: ignore[misc]
+                                    **kwargs)  # fmt: skip
 
     def _check_room(self, answers: int) -> None:
         """Refuse, before any is charged, a batch of more answers than the decoder's share still covers (the
@@ -430,13 +455,8 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         return {"model_name": self.model_name, "decoder": type(self.decoder).__name__,
                 "max_tokens": self.max_tokens or self.decoder.max_tokens}  # fmt: skip
 
-    def _check_batch(self, inputs: list[Any], return_exceptions: bool, kwargs: dict[str, Any]) -> None:
-        """One bad input fails the whole batch: refuse it before any answer is charged."""
-        if not return_exceptions:
-            self._check_room(len(inputs))
-            for item in inputs:
-                self._check(_messages(_input_messages(item)), kwargs.get("stop"),
-                            _call_kwargs(kwargs))  # fmt: skip
+    def _batch_query(self, item: Any) -> Any:
+        return _messages(_input_messages(item))
 
     def generate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
                  **kwargs: Any) -> Any:  # fmt: skip
@@ -451,18 +471,6 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         for batch_item in messages:
             self._check(_messages(batch_item), stop, _call_kwargs(kwargs))
         return await super().agenerate(messages, stop, *args, **kwargs)
-
-    def batch(
-        self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
-    ) -> list[Any]:
-        self._check_batch(inputs, return_exceptions, kwargs)
-        return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
-
-    async def abatch(
-        self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
-    ) -> list[Any]:
-        self._check_batch(inputs, return_exceptions, kwargs)
-        return await super().abatch(inputs, config, return_exceptions=return_exceptions, **kwargs)
 
     # BaseChatModel.stream/astream call _stream/_astream without the run's manager: the run's id is fixed here,
     # and the run's handlers are set as the spend target around this stream's own steps.
@@ -714,6 +722,11 @@ class DPICLLLM(_DPModelMixin, LLM):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "decoder": type(self.decoder).__name__}
+
+    def _batch_query(self, item: Any) -> Any:
+        if isinstance(item, (str, PromptValue)):
+            return item if isinstance(item, str) else item.to_string()
+        return ChatPromptValue(messages=_input_messages(item)).to_string()  # LangChain's text of a message list
 
     def _generate(
         self,
