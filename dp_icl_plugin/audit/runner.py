@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import pickle
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +14,7 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.audit.cases import CASES, AuditCase
 from dp_icl_plugin.audit.statistics import epsilon_lower_bound
+from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["AuditRow", "run_audit", "to_markdown"]
 
@@ -67,11 +72,59 @@ def audit_case(case: AuditCase, *, broken: bool, samples: int, seed: int, confid
                     time.perf_counter() - started)  # fmt: skip
 
 
-def run_audit(*, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CASES) -> list[AuditRow]:
+def run_audit(
+    *, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CASES, jobs: int = 1
+) -> list[AuditRow]:
     """Every case, real and broken (half the noise), at ``samples`` outputs per input and pair; a case whose
-    requirements are missing gives two skipped rows."""
+    requirements are missing gives two skipped rows.
+
+    Args:
+        samples: outputs per input and pair.
+        seed: the audit's seed; a row's randomness is seeded by (seed, pair, broken) alone.
+        cases: the cases to run (default: every shipped mechanism's).
+        jobs: worker processes (spawned) that share the rows; the rows, in order, are the same for any
+            ``jobs`` (only their ``seconds`` differ). Each worker's numerical libraries get an equal share of
+            the CPUs. Spawned workers import the calling script: a script that calls this with ``jobs`` > 1
+            needs the ``if __name__ == "__main__":`` guard (the ``dp-icl audit`` command has it).
+
+    Returns:
+        The rows, case by case, as shipped then broken.
+
+    Raises:
+        ConfigurationError: ``samples`` or ``jobs`` not a positive int, or a case that cannot be sent to a
+            worker process (``jobs`` > 1 with a case built from lambdas).
+    """
     samples = check.positive_int("samples", samples)
-    return [audit_case(c, broken=b, samples=samples, seed=seed) for c in cases for b in (False, True)]
+    jobs = check.positive_int("jobs", jobs)
+    tasks = [(c, b) for c in cases for b in (False, True)]
+    if jobs == 1 or len(tasks) < 2:
+        return [audit_case(c, broken=b, samples=samples, seed=seed) for c, b in tasks]
+    # a shipped case travels as its position in CASES; another must pickle
+    keys = [CASES.index(c) if c in CASES else c for c, _ in tasks]
+    for key in keys:
+        if not isinstance(key, int):
+            try:
+                pickle.dumps(key)
+            except Exception as exc:
+                raise ConfigurationError(f"case {key.name!r} cannot be sent to a worker process ({exc}): "
+                                         "run it with jobs=1") from None  # fmt: skip
+    workers = min(jobs, len(tasks))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    context = multiprocessing.get_context("spawn")  # never fork a process that may hold model threads
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_share_cpus, initargs=(threads,)) as pool:
+        futures = [pool.submit(_audit_row, key, b, samples, seed) for key, (_, b) in zip(keys, tasks, strict=True)]
+        return [f.result() for f in futures]
+
+
+def _share_cpus(threads: int) -> None:
+    """A worker's numerical libraries use ``threads`` threads (set before torch is imported there)."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[name] = str(threads)
+
+
+def _audit_row(key: int | AuditCase, broken: bool, samples: int, seed: int) -> AuditRow:
+    case = CASES[key] if isinstance(key, int) else key
+    return audit_case(case, broken=broken, samples=samples, seed=seed)
 
 
 def to_markdown(rows: list[AuditRow]) -> str:
