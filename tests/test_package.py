@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -112,15 +114,63 @@ def test_adapter_distributions_declare_what_the_suite_runs_on() -> None:
         assert version(dist) == meta["version"]  # installed by make setup, from this folder
 
 
+# (test, the job's key, its argv after the interpreter (a "{tmp}" in it: the job's folder), about how long it takes
+# here): the slow tests' subprocesses, longest first
+_BACKGROUND_JOBS = [
+    ("test_adapter_and_retrieval_examples_run", "llamaindex_query_engine.py",
+     ["examples/llamaindex_query_engine.py", "{tmp}/ledger.db"], 150),
+    ("test_adapter_and_retrieval_examples_run", "chat_chain.py", ["examples/chat_chain.py", "{tmp}/ledger.db"], 90),
+    ("test_adapter_and_retrieval_examples_run", "rag_chain.py", ["examples/rag_chain.py", "{tmp}/ledger.db"], 70),
+    ("test_adapters_pass_on_the_declared_lowest_framework_version", "lowest langchain-core",
+     ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", "tests/test_langchain_adapters.py",
+      "tests/test_bad_input_adapters.py", "tests/test_leakage.py"], 45),
+    ("test_adapter_and_retrieval_examples_run", "private_knn_classification.py",
+     ["examples/private_knn_classification.py", "{tmp}/ledger.db"], 44),
+    ("test_adapter_and_retrieval_examples_run", "few_shot_chain.py",
+     ["examples/few_shot_chain.py", "{tmp}/ledger.db", "--queries", "40"], 43),
+    ("test_demo_and_example_run", "demo", ["-m", "dp_icl_plugin.demo", "--ledger", "{tmp}/demo.db", "--prompts",
+                                           "200"], 40),
+    ("test_adapters_pass_on_the_declared_lowest_framework_version", "lowest llama-index-core",
+     ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning",
+      "tests/test_llamaindex_adapters.py", "tests/test_bad_input_adapters.py"], 33),
+    ("test_adapter_and_retrieval_examples_run", "shared_ledger_components.py",
+     ["examples/shared_ledger_components.py", "{tmp}/ledger.db"], 21),
+    ("test_demo_and_example_run", "shared_budget.py", ["examples/shared_budget.py", "{tmp}/example.db"], 8),
+    ("test_demo_and_example_run", "synthesize_demonstrations.py",
+     ["examples/synthesize_demonstrations.py", "{tmp}/synth.db", "{tmp}/demos.jsonl"], 8),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def background(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """The slow tests' subprocesses (examples, the demo, the adapters' suites on the lowest framework versions),
+    two at a time in the background from the first slow test on, for the selected tests only: each runs with one
+    torch thread (two threads beside another busy process run several times slower on 2 cores), so while pytest
+    waits on one the other core runs the next. Each test waits for its own and checks it."""
+    selected = {item.originalname for item in request.session.items if isinstance(item, pytest.Function)}
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="slow-subprocess")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    lowest = {f"lowest {f}": str(Path(sys.prefix) / "lower-bounds" / f) for f in ("langchain-core", "llama-index-core")}
+    jobs: dict[str, Future[subprocess.CompletedProcess[str]]] = {}
+    for test, key, argv, _ in _BACKGROUND_JOBS:
+        if test not in selected:
+            continue
+        tmp = tmp_path_factory.mktemp(re.sub(r"\W+", "-", key))
+        args = [sys.executable, *(a.replace("{tmp}", str(tmp)) for a in argv)]
+        job_env = {**env, "PYTHONPATH": lowest[key]} if key in lowest else env
+        jobs[key] = pool.submit(subprocess.run, args, capture_output=True, text=True, timeout=600, env=job_env,
+                                cwd=REPO_ROOT)  # fmt: skip
+    yield jobs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("framework", "tests"),
-    [
-        ("langchain-core", ["test_langchain_adapters.py", "test_bad_input_adapters.py", "test_leakage.py"]),
-        ("llama-index-core", ["test_llamaindex_adapters.py", "test_bad_input_adapters.py"]),
-    ],
-)
-def test_adapters_pass_on_the_declared_lowest_framework_version(framework: str, tests: list[str]) -> None:
+@pytest.mark.parametrize("framework", ["langchain-core", "llama-index-core"])  # their suites: _BACKGROUND_JOBS
+def test_adapters_pass_on_the_declared_lowest_framework_version(
+    framework: str, background: dict[str, Future[subprocess.CompletedProcess[str]]]
+) -> None:
     import tomllib
 
     from packaging.requirements import Requirement
@@ -130,13 +180,11 @@ def test_adapters_pass_on_the_declared_lowest_framework_version(framework: str, 
     lowest = next(s.version for r in meta["dependencies"] if Requirement(r).name == framework
                   for s in Requirement(r).specifier if s.operator == ">=")  # fmt: skip
     folder = Path(sys.prefix) / "lower-bounds" / framework
-    env = {**os.environ, "PYTHONPATH": str(folder), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(folder)}
     probe = f"from importlib.metadata import version; print(version({framework!r}))"
     seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60).stdout
     assert seen.strip() == lowest, f"make setup installs {framework}=={lowest} into {folder}"
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning",
-            *[str(REPO_ROOT / "tests" / t) for t in tests]]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=REPO_ROOT)
+    done = background[f"lowest {framework}"].result()
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout.splitlines()[-1]
 
@@ -167,20 +215,15 @@ def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:
 
 
 @pytest.mark.slow
-def test_demo_and_example_run(tmp_path: Path) -> None:
+def test_demo_and_example_run(background: dict[str, Future[subprocess.CompletedProcess[str]]]) -> None:
     outputs = []
-    for argv in (["-m", "dp_icl_plugin.demo", "--ledger", str(tmp_path / "demo.db"), "--prompts", "200"],
-                 [str(REPO_ROOT / "examples" / "shared_budget.py"), str(tmp_path / "example.db")],
-                 [str(REPO_ROOT / "examples" / "synthesize_demonstrations.py"), str(tmp_path / "synth.db"),
-                  str(tmp_path / "demos.jsonl")]):  # fmt: skip
-        # one torch thread: two threads beside any other busy process run several times slower on 2 cores
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, env=env)
+    for key in ("demo", "shared_budget.py", "synthesize_demonstrations.py"):
+        done = background[key].result()
         assert done.returncode == 0, done.stderr
         assert "spent ε" in done.stdout
         outputs.append(done.stdout)
     assert "4 real demonstrations lift accuracy" in outputs[0]  # the GINC model ran through HFBackend
-    assert "DemoSet(n=20" in outputs[2] and (tmp_path / "demos.jsonl").exists()
+    assert "DemoSet(n=20" in outputs[2] and Path(done.args[-1]).exists()
 
 
 @pytest.mark.slow
@@ -195,13 +238,11 @@ def test_demo_and_example_run(tmp_path: Path) -> None:
         ("shared_ledger_components.py", "20 × clip-blend-answer"),
     ],
 )
-def test_adapter_and_retrieval_examples_run(tmp_path: Path, script: str, expected: str) -> None:
+def test_adapter_and_retrieval_examples_run(
+    script: str, expected: str, background: dict[str, Future[subprocess.CompletedProcess[str]]]
+) -> None:
     # the examples ship the TREC sample they read (examples/data): they run from a fresh clone alone
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    argv = [sys.executable, str(REPO_ROOT / "examples" / script), str(tmp_path / "ledger.db")]
-    if script == "few_shot_chain.py":
-        argv += ["--queries", "40"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    done = background[script].result()
     assert done.returncode == 0, done.stderr[-2000:]
     assert expected in done.stdout and "spent ε" in done.stdout
 
