@@ -290,7 +290,7 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "li llm chat of dicts": (CE, lambda w: w.li_llm.chat([{"role": "user", "content": "hi"}])),
     "li llm chat a string": (VE, lambda w: w.li_llm.chat("hi")),
     "li llm chat empty content": (CE, lambda w: w.li_llm.chat(_user(None))),
-    "li llm chat tool role": (CE, lambda w: w.li_llm.chat([ChatMessage(role="tool", content="hi")])),
+    "li llm chat function role": (CE, lambda w: w.li_llm.chat([ChatMessage(role="function", content="hi")])),
     "li llm chat lone surrogate": (CE, lambda w: w.li_llm.chat(_user("hi \udfff"))),
     "li llm chat exhausted budget": (BE, lambda w: w.li_llm.chat(_user("Hello"))),
     "li llm achat ends with the assistant": (CE, lambda w: asyncio.run(w.li_llm.achat([ChatMessage(
@@ -428,7 +428,7 @@ MESSAGES: dict[str, str] = {
     "li llm chat of dicts": "messages must be a list of llama_index ChatMessage",
     "li llm chat a string": "Input should be a valid list",
     "li llm chat empty content": "the last user message is empty",
-    "li llm chat tool role": "needs a role in",
+    "li llm chat function role": "needs a role in",
     "li llm chat lone surrogate": "rejected a prompt",
     "li llm chat exhausted budget": "charge refused",
     "li llm achat ends with the assistant": "the last message of a chat must be the user's",

@@ -178,6 +178,61 @@ def test_llamaindex_structured_predict() -> None:
     assert isinstance(out, Desk)
 
 
+# LlamaIndex's workflow engine (FunctionAgent) lists a Pydantic model's members with inspect.getmembers, which
+# touches Pydantic's deprecated attributes (warnings raised from inspect): not ours to fix
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:inspect")
+def test_llamaindex_tool_calls_programs_and_agents() -> None:
+    import asyncio
+
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.program import FunctionCallingProgram
+    from llama_index.core.tools import FunctionTool
+    from llama_index.llms.dp_icl import DPICL
+
+    class Desk(BaseModel):
+        desk: Literal["billing", "technical"]
+        urgent: bool
+
+    def route(desk: str, urgent: bool) -> str:
+        """Send the ticket to a desk."""
+        return f"sent to {desk}"
+
+    tool = FunctionTool.from_defaults(fn=route, fn_schema=Desk)  # the schema: the annotations are strings here
+    ledger = BudgetManager(PrivacyBudget(1e5, 1e-3))
+    llm = DPICL(tiny_decoder(ledger, max_tokens=96), seed=0)  # byte-level: a token per character
+    assert llm.metadata.is_function_calling_model
+    response = llm.chat_with_tools([tool], "route: card charged twice", tool_required=True)
+    [call] = llm.get_tool_calls_from_response(response)
+    assert call.tool_name == "route" and call.tool_kwargs["desk"] in ("billing", "technical")
+    assert response.additional_kwargs["ledger_entry"] == ledger.history()[-1].id  # one charged answer
+    assert llm.predict_and_call([tool], "route it", tool_required=True).response.startswith("sent to ")
+    assert isinstance(FunctionCallingProgram.from_defaults(output_cls=Desk, prompt_template_str="Route {t}",
+                                                           llm=llm)(t="x"), Desk)  # fmt: skip
+    streamed = list(llm.stream_chat_with_tools([tool], "route it", tool_required=True))
+    assert len(streamed) == 1 and streamed[0].message.additional_kwargs["tool_calls"][0]["name"] == "route"
+    history = [ChatMessage(role="user", content="route"),
+               ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [
+                   {"id": "c1", "name": "route", "arguments": {"desk": "billing", "urgent": True}}]}),
+               ChatMessage(role="tool", content="sent to billing", additional_kwargs={"tool_call_id": "c1"})]  # fmt: skip
+    assert isinstance(llm.chat(history).message.content, str)  # a tool's result reads as the user's next message
+    async def run_agent() -> Any:
+        return await FunctionAgent(tools=[tool], llm=llm).run("route: card charged twice", max_iterations=3)
+
+    output = asyncio.run(run_agent())
+    assert output.current_agent_name == "Agent"
+    before = len(ledger.history())
+    with pytest.raises(ConfigurationError, match="names no bound tool"):
+        llm.chat_with_tools([tool], "route it", tool_choice="other")
+    with pytest.raises(ConfigurationError, match="not both"):
+        llm.chat([ChatMessage(role="user", content="x")], tools=[tool], json_schema=DESK)
+    assert len(ledger.history()) == before
+    plain = llm.chat_with_tools([tool], "hello", tool_choice="none")  # no schema: a plain answer, no call
+    assert llm.get_tool_calls_from_response(plain, error_on_no_tool_call=False) == []
+    with pytest.raises(ValueError, match="no tool call"):
+        llm.get_tool_calls_from_response(plain)
+
+
 # ------------------------------------------------------------------------------------------ the real model
 
 

@@ -10,6 +10,9 @@ included) in worker threads, so a slow answer never blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +30,9 @@ from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms import CustomLLM
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.llm import default_completion_to_prompt
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection, default_completion_to_prompt
+from llama_index.core.types import PydanticProgramMode
 from llama_index.llms.dp_icl.events import DPSpendEvent
 from pydantic import BaseModel, Field, PrivateAttr
 
@@ -45,13 +50,14 @@ from dp_icl_plugin.methods.decoder import (
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads
+from dp_icl_plugin.methods.tool_calls import parse_tool_call, tool_call_schema
 
 __all__ = ["DPICL"]
 
 dispatcher = get_dispatcher(__name__)
 
 
-class DPICL(CustomLLM):
+class DPICL(CustomLLM, FunctionCallingLLM):
     """DP completions and chats over a local model or an inference server.
 
     Each answer is generated token by token with DP decoding (DPS-MOZO or clip-blend) over the private
@@ -98,6 +104,12 @@ class DPICL(CustomLLM):
             print(r.delta, end="")
         ```
 
+    Tools: a function-calling LLM (``chat_with_tools``, ``predict_and_call``, ``FunctionAgent``,
+    ``FunctionCallingProgram``) when ``llguidance`` is installed (the ``structured`` extra): each answer is
+    decoded under the JSON schema of one call of the tools (:mod:`dp_icl_plugin.methods.tool_calls`; public, so
+    no sensitivity changes), at most one call per answer; the call is in the message's
+    ``additional_kwargs["tool_calls"]``. An agent's every step is a charged answer.
+
     Spend: every charge emits a :class:`DPSpendEvent` through LlamaIndex's instrumentation and is put into
     the response's ``additional_kwargs``.
     """
@@ -106,6 +118,8 @@ class DPICL(CustomLLM):
     max_tokens: int | None = Field(default=None, description="The most tokens of one answer.")
     is_chat_model: bool | None = Field(default=None, description="Default: whether the model has a chat template.")
     context_window: int | None = Field(default=None, description="Default: the model's positions.")
+    # structured_predict decodes under the output class's own schema: fewer tokens than a tool call wrapping it
+    pydantic_program_mode: PydanticProgramMode = PydanticProgramMode.LLM
     _decoder: Any = PrivateAttr()
     _rng: Any = PrivateAttr()
 
@@ -145,7 +159,8 @@ class DPICL(CustomLLM):
         window = self.context_window or self._decoder.context_window or DEFAULT_CONTEXT_WINDOW
         chat = self._decoder.has_chat_template if self.is_chat_model is None else self.is_chat_model
         return LLMMetadata(context_window=window, num_output=answer_limit(self._decoder, self.max_tokens),
-                           is_chat_model=chat, model_name=self.model_name)  # fmt: skip
+                           is_chat_model=chat, model_name=self.model_name,
+                           is_function_calling_model=importlib.util.find_spec("llguidance") is not None)  # fmt: skip
 
     # -- translation --------------------------------------------------------------------------------
     def _prompt(self, prompt: str, formatted: bool) -> str:
@@ -162,17 +177,41 @@ class DPICL(CustomLLM):
 
     @staticmethod
     def _chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+        """The conversation as role/content messages: an assistant's tool calls written as the JSON the model
+        answers them in, a tool's result as the user's next message."""
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) \
                 or not all(isinstance(m, ChatMessage) for m in messages):  # fmt: skip
             raise ConfigurationError("messages must be a list of llama_index ChatMessage")
-        return [{"role": m.role.value, "content": m.content or ""} for m in messages]
+        out = []
+        for m in messages:
+            if m.role.value == "tool":
+                name = m.additional_kwargs.get("name") or m.additional_kwargs.get("tool_call_id", "")
+                out.append({"role": "user", "content": f"Result of the tool call {name}: {m.content or ''}"})
+                continue
+            calls = [json.dumps({"name": c["name"], "arguments": c["arguments"]})
+                     for c in m.additional_kwargs.get("tool_calls") or ()]  # fmt: skip
+            out.append({"role": m.role.value, "content": "\n".join([*([m.content] if m.content else []), *calls])})
+        return out
+
+    @staticmethod
+    def _tool_schema(kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The public schema of a call of the call's ``tools`` (function dicts or LlamaIndex tools), or the
+        call's ``json_schema``, or None."""
+        tools = kwargs.get("tools")
+        if tools is None:
+            return kwargs.get("json_schema")
+        if kwargs.get("json_schema") is not None:
+            raise ConfigurationError("give tools or a json_schema, not both")
+        functions = [t if isinstance(t, dict) else t.metadata.to_openai_tool(skip_length_check=True)["function"]
+                     for t in tools]  # fmt: skip
+        return tool_call_schema(functions, kwargs.get("tool_choice"))
 
     def _open(self, query: Query, kwargs: dict[str, Any]) -> AnswerStream:
         """The answer's stream; every check runs here, before anything is charged."""
-        check_call_settings(kwargs, honoured=("max_tokens", "stop", "json_schema"))
+        check_call_settings(kwargs, honoured=("max_tokens", "stop", "json_schema", "tools", "tool_choice"))
         limit = answer_limit(self._decoder, kwargs.get("max_tokens", self.max_tokens))
         return self._decoder.stream(query, rng=self._rng, max_tokens=limit, stop=kwargs.get("stop"),
-                                    schema=kwargs.get("json_schema"))  # fmt: skip
+                                    schema=self._tool_schema(kwargs))  # fmt: skip
 
     @staticmethod
     def _spend(pieces: AnswerStream) -> dict[str, Any]:
@@ -197,20 +236,21 @@ class DPICL(CustomLLM):
             if not spend:
                 spend.update(self._spend(pieces))
 
-    def _whole(self, query: Query, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _whole(self, query: Query, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any], AnswerStream]:
+        """The whole answer, the spend and finish reason to report, and the answer's stream (spent)."""
         spend: dict[str, Any] = {}
         pieces = self._open(query, kwargs)
         text = "".join(delta for delta, _ in self._texts(pieces, spend))
-        return text, {**spend, "finish_reason": pieces.finish_reason}
+        return text, {**spend, "finish_reason": pieces.finish_reason}, pieces
 
-    async def _awhole(self, query: Query, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def _awhole(self, query: Query, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any], AnswerStream]:
         """:meth:`_whole` stepped in worker threads: a caller that gives up before the answer began (queued
         for a fixed-latency window, say) leaves uncharged."""
         spend: dict[str, Any] = {}
         pieces = await asyncio.to_thread(self._open, query, kwargs)
         steps = iterate_in_threads(lambda: self._texts(pieces, spend), on_cancel=pieces.cancel)
         text = "".join([delta async for delta, _ in steps])
-        return text, {**spend, "finish_reason": pieces.finish_reason}
+        return text, {**spend, "finish_reason": pieces.finish_reason}, pieces
 
     # -- structured output --------------------------------------------------------------------------
     @staticmethod
@@ -246,9 +286,55 @@ class DPICL(CustomLLM):
         kwargs = self._schema_kwargs(output_cls, llm_kwargs)
         return await super().astream_structured_predict(output_cls, prompt, kwargs, **prompt_args)
 
+    # -- tools --------------------------------------------------------------------------------------
+    def _prepare_chat_with_tools(
+        self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None, verbose: bool = False, allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False, **kwargs: Any,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The chat's arguments: the history, the user's message and the tools as function descriptions (the
+        call's schema is built, and a bad tool refused, here: before any charge). One call per answer whatever
+        ``allow_parallel_tool_calls``; ``tool_required`` (or a ``tool_choice``) makes the answer a call."""
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(user_msg if isinstance(user_msg, ChatMessage) else ChatMessage(role="user",
+                                                                                              content=user_msg))
+        functions = [t.metadata.to_openai_tool(skip_length_check=True)["function"] for t in tools]
+        choice = kwargs.pop("tool_choice", None) or ("required" if tool_required else "auto")
+        tool_call_schema(functions, choice)
+        return {"messages": messages, "tools": functions, "tool_choice": choice, **kwargs}
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        """The answer's tool call (at most one), as LlamaIndex's agents read it.
+
+        Raises:
+            ValueError: no tool call and ``error_on_no_tool_call`` (LlamaIndex's own contract).
+        """
+        calls = response.message.additional_kwargs.get("tool_calls") or []
+        if not calls and error_on_no_tool_call:
+            error = response.message.additional_kwargs.get("tool_call_error")
+            raise ValueError(f"the answer made no tool call{f' ({error})' if error else ''}")
+        return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"]) for c in calls]
+
+    @staticmethod
+    def _message(text: str, pieces: AnswerStream, kwargs: dict[str, Any]) -> ChatMessage:
+        """The assistant's message: the text, or, under tools, the reply or the call the answer decoded to."""
+        if kwargs.get("tools") is None or not pieces.token_ids:
+            return ChatMessage(role="assistant", content=text)
+        parsed = parse_tool_call(text, pieces.finish_reason)
+        extra: dict[str, Any] = {}
+        if parsed.name is not None:
+            extra["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "name": parsed.name,
+                                    "arguments": parsed.arguments}]  # fmt: skip
+        elif parsed.error is not None:
+            extra["tool_call_error"] = parsed.error
+        return ChatMessage(role="assistant", content=parsed.content, additional_kwargs=extra)
+
     # -- completions --------------------------------------------------------------------------------
     def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
-        text, info = self._whole(self._prompt(prompt, formatted), kwargs)
+        text, info, _ = self._whole(self._prompt(prompt, formatted), kwargs)
         return CompletionResponse(text=text, additional_kwargs=info)
 
     def _completions(self, pieces: AnswerStream) -> CompletionResponseGen:
@@ -266,7 +352,7 @@ class DPICL(CustomLLM):
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        text, info = await self._awhole(self._prompt(prompt, formatted), kwargs)
+        text, info, _ = await self._awhole(self._prompt(prompt, formatted), kwargs)
         return CompletionResponse(text=text, additional_kwargs=info)
 
     @llm_completion_callback()
@@ -277,30 +363,33 @@ class DPICL(CustomLLM):
         return iterate_in_threads(lambda: self._completions(pieces), on_cancel=pieces.cancel)
 
     # -- chats --------------------------------------------------------------------------------------
-    def _chat_whole(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
-        text, info = self._whole(self._chat(messages), kwargs)
-        return ChatResponse(message=ChatMessage(role="assistant", content=text), additional_kwargs=info)
-
-    def _chats(self, pieces: AnswerStream) -> ChatResponseGen:
+    def _chats(self, pieces: AnswerStream, kwargs: dict[str, Any]) -> ChatResponseGen:
+        """The chat's responses piece by piece; under tools one response, the call or the reply, at the end."""
         spend: dict[str, Any] = {}
+        text = ""
         for delta, text in self._texts(pieces, spend):
-            yield ChatResponse(message=ChatMessage(role="assistant", content=text), delta=delta,
-                               additional_kwargs=spend)  # fmt: skip
+            if kwargs.get("tools") is None:
+                yield ChatResponse(message=ChatMessage(role="assistant", content=text), delta=delta,
+                                   additional_kwargs=spend)  # fmt: skip
+        if kwargs.get("tools") is not None:
+            message = self._message(text, pieces, kwargs)
+            yield ChatResponse(message=message, delta=message.content, additional_kwargs=spend)
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._chat_whole(messages, kwargs)
+        text, info, pieces = self._whole(self._chat(messages), kwargs)
+        return ChatResponse(message=self._message(text, pieces, kwargs), additional_kwargs=info)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return self._chats(self._open(self._chat(messages), kwargs))
+        return self._chats(self._open(self._chat(messages), kwargs), kwargs)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        text, info = await self._awhole(self._chat(messages), kwargs)
-        return ChatResponse(message=ChatMessage(role="assistant", content=text), additional_kwargs=info)
+        text, info, pieces = await self._awhole(self._chat(messages), kwargs)
+        return ChatResponse(message=self._message(text, pieces, kwargs), additional_kwargs=info)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         pieces = await asyncio.to_thread(self._open, self._chat(messages), kwargs)
-        return iterate_in_threads(lambda: self._chats(pieces), on_cancel=pieces.cancel)
+        return iterate_in_threads(lambda: self._chats(pieces, kwargs), on_cancel=pieces.cancel)
