@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 from adapter_fixtures import CANARY, backend, dataset
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_dp_icl import ChatDPICL
+from llama_index.core.prompts import PromptTemplate
 from pydantic import BaseModel
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget, ShareExhaustedError
@@ -166,7 +167,6 @@ def test_langchain_structured_output_and_tools_on_the_tiny_model() -> None:
 
 
 def test_llamaindex_structured_predict() -> None:
-    from llama_index.core.prompts import PromptTemplate
     from llama_index.llms.dp_icl import DPICL
 
     class Desk(BaseModel):
@@ -188,14 +188,18 @@ def test_llamaindex_tool_calls_programs_and_agents() -> None:
     from llama_index.core.llms import ChatMessage
     from llama_index.core.program import FunctionCallingProgram
     from llama_index.core.tools import FunctionTool
+    from llama_index.core.types import PydanticProgramMode
     from llama_index.llms.dp_icl import DPICL
 
     class Desk(BaseModel):
         desk: Literal["billing", "technical"]
         urgent: bool
 
+    routed: list[str] = []
+
     def route(desk: str, urgent: bool) -> str:
         """Send the ticket to a desk."""
+        routed.append(desk)
         return f"sent to {desk}"
 
     tool = FunctionTool.from_defaults(fn=route, fn_schema=Desk)  # the schema: the annotations are strings here
@@ -206,31 +210,66 @@ def test_llamaindex_tool_calls_programs_and_agents() -> None:
     [call] = llm.get_tool_calls_from_response(response)
     assert call.tool_name == "route" and call.tool_kwargs["desk"] in ("billing", "technical")
     assert response.additional_kwargs["ledger_entry"] == ledger.history()[-1].id  # one charged answer
-    assert llm.predict_and_call([tool], "route it", tool_required=True).response.startswith("sent to ")
+    # predict_and_call's default (error_on_no_tool_call) makes the answer a call: a reply would raise after the charge
+    assert llm.predict_and_call([tool], "route it").response.startswith("sent to ")
     assert isinstance(FunctionCallingProgram.from_defaults(output_cls=Desk, prompt_template_str="Route {t}",
                                                            llm=llm)(t="x"), Desk)  # fmt: skip
+    as_tools = DPICL(tiny_decoder(ledger, max_tokens=96), seed=0, pydantic_program_mode=PydanticProgramMode.FUNCTION)
+    assert isinstance(as_tools.structured_predict(Desk, PromptTemplate("Route {t}"), t="x"), Desk)
     streamed = list(llm.stream_chat_with_tools([tool], "route it", tool_required=True))
     assert len(streamed) == 1 and streamed[0].message.additional_kwargs["tool_calls"][0]["name"] == "route"
-    history = [ChatMessage(role="user", content="route"),
-               ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [
-                   {"id": "c1", "name": "route", "arguments": {"desk": "billing", "urgent": True}}]}),
-               ChatMessage(role="tool", content="sent to billing", additional_kwargs={"tool_call_id": "c1"})]  # fmt: skip
-    assert isinstance(llm.chat(history).message.content, str)  # a tool's result reads as the user's next message
-    async def run_agent() -> Any:
-        return await FunctionAgent(tools=[tool], llm=llm).run("route: card charged twice", max_iterations=3)
-
-    output = asyncio.run(run_agent())
-    assert output.current_agent_name == "Agent"
+    calls = {"c1": {"id": "c1", "name": "route", "arguments": {"desk": "billing", "urgent": True}},
+             "c2": {"id": "c2", "function": {"name": "route", "arguments": '{"desk": "technical", "urgent": false}'}}}
+    for call_id, made in calls.items():  # this LLM's calls and OpenAI's shape
+        history = [ChatMessage(role="user", content="route"),
+                   ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [made]}),
+                   ChatMessage(role="tool", content="sent", additional_kwargs={"tool_call_id": call_id})]  # fmt: skip
+        rendered = DPICL._chat(history)
+        assert rendered[1]["content"].startswith('{"name": "route", "arguments": {"desk": ')
+        assert rendered[2] == {"role": "user", "content": "Result of the tool call route: sent"}
+        assert isinstance(llm.chat(history).message.content, str)
     before = len(ledger.history())
+    with pytest.raises(ConfigurationError, match="needs a name and its arguments"):
+        llm.chat([ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [{"id": "x"}]}),
+                  ChatMessage(role="user", content="hi")])  # fmt: skip
     with pytest.raises(ConfigurationError, match="names no bound tool"):
         llm.chat_with_tools([tool], "route it", tool_choice="other")
     with pytest.raises(ConfigurationError, match="not both"):
         llm.chat([ChatMessage(role="user", content="x")], tools=[tool], json_schema=DESK)
     assert len(ledger.history()) == before
-    plain = llm.chat_with_tools([tool], "hello", tool_choice="none")  # no schema: a plain answer, no call
-    assert llm.get_tool_calls_from_response(plain, error_on_no_tool_call=False) == []
-    with pytest.raises(ValueError, match="no tool call"):
-        llm.get_tool_calls_from_response(plain)
+    for none in ("none", False):  # no schema: the answer is the reply, not read as a call
+        plain = llm.chat_with_tools([tool], "hello", tool_choice=none)
+        assert plain.message.content and "tool_call_error" not in plain.message.additional_kwargs
+        assert llm.get_tool_calls_from_response(plain, error_on_no_tool_call=False) == []
+        with pytest.raises(ValueError, match="no tool call"):
+            llm.get_tool_calls_from_response(plain)
+
+    async def run_agent() -> Any:
+        return await FunctionAgent(tools=[tool], llm=llm, initial_tool_choice="route").run("route: card charged twice",
+                                                                                          max_iterations=3)
+
+    routed.clear()
+    output = asyncio.run(run_agent())  # the agent's first step calls the tool (streamed), then it answers
+    assert routed and routed[0] in ("billing", "technical") and output.current_agent_name == "Agent"
+
+
+def test_a_tool_reply_cut_by_max_tokens_keeps_its_words_and_the_capability_is_measured() -> None:
+    from llama_index.llms.dp_icl import DPICL
+
+    from dp_icl_plugin import FakeBackend
+    from dp_icl_plugin.methods.tool_calls import parse_tool_call
+
+    assert parse_tool_call('{"answer":"hello wor', "length").content == "hello wor"
+    assert parse_tool_call('{"answer": "caf\\u00', "length").content == "caf"  # an escape cut in half
+    assert parse_tool_call('{"answer":"hi"', "length").content == "hi"
+    assert parse_tool_call('{"name":"ro', "length").error == "the answer reached max_tokens before its JSON was complete"
+    assert parse_tool_call('{"answer":"hello wor', "stop").error == "the answer is not JSON"
+    # a backend llguidance cannot read (the fake model's words) makes no function-calling LLM
+    words = ["a", "b", "c"]
+    fake = MozoDecoder(PrivateDataset([PrivateRecord("a b", "a")] * 8), backend=FakeBackend(words),
+                       budget=BudgetManager(PrivacyBudget(10.0, 1e-3)), n_queries=2, max_tokens=2, top_k=2,
+                       beta=0.5)  # fmt: skip
+    assert not DPICL(fake, seed=0).metadata.is_function_calling_model
 
 
 # ------------------------------------------------------------------------------------------ the real model

@@ -4,7 +4,8 @@ The frameworks' tool calling (LangChain ``bind_tools``, LlamaIndex ``chat_with_t
 schema the decoder's tokens are restricted to (:mod:`dp_icl_plugin.methods.structured`): the answer is a JSON
 document ``{"name": <a tool>, "arguments": {...}}``, or, when the model may choose not to call one,
 ``{"answer": "..."}``. The tools are the app's, public; the answer's privacy is the decoder's whatever the
-schema (a public support changes no sensitivity). At most one call per answer. Framework-free: the adapters turn
+schema (a public support changes no sensitivity). At most one call per answer. A tool's result comes back as
+public text in the next prompt (:func:`tool_result_text`): a tool must return public data or its own DP release. Framework-free: the adapters turn
 their tools into the OpenAI function form (``name``, ``description``, ``parameters``) and the parsed call into
 their messages.
 """
@@ -12,15 +13,17 @@ their messages.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["ANSWER_KEY", "ParsedToolCall", "parse_tool_call", "tool_call_schema"]
+__all__ = ["ANSWER_KEY", "ParsedToolCall", "parse_tool_call", "tool_call_schema", "tool_result_text"]
 
 ANSWER_KEY = "answer"  # a plain reply, where the model may choose not to call a tool
+_REPLY_START = re.compile(r'\s*\{\s*"' + ANSWER_KEY + r'"\s*:\s*"')
 _REQUIRED = ("any", "required")
 
 
@@ -37,8 +40,7 @@ def tool_call_schema(functions: Sequence[Mapping[str, Any]], choice: object = No
         The schema, or None when ``choice`` asks for no tool.
 
     Raises:
-        ConfigurationError: no functions, a function without a name, two with one name, or a ``choice``
-            naming none of them.
+        ConfigurationError: no functions, a function without a name, or a ``choice`` naming none of them.
     """
     if choice == "none" or choice is False:
         return None
@@ -47,9 +49,6 @@ def tool_call_schema(functions: Sequence[Mapping[str, Any]], choice: object = No
     names = [f.get("name") for f in functions]
     if not all(isinstance(n, str) and n for n in names):
         raise ConfigurationError("every tool needs a name")
-    if len(set(names)) != len(names):
-        twice = sorted({str(n) for n in names if names.count(n) > 1})
-        raise ConfigurationError(f"two tools share a name: {', '.join(twice)}")
     chosen = list(functions)
     if isinstance(choice, str) and choice not in ("auto", *_REQUIRED):
         if choice not in names:
@@ -89,11 +88,15 @@ def parse_tool_call(text: str, finish_reason: str) -> ParsedToolCall:
 
     Args:
         text: the answer.
-        finish_reason: the decoder's (``"length"``: the answer was cut before its JSON was complete).
+        finish_reason: the decoder's (``"length"``: the answer was cut before its JSON was complete; a plain
+            reply cut so is still a reply, its text up to the cut).
     """
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
+        cut_reply = _REPLY_START.match(text) if finish_reason == "length" else None
+        if cut_reply is not None:  # a plain reply cut by max_tokens: the paid-for words so far are the reply
+            return ParsedToolCall(_partial_string(text[cut_reply.end():]), text=text)
         why = "the answer reached max_tokens before its JSON was complete" if finish_reason == "length" else \
             "the answer is not JSON"  # fmt: skip
         return ParsedToolCall("", error=why, text=text)
@@ -102,3 +105,18 @@ def parse_tool_call(text: str, finish_reason: str) -> ParsedToolCall:
     if isinstance(value, dict) and isinstance(value.get("name"), str) and isinstance(value.get("arguments"), dict):
         return ParsedToolCall("", name=value["name"], arguments=value["arguments"], text=text)
     return ParsedToolCall("", error="not a tool call", text=text)
+
+
+def _partial_string(body: str) -> str:
+    """The text of a JSON string cut before its closing quote (an escape cut in half is dropped)."""
+    for end in range(len(body), max(len(body) - 6, 0) - 1, -1):
+        try:
+            return str(json.loads(f'"{body[:end]}"'))
+        except json.JSONDecodeError:
+            continue
+    return ""
+
+
+def tool_result_text(name: str, result: str) -> str:
+    """A tool's result as the model reads it: the user's next message, naming the tool (the app's, public)."""
+    return f"Result of the tool call {name}: {result}" if name else f"Result of the tool call: {result}"

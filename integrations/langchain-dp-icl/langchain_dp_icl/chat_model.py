@@ -60,6 +60,7 @@ from dp_icl_plugin.methods.decoder import (
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads, wait_through_cancellations
+from dp_icl_plugin.methods.tool_calls import tool_result_text
 from langchain_dp_icl.tools import message_fields, tools_schema
 
 __all__ = ["DPICLLLM", "ChatDPICL"]
@@ -151,16 +152,18 @@ def _messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
     """The conversation as role/content messages: an AI message's tool calls written as the JSON the model
     answers them in (:mod:`langchain_dp_icl.tools`), a tool's result as the user's next message."""
     out = []
+    names: dict[str, str] = {}  # a call's id → its tool, for the result that answers it
     for m in messages:
         if m.type == "tool":
-            name = getattr(m, "name", None) or getattr(m, "tool_call_id", "")
-            out.append({"role": "user", "content": f"Result of the tool call {name}: {_text(m.content)}"})
+            name = getattr(m, "name", None) or names.get(str(getattr(m, "tool_call_id", "")), "")
+            out.append({"role": "user", "content": tool_result_text(name, _text(m.content))})
             continue
         role = _ROLES.get(m.type)
         if role is None:
             raise ConfigurationError(f"message type {m.type!r} is not supported (system, human, ai, tool)")
         text = _text(m.content)
         calls = [{"name": c["name"], "arguments": c["args"]} for c in getattr(m, "tool_calls", None) or ()]
+        names.update({str(c.get("id")): c["name"] for c in getattr(m, "tool_calls", None) or ()})
         if calls:
             text = "\n".join([*([text] if text else []), *(json.dumps(c) for c in calls)])
         out.append({"role": role, "content": text})

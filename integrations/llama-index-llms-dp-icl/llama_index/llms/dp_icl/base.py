@@ -10,7 +10,6 @@ included) in worker threads, so a slow answer never blocks the event loop.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import uuid
 from collections.abc import Sequence
@@ -50,7 +49,7 @@ from dp_icl_plugin.methods.decoder import (
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads
-from dp_icl_plugin.methods.tool_calls import parse_tool_call, tool_call_schema
+from dp_icl_plugin.methods.tool_calls import parse_tool_call, tool_call_schema, tool_result_text
 
 __all__ = ["DPICL"]
 
@@ -122,6 +121,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
     pydantic_program_mode: PydanticProgramMode = PydanticProgramMode.LLM
     _decoder: Any = PrivateAttr()
     _rng: Any = PrivateAttr()
+    _calls_tools: bool | None = PrivateAttr(default=None)
 
     def __init__(self, decoder: Decoder, *, rng: Any = None, seed: int | None = None, **kwargs: Any) -> None:
         if not isinstance(decoder, Decoder):
@@ -160,7 +160,21 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         chat = self._decoder.has_chat_template if self.is_chat_model is None else self.is_chat_model
         return LLMMetadata(context_window=window, num_output=answer_limit(self._decoder, self.max_tokens),
                            is_chat_model=chat, model_name=self.model_name,
-                           is_function_calling_model=importlib.util.find_spec("llguidance") is not None)  # fmt: skip
+                           is_function_calling_model=self._can_call_tools())  # fmt: skip
+
+    def _can_call_tools(self) -> bool:
+        """Whether answers can keep to a tool call's schema: llguidance installed, and the decoder compiles a
+        schema over its backend's tokenizer (not with fixed choices); found once (public: no answer, no charge).
+        LlamaIndex picks its agents and programs by it."""
+        if self._calls_tools is None:
+            probe = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}
+            try:
+                self._decoder.check("tool check", schema=probe)
+            except Exception:  # no llguidance, a tokenizer it cannot read, a decoder with choices
+                self._calls_tools = False
+            else:
+                self._calls_tools = True
+        return self._calls_tools
 
     # -- translation --------------------------------------------------------------------------------
     def _prompt(self, prompt: str, formatted: bool) -> str:
@@ -183,13 +197,18 @@ class DPICL(CustomLLM, FunctionCallingLLM):
                 or not all(isinstance(m, ChatMessage) for m in messages):  # fmt: skip
             raise ConfigurationError("messages must be a list of llama_index ChatMessage")
         out = []
+        names: dict[str, str] = {}  # a call's id → its tool, for the result that answers it
         for m in messages:
             if m.role.value == "tool":
-                name = m.additional_kwargs.get("name") or m.additional_kwargs.get("tool_call_id", "")
-                out.append({"role": "user", "content": f"Result of the tool call {name}: {m.content or ''}"})
+                call_id = str(m.additional_kwargs.get("tool_call_id", ""))
+                name = m.additional_kwargs.get("name") or names.get(call_id, "")
+                out.append({"role": "user", "content": tool_result_text(name, m.content or "")})
                 continue
-            calls = [json.dumps({"name": c["name"], "arguments": c["arguments"]})
-                     for c in m.additional_kwargs.get("tool_calls") or ()]  # fmt: skip
+            calls = []
+            for call in m.additional_kwargs.get("tool_calls") or ():
+                name, arguments = _call_fields(call)
+                names[str(call.get("id", ""))] = name
+                calls.append(json.dumps({"name": name, "arguments": arguments}))
             out.append({"role": m.role.value, "content": "\n".join([*([m.content] if m.content else []), *calls])})
         return out
 
@@ -253,12 +272,14 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         return text, {**spend, "finish_reason": pieces.finish_reason}, pieces
 
     # -- structured output --------------------------------------------------------------------------
-    @staticmethod
-    def _schema_kwargs(output_cls: type[BaseModel], llm_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    def _schema_kwargs(self, output_cls: type[BaseModel], llm_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """``llm_kwargs`` with ``output_cls``'s JSON schema: the answer's tokens keep to it
-        (:mod:`dp_icl_plugin.methods.structured`; a public support), so LlamaIndex's parser gets valid JSON."""
+        (:mod:`dp_icl_plugin.methods.structured`; a public support), so LlamaIndex's parser gets valid JSON. In
+        another ``pydantic_program_mode`` LlamaIndex asks for a tool call instead, whose schema does the same."""
         if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
             raise ConfigurationError("output_cls must be a Pydantic model class")
+        if self.pydantic_program_mode != PydanticProgramMode.LLM:
+            return dict(llm_kwargs or {})
         return {**(llm_kwargs or {}), "json_schema": output_cls.model_json_schema()}
 
     def structured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None,
@@ -300,9 +321,36 @@ class DPICL(CustomLLM, FunctionCallingLLM):
             messages.append(user_msg if isinstance(user_msg, ChatMessage) else ChatMessage(role="user",
                                                                                               content=user_msg))
         functions = [t.metadata.to_openai_tool(skip_length_check=True)["function"] for t in tools]
-        choice = kwargs.pop("tool_choice", None) or ("required" if tool_required else "auto")
+        choice = kwargs.pop("tool_choice", None)
+        if choice is None:
+            choice = "required" if tool_required else "auto"
         tool_call_schema(functions, choice)
         return {"messages": messages, "tools": functions, "tool_choice": choice, **kwargs}
+
+    def predict_and_call(self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
+                         chat_history: list[ChatMessage] | None = None, verbose: bool = False,
+                         allow_parallel_tool_calls: bool = False, error_on_no_tool_call: bool = True,
+                         error_on_tool_error: bool = False, **kwargs: Any) -> Any:  # fmt: skip
+        """LlamaIndex's ``predict_and_call``; with ``error_on_no_tool_call`` (its default) the answer is made a
+        call (``tool_required``) unless a ``tool_choice`` is given: a plain reply would be charged, then raise."""
+        return super().predict_and_call(tools, user_msg, chat_history, verbose, allow_parallel_tool_calls,
+                                        error_on_no_tool_call, error_on_tool_error,
+                                        **self._call_required(error_on_no_tool_call, kwargs))  # fmt: skip
+
+    async def apredict_and_call(self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
+                                chat_history: list[ChatMessage] | None = None, verbose: bool = False,
+                                allow_parallel_tool_calls: bool = False, error_on_no_tool_call: bool = True,
+                                error_on_tool_error: bool = False, **kwargs: Any) -> Any:  # fmt: skip
+        """:meth:`predict_and_call` for async callers."""
+        return await super().apredict_and_call(tools, user_msg, chat_history, verbose, allow_parallel_tool_calls,
+                                               error_on_no_tool_call, error_on_tool_error,
+                                               **self._call_required(error_on_no_tool_call, kwargs))  # fmt: skip
+
+    @staticmethod
+    def _call_required(error_on_no_tool_call: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if error_on_no_tool_call and kwargs.get("tool_choice") is None and "tool_required" not in kwargs:
+            return {**kwargs, "tool_required": True}
+        return kwargs
 
     def get_tool_calls_from_response(
         self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
@@ -319,9 +367,14 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"]) for c in calls]
 
     @staticmethod
+    def _calls(kwargs: dict[str, Any]) -> bool:
+        """Whether the answer is decoded as a tool call (or a plain reply in its JSON): tools, not "none"."""
+        return kwargs.get("tools") is not None and kwargs.get("tool_choice") not in ("none", False)
+
+    @staticmethod
     def _message(text: str, pieces: AnswerStream, kwargs: dict[str, Any]) -> ChatMessage:
         """The assistant's message: the text, or, under tools, the reply or the call the answer decoded to."""
-        if kwargs.get("tools") is None or not pieces.token_ids:
+        if not DPICL._calls(kwargs) or not pieces.token_ids:
             return ChatMessage(role="assistant", content=text)
         parsed = parse_tool_call(text, pieces.finish_reason)
         extra: dict[str, Any] = {}
@@ -368,10 +421,10 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         spend: dict[str, Any] = {}
         text = ""
         for delta, text in self._texts(pieces, spend):
-            if kwargs.get("tools") is None:
+            if not self._calls(kwargs):
                 yield ChatResponse(message=ChatMessage(role="assistant", content=text), delta=delta,
                                    additional_kwargs=spend)  # fmt: skip
-        if kwargs.get("tools") is not None:
+        if self._calls(kwargs):
             message = self._message(text, pieces, kwargs)
             yield ChatResponse(message=message, delta=message.content, additional_kwargs=spend)
 
@@ -393,3 +446,24 @@ class DPICL(CustomLLM, FunctionCallingLLM):
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         pieces = await asyncio.to_thread(self._open, self._chat(messages), kwargs)
         return iterate_in_threads(lambda: self._chats(pieces, kwargs), on_cancel=pieces.cancel)
+
+
+def _call_fields(call: Any) -> tuple[str, dict[str, Any]]:
+    """A tool call in a chat history (this LLM's ``{"name", "arguments"}`` or OpenAI's ``{"function": {...}}``)
+    as its tool's name and arguments.
+
+    Raises:
+        ConfigurationError: another shape (before any charge).
+    """
+    fields = call.get("function", call) if isinstance(call, dict) else None
+    name = fields.get("name") if isinstance(fields, dict) else None
+    arguments = fields.get("arguments") if isinstance(fields, dict) else None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = None
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        raise ConfigurationError("a tool call in the history needs a name and its arguments (an object)")
+    return name, arguments
+
