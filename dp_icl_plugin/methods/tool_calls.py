@@ -5,9 +5,9 @@ schema the decoder's tokens are restricted to (:mod:`dp_icl_plugin.methods.struc
 document ``{"name": <a tool>, "arguments": {...}}``, or, when the model may choose not to call one,
 ``{"answer": "..."}``. The tools are the app's, public; the answer's privacy is the decoder's whatever the
 schema (a public support changes no sensitivity). At most one call per answer. A tool's result comes back as
-public text in the next prompt (:func:`tool_result_text`): a tool must return public data or its own DP release. Framework-free: the adapters turn
-their tools into the OpenAI function form (``name``, ``description``, ``parameters``) and the parsed call into
-their messages.
+public text in the next prompt (:func:`tool_result_text`): a tool must return public data or its own DP
+release. Framework-free: the adapters turn their tools into the OpenAI function form (``name``,
+``description``, ``parameters``) and the parsed call into their messages.
 """
 
 from __future__ import annotations
