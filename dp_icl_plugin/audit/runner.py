@@ -14,7 +14,6 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.audit.cases import CASES, AuditCase
 from dp_icl_plugin.audit.statistics import epsilon_lower_bound
-from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["AuditRow", "run_audit", "to_markdown"]
 
@@ -85,35 +84,40 @@ def run_audit(
         jobs: worker processes (spawned) that share the rows; the rows, in order, are the same for any
             ``jobs`` (only their ``seconds`` differ). Each worker's numerical libraries get an equal share of
             the CPUs. Spawned workers import the calling script: a script that calls this with ``jobs`` > 1
-            needs the ``if __name__ == "__main__":`` guard (the ``dp-icl audit`` command has it).
+            needs the ``if __name__ == "__main__":`` guard (the ``dp-icl audit`` command has it). A case that
+            cannot be pickled (a lambda in it) runs in this process.
 
     Returns:
         The rows, case by case, as shipped then broken.
 
     Raises:
-        ConfigurationError: ``samples`` or ``jobs`` not a positive int, or a case that cannot be sent to a
-            worker process (``jobs`` > 1 with a case built from lambdas).
+        ConfigurationError: ``samples`` or ``jobs`` not a positive int.
     """
     samples = check.positive_int("samples", samples)
     jobs = check.positive_int("jobs", jobs)
     tasks = [(c, b) for c in cases for b in (False, True)]
     if jobs == 1 or len(tasks) < 2:
         return [audit_case(c, broken=b, samples=samples, seed=seed) for c, b in tasks]
-    # a shipped case travels as its position in CASES; another must pickle
-    keys = [CASES.index(c) if c in CASES else c for c, _ in tasks]
-    for key in keys:
-        if not isinstance(key, int):
-            try:
-                pickle.dumps(key)
-            except Exception as exc:
-                raise ConfigurationError(f"case {key.name!r} cannot be sent to a worker process ({exc}): "
-                                         "run it with jobs=1") from None  # fmt: skip
+    # a shipped case travels as its position in CASES, another pickled; one that cannot be (a lambda in it) runs
+    # here while the workers run the rest
+    keys: list[int | AuditCase | None] = [CASES.index(c) if c in CASES else c if _picklable(c) else None
+                                          for c, _ in tasks]  # fmt: skip
     workers = min(jobs, len(tasks))
     threads = max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold model threads
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_share_cpus, initargs=(threads,)) as pool:
-        futures = [pool.submit(_audit_row, key, b, samples, seed) for key, (_, b) in zip(keys, tasks, strict=True)]
-        return [f.result() for f in futures]
+        futures = [None if key is None else pool.submit(_audit_row, key, b, samples, seed)
+                   for key, (_, b) in zip(keys, tasks, strict=True)]  # fmt: skip
+        return [audit_case(c, broken=b, samples=samples, seed=seed) if f is None else f.result()
+                for f, (c, b) in zip(futures, tasks, strict=True)]  # fmt: skip
+
+
+def _picklable(case: AuditCase) -> bool:
+    try:
+        pickle.dumps(case)
+    except Exception:  # pickle raises PicklingError, AttributeError or TypeError for a lambda or a local
+        return False
+    return True
 
 
 def _share_cpus(threads: int) -> None:
