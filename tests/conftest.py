@@ -24,13 +24,16 @@ def weak_keywords_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A standard-suite class with ``standard_tests_kept`` runs only those of its inherited tests (the others
-    run in another class of the same suite): the rest are deselected, not skipped."""
+    """A standard-suite class with ``standard_tests_kept`` runs only those of its inherited tests, and one with
+    ``standard_tests_elsewhere`` all but those: they run in another class of the same suite, so here they are
+    deselected, not skipped."""
     kept, dropped = [], []
     for item in items:
-        names = getattr(getattr(item, "cls", None), "standard_tests_kept", None)
+        cls = getattr(item, "cls", None)
+        only = getattr(cls, "standard_tests_kept", None)
+        elsewhere = getattr(cls, "standard_tests_elsewhere", ())
         name = getattr(item, "originalname", item.name)
-        (dropped if names is not None and name not in names else kept).append(item)
+        (dropped if (only is not None and name not in only) or name in elsewhere else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

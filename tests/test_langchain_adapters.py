@@ -95,7 +95,14 @@ class TestDPChatModelUnit(ChatModelUnitTests):
         return chat_params()
 
 
+STRUCTURED_OUTPUT_TESTS = ("test_structured_output", "test_structured_output_async",
+                           "test_structured_output_pydantic_2_v1", "test_structured_output_optional_param",
+                           "test_json_mode")  # fmt: skip
+
+
 class TestDPChatModelIntegration(ChatModelIntegrationTests):
+    standard_tests_elsewhere = STRUCTURED_OUTPUT_TESTS  # in TestDPChatModelStructuredOutput
+
     @property
     def chat_model_class(self) -> type[ChatDPICL]:
         return ChatDPICL
@@ -132,9 +139,7 @@ class TestDPChatModelStructuredOutput(ChatModelIntegrationTests):
     optional field; invoke, stream, async), on the tiny model biased to end its strings: a randomly initialised
     model does not close a free string within its share of tokens. The other standard tests run above."""
 
-    standard_tests_kept = ("test_structured_output", "test_structured_output_async",
-                           "test_structured_output_pydantic_2_v1", "test_structured_output_optional_param",
-                           "test_json_mode")  # fmt: skip
+    standard_tests_kept = STRUCTURED_OUTPUT_TESTS
 
     @property
     def chat_model_class(self) -> type[ChatDPICL]:
