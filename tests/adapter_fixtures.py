@@ -67,43 +67,48 @@ def demo_set() -> DemoSet:
     return DemoSet(demos, prov)
 
 
-class TerseBackend:
+class _ForwardWrapper:
+    """A backend that changes what its inner backend's ``next_token_logprobs*`` calls do (:meth:`_forward`)
+    and passes everything else through."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not name.startswith("next_token_logprobs"):
+            return found
+        return lambda *args, **kwargs: self._forward(found, *args, **kwargs)
+
+    def _forward(self, found: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+class TerseBackend(_ForwardWrapper):
     """A backend that ends JSON strings and objects early: ``bias`` nats are added to the log-probabilities of
     the tokens of ``words`` (default a closing quote and brace) and each row is renormalised. Under a schema's
     grammar the randomly initialised model then answers ``{"setup":"","punchline":""}`` within a few tokens,
     so LangChain's standard structured-output tests check the adapter's plumbing, not the model's jokes."""
 
     def __init__(self, inner: Any, words: tuple[str, ...] = ('"', "}"), bias: float = 12.0) -> None:
-        self._inner, self._bias = inner, bias
+        super().__init__(inner)
+        self._bias = bias
         self._favoured = sorted({i for word in words for i in inner.encode(word)})
 
-    def __getattr__(self, name: str) -> Any:
-        found = getattr(self._inner, name)
-        if not name.startswith("next_token_logprobs"):
-            return found
-
-        def terse(*args: Any, **kwargs: Any) -> Any:
-            logprobs = np.array(found(*args, **kwargs), dtype=np.float64)
-            logprobs[..., self._favoured] += self._bias
-            logprobs -= np.logaddexp.reduce(logprobs, axis=-1, keepdims=True)
-            return logprobs.astype(np.float32)
-
-        return terse
+    def _forward(self, found: Any, *args: Any, **kwargs: Any) -> Any:
+        logprobs = np.array(found(*args, **kwargs), dtype=np.float64)
+        logprobs[..., self._favoured] += self._bias
+        logprobs -= np.logaddexp.reduce(logprobs, axis=-1, keepdims=True)
+        return logprobs.astype(np.float32)
 
 
-class SlowBackend:
+class SlowBackend(_ForwardWrapper):
     """A backend whose every forward is made slow: an answer takes ``delay`` seconds per token."""
 
     def __init__(self, inner: Any, delay: float) -> None:
-        self._inner, self._delay = inner, delay
+        super().__init__(inner)
+        self._delay = delay
 
-    def __getattr__(self, name: str) -> Any:
-        found = getattr(self._inner, name)
-        if not name.startswith("next_token_logprobs"):
-            return found
-
-        def slow(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(self._delay)
-            return found(*args, **kwargs)
-
-        return slow
+    def _forward(self, found: Any, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(self._delay)
+        return found(*args, **kwargs)

@@ -109,7 +109,7 @@ class TestDPChatModelIntegration(ChatModelIntegrationTests):
 
     # Structured output runs in TestDPChatModelStructuredOutput below (a model that ends its strings). The
     # standard tool-calling tests assert the argument the model picks ({"input": 3} for "magic_function(3)"), a
-    # test of the model's skill: a DP sample from SmolLM2-135M gave 100. Tool calls are tested in
+    # test of the model's skill, not the adapter's. Tool calls are tested in
     # tests/test_structured_output.py (the tiny model, and the real model with a routing tool).
     @property
     def has_tool_calling(self) -> bool:

@@ -114,30 +114,30 @@ def test_adapter_distributions_declare_what_the_suite_runs_on() -> None:
         assert version(dist) == meta["version"]  # installed by make setup, from this folder
 
 
-# (test, the job's key, its argv after the interpreter (a "{tmp}" in it: the job's folder), about how long it takes
-# here): the slow tests' subprocesses, longest first
+# (test, the job's key, its argv after the interpreter (a "{tmp}" in it: the job's folder)): the slow tests'
+# subprocesses, the longest first (by `pytest -m slow --durations`)
 _BACKGROUND_JOBS = [
     ("test_adapter_and_retrieval_examples_run", "llamaindex_query_engine.py",
-     ["examples/llamaindex_query_engine.py", "{tmp}/ledger.db"], 150),
-    ("test_adapter_and_retrieval_examples_run", "chat_chain.py", ["examples/chat_chain.py", "{tmp}/ledger.db"], 90),
-    ("test_adapter_and_retrieval_examples_run", "rag_chain.py", ["examples/rag_chain.py", "{tmp}/ledger.db"], 70),
+     ["examples/llamaindex_query_engine.py", "{tmp}/ledger.db"]),
+    ("test_adapter_and_retrieval_examples_run", "chat_chain.py", ["examples/chat_chain.py", "{tmp}/ledger.db"]),
+    ("test_adapter_and_retrieval_examples_run", "rag_chain.py", ["examples/rag_chain.py", "{tmp}/ledger.db"]),
     ("test_adapters_pass_on_the_declared_lowest_framework_version", "lowest langchain-core",
      ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", "tests/test_langchain_adapters.py",
-      "tests/test_bad_input_adapters.py", "tests/test_leakage.py"], 45),
+      "tests/test_bad_input_adapters.py", "tests/test_leakage.py"]),
     ("test_adapter_and_retrieval_examples_run", "private_knn_classification.py",
-     ["examples/private_knn_classification.py", "{tmp}/ledger.db"], 44),
+     ["examples/private_knn_classification.py", "{tmp}/ledger.db"]),
     ("test_adapter_and_retrieval_examples_run", "few_shot_chain.py",
-     ["examples/few_shot_chain.py", "{tmp}/ledger.db", "--queries", "40"], 43),
+     ["examples/few_shot_chain.py", "{tmp}/ledger.db", "--queries", "40"]),
     ("test_demo_and_example_run", "demo", ["-m", "dp_icl_plugin.demo", "--ledger", "{tmp}/demo.db", "--prompts",
-                                           "200"], 40),
+                                           "200"]),
     ("test_adapters_pass_on_the_declared_lowest_framework_version", "lowest llama-index-core",
      ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning",
-      "tests/test_llamaindex_adapters.py", "tests/test_bad_input_adapters.py"], 33),
+      "tests/test_llamaindex_adapters.py", "tests/test_bad_input_adapters.py"]),
     ("test_adapter_and_retrieval_examples_run", "shared_ledger_components.py",
-     ["examples/shared_ledger_components.py", "{tmp}/ledger.db"], 21),
-    ("test_demo_and_example_run", "shared_budget.py", ["examples/shared_budget.py", "{tmp}/example.db"], 8),
+     ["examples/shared_ledger_components.py", "{tmp}/ledger.db"]),
+    ("test_demo_and_example_run", "shared_budget.py", ["examples/shared_budget.py", "{tmp}/example.db"]),
     ("test_demo_and_example_run", "synthesize_demonstrations.py",
-     ["examples/synthesize_demonstrations.py", "{tmp}/synth.db", "{tmp}/demos.jsonl"], 8),
+     ["examples/synthesize_demonstrations.py", "{tmp}/synth.db", "{tmp}/demos.jsonl"]),
 ]  # fmt: skip
 
 
@@ -154,7 +154,7 @@ def background(
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     lowest = {f"lowest {f}": str(Path(sys.prefix) / "lower-bounds" / f) for f in ("langchain-core", "llama-index-core")}
     jobs: dict[str, Future[subprocess.CompletedProcess[str]]] = {}
-    for test, key, argv, _ in _BACKGROUND_JOBS:
+    for test, key, argv in _BACKGROUND_JOBS:
         if test not in selected:
             continue
         tmp = tmp_path_factory.mktemp(re.sub(r"\W+", "-", key))

@@ -289,9 +289,9 @@ def real_decoder() -> MozoDecoder:
 @needs_smollm2
 @pytest.mark.slow
 def test_structured_answers_and_tool_calls_on_the_real_model() -> None:
-    # LangChain's standard structured-output tests ask for free-text jokes of up to 64 tokens: about a minute an
-    # answer here, and their tool tests assert the argument a DP sample must pick ({"input": 3}: the model gave
-    # 100). The same machinery, checked on the model apps use with a schema whose answers are short:
+    # LangChain's standard structured-output tests run on the tiny model (TestDPChatModelStructuredOutput), and
+    # their tool tests assert the argument a DP sample must pick ({"input": 3}). The same machinery, checked on
+    # the model apps use with a schema whose answers are short:
     chat = ChatDPICL(decoder=real_decoder(), seed=0, model=SMOLLM2)
 
     class Ticket(BaseModel):

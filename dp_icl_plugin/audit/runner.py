@@ -15,7 +15,7 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.audit.cases import CASES, AuditCase
 from dp_icl_plugin.audit.statistics import epsilon_lower_bound
 
-__all__ = ["AuditRow", "run_audit", "to_markdown"]
+__all__ = ["AuditRow", "available_cpus", "run_audit", "to_markdown"]
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,19 @@ def run_audit(
     keys: list[int | AuditCase | None] = [CASES.index(c) if c in CASES else c if _picklable(c) else None
                                           for c, _ in tasks]  # fmt: skip
     workers = min(jobs, len(tasks))
-    threads = max(1, (os.cpu_count() or 1) // workers)
+    threads = max(1, available_cpus() // workers)
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold model threads
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_share_cpus, initargs=(threads,)) as pool:
         futures = [None if key is None else pool.submit(_audit_row, key, b, samples, seed)
                    for key, (_, b) in zip(keys, tasks, strict=True)]  # fmt: skip
         return [audit_case(c, broken=b, samples=samples, seed=seed) if f is None else f.result()
                 for f, (c, b) in zip(futures, tasks, strict=True)]  # fmt: skip
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def _picklable(case: AuditCase) -> bool:

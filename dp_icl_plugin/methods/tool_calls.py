@@ -20,7 +20,7 @@ from typing import Any
 
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["ANSWER_KEY", "ParsedToolCall", "parse_tool_call", "tool_call_schema", "tool_result_text"]
+__all__ = ["ANSWER_KEY", "ParsedToolCall", "parse_tool_call", "tool_call_schema", "tool_call_text", "tool_result_text"]
 
 ANSWER_KEY = "answer"  # a plain reply, where the model may choose not to call a tool
 _REPLY_START = re.compile(r'\s*\{\s*"' + ANSWER_KEY + r'"\s*:\s*"')
@@ -115,6 +115,11 @@ def _partial_string(body: str) -> str:
         except json.JSONDecodeError:
             continue
     return ""
+
+
+def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
+    """An earlier call in a chat history as the model answers calls (the JSON :func:`tool_call_schema` allows)."""
+    return json.dumps({"name": name, "arguments": dict(arguments)})
 
 
 def tool_result_text(name: str, result: str) -> str:

@@ -60,7 +60,7 @@ from dp_icl_plugin.methods.decoder import (
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads, wait_through_cancellations
-from dp_icl_plugin.methods.tool_calls import tool_result_text
+from dp_icl_plugin.methods.tool_calls import tool_call_text, tool_result_text
 from langchain_dp_icl.tools import message_fields, tools_schema
 
 __all__ = ["DPICLLLM", "ChatDPICL"]
@@ -162,10 +162,10 @@ def _messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
         if role is None:
             raise ConfigurationError(f"message type {m.type!r} is not supported (system, human, ai, tool)")
         text = _text(m.content)
-        calls = [{"name": c["name"], "arguments": c["args"]} for c in getattr(m, "tool_calls", None) or ()]
-        names.update({str(c.get("id")): c["name"] for c in getattr(m, "tool_calls", None) or ()})
+        calls = getattr(m, "tool_calls", None) or ()
+        names.update({str(c.get("id")): c["name"] for c in calls})
         if calls:
-            text = "\n".join([*([text] if text else []), *(json.dumps(c) for c in calls)])
+            text = "\n".join([*([text] if text else []), *(tool_call_text(c["name"], c["args"]) for c in calls)])
         out.append({"role": role, "content": text})
     return out
 

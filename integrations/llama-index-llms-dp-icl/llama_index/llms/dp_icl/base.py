@@ -49,7 +49,7 @@ from dp_icl_plugin.methods.decoder import (
 from dp_icl_plugin.methods.decoding import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads
-from dp_icl_plugin.methods.tool_calls import parse_tool_call, tool_call_schema, tool_result_text
+from dp_icl_plugin.methods.tool_calls import parse_tool_call, tool_call_schema, tool_call_text, tool_result_text
 
 __all__ = ["DPICL"]
 
@@ -208,7 +208,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
             for call in m.additional_kwargs.get("tool_calls") or ():
                 name, arguments = _call_fields(call)
                 names[str(call.get("id", ""))] = name
-                calls.append(json.dumps({"name": name, "arguments": arguments}))
+                calls.append(tool_call_text(name, arguments))
             out.append({"role": m.role.value, "content": "\n".join([*([m.content] if m.content else []), *calls])})
         return out
 
@@ -221,9 +221,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
             return kwargs.get("json_schema")
         if kwargs.get("json_schema") is not None:
             raise ConfigurationError("give tools or a json_schema, not both")
-        functions = [t if isinstance(t, dict) else t.metadata.to_openai_tool(skip_length_check=True)["function"]
-                     for t in tools]  # fmt: skip
-        return tool_call_schema(functions, kwargs.get("tool_choice"))
+        return tool_call_schema(_functions(tools), kwargs.get("tool_choice"))
 
     def _open(self, query: Query, kwargs: dict[str, Any]) -> AnswerStream:
         """The answer's stream; every check runs here, before anything is charged."""
@@ -320,7 +318,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         if user_msg is not None:
             messages.append(user_msg if isinstance(user_msg, ChatMessage) else ChatMessage(role="user",
                                                                                               content=user_msg))
-        functions = [t.metadata.to_openai_tool(skip_length_check=True)["function"] for t in tools]
+        functions = _functions(tools)
         choice = kwargs.pop("tool_choice", None)
         if choice is None:
             choice = "required" if tool_required else "auto"
@@ -467,3 +465,7 @@ def _call_fields(call: Any) -> tuple[str, dict[str, Any]]:
         raise ConfigurationError("a tool call in the history needs a name and its arguments (an object)")
     return name, arguments
 
+
+def _functions(tools: Sequence[Any]) -> list[dict[str, Any]]:
+    """Tools (LlamaIndex tools, or function descriptions already) as OpenAI function descriptions."""
+    return [t if isinstance(t, dict) else t.metadata.to_openai_tool(skip_length_check=True)["function"] for t in tools]
