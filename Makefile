@@ -48,6 +48,7 @@ test: $(STAMP) $(VLLM_STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check dp_icl_plugin integrations tests benchmarks examples
+	$(PY) -m ruff format --check dp_icl_plugin integrations tests benchmarks examples
 	$(PY) -m mypy
 
 clean:

@@ -28,11 +28,15 @@ from dp_icl_plugin.accounting import method_events as me
 BUDGET = PrivacyBudget(epsilon=8.0, delta=1e-5)
 MIX: list[tuple[str, ev.DPEvent]] = [
     ("pta:token", me.tang_event(noise_multiplier=3.0, sampling_rate=20 / 30_000, steps=1)),
-    ("clip-blend:token", ev.ExponentialMechanismEvent(
-        me.clip_blend_token_epsilon(clip=10, subset_size=380, temperature=2.1), neighbouring="replace_one")),
+    (
+        "clip-blend:token",
+        ev.ExponentialMechanismEvent(
+            me.clip_blend_token_epsilon(clip=10, subset_size=380, temperature=2.1), neighbouring="replace_one"
+        ),
+    ),
     ("knn:vote", PureDPEvent(1e-4, neighbouring="replace_one")),
     ("stats:gaussian", GaussianEvent(noise_multiplier=400.0, neighbouring="replace_one")),
-]  # fmt: skip
+]
 
 
 def fill(store: LedgerStore, n: int) -> None:

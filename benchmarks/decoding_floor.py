@@ -51,8 +51,9 @@ def _forward(model, ids, cache, past: int):  # one batched forward of ``ids`` af
     batch, width = ids.shape
     mask = torch.ones((batch, past + width), dtype=torch.long)
     positions = torch.arange(past, past + width).expand(batch, width)
-    return model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                 logits_to_keep=1)  # only the next token's logits are needed
+    return model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=1
+    )  # only the next token's logits are needed
 
 
 def _cached_prefix(model, prefix: list[int], rows: int):
@@ -80,8 +81,10 @@ def mozo_floor_seconds_per_token(backend: HFBackend, data: PrivateDataset, n_sho
 
     model = backend.model
     rec = data.records(data.labels[0])[0]
-    prefix, query = _split(backend, [QUERY[0], {"role": "user", "content": rec.text},
-                                     {"role": "assistant", "content": rec.label}, QUERY[1]])  # fmt: skip
+    prefix, query = _split(
+        backend,
+        [QUERY[0], {"role": "user", "content": rec.text}, {"role": "assistant", "content": rec.label}, QUERY[1]],
+    )
     zero_prefix, zero_query = _split(backend, QUERY)
     answer = backend.encode(" William Shakespeare wrote Hamlet around 1600, in London, England, for his company.")
     answer = answer[:tokens]
@@ -105,8 +108,9 @@ def clip_floor_seconds_per_token(backend: HFBackend, decoder: ClipBlendDecoder, 
 
     model = backend.model
     n_prompts = 1 + len(decoder._subset)  # the public prompt and one per subset record
-    prefix, query = _split(backend, [QUERY[0], {"role": "user", "content": "x " * 25},
-                                     {"role": "assistant", "content": "HUM"}, QUERY[1]])  # fmt: skip
+    prefix, query = _split(
+        backend, [QUERY[0], {"role": "user", "content": "x " * 25}, {"role": "assistant", "content": "HUM"}, QUERY[1]]
+    )
     total = 0.0
     with torch.inference_mode():
         cache = _cached_prefix(model, prefix, n_prompts)
@@ -139,8 +143,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--records", type=int, default=100, help="private records (default 100: all fit the cache)")
     parser.add_argument("--warm-answers", type=int, default=8, help="answers run to fill the prefix cache")
-    parser.add_argument("--micro-batch-sizes", type=int, nargs="*", default=[8],
-                        help="rows per forward to measure besides each decoder's own (decoding.step_rows)")  # fmt: skip
+    parser.add_argument(
+        "--micro-batch-sizes",
+        type=int,
+        nargs="*",
+        default=[8],
+        help="rows per forward to measure besides each decoder's own (decoding.step_rows)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     loaded = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
@@ -158,30 +167,66 @@ def main() -> None:
         backend = backend_of(mozo_b)
 
         def mozo_on(model: HFBackend | WholePrompts, budget: BudgetManager = budget) -> MozoDecoder:
-            return MozoDecoder(data, backend=model, budget=budget, n_queries=100, epsilon=8.0,  # type: ignore[arg-type]
-                               max_tokens=args.tokens)  # fmt: skip
+            return MozoDecoder(
+                data,
+                backend=model,
+                budget=budget,
+                n_queries=100,
+                epsilon=8.0,  # type: ignore[arg-type]
+                max_tokens=args.tokens,
+            )
 
         clip_backend = backend_of(clip_b)
-        clip = ClipBlendDecoder(data, backend=clip_backend, budget=budget, n_queries=100, subset_size=subset,
-                                epsilon=8.0, max_tokens=args.tokens, rng_subset=np.random.default_rng(0))  # fmt: skip
+        clip = ClipBlendDecoder(
+            data,
+            backend=clip_backend,
+            budget=budget,
+            n_queries=100,
+            subset_size=subset,
+            epsilon=8.0,
+            max_tokens=args.tokens,
+            rng_subset=np.random.default_rng(0),
+        )
         mozo_floor = mozo_floor_seconds_per_token(backend, data, 4, args.tokens)
         b = f"B = {mozo_b}"
-        rows.append((f"MozoDecoder (n_shots = 4), every prompt computed whole, {b}", decoder_seconds_per_token(
-            mozo_on(WholePrompts(backend)), args.tokens, args.repeats), mozo_floor))  # fmt: skip
+        rows.append(
+            (
+                f"MozoDecoder (n_shots = 4), every prompt computed whole, {b}",
+                decoder_seconds_per_token(mozo_on(WholePrompts(backend)), args.tokens, args.repeats),
+                mozo_floor,
+            )
+        )
         mozo = mozo_on(backend)
         backend.prefix_cache.clear()
-        rows.append((f"MozoDecoder (n_shots = 4), records not yet cached, {b}", decoder_seconds_per_token(
-            mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
+        rows.append(
+            (
+                f"MozoDecoder (n_shots = 4), records not yet cached, {b}",
+                decoder_seconds_per_token(mozo, args.tokens, args.repeats),
+                mozo_floor,
+            )
+        )
         for seed in range(args.warm_answers):  # every record's part in the prefix cache (steady state)
             mozo.generate(QUERY, rng=np.random.default_rng(100 + seed), max_tokens=args.tokens, stop=[])
         cache = backend.prefix_cache
-        print(f"{b}: prefix cache: {len(cache)} prefixes, {cache.cached_tokens} tokens, "
-              f"{cache.cached_bytes / max(1, cache.cached_tokens) / 1024:.0f} KiB a token")  # fmt: skip
-        rows.append((f"MozoDecoder (n_shots = 4), records cached ({len(cache)} prefixes), {b}",
-                     decoder_seconds_per_token(mozo, args.tokens, args.repeats), mozo_floor))  # fmt: skip
+        print(
+            f"{b}: prefix cache: {len(cache)} prefixes, {cache.cached_tokens} tokens, "
+            f"{cache.cached_bytes / max(1, cache.cached_tokens) / 1024:.0f} KiB a token"
+        )
+        rows.append(
+            (
+                f"MozoDecoder (n_shots = 4), records cached ({len(cache)} prefixes), {b}",
+                decoder_seconds_per_token(mozo, args.tokens, args.repeats),
+                mozo_floor,
+            )
+        )
         clip_floor = clip_floor_seconds_per_token(clip_backend, clip, args.tokens)
-        rows.append((f"ClipBlendDecoder (s = {subset}), B = {clip_b}", decoder_seconds_per_token(
-            clip, args.tokens, args.repeats), clip_floor))  # fmt: skip
+        rows.append(
+            (
+                f"ClipBlendDecoder (s = {subset}), B = {clip_b}",
+                decoder_seconds_per_token(clip, args.tokens, args.repeats),
+                clip_floor,
+            )
+        )
     print("| decoder on SmolLM2-135M-Instruct | s/token | floor s/token | ratio |")
     print("|---|---:|---:|---:|")
     for name, spent, bound in rows:

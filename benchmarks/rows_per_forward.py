@@ -37,8 +37,9 @@ def main() -> None:
     print("| micro-batch | rows | ms per forward | ms per row |")
     print("|---:|---:|---:|---:|")
     for micro_batch in (4, 8, 16):
-        backend = HFBackend.from_pretrained(args.model, device=args.device, dtype="float32",
-                                            micro_batch_size=micro_batch)  # fmt: skip
+        backend = HFBackend.from_pretrained(
+            args.model, device=args.device, dtype="float32", micro_batch_size=micro_batch
+        )
         for n in (4, 8, 16):
             backend.next_token_logprobs(rows[:n])  # warm
             started = time.perf_counter()

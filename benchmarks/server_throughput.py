@@ -37,13 +37,20 @@ QUERY = [{"role": "user", "content": "Who wrote the play Hamlet?"}]
 
 def _records() -> PrivateDataset:
     lines = TREC.read_text(encoding="latin-1").splitlines()[:300]
-    return PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines],
-                                     public_label_counts="observed")  # fmt: skip
+    return PrivateDataset.from_pairs(
+        [ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines], public_label_counts="observed"
+    )
 
 
 def mozo_tokens_per_s(backend, data: PrivateDataset, tokens: int, answers: int) -> float:
-    decoder = MozoDecoder(data, backend=backend, budget=BudgetManager(PrivacyBudget(1e6, 1e-3)),
-                          n_queries=answers + 1, beta=0.5, max_tokens=tokens)  # fmt: skip
+    decoder = MozoDecoder(
+        data,
+        backend=backend,
+        budget=BudgetManager(PrivacyBudget(1e6, 1e-3)),
+        n_queries=answers + 1,
+        beta=0.5,
+        max_tokens=tokens,
+    )
     decoder.generate(QUERY, rng=np.random.default_rng(99), max_tokens=2, stop=[])  # warm-up (caches, threads)
     start, made = time.perf_counter(), 0
     for seed in range(answers):
@@ -55,8 +62,14 @@ def pta_tokens_per_s(backend, data: PrivateDataset, tokens: int) -> float:
     template = dataclasses.replace(PRESETS["trec"], stop=None, stop_at_eos=False)  # every demonstration T tokens
     method = PTASynthesizer(noise_multiplier=1.0, max_tokens=tokens, n_prompts=10, template=template)
     start = time.perf_counter()
-    demos = method.synthesize(data, labels=["HUM"], backend=backend, budget=BudgetManager(PrivacyBudget(1e6, 1e-3)),
-                              rng=np.random.default_rng(0), progress=False)  # fmt: skip
+    demos = method.synthesize(
+        data,
+        labels=["HUM"],
+        backend=backend,
+        budget=BudgetManager(PrivacyBudget(1e6, 1e-3)),
+        rng=np.random.default_rng(0),
+        progress=False,
+    )
     return sum(len(d.token_ids) for d in demos) / (time.perf_counter() - start)
 
 
@@ -68,9 +81,19 @@ def overhead(server: ServerBackend, data: PrivateDataset, repeats: int) -> tuple
         server.apply_chat_template([{"role": "user", "content": f"Q: {r.text}\nA: {r.label}"}, *QUERY])
         for r in data.records("HUM")[:4]
     ]
-    payloads = [{"model": server.model, "prompt": p, "max_tokens": 1, "temperature": 0.0, "logprobs": -1,
-                 "return_tokens_as_token_ids": True} for p in prompts]  # fmt: skip
+    payloads = [
+        {
+            "model": server.model,
+            "prompt": p,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": -1,
+            "return_tokens_as_token_ids": True,
+        }
+        for p in prompts
+    ]
     with httpx.Client(base_url=server.base_url, timeout=120) as client, ThreadPoolExecutor(len(prompts)) as pool:
+
         def raw() -> None:
             list(pool.map(lambda body: client.post("/v1/completions", json=body).json(), payloads))
 
@@ -114,14 +137,20 @@ def main() -> None:
         for name, run in workloads.items():
             rows.append((name, run(local), run(server), run(top)))
         backend_s, raw_s = overhead(server, data, repeats=5)
-    print("\n| workload (SmolLM2-135M-Instruct, float32) | HFBackend tokens/s | vLLM, full vocabulary | "
-          "vLLM, top_k = 100 |")
+    print(
+        "\n| workload (SmolLM2-135M-Instruct, float32) | HFBackend tokens/s | vLLM, full vocabulary | "
+        "vLLM, top_k = 100 |"
+    )
     print("|---|---:|---:|---:|")
     for name, hf_rate, full_rate, top_rate in rows:
-        print(f"| {name} | {hf_rate:.2f} | {full_rate:.2f} ({full_rate / hf_rate:.2f}×) | "
-              f"{top_rate:.2f} ({top_rate / hf_rate:.2f}×) |")
-    print(f"\nOne MOZO step (5 prompts, full vocabulary): ServerBackend {backend_s:.3f} s, raw requests {raw_s:.3f} s: "
-          f"overhead {backend_s / raw_s:.2f}×")
+        print(
+            f"| {name} | {hf_rate:.2f} | {full_rate:.2f} ({full_rate / hf_rate:.2f}×) | "
+            f"{top_rate:.2f} ({top_rate / hf_rate:.2f}×) |"
+        )
+    print(
+        f"\nOne MOZO step (5 prompts, full vocabulary): ServerBackend {backend_s:.3f} s, raw requests {raw_s:.3f} s: "
+        f"overhead {backend_s / raw_s:.2f}×"
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from dp_icl_plugin.methods import (
     PRESETS,
     AdaDPSynSynthesizer,
     ClipBlendSynthesizer,
-    MozoOfflineSynthesizer,  # fmt: skip
+    MozoOfflineSynthesizer,
     PrivateDataset,
     PTASynthesizer,
     TangSynthesizer,
@@ -154,8 +154,14 @@ def floor_seconds(backend: HFBackend, calls: list[tuple[list[int], list[int]]]) 
             mask = torch.ones((rows, past + width), dtype=torch.long)
             positions = torch.arange(past, past + width).expand(rows, width)
             start = time.perf_counter()
-            model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-                  **{keyword: cache})  # only the next token's logits are needed
+            model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{keyword: cache},
+            )  # only the next token's logits are needed
             total += time.perf_counter() - start
     return total
 
@@ -163,29 +169,36 @@ def floor_seconds(backend: HFBackend, calls: list[tuple[list[int], list[int]]]) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=12)
-    parser.add_argument("--micro-batch-size", type=int, default=8, help="the backend's rows per forward (default 8, "
-                        "HFBackend's): a step's rows beyond it take more forwards")  # fmt: skip
+    parser.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=8,
+        help="the backend's rows per forward (default 8, HFBackend's): a step's rows beyond it take more forwards",
+    )
     args = parser.parse_args()
     backend = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu", micro_batch_size=args.micro_batch_size)
     print(f"micro_batch_size = {args.micro_batch_size}")
     lines = TREC.read_text(encoding="latin-1").splitlines()
-    data = PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines],
-                                     public_label_counts="observed")  # fmt: skip
+    data = PrivateDataset.from_pairs(
+        [ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines], public_label_counts="observed"
+    )
     label = ["HUM"]
-    answers = PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines[:300]],
-                                        [ln.split(":", 1)[0] for ln in lines[:300]])  # fmt: skip
+    answers = PrivateDataset.from_pairs(
+        [ln.split(" ", 1)[1] for ln in lines[:300]], [ln.split(":", 1)[0] for ln in lines[:300]]
+    )
     public_inputs = [ln.split(" ", 1)[1] for ln in lines[-2:]]
     t = args.tokens
     trec = dataclasses.replace(PRESETS["trec"], stop=None, stop_at_eos=False)  # every demonstration T tokens long
     methods = [
-        ("Tang et al. (M = 10, N = 2)",
-         TangSynthesizer(noise_multiplier=1.0, max_tokens=t, template=trec), {}),
+        ("Tang et al. (M = 10, N = 2)", TangSynthesizer(noise_multiplier=1.0, max_tokens=t, template=trec), {}),
         ("PTA (M = 10, N = 2)", PTASynthesizer(noise_multiplier=1.0, max_tokens=t, template=trec), {}),
         ("AdaDPSyn (M = 10, N = 2)", AdaDPSynSynthesizer(sigma1=1.0, max_tokens=t, template=trec), {}),
-        ("clip-blend (s = 32)", ClipBlendSynthesizer(temperature=1.0, max_tokens=t, subset_size=32,
-                                                     template=trec), {}),
-        ("DPS-MOZO offline (n_shots = 4, 2 inputs)", MozoOfflineSynthesizer(
-            beta=0.5, max_tokens=t, template=ANSWER_PRESETS["classification"]), {"public_inputs": public_inputs}),
+        ("clip-blend (s = 32)", ClipBlendSynthesizer(temperature=1.0, max_tokens=t, subset_size=32, template=trec), {}),
+        (
+            "DPS-MOZO offline (n_shots = 4, 2 inputs)",
+            MozoOfflineSynthesizer(beta=0.5, max_tokens=t, template=ANSWER_PRESETS["classification"]),
+            {"public_inputs": public_inputs},
+        ),
     ]
     print("| synthesizer on SmolLM2-135M-Instruct | floor s/token | whole prompts | prefix cache |")
     print("|---|---:|---:|---:|")
@@ -197,14 +210,18 @@ def main() -> None:
             backend.prefix_cache.clear()
             recorder = SharingRecorder(backend) if share else Recorder(backend)
             budget = BudgetManager(PrivacyBudget(1e6, 1e-3))
-            method.synthesize(dataset, backend=recorder, budget=budget, rng=np.random.default_rng(0),
-                              progress=False, **kwargs)  # fmt: skip
+            method.synthesize(
+                dataset, backend=recorder, budget=budget, rng=np.random.default_rng(0), progress=False, **kwargs
+            )
             seconds[share] = time.perf_counter() - recorder.starts[1]  # generation only: from the first token's call
         steps = per_token(recorder.calls[1:])  # model calls after the public probe: two per generated token
         floor = floor_seconds(backend, steps)
         n = len(steps)
-        print(f"| {name} | {floor / n:.3f} | {seconds[False] / n:.3f} s, {seconds[False] / floor:.1f}× | "
-              f"{seconds[True] / n:.3f} s, {seconds[True] / floor:.1f}× |", flush=True)  # fmt: skip
+        print(
+            f"| {name} | {floor / n:.3f} | {seconds[False] / n:.3f} s, {seconds[False] / floor:.1f}× | "
+            f"{seconds[True] / n:.3f} s, {seconds[True] / floor:.1f}× |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

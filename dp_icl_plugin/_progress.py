@@ -39,8 +39,12 @@ class _Lines:
         elapsed = time.monotonic() - self.started
         share = self.done / self.total if self.total else 1.0
         left = f", about {elapsed / share - elapsed:.0f} s left" if 0 < share < 1 else ""
-        print(f"{self.desc}: {self.done}/{self.total} {self.unit}s ({100 * share:.0f} %), {elapsed:.0f} s{left}"
-              f"{' ' + note if note else ''}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{self.desc}: {self.done}/{self.total} {self.unit}s ({100 * share:.0f} %), {elapsed:.0f} s{left}"
+            f"{' ' + note if note else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def update(self, n: int = 1) -> None:
         self.done += n

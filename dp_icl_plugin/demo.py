@@ -37,8 +37,10 @@ def _show_in_context_learning(n_prompts: int, seed: int) -> None:
     backend, language = load_model()
     meta = read_metadata()["training"]
     print(f"1. In-context learning of the committed GINC model ({default_model_path()})")
-    print(f"   GPT-2, {meta['n_layer']} layers × width {meta['n_embd']}, |V| = {backend.vocab_size}, "
-          f"pretrained on {meta['steps'] * meta['batch_size'] * meta['seq_len'] / 1e6:.1f}M GINC tokens")  # fmt: skip
+    print(
+        f"   GPT-2, {meta['n_layer']} layers × width {meta['n_embd']}, |V| = {backend.vocab_size}, "
+        f"pretrained on {meta['steps'] * meta['batch_size'] * meta['seq_len'] / 1e6:.1f}M GINC tokens"
+    )
     cells = evaluate_icl(backend, language, shots=(0, 4), ks=(5, 10), n_prompts=n_prompts, seed=seed)
     print("   " + to_markdown(cells).replace("\n", "\n   "))
     by = {(c.k, c.shots): c.accuracy for c in cells}
@@ -62,11 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\n2. Calibrate the noise of a PTA synthesis run on GINC (Poisson sampling)")
     print("   PTA's published σ (Table 4, add/remove, PRV): 0.70, 0.59, 0.47, 0.37")
     for eps in (1.0, 2.0, 4.0, 8.0):
-        paper = calibrate_subsampled_gaussian(epsilon=eps, delta=delta, sampling_rate=q, steps=steps,
-                                              accountant="prv", neighbouring="add_remove")  # fmt: skip
+        paper = calibrate_subsampled_gaussian(
+            epsilon=eps, delta=delta, sampling_rate=q, steps=steps, accountant="prv", neighbouring="add_remove"
+        )
         ours = calibrate_subsampled_gaussian(epsilon=eps, delta=delta, sampling_rate=q, steps=steps)
-        print(f"   target ε = {eps:<3g} → σ = {paper.value:.2f} add/remove (PRV), "
-              f"{ours.value:.2f} replace-one (PLD; this library's default relation)")  # fmt: skip
+        print(
+            f"   target ε = {eps:<3g} → σ = {paper.value:.2f} add/remove (PRV), "
+            f"{ours.value:.2f} replace-one (PLD; this library's default relation)"
+        )
 
     print(f"\n3. One shared budget: ε = 3, δ = {delta:.3g}, replace-one, ledger {ledger}")
     budget = BudgetManager(PrivacyBudget(epsilon=3.0, delta=delta), ledger=ledger)
@@ -76,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   charged PTA synthesis (σ = {sigma}): entry #{entry.id}, spent ε = {budget.spent().epsilon:.4f}")
     blend = me.clip_blend_event(clip=10.0, subset_size=255, temperature=1.0, steps=50)
     bounds = tightest().epsilons(blend, delta=delta)
-    print("   clip-blend answer (c = 10, s = 255, τ = 1, 50 tokens) costs on its own: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in sorted(bounds.items())))  # fmt: skip
+    print(
+        "   clip-blend answer (c = 10, s = 255, τ = 1, 50 tokens) costs on its own: "
+        + ", ".join(f"{k} {v:.3f}" for k, v in sorted(bounds.items()))
+    )
     answers = 0
     try:
         while True:

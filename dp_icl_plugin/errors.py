@@ -117,8 +117,9 @@ class ShareExhaustedError(BudgetExhaustedError):
     """
 
     def __init__(self, message: str, *, requested_epsilon: float, n_queries: int) -> None:
-        super().__init__(message, requested_epsilon=requested_epsilon, remaining_epsilon=0.0,
-                         total_epsilon=float("inf"))  # fmt: skip
+        super().__init__(
+            message, requested_epsilon=requested_epsilon, remaining_epsilon=0.0, total_epsilon=float("inf")
+        )
         self.n_queries = n_queries
 
 

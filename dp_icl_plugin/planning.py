@@ -33,6 +33,7 @@ from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, noise_for_uses, tok
 
 __all__ = ["MethodOutlook", "Plan", "estimate_min_similarity", "plan"]
 
+
 @dataclass(frozen=True)
 class MethodOutlook:
     """One method's figures for a plan (all public).
@@ -66,8 +67,13 @@ class Plan:
         return {
             "inputs": self.inputs,
             "methods": {
-                m.method: {"pays": m.pays, **m.settings, "token_shift": m.token_shift, "verdict": m.verdict,
-                           "note": m.note}
+                m.method: {
+                    "pays": m.pays,
+                    **m.settings,
+                    "token_shift": m.token_shift,
+                    "verdict": m.verdict,
+                    "note": m.note,
+                }
                 for m in self.methods
             },
             "recommendation": self.recommendation,
@@ -122,15 +128,24 @@ def plan(
     s = min(n, k) if subset_size is None else check.positive_int("subset_size", subset_size)
     if n_shots > n or s > n:
         raise ConfigurationError(f"n_shots ({n_shots}) and subset_size ({s}) cannot exceed the {n} records")
-    inputs = {"records": n, "epsilon": eps, "delta": dlt, "answers": a, "tokens": t, "relation": rel, "k": k,
-              "candidates_per_answer": c}  # fmt: skip
+    inputs = {
+        "records": n,
+        "epsilon": eps,
+        "delta": dlt,
+        "answers": a,
+        "tokens": t,
+        "relation": rel,
+        "k": k,
+        "candidates_per_answer": c,
+    }
     out = [
         _outlook("dps-mozo decoding", lambda: _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel)),
         _outlook("clip-blend decoding", lambda: _clip_blend(eps, dlt, a, t, s, clip, rel)),
         _outlook("knn expert decoding", lambda: _experts(eps, dlt, n, a, t, k, c, rel)),
-        _outlook("knn keyword answer", lambda: _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size,
-                                                         rel)),
-    ]  # fmt: skip
+        _outlook(
+            "knn keyword answer", lambda: _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size, rel)
+        ),
+    ]
     return Plan(inputs, out, _recommend(out, a, t))
 
 
@@ -148,22 +163,32 @@ def _mozo(eps, dlt, n, a, t, n_shots, order, rel) -> MethodOutlook:
         return MethodOutlook(name, "per answer", {}, None, "refused", "DPS-MOZO needs a replace-one ledger")
     beta = calibrate_mozo(epsilon=eps, delta=dlt, sampling_rate=n_shots / n, steps=a * t, order=order).value
     shift = mozo_shift(beta, order)
-    return MethodOutlook(name, "per answer", {"beta": beta, "n_shots": n_shots, "records_per_token": n_shots},
-                         shift, verdict(shift),
-                         f"the records add at most {shift:.3g} to a token's probability around the zero-shot row "
-                         f"sharpened {n_shots}-fold (near-greedy zero-shot)")  # fmt: skip
+    return MethodOutlook(
+        name,
+        "per answer",
+        {"beta": beta, "n_shots": n_shots, "records_per_token": n_shots},
+        shift,
+        verdict(shift),
+        f"the records add at most {shift:.3g} to a token's probability around the zero-shot row "
+        f"sharpened {n_shots}-fold (near-greedy zero-shot)",
+    )
 
 
 def _clip_blend(eps, dlt, a, t, s, clip, rel) -> MethodOutlook:
-    tau = calibrate_clip_blend_temperature(epsilon=eps, delta=dlt, clip=clip, subset_size=s, steps=a * t,
-                                           neighbouring=rel).value  # fmt: skip
+    tau = calibrate_clip_blend_temperature(
+        epsilon=eps, delta=dlt, clip=clip, subset_size=s, steps=a * t, neighbouring=rel
+    ).value
     nats = clip / tau
     shift = log_odds_shift(nats)
-    return MethodOutlook("clip-blend decoding", "per answer",
-                         {"temperature": tau, "clip": clip, "subset_size": s, "log_odds_range": nats},
-                         shift, verdict(shift),
-                         f"the {s} records of one fixed subset add at most {nats:.3g} nats to a token's log-odds, "
-                         f"every answer from the same subset")  # fmt: skip
+    return MethodOutlook(
+        "clip-blend decoding",
+        "per answer",
+        {"temperature": tau, "clip": clip, "subset_size": s, "log_odds_range": nats},
+        shift,
+        verdict(shift),
+        f"the {s} records of one fixed subset add at most {nats:.3g} nats to a token's log-odds, "
+        f"every answer from the same subset",
+    )
 
 
 def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
@@ -172,14 +197,26 @@ def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
     eps0 = token_epsilon_for_uses(budget, uses=uses, tokens=t)
     nats = eps0 * k / 2.0
     shift = log_odds_shift(nats)
-    settings = {"per_record_epsilon": budget.epsilon, "per_record_delta": budget.delta, "uses": uses,
-                "token_epsilon": eps0, "log_odds_range": nats, "clip": EXPERT_CLIP,
-                "expert_temperature": EXPERT_CLIP / nats,
-                "records_paying_per_answer": c, "answers_before_records_run_out": n * uses // c}  # fmt: skip
-    return MethodOutlook("knn expert decoding", "per answer (each record its own budget)", settings, shift,
-                         verdict(shift),
-                         f"{k} nearest records steer each token by up to {nats:.3g} nats; a record pays only for the "
-                         f"answers it is a candidate of ({uses} of them)")  # fmt: skip
+    settings = {
+        "per_record_epsilon": budget.epsilon,
+        "per_record_delta": budget.delta,
+        "uses": uses,
+        "token_epsilon": eps0,
+        "log_odds_range": nats,
+        "clip": EXPERT_CLIP,
+        "expert_temperature": EXPERT_CLIP / nats,
+        "records_paying_per_answer": c,
+        "answers_before_records_run_out": n * uses // c,
+    }
+    return MethodOutlook(
+        "knn expert decoding",
+        "per answer (each record its own budget)",
+        settings,
+        shift,
+        verdict(shift),
+        f"{k} nearest records steer each token by up to {nats:.3g} nats; a record pays only for the "
+        f"answers it is a candidate of ({uses} of them)",
+    )
 
 
 def _keywords(eps, dlt, n, a, c, shards, m, vocab, rel) -> MethodOutlook:
@@ -189,21 +226,32 @@ def _keywords(eps, dlt, n, a, c, shards, m, vocab, rel) -> MethodOutlook:
     threshold = keyword_threshold(sigma, vocab)
     passes = keyword_pass_probability(threshold, shards, sigma)
     ok = passes >= MIN_KEYWORD_PASS
-    return MethodOutlook("knn keyword answer", "per answer (each record its own budget)",
-                         {"uses": uses, "noise_std": sigma, "threshold": threshold, "shards": shards,
-                          "unanimous_keyword_passes": passes}, None, "useful" if passes >= 0.5 else
-                         "weak" if ok else "refused",
-                         f"threshold {threshold:.3g} against at most {shards} shard votes: a keyword every shard "
-                         f"says passes with probability {passes:.3g}")  # fmt: skip
+    return MethodOutlook(
+        "knn keyword answer",
+        "per answer (each record its own budget)",
+        {
+            "uses": uses,
+            "noise_std": sigma,
+            "threshold": threshold,
+            "shards": shards,
+            "unanimous_keyword_passes": passes,
+        },
+        None,
+        "useful" if passes >= 0.5 else "weak" if ok else "refused",
+        f"threshold {threshold:.3g} against at most {shards} shard votes: a keyword every shard "
+        f"says passes with probability {passes:.3g}",
+    )
 
 
 def _recommend(methods: list[MethodOutlook], answers: int, tokens: int) -> str:
     rated = [m for m in methods if m.token_shift is not None and m.verdict != "refused"]
     best = max(rated, key=lambda m: m.token_shift or 0.0, default=None)
     if best is None or best.verdict == "useless":
-        return (f"no per-answer method can change an answer at this budget ({answers} answers of {tokens} tokens): "
-                "synthesize demonstrations once and reuse them (the cost does not grow with the answers), or "
-                "raise epsilon / lower the answers or tokens")  # fmt: skip
+        return (
+            f"no per-answer method can change an answer at this budget ({answers} answers of {tokens} tokens): "
+            "synthesize demonstrations once and reuse them (the cost does not grow with the answers), or "
+            "raise epsilon / lower the answers or tokens"
+        )
     extra = " (weak: expect small gains; synthesizing once may do better)" if best.verdict == "weak" else ""
     return f"{best.method}: {best.note}{extra}"
 

@@ -105,8 +105,10 @@ class FixedLatency:
     def _take_turn(self, cancelled: threading.Event | None) -> None:
         with self._turns:
             if self._owner == threading.get_ident():
-                raise ConfigurationError("a release nested inside another under the same FixedLatency would wait "
-                                         "for itself; give the inner component its own")  # fmt: skip
+                raise ConfigurationError(
+                    "a release nested inside another under the same FixedLatency would wait "
+                    "for itself; give the inner component its own"
+                )
             ticket = self._next_ticket
             self._next_ticket += 1
             while self._serving != ticket:

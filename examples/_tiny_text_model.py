@@ -20,12 +20,20 @@ def tiny_text_model(corpus: list[str], *, vocab_size: int = 500, n_positions: in
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(corpus, vocab_size=vocab_size, min_frequency=1, special_tokens=["<|endoftext|>"])
     eos = "<|endoftext|>"
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=eos, eos_token=eos,
-                                        pad_token=eos, model_max_length=n_positions)  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, bos_token=eos, eos_token=eos, pad_token=eos, model_max_length=n_positions
+    )
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=64, n_layer=2, n_head=2,
-                        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                        pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.eos_token_id,
+    )
     GPT2LMHeadModel(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

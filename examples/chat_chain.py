@@ -28,8 +28,14 @@ from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.methods import PrivateDataset
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
-TYPES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
-         "NUM": "number"}  # fmt: skip
+TYPES = {
+    "ABBR": "abbreviation",
+    "DESC": "description",
+    "ENTY": "entity",
+    "HUM": "human",
+    "LOC": "location",
+    "NUM": "number",
+}
 QUESTIONS = ["Who wrote Hamlet ?", "How far is the Moon from the Earth ?", "What does NASA stand for ?"]
 
 
@@ -43,8 +49,14 @@ def main() -> None:
     private = PrivateDataset.from_pairs(questions, types)  # the private records
     budget = BudgetManager(PrivacyBudget(epsilon=3.0, delta=1e-4), ledger=ledger)
     chat = ChatDPICL.from_model_id(
-        "smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(), method="knn-experts",
-        n_queries=100, epsilon=2.0, choices=list(TYPES.values()),
+        "smollm2-135m-instruct",
+        private,
+        budget=budget,
+        rng=np.random.default_rng(),
+        method="knn-experts",
+        n_queries=100,
+        epsilon=2.0,
+        choices=list(TYPES.values()),
     )  # the nearest records steer each answer and pay for it; answers are one of the public types
     system = f"Answer with the type of the question, one of: {', '.join(TYPES.values())}."
     chain = ChatPromptTemplate.from_messages([("system", system), ("human", "{question}")]) | chat | StrOutputParser()
@@ -61,11 +73,15 @@ def main() -> None:
     print("\nwithout the private records (greedy zero-shot):")
     for question in QUESTIONS:
         messages = [("system", system), ("human", question)]
-        print(f"{question!r}: {restricted.invoke(messages).content!r} (restricted), "
-              f"{free.invoke(messages).content!r} (free)")  # fmt: skip
+        print(
+            f"{question!r}: {restricted.invoke(messages).content!r} (restricted), "
+            f"{free.invoke(messages).content!r} (free)"
+        )
 
-    print(f"\nledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
-          f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}")  # fmt: skip
+    print(
+        f"\nledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
+        f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}"
+    )
     budget.close()
 
 

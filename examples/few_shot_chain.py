@@ -80,11 +80,15 @@ def main() -> None:
     truth = [language.vocab[ex.label] for _, ex in tests]
     dp_acc = np.mean([a == t for a, t in zip(answers, truth, strict=True)])
     zero_acc = np.mean([a == t for a, t in zip(baseline, truth, strict=True)])
-    print(f"GINC, {len(tests)} test queries (k = 10): 4 DP demonstrations (PTA, ε = 1) {100 * dp_acc:.1f}% "
-          f"vs 0-shot {100 * zero_acc:.1f}%")  # fmt: skip
+    print(
+        f"GINC, {len(tests)} test queries (k = 10): 4 DP demonstrations (PTA, ε = 1) {100 * dp_acc:.1f}% "
+        f"vs 0-shot {100 * zero_acc:.1f}%"
+    )
     print(f"demonstrations served: {len(selector.demos)} (synthesized once; every prompt after that is free)")
-    print(f"ledger {args.ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
-          f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}")  # fmt: skip
+    print(
+        f"ledger {args.ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
+        f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}"
+    )
     budget.close()
     real_model_answer()
     print(f"({time.monotonic() - started:.0f} s)")
@@ -100,12 +104,21 @@ def real_model_answer() -> None:
     lines = trec.read_text(encoding="latin-1").splitlines()[:500]
     private = PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines])
     budget = BudgetManager(PrivacyBudget(epsilon=1.0, delta=1e-4))  # TREC's own budget (in memory here)
-    chat = ChatDPICL.from_model_id("smollm2-135m-instruct", private, budget=budget, rng=np.random.default_rng(),
-                                     n_queries=10, epsilon=1.0, max_tokens=12)  # fmt: skip
+    chat = ChatDPICL.from_model_id(
+        "smollm2-135m-instruct",
+        private,
+        budget=budget,
+        rng=np.random.default_rng(),
+        n_queries=10,
+        epsilon=1.0,
+        max_tokens=12,
+    )
     question = "Who wrote Hamlet?"
     answer = chat.invoke(question).content
-    print(f"SmolLM2-135M-Instruct with DPS-MOZO over 500 private TREC questions: {question!r} -> {answer!r} "
-          f"(ε = {budget.spent().epsilon:.3f} charged of TREC's 1.0)")  # fmt: skip
+    print(
+        f"SmolLM2-135M-Instruct with DPS-MOZO over 500 private TREC questions: {question!r} -> {answer!r} "
+        f"(ε = {budget.spent().epsilon:.3f} charged of TREC's 1.0)"
+    )
 
 
 def next_symbol(backend, language):

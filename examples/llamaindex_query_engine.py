@@ -54,12 +54,21 @@ def main() -> None:
     # each label's size is private under replace-one; |D| (public) bounds every one of them
     records = PrivateDataset.from_pairs(questions, classes, public_label_counts=dict.fromkeys(trec, len(questions)))
     labels = trec[1:]  # demonstrations for five classes
-    demos = PTASynthesizer(epsilon=1.0, delta=1e-5, n_prompts=5, records_per_prompt=2, max_tokens=12, top_k=20,
-                           template=DemoTemplate(header="Questions of type {label}:\n", example="{text}\n",
-                                                 query="")).synthesize(
-        records, labels=labels, backend=backend, budget=budget,
+    demos = PTASynthesizer(
+        epsilon=1.0,
+        delta=1e-5,
+        n_prompts=5,
+        records_per_prompt=2,
+        max_tokens=12,
+        top_k=20,
+        template=DemoTemplate(header="Questions of type {label}:\n", example="{text}\n", query=""),
+    ).synthesize(
+        records,
+        labels=labels,
+        backend=backend,
+        budget=budget,
         rng=np.random.default_rng(),
-    )  # fmt: skip
+    )
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))
     index.add(questions, answers=classes)
     retriever = DPICLRetriever(
@@ -68,10 +77,14 @@ def main() -> None:
     )
     decoder = MozoDecoder(records, backend=backend, budget=budget, n_queries=50, epsilon=2.0, max_tokens=8)
     examples = "\n".join(f"{d.label}: {d.text}" for d in demos)  # DP output: public
-    qa = PromptTemplate("Example questions:\n" + examples.replace("{", "{{").replace("}", "}}")
-                        + "\nContext: {context_str}\nQuestion: {query_str}\nAnswer:")  # fmt: skip
-    engine = RetrieverQueryEngine.from_args(retriever, llm=DPICL(decoder, rng=np.random.default_rng()),
-                                            text_qa_template=qa)  # fmt: skip
+    qa = PromptTemplate(
+        "Example questions:\n"
+        + examples.replace("{", "{{").replace("}", "}}")
+        + "\nContext: {context_str}\nQuestion: {query_str}\nAnswer:"
+    )
+    engine = RetrieverQueryEngine.from_args(
+        retriever, llm=DPICL(decoder, rng=np.random.default_rng()), text_qa_template=qa
+    )
     response = engine.query("Who wrote Hamlet ?")
     # --8<-- [end:llamaindex]
 
@@ -79,8 +92,10 @@ def main() -> None:
     print("answer:", repr(str(response)))
     print("context:", [node.node.metadata["kind"] for node in response.source_nodes])
     kinds = Counter(entry.label.split(":")[0] for entry in budget.history())
-    print(f"ledger {ledger} ({budget.neighbouring}): spent ε = {budget.spent().epsilon:.3f} of "
-          f"{budget.budget.epsilon} (δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}")  # fmt: skip
+    print(
+        f"ledger {ledger} ({budget.neighbouring}): spent ε = {budget.spent().epsilon:.3f} of "
+        f"{budget.budget.epsilon} (δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}"
+    )
     budget.close()
 
 

@@ -35,25 +35,26 @@ def main() -> None:
     texts, labels = read(DATA / "train.txt", 2000)
     queries, truth = read(DATA / "test.txt", 50)
 
-    # fmt: off
     # --8<-- [start:knn]
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))  # per record, over all releases
     index.add(texts, labels=labels)
     # replace-one ledger: the filter's add/remove (2, 1e-6) is charged as (4, (1 + e²)·1e-6) by group privacy
     budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1e-4), ledger=ledger)
-    retriever = PrivateKNN(index, budget=budget, labels=sorted(set(labels)),
-                                 config=KNNConfig(k=40, min_similarity=0.35, uses=4))
+    retriever = PrivateKNN(
+        index, budget=budget, labels=sorted(set(labels)), config=KNNConfig(k=40, min_similarity=0.35, uses=4)
+    )
     rng = np.random.default_rng()
     answers = [retriever.vote(question, rng=rng).label for question in queries]
     # --8<-- [end:knn]
-    # fmt: on
 
     accuracy = np.mean([a == t for a, t in zip(answers, truth, strict=True)])
     print(f"DP nearest-neighbour vote on {len(queries)} TREC questions: accuracy {100 * accuracy:.0f}%")
     print(f"records that paid at least once: {len(index.filter.all_spent()[0])} of {len(index)}")
     kinds = Counter(entry.label.split(":")[0] for entry in budget.history())  # labels also name the index
-    print(f"ledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
-          f"(δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}")  # fmt: skip
+    print(
+        f"ledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
+        f"(δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}"
+    )
     budget.close()
 
 

@@ -29,8 +29,14 @@ from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
-NAMES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
-         "NUM": "number"}  # fmt: skip
+NAMES = {
+    "ABBR": "abbreviation",
+    "DESC": "description",
+    "ENTY": "entity",
+    "HUM": "human",
+    "LOC": "location",
+    "NUM": "number",
+}
 
 
 def main() -> None:
@@ -63,8 +69,10 @@ def main() -> None:
     # --8<-- [end:rag]
 
     kinds = Counter(entry.label.split(":")[0] for entry in budget.history())
-    print(f"ledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
-          f"(δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}")  # fmt: skip
+    print(
+        f"ledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
+        f"(δ = {budget.budget.delta:.3g}); entries: {dict(kinds)}"
+    )
     budget.close()
 
 

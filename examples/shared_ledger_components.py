@@ -56,8 +56,13 @@ def main() -> None:
         fields={"text": "text"},
     )
     pairs = query_answer_dataset(language, train)  # the same records as input → answer pairs
-    common = {"backend": backend, "budget": budget, "n_queries": 20, "max_tokens": 1,
-              "template": ANSWER_PRESETS["ginc"]}  # fmt: skip
+    common = {
+        "backend": backend,
+        "budget": budget,
+        "n_queries": 20,
+        "max_tokens": 1,
+        "template": ANSWER_PRESETS["ginc"],
+    }
     decoder = ClipBlendDecoder(pairs, subset_size=100, rng_subset=np.random.default_rng(), epsilon=2.0, **common)
     llm = DPICLLLM(decoder=decoder, rng=np.random.default_rng())
     mozo = DPICLLLM(
@@ -77,11 +82,14 @@ def main() -> None:
 
     for name, got in answers.items():
         accuracy = np.mean([a.strip() == language.vocab[ex.label] for a, ex in zip(got, test, strict=True)])
-        print(f"GINC concept 0, {len(test)} queries: DP demonstrations + {name} answers, "
-              f"accuracy {100 * accuracy:.0f}%")
+        print(
+            f"GINC concept 0, {len(test)} queries: DP demonstrations + {name} answers, accuracy {100 * accuracy:.0f}%"
+        )
     reopened = BudgetManager.open(ledger)  # what any other process sees
-    print(f"ledger {ledger}: spent ε = {reopened.spent().epsilon:.3f} of {reopened.budget.epsilon} "
-          f"(δ = {reopened.budget.delta:.3g}, {reopened.neighbouring})")  # fmt: skip
+    print(
+        f"ledger {ledger}: spent ε = {reopened.spent().epsilon:.3f} of {reopened.budget.epsilon} "
+        f"(δ = {reopened.budget.delta:.3g}, {reopened.neighbouring})"
+    )
     for label, count in sorted(reopened.label_counts().items()):
         print(f"  {count:>3} × {label}")
     budget.close()

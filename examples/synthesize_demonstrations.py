@@ -31,23 +31,32 @@ def main() -> None:
     split = pta_split(language, n_train=1600, n_test=10, rng=np.random.default_rng(0))
     private = private_dataset(language, {c: train for c, (train, _) in split.items()})  # the private records
 
-    # fmt: off
     # --8<-- [start:synthesize]
     budget = BudgetManager(PrivacyBudget(epsilon=3.0, delta=1 / 1600), ledger=ledger)
-    method = PTASynthesizer(epsilon=1.0, delta=1 / 1600, alpha=2.0, n_prompts=5, records_per_prompt=4,
-                            max_tokens=10, shots_per_label=4, top_k=10, template=PRESETS["ginc"])
+    method = PTASynthesizer(
+        epsilon=1.0,
+        delta=1 / 1600,
+        alpha=2.0,
+        n_prompts=5,
+        records_per_prompt=4,
+        max_tokens=10,
+        shots_per_label=4,
+        top_k=10,
+        template=PRESETS["ginc"],
+    )
     print("this run will charge:", method.event(private))
     demos = method.synthesize(private, backend=backend, budget=budget, rng=np.random.default_rng())
     demos.save(out)
     # --8<-- [end:synthesize]
-    # fmt: on
 
     reused = DemoSet.load(out)  # post-processing: reuse forever, no further charge
     print(reused)
     for demo in reused.for_label("concept-0"):
         print("  concept-0:", demo.text)
-    print(f"ledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
-          f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}")  # fmt: skip
+    print(
+        f"ledger {ledger}: spent ε = {budget.spent().epsilon:.3f} of {budget.budget.epsilon} "
+        f"(δ = {budget.budget.delta:.3g}); charges: {budget.label_counts()}"
+    )
     budget.close()
 
 

@@ -34,8 +34,9 @@ def backend():
 
     torch.set_num_threads(1)
     root = Path(__import__("tempfile").mkdtemp(prefix="dp-icl-lc-"))
-    return HFBackend.from_pretrained(tiny_text_gpt2(root / "gpt2", CORPUS * 5, n_positions=1024), device="cpu",
-                                     dtype="float32")  # fmt: skip
+    return HFBackend.from_pretrained(
+        tiny_text_gpt2(root / "gpt2", CORPUS * 5, n_positions=1024), device="cpu", dtype="float32"
+    )
 
 
 def dataset(n: int = 24) -> PrivateDataset:
@@ -55,14 +56,27 @@ def knn_core() -> PrivateKNN:
     # keyword_noise_std 0.05: a record can pay for an answer (at 0.01 none could: answers were made from 0 records,
     # and the ledger now refuses a release costing more than its cover)
     knn_ledger = BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove"))
-    return PrivateKNN(index, budget=knn_ledger, backend=backend(),
-                            config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=1, keywords=3,
-                                             max_answer_tokens=4, keyword_noise_std=0.05))  # fmt: skip
+    return PrivateKNN(
+        index,
+        budget=knn_ledger,
+        backend=backend(),
+        config=KNNConfig(
+            k=8, shards=4, min_similarity=0.5, uses=1, keywords=3, max_answer_tokens=4, keyword_noise_std=0.05
+        ),
+    )
 
 
 def demo_set() -> DemoSet:
-    prov = Provenance(method="tang", config={}, epsilon=1.0, delta=1e-5, event={}, ledger_entry_id=1,
-                      ledger_label="synthesis", model_id="m")  # fmt: skip
+    prov = Provenance(
+        method="tang",
+        config={},
+        epsilon=1.0,
+        delta=1e-5,
+        event={},
+        ledger_entry_id=1,
+        ledger_label="synthesis",
+        model_id="m",
+    )
     demos = [Demonstration(label=y, text=f"synthetic {y} {i}") for i in range(2) for y in ("pos", "neg")]
     return DemoSet(demos, prov)
 

@@ -49,8 +49,16 @@ def main() -> None:
         with open(log) if os.path.exists(log) else open(os.devnull) as fh:
             released = {int(line) for line in fh if line.strip()}
         violations += len(released - committed)
-    print(json.dumps({"rounds": rounds, "committed": len(committed), "released": len(released),
-                      "released_without_commit": violations}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "rounds": rounds,
+                "committed": len(committed),
+                "released": len(released),
+                "released_without_commit": violations,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -92,8 +92,20 @@ def running(*, fast: bool = True) -> Iterator[PostgresServer]:
                 raise RuntimeError("running as root and runuser is missing")
             os.chown(root, user.pw_uid, user.pw_gid)
             run_as = ["runuser", "-u", "postgres", "--"]
-        init = [*run_as, str(bindir / "initdb"), "-D", str(root / "data"), "-U", "postgres", "-A", "trust",
-                "-E", "UTF8", "--no-sync", "--no-instructions"]  # fmt: skip
+        init = [
+            *run_as,
+            str(bindir / "initdb"),
+            "-D",
+            str(root / "data"),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        ]
         done = subprocess.run(init, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed: {done.stderr.strip()[-2000:]}")

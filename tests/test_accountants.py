@@ -60,7 +60,12 @@ UNSUPPORTED = {
     "auto": [_Opaque(neighbouring="add_remove"), ev.ComposedEvent((PURE, _Opaque(neighbouring="add_remove")))],
 }
 # A representative supported event per accountant for the monotonicity contracts (cheap under PRV).
-REPRESENTATIVE = {"basic": ev.ApproxDPEvent(0.2, 1e-8, neighbouring="add_remove"), "rdp": POISSON, "prv": POISSON, "auto": POISSON}
+REPRESENTATIVE = {
+    "basic": ev.ApproxDPEvent(0.2, 1e-8, neighbouring="add_remove"),
+    "rdp": POISSON,
+    "prv": POISSON,
+    "auto": POISSON,
+}
 NAMES = ["basic", "rdp", "prv", "auto"]
 
 
@@ -194,7 +199,9 @@ def test_basic_ten_pure_tenths_is_the_smallest_float_above_their_sum() -> None:
 def test_basic_sums_exactly_rounds_up_and_respects_delta() -> None:
     basic = BasicAccountant()
     event = ev.compose(
-        ev.SelfComposedEvent(ev.ApproxDPEvent(0.1, 1e-6, neighbouring="add_remove"), 7), ev.PureDPEvent(0.2, neighbouring="add_remove"), ev.ExponentialMechanismEvent(0.3, neighbouring="add_remove")
+        ev.SelfComposedEvent(ev.ApproxDPEvent(0.1, 1e-6, neighbouring="add_remove"), 7),
+        ev.PureDPEvent(0.2, neighbouring="add_remove"),
+        ev.ExponentialMechanismEvent(0.3, neighbouring="add_remove"),
     )
     expected_eps = up(7 * Fraction(0.1) + Fraction(0.2) + Fraction(0.3))
     used_delta = up(7 * Fraction(1e-6))
@@ -415,7 +422,10 @@ AUTO_EVENTS = [
     ev.SelfComposedEvent(ev.ExponentialMechanismEvent(0.2, neighbouring="add_remove"), 50),
     ev.SelfComposedEvent(ev.GaussianEvent(3.0, neighbouring="add_remove"), 5),
     ev.SelfComposedEvent(ev.ApproxDPEvent(0.2, 1e-8, neighbouring="add_remove"), 5),
-    ev.compose(ev.PureDPEvent(0.5, neighbouring="add_remove"), ev.SelfComposedEvent(ev.GaussianEvent(4.0, neighbouring="add_remove"), 3)),
+    ev.compose(
+        ev.PureDPEvent(0.5, neighbouring="add_remove"),
+        ev.SelfComposedEvent(ev.GaussianEvent(4.0, neighbouring="add_remove"), 3),
+    ),
     MOZO,
     CURVE,
 ]
@@ -470,7 +480,9 @@ def test_auto_handles_approx_dp_next_to_rdp_only_events() -> None:
 
 def test_auto_hybrid_with_pure_and_gaussian_atoms() -> None:
     # Pure-DP and Gaussian atoms (RDP-capable) go with the RDP part; ApproxDP is charged by basic composition.
-    extra = ev.compose(ev.PureDPEvent(0.05, neighbouring="replace_one"), ev.GaussianEvent(20.0, neighbouring="replace_one"))
+    extra = ev.compose(
+        ev.PureDPEvent(0.05, neighbouring="replace_one"), ev.GaussianEvent(20.0, neighbouring="replace_one")
+    )
     event = ev.compose(_hybrid(1e-7), extra)
     delta = 1e-4
     expected = 0.5 + get_accountant("rdp").epsilon(ev.compose(MOZO, extra), delta=delta - 1e-7)

@@ -62,8 +62,7 @@ def _threshold_radius(points: np.ndarray, t: int) -> float:
 
 
 @FAST
-@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.integers(2, 8), st.floats(0.0, 50.0),
-       st.floats(0.005, 1.0))  # fmt: skip
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.integers(2, 8), st.floats(0.0, 50.0), st.floats(0.005, 1.0))
 def test_good_radius_stays_in_range(seed: int, m: int, k: int, sigma0: float, theta: float) -> None:
     points = _simplex_points(seed, m, k, concentration=0.3)
     t = 1 + seed % m
@@ -175,8 +174,7 @@ def test_noiseless_release_is_the_argmax_of_the_plain_mean_on_clustered_points(
     mean = points.mean(axis=0)
     top = np.sort(mean)
     assume(top[-1] - top[-2] > 1e-9)
-    release = mech.release_token(points, sigma0=0.0, sigma1=0.0, sigma2=0.0, t_hat=t_hat,
-                                 rng=np.random.default_rng(0))  # fmt: skip
+    release = mech.release_token(points, sigma0=0.0, sigma1=0.0, sigma2=0.0, t_hat=t_hat, rng=np.random.default_rng(0))
     assert release.index == int(np.argmax(mean))
     np.testing.assert_allclose(release.distribution, mean / mean.sum(), atol=1e-12)
 
@@ -188,8 +186,7 @@ def test_noiseless_release_pulls_an_outlier_into_the_ball() -> None:
     direction = np.eye(5)[int(np.argmin(centre))] - centre
     outlier = centre + 0.3 * direction / np.linalg.norm(direction)  # on the simplex, 0.3 from the cluster
     points = np.vstack([cluster, outlier])
-    release = mech.release_token(points, sigma0=0.0, sigma1=0.0, sigma2=0.0, t_hat=1,
-                                 rng=np.random.default_rng(0))  # fmt: skip
+    release = mech.release_token(points, sigma0=0.0, sigma1=0.0, sigma2=0.0, t_hat=1, rng=np.random.default_rng(0))
     assert release.rounds == 1 and release.means == 2 and release.radius == release.target_radius < 0.05
     plain = points.mean(axis=0)
     assert np.linalg.norm(plain - centre) == pytest.approx(0.03, abs=1e-3)
@@ -204,8 +201,9 @@ def test_release_token_draws_exactly_the_noise_of_the_event(t_hat: int) -> None:
     for seed in range(20):
         rng = CountingRNG(seed)
         points = _clustered(seed, 10, 20, spread=0.05)
-        release = mech.release_token(points, sigma0=sigma0, sigma1=sigma1, sigma2=sigma2, t_hat=t_hat, rng=rng,
-                                     theta=theta)  # fmt: skip
+        release = mech.release_token(
+            points, sigma0=sigma0, sigma1=sigma1, sigma2=sigma2, t_hat=t_hat, rng=rng, theta=theta
+        )
         search, rest = rng.normals[: 2 * steps], rng.normals[2 * steps :]
         assert all(scale == 2 * sigma0 and size is None for scale, size in search)
         means = [scale for scale, size in rest if size == (20,)]
@@ -225,17 +223,23 @@ def test_noise_standard_deviations() -> None:
     centre = points.mean(axis=0)
     radius, sigma0, sigma1, sigma2, n = 0.2, 1.5, 1.3, 3.0, 20_000
     projected = mech.project_to_ball(points, centre, radius)
-    means = np.stack([mech.noisy_mean(projected, radius=radius, sigma1=sigma1, rng=rng, centre=centre)
-                      for _ in range(n // 50)])  # fmt: skip
+    means = np.stack(
+        [mech.noisy_mean(projected, radius=radius, sigma1=sigma1, rng=rng, centre=centre) for _ in range(n // 50)]
+    )
     score = mech.good_radius_score(points, 0.05, t=8)
     count = mech.coverage_count(points, centre, 0.05)
     cases = [
         ((means - projected.mean(axis=0)).ravel() * 10, 2 * radius * sigma1),  # std 2Rσ1 on the sum of M = 10
-        (np.array([mech.noisy_good_radius_score(points, 0.05, t=8, sigma0=sigma0, rng=rng) for _ in range(n)])
-         - score, 2 * sigma0),
-        (np.array([mech.noisy_coverage(points, centre, 0.05, sigma2=sigma2, rng=rng) for _ in range(n)]) - count,
-         sigma2),
-    ]  # fmt: skip
+        (
+            np.array([mech.noisy_good_radius_score(points, 0.05, t=8, sigma0=sigma0, rng=rng) for _ in range(n)])
+            - score,
+            2 * sigma0,
+        ),
+        (
+            np.array([mech.noisy_coverage(points, centre, 0.05, sigma2=sigma2, rng=rng) for _ in range(n)]) - count,
+            sigma2,
+        ),
+    ]
     for residuals, std in cases:
         assert residuals.size == n
         assert abs(residuals.std() - std) < 4 * std / math.sqrt(2 * n)
@@ -258,8 +262,15 @@ def test_noise_standard_deviations() -> None:
     ],
 )
 def test_release_token_validates_its_input(kwargs: dict[str, object]) -> None:
-    call: dict[str, object] = {"distributions": np.full((3, 4), 0.25), "sigma0": 1.0, "sigma1": 1.0, "sigma2": 1.0,
-                               "t_hat": 1, "rng": np.random.default_rng(0), **kwargs}  # fmt: skip
+    call: dict[str, object] = {
+        "distributions": np.full((3, 4), 0.25),
+        "sigma0": 1.0,
+        "sigma1": 1.0,
+        "sigma2": 1.0,
+        "t_hat": 1,
+        "rng": np.random.default_rng(0),
+        **kwargs,
+    }
     with pytest.raises(ConfigurationError):
         mech.release_token(**call)  # type: ignore[arg-type]
 
@@ -269,8 +280,11 @@ def test_release_token_validates_its_input(kwargs: dict[str, object]) -> None:
 
 def _dataset(n_per_label: int = 60) -> PrivateDataset:
     rng = np.random.default_rng(7)
-    records = [PrivateRecord(" ".join(f"w{int(t)}" for t in rng.integers(0, 30, size=6)), label)
-               for label in ("a", "b") for _ in range(n_per_label)]  # fmt: skip
+    records = [
+        PrivateRecord(" ".join(f"w{int(t)}" for t in rng.integers(0, 30, size=6)), label)
+        for label in ("a", "b")
+        for _ in range(n_per_label)
+    ]
     return PrivateDataset(records, labels=["a", "b"], public_label_counts="observed")
 
 
@@ -279,8 +293,15 @@ def _budget(epsilon: float = 10.0) -> BudgetManager:
 
 
 def _method(**overrides: object) -> AdaDPSynSynthesizer:
-    settings_: dict[str, object] = {"n_prompts": 5, "records_per_prompt": 2, "max_tokens": 6, "shots_per_label": 2,
-                                    "top_k": 8, "epsilon": 4.0, "template": TEMPLATE}  # fmt: skip
+    settings_: dict[str, object] = {
+        "n_prompts": 5,
+        "records_per_prompt": 2,
+        "max_tokens": 6,
+        "shots_per_label": 2,
+        "top_k": 8,
+        "epsilon": 4.0,
+        "template": TEMPLATE,
+    }
     settings_.update(overrides)
     return AdaDPSynSynthesizer(**settings_)
 
@@ -308,8 +329,16 @@ def test_charged_event_is_the_planned_event() -> None:
     assert entry.event == method.event(data, ledger_delta=budget.budget.delta)
     params = demos.provenance.extra
     # Two labels: a replacement that changes a record's label touches both labels' runs (labels_touched = 2).
-    assert entry.event == me.adadpsyn_event(sigma0=10.0, sigma1=params["sigma1"], sigma2=3.0, sampling_rate=10 / 60,
-                                            steps=2 * 6, t_hat=1, theta=0.1, labels_touched=2)  # fmt: skip
+    assert entry.event == me.adadpsyn_event(
+        sigma0=10.0,
+        sigma1=params["sigma1"],
+        sigma2=3.0,
+        sampling_rate=10 / 60,
+        steps=2 * 6,
+        t_hat=1,
+        theta=0.1,
+        labels_touched=2,
+    )
     assert params["labels_touched"] == 2 and entry.event.neighbouring == "replace_one"
     assert params["target_delta"] == budget.budget.delta  # the ledger's δ (without a ledger 1/|D|, the paper's)
     assert method.plan(data).params["target_delta"] == 1 / 120
@@ -336,16 +365,27 @@ def test_the_method_calibrates_the_published_sigma1(
     replacement may move a record between two runs, and σ1 grows to pay for both."""
     method = AdaDPSynSynthesizer(epsilon=epsilon, lam=lam, template=PRESETS["agnews"])
     plan = method.plan(agnews_sized, labels=["a"])
-    expected = calibrate_adadpsyn(epsilon=epsilon, delta=1 / 120_000, sampling_rate=20 / 30_000, steps=100, t_hat=1,
-                                  sigma0=10.0, sigma2=3.0)  # fmt: skip
+    expected = calibrate_adadpsyn(
+        epsilon=epsilon, delta=1 / 120_000, sampling_rate=20 / 30_000, steps=100, t_hat=1, sigma0=10.0, sigma2=3.0
+    )
     assert plan.params["sigma1"] == expected.value == pytest.approx(sigma1, abs=1e-9)
     assert plan.params["target_delta"] == 1 / 120_000 and plan.params["sampling_rate"] == 20 / 30_000
     assert plan.params["calibrated_epsilon"] <= epsilon
     every_label = method.plan(agnews_sized).params
     assert every_label["labels_touched"] == 2 and every_label["sigma1"] > sigma1
-    assert every_label["sigma1"] == calibrate_adadpsyn(epsilon=epsilon, delta=1 / 120_000, sampling_rate=20 / 30_000,
-                                                       steps=100, t_hat=1, sigma0=10.0, sigma2=3.0,
-                                                       labels_touched=2).value  # fmt: skip
+    assert (
+        every_label["sigma1"]
+        == calibrate_adadpsyn(
+            epsilon=epsilon,
+            delta=1 / 120_000,
+            sampling_rate=20 / 30_000,
+            steps=100,
+            t_hat=1,
+            sigma0=10.0,
+            sigma2=3.0,
+            labels_touched=2,
+        ).value
+    )
 
 
 def test_an_add_remove_ledger_refuses_adadpsyn_before_any_charge() -> None:
@@ -359,10 +399,11 @@ def test_whether_a_run_happens_never_depends_on_the_observed_label_counts() -> N
     """Replace-one neighbours: declared {a: 100, b: 100}, D holds 100 of each, D' swaps one b record for an a one
     (101 a). Refusing D' but running D released that count (ε = ∞ for the pair); both must run alike."""
     declared = {"a": 100, "b": 100}
-    d = PrivateDataset([PrivateRecord(f"w{i % 30}", y) for y in "ab" for i in range(100)],
-                       public_label_counts=declared)  # fmt: skip
-    d_prime = PrivateDataset([PrivateRecord(f"w{i % 30}", "a") for i in range(101)]
-                             + [PrivateRecord(f"w{i % 30}", "b") for i in range(99)], public_label_counts=declared)
+    d = PrivateDataset([PrivateRecord(f"w{i % 30}", y) for y in "ab" for i in range(100)], public_label_counts=declared)
+    d_prime = PrivateDataset(
+        [PrivateRecord(f"w{i % 30}", "a") for i in range(101)] + [PrivateRecord(f"w{i % 30}", "b") for i in range(99)],
+        public_label_counts=declared,
+    )
     method = _method(sigma1=1.0, epsilon=None)
     assert method.plan(d).params == method.plan(d_prime).params
     for data in (d, d_prime):
@@ -382,14 +423,17 @@ def test_slots_hold_a_uniform_arrangement_of_the_records() -> None:
     records = [PrivateRecord(f"w{i % 30}", "a") for i in range(40)]
     placement = slot_placement(40, 50, rng)
     assert sorted(placement[placement >= 0].tolist()) == list(range(40)) and (placement < 0).sum() == 10
-    sizes = [sum(len(p) for p in fixed_size_subsets(records, placement=placement, n_prompts=5, per_prompt=2, rng=rng))
-             for _ in range(2000)]  # fmt: skip
+    sizes = [
+        sum(len(p) for p in fixed_size_subsets(records, placement=placement, n_prompts=5, per_prompt=2, rng=rng))
+        for _ in range(2000)
+    ]
     assert np.mean(sizes) == pytest.approx(10 * 40 / 50, abs=0.1)  # a hypergeometric share of the 10 slots
 
 
 def test_labels_compose_in_parallel_at_the_smallest_label() -> None:
     data = PrivateDataset(
-        [PrivateRecord("w1", "a") for _ in range(40)] + [PrivateRecord("w2", "b") for _ in range(100)], public_label_counts="observed"
+        [PrivateRecord("w1", "a") for _ in range(40)] + [PrivateRecord("w2", "b") for _ in range(100)],
+        public_label_counts="observed",
     )
     method = _method(sigma1=1.0, epsilon=None)
     assert method.event(data).event.sampling_rate == pytest.approx(10 / 40)
@@ -408,8 +452,12 @@ def test_fixed_seed_gives_identical_demonstrations() -> None:
 def test_every_token_draws_fresh_records_without_replacement() -> None:
     records = [PrivateRecord(f"w{i}", "a") for i in range(30)]  # one distinct word per record
     backend = RecordingBackend(VOCAB, seed=3)
-    _method(max_tokens=8, shots_per_label=1).synthesize(PrivateDataset(records, public_label_counts="observed"), backend=backend, budget=_budget(),
-                                                        rng=np.random.default_rng(0))  # fmt: skip
+    _method(max_tokens=8, shots_per_label=1).synthesize(
+        PrivateDataset(records, public_label_counts="observed"),
+        backend=backend,
+        budget=_budget(),
+        rng=np.random.default_rng(0),
+    )
     draws = []
     for token, batch in enumerate(steps_of(backend.prompts[1:], public=1)):  # the first call: the pre-flight
         words = [w for prompt in batch[1:] for w in prompt[1 : 1 + 2 * 2 : 2]]  # "/ wA / wB / <generated>"
@@ -477,8 +525,9 @@ def test_an_unreachable_target_is_a_calibration_error() -> None:
 def test_budget_too_small_is_refused_and_nothing_is_charged() -> None:
     budget = _budget(epsilon=0.5)
     with pytest.raises(BudgetExhaustedError):
-        _method(epsilon=4.0).synthesize(_dataset(), backend=FakeBackend(VOCAB), budget=budget,
-                                        rng=np.random.default_rng(0))  # fmt: skip
+        _method(epsilon=4.0).synthesize(
+            _dataset(), backend=FakeBackend(VOCAB), budget=budget, rng=np.random.default_rng(0)
+        )
     assert budget.history() == []
 
 
@@ -522,8 +571,9 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     from dp_icl_plugin.ginc.tokenizer import build_tokenizer
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=50, n_positions=128, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
-                        eos_token_id=0, pad_token_id=0)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=50, n_positions=128, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0, pad_token_id=0
+    )
     GPT2LMHeadModel(config).save_pretrained(tmp_path)
     build_tokenizer(symbol_names(50), model_max_length=128).save_pretrained(tmp_path)
     backend = HFBackend.from_pretrained(tmp_path, device="cpu", dtype="float32")
@@ -532,8 +582,15 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     records = [PrivateRecord(" ".join(names[int(t)] for t in rng.integers(1, 50, size=9)), "c") for _ in range(40)]
     data = PrivateDataset(records, public_label_counts="observed")
     budget = _budget()
-    method = AdaDPSynSynthesizer(n_prompts=5, records_per_prompt=2, max_tokens=6, shots_per_label=2, top_k=10,
-                                 epsilon=4.0, template=PRESETS["ginc"])  # fmt: skip
+    method = AdaDPSynSynthesizer(
+        n_prompts=5,
+        records_per_prompt=2,
+        max_tokens=6,
+        shots_per_label=2,
+        top_k=10,
+        epsilon=4.0,
+        template=PRESETS["ginc"],
+    )
     demos = method.synthesize(data, backend=backend, budget=budget, rng=rng)
     assert len(demos) == 2 and all(len(d.token_ids) == 6 for d in demos)
     assert all(d.text == " ".join(names[t] for t in d.token_ids) for d in demos)

@@ -16,8 +16,9 @@ from dp_icl_plugin.cli import main
 from dp_icl_plugin.errors import ConfigurationError
 
 DECODER_CASE = next(c for c in cases.CASES if c.name.startswith("DPS-MOZO decoding, bfloat16"))
-needs_smollm2 = pytest.mark.skipif(decoder_case.missing_requirements() is not None,
-                                   reason=decoder_case.missing_requirements() or "")  # fmt: skip
+needs_smollm2 = pytest.mark.skipif(
+    decoder_case.missing_requirements() is not None, reason=decoder_case.missing_requirements() or ""
+)
 
 
 def test_clopper_pearson_bounds() -> None:
@@ -103,7 +104,8 @@ def test_worker_processes_give_the_same_rows_in_the_same_order() -> None:
     assert len(alone) == 4
     assert [dataclasses.replace(r, seconds=0.0) for r in alone] == [dataclasses.replace(r, seconds=0.0) for r in shared]
     local = dataclasses.replace(chosen[0], requires=lambda: None)  # a lambda cannot reach a worker: runs here
-    assert [dataclasses.replace(r, seconds=0.0) for r in run_audit(samples=2_000, cases=(local, chosen[1]), jobs=2)] \
-        == [dataclasses.replace(r, seconds=0.0) for r in alone]  # fmt: skip
+    assert [
+        dataclasses.replace(r, seconds=0.0) for r in run_audit(samples=2_000, cases=(local, chosen[1]), jobs=2)
+    ] == [dataclasses.replace(r, seconds=0.0) for r in alone]
     with pytest.raises(ConfigurationError, match="jobs"):
         run_audit(samples=2_000, cases=chosen, jobs=0)

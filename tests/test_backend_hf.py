@@ -39,9 +39,15 @@ LENGTHS = [1, 40, 7, 13, 2, 25, 33, 5, 18, 9, 29, 3]
 
 def _config(vocab_size: int = VOCAB) -> GPT2Config:
     return GPT2Config(
-        vocab_size=vocab_size, n_positions=N_POSITIONS, n_embd=32, n_layer=2, n_head=2,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        n_positions=N_POSITIONS,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
 
 
 def _tokenizer() -> object:
@@ -563,8 +569,9 @@ def test_concurrent_calls_match_sequential(backend: HFBackend, prompts: list[lis
 
 
 # ------------------------------------------------------------------------------ prefixes with a shared suffix
-def test_shared_suffix_equals_full_prompts_and_reuses_prefix_caches(backend: HFBackend,
-                                                                    prompts: list[list[int]]) -> None:  # fmt: skip
+def test_shared_suffix_equals_full_prompts_and_reuses_prefix_caches(
+    backend: HFBackend, prompts: list[list[int]]
+) -> None:
     prefixes = [p[:20] for p in prompts]  # lengths 1..20: the caches are left-padded to their buckets
     suffix = [5, 9, 2, 7]
     rows = [p + suffix for p in prefixes] + [[3, 4]]  # the last row does not end with the suffix: computed whole
@@ -598,10 +605,20 @@ def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(ba
     from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
-    records = [PrivateRecord(" ".join(names[3 + (7 * i + j) % 100] for j in range(1 + i % 5)), names[i % 4 + 110])
-               for i in range(30)]  # fmt: skip
-    decoder = MozoDecoder(PrivateDataset(records), backend=backend, budget=BudgetManager(PrivacyBudget(50.0, 1e-3)),
-                          n_queries=2, epsilon=8.0, max_tokens=3, top_k=20, template=ANSWER_PRESETS["ginc"])  # fmt: skip
+    records = [
+        PrivateRecord(" ".join(names[3 + (7 * i + j) % 100] for j in range(1 + i % 5)), names[i % 4 + 110])
+        for i in range(30)
+    ]
+    decoder = MozoDecoder(
+        PrivateDataset(records),
+        backend=backend,
+        budget=BudgetManager(PrivacyBudget(50.0, 1e-3)),
+        n_queries=2,
+        epsilon=8.0,
+        max_tokens=3,
+        top_k=20,
+        template=ANSWER_PRESETS["ginc"],
+    )
     from dp_icl_plugin.backends.shared_suffix import rows_logprobs
 
     query = " ".join(names[20:26])
@@ -622,17 +639,21 @@ def test_mozo_offline_synthesis_through_prefix_caches_equals_full_prompts(backen
     from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
-    records = [PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)), names[i % 4 + 110])
-               for i in range(20)]  # fmt: skip
+    records = [
+        PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)), names[i % 4 + 110])
+        for i in range(20)
+    ]
     method = MozoOfflineSynthesizer(beta=0.5, max_tokens=4, top_k=20, template=ANSWER_PRESETS["ginc"])
     inputs = [" ".join(names[20:25]), " ".join(names[40:46])]
     backend.prefix_cache.clear()
-    cached = method.synthesize_nonprivate(PrivateDataset(records), public_inputs=inputs, backend=backend,
-                                          rng=np.random.default_rng(3), progress=False)  # fmt: skip
+    cached = method.synthesize_nonprivate(
+        PrivateDataset(records), public_inputs=inputs, backend=backend, rng=np.random.default_rng(3), progress=False
+    )
     assert len(backend.prefix_cache) > 0  # the records' parts went through the cache
     whole = Without(backend, "next_token_logprobs_shared_suffix")
-    full = method.synthesize_nonprivate(PrivateDataset(records), public_inputs=inputs, backend=whole,
-                                        rng=np.random.default_rng(3), progress=False)  # fmt: skip
+    full = method.synthesize_nonprivate(
+        PrivateDataset(records), public_inputs=inputs, backend=whole, rng=np.random.default_rng(3), progress=False
+    )
     assert [d.token_ids for d in cached] == [d.token_ids for d in full]
 
 
@@ -661,16 +682,32 @@ def test_clip_blend_answers_are_the_same_with_and_without_the_prefix_cache(backe
     from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
-    records = PrivateDataset([PrivateRecord(" ".join(names[3 + (7 * i + j) % 100] for j in range(1 + i % 5)),
-                                            names[i % 4 + 110]) for i in range(30)])  # fmt: skip
+    records = PrivateDataset(
+        [
+            PrivateRecord(" ".join(names[3 + (7 * i + j) % 100] for j in range(1 + i % 5)), names[i % 4 + 110])
+            for i in range(30)
+        ]
+    )
     answers = []
     backend.prefix_cache.clear()
     for model in (backend, Without(backend, "start_shared_suffix")):
-        decoder = ClipBlendDecoder(records, backend=model, budget=BudgetManager(PrivacyBudget(50.0, 1e-3)),
-                                   n_queries=2, subset_size=8, rng_subset=np.random.default_rng(1), temperature=1.0,
-                                   max_tokens=4, template=ANSWER_PRESETS["ginc"])  # fmt: skip
-        answers.append([decoder.generate(" ".join(names[20 + 5 * q : 26 + 5 * q]), rng=np.random.default_rng(q)).token_ids
-                        for q in range(2)])  # fmt: skip
+        decoder = ClipBlendDecoder(
+            records,
+            backend=model,
+            budget=BudgetManager(PrivacyBudget(50.0, 1e-3)),
+            n_queries=2,
+            subset_size=8,
+            rng_subset=np.random.default_rng(1),
+            temperature=1.0,
+            max_tokens=4,
+            template=ANSWER_PRESETS["ginc"],
+        )
+        answers.append(
+            [
+                decoder.generate(" ".join(names[20 + 5 * q : 26 + 5 * q]), rng=np.random.default_rng(q)).token_ids
+                for q in range(2)
+            ]
+        )
         if model is backend:
             assert len(backend.prefix_cache) >= 2  # the fixed prompts' records' parts went through the cache
     assert answers[0] == answers[1]
@@ -696,8 +733,9 @@ def test_prefix_cache_tokens_zero_computes_every_prompt_whole(model_dir: Path) -
 
     plain = HFBackend.from_pretrained(model_dir, prefix_cache_tokens=0)
     rows = [[5, 9, 11, 40, 41], [5, 30, 40, 41]]
-    np.testing.assert_allclose(rows_logprobs(plain, rows, [7], suffix=[40, 41]),
-                               plain.next_token_logprobs([[*r, 7] for r in rows]), atol=TOL)  # fmt: skip
+    np.testing.assert_allclose(
+        rows_logprobs(plain, rows, [7], suffix=[40, 41]), plain.next_token_logprobs([[*r, 7] for r in rows]), atol=TOL
+    )
     with start_rows(plain, rows, suffix=[40, 41]) as session:
         session.append([3, 3])
     assert len(plain.prefix_cache) == 0 and plain.prefix_cache.cached_tokens == 0
@@ -724,8 +762,9 @@ def test_rows_sharing_a_prefix_give_the_full_prompts_distributions(backend: HFBa
     backend.prefix_cache.clear()
     for step in ([], [3], [3, 8]):
         grown = [r + step for r in rows]
-        np.testing.assert_allclose(prefix_rows_logprobs(backend, grown, header), backend.next_token_logprobs(grown),
-                                   atol=TOL)  # fmt: skip
+        np.testing.assert_allclose(
+            prefix_rows_logprobs(backend, grown, header), backend.next_token_logprobs(grown), atol=TOL
+        )
     assert backend.prefix_cache.get(tuple(header)) is not None  # the common instruction, computed once
 
 
@@ -733,19 +772,34 @@ def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(bac
     from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, PTASynthesizer, TangSynthesizer
 
     names = symbol_names(VOCAB)
-    records = PrivateDataset([PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)),
-                                            ("a", "b")[i % 2]) for i in range(40)], public_label_counts="observed")  # fmt: skip
+    records = PrivateDataset(
+        [
+            PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)), ("a", "b")[i % 2])
+            for i in range(40)
+        ],
+        public_label_counts="observed",
+    )
     from dp_icl_plugin.methods import PromptTemplate
     from dp_icl_plugin.methods.prompting import PromptIds
 
     ginc = PRESETS["ginc"]
-    template = PromptTemplate(header=" ".join(names[50:56]) + " / ", example=ginc.example, query=ginc.query,
-                              base=ginc.base, stop=None, stop_at_eos=False)  # a public instruction of 6 tokens
-    for method in (TangSynthesizer(noise_multiplier=1.0, max_tokens=4, n_prompts=4, top_k=20, template=template),
-                   PTASynthesizer(noise_multiplier=1.0, max_tokens=4, n_prompts=4, top_k=20, template=template)):
+    template = PromptTemplate(
+        header=" ".join(names[50:56]) + " / ",
+        example=ginc.example,
+        query=ginc.query,
+        base=ginc.base,
+        stop=None,
+        stop_at_eos=False,
+    )  # a public instruction of 6 tokens
+    for method in (
+        TangSynthesizer(noise_multiplier=1.0, max_tokens=4, n_prompts=4, top_k=20, template=template),
+        PTASynthesizer(noise_multiplier=1.0, max_tokens=4, n_prompts=4, top_k=20, template=template),
+    ):
         backend.prefix_cache.clear()
-        made = [method.synthesize_nonprivate(records, backend=model, rng=np.random.default_rng(5), progress=False)
-                for model in (backend, Without(backend, "next_token_logprobs_shared_prefix"))]  # fmt: skip
+        made = [
+            method.synthesize_nonprivate(records, backend=model, rng=np.random.default_rng(5), progress=False)
+            for model in (backend, Without(backend, "next_token_logprobs_shared_prefix"))
+        ]
         assert [d.token_ids for d in made[0]] == [d.token_ids for d in made[1]]
         # only the public instruction went through the cache, whatever the sampled records share
         instruction = PromptIds(backend, template).instruction("a")
@@ -756,9 +810,18 @@ def _tiny_llama() -> object:  # rotary positions: the shared prefix's positions 
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=N_POSITIONS,
-                         bos_token_id=0, eos_token_id=0, pad_token_id=0)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=N_POSITIONS,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -772,8 +835,14 @@ def test_a_session_started_after_a_shared_prefix_grows_like_a_fresh_one(model_di
         small = HFBackend(_tiny_llama(), _tokenizer(), device="cpu", micro_batch_size=2)
     header = [5, 9, 11, 13]
     long = [int(t) for t in np.random.default_rng(3).integers(1, VOCAB, size=N_POSITIONS - 3)]  # + 3 = the limit
-    rows = [[*header, 40, 41], [60, 61, 62, 63, 64, 65, 66], [*header, 23, 24, 25, 26, 40], [*header, 30], [70, 71],
-            long]  # fmt: skip
+    rows = [
+        [*header, 40, 41],
+        [60, 61, 62, 63, 64, 65, 66],
+        [*header, 23, 24, 25, 26, 40],
+        [*header, 30],
+        [70, 71],
+        long,
+    ]
     with start_prefix_rows(small, rows, header) as shared, small.start(rows) as fresh:
         assert len(small.prefix_cache) == 1 and small.prefix_cache.get(tuple(header)) is not None
         np.testing.assert_allclose(shared.logprobs, fresh.logprobs, atol=TOL)
@@ -792,8 +861,9 @@ def test_the_shared_prefix_is_cached_whether_or_not_the_rows_start_with_it(backe
     header = [5, 9, 11, 13]
     for rows in ([[*header, 40, 41], [60, 61]], [[60, 61, 62], [70, 71]]):  # what the cache holds is public
         backend.prefix_cache.clear()
-        np.testing.assert_allclose(prefix_rows_logprobs(backend, rows, header), backend.next_token_logprobs(rows),
-                                   atol=TOL)  # fmt: skip
+        np.testing.assert_allclose(
+            prefix_rows_logprobs(backend, rows, header), backend.next_token_logprobs(rows), atol=TOL
+        )
         assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(tuple(header)) is not None
         backend.prefix_cache.clear()
         with start_prefix_rows(backend, rows, header) as session:
@@ -807,20 +877,39 @@ def test_clip_blend_synthesis_through_the_shared_prefix_equals_full_prompts(back
     from dp_icl_plugin.methods.prompting import PromptIds
 
     names = symbol_names(VOCAB)
-    records = PrivateDataset([PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)),
-                                            ("a", "b")[i % 2]) for i in range(40)], public_label_counts="observed")  # fmt: skip
-    template = PromptTemplate(header=" ".join(names[50:56]) + " / ", example="{text} / ", query="",
-                              base="/", stop=None, stop_at_eos=False)  # fmt: skip
+    records = PrivateDataset(
+        [
+            PrivateRecord(" ".join(names[3 + (5 * i + j) % 100] for j in range(2 + i % 4)), ("a", "b")[i % 2])
+            for i in range(40)
+        ],
+        public_label_counts="observed",
+    )
+    template = PromptTemplate(
+        header=" ".join(names[50:56]) + " / ", example="{text} / ", query="", base="/", stop=None, stop_at_eos=False
+    )
     instruction = tuple(PromptIds(backend, template).instruction("a"))  # the same for both labels
     assert len(instruction) >= 5
     for public_prompt in (None, " ".join(names[60:64]) + " /"):  # the template's public prompt, then App. F's own
         made = []
         for model in (backend, Without(backend, "start_shared_prefix")):
             backend.prefix_cache.clear()
-            method = ClipBlendSynthesizer(temperature=1.0, max_tokens=4, subset_size=8, shots_per_label=2,
-                                          template=template, public_prompt=public_prompt)  # fmt: skip
-            made.append(method.synthesize(records, backend=model, budget=BudgetManager(PrivacyBudget(1e3, 1e-3)),
-                                          rng=np.random.default_rng(5), progress=False))  # fmt: skip
+            method = ClipBlendSynthesizer(
+                temperature=1.0,
+                max_tokens=4,
+                subset_size=8,
+                shots_per_label=2,
+                template=template,
+                public_prompt=public_prompt,
+            )
+            made.append(
+                method.synthesize(
+                    records,
+                    backend=model,
+                    budget=BudgetManager(PrivacyBudget(1e3, 1e-3)),
+                    rng=np.random.default_rng(5),
+                    progress=False,
+                )
+            )
             if model is backend:  # only the public instruction went through the cache, whatever the records share
                 assert len(backend.prefix_cache) == 1 and backend.prefix_cache.get(instruction) is not None
         assert [d.token_ids for d in made[0]] == [d.token_ids for d in made[1]]
@@ -833,15 +922,35 @@ def test_clip_blend_answers_fit_the_model_whatever_the_records_length(backend: H
     from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
-    records = PrivateDataset([PrivateRecord(" ".join(names[3 + (i + j) % 100] for j in range(30 + 20 * (i % 3))),
-                                            names[110]) for i in range(12)])  # fmt: skip  # some past 64 positions
+    records = PrivateDataset(
+        [
+            PrivateRecord(" ".join(names[3 + (i + j) % 100] for j in range(30 + 20 * (i % 3))), names[110])
+            for i in range(12)
+        ]
+    )  # some past 64 positions
     budget = BudgetManager(PrivacyBudget(50.0, 1e-3))
-    decoder = ClipBlendDecoder(records, backend=backend, budget=budget, n_queries=2, subset_size=6,
-                               rng_subset=np.random.default_rng(1), temperature=1.0, max_tokens=8,
-                               template=ANSWER_PRESETS["ginc"])  # fmt: skip
+    decoder = ClipBlendDecoder(
+        records,
+        backend=backend,
+        budget=budget,
+        n_queries=2,
+        subset_size=6,
+        rng_subset=np.random.default_rng(1),
+        temperature=1.0,
+        max_tokens=8,
+        template=ANSWER_PRESETS["ginc"],
+    )
     answer = decoder.generate(" ".join(names[20:26]), rng=np.random.default_rng(0), stop=[])
     assert len(answer.token_ids) == 8  # no failure after the charge when a fixed prompt grows past the model
     with pytest.raises(ConfigurationError, match="does not fit"):  # a limit the model cannot hold: before a charge
-        ClipBlendDecoder(records, backend=backend, budget=budget, n_queries=1, subset_size=6,
-                         rng_subset=np.random.default_rng(1), temperature=1.0, max_tokens=N_POSITIONS,
-                         template=ANSWER_PRESETS["ginc"]).generate("x", rng=np.random.default_rng(0))  # fmt: skip
+        ClipBlendDecoder(
+            records,
+            backend=backend,
+            budget=budget,
+            n_queries=1,
+            subset_size=6,
+            rng_subset=np.random.default_rng(1),
+            temperature=1.0,
+            max_tokens=N_POSITIONS,
+            template=ANSWER_PRESETS["ginc"],
+        ).generate("x", rng=np.random.default_rng(0))

@@ -38,8 +38,12 @@ from dp_icl_plugin.errors import (  # noqa: E402
 )
 
 SECRET = "zq-private-record-9f"
-CORPUS = ["the patient reports mild pain and a fever", "what is the capital of france", "naïve café ✓ 12,345",
-          "DP-ICL tokenizer check: tokens End."] * 20  # fmt: skip
+CORPUS = [
+    "the patient reports mild pain and a fever",
+    "what is the capital of france",
+    "naïve café ✓ 12,345",
+    "DP-ICL tokenizer check: tokens End.",
+] * 20
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +92,14 @@ class FakeVLLM:
         vocab = self.hf.vocab_size
         limit = vocab if self.max_logprobs == -1 else self.max_logprobs
         if (vocab if k == -1 else k) > limit:
-            return httpx.Response(400, json={"error": {"message": f"Requested sample logprobs of {vocab}, which is "
-                                                                  f"greater than max allowed: {limit}"}})  # fmt: skip
+            return httpx.Response(
+                400,
+                json={
+                    "error": {
+                        "message": f"Requested sample logprobs of {vocab}, which is greater than max allowed: {limit}"
+                    }
+                },
+            )
         with self.lock:
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
@@ -171,7 +181,8 @@ def test_a_method_reading_more_than_the_top_k_refuses_before_any_charge(hf: HFBa
     data = PrivateDataset.from_pairs(["the patient reports mild pain"] * 50, ["a"] * 50, public_label_counts="observed")
     with pytest.raises(ConfigurationError, match="top 20"):
         TangSynthesizer(noise_multiplier=1.0, max_tokens=2, top_k=100).synthesize(
-            data, backend=server, budget=budget, rng=np.random.default_rng(0), progress=False)  # fmt: skip
+            data, backend=server, budget=budget, rng=np.random.default_rng(0), progress=False
+        )
     with pytest.raises(ConfigurationError, match="top 20"):
         MozoDecoder(data, backend=server, budget=budget, n_queries=1, epsilon=1.0, max_tokens=2, top_k=100)
     assert budget.spent().epsilon == 0
@@ -185,9 +196,19 @@ def test_prompts_of_a_call_go_concurrently(hf: HFBackend) -> None:
     assert fake.peak >= 4
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://vllm.internal", "ftp://127.0.0.1", "127.0.0.1:8000",
-                                 "http://127.0.0.1.evil.example", "http://127.0.0.1@evil.example",
-                                 "https://user:pw@vllm.internal", "HTTP://10.0.0.1"])  # fmt: skip
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.5:8000",
+        "http://vllm.internal",
+        "ftp://127.0.0.1",
+        "127.0.0.1:8000",
+        "http://127.0.0.1.evil.example",
+        "http://127.0.0.1@evil.example",
+        "https://user:pw@vllm.internal",
+        "HTTP://10.0.0.1",
+    ],
+)
 def test_plain_http_beyond_loopback_and_other_schemes_are_refused(url: str) -> None:
     with pytest.raises(ConfigurationError):
         check_base_url(url, allow_insecure_http=False)
@@ -220,9 +241,13 @@ def test_retries_are_bounded_and_end_in_typed_errors_without_private_text(hf: HF
     secret_prompt = hf.encode(SECRET, add_special_tokens=True)
     fake.fail = [503, "timeout"]  # two failures, then an answer: retried, one row
     assert server.next_token_logprobs([secret_prompt]).shape == (1, hf.vocab_size)
-    for failures, error in (([429] * 3, ServerRateLimitError), ([503] * 3, ServerUnavailableError),
-                            (["down"] * 3, ServerUnavailableError), (["timeout"] * 3, ServerUnavailableError),
-                            ([400], ServerError)):  # fmt: skip
+    for failures, error in (
+        ([429] * 3, ServerRateLimitError),
+        ([503] * 3, ServerUnavailableError),
+        (["down"] * 3, ServerUnavailableError),
+        (["timeout"] * 3, ServerUnavailableError),
+        ([400], ServerError),
+    ):
         fake.fail = list(failures)
         with pytest.raises(error) as caught:
             server.next_token_logprobs([secret_prompt])

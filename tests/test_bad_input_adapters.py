@@ -93,15 +93,19 @@ class World:
 
     def __init__(self, tmp: Path) -> None:
         self.ledger = BudgetManager(PrivacyBudget(1e4, 1e-3), ledger=tmp / "ledger.db")
-        self.decoder = MozoDecoder(dataset(), backend=backend(), budget=self.ledger, n_queries=100, max_tokens=4,
-                                   beta=0.5, top_k=20)  # fmt: skip
+        self.decoder = MozoDecoder(
+            dataset(), backend=backend(), budget=self.ledger, n_queries=100, max_tokens=4, beta=0.5, top_k=20
+        )
         # (5, 1e-9) per record: the replace-one ledger holds (10, 2.2e-5) for it
         index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-9), embedder=_embed)
         index.add([f"the cat sat on the mat number {i % 4}" for i in range(40)], answers=["the cat"] * 40)
         self.index = index
-        self.core = PrivateKNN(index, budget=self.ledger, backend=backend(),
-                                     config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=2, keywords=3,
-                                                      max_answer_tokens=4))  # fmt: skip
+        self.core = PrivateKNN(
+            index,
+            budget=self.ledger,
+            backend=backend(),
+            config=KNNConfig(k=8, shards=4, min_similarity=0.5, uses=2, keywords=3, max_answer_tokens=4),
+        )
         rng = np.random.default_rng(0)
         self.lc_chat = lc.ChatDPICL(decoder=self.decoder, rng=rng)
         self.lc_llm = lc.DPICLLLM(decoder=self.decoder, rng=rng)
@@ -134,12 +138,20 @@ def _selector(w: World, **kwargs: Any) -> lc.DPICLExampleSelector:
 
 
 def _lazy(w: World, **kwargs: Any) -> lc.DPICLExampleSelector:
-    data = PrivateDataset([PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)],
-                          public_label_counts="observed")  # fmt: skip
-    method = TangSynthesizer(epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1,
-                             shots_per_label=1, top_k=3)  # fmt: skip
-    settings = {"synthesizer": method, "dataset": data, "backend": FakeBackend(WORDS, eos_token="<eos>"),
-                "budget": w.ledger, "rng": np.random.default_rng(0), **kwargs}  # fmt: skip
+    data = PrivateDataset(
+        [PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)], public_label_counts="observed"
+    )
+    method = TangSynthesizer(
+        epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1, shots_per_label=1, top_k=3
+    )
+    settings = {
+        "synthesizer": method,
+        "dataset": data,
+        "backend": FakeBackend(WORDS, eos_token="<eos>"),
+        "budget": w.ledger,
+        "rng": np.random.default_rng(0),
+        **kwargs,
+    }
     return lc.DPICLExampleSelector(**settings)
 
 
@@ -181,21 +193,25 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     # ... select_examples and add_example
     "select input variables None": (CE, lambda w: _selector(w, label_key="y").select_examples(None)),
     "select input variables a list": (CE, lambda w: _selector(w, label_key="y").select_examples(["y"])),
-    "select query not a string": (CE, lambda w: _selector(w, embeddings=_fake_embeddings()).select_examples(
-        {"input": 5})),
+    "select query not a string": (
+        CE,
+        lambda w: _selector(w, embeddings=_fake_embeddings()).select_examples({"input": 5}),
+    ),
     "select lazy synthesis, exhausted budget": (BE, lambda w: _lazy(w).select_examples({"input": "q"})),
     "add_example (not DP)": (NotImplementedError, lambda w: _selector(w).add_example({"input": "x", "output": "y"})),
     "add_public_example a list": (CE, lambda w: _selector(w).add_public_example(["input", "output"])),
     "add_public_example None": (CE, lambda w: _selector(w).add_public_example(None)),
-    "add_public_example non-string value": (CE, lambda w: _selector(w).add_public_example({"input": 1,
-                                                                                           "output": "y"})),
+    "add_public_example non-string value": (CE, lambda w: _selector(w).add_public_example({"input": 1, "output": "y"})),
     # LangChain retriever
-    "lc retriever construction k = 0": (VE, lambda w: lc.DPICLRetriever(knn=w.core, rng=np.random.default_rng(0),
-                                                                            k=0)),
-    "lc retriever construction not a core": (VE, lambda w: lc.DPICLRetriever(knn="index",
-                                                                                 rng=np.random.default_rng(0))),
-    "lc retriever construction unknown mode": (VE, lambda w: lc.DPICLRetriever(
-        retriever=w.core, rng=np.random.default_rng(0), mode="records")),
+    "lc retriever construction k = 0": (VE, lambda w: lc.DPICLRetriever(knn=w.core, rng=np.random.default_rng(0), k=0)),
+    "lc retriever construction not a core": (
+        VE,
+        lambda w: lc.DPICLRetriever(knn="index", rng=np.random.default_rng(0)),
+    ),
+    "lc retriever construction unknown mode": (
+        VE,
+        lambda w: lc.DPICLRetriever(retriever=w.core, rng=np.random.default_rng(0), mode="records"),
+    ),
     "lc retriever empty query": (CE, lambda w: w.lc_retriever.invoke("")),
     "lc retriever zero-width query": (CE, lambda w: w.lc_retriever.invoke("\u200b\u200c\u200d\ufeff")),
     "lc retriever RTL marks only": (CE, lambda w: w.lc_retriever.invoke("\u200f\u202e\u2067")),
@@ -210,11 +226,15 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "lc retriever k = NaN": (CE, lambda w: w.lc_retriever.invoke("the cat", k=NAN)),
     "lc retriever k a string": (CE, lambda w: w.lc_retriever.invoke("the cat", k="3")),
     # LangChain chat model and LLM
-    "lc chat construction max_tokens = 0": (VE, lambda w: lc.ChatDPICL(decoder=w.decoder, rng=np.random.default_rng(0),
-                                                                         max_tokens=0)),
+    "lc chat construction max_tokens = 0": (
+        VE,
+        lambda w: lc.ChatDPICL(decoder=w.decoder, rng=np.random.default_rng(0), max_tokens=0),
+    ),
     "lc chat construction not a decoder": (VE, lambda w: lc.ChatDPICL(decoder="gpt2", rng=np.random.default_rng(0))),
-    "lc llm construction stop a string": (VE, lambda w: lc.DPICLLLM(decoder=w.decoder, rng=np.random.default_rng(0),
-                                                                 stop="\n")),
+    "lc llm construction stop a string": (
+        VE,
+        lambda w: lc.DPICLLLM(decoder=w.decoder, rng=np.random.default_rng(0), stop="\n"),
+    ),
     "lc llm empty prompt": (CE, lambda w: w.lc_llm.invoke("")),
     "lc llm zero-width prompt": (CE, lambda w: w.lc_llm.invoke("\u200b\u2060")),
     "lc llm lone surrogate": (CE, lambda w: w.lc_llm.invoke("hello \ud83d")),
@@ -238,8 +258,10 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "lc chat no messages": (CE, lambda w: w.lc_chat.invoke([])),
     "lc chat blank user message": (CE, lambda w: w.lc_chat.invoke([HumanMessage("\u200e \u3000")])),
     "lc chat NUL-only user message": (CE, lambda w: w.lc_chat.invoke([HumanMessage("\x00\x00")])),
-    "lc chat non-text content": (CE, lambda w: w.lc_chat.invoke([HumanMessage(content=[{"type": "image",
-                                                                                         "url": "x"}])])),
+    "lc chat non-text content": (
+        CE,
+        lambda w: w.lc_chat.invoke([HumanMessage(content=[{"type": "image", "url": "x"}])]),
+    ),
     "lc chat lone surrogate": (CE, lambda w: w.lc_chat.invoke([HumanMessage("hi \udc80")])),
     "lc chat stop a string": (CE, lambda w: w.lc_chat.invoke("Hello", stop="ab")),
     "lc chat max_tokens = NaN": (CE, lambda w: w.lc_chat.invoke("Hello", max_tokens=NAN)),
@@ -250,10 +272,15 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "lc chat batch with one bad chat": (CE, lambda w: w.lc_chat.batch(["Hello", [AIMessage("x")]])),
     "lc chat abatch with one empty prompt": (CE, lambda w: asyncio.run(w.lc_chat.abatch(["Hello", ""]))),
     # LlamaIndex retriever
-    "li retriever construction not a core": (CE, lambda w: li_ret.DPICLRetriever("index", rng=np.random.default_rng(0))),
+    "li retriever construction not a core": (
+        CE,
+        lambda w: li_ret.DPICLRetriever("index", rng=np.random.default_rng(0)),
+    ),
     "li retriever construction rng a seed": (CE, lambda w: li_ret.DPICLRetriever(w.core, rng=0)),
-    "li retriever construction unknown mode": (CE, lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0),
-                                                                            mode="records")),
+    "li retriever construction unknown mode": (
+        CE,
+        lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0), mode="records"),
+    ),
     "li retriever empty query": (CE, lambda w: w.li_retriever.retrieve("")),
     "li retriever zero-width query": (CE, lambda w: w.li_retriever.retrieve("\u200b")),
     "li retriever RTL marks only": (CE, lambda w: w.li_retriever.retrieve(QueryBundle("\u202b\u200f"))),
@@ -261,19 +288,29 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "li retriever huge query": (CE, lambda w: w.li_retriever.retrieve(HUGE_TEXT)),
     "li retriever query an int": (VE, lambda w: w.li_retriever.retrieve(123)),
     "li retriever query None": (VE, lambda w: w.li_retriever.retrieve(None)),
-    "li retriever keywords = 0": (CE, lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0),
-                                                               similarity_top_k=0).retrieve("the cat")),
-    "li retriever keywords a string": (CE, lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0),
-                                                                    similarity_top_k="2").retrieve("the cat")),
+    "li retriever keywords = 0": (
+        CE,
+        lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0), similarity_top_k=0).retrieve("the cat"),
+    ),
+    "li retriever keywords a string": (
+        CE,
+        lambda w: li_ret.DPICLRetriever(w.core, rng=np.random.default_rng(0), similarity_top_k="2").retrieve("the cat"),
+    ),
     "li retriever aretrieve empty": (CE, lambda w: asyncio.run(w.li_retriever.aretrieve(""))),
     # LlamaIndex LLM
     "li llm construction not a decoder": (CE, lambda w: li.DPICL("gpt2", rng=np.random.default_rng(0))),
-    "li llm construction max_tokens = 0": (CE, lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0),
-                                                                  max_tokens=0)),
-    "li llm construction max_tokens = −3": (CE, lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0),
-                                                                   max_tokens=-3)),
-    "li llm construction max_tokens a word": (VE, lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0),
-                                                                     max_tokens="many")),
+    "li llm construction max_tokens = 0": (
+        CE,
+        lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0), max_tokens=0),
+    ),
+    "li llm construction max_tokens = −3": (
+        CE,
+        lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0), max_tokens=-3),
+    ),
+    "li llm construction max_tokens a word": (
+        VE,
+        lambda w: li.DPICL(w.decoder, rng=np.random.default_rng(0), max_tokens="many"),
+    ),
     "li llm complete empty": (CE, lambda w: w.li_llm.complete("")),
     "li llm complete zero-width": (CE, lambda w: w.li_llm.complete("\u200b\u200d")),
     "li llm complete an int": (CE, lambda w: w.li_llm.complete(123)),
@@ -284,8 +321,10 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "li llm acomplete empty": (CE, lambda w: asyncio.run(w.li_llm.acomplete(""))),
     "li llm stream empty": (CE, lambda w: w.drain(w.li_llm.stream_complete(""))),
     "li llm stream exhausted budget": (BE, lambda w: w.drain(w.li_llm.stream_complete("Hello"))),
-    "li llm chat ends with the assistant": (CE, lambda w: w.li_llm.chat([*_user("hi"), ChatMessage(
-        role="assistant", content="hello")])),
+    "li llm chat ends with the assistant": (
+        CE,
+        lambda w: w.li_llm.chat([*_user("hi"), ChatMessage(role="assistant", content="hello")]),
+    ),
     "li llm chat no messages": (CE, lambda w: w.li_llm.chat([])),
     "li llm chat of dicts": (CE, lambda w: w.li_llm.chat([{"role": "user", "content": "hi"}])),
     "li llm chat a string": (VE, lambda w: w.li_llm.chat("hi")),
@@ -293,16 +332,20 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "li llm chat function role": (CE, lambda w: w.li_llm.chat([ChatMessage(role="function", content="hi")])),
     "li llm chat lone surrogate": (CE, lambda w: w.li_llm.chat(_user("hi \udfff"))),
     "li llm chat exhausted budget": (BE, lambda w: w.li_llm.chat(_user("Hello"))),
-    "li llm achat ends with the assistant": (CE, lambda w: asyncio.run(w.li_llm.achat([ChatMessage(
-        role="assistant", content="x")]))),
+    "li llm achat ends with the assistant": (
+        CE,
+        lambda w: asyncio.run(w.li_llm.achat([ChatMessage(role="assistant", content="x")])),
+    ),
     "li llm stream chat exhausted budget": (BE, lambda w: w.drain(w.li_llm.stream_chat(_user("Hi")))),
     # settings a DP answer cannot honour: refused, not ignored or capped (issue 29)
     "lc chat construction temperature": (VE, lambda w: lc.ChatDPICL(decoder=w.decoder, temperature=0.0, seed=0)),
     "lc chat temperature per call": (CE, lambda w: w.lc_chat.invoke("Hello", temperature=0.2)),
     "lc chat top_p per call": (CE, lambda w: w.lc_chat.invoke("Hello", top_p=0.9)),
     "lc chat max_tokens above the share": (CE, lambda w: w.lc_chat.invoke("Hello", max_tokens=10**12)),
-    "lc chat construction max_tokens above the share": (VE, lambda w: lc.ChatDPICL(decoder=w.decoder, seed=0,
-                                                                                   max_tokens=5)),
+    "lc chat construction max_tokens above the share": (
+        VE,
+        lambda w: lc.ChatDPICL(decoder=w.decoder, seed=0, max_tokens=5),
+    ),
     "lc chat stream temperature": (CE, lambda w: w.drain(w.lc_chat.stream("Hello", temperature=0.0))),
     "lc llm temperature per call": (CE, lambda w: w.lc_llm.invoke("Hello", temperature=0.0)),
     "lc llm max_tokens above the share": (CE, lambda w: w.lc_llm.invoke("Hello", max_tokens=10**12)),
@@ -310,13 +353,17 @@ ADAPTER_CASES: dict[str, tuple[type[Exception], Callable[[World], Any]]] = {
     "li llm chat seed": (CE, lambda w: w.li_llm.chat(_user("Hello"), seed=3)),
     "li llm max_tokens above the share": (CE, lambda w: w.li_llm.complete("Hello", max_tokens=10**12)),
     "li llm construction max_tokens above the share": (CE, lambda w: li.DPICL(w.decoder, seed=0, max_tokens=5)),
-    "lc from_model_id temperature": (CE, lambda w: lc.ChatDPICL.from_model_id("no-such-model", dataset(),
-                                                                              budget=w.ledger, epsilon=1.0,
-                                                                              n_queries=2, temperature=0.2)),
-    "li from_model_id unknown setting": (CE, lambda w: li.DPICL.from_model_id("no-such-model", dataset(),
-                                                                              budget=w.ledger, epsilon=1.0,
-                                                                              n_queries=2, topk=5)),
-}  # fmt: skip
+    "lc from_model_id temperature": (
+        CE,
+        lambda w: lc.ChatDPICL.from_model_id(
+            "no-such-model", dataset(), budget=w.ledger, epsilon=1.0, n_queries=2, temperature=0.2
+        ),
+    ),
+    "li from_model_id unknown setting": (
+        CE,
+        lambda w: li.DPICL.from_model_id("no-such-model", dataset(), budget=w.ledger, epsilon=1.0, n_queries=2, topk=5),
+    ),
+}
 
 # What each error says: a case passes only for its own reason, not because an earlier check failed.
 MESSAGES: dict[str, str] = {
@@ -534,11 +581,17 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("cli")
     f = {"root": root, "ginc": write_ginc_csv(root / "ginc.csv"), "folder": root / "a folder"}
     f["folder"].mkdir()
-    for name, content in {"empty.csv": b"", "binary.csv": b"\xff\xfe\x00\x01garbage\x00\n",
-                          "torn.jsonl": b'{"text": "a", "label": ', "array.jsonl": b'["a", "pos"]\n',
-                          "quote.csv": b'text,label\n"never closed,pos\n', "header only.csv": b"text,label\n",
-                          "not a ledger.db": b"\x00\xff" * 512, "empty.db": b"",
-                          "inputs.txt": b"\xff\xfe not utf-8"}.items():  # fmt: skip
+    for name, content in {
+        "empty.csv": b"",
+        "binary.csv": b"\xff\xfe\x00\x01garbage\x00\n",
+        "torn.jsonl": b'{"text": "a", "label": ',
+        "array.jsonl": b'["a", "pos"]\n',
+        "quote.csv": b'text,label\n"never closed,pos\n',
+        "header only.csv": b"text,label\n",
+        "not a ledger.db": b"\x00\xff" * 512,
+        "empty.db": b"",
+        "inputs.txt": b"\xff\xfe not utf-8",
+    }.items():
         (root / name).write_bytes(content)
     for name, spend in (("ledger.db", None), ("spent.db", 4.99)):
         manager = BudgetManager(PrivacyBudget(5.0, 1e-2), ledger=root / name)
@@ -549,9 +602,33 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return f
 
 
-SYN = ["synthesize", "--method", "tang", "--text-column", "text", "--label-column", "label", "--model", "ginc",
-       "--template", "ginc", "--max-tokens", "2", "--n-prompts", "2", "--records-per-prompt", "2",
-       "--shots-per-label", "1", "--top-k", "5", "--seed", "0", "--public-label-counts", "observed"]  # fmt: skip
+SYN = [
+    "synthesize",
+    "--method",
+    "tang",
+    "--text-column",
+    "text",
+    "--label-column",
+    "label",
+    "--model",
+    "ginc",
+    "--template",
+    "ginc",
+    "--max-tokens",
+    "2",
+    "--n-prompts",
+    "2",
+    "--records-per-prompt",
+    "2",
+    "--shots-per-label",
+    "1",
+    "--top-k",
+    "5",
+    "--seed",
+    "0",
+    "--public-label-counts",
+    "observed",
+]
 SG = ["calibrate", "subsampled-gaussian", "--delta", "1e-5", "--sampling-rate", "0.01", "--steps", "10"]
 EPS = ["epsilon", "subsampled-gaussian", "--sampling-rate", "0.01", "--steps", "10", "--delta", "1e-5"]
 CB = ["epsilon", "clip-blend", "--clip", "10", "--subset-size", "5", "--steps", "10", "--delta", "1e-5"]
@@ -569,19 +646,56 @@ CLI_CASES: dict[str, tuple[list[str], int]] = {
     "spend ε = NaN": ([*SPEND, "--pure-epsilon", "NaN"], 2),
     "spend ε = 1e308 (refused)": ([*SPEND, "--pure-epsilon", "1e308"], 3),
     "spend δ = 0": ([*SPEND, "--pure-epsilon", "0.1", "--delta", "0"], 2),
-    "spend on an exhausted ledger": (["budget", "spend", "--ledger", "spent.db", "--label", "x", "--pure-epsilon",
-                                      "0.1"], 3),
+    "spend on an exhausted ledger": (
+        ["budget", "spend", "--ledger", "spent.db", "--label", "x", "--pure-epsilon", "0.1"],
+        3,
+    ),
     "calibrate ε = NaN": ([*SG, "--epsilon", "nan"], 2),
     "calibrate steps = 0": ([*SG[:-1], "0", "--epsilon", "1"], 2),
     "calibrate steps = 1.5": ([*SG[:-1], "1.5", "--epsilon", "1"], 2),
     "calibrate grid = 0": ([*SG, "--epsilon", "1", "--grid", "0"], 2),
     "calibrate grid = 1e-300 (would not end)": ([*SG, "--epsilon", "1", "--grid", "1e-300"], 2),
     "calibrate max = inf": ([*SG, "--epsilon", "1", "--max", "inf"], 2),
-    "calibrate adadpsyn grid = 1e-300": (["calibrate", "adadpsyn", "--epsilon", "1", "--delta", "1e-5",
-                                          "--sampling-rate", "0.01", "--steps", "10", "--t-hat", "1", "--sigma0", "10",
-                                          "--sigma2", "3", "--grid", "1e-300"], 2),
-    "calibrate mozo order = inf": (["calibrate", "mozo", "--epsilon", "1", "--delta", "1e-5", "--sampling-rate",
-                                    "0.01", "--steps", "10", "--order", "inf"], 2),
+    "calibrate adadpsyn grid = 1e-300": (
+        [
+            "calibrate",
+            "adadpsyn",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "0.01",
+            "--steps",
+            "10",
+            "--t-hat",
+            "1",
+            "--sigma0",
+            "10",
+            "--sigma2",
+            "3",
+            "--grid",
+            "1e-300",
+        ],
+        2,
+    ),
+    "calibrate mozo order = inf": (
+        [
+            "calibrate",
+            "mozo",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "0.01",
+            "--steps",
+            "10",
+            "--order",
+            "inf",
+        ],
+        2,
+    ),
     "epsilon σ = −1": ([*EPS, "--noise-multiplier", "-1"], 2),
     "epsilon clip-blend τ = 0": ([*CB, "--temperature", "0"], 2),
     "epsilon clip-blend unknown relation": ([*CB, "--temperature", "1", "--neighbouring", "swap"], 2),
@@ -590,8 +704,10 @@ CLI_CASES: dict[str, tuple[list[str], int]] = {
     "bench eval shots = −1": (["bench", "ginc-eval", "--shots", "-1", "--prompts", "1"], 2),
     "bench eval prompts = 0": (["bench", "ginc-eval", "--prompts", "0", "--shots", "0", "--k", "3"], 2),
     "bench eval model folder empty": (["bench", "ginc-eval", "--model", "a folder", "--prompts", "1"], 2),
-    "bench train out is a file": (["bench", "ginc-train", "--out", "ginc.csv", "--steps", "1", "--warmup-steps",
-                                   "0"], 2),
+    "bench train out is a file": (
+        ["bench", "ginc-train", "--out", "ginc.csv", "--steps", "1", "--warmup-steps", "0"],
+        2,
+    ),
     "unknown subcommand": (["spend"], 2),
     # files
     "show a missing ledger": (["budget", "show", "--ledger", "missing.db"], 2),
@@ -599,69 +715,185 @@ CLI_CASES: dict[str, tuple[list[str], int]] = {
     "show a ledger of random bytes": (["budget", "show", "--ledger", "not a ledger.db"], 2),
     "show a torn ledger": (["budget", "show", "--ledger", "torn.db"], 2),
     "show a folder as ledger": (["budget", "show", "--ledger", "a folder"], 2),
-    "spend on a torn ledger": (["budget", "spend", "--ledger", "torn.db", "--label", "x", "--pure-epsilon", "0.1"],
-                               2),
-    "init a ledger in a missing folder": (["budget", "init", "--ledger", "nope/l.db", "--epsilon", "1", "--delta",
-                                           "1e-5"], 2),
-    "init over a ledger of random bytes": (["budget", "init", "--ledger", "not a ledger.db", "--epsilon", "1",
-                                            "--delta", "1e-5"], 2),
+    "spend on a torn ledger": (["budget", "spend", "--ledger", "torn.db", "--label", "x", "--pure-epsilon", "0.1"], 2),
+    "init a ledger in a missing folder": (
+        ["budget", "init", "--ledger", "nope/l.db", "--epsilon", "1", "--delta", "1e-5"],
+        2,
+    ),
+    "init over a ledger of random bytes": (
+        ["budget", "init", "--ledger", "not a ledger.db", "--epsilon", "1", "--delta", "1e-5"],
+        2,
+    ),
     "NUL in a ledger path": (["budget", "init", "--ledger", "l\x00.db", "--epsilon", "1", "--delta", "1e-5"], 2),
     "NUL in a label": ([*SPEND, "--pure-epsilon", "0.1", "--label", "a\x00b"], 2),
     "label with a newline": ([*SPEND, "--pure-epsilon", "0.1", "--label", "a\nb"], 2),
-    "synthesize unknown method": ([*SYN[:2], "gpt", *SYN[3:], "--data", "ginc.csv", "--epsilon", "4", "--ledger",
-                                   "ledger.db", "--out", "o.jsonl"], 2),
-    "synthesize a missing data file": ([*SYN, "--data", "missing.csv", "--epsilon", "4", "--ledger", "ledger.db",
-                                        "--out", "o.jsonl"], 2),
-    "synthesize an empty data file": ([*SYN, "--data", "empty.csv", "--epsilon", "4", "--ledger", "ledger.db",
-                                       "--out", "o.jsonl"], 2),
-    "synthesize a header-only data file": ([*SYN, "--data", "header only.csv", "--epsilon", "4", "--ledger",
-                                            "ledger.db", "--out", "o.jsonl"], 2),
-    "synthesize a binary CSV": ([*SYN, "--data", "binary.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out",
-                                 "o.jsonl"], 2),
-    "synthesize an unclosed CSV quote": ([*SYN, "--data", "quote.csv", "--epsilon", "4", "--ledger", "ledger.db",
-                                          "--out", "o.jsonl"], 2),
-    "synthesize a torn JSONL": ([*SYN, "--data", "torn.jsonl", "--epsilon", "4", "--ledger", "ledger.db", "--out",
-                                 "o.jsonl"], 2),
-    "synthesize a JSONL of arrays": ([*SYN, "--data", "array.jsonl", "--epsilon", "4", "--ledger", "ledger.db",
-                                      "--out", "o.jsonl"], 2),
-    "synthesize a folder as data": ([*SYN, "--data", "a folder", "--epsilon", "4", "--ledger", "ledger.db",
-                                     "--out", "o.jsonl"], 2),
-    "synthesize a unicode data path": ([*SYN, "--data", "d\u00e5ta\u202e\U0001f600.csv", "--epsilon", "4",
-                                        "--ledger", "ledger.db", "--out", "o.jsonl"], 2),
-    "synthesize a lone surrogate in a path": ([*SYN, "--data", "x\udcff.csv", "--epsilon", "4", "--ledger",
-                                               "ledger.db", "--out", "o.jsonl"], 2),
-    "synthesize NUL in the out path": ([*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "ledger.db",
-                                        "--out", "o\x00.jsonl"], 2),
-    "synthesize ε = NaN": ([*SYN, "--data", "ginc.csv", "--epsilon", "nan", "--ledger", "ledger.db", "--out",
-                            "o.jsonl"], 2),
-    "synthesize ε = inf": ([*SYN, "--data", "ginc.csv", "--epsilon", "inf", "--ledger", "ledger.db", "--out",
-                            "o.jsonl"], 2),
-    "synthesize ε = −1": ([*SYN, "--data", "ginc.csv", "--epsilon", "-1", "--ledger", "ledger.db", "--out",
-                           "o.jsonl"], 2),
-    "synthesize δ = 2": ([*SYN, "--data", "ginc.csv", "--epsilon", "4", "--delta", "2", "--ledger", "ledger.db",
-                          "--out", "o.jsonl"], 2),
-    "synthesize n-prompts = 0": ([*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out",
-                                  "o.jsonl", "--n-prompts", "0"], 2),
-    "synthesize max-tokens = 1e9": ([*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "ledger.db",
-                                     "--out", "o.jsonl", "--max-tokens", "1000000000"], 2),
-    "synthesize budget ε without δ": ([*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "new.db", "--out",
-                                       "o.jsonl", "--budget-epsilon", "1"], 2),
-    "synthesize a torn ledger": ([*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "torn.db", "--out",
-                                  "o.jsonl"], 2),
-    "synthesize a ledger of random bytes": ([*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger",
-                                             "not a ledger.db", "--out", "o.jsonl"], 2),
-    "synthesize out is a folder (checked before the charge)": ([*SYN, "--data", "ginc.csv", "--epsilon", "4",
-                                                                "--ledger", "ledger.db", "--out", "a folder"], 2),
-    "synthesize out under a file (checked before the charge)": ([*SYN, "--data", "ginc.csv", "--epsilon", "4",
-                                                                 "--ledger", "ledger.db", "--out",
-                                                                 "ginc.csv/o.jsonl"], 2),
-    "synthesize public inputs not UTF-8": (["synthesize", "--method", "mozo-offline", "--text-column", "text",
-                                            "--label-column", "label", "--model", "ginc", "--data", "ginc.csv",
-                                            "--public-inputs", "inputs.txt", "--epsilon", "4", "--ledger",
-                                            "ledger.db", "--out", "o.jsonl"], 2),
-    "synthesize on an exhausted ledger": ([*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "spent.db",
-                                           "--out", "o.jsonl"], 3),
-}  # fmt: skip
+    "synthesize unknown method": (
+        [
+            *SYN[:2],
+            "gpt",
+            *SYN[3:],
+            "--data",
+            "ginc.csv",
+            "--epsilon",
+            "4",
+            "--ledger",
+            "ledger.db",
+            "--out",
+            "o.jsonl",
+        ],
+        2,
+    ),
+    "synthesize a missing data file": (
+        [*SYN, "--data", "missing.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize an empty data file": (
+        [*SYN, "--data", "empty.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize a header-only data file": (
+        [*SYN, "--data", "header only.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize a binary CSV": (
+        [*SYN, "--data", "binary.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize an unclosed CSV quote": (
+        [*SYN, "--data", "quote.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize a torn JSONL": (
+        [*SYN, "--data", "torn.jsonl", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize a JSONL of arrays": (
+        [*SYN, "--data", "array.jsonl", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize a folder as data": (
+        [*SYN, "--data", "a folder", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize a unicode data path": (
+        [
+            *SYN,
+            "--data",
+            "d\u00e5ta\u202e\U0001f600.csv",
+            "--epsilon",
+            "4",
+            "--ledger",
+            "ledger.db",
+            "--out",
+            "o.jsonl",
+        ],
+        2,
+    ),
+    "synthesize a lone surrogate in a path": (
+        [*SYN, "--data", "x\udcff.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize NUL in the out path": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o\x00.jsonl"],
+        2,
+    ),
+    "synthesize ε = NaN": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "nan", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize ε = inf": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "inf", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize ε = −1": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "-1", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize δ = 2": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "4", "--delta", "2", "--ledger", "ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize n-prompts = 0": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "o.jsonl", "--n-prompts", "0"],
+        2,
+    ),
+    "synthesize max-tokens = 1e9": (
+        [
+            *SYN,
+            "--data",
+            "ginc.csv",
+            "--epsilon",
+            "4",
+            "--ledger",
+            "ledger.db",
+            "--out",
+            "o.jsonl",
+            "--max-tokens",
+            "1000000000",
+        ],
+        2,
+    ),
+    "synthesize budget ε without δ": (
+        [
+            *SYN,
+            "--data",
+            "ginc.csv",
+            "--epsilon",
+            "4",
+            "--ledger",
+            "new.db",
+            "--out",
+            "o.jsonl",
+            "--budget-epsilon",
+            "1",
+        ],
+        2,
+    ),
+    "synthesize a torn ledger": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "torn.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize a ledger of random bytes": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "not a ledger.db", "--out", "o.jsonl"],
+        2,
+    ),
+    "synthesize out is a folder (checked before the charge)": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "a folder"],
+        2,
+    ),
+    "synthesize out under a file (checked before the charge)": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "ledger.db", "--out", "ginc.csv/o.jsonl"],
+        2,
+    ),
+    "synthesize public inputs not UTF-8": (
+        [
+            "synthesize",
+            "--method",
+            "mozo-offline",
+            "--text-column",
+            "text",
+            "--label-column",
+            "label",
+            "--model",
+            "ginc",
+            "--data",
+            "ginc.csv",
+            "--public-inputs",
+            "inputs.txt",
+            "--epsilon",
+            "4",
+            "--ledger",
+            "ledger.db",
+            "--out",
+            "o.jsonl",
+        ],
+        2,
+    ),
+    "synthesize on an exhausted ledger": (
+        [*SYN, "--data", "ginc.csv", "--epsilon", "4", "--ledger", "spent.db", "--out", "o.jsonl"],
+        3,
+    ),
+}
 
 # What each failure says on stderr: a case passes only for its own reason.
 CLI_MESSAGES: dict[str, str] = {
@@ -751,9 +983,12 @@ def _ledger_states(root: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", list(CLI_CASES))
 def test_bad_cli_input_exits_nonzero_with_one_line_and_charges_nothing(
-    name: str, files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    files: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     argv, status = CLI_CASES[name]
     root = tmp_path / "case"
     shutil.copytree(files["root"], root)
@@ -799,16 +1034,20 @@ def test_cli_unexpected_error_is_one_line_without_its_message(
 
 def test_a_decoder_refuses_answers_past_its_n_queries_before_any_charge(world: World) -> None:
     # n_queries=2 let 5 answers through: only the ledger, not the decoder, refused the sixth
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=world.ledger, n_queries=2, max_tokens=2, beta=0.5,
-                          top_k=20)  # fmt: skip
+    decoder = MozoDecoder(
+        dataset(), backend=backend(), budget=world.ledger, n_queries=2, max_tokens=2, beta=0.5, top_k=20
+    )
     chat, llm = lc.ChatDPICL(decoder=decoder, seed=0), li.DPICL(decoder, seed=0)
     chat.invoke("Hello")
     assert decoder.answers_left == 1
     llm.complete("Hello")  # one share, whichever adapter asks
     assert decoder.answers_left == 0
     before = world.charged()
-    for refused in (lambda: chat.invoke("Hello"), lambda: llm.complete("Hello"),
-                    lambda: world.drain(chat.stream("Hello"))):  # fmt: skip
+    for refused in (
+        lambda: chat.invoke("Hello"),
+        lambda: llm.complete("Hello"),
+        lambda: world.drain(chat.stream("Hello")),
+    ):
         with pytest.raises(ShareExhaustedError, match="this decoder's share covers 2 answers") as caught:
             refused()
         assert isinstance(caught.value, BudgetExhaustedError) and caught.value.n_queries == 2

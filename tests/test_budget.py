@@ -68,7 +68,10 @@ def test_would_fit_is_a_dry_run(manager: BudgetManager) -> None:
 
 
 def test_history_keeps_labels_events_and_time_order(manager: BudgetManager) -> None:
-    e1, e2 = PureDPEvent(0.2, neighbouring="replace_one"), me.tang_event(noise_multiplier=2.0, sampling_rate=0.01, steps=10)
+    e1, e2 = (
+        PureDPEvent(0.2, neighbouring="replace_one"),
+        me.tang_event(noise_multiplier=2.0, sampling_rate=0.01, steps=10),
+    )
     manager.spend(e1, label="selector")
     manager.spend(e2, label="retriever")
     hist = manager.history()
@@ -221,7 +224,9 @@ def test_on_charge_sees_every_committed_entry_once_and_a_failing_watcher_does_no
     first = manager.spend(PureDPEvent(0.4, neighbouring="replace_one"), label="a")
     second = manager.spend(PureDPEvent(0.4, neighbouring="replace_one"), label="b")
     with pytest.raises(BudgetExhaustedError):
-        manager.spend(PureDPEvent(0.4, neighbouring="replace_one"), label="refused")  # nothing committed: nothing reported
+        manager.spend(
+            PureDPEvent(0.4, neighbouring="replace_one"), label="refused"
+        )  # nothing committed: nothing reported
     assert seen == [first.id, second.id] == [e.id for e in manager.history()]
     assert "on_charge callback failed" in caplog.text
     stop()
@@ -230,4 +235,3 @@ def test_on_charge_sees_every_committed_entry_once_and_a_failing_watcher_does_no
     assert len(seen) == 2
     with pytest.raises(ConfigurationError, match="callable"):
         manager.on_charge("print")  # type: ignore[arg-type]
-

@@ -37,10 +37,16 @@ def test_the_tree_allows_only_continuations_and_ends_a_shorter_choice_with_eos()
         choices.allowed([c])
 
 
-@pytest.mark.parametrize(("choices", "message"), [
-    (["a"], "at least two"), ("a b", "list of strings"), (["a", "a"], "distinct"), (["a", ""], "non-empty"),
-    (["a", "zz"], "vocabulary"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("choices", "message"),
+    [
+        (["a"], "at least two"),
+        ("a b", "list of strings"),
+        (["a", "a"], "distinct"),
+        (["a", ""], "non-empty"),
+        (["a", "zz"], "vocabulary"),
+    ],
+)
 def test_bad_choices_are_refused(choices, message) -> None:
     with pytest.raises(ConfigurationError, match=message):
         AnswerChoices(fake(), choices)
@@ -67,20 +73,33 @@ def test_restrict_runs_the_mechanism_on_the_allowed_columns_only() -> None:
 
 
 def mozo(budget: BudgetManager, **kw) -> MozoDecoder:
-    return MozoDecoder(data(), backend=fake(), budget=budget, **{"n_queries": 5, "max_tokens": 4, "epsilon": 2.0,
-                       "top_k": 6, **kw})  # fmt: skip
+    return MozoDecoder(
+        data(), backend=fake(), budget=budget, **{"n_queries": 5, "max_tokens": 4, "epsilon": 2.0, "top_k": 6, **kw}
+    )
 
 
 def clip(budget: BudgetManager, **kw) -> ClipBlendDecoder:
-    return ClipBlendDecoder(data(), backend=fake(), budget=budget, **{"n_queries": 5, "max_tokens": 4,
-                            "subset_size": 10, "rng_subset": np.random.default_rng(1), "epsilon": 2.0, **kw})  # fmt: skip
+    return ClipBlendDecoder(
+        data(),
+        backend=fake(),
+        budget=budget,
+        **{
+            "n_queries": 5,
+            "max_tokens": 4,
+            "subset_size": 10,
+            "rng_subset": np.random.default_rng(1),
+            "epsilon": 2.0,
+            **kw,
+        },
+    )
 
 
 STEP_EVENT = {
     mozo: lambda d, steps: me.mozo_event(beta=d.beta, order=d.order, sampling_rate=d.sampling_rate, steps=steps),
-    clip: lambda d, steps: me.clip_blend_event(clip=d.clip, subset_size=d.subset_size, temperature=d.temperature,
-                                               steps=steps, neighbouring=d.neighbouring),
-}  # fmt: skip
+    clip: lambda d, steps: me.clip_blend_event(
+        clip=d.clip, subset_size=d.subset_size, temperature=d.temperature, steps=steps, neighbouring=d.neighbouring
+    ),
+}
 
 
 @pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
@@ -174,10 +193,14 @@ def test_a_row_without_a_finite_choice_cannot_fail_the_release(name) -> None:
     rng = np.random.default_rng(0)
     rows = np.log(np.full((5, len(WORDS)), 1.0 / len(WORDS)))
     rows[2, [WORDS.index("a"), WORDS.index("e")]] = -np.inf
-    mechanism = {"mozo_token": lambda r: decoding.mozo_token(r[1:], r[0], beta=0.5, order=8.0, top_k=2, rng=rng,
-                                                             variant="projected").token_id,
-                 "clip_blend_token": lambda r: decoding.clip_blend_token(r[1:], r[0], clip=4.0, subset_size=4,
-                                                                         temperature=1.0, rng=rng)}[name]  # fmt: skip
+    mechanism = {
+        "mozo_token": lambda r: (
+            decoding.mozo_token(r[1:], r[0], beta=0.5, order=8.0, top_k=2, rng=rng, variant="projected").token_id
+        ),
+        "clip_blend_token": lambda r: decoding.clip_blend_token(
+            r[1:], r[0], clip=4.0, subset_size=4, temperature=1.0, rng=rng
+        ),
+    }[name]
     assert choices.restrict(mechanism, rows, []) in {WORDS.index("a"), WORDS.index("e")}
     rows[0, [WORDS.index("a"), WORDS.index("e")]] = -np.inf  # the public row too (public: uniform on the choices)
     assert choices.restrict(mechanism, rows, []) in {WORDS.index("a"), WORDS.index("e")}

@@ -23,43 +23,134 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
 
 
 def test_calibrate_subsampled_gaussian_matches_pta_table4(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = run(capsys, "calibrate", "subsampled-gaussian", "--epsilon", "1", "--delta", str(1 / 1600),
-                    "--sampling-rate", "0.0125", "--steps", "36", "--neighbouring", "add_remove",
-                    "--accountant", "prv")  # fmt: skip
+    code, out = run(
+        capsys,
+        "calibrate",
+        "subsampled-gaussian",
+        "--epsilon",
+        "1",
+        "--delta",
+        str(1 / 1600),
+        "--sampling-rate",
+        "0.0125",
+        "--steps",
+        "36",
+        "--neighbouring",
+        "add_remove",
+        "--accountant",
+        "prv",
+    )
     assert code == 0
     assert out["noise_multiplier"] == pytest.approx(0.70, abs=1e-9)
     assert out["epsilon"] <= 1.0
     assert out["accountant"] == "prv" and out["neighbouring"] == "add_remove"
     # The default: replace-one, the tightest accountant (what a default ledger admits)
-    code, out = run(capsys, "calibrate", "subsampled-gaussian", "--epsilon", "1", "--delta", str(1 / 1600),
-                    "--sampling-rate", "0.0125", "--steps", "36")  # fmt: skip
+    code, out = run(
+        capsys,
+        "calibrate",
+        "subsampled-gaussian",
+        "--epsilon",
+        "1",
+        "--delta",
+        str(1 / 1600),
+        "--sampling-rate",
+        "0.0125",
+        "--steps",
+        "36",
+    )
     assert code == 0 and out["neighbouring"] == "replace_one" and out["accountant"] == "auto"
     assert out["noise_multiplier"] == pytest.approx(0.72, abs=1e-9)
 
 
 def test_calibrate_adadpsyn_and_mozo(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = run(capsys, "calibrate", "adadpsyn", "--epsilon", "1", "--delta", str(1 / 120000),
-                    "--sampling-rate", str(20 / 30000), "--steps", "100", "--t-hat", "1",
-                    "--sigma0", "10", "--sigma2", "3")  # fmt: skip
+    code, out = run(
+        capsys,
+        "calibrate",
+        "adadpsyn",
+        "--epsilon",
+        "1",
+        "--delta",
+        str(1 / 120000),
+        "--sampling-rate",
+        str(20 / 30000),
+        "--steps",
+        "100",
+        "--t-hat",
+        "1",
+        "--sigma0",
+        "10",
+        "--sigma2",
+        "3",
+    )
     assert code == 0 and out["sigma1"] == pytest.approx(1.23, abs=1e-9)
-    code, out = run(capsys, "calibrate", "mozo", "--epsilon", "4", "--delta", str(1 / 14732),
-                    "--sampling-rate", str(4 / 14732), "--steps", "5000", "--order", "5")  # fmt: skip
+    code, out = run(
+        capsys,
+        "calibrate",
+        "mozo",
+        "--epsilon",
+        "4",
+        "--delta",
+        str(1 / 14732),
+        "--sampling-rate",
+        str(4 / 14732),
+        "--steps",
+        "5000",
+        "--order",
+        "5",
+    )
     assert code == 0
     assert out["rdp_target"] == pytest.approx(2.226, abs=1e-3)
     assert out["beta"] == pytest.approx(0.342, abs=1e-3)
 
 
 def test_epsilon_commands(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out = run(capsys, "epsilon", "clip-blend", "--clip", "10", "--subset-size", "255", "--temperature", "0.131",
-                    "--steps", "100", "--delta", "1e-5")  # fmt: skip
+    code, out = run(
+        capsys,
+        "epsilon",
+        "clip-blend",
+        "--clip",
+        "10",
+        "--subset-size",
+        "255",
+        "--temperature",
+        "0.131",
+        "--steps",
+        "100",
+        "--delta",
+        "1e-5",
+    )
     assert code == 0
     assert out["epsilon"] == min(out["bounds"].values())
     assert out["epsilon"] < out["epsilon_full_advanced_composition"]
-    code, out = run(capsys, "epsilon", "subsampled-gaussian", "--noise-multiplier", "0.51", "--sampling-rate",
-                    str(20 / 30000), "--steps", "100", "--delta", str(1 / 30000), "--neighbouring", "add_remove")  # fmt: skip
+    code, out = run(
+        capsys,
+        "epsilon",
+        "subsampled-gaussian",
+        "--noise-multiplier",
+        "0.51",
+        "--sampling-rate",
+        str(20 / 30000),
+        "--steps",
+        "100",
+        "--delta",
+        str(1 / 30000),
+        "--neighbouring",
+        "add_remove",
+    )
     assert code == 0 and 0.9 < out["epsilon"] <= 1.0
-    code, replace = run(capsys, "epsilon", "subsampled-gaussian", "--noise-multiplier", "0.51", "--sampling-rate",
-                        str(20 / 30000), "--steps", "100", "--delta", str(1 / 30000))  # fmt: skip
+    code, replace = run(
+        capsys,
+        "epsilon",
+        "subsampled-gaussian",
+        "--noise-multiplier",
+        "0.51",
+        "--sampling-rate",
+        str(20 / 30000),
+        "--steps",
+        "100",
+        "--delta",
+        str(1 / 30000),
+    )
     assert code == 0 and out["epsilon"] < replace["epsilon"] < 1.1 and replace["neighbouring"] == "replace_one"
 
 
@@ -70,8 +161,9 @@ def test_budget_lifecycle_and_exit_codes(capsys: pytest.CaptureFixture[str], led
     assert code == 0 and out["committed"] is True
     code, out = run(capsys, "budget", "spend", "--ledger", led, "--pure-epsilon", "0.6", "--label", "b")
     assert code == 3 and out["error"] == "BudgetExhaustedError" and out["committed"] is False
-    code, out = run(capsys, "budget", "spend", "--ledger", led, "--pure-epsilon", "0.1", "--delta", "1e-7",
-                    "--label", "c")  # fmt: skip
+    code, out = run(
+        capsys, "budget", "spend", "--ledger", led, "--pure-epsilon", "0.1", "--delta", "1e-7", "--label", "c"
+    )
     assert code == 0
     code, out = run(capsys, "budget", "show", "--ledger", led)
     assert code == 0
@@ -87,8 +179,19 @@ def test_budget_lifecycle_and_exit_codes(capsys: pytest.CaptureFixture[str], led
     code, out = run(capsys, "budget", "spend", "--ledger", led, "--epsilon", "0.01", "--label", "e")  # --pure-epsilon
     assert code == 0
     # an event declared under add/remove is converted (group privacy: 2ε) by the replace-one ledger
-    code, out = run(capsys, "budget", "spend", "--ledger", led, "--pure-epsilon", "0.1", "--neighbouring",
-                    "add_remove", "--label", "d")  # fmt: skip
+    code, out = run(
+        capsys,
+        "budget",
+        "spend",
+        "--ledger",
+        led,
+        "--pure-epsilon",
+        "0.1",
+        "--neighbouring",
+        "add_remove",
+        "--label",
+        "d",
+    )
     assert code == 0
     assert run(capsys, "budget", "show", "--ledger", led)[1]["spent"]["epsilon"] == pytest.approx(0.91, rel=1e-3)
 
@@ -116,16 +219,94 @@ def test_bad_input_exits_2_and_charges_nothing(
 @pytest.mark.parametrize(
     "argv",
     [
-        ["calibrate", "subsampled-gaussian", "--epsilon", "0", "--delta", "1e-5", "--sampling-rate", "0.1", "--steps", "1"],
-        ["calibrate", "subsampled-gaussian", "--epsilon", "1", "--delta", "1", "--sampling-rate", "0.1", "--steps", "1"],
-        ["calibrate", "subsampled-gaussian", "--epsilon", "1", "--delta", "1e-5", "--sampling-rate", "1.5", "--steps", "1"],
-        ["calibrate", "subsampled-gaussian", "--epsilon", "1", "--delta", "1e-5", "--sampling-rate", "0.1", "--steps", "0"],
-        ["calibrate", "subsampled-gaussian", "--epsilon", "0.001", "--delta", "1e-5", "--sampling-rate", "1", "--steps", "9"],
-        ["epsilon", "subsampled-gaussian", "--noise-multiplier", "-1", "--sampling-rate", "0.1", "--steps", "1",
-         "--delta", "1e-5"],
-        ["calibrate", "mozo", "--epsilon", "1", "--delta", "1e-5", "--sampling-rate", "0.1", "--steps", "5", "--order", "1"],
+        [
+            "calibrate",
+            "subsampled-gaussian",
+            "--epsilon",
+            "0",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "0.1",
+            "--steps",
+            "1",
+        ],
+        [
+            "calibrate",
+            "subsampled-gaussian",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1",
+            "--sampling-rate",
+            "0.1",
+            "--steps",
+            "1",
+        ],
+        [
+            "calibrate",
+            "subsampled-gaussian",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "1.5",
+            "--steps",
+            "1",
+        ],
+        [
+            "calibrate",
+            "subsampled-gaussian",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "0.1",
+            "--steps",
+            "0",
+        ],
+        [
+            "calibrate",
+            "subsampled-gaussian",
+            "--epsilon",
+            "0.001",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "1",
+            "--steps",
+            "9",
+        ],
+        [
+            "epsilon",
+            "subsampled-gaussian",
+            "--noise-multiplier",
+            "-1",
+            "--sampling-rate",
+            "0.1",
+            "--steps",
+            "1",
+            "--delta",
+            "1e-5",
+        ],
+        [
+            "calibrate",
+            "mozo",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--sampling-rate",
+            "0.1",
+            "--steps",
+            "5",
+            "--order",
+            "1",
+        ],
     ],
-)  # fmt: skip
+)
 def test_bad_privacy_parameters_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     code, out = run(capsys, *argv)
     assert code == 2
@@ -151,8 +332,10 @@ def test_malformed_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_human_output_before_or_after_the_subcommand(capsys: pytest.CaptureFixture[str], ledger_path: Path) -> None:
     main(["budget", "init", "--ledger", str(ledger_path), "--epsilon", "1", "--delta", "1e-6"])
     capsys.readouterr()
-    for argv in (["--human", "budget", "show", "--ledger", str(ledger_path)],
-                 ["budget", "show", "--ledger", str(ledger_path), "--human"]):  # fmt: skip
+    for argv in (
+        ["--human", "budget", "show", "--ledger", str(ledger_path)],
+        ["budget", "show", "--ledger", str(ledger_path), "--human"],
+    ):
         assert main(argv) == 0
         text = capsys.readouterr().out
         assert "remaining:" in text and not text.lstrip().startswith("{")
@@ -163,8 +346,31 @@ def test_console_script_runs_as_a_module() -> None:
     assert done.returncode == 0 and "calibrate" in done.stdout
 
 
-_VOCAB = ["budget", "init", "spend", "show", "--ledger", "LEDGER", "--epsilon", "--delta", "--pure-epsilon",
-          "--label", "--human", "1", "0.5", "1e-6", "-1", "0", "nan", "inf", "1e400", "x", "", "é\u0000", "--"]
+_VOCAB = [
+    "budget",
+    "init",
+    "spend",
+    "show",
+    "--ledger",
+    "LEDGER",
+    "--epsilon",
+    "--delta",
+    "--pure-epsilon",
+    "--label",
+    "--human",
+    "1",
+    "0.5",
+    "1e-6",
+    "-1",
+    "0",
+    "nan",
+    "inf",
+    "1e400",
+    "x",
+    "",
+    "é\u0000",
+    "--",
+]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -189,8 +395,9 @@ def test_isolation_checks_a_local_model_and_refuses_local_options_for_a_server(
     from tests_support import tiny_text_gpt2
 
     model = tiny_text_gpt2(tmp_path / "tiny", ["the cat sat on the mat", "a dog ran in the park"] * 10)
-    code, out = run(capsys, "isolation", "--model", str(model), "--device", "cpu", "--dtype", "bfloat16",
-                    "--micro-batch-size", "4")  # fmt: skip
+    code, out = run(
+        capsys, "isolation", "--model", str(model), "--device", "cpu", "--dtype", "bfloat16", "--micro-batch-size", "4"
+    )
     assert code == 0 and out["isolated"] is True and out["dtype"] == "torch.bfloat16"
     assert len(out["cases"]) == 13 and all(c["identical"] for c in out["cases"])
     code, out = run(capsys, "isolation", "--model", "http://127.0.0.1:9", "--dtype", "float32")

@@ -17,9 +17,34 @@ from dp_icl_plugin.cli import main
 from dp_icl_plugin.ginc import GincConfig, GincLanguage
 from dp_icl_plugin.methods import DemoSet
 
-ARGS = ["--method", "pta", "--text-column", "text", "--label-column", "concept", "--model", "ginc",
-        "--template", "ginc", "--n-prompts", "5", "--records-per-prompt", "4", "--max-tokens", "10",
-        "--shots-per-label", "2", "--top-k", "10", "--alpha", "2", "--seed", "0", "--public-label-counts", "observed"]  # fmt: skip
+ARGS = [
+    "--method",
+    "pta",
+    "--text-column",
+    "text",
+    "--label-column",
+    "concept",
+    "--model",
+    "ginc",
+    "--template",
+    "ginc",
+    "--n-prompts",
+    "5",
+    "--records-per-prompt",
+    "4",
+    "--max-tokens",
+    "10",
+    "--shots-per-label",
+    "2",
+    "--top-k",
+    "10",
+    "--alpha",
+    "2",
+    "--seed",
+    "0",
+    "--public-label-counts",
+    "observed",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +59,25 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict
 
 def test_synthesize_charges_then_writes_demonstrations(data_file: Path, tmp_path: Path, capsys) -> None:
     ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
-    status, result = _run(["synthesize", *ARGS, "--data", str(data_file), "--epsilon", "4", "--ledger", str(ledger),
-                           "--budget-epsilon", "5", "--budget-delta", "0.01", "--out", str(out)], capsys)  # fmt: skip
+    status, result = _run(
+        [
+            "synthesize",
+            *ARGS,
+            "--data",
+            str(data_file),
+            "--epsilon",
+            "4",
+            "--ledger",
+            str(ledger),
+            "--budget-epsilon",
+            "5",
+            "--budget-delta",
+            "0.01",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert status == 0
     assert result["demonstrations"] == 4 and result["labels"] == ["c0", "c1"]
     assert result["epsilon"] <= 4 and result["spent_epsilon"] == pytest.approx(result["epsilon"])
@@ -55,22 +97,82 @@ def test_synthesize_needs_declared_label_sizes_and_an_add_remove_ledger_for_adad
 ) -> None:
     argv = [a for a in ARGS if a not in ("--public-label-counts", "observed")]
     ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
-    code = main(["synthesize", *argv, "--data", str(data_file), "--epsilon", "4", "--ledger", str(ledger),
-                 "--budget-epsilon", "5", "--budget-delta", "0.01", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "synthesize",
+            *argv,
+            "--data",
+            str(data_file),
+            "--epsilon",
+            "4",
+            "--ledger",
+            str(ledger),
+            "--budget-epsilon",
+            "5",
+            "--budget-delta",
+            "0.01",
+            "--out",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     # the command line's flag, not the Python argument (public_label_counts=) the library's message names
     assert code == 2 and "--public-label-counts" in captured.out and not out.exists()
     assert "public_label_counts" not in captured.out + captured.err
-    code = main(["synthesize", *argv, "--data", str(data_file), "--epsilon", "4", "--ledger", str(ledger),
-                 "--budget-epsilon", "5", "--budget-delta", "0.01", "--public-label-counts", "c0=3,c1=500", "--out",
-                 str(out)])  # fmt: skip
+    code = main(
+        [
+            "synthesize",
+            *argv,
+            "--data",
+            str(data_file),
+            "--epsilon",
+            "4",
+            "--ledger",
+            str(ledger),
+            "--budget-epsilon",
+            "5",
+            "--budget-delta",
+            "0.01",
+            "--public-label-counts",
+            "c0=3,c1=500",
+            "--out",
+            str(out),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 2 and "label 'c0' has declared size 3" in captured.err  # which label, by its (public) name
     assert "--n-prompts × --records-per-prompt = 20" in captured.err
-    code = main(["synthesize", "--method", "adadpsyn", "--text-column", "text", "--label-column", "concept",
-                 "--model", "ginc", "--template", "ginc", "--public-label-counts", "observed", "--data", str(data_file),
-                 "--epsilon", "4", "--ledger", str(tmp_path / "ar.db"), "--budget-epsilon", "5", "--budget-delta",
-                 "0.01", "--neighbouring", "add_remove", "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "synthesize",
+            "--method",
+            "adadpsyn",
+            "--text-column",
+            "text",
+            "--label-column",
+            "concept",
+            "--model",
+            "ginc",
+            "--template",
+            "ginc",
+            "--public-label-counts",
+            "observed",
+            "--data",
+            str(data_file),
+            "--epsilon",
+            "4",
+            "--ledger",
+            str(tmp_path / "ar.db"),
+            "--budget-epsilon",
+            "5",
+            "--budget-delta",
+            "0.01",
+            "--neighbouring",
+            "add_remove",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 2 and "replace-one" in capsys.readouterr().out and not out.exists()
     assert not (tmp_path / "ar.db").exists()  # refused while planning, before the ledger is even created
 
@@ -88,8 +190,9 @@ def test_synthesize_needs_declared_label_sizes_and_an_add_remove_ledger_for_adad
         (["--epsilon", "4", "--budget-epsilon", "5", "--budget-delta", "0.01", "--public-label-counts", "c0=x"], 2),
     ],
 )
-def test_bad_input_and_refusals_charge_nothing(data_file: Path, tmp_path: Path, capsys, extra: list[str],
-                                               status: int) -> None:  # fmt: skip
+def test_bad_input_and_refusals_charge_nothing(
+    data_file: Path, tmp_path: Path, capsys, extra: list[str], status: int
+) -> None:
     ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
     code = main(["synthesize", *ARGS, "--data", str(data_file), "--ledger", str(ledger), "--out", str(out), *extra])
     capsys.readouterr()
@@ -103,27 +206,84 @@ def test_bad_input_and_refusals_charge_nothing(data_file: Path, tmp_path: Path, 
 def test_unreadable_data_is_bad_input(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "data.txt"
     bad.write_text("hello")
-    code = main(["synthesize", *ARGS, "--data", str(bad), "--epsilon", "1", "--ledger", str(tmp_path / "l.db"),
-                 "--budget-epsilon", "2", "--budget-delta", "0.01", "--out", str(tmp_path / "o.jsonl")])  # fmt: skip
+    code = main(
+        [
+            "synthesize",
+            *ARGS,
+            "--data",
+            str(bad),
+            "--epsilon",
+            "1",
+            "--ledger",
+            str(tmp_path / "l.db"),
+            "--budget-epsilon",
+            "2",
+            "--budget-delta",
+            "0.01",
+            "--out",
+            str(tmp_path / "o.jsonl"),
+        ]
+    )
     assert code == 2 and "csv" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     "method_args",
     [
-        ["--method", "adadpsyn", "--template", "ginc", "--n-prompts", "5", "--records-per-prompt", "4",
-         "--max-tokens", "3", "--top-k", "10", "--lam", "0.2"],
+        [
+            "--method",
+            "adadpsyn",
+            "--template",
+            "ginc",
+            "--n-prompts",
+            "5",
+            "--records-per-prompt",
+            "4",
+            "--max-tokens",
+            "3",
+            "--top-k",
+            "10",
+            "--lam",
+            "0.2",
+        ],
         ["--method", "clip-blend", "--template", "ginc", "--max-tokens", "3", "--clip", "10"],
     ],
     ids=["adadpsyn", "clip-blend"],
-)  # fmt: skip
+)
 def test_other_synthesis_methods(data_file: Path, tmp_path: Path, capsys, method_args: list[str]) -> None:
     out = tmp_path / "demos.jsonl"
-    common = ["--text-column", "text", "--label-column", "concept", "--model", "ginc", "--seed", "1",
-              "--public-label-counts", "observed"]
-    status, result = _run(["synthesize", *common, *method_args, "--data", str(data_file), "--epsilon", "8",
-                           "--ledger", str(tmp_path / "l.db"), "--budget-epsilon", "8", "--budget-delta", "0.01",
-                           "--out", str(out)], capsys)  # fmt: skip
+    common = [
+        "--text-column",
+        "text",
+        "--label-column",
+        "concept",
+        "--model",
+        "ginc",
+        "--seed",
+        "1",
+        "--public-label-counts",
+        "observed",
+    ]
+    status, result = _run(
+        [
+            "synthesize",
+            *common,
+            *method_args,
+            "--data",
+            str(data_file),
+            "--epsilon",
+            "8",
+            "--ledger",
+            str(tmp_path / "l.db"),
+            "--budget-epsilon",
+            "8",
+            "--budget-delta",
+            "0.01",
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
     assert status == 0, result
     assert result["method"] == method_args[1].replace("-", "_") and result["demonstrations"] == 2
     assert 0 < result["epsilon"] <= 8 and DemoSet.load(out).provenance.ledger_entry_id == 1
@@ -142,33 +302,110 @@ def test_mozo_offline_answers_public_inputs(data_file: Path, tmp_path: Path, cap
             words = text.split()
             writer.writerow([" ".join(words[:-1]), words[-1]])
     out = tmp_path / "demos.jsonl"
-    status, result = _run(["synthesize", "--method", "mozo-offline", "--data", str(qa), "--text-column", "input",
-                           "--label-column", "output", "--labels", ",".join(language.vocab), "--public-inputs",
-                           str(queries), "--model", "ginc", "--template", "ginc", "--max-tokens", "1", "--top-k",
-                           "10", "--order", "8", "--epsilon", "2", "--ledger", str(tmp_path / "l.db"),
-                           "--budget-epsilon", "2", "--budget-delta", "0.001", "--out", str(out), "--seed", "0"],
-                          capsys)  # fmt: skip
+    status, result = _run(
+        [
+            "synthesize",
+            "--method",
+            "mozo-offline",
+            "--data",
+            str(qa),
+            "--text-column",
+            "input",
+            "--label-column",
+            "output",
+            "--labels",
+            ",".join(language.vocab),
+            "--public-inputs",
+            str(queries),
+            "--model",
+            "ginc",
+            "--template",
+            "ginc",
+            "--max-tokens",
+            "1",
+            "--top-k",
+            "10",
+            "--order",
+            "8",
+            "--epsilon",
+            "2",
+            "--ledger",
+            str(tmp_path / "l.db"),
+            "--budget-epsilon",
+            "2",
+            "--budget-delta",
+            "0.001",
+            "--out",
+            str(out),
+            "--seed",
+            "0",
+        ],
+        capsys,
+    )
     assert status == 0, result
     demos = DemoSet.load(out)
     assert [d.input for d in demos] == [language.render(range(1, 10))] * 2
     assert all(len(d.token_ids) == 1 for d in demos) and result["epsilon"] <= 2
-    code = main(["synthesize", "--method", "pta", "--data", str(qa), "--text-column", "input", "--label-column",
-                 "output", "--public-inputs", str(queries), "--model", "ginc", "--epsilon", "1", "--ledger",
-                 str(tmp_path / "l.db"), "--out", str(tmp_path / "x.jsonl")])  # fmt: skip
+    code = main(
+        [
+            "synthesize",
+            "--method",
+            "pta",
+            "--data",
+            str(qa),
+            "--text-column",
+            "input",
+            "--label-column",
+            "output",
+            "--public-inputs",
+            str(queries),
+            "--model",
+            "ginc",
+            "--epsilon",
+            "1",
+            "--ledger",
+            str(tmp_path / "l.db"),
+            "--out",
+            str(tmp_path / "x.jsonl"),
+        ]
+    )
     assert code == 2 and "mozo-offline" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("where", [["--server", "http://127.0.0.1:9"],  # no --tokenizer
-                                   ["--model", "ginc", "--tokenizer", "x"],  # --tokenizer is for --server
-                                   ["--server", "http://10.1.2.3:8000", "--tokenizer", "x"],  # plain http off-host
-                                   ["--server", "http://127.0.0.1:9", "--tokenizer", "ginc-missing"]])  # fmt: skip
-def test_server_options_are_checked_before_anything_is_charged(data_file: Path, tmp_path: Path, capsys,
-                                                               where: list[str]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "where",
+    [
+        ["--server", "http://127.0.0.1:9"],  # no --tokenizer
+        ["--model", "ginc", "--tokenizer", "x"],  # --tokenizer is for --server
+        ["--server", "http://10.1.2.3:8000", "--tokenizer", "x"],  # plain http off-host
+        ["--server", "http://127.0.0.1:9", "--tokenizer", "ginc-missing"],
+    ],
+)
+def test_server_options_are_checked_before_anything_is_charged(
+    data_file: Path, tmp_path: Path, capsys, where: list[str]
+) -> None:
     ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
     at = ARGS.index("--model")
     args = ARGS[:at] + ARGS[at + 2 :]
-    code = main(["synthesize", *args, *where, "--data", str(data_file), "--ledger", str(ledger), "--out", str(out),
-                 "--epsilon", "4", "--budget-epsilon", "5", "--budget-delta", "0.01"])  # fmt: skip
+    code = main(
+        [
+            "synthesize",
+            *args,
+            *where,
+            "--data",
+            str(data_file),
+            "--ledger",
+            str(ledger),
+            "--out",
+            str(out),
+            "--epsilon",
+            "4",
+            "--budget-epsilon",
+            "5",
+            "--budget-delta",
+            "0.01",
+        ]
+    )
     capsys.readouterr()
     assert code != 0 and not out.exists()
     if ledger.exists():
@@ -182,8 +419,22 @@ def test_progress_off_a_terminal_and_an_interrupt_after_the_charge_are_reported(
 ) -> None:
     # dp-icl synthesize ran 15 minutes silent off a terminal, and Ctrl-C lost the charge without a word
     ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
-    argv = ["synthesize", *ARGS, "--data", str(data_file), "--epsilon", "4", "--ledger", str(ledger),
-            "--budget-epsilon", "9", "--budget-delta", "0.01", "--out", str(out)]  # fmt: skip
+    argv = [
+        "synthesize",
+        *ARGS,
+        "--data",
+        str(data_file),
+        "--epsilon",
+        "4",
+        "--ledger",
+        str(ledger),
+        "--budget-epsilon",
+        "9",
+        "--budget-delta",
+        "0.01",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "pta synthesis: 0/40 tokens (0 %), 0 s started" in err and "pta synthesis: 40/40 tokens (100 %)" in err

@@ -39,8 +39,11 @@ FAST = settings(max_examples=80, deadline=None)
 
 def _dataset(n_per_label: int = 40, labels: Sequence[str] = ("a", "b")) -> PrivateDataset:
     """Records with distinct texts "wI wJ" (I < 20 ≤ J), so prompts can be traced back to records."""
-    records = [PrivateRecord(f"w{i % 20} w{20 + i // 20 + 10 * j}", label)
-               for j, label in enumerate(labels) for i in range(n_per_label)]  # fmt: skip
+    records = [
+        PrivateRecord(f"w{i % 20} w{20 + i // 20 + 10 * j}", label)
+        for j, label in enumerate(labels)
+        for i in range(n_per_label)
+    ]
     return PrivateDataset(records, labels=list(labels), public_label_counts="observed")
 
 
@@ -84,8 +87,9 @@ class RecordingBackend(FakeBackend):
 
 # ------------------------------------------------------------------------------------------ the mechanism
 
-_logit_rows = hnp.arrays(np.float64, st.tuples(st.integers(1, 4), st.integers(1, 12)),
-                         elements=st.floats(-1e4, 1e4) | st.just(-math.inf))  # fmt: skip
+_logit_rows = hnp.arrays(
+    np.float64, st.tuples(st.integers(1, 4), st.integers(1, 12)), elements=st.floats(-1e4, 1e4) | st.just(-math.inf)
+)
 
 
 def _with_finite_max(z: np.ndarray) -> np.ndarray:
@@ -153,8 +157,10 @@ def test_the_token_distribution_is_eps0_dp_and_eps0_bounded_range(s: int, n: int
         x = mech.blended_scores(private, public, clip=c, subset_size=s) / tau
         return x - np.logaddexp.reduce(x)
 
-    for neighbour, relation in ((rows[:n], ev.ADD_REMOVE), (np.vstack([rows[:n], rng.normal(0, 20, (1, v))]),
-                                                            ev.REPLACE_ONE)):  # fmt: skip
+    for neighbour, relation in (
+        (rows[:n], ev.ADD_REMOVE),
+        (np.vstack([rows[:n], rng.normal(0, 20, (1, v))]), ev.REPLACE_ONE),
+    ):
         loss = log_probs(rows) - log_probs(neighbour)
         eps0 = me.clip_blend_token_epsilon(clip=c, subset_size=s, temperature=tau, neighbouring=relation)
         assert np.max(np.abs(loss)) <= eps0 * (1 + 1e-9)
@@ -166,8 +172,9 @@ def test_the_sampler_draws_from_softmax_of_the_scores_over_temperature() -> None
     against the distribution at twice the temperature are rejected far beyond that quantile (power)."""
     scores, tau, n = np.array([2.0, 1.5, 0.0, -1.0, 0.7, -3.0]), 0.8, 60_000
     rng = np.random.default_rng(2024)
-    counts = np.bincount([mech.exponential_mechanism(scores, temperature=tau, rng=rng) for _ in range(n)],
-                         minlength=scores.size)  # fmt: skip
+    counts = np.bincount(
+        [mech.exponential_mechanism(scores, temperature=tau, rng=rng) for _ in range(n)], minlength=scores.size
+    )
 
     def chi2(t: float) -> float:
         p = np.exp(scores / t) / np.exp(scores / t).sum()
@@ -202,8 +209,9 @@ def test_blended_scores_follow_algorithm_1_lines_6_to_8_across_row_blocks() -> N
 
 def test_no_private_rows_leave_the_public_scores() -> None:
     public = np.array([1.0, 3.0, -40.0])
-    assert np.allclose(mech.blended_scores(np.zeros((0, 3)), public, clip=10.0, subset_size=5),
-                       mech.clip_logits(public, 10.0) / 2)  # fmt: skip
+    assert np.allclose(
+        mech.blended_scores(np.zeros((0, 3)), public, clip=10.0, subset_size=5), mech.clip_logits(public, 10.0) / 2
+    )
 
 
 @pytest.mark.parametrize(
@@ -269,8 +277,9 @@ def test_a_records_group_depends_on_its_own_draw_only() -> None:
         after = assign_groups(31, population=30, n_groups=3, subset_size=10, rng=np.random.default_rng(seed))
         for old, new in zip(before, after, strict=True):
             assert old.tolist() == [i for i in new.tolist() if i < 30]
-    assert [g.size for g in assign_groups(0, population=30, n_groups=3, subset_size=10,
-                                          rng=np.random.default_rng(0))] == [0, 0, 0]  # fmt: skip
+    assert [
+        g.size for g in assign_groups(0, population=30, n_groups=3, subset_size=10, rng=np.random.default_rng(0))
+    ] == [0, 0, 0]
 
 
 # ------------------------------------------------------------------------------------------ accounting
@@ -289,8 +298,9 @@ def test_charged_event_is_the_planned_event_and_provenance_reports_both_figures(
     assert entry.event.neighbouring == "replace_one"  # the ledger's relation
     assert extra["token_epsilon"] == pytest.approx(2 * 10.0 / (20 * tau))  # replace-one: ε0 = 2c/(sτ)
     assert extra["epsilon"] == pytest.approx(tightest().epsilon(entry.event, delta=1e-3)) and extra["epsilon"] <= 2.0
-    assert extra["paper_epsilon"] == me.clip_blend_paper_epsilon(clip=10.0, subset_size=20, temperature=tau, steps=6,
-                                                                  delta=1e-3)  # fmt: skip
+    assert extra["paper_epsilon"] == me.clip_blend_paper_epsilon(
+        clip=10.0, subset_size=20, temperature=tau, steps=6, delta=1e-3
+    )
     assert demos.provenance.method == "clip_blend" and demos.provenance.ledger_entry_id == entry.id
     assert demos.provenance.epsilon == pytest.approx(budget.spent().epsilon)
     assert len(demos) == 4 and demos.labels == ("a", "b")
@@ -299,18 +309,23 @@ def test_charged_event_is_the_planned_event_and_provenance_reports_both_figures(
 def test_temperature_is_the_calibrated_one_and_replace_one_doubles_it() -> None:
     data = _dataset()
     add = _method().plan(data, neighbouring="add_remove").params
-    expected = calibrate_clip_blend_temperature(epsilon=2.0, delta=1e-3, clip=10.0, subset_size=20, steps=6,
-                                                neighbouring="add_remove")  # fmt: skip
+    expected = calibrate_clip_blend_temperature(
+        epsilon=2.0, delta=1e-3, clip=10.0, subset_size=20, steps=6, neighbouring="add_remove"
+    )
     assert add["temperature"] == expected.value and add["calibrated_epsilon"] == expected.epsilon
     rep = _method().plan(data).params  # replace-one: the default
     assert rep["temperature"] == pytest.approx(2 * add["temperature"], rel=1e-4)
-    assert _method().event(data) == me.clip_blend_event(clip=10.0, subset_size=20, temperature=rep["temperature"],
-                                                        steps=6, neighbouring="replace_one")  # fmt: skip
+    assert _method().event(data) == me.clip_blend_event(
+        clip=10.0, subset_size=20, temperature=rep["temperature"], steps=6, neighbouring="replace_one"
+    )
 
 
 def test_disjoint_groups_compose_in_parallel_over_shots_and_labels() -> None:
     """Each record takes part in T tokens: the event has T steps whatever shots_per_label and the labels."""
-    data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(30)] + [PrivateRecord("w2", "b") for _ in range(90)], public_label_counts="observed")
+    data = PrivateDataset(
+        [PrivateRecord("w1", "a") for _ in range(30)] + [PrivateRecord("w2", "b") for _ in range(90)],
+        public_label_counts="observed",
+    )
     for shots in (1, 3):
         method = _method(temperature=1.0, epsilon=None, subset_size=10, shots_per_label=shots)
         assert method.event(data) == me.clip_blend_event(clip=10.0, subset_size=10, temperature=1.0, steps=6)
@@ -321,8 +336,11 @@ def test_disjoint_groups_compose_in_parallel_over_shots_and_labels() -> None:
 def test_explicit_temperature_gives_the_paper_figure_beside_a_smaller_guarantee() -> None:
     """The paper's s = 255, c = 10, τ = 1.048 (App. B), T = 100: the tight ε is below the paper's figure."""
     data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(255)], public_label_counts="observed")
-    params = _method(temperature=1.048, epsilon=None, subset_size=255, max_tokens=100, shots_per_label=1,
-                     delta=1e-5).plan(data, neighbouring="add_remove").params  # fmt: skip
+    params = (
+        _method(temperature=1.048, epsilon=None, subset_size=255, max_tokens=100, shots_per_label=1, delta=1e-5)
+        .plan(data, neighbouring="add_remove")
+        .params
+    )
     assert params["paper_epsilon"] == pytest.approx(10 * math.sqrt(200 * math.log(1e5)) / (255 * 1.048))
     assert params["epsilon"] < params["paper_epsilon"]
 
@@ -332,8 +350,11 @@ def test_at_a_large_token_epsilon_the_papers_figure_is_below_the_guarantee() -> 
     the T·ε0(e^ε0 − 1) term and is about half of what the tightest accounting certifies (≈ 448; pure DP
     gives T·ε0 ≈ 509): it is reported, never used as the guarantee."""
     data = PrivateDataset([PrivateRecord("w1", "a") for _ in range(15)], public_label_counts="observed")
-    params = _method(temperature=0.131, epsilon=None, subset_size=15, max_tokens=100, shots_per_label=1,
-                     delta=1e-5).plan(data, neighbouring="add_remove").params  # fmt: skip
+    params = (
+        _method(temperature=0.131, epsilon=None, subset_size=15, max_tokens=100, shots_per_label=1, delta=1e-5)
+        .plan(data, neighbouring="add_remove")
+        .params
+    )
     assert params["token_epsilon"] == pytest.approx(10 / (15 * 0.131))
     assert params["paper_epsilon"] == pytest.approx(244.2, abs=0.1)
     assert params["epsilon"] > 1.5 * params["paper_epsilon"]
@@ -367,8 +388,9 @@ def _joined(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_each_demonstration_reads_its_own_disjoint_group_and_the_groups_cover_the_label() -> None:
     data, backend = _dataset(n_per_label=40), RecordingBackend(VOCAB, seed=3)
-    _method(shots_per_label=2, subset_size=20).synthesize(data, backend=backend, budget=_budget(),
-                                                         rng=np.random.default_rng(5))  # fmt: skip
+    _method(shots_per_label=2, subset_size=20).synthesize(
+        data, backend=backend, budget=_budget(), rng=np.random.default_rng(5)
+    )
     generation = _joined(backend.sessions[1:])  # the first session is the public pre-flight
     assert len(generation) == 4
     public = {label: backend.encode(TEMPLATE.public_prompt(label)) for label in ("a", "b")}
@@ -423,8 +445,9 @@ def test_an_empty_group_decodes_from_the_public_prompt_alone() -> None:
     data = _dataset(n_per_label=2, labels=("a",))
     for seed in range(50):
         backend = RecordingBackend(VOCAB, seed=3)
-        demos = _method(shots_per_label=2).synthesize(data, backend=backend, budget=_budget(),
-                                                      rng=np.random.default_rng(seed))  # fmt: skip
+        demos = _method(shots_per_label=2).synthesize(
+            data, backend=backend, budget=_budget(), rng=np.random.default_rng(seed)
+        )
         public = backend.encode(TEMPLATE.public_prompt("a"))
         starts = [i for i, s in enumerate(backend.sessions) if s["prompts"] == [public]]
         assert starts[0] == 0 and len(starts) == 3  # the pre-flight and one public session per demonstration
@@ -497,8 +520,9 @@ def test_bad_configuration_is_refused_before_any_charge(make: Any, error: str) -
 def test_a_budget_too_small_charges_nothing() -> None:
     small = _budget(epsilon=0.5)
     with pytest.raises(BudgetExhaustedError):
-        _method(epsilon=2.0).synthesize(_dataset(), backend=FakeBackend(VOCAB), budget=small,
-                                        rng=np.random.default_rng(0))  # fmt: skip
+        _method(epsilon=2.0).synthesize(
+            _dataset(), backend=FakeBackend(VOCAB), budget=small, rng=np.random.default_rng(0)
+        )
     assert small.history() == []
 
 
@@ -567,8 +591,9 @@ def test_end_to_end_on_a_tiny_gpt2_with_cached_decoding_equal_to_reencoding(tmp_
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=50, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
-                        eos_token_id=0, pad_token_id=0)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=50, n_positions=64, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0, pad_token_id=0
+    )
     GPT2LMHeadModel(config).save_pretrained(tmp_path)
     build_tokenizer(symbol_names(50), model_max_length=64).save_pretrained(tmp_path)
     backend = HFBackend.from_pretrained(tmp_path, device="cpu", dtype="float32", micro_batch_size=8)
@@ -578,8 +603,7 @@ def test_end_to_end_on_a_tiny_gpt2_with_cached_decoding_equal_to_reencoding(tmp_
     data = PrivateDataset(records, public_label_counts="observed")
     from dp_icl_plugin.methods import PRESETS
 
-    method = ClipBlendSynthesizer(epsilon=4.0, delta=1 / 40, max_tokens=10, shots_per_label=2,
-                                  template=PRESETS["ginc"])  # fmt: skip
+    method = ClipBlendSynthesizer(epsilon=4.0, delta=1 / 40, max_tokens=10, shots_per_label=2, template=PRESETS["ginc"])
     budget = _budget()
     demos = method.synthesize(data, backend=backend, budget=budget, rng=np.random.default_rng(1))
     assert len(demos) == 2 and all(len(d.token_ids) == 10 for d in demos)
@@ -629,17 +653,25 @@ def test_default_clip_blend_on_d_and_d_plus_one_record_stays_within_the_charged_
     d = PrivateDataset([PrivateRecord(f"r{i}", "y") for i in range(100)], public_label_counts={"y": 100})
     d_plus = PrivateDataset([*d.records("y"), PrivateRecord("x", "y")], public_label_counts={"y": 100})
     on_d, on_plus = method.plan(d, neighbouring=relation).params, method.plan(d_plus, neighbouring=relation).params
-    assert (on_d["subset_size"], on_d["temperature"]) == (on_plus["subset_size"], on_plus["temperature"]) == (
-        100, on_d["temperature"])
+    assert (
+        (on_d["subset_size"], on_d["temperature"])
+        == (on_plus["subset_size"], on_plus["temperature"])
+        == (100, on_d["temperature"])
+    )
     rows = np.tile(_ROW, (100, 1))
     worst = float(np.max(np.abs(_token_logprobs(rows, on_d) - _token_logprobs(np.vstack([rows, _ADDED]), on_plus))))
     assert worst <= on_d["token_epsilon"] * (1 + 1e-12)
     # The claim is what the accountant composes: 20 such tokens within ε = 1 at δ = 1/100.
     assert tightest().epsilon(method.event(d, neighbouring=relation), delta=1 / 100) <= 1.0
     # What the data-derived divisor did (the defect): s = 100 vs 101 and τ recalibrated for each.
-    observed = {n: method.plan(PrivateDataset([PrivateRecord(f"r{i}", "y") for i in range(n)],
-                                              public_label_counts="observed"), neighbouring="add_remove").params
-                for n in (100, 101)}  # fmt: skip
-    leak = float(np.max(np.abs(_token_logprobs(rows, observed[100])
-                               - _token_logprobs(np.vstack([rows, _ADDED]), observed[101]))))  # fmt: skip
+    observed = {
+        n: method.plan(
+            PrivateDataset([PrivateRecord(f"r{i}", "y") for i in range(n)], public_label_counts="observed"),
+            neighbouring="add_remove",
+        ).params
+        for n in (100, 101)
+    }
+    leak = float(
+        np.max(np.abs(_token_logprobs(rows, observed[100]) - _token_logprobs(np.vstack([rows, _ADDED]), observed[101])))
+    )
     assert leak == pytest.approx(0.379, abs=2e-3) and leak > observed[100]["token_epsilon"] * 1.8

@@ -47,13 +47,25 @@ def backend() -> FakeBackend:
 
 
 def mozo(budget: BudgetManager, **kw) -> MozoDecoder:
-    return MozoDecoder(data(), backend=backend(), budget=budget, **{"n_queries": 5, "max_tokens": 4,
-                       "epsilon": 2.0, "top_k": 6, **kw})  # fmt: skip
+    return MozoDecoder(
+        data(), backend=backend(), budget=budget, **{"n_queries": 5, "max_tokens": 4, "epsilon": 2.0, "top_k": 6, **kw}
+    )
 
 
 def clip(budget: BudgetManager, **kw) -> ClipBlendDecoder:
-    return ClipBlendDecoder(data(), backend=backend(), budget=budget, **{"n_queries": 5, "max_tokens": 4,
-                            "subset_size": 10, "rng_subset": np.random.default_rng(1), "epsilon": 2.0, **kw})  # fmt: skip
+    return ClipBlendDecoder(
+        data(),
+        backend=backend(),
+        budget=budget,
+        **{
+            "n_queries": 5,
+            "max_tokens": 4,
+            "subset_size": 10,
+            "rng_subset": np.random.default_rng(1),
+            "epsilon": 2.0,
+            **kw,
+        },
+    )
 
 
 @pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
@@ -122,10 +134,12 @@ def test_stop_sequences_cut_and_end_the_answer() -> None:
 @pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
 def test_fixed_seed_gives_identical_answers_and_chats_work(make) -> None:
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
-    a = make(ledger).generate([{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}],
-                              rng=np.random.default_rng(9))  # fmt: skip
-    b = make(ledger).generate([{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}],
-                              rng=np.random.default_rng(9))  # fmt: skip
+    a = make(ledger).generate(
+        [{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}], rng=np.random.default_rng(9)
+    )
+    b = make(ledger).generate(
+        [{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}], rng=np.random.default_rng(9)
+    )
     assert a.token_ids == b.token_ids and a.text == b.text
 
 
@@ -183,10 +197,18 @@ def test_a_chat_on_a_model_without_a_chat_template_uses_the_documented_plain_lay
     fake = Recording(WORDS, eos_token="<eos>", seed=3)
     assert not fake.has_chat_template
     extra = {"subset_size": 10, "rng_subset": np.random.default_rng(1)} if kind is ClipBlendDecoder else {"top_k": 6}
-    decoder = kind(data(), backend=fake, budget=BudgetManager(PrivacyBudget(100.0, 1e-2)), n_queries=5, max_tokens=1,
-                   epsilon=2.0, **extra)  # fmt: skip
-    decoder.generate([{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}],
-                     rng=np.random.default_rng(0))  # fmt: skip
+    decoder = kind(
+        data(),
+        backend=fake,
+        budget=BudgetManager(PrivacyBudget(100.0, 1e-2)),
+        n_queries=5,
+        max_tokens=1,
+        epsilon=2.0,
+        **extra,
+    )
+    decoder.generate(
+        [{"role": "system", "content": "a"}, {"role": "user", "content": "b c"}], rng=np.random.default_rng(0)
+    )
     zero_shot = fake.encode("system: a\nuser: b c\nassistant:", add_special_tokens=True)
     assert zero_shot in seen
     one_shot = [p for p in seen if p != zero_shot]

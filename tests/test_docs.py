@@ -48,8 +48,12 @@ def test_mkdocs_build_is_strict_clean(tmp_path: Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # Material's end-of-life banner, not a build warning
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-6000:]
     for page in ("index.html", "integrations/index.html", "api/langchain/index.html", "api/llama_index/index.html"):
         assert (tmp_path / "site" / page).is_file(), page

@@ -166,7 +166,10 @@ def test_from_sizes() -> None:
     [
         (POISSON, SWR),
         (SelfComposedEvent(POISSON, 3), SWR),
-        (ComposedEvent((G, POISSON)), SelfComposedEvent(ComposedEvent((PureDPEvent(1.0, neighbouring="replace_one"), SWR)), 2)),
+        (
+            ComposedEvent((G, POISSON)),
+            SelfComposedEvent(ComposedEvent((PureDPEvent(1.0, neighbouring="replace_one"), SWR)), 2),
+        ),
     ],
     ids=["flat", "self-composed", "nested"],
 )
@@ -325,11 +328,15 @@ EXAMPLES = {
     "exponential_mechanism": ExponentialMechanismEvent(2 / 3, neighbouring="add_remove"),
     "rdp_curve": RDPCurveEvent((2.0, 3.5), (0.1, 0.3), epsilon_inf=5.0, neighbouring="add_remove"),
     "mozo_token": MozoTokenEvent(beta=0.081, order=14),
-    "poisson_sampled": PoissonSampledEvent(20 / 30000, GaussianEvent(0.51, math.sqrt(2), neighbouring="add_remove"), neighbouring="add_remove"),
+    "poisson_sampled": PoissonSampledEvent(
+        20 / 30000, GaussianEvent(0.51, math.sqrt(2), neighbouring="add_remove"), neighbouring="add_remove"
+    ),
     "sampled_without_replacement": SWR,
     "self_composed": SelfComposedEvent(POISSON, 100),
     "composed": ComposedEvent((ApproxDPEvent(0.5, 1e-6, neighbouring="replace_one"), SelfComposedEvent(SWR, 5000))),
-    "filtered_release": ev.FilteredReleaseEvent(GaussianEvent(3.2, sensitivity=math.sqrt(2), neighbouring="add_remove"), covered_by=4, neighbouring="add_remove"),
+    "filtered_release": ev.FilteredReleaseEvent(
+        GaussianEvent(3.2, sensitivity=math.sqrt(2), neighbouring="add_remove"), covered_by=4, neighbouring="add_remove"
+    ),
 }
 
 
@@ -389,8 +396,12 @@ def test_rdp_curve_infinity_serialises_as_null() -> None:
         ({"type": "gaussian", "noise_multiplier": "1.0"}, ConfigurationError),
         ({"type": "approx_dp", "epsilon": 1.0, "delta": 0.0}, ConfigurationError),
         (
-            {"type": "poisson_sampled", "sampling_rate": 0.1, "neighbouring": "add_remove",
-             "event": {"type": "pure_dp", "epsilon": 1.0, "neighbouring": "add_remove"}},
+            {
+                "type": "poisson_sampled",
+                "sampling_rate": 0.1,
+                "neighbouring": "add_remove",
+                "event": {"type": "pure_dp", "epsilon": 1.0, "neighbouring": "add_remove"},
+            },
             UnsupportedEventError,
         ),
         ({"type": "pure_dp", "epsilon": 1.0}, ConfigurationError),  # untagged: refused
@@ -416,11 +427,19 @@ def test_event_key_is_canonical_and_stable() -> None:
         '{"epsilon_inf":null,"epsilons":[0.1,0.2],"neighbouring":"add_remove","orders":[2.0,3.0],"type":"rdp_curve"}'
     )
     # The relation is part of the identity: the same numbers under another relation are another event.
-    assert event_key(PureDPEvent(0.1, neighbouring="add_remove")) != event_key(PureDPEvent(0.1, neighbouring="replace_one"))
+    assert event_key(PureDPEvent(0.1, neighbouring="add_remove")) != event_key(
+        PureDPEvent(0.1, neighbouring="replace_one")
+    )
     # Equal events have equal keys; distinct parameters give distinct keys.
-    assert event_key(GaussianEvent(1, neighbouring="add_remove")) == event_key(GaussianEvent(1.0, neighbouring="add_remove"))
-    assert event_key(GaussianEvent(1.0, 2.0, neighbouring="add_remove")) != event_key(GaussianEvent(1.0, neighbouring="add_remove"))
-    assert event_key(PureDPEvent(1.0, neighbouring="add_remove")) != event_key(ExponentialMechanismEvent(1.0, neighbouring="add_remove"))
+    assert event_key(GaussianEvent(1, neighbouring="add_remove")) == event_key(
+        GaussianEvent(1.0, neighbouring="add_remove")
+    )
+    assert event_key(GaussianEvent(1.0, 2.0, neighbouring="add_remove")) != event_key(
+        GaussianEvent(1.0, neighbouring="add_remove")
+    )
+    assert event_key(PureDPEvent(1.0, neighbouring="add_remove")) != event_key(
+        ExponentialMechanismEvent(1.0, neighbouring="add_remove")
+    )
     # Floats round-trip exactly through the key.
     x = 0.1 + 0.2
     assert json.loads(event_key(PureDPEvent(x, neighbouring="add_remove")))["epsilon"] == x
@@ -447,7 +466,11 @@ def test_atoms_of_an_atom() -> None:
 
 
 def test_atoms_flattens_nested_compositions() -> None:
-    a, b, c = PureDPEvent(0.1, neighbouring="add_remove"), GaussianEvent(2.0, neighbouring="add_remove"), ExponentialMechanismEvent(0.3, neighbouring="add_remove")
+    a, b, c = (
+        PureDPEvent(0.1, neighbouring="add_remove"),
+        GaussianEvent(2.0, neighbouring="add_remove"),
+        ExponentialMechanismEvent(0.3, neighbouring="add_remove"),
+    )
     event = SelfComposedEvent(
         ComposedEvent((a, SelfComposedEvent(ComposedEvent((b, a)), 3), SelfComposedEvent(SelfComposedEvent(c, 2), 5))),
         4,
@@ -525,11 +548,15 @@ def test_composite_support_is_the_intersection() -> None:
     assert SelfComposedEvent(ApproxDPEvent(1.0, 1e-6, **ar), 3).supported_accountants == {ev.BASIC, ev.PRV, ev.PLD}
     assert ComposedEvent((PureDPEvent(1.0, **ar), G)).supported_accountants == {ev.PRV, ev.PLD, ev.RDP}
     assert ComposedEvent((PureDPEvent(1.0, **ar), ApproxDPEvent(1.0, 1e-6, **ar))).supported_accountants == {
-        ev.BASIC, ev.PRV, ev.PLD,
+        ev.BASIC,
+        ev.PRV,
+        ev.PLD,
     }
     assert ComposedEvent((PureDPEvent(1.0, neighbouring="replace_one"), SWR)).supported_accountants == {ev.RDP}
     g = GaussianEvent(1.0, neighbouring="replace_one")
-    assert SampledWithoutReplacementEvent(0.1, ComposedEvent((g, PureDPEvent(1.0, neighbouring="replace_one")))).supported_accountants == {ev.RDP}
+    assert SampledWithoutReplacementEvent(
+        0.1, ComposedEvent((g, PureDPEvent(1.0, neighbouring="replace_one")))
+    ).supported_accountants == {ev.RDP}
 
 
 @pytest.mark.parametrize("name", list(EXAMPLES))
@@ -546,7 +573,9 @@ def test_filtered_releases_cost_the_ledger_nothing_more() -> None:
     from dp_icl_plugin.accounting import get_accountant
 
     cover = ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove")
-    record = ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=1, neighbouring="add_remove")
+    record = ev.FilteredReleaseEvent(
+        GaussianEvent(0.5, neighbouring="add_remove"), covered_by=1, neighbouring="add_remove"
+    )
     for name in ("basic", "rdp", "prv", "auto"):
         accountant = get_accountant(name)
         assert accountant.epsilon(record, delta=1e-5) == 0.0
@@ -557,12 +586,22 @@ def test_filtered_releases_cost_the_ledger_nothing_more() -> None:
     ledger = BudgetManager(PrivacyBudget(1.0, 1e-6, neighbouring="add_remove"))
     first = ledger.spend(cover, label="demo-filter:index")  # a filter's cover and its releases (see BudgetManager)
     for _ in range(5):
-        ledger.spend(ev.FilteredReleaseEvent(GaussianEvent(5.0, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"), label="demo-release:index")
+        ledger.spend(
+            ev.FilteredReleaseEvent(
+                GaussianEvent(5.0, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"
+            ),
+            label="demo-release:index",
+        )
     assert ledger.spent().epsilon == pytest.approx(1.0)
     # Under replace-one (the default) the cover converts by group privacy: (2ε, (1 + e^ε)δ).
     replace = BudgetManager(PrivacyBudget(2.0, 1e-5))
     first = replace.spend(cover, label="demo-filter:index")
-    replace.spend(ev.FilteredReleaseEvent(GaussianEvent(5.0, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"), label="demo-release:index")
+    replace.spend(
+        ev.FilteredReleaseEvent(
+            GaussianEvent(5.0, neighbouring="add_remove"), covered_by=first.id, neighbouring="add_remove"
+        ),
+        label="demo-release:index",
+    )
     assert replace.spent().epsilon == pytest.approx(2.0, rel=1e-4)  # at most (2ε, (1 + e^ε)δ) ≤ δ of the budget
     with pytest.raises(ConfigurationError):
         ev.FilteredReleaseEvent(GaussianEvent(0.5, neighbouring="add_remove"), covered_by=0, neighbouring="add_remove")

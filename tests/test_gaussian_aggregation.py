@@ -64,8 +64,11 @@ def test_pta_survives_zero_probabilities() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(arrays(np.float64, st.integers(1, 30), elements=st.floats(0, 1)), st.integers(1, 40),
-       st.one_of(st.none(), st.floats(0.01, 1.0)))  # fmt: skip
+@given(
+    arrays(np.float64, st.integers(1, 30), elements=st.floats(0, 1)),
+    st.integers(1, 40),
+    st.one_of(st.none(), st.floats(0.01, 1.0)),
+)
 def test_vocabulary_limit_is_top_k_intersect_smallest_nucleus(p: np.ndarray, k: int, top_p: float | None) -> None:
     if p.sum() == 0:
         p = np.ones_like(p)

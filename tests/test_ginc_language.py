@@ -57,9 +57,16 @@ def test_the_language_is_a_function_of_its_config():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"n_symbols": 1}, {"n_pretrain_hmms": 11}, {"n_properties": 1}, {"entity_stay": 1.5},
-     {"transition_temperature": 0.0}, {"seed": -1}, {"n_symbols": 10_000}],
-)  # fmt: skip
+    [
+        {"n_symbols": 1},
+        {"n_pretrain_hmms": 11},
+        {"n_properties": 1},
+        {"entity_stay": 1.5},
+        {"transition_temperature": 0.0},
+        {"seed": -1},
+        {"n_symbols": 10_000},
+    ],
+)
 def test_bad_configs_are_refused(kwargs):
     with pytest.raises(ConfigurationError):
         GincConfig(**kwargs)
@@ -115,10 +122,12 @@ def test_forward_filtering_equals_brute_force_on_a_tiny_hmm():
         for k in (2, 3, 4):
             prompts = sample_icl_prompts(lang, n_prompts=6, n_shots=0, k=k, rng=rng)
             prompts_concepts = np.full(len(prompts), concept)
-            queries = np.stack([
-                lang.emission[lang.sample_states(np.array([concept]), np.array([e * 3 + s]), k, rng)[0]][: k - 1]
-                for e, s in zip(rng.integers(0, 2, 6), prompts.start_properties, strict=True)
-            ])  # fmt: skip
+            queries = np.stack(
+                [
+                    lang.emission[lang.sample_states(np.array([concept]), np.array([e * 3 + s]), k, rng)[0]][: k - 1]
+                    for e, s in zip(rng.integers(0, 2, 6), prompts.start_properties, strict=True)
+                ]
+            )
             for start, query in zip(prompts.start_properties, queries, strict=True):
                 exact = lang.next_token_distribution(concept, query[None], lang.start_belief(int(start)))[0]
                 brute = _brute_force_next_token(lang, concept, int(start), [int(t) for t in query])
@@ -174,9 +183,11 @@ def test_pta_split_is_deduplicated_and_labelled():
         assert all(e.concept == concept for e in train + test)
         sample = train[:50]
         labels = bayes_optimal_labels(
-            LANGUAGE, np.full(50, concept), np.array([e.start_property for e in sample]),
+            LANGUAGE,
+            np.full(50, concept),
+            np.array([e.start_property for e in sample]),
             np.array([e.tokens for e in sample]),
-        )  # fmt: skip
+        )
         assert labels.tolist() == [e.label for e in sample]
 
 

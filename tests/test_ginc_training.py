@@ -23,9 +23,18 @@ from dp_icl_plugin.ginc.prompts import sample_icl_prompts  # noqa: E402
 from dp_icl_plugin.ginc.training import TrainingConfig, train  # noqa: E402
 
 TINY_RUN = TrainingConfig(
-    n_layer=1, n_embd=16, n_head=2, seq_len=32, batch_size=2, steps=6, warmup_steps=1, n_documents=4,
-    document_length=300, validation_documents=1, eval_every=2,
-)  # fmt: skip
+    n_layer=1,
+    n_embd=16,
+    n_head=2,
+    seq_len=32,
+    batch_size=2,
+    steps=6,
+    warmup_steps=1,
+    n_documents=4,
+    document_length=300,
+    validation_documents=1,
+    eval_every=2,
+)
 LANG = GincConfig(n_symbols=50, seed=0)
 
 
@@ -58,9 +67,20 @@ def test_training_writes_a_loadable_model(tiny_model: Path):
 
 
 def test_training_reduces_the_loss(tmp_path: Path):
-    run = TrainingConfig(n_layer=1, n_embd=32, n_head=2, seq_len=64, batch_size=4, steps=80, warmup_steps=5,
-                         learning_rate=1e-2, n_documents=8, document_length=1000, validation_documents=1,
-                         eval_every=20)  # fmt: skip
+    run = TrainingConfig(
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        seq_len=64,
+        batch_size=4,
+        steps=80,
+        warmup_steps=5,
+        learning_rate=1e-2,
+        n_documents=8,
+        document_length=1000,
+        validation_documents=1,
+        eval_every=20,
+    )
     train(tmp_path, run, language=LANG, progress=False)
     log = [json.loads(line)["validation_loss"] for line in (tmp_path / "training_log.jsonl").read_text().splitlines()]
     # an untrained model predicts near-uniformly (loss ln 50 ≈ 3.91); measured here: 3.42 → 3.26
@@ -154,8 +174,22 @@ def test_wilson_interval_and_report(tmp_path: Path):
 
 
 def test_cli_eval_on_a_given_model(tiny_model: Path, tmp_path: Path, capsys):
-    status = main(["bench", "ginc-eval", "--model", str(tiny_model), "--shots", "0,1", "--k", "3",
-                   "--prompts", "20", "--report", str(tmp_path)])  # fmt: skip
+    status = main(
+        [
+            "bench",
+            "ginc-eval",
+            "--model",
+            str(tiny_model),
+            "--shots",
+            "0,1",
+            "--k",
+            "3",
+            "--prompts",
+            "20",
+            "--report",
+            str(tmp_path),
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert status == 0 and set(out["accuracy"]["3"]) == {"0", "1"}
     assert all(0 <= v <= 1 for v in out["accuracy"]["3"].values())
@@ -178,9 +212,31 @@ def test_load_model_rejects_a_directory_without_metadata(tmp_path: Path):
 
 
 def test_cli_train_then_resume(tmp_path: Path, capsys):
-    args = ["bench", "ginc-train", "--out", str(tmp_path), "--steps", "4", "--n-layer", "1", "--n-embd", "16",
-            "--n-head", "2", "--seq-len", "32", "--batch-size", "2", "--warmup-steps", "1", "--n-documents", "3",
-            "--eval-every", "2", "--no-progress"]  # fmt: skip
+    args = [
+        "bench",
+        "ginc-train",
+        "--out",
+        str(tmp_path),
+        "--steps",
+        "4",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "16",
+        "--n-head",
+        "2",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--n-documents",
+        "3",
+        "--eval-every",
+        "2",
+        "--no-progress",
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["finished"] and out["step"] == 4 and out["tokens"] == 4 * 2 * 32
@@ -197,8 +253,13 @@ def test_cli_train_then_resume(tmp_path: Path, capsys):
 
 
 def _ginc_eval(*args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "dp_icl_plugin.cli", "bench", "ginc-eval", *args],
-                          capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "dp_icl_plugin.cli", "bench", "ginc-eval", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return json.loads(proc.stdout)["accuracy"]
 
 

@@ -40,8 +40,9 @@ GINC = [(1.0, 0.70), (2.0, 0.59), (4.0, 0.47), (8.0, 0.37)]
 @pytest.mark.parametrize(("epsilon", "sigma"), AG_NEWS, ids=[f"eps={e:g}" for e, _ in AG_NEWS])
 def test_pta_ag_news_sigma(epsilon: float, sigma: float) -> None:
     # M = 10, N = 2, |D_y| = 30,000, T = 100, one shot per label, δ = 1/|D_y|.
-    result = calibrate_subsampled_gaussian(epsilon=epsilon, delta=1 / 30000, sampling_rate=20 / 30000, steps=100,
-                                           **PAPER)  # fmt: skip
+    result = calibrate_subsampled_gaussian(
+        epsilon=epsilon, delta=1 / 30000, sampling_rate=20 / 30000, steps=100, **PAPER
+    )
     assert result.accountant == "prv"
     assert abs(result.value - sigma) <= GRID_TOL
     assert result.epsilon <= epsilon
@@ -52,8 +53,7 @@ def test_pta_ag_news_sigma(epsilon: float, sigma: float) -> None:
 def test_pta_ginc_sigma_36_compositions_exact(epsilon: float, sigma: float) -> None:
     # M = 5, N = 4, |D_y| = 1,600, 4 shots per label; 36 = 4 × (T − 1) compositions reproduce Table 4
     # exactly (REFERENCE.md §2), so beyond the published ±0.01 the grid value itself must match.
-    result = calibrate_subsampled_gaussian(epsilon=epsilon, delta=1 / 1600, sampling_rate=20 / 1600, steps=36,
-                                           **PAPER)  # fmt: skip
+    result = calibrate_subsampled_gaussian(epsilon=epsilon, delta=1 / 1600, sampling_rate=20 / 1600, steps=36, **PAPER)
     assert abs(result.value - sigma) <= GRID_TOL
     assert result.value == pytest.approx(sigma, abs=1e-9)
     assert result.epsilon <= epsilon
@@ -62,8 +62,7 @@ def test_pta_ginc_sigma_36_compositions_exact(epsilon: float, sigma: float) -> N
 @pytest.mark.slow
 @pytest.mark.parametrize(("epsilon", "sigma"), GINC, ids=[f"eps={e:g}" for e, _ in GINC])
 def test_pta_ginc_sigma_40_compositions_within_tolerance(epsilon: float, sigma: float) -> None:
-    result = calibrate_subsampled_gaussian(epsilon=epsilon, delta=1 / 1600, sampling_rate=20 / 1600, steps=40,
-                                           **PAPER)  # fmt: skip
+    result = calibrate_subsampled_gaussian(epsilon=epsilon, delta=1 / 1600, sampling_rate=20 / 1600, steps=40, **PAPER)
     assert abs(result.value - sigma) <= GRID_TOL
     assert result.epsilon <= epsilon
 
@@ -145,17 +144,18 @@ def test_clip_blend_paper_epsilon_formula(subset_size: int, temperature: float) 
         clip=CLIP, subset_size=subset_size, temperature=temperature, steps=STEPS, delta=DELTA
     )
     assert got == pytest.approx(by_hand, rel=1e-12)
-    assert me.clip_blend_token_epsilon(clip=CLIP, subset_size=subset_size, temperature=temperature,
-                                       neighbouring=ev.ADD_REMOVE) == pytest.approx(CLIP / (subset_size * temperature),
-                                                                                   rel=1e-12)  # fmt: skip
+    assert me.clip_blend_token_epsilon(
+        clip=CLIP, subset_size=subset_size, temperature=temperature, neighbouring=ev.ADD_REMOVE
+    ) == pytest.approx(CLIP / (subset_size * temperature), rel=1e-12)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("subset_size", "temperature"), CLIP_SETTINGS, ids=CLIP_IDS)
 def test_clip_blend_tightest_bound_beats_advanced_and_basic_composition(subset_size: int, temperature: float) -> None:
     eps0 = CLIP / (subset_size * temperature)
-    event = me.clip_blend_event(clip=CLIP, subset_size=subset_size, temperature=temperature, steps=STEPS,
-                                neighbouring=ev.ADD_REMOVE)  # fmt: skip
+    event = me.clip_blend_event(
+        clip=CLIP, subset_size=subset_size, temperature=temperature, steps=STEPS, neighbouring=ev.ADD_REMOVE
+    )
     tightest = get_accountant("auto").epsilon(event, delta=DELTA)
     advanced = eps0 * math.sqrt(2 * STEPS * math.log(1 / DELTA)) + STEPS * eps0 * math.expm1(eps0)
     basic = STEPS * eps0
@@ -184,13 +184,16 @@ def _exact_pure_dp_composition(eps0: float, steps: int, delta: float) -> float:
 def test_clip_blend_paper_figure_is_below_exact_pure_dp_composition() -> None:
     # ε0 = 10 / (15 · 1) = 2/3 is not small: the dropped T·ε0(e^ε0 − 1) term matters.
     subset_size, temperature = 15, 1.0
-    eps0 = me.clip_blend_token_epsilon(clip=CLIP, subset_size=subset_size, temperature=temperature,
-                                       neighbouring=ev.ADD_REMOVE)  # fmt: skip
+    eps0 = me.clip_blend_token_epsilon(
+        clip=CLIP, subset_size=subset_size, temperature=temperature, neighbouring=ev.ADD_REMOVE
+    )
     paper = me.clip_blend_paper_epsilon(
         clip=CLIP, subset_size=subset_size, temperature=temperature, steps=STEPS, delta=DELTA
     )
     exact = _exact_pure_dp_composition(eps0, STEPS, DELTA)
-    prv_eps = get_accountant("prv").epsilon(ev.SelfComposedEvent(ev.PureDPEvent(eps0, neighbouring="add_remove"), STEPS), delta=DELTA)
+    prv_eps = get_accountant("prv").epsilon(
+        ev.SelfComposedEvent(ev.PureDPEvent(eps0, neighbouring="add_remove"), STEPS), delta=DELTA
+    )
     # The PRV accountant reports a certified upper bound on the optimal composition, within its eps_error.
     assert exact <= prv_eps <= exact + 0.02
     # A sequence of ε0-DP mechanisms (e.g. T randomized responses) really does lose this much: the paper's

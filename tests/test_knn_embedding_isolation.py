@@ -89,8 +89,9 @@ def test_embedding_records_one_by_one_reports_positions_and_mixed_sizes() -> Non
     from dp_icl_plugin.methods.knn.embedding import embed_records
 
     def table(texts: list[str]) -> list[list[float]]:
-        return [{"a": [1.0, 0.0], "nan": [float("nan"), 1.0], "zero": [0.0, 0.0], "3d": [1.0, 1.0, 1.0]}[t]
-                for t in texts]  # fmt: skip
+        return [
+            {"a": [1.0, 0.0], "nan": [float("nan"), 1.0], "zero": [0.0, 0.0], "3d": [1.0, 1.0, 1.0]}[t] for t in texts
+        ]
 
     assert embed_records(table, ["a", "a"]).shape == (2, 2)
     with pytest.raises(ConfigurationError, match="NaN or inf for text 2"):

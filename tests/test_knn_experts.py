@@ -32,8 +32,12 @@ def backend() -> FakeBackend:
     zero[ID["a"]] = 0.9
     rare = np.array([1e-6] * len(VOCAB))
     rare[ID["b"]] = 1.0
-    return FakeBackend(VOCAB, table={(ID["q"],): zero / zero.sum(), (ID["rare"], ID["q"]): rare / rare.sum()},
-                       eos_token="<eos>", chat_template=True)  # fmt: skip
+    return FakeBackend(
+        VOCAB,
+        table={(ID["q"],): zero / zero.sum(), (ID["rare"], ID["q"]): rare / rare.sum()},
+        eos_token="<eos>",
+        chat_template=True,
+    )
 
 
 def build(labels: list[str], *, texts: list[str] | None = None, config: KNNConfig | None = None, epsilon=4.0):
@@ -70,8 +74,9 @@ def test_uses_answers_fill_a_records_budget_and_the_next_answer_is_made_without_
     np.testing.assert_array_equal(index.filter.spent(np.array([1]))[0], before)
     eps0 = token_epsilon_for_uses(index.filter.budget, uses=2, tokens=3)
     assert eps0 == pytest.approx(decoder.token_epsilon)
-    assert not bool(np.any(6.001 * rdp.bounded_range_rdp(np.asarray(index.filter.budget.orders), eps0)
-                           <= index.filter.budget.caps))  # fmt: skip  # the calibration is tight
+    assert not bool(
+        np.any(6.001 * rdp.bounded_range_rdp(np.asarray(index.filter.budget.orders), eps0) <= index.filter.budget.caps)
+    )  # the calibration is tight
 
 
 def test_the_divisor_is_k_whatever_the_number_of_experts(monkeypatch) -> None:
@@ -103,8 +108,15 @@ def test_the_clip_and_temperature_spend_exactly_the_token_epsilon() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(k=st.integers(1, 12), n=st.integers(0, 12), v=st.integers(2, 9), c=st.floats(0.1, 8.0),
-       tau=st.floats(0.05, 5.0), t0=st.floats(0.1, 2.0), seed=st.integers(0, 2**31))  # fmt: skip
+@given(
+    k=st.integers(1, 12),
+    n=st.integers(0, 12),
+    v=st.integers(2, 9),
+    c=st.floats(0.1, 8.0),
+    tau=st.floats(0.05, 5.0),
+    t0=st.floats(0.1, 2.0),
+    seed=st.integers(0, 2**31),
+)
 def test_swapping_one_expert_moves_the_token_distribution_by_at_most_eps0(k, n, v, c, tau, t0, seed) -> None:
     """The pure-DP claim of one token: |log p(x) − log p′(x)| ≤ ε0 = 2c/(kτ) for every x, whatever the rows."""
     n = min(n, k)
@@ -118,7 +130,7 @@ def test_swapping_one_expert_moves_the_token_distribution_by_at_most_eps0(k, n, 
 
     base = logp(rows[:n])
     eps0 = 2 * c / (k * tau)
-    for other in (rows[1 : n + 1], rows[:n - 1] if n else rows[:0]):  # one row swapped, or one row gone
+    for other in (rows[1 : n + 1], rows[: n - 1] if n else rows[:0]):  # one row swapped, or one row gone
         if len(other) == len(rows[:n]) and n == 0:
             continue
         assert np.max(np.abs(logp(other) - base)) <= eps0 * (1 + 1e-9) + 1e-12
@@ -150,8 +162,9 @@ def test_no_record_can_fail_an_answer_after_its_charge() -> None:
 
 def test_the_decoder_keeps_the_retrievers_fixed_latency_and_add_remove_needs_public_uses() -> None:
     index, _, decoder = build(["rare"])
-    timed = PrivateKNN(index, budget=decoder.knn.budget, backend=decoder.backend, config=decoder.knn.config,
-                       fixed_latency=0.01)  # fmt: skip
+    timed = PrivateKNN(
+        index, budget=decoder.knn.budget, backend=decoder.backend, config=decoder.knn.config, fixed_latency=0.01
+    )
     assert KNNExpertDecoder(timed).fixed_latency is not None
     from dp_icl_plugin.methods import PrivateDataset
     from dp_icl_plugin.methods.knn.experts import build_expert_decoder

@@ -115,8 +115,10 @@ def test_the_threshold_lets_the_stated_number_of_unsaid_tokens_through() -> None
     # Seeded: 300 releases over 2,000 unsaid tokens with 3 expected false keywords each: mean 3 ± 4 standard errors.
     rng = np.random.default_rng(11)
     zero = np.zeros(2_000, dtype=np.int64)
-    n = [len(threshold_keywords(zero, noise_std=1.0, limit=10**6, rng=rng, false_keywords=3.0).keywords or ())
-         for _ in range(300)]  # fmt: skip
+    n = [
+        len(threshold_keywords(zero, noise_std=1.0, limit=10**6, rng=rng, false_keywords=3.0).keywords or ())
+        for _ in range(300)
+    ]
     assert abs(np.mean(n) - 3.0) < 4 * math.sqrt(3.0 / 300)
 
 
@@ -136,8 +138,10 @@ def test_threshold_keywords_come_highest_noisy_count_first_cut_to_the_limit() ->
     counts[[40, 10, 30, 20]] = [90, 70, 80, 60]
     out = threshold_keywords(counts, noise_std=0.5, limit=3, rng=np.random.default_rng(0))
     assert out.keywords == (40, 30, 10) and out.passed
-    assert threshold_keywords(np.zeros(500, dtype=np.int64), noise_std=0.5, limit=3,
-                              rng=np.random.default_rng(0)).keywords is None  # fmt: skip
+    assert (
+        threshold_keywords(np.zeros(500, dtype=np.int64), noise_std=0.5, limit=3, rng=np.random.default_rng(0)).keywords
+        is None
+    )
 
 
 def test_answer_keywords_are_the_first_m_distinct_accepted_tokens() -> None:
@@ -162,13 +166,21 @@ def test_one_shard_changing_its_answer_moves_the_histogram_by_at_most_the_sensit
         return h
 
     changed %= len(answers)
-    for other in ([*answers[:changed], replacement, *answers[changed + 1 :]], [*answers[:changed], *answers[changed + 1 :]]):
+    for other in (
+        [*answers[:changed], replacement, *answers[changed + 1 :]],
+        [*answers[:changed], *answers[changed + 1 :]],
+    ):
         assert np.linalg.norm(histogram(answers) - histogram(other)) <= threshold_sensitivity(m) + 1e-12
 
 
 def test_threshold_refuses_bad_input() -> None:
     rng = np.random.default_rng(0)
-    for bad in (np.array([1.5, 2.0]), np.array([-1, 2]), np.zeros((2, 2), dtype=np.int64), np.array([], dtype=np.int64)):
+    for bad in (
+        np.array([1.5, 2.0]),
+        np.array([-1, 2]),
+        np.zeros((2, 2), dtype=np.int64),
+        np.array([], dtype=np.int64),
+    ):
         with pytest.raises(ConfigurationError):
             threshold_keywords(bad, noise_std=1.0, limit=2, rng=rng)
     with pytest.raises(ConfigurationError):

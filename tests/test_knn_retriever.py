@@ -74,9 +74,12 @@ def setup(*, config: KNNConfig | None = None, n: int = 60, group_by_user: bool =
     # a person's (2, 1e-5) is (4, 8.4e-5) per record under add/remove; replace-one would need a δ of 4.7e-3
     ledger = BudgetManager(PrivacyBudget(10.0, 1e-4, neighbouring="add_remove" if group_by_user else "replace_one"))
     retriever = PrivateKNN(
-        index, budget=ledger, backend=fake_backend(texts), labels=LABELS,
+        index,
+        budget=ledger,
+        backend=fake_backend(texts),
+        labels=LABELS,
         config=config or KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2),
-    )  # fmt: skip
+    )
     return index, ledger, retriever
 
 
@@ -148,9 +151,12 @@ def test_fixed_seed_gives_identical_releases() -> None:
         _, _, retriever = setup()
         rng = np.random.default_rng(42)
         outs.append(
-            [retriever.vote("red thing number1", rng=rng).label, retriever.classify("blue thing number5", rng=rng).label,
-             retriever.answer("green thing number4", rng=rng).text]
-        )  # fmt: skip
+            [
+                retriever.vote("red thing number1", rng=rng).label,
+                retriever.classify("blue thing number5", rng=rng).label,
+                retriever.answer("green thing number4", rng=rng).text,
+            ]
+        )
     assert outs[0] == outs[1]
 
 
@@ -272,8 +278,9 @@ def test_a_person_grouped_filter_is_charged_to_the_record_ledger_by_group_privac
         PrivateKNN(person_index(epsilon=20.0), budget=big, labels=LABELS)
     assert big.history() == [] and small.history() == []
     # What the adapters report as each record's guarantee is the record-level one, not the person's.
-    grouped = PrivateKNN(person_index(), budget=BudgetManager(PrivacyBudget(10.0, 1e-5, neighbouring="add_remove")),
-                         labels=LABELS)  # fmt: skip
+    grouped = PrivateKNN(
+        person_index(), budget=BudgetManager(PrivacyBudget(10.0, 1e-5, neighbouring="add_remove")), labels=LABELS
+    )
     assert (grouped.per_record_epsilon(), grouped.per_record_delta()) == (event.epsilon, event.delta)
     # A ledger that already holds the unconverted cover (written before this conversion) is refused.
     index = person_index()
@@ -335,11 +342,19 @@ def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
 
     torch.set_num_threads(1)
     texts, coarse = _trec(300)
-    names = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
-             "NUM": "number"}  # fmt: skip
+    names = {
+        "ABBR": "abbreviation",
+        "DESC": "description",
+        "ENTY": "entity",
+        "HUM": "human",
+        "LOC": "location",
+        "NUM": "number",
+    }
     labels = [names[c] for c in coarse]
-    prompts = [ClassificationPrompt(item="question", text_prefix="Question:").render([(t, lab)], t, list(names.values()))
-               for t, lab in zip(texts, labels, strict=True)]  # fmt: skip
+    prompts = [
+        ClassificationPrompt(item="question", text_prefix="Question:").render([(t, lab)], t, list(names.values()))
+        for t, lab in zip(texts, labels, strict=True)
+    ]
     extra = [AnswerPrompt().render([("a", "b")], "c"), KeywordAnswerPrompt().render(["k"], "q")]
     model_dir = tiny_text_gpt2(tmp_path / "gpt2", [*prompts, *extra])
     backend = HFBackend.from_pretrained(model_dir, device="cpu", dtype="float32")
@@ -347,10 +362,13 @@ def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
     index.add(texts, labels=labels, answers=labels)
     ledger = BudgetManager(PrivacyBudget(8.0, 1e-4, neighbouring="add_remove"), ledger=tmp_path / "ledger.db")
     retriever = PrivateKNN(
-        index, budget=ledger, backend=backend, labels=list(names.values()),
+        index,
+        budget=ledger,
+        backend=backend,
+        labels=list(names.values()),
         config=KNNConfig(k=8, shards=4, min_similarity=0.3, uses=3, keywords=2, max_answer_tokens=4),
         classification_prompt=ClassificationPrompt(item="question", text_prefix="Question:"),
-    )  # fmt: skip
+    )
     rng = np.random.default_rng(0)
     query = "How far is it from Denver to Aspen ?"
     assert retriever.vote(query, rng=rng).label in names.values()
@@ -363,7 +381,11 @@ def test_classify_and_answer_on_a_tiny_gpt2_with_minilm(tmp_path: Path) -> None:
     reopened = PrivateIndex.open(tmp_path / "index")
     np.testing.assert_array_equal(reopened.filter.all_spent()[1], index.filter.all_spent()[1])
     assert [e.label.split(":")[0] for e in BudgetManager.open(tmp_path / "ledger.db").history()] == [
-        "knn-filter", "knn-vote", "knn-classify", "knn-answer"]  # fmt: skip
+        "knn-filter",
+        "knn-vote",
+        "knn-classify",
+        "knn-answer",
+    ]
 
 
 def test_k_per_call_and_fewer_records_than_k_are_flagged_never_padded() -> None:
@@ -382,8 +404,14 @@ def test_an_empty_index_releases_and_charges_as_a_one_record_index_does(release:
     """Whether the index holds a record is private (add/remove): an empty index must not raise where a
     one-record index answers. Both go through the same release and record the same ledger event."""
     kind = release.split("-")[0]
-    config = KNNConfig(k=4, shards=2, min_similarity=0.5, uses=2, keywords=2,
-                       keyword_release="ptr" if release.endswith("ptr") else "threshold")  # fmt: skip
+    config = KNNConfig(
+        k=4,
+        shards=2,
+        min_similarity=0.5,
+        uses=2,
+        keywords=2,
+        keyword_release="ptr" if release.endswith("ptr") else "threshold",
+    )
     texts = ["red thing number1"]
 
     def run(records: list[str]) -> tuple[type, object, int]:
@@ -405,9 +433,11 @@ def test_records_without_a_label_take_a_place_but_cast_no_vote() -> None:
     index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-5), embedder=BagEmbedder())
     index.add(["red thing a", "red thing b", "red thing c"], labels=[None, None, "green"])
     retriever = PrivateKNN(
-        index, budget=BudgetManager(PrivacyBudget(2.0, 1e-4)), labels=LABELS,
+        index,
+        budget=BudgetManager(PrivacyBudget(2.0, 1e-4)),
+        labels=LABELS,
         config=KNNConfig(k=2, shards=1, min_similarity=0.5),
-    )  # fmt: skip
+    )
     retrieval = retriever.retrieve("red thing", release="vote")
     assert len(retrieval) == 2  # the two most similar, whatever their labels
     assert index.filter.all_spent()[0].size == 3  # all three candidates paid
@@ -437,10 +467,13 @@ def test_private_demonstrations_too_long_for_the_model_shorten_the_prompt_instea
     index.add([t + " thing thing thing thing" for t in texts], labels=labels, answers=answers)
     base = fake_backend(texts)
     short = Short(base.vocab, eos_token="<eos>", seed=3)
-    retriever = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(60.0, 1e-4, neighbouring="add_remove")),
-                                 backend=short, labels=LABELS,
-                                 config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2,
-                                                  max_answer_tokens=4))  # fmt: skip
+    retriever = PrivateKNN(
+        index,
+        budget=BudgetManager(PrivacyBudget(60.0, 1e-4, neighbouring="add_remove")),
+        backend=short,
+        labels=LABELS,
+        config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2, max_answer_tokens=4),
+    )
     rng = np.random.default_rng(0)
     assert retriever.classify("red thing number1", rng=rng).label in LABELS
     assert isinstance(retriever.answer("red thing number1", rng=rng).text, str)
@@ -465,8 +498,12 @@ def test_whether_a_record_takes_part_never_depends_on_another_records_presence()
         ledger = BudgetManager(PrivacyBudget(1e6, 1e-3))
 
         def knn(uses: int) -> PrivateKNN:
-            return PrivateKNN(index, budget=ledger, labels=["red", "blue"],
-                              config=KNNConfig(k=4, shards=2, min_similarity=0.9, uses=uses))  # fmt: skip
+            return PrivateKNN(
+                index,
+                budget=ledger,
+                labels=["red", "blue"],
+                config=KNNConfig(k=4, shards=2, min_similarity=0.9, uses=uses),
+            )
 
         dear, mid, cheap = knn(2), knn(3), knn(8)
         dear.retrieve("blue sky", release="vote")
@@ -493,10 +530,15 @@ def test_a_retrieval_is_released_only_by_the_retriever_that_charged_it() -> None
     """A PTR retriever's charge (sensitivity 1) must not pay for another retriever's threshold release."""
     index, ledger, _ = setup()
     texts, _, _ = records()
-    ptr = PrivateKNN(index, budget=ledger, backend=fake_backend(texts),
-                     config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keyword_release="ptr"))  # fmt: skip
-    threshold = PrivateKNN(index, budget=ledger, backend=fake_backend(texts),
-                           config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4))  # fmt: skip
+    ptr = PrivateKNN(
+        index,
+        budget=ledger,
+        backend=fake_backend(texts),
+        config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keyword_release="ptr"),
+    )
+    threshold = PrivateKNN(
+        index, budget=ledger, backend=fake_backend(texts), config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4)
+    )
     retrieval = ptr.retrieve("red thing number1", release="answer")
     with pytest.raises(ConfigurationError, match="another retriever"):
         threshold.answer(retrieval, rng=np.random.default_rng(0))

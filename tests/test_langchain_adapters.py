@@ -53,8 +53,9 @@ def shared_ledger() -> BudgetManager:
 @functools.cache
 def shared_decoder() -> MozoDecoder:
     # max_tokens 10: the standard suite builds the model with max_tokens=10 (test_standard_params)
-    return MozoDecoder(dataset(), backend=backend(), budget=shared_ledger(), n_queries=10_000, max_tokens=10,
-                       beta=0.5, top_k=20)  # fmt: skip
+    return MozoDecoder(
+        dataset(), backend=backend(), budget=shared_ledger(), n_queries=10_000, max_tokens=10, beta=0.5, top_k=20
+    )
 
 
 # LangChain's standard parameters, but temperature: a DP answer's sampling is the mechanism's (refused otherwise),
@@ -95,9 +96,13 @@ class TestDPChatModelUnit(ChatModelUnitTests):
         return chat_params()
 
 
-STRUCTURED_OUTPUT_TESTS = ("test_structured_output", "test_structured_output_async",
-                           "test_structured_output_pydantic_2_v1", "test_structured_output_optional_param",
-                           "test_json_mode")  # fmt: skip
+STRUCTURED_OUTPUT_TESTS = (
+    "test_structured_output",
+    "test_structured_output_async",
+    "test_structured_output_pydantic_2_v1",
+    "test_structured_output_optional_param",
+    "test_json_mode",
+)
 
 
 class TestDPChatModelIntegration(ChatModelIntegrationTests):
@@ -130,8 +135,15 @@ class TestDPChatModelIntegration(ChatModelIntegrationTests):
 
 @functools.cache
 def terse_decoder() -> MozoDecoder:
-    return MozoDecoder(dataset(), backend=TerseBackend(backend()), budget=shared_ledger(), n_queries=10_000,
-                       max_tokens=48, beta=0.5, top_k=20)  # fmt: skip
+    return MozoDecoder(
+        dataset(),
+        backend=TerseBackend(backend()),
+        budget=shared_ledger(),
+        n_queries=10_000,
+        max_tokens=48,
+        beta=0.5,
+        top_k=20,
+    )
 
 
 class TestDPChatModelStructuredOutput(ChatModelIntegrationTests):
@@ -195,14 +207,19 @@ def test_selector_serves_a_demoset_in_both_few_shot_templates_for_free() -> None
     ledger = BudgetManager(PrivacyBudget(1.0, 1e-5))
     example_prompt = PromptTemplate.from_template("Text: {input}\nLabel: {output}")
     selector = DPICLExampleSelector(demo_set(), k=2, example_prompt=example_prompt)
-    prompt = FewShotPromptTemplate(example_selector=selector, example_prompt=example_prompt,
-                                   suffix="Text: {input}\nLabel:", input_variables=["input"])  # fmt: skip
+    prompt = FewShotPromptTemplate(
+        example_selector=selector,
+        example_prompt=example_prompt,
+        suffix="Text: {input}\nLabel:",
+        input_variables=["input"],
+    )
     text = prompt.format(input="a query")
     assert "synthetic pos 0" in text and "synthetic neg 0" in text and "synthetic pos 1" not in text
     chat = FewShotChatMessagePromptTemplate(
-        example_selector=selector, input_variables=["input"],
+        example_selector=selector,
+        input_variables=["input"],
         example_prompt=ChatPromptTemplate.from_messages([("human", "{input}"), ("ai", "{output}")]),
-    )  # fmt: skip
+    )
     messages = chat.format_messages(input="a query")
     assert [m.content for m in messages] == ["synthetic pos 0", "pos", "synthetic neg 0", "neg"]
     assert ledger.history() == []
@@ -210,10 +227,16 @@ def test_selector_serves_a_demoset_in_both_few_shot_templates_for_free() -> None
 
 def test_lazy_synthesis_charges_once() -> None:
     ledger = BudgetManager(PrivacyBudget(5.0, 1e-3))
-    method = TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3,
-                             shots_per_label=1, top_k=5)  # fmt: skip
-    selector = DPICLExampleSelector(synthesizer=method, dataset=dataset().with_public_label_counts("observed"),
-                                        backend=backend(), budget=ledger, rng=np.random.default_rng(0))  # fmt: skip
+    method = TangSynthesizer(
+        epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3, shots_per_label=1, top_k=5
+    )
+    selector = DPICLExampleSelector(
+        synthesizer=method,
+        dataset=dataset().with_public_label_counts("observed"),
+        backend=backend(),
+        budget=ledger,
+        rng=np.random.default_rng(0),
+    )
     assert ledger.history() == []
     first = selector.select_examples({"input": "q"})
     second = selector.select_examples({"input": "another"})
@@ -224,8 +247,12 @@ def test_lazy_synthesis_charges_once() -> None:
 
 def test_selector_bad_input() -> None:
     with pytest.raises(ConfigurationError, match="budget"):
-        DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3), dataset=dataset(),
-                                 backend=FakeBackend(["a"]), rng=np.random.default_rng(0))  # fmt: skip
+        DPICLExampleSelector(
+            synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3),
+            dataset=dataset(),
+            backend=FakeBackend(["a"]),
+            rng=np.random.default_rng(0),
+        )
     with pytest.raises(ConfigurationError, match="needs"):
         DPICLExampleSelector(demo_set(), example_prompt=PromptTemplate.from_template("{question} {answer}"))
     with pytest.raises(ConfigurationError, match="fields"):
@@ -238,10 +265,20 @@ def test_selector_bad_input() -> None:
 
 
 def braced_demo_set() -> DemoSet:
-    prov = Provenance(method="tang", config={}, epsilon=1.0, delta=1e-5, event={}, ledger_entry_id=1,
-                      ledger_label="synthesis", model_id="m")  # fmt: skip
-    demos = [Demonstration(label="pos", text="$$5 {numPlayers} x {{ y }} {% if %} }"),
-             Demonstration(label="neg", text="plain")]  # fmt: skip
+    prov = Provenance(
+        method="tang",
+        config={},
+        epsilon=1.0,
+        delta=1e-5,
+        event={},
+        ledger_entry_id=1,
+        ledger_label="synthesis",
+        model_id="m",
+    )
+    demos = [
+        Demonstration(label="pos", text="$$5 {numPlayers} x {{ y }} {% if %} }"),
+        Demonstration(label="neg", text="plain"),
+    ]
     return DemoSet(demos, prov)
 
 
@@ -250,18 +287,26 @@ def test_selector_escapes_braces_for_the_few_shot_template(template_format: str)
     # a synthetic demonstration with braces failed every format with KeyError after the synthesis was charged
     example_prompt = PromptTemplate.from_template(
         "Text: {{ input }}\nLabel: {{ output }}" if template_format == "jinja2" else "Text: {input}\nLabel: {output}",
-        template_format=template_format)  # fmt: skip
+        template_format=template_format,
+    )
     selector = DPICLExampleSelector(braced_demo_set(), example_prompt=example_prompt)
     assert selector.template_format == template_format
-    prompt = FewShotPromptTemplate(example_selector=selector, example_prompt=example_prompt, input_variables=["input"],
-                                   suffix="Text: {{ input }}" if template_format == "jinja2" else "Text: {input}",
-                                   template_format=template_format)  # fmt: skip
+    prompt = FewShotPromptTemplate(
+        example_selector=selector,
+        example_prompt=example_prompt,
+        input_variables=["input"],
+        suffix="Text: {{ input }}" if template_format == "jinja2" else "Text: {input}",
+        template_format=template_format,
+    )
     assert "Text: $$5 {numPlayers} x {{ y }} {% if %} }\nLabel: pos" in prompt.format(input="a {query}")
     chat = FewShotChatMessagePromptTemplate(
-        example_selector=DPICLExampleSelector(braced_demo_set(), example_prompt=ChatPromptTemplate.from_messages(
-            [("human", "{input}"), ("ai", "{output}")])),
-        input_variables=["input"], example_prompt=ChatPromptTemplate.from_messages([("human", "{input}"), ("ai", "{output}")]),
-    )  # fmt: skip
+        example_selector=DPICLExampleSelector(
+            braced_demo_set(),
+            example_prompt=ChatPromptTemplate.from_messages([("human", "{input}"), ("ai", "{output}")]),
+        ),
+        input_variables=["input"],
+        example_prompt=ChatPromptTemplate.from_messages([("human", "{input}"), ("ai", "{output}")]),
+    )
     assert chat.format_messages(input="q")[0].content == "$$5 {numPlayers} x {{ y }} {% if %} }"  # not escaped
     with pytest.raises(ConfigurationError, match="template_format"):
         DPICLExampleSelector(braced_demo_set(), template_format="mustache")  # type: ignore[arg-type]
@@ -272,10 +317,17 @@ def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path:
     saved = tmp_path / "demos.jsonl"
 
     def selector() -> DPICLExampleSelector:
-        method = TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3,
-                                 shots_per_label=1, top_k=5)  # fmt: skip
-        return DPICLExampleSelector(synthesizer=method, dataset=dataset().with_public_label_counts("observed"),
-                                    backend=backend(), budget=ledger, seed=0, save_to=str(saved))  # fmt: skip
+        method = TangSynthesizer(
+            epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3, shots_per_label=1, top_k=5
+        )
+        return DPICLExampleSelector(
+            synthesizer=method,
+            dataset=dataset().with_public_label_counts("observed"),
+            backend=backend(),
+            budget=ledger,
+            seed=0,
+            save_to=str(saved),
+        )
 
     first = selector().select_examples({"input": "q"})
     assert saved.exists() and len(ledger.history()) == 1
@@ -284,19 +336,22 @@ def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path:
     assert restarted.select_examples({"input": "q"}) == first and len(ledger.history()) == 1
     elsewhere = BudgetManager(PrivacyBudget(5.0, 1e-3))  # a ledger that never paid for the file: served, with a word
     with caplog.at_level(logging.WARNING, logger="langchain_dp_icl.selector"):
-        DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=2.0, delta=1e-3), dataset=dataset(),
-                             backend=backend(), budget=elsewhere, save_to=str(saved))  # fmt: skip
+        DPICLExampleSelector(
+            synthesizer=TangSynthesizer(epsilon=2.0, delta=1e-3),
+            dataset=dataset(),
+            backend=backend(),
+            budget=elsewhere,
+            save_to=str(saved),
+        )
     assert "is not in this app's ledger" in caplog.text and elsewhere.history() == []
     other = PTASynthesizer(epsilon=2.0, delta=1e-3, max_tokens=2, shots_per_label=1)
     with pytest.raises(ConfigurationError, match="remove the file"):
-        DPICLExampleSelector(synthesizer=other, dataset=dataset(), backend=backend(), budget=ledger,
-                             save_to=str(saved))  # fmt: skip
+        DPICLExampleSelector(synthesizer=other, dataset=dataset(), backend=backend(), budget=ledger, save_to=str(saved))
 
 
 def test_dp_llm_charges_every_answer_before_any_token_and_honours_stop() -> None:
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=5, max_tokens=6, beta=0.05,
-                          top_k=20)  # fmt: skip
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=5, max_tokens=6, beta=0.05, top_k=20)
     llm = DPICLLLM(decoder=decoder, rng=np.random.default_rng(1))
     out = llm.invoke("Hello, how are you?")
     assert isinstance(out, str) and CANARY not in out
@@ -310,8 +365,16 @@ def test_dp_llm_charges_every_answer_before_any_token_and_honours_stop() -> None
 
 def test_a_refused_charge_releases_nothing() -> None:
     ledger = BudgetManager(PrivacyBudget(0.5, 1e-3))
-    decoder = ClipBlendDecoder(dataset(), backend=backend(), budget=ledger, n_queries=1, subset_size=6,
-                               rng_subset=np.random.default_rng(0), max_tokens=6, temperature=3.0)  # fmt: skip
+    decoder = ClipBlendDecoder(
+        dataset(),
+        backend=backend(),
+        budget=ledger,
+        n_queries=1,
+        subset_size=6,
+        rng_subset=np.random.default_rng(0),
+        max_tokens=6,
+        temperature=3.0,
+    )
     chat = ChatDPICL(decoder=decoder, rng=np.random.default_rng(0))
     stream = chat.stream([HumanMessage("Hello")])
     with pytest.raises(BudgetExhaustedError):
@@ -353,8 +416,7 @@ class SpendEvents(BaseCallbackHandler):
 
 def test_chat_model_and_llm_emit_every_charge_as_dp_icl_spend() -> None:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=4, beta=0.5,
-                          top_k=20)  # fmt: skip
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=4, beta=0.5, top_k=20)
     chat, llm = ChatDPICL(decoder=decoder, seed=0), DPICLLLM(decoder=decoder, seed=0)
     handler = SpendEvents()
     config: Any = {"callbacks": [handler]}
@@ -366,8 +428,11 @@ def test_chat_model_and_llm_emit_every_charge_as_dp_icl_spend() -> None:
     charges = ledger.history()
     assert [e[0] for e in handler.events] == ["dp_icl_spend"] * 4 == ["dp_icl_spend"] * len(charges)
     assert [e[1]["ledger_entry"] for e in handler.events] == [c.id for c in charges]
-    assert handler.events[0][1] == {"ledger_entry": charges[0].id, "release": "mozo-answer",
-                                    "ledger_epsilon": charges[0].certified_epsilon}  # fmt: skip
+    assert handler.events[0][1] == {
+        "ledger_entry": charges[0].id,
+        "release": "mozo-answer",
+        "ledger_epsilon": charges[0].certified_epsilon,
+    }
     assert message.response_metadata["ledger_entry"] == charges[0].id
     assert sum(chunks[1:], chunks[0]).response_metadata["ledger_entry"] == charges[1].id
 
@@ -398,8 +463,7 @@ async def test_spend_shows_when_langchain_streams_an_invoke_internally() -> None
 
 def test_interleaved_streams_and_calls_credit_each_spend_to_its_own_run() -> None:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=4, beta=0.5,
-                          top_k=20)  # fmt: skip
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=4, beta=0.5, top_k=20)
     chat = ChatDPICL(decoder=decoder, seed=0)
     handler = SpendEvents()
     first = chat.stream("hello", config={"callbacks": [handler], "run_id": uuid.UUID(int=1)})
@@ -411,13 +475,14 @@ def test_interleaved_streams_and_calls_credit_each_spend_to_its_own_run() -> Non
     list(first)
     charged = [c.id for c in ledger.history()]  # in the order charged: first, second, the invoke
     assert len(charged) == 3
-    assert sorted((e[2].int, e[1]["ledger_entry"]) for e in handler.events) == list(zip((1, 2, 3), charged, strict=True))
+    assert sorted((e[2].int, e[1]["ledger_entry"]) for e in handler.events) == list(
+        zip((1, 2, 3), charged, strict=True)
+    )
 
 
 async def test_more_concurrent_astreams_than_worker_threads_all_finish() -> None:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=3, beta=0.5,
-                          top_k=20)  # fmt: skip
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=3, beta=0.5, top_k=20)
     chat, handler = ChatDPICL(decoder=decoder, seed=0), SpendEvents()
     n = (os.cpu_count() or 1) + 8  # the default executor has min(32, cores + 4) workers
 
@@ -434,8 +499,9 @@ async def test_more_concurrent_astreams_than_worker_threads_all_finish() -> None
 
 def slow_chat(delay: float) -> tuple[ChatDPICL, BudgetManager]:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=SlowBackend(backend(), delay), budget=ledger, n_queries=100,
-                          max_tokens=4, beta=0.5, top_k=20)  # fmt: skip
+    decoder = MozoDecoder(
+        dataset(), backend=SlowBackend(backend(), delay), budget=ledger, n_queries=100, max_tokens=4, beta=0.5, top_k=20
+    )
     return ChatDPICL(decoder=decoder, seed=0), ledger
 
 
@@ -497,8 +563,16 @@ async def test_callers_that_give_up_while_queued_for_a_fixed_latency_window_are_
     from dp_icl_plugin.timing import FixedLatency
 
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=2, beta=0.5,
-                          top_k=20, fixed_latency=FixedLatency(0.5))  # fmt: skip
+    decoder = MozoDecoder(
+        dataset(),
+        backend=backend(),
+        budget=ledger,
+        n_queries=100,
+        max_tokens=2,
+        beta=0.5,
+        top_k=20,
+        fixed_latency=FixedLatency(0.5),
+    )
     chat = ChatDPICL(decoder=decoder, seed=0)
 
     async def impatient() -> None:
@@ -597,11 +671,14 @@ def test_selector_ranks_with_langchains_own_selectors() -> None:
     embeddings = WordEmbeddings()
     examples = [{"input": d.text, "output": d.label} for d in demos]
     query = {"input": "synthetic neg 1"}
-    for selection, own in (("similarity", SemanticSimilarityExampleSelector),
-                           ("mmr", MaxMarginalRelevanceExampleSelector)):  # fmt: skip
+    for selection, own in (
+        ("similarity", SemanticSimilarityExampleSelector),
+        ("mmr", MaxMarginalRelevanceExampleSelector),
+    ):
         ours = DPICLExampleSelector(demos, k=3, embeddings=embeddings, selection=selection)
-        reference = own.from_examples(examples, embeddings, InMemoryVectorStore, k=3, input_keys=["input"],
-                                      example_keys=["input", "output"])  # fmt: skip
+        reference = own.from_examples(
+            examples, embeddings, InMemoryVectorStore, k=3, input_keys=["input"], example_keys=["input", "output"]
+        )
         assert ours.select_examples(query) == reference.select_examples(query)
     assert DPICLExampleSelector(demos, embeddings=embeddings).selection == "similarity"  # the default with them
     labelled = DPICLExampleSelector(demos, k=3, embeddings=embeddings, label_key="label")
@@ -615,25 +692,36 @@ def test_selector_ranks_with_langchains_own_selectors() -> None:
         other = DPICLExampleSelector(demos, k=3, embeddings=embedder)
         chosen = [e["input"] for e in other.select_examples(query)]  # unit float32 vectors: near-ties may swap
         assert chosen[0] == "synthetic neg 1" and set(chosen) == {
-            e["input"] for e in DPICLExampleSelector(demos, k=3, embeddings=embeddings).select_examples(query)}
+            e["input"] for e in DPICLExampleSelector(demos, k=3, embeddings=embeddings).select_examples(query)
+        }
 
 
 def lazy_selector(ledger: BudgetManager, **settings: Any) -> DPICLExampleSelector:
     """A selector that synthesizes (Tang, on a word-level fake model) on its first selection."""
-    data = PrivateDataset([PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)],
-                          public_label_counts="observed")  # fmt: skip
-    method = TangSynthesizer(epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1,
-                             shots_per_label=1, top_k=3)  # fmt: skip
+    data = PrivateDataset(
+        [PrivateRecord(f"a b {'abc'[i % 3]}", ("pos", "neg")[i % 2]) for i in range(40)], public_label_counts="observed"
+    )
+    method = TangSynthesizer(
+        epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=1, shots_per_label=1, top_k=3
+    )
     words = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>"]
-    return DPICLExampleSelector(synthesizer=method, dataset=data, backend=FakeBackend(words, eos_token="<eos>"),
-                                budget=ledger, seed=0, embeddings=WordEmbeddings(), **settings)  # fmt: skip
+    return DPICLExampleSelector(
+        synthesizer=method,
+        dataset=data,
+        backend=FakeBackend(words, eos_token="<eos>"),
+        budget=ledger,
+        seed=0,
+        embeddings=WordEmbeddings(),
+        **settings,
+    )
 
 
 async def test_selector_selects_asynchronously_and_lazily_charges_once() -> None:
     ledger = BudgetManager(PrivacyBudget(10.0, 1e-3))
     selector = lazy_selector(ledger, k=2)
-    first, second = await asyncio.gather(selector.aselect_examples({"input": "a b"}),
-                                         selector.aselect_examples({"input": "b c"}))  # fmt: skip
+    first, second = await asyncio.gather(
+        selector.aselect_examples({"input": "a b"}), selector.aselect_examples({"input": "b c"})
+    )
     assert len(first) == len(second) == 2 and len(ledger.history()) == 1
 
 
@@ -643,8 +731,12 @@ def test_bad_input_is_refused_before_a_lazy_synthesis_or_a_first_answer_is_charg
     with pytest.raises(ConfigurationError, match="needs the input variable"):
         selector.select_examples({"question": "a b"})
     assert ledger.history() == []
-    chat = ChatDPICL(decoder=MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=10, max_tokens=2,
-                                         beta=0.5, top_k=20), seed=0)  # fmt: skip
+    chat = ChatDPICL(
+        decoder=MozoDecoder(
+            dataset(), backend=backend(), budget=ledger, n_queries=10, max_tokens=2, beta=0.5, top_k=20
+        ),
+        seed=0,
+    )
     with pytest.raises(ConfigurationError, match="last message"):
         chat.generate([[HumanMessage("hi")], [HumanMessage("hi"), AIMessage("hello")]])
     assert ledger.history() == []
@@ -663,7 +755,12 @@ def test_token_counts_come_from_the_models_own_tokenizer(monkeypatch: pytest.Mon
         assert model.get_token_ids("hello world") == backend().encode("hello world", add_special_tokens=False)
         assert model.get_num_tokens("hello world") == len(backend().encode("hello world"))
     chat = ChatDPICL(**chat_params())
-    history = [SystemMessage("Answer briefly."), HumanMessage("Hello " * 20), AIMessage("Hi " * 20), HumanMessage("cat?")]
+    history = [
+        SystemMessage("Answer briefly."),
+        HumanMessage("Hello " * 20),
+        AIMessage("Hi " * 20),
+        HumanMessage("cat?"),
+    ]
     kept = trim_messages(history, max_tokens=30, token_counter=chat, strategy="last", include_system=True)
     assert kept[0] == history[0] and kept[-1] == history[-1] and len(kept) < len(history)
     assert chat.get_num_tokens_from_messages(kept) <= 30
@@ -680,8 +777,10 @@ def test_the_zero_shot_baseline_is_the_same_model_greedy_and_charges_nothing() -
     prompt = model.encode("system: Answer briefly.\nuser: Hello, how are you?\nassistant:", add_special_tokens=True)
     assert answer.content == model.decode(greedy_generate(model, [prompt], max_new_tokens=5, stop=())[0])
     assert answer.usage_metadata["input_tokens"] == len(prompt)
-    assert "".join(str(c.content) for c in baseline.stream("Hello, how are you?")) == baseline.invoke(
-        "Hello, how are you?").content
+    assert (
+        "".join(str(c.content) for c in baseline.stream("Hello, how are you?"))
+        == baseline.invoke("Hello, how are you?").content
+    )
     restricted = ChatZeroShot(backend=model, choices=["apples", "oranges"])
     assert restricted.invoke("which fruit?").content in ("apples", "oranges")
     with pytest.raises(ConfigurationError, match="temperature"):

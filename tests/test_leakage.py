@@ -23,8 +23,9 @@ WORDS = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>", CANARY]
 
 
 def dataset() -> PrivateDataset:
-    return PrivateDataset([PrivateRecord(f"a {CANARY} b", ("pos", "neg")[i % 2]) for i in range(40)],
-                          public_label_counts="observed")  # fmt: skip
+    return PrivateDataset(
+        [PrivateRecord(f"a {CANARY} b", ("pos", "neg")[i % 2]) for i in range(40)], public_label_counts="observed"
+    )
 
 
 def backend() -> FakeBackend:
@@ -40,8 +41,9 @@ def test_reprs_logs_and_errors_never_show_private_text(caplog: pytest.LogCapture
     shown: list[str] = []
     ledger = BudgetManager(PrivacyBudget(50.0, 1e-3, neighbouring="add_remove"))
     data = dataset()
-    method = TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=2,
-                             shots_per_label=1, top_k=3)  # fmt: skip
+    method = TangSynthesizer(
+        epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=2, shots_per_label=1, top_k=3
+    )
     method.synthesize(data, backend=backend(), budget=ledger, rng=np.random.default_rng(0))
     shown += [repr(data), repr(data.records("pos")[0]), str(data.records("pos")[0]), repr(method)]
     index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-5), embedder=embed)
@@ -54,16 +56,18 @@ def test_reprs_logs_and_errors_never_show_private_text(caplog: pytest.LogCapture
     decoder = MozoDecoder(data, backend=backend(), budget=replace_one, n_queries=2, max_tokens=2, beta=0.1, top_k=4)
     shown += [repr(decoder), repr(decoder.generate("a b", rng=np.random.default_rng(0)))]
     # Errors raised while private records are in use say where, never what.
-    bad = PrivateDataset([PrivateRecord(f"{CANARY}x unknown", "pos"), *data.records("neg")],
-                         public_label_counts="observed")  # fmt: skip
+    bad = PrivateDataset(
+        [PrivateRecord(f"{CANARY}x unknown", "pos"), *data.records("neg")], public_label_counts="observed"
+    )
     all_bad = PrivateDataset([PrivateRecord(f"{CANARY}x{i} unknown", "pos") for i in range(5)])
     for call in (
-        lambda: TangSynthesizer(epsilon=2.0, delta=1e-3, n_prompts=1, records_per_prompt=1, max_tokens=1,
-                                shots_per_label=1, top_k=3).synthesize(
-            bad, backend=backend(), budget=ledger, rng=np.random.default_rng(0)),
-        lambda: MozoDecoder(all_bad, backend=backend(), budget=replace_one, n_queries=1, max_tokens=1, beta=0.1,
-                            top_k=4, n_shots=1).generate("a", rng=np.random.default_rng(0)),
-    ):  # fmt: skip
+        lambda: TangSynthesizer(
+            epsilon=2.0, delta=1e-3, n_prompts=1, records_per_prompt=1, max_tokens=1, shots_per_label=1, top_k=3
+        ).synthesize(bad, backend=backend(), budget=ledger, rng=np.random.default_rng(0)),
+        lambda: MozoDecoder(
+            all_bad, backend=backend(), budget=replace_one, n_queries=1, max_tokens=1, beta=0.1, top_k=4, n_shots=1
+        ).generate("a", rng=np.random.default_rng(0)),
+    ):
         with pytest.raises(Exception) as info:
             for _ in range(20):
                 call()
@@ -75,8 +79,17 @@ def test_reprs_logs_and_errors_never_show_private_text(caplog: pytest.LogCapture
 
 def test_components_holding_private_records_refuse_to_pickle() -> None:
     ledger = BudgetManager(PrivacyBudget(50.0, 1e-3, neighbouring="add_remove"))
-    decoder = ClipBlendDecoder(dataset(), backend=backend(), budget=ledger, n_queries=1, subset_size=4, population_size=40,
-                               rng_subset=np.random.default_rng(0), max_tokens=2, temperature=2.0)  # fmt: skip
+    decoder = ClipBlendDecoder(
+        dataset(),
+        backend=backend(),
+        budget=ledger,
+        n_queries=1,
+        subset_size=4,
+        population_size=40,
+        rng_subset=np.random.default_rng(0),
+        max_tokens=2,
+        temperature=2.0,
+    )
     index = PrivateIndex(budget=IndividualBudget(epsilon=5.0, delta=1e-5), embedder=embed)
     index.add([f"a {CANARY}"])
     retriever = PrivateKNN(index, budget=ledger, labels=["pos", "neg"])
@@ -88,8 +101,13 @@ def test_components_holding_private_records_refuse_to_pickle() -> None:
 
     with pytest.raises(TypeError):
         pickle.dumps(DPICLLLM(decoder=decoder, rng=np.random.default_rng(0)))
-    selector = DPICLExampleSelector(synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3, top_k=5), dataset=dataset(),
-                                        backend=backend(), budget=ledger, rng=np.random.default_rng(0))  # fmt: skip
+    selector = DPICLExampleSelector(
+        synthesizer=TangSynthesizer(epsilon=1.0, delta=1e-3, top_k=5),
+        dataset=dataset(),
+        backend=backend(),
+        budget=ledger,
+        rng=np.random.default_rng(0),
+    )
     with pytest.raises(TypeError):
         pickle.dumps(selector)
 
@@ -99,11 +117,38 @@ def test_cli_output_never_shows_private_text(tmp_path: Path) -> None:
     data.write_text("text,label\n" + "".join(f"a {CANARY} b,{('pos', 'neg')[i % 2]}\n" for i in range(60)))
     ledger = tmp_path / "ledger.db"
     cli = [sys.executable, "-m", "dp_icl_plugin.cli"]
-    subprocess.run([*cli, "budget", "init", "--ledger", str(ledger), "--epsilon", "5", "--delta", "1e-3"], check=True,
-                   capture_output=True)  # fmt: skip
+    subprocess.run(
+        [*cli, "budget", "init", "--ledger", str(ledger), "--epsilon", "5", "--delta", "1e-3"],
+        check=True,
+        capture_output=True,
+    )
     for extra in ([], ["--label-column", "missing"]):
-        done = subprocess.run([*cli, "synthesize", "--method", "tang", "--data", str(data), "--text-column", "text",
-                               "--label-column", "label", "--model", "ginc", "--epsilon", "1", "--ledger", str(ledger),
-                               "--out", str(tmp_path / "demos.jsonl"), "--max-tokens", "2", *extra],
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [
+                *cli,
+                "synthesize",
+                "--method",
+                "tang",
+                "--data",
+                str(data),
+                "--text-column",
+                "text",
+                "--label-column",
+                "label",
+                "--model",
+                "ginc",
+                "--epsilon",
+                "1",
+                "--ledger",
+                str(ledger),
+                "--out",
+                str(tmp_path / "demos.jsonl"),
+                "--max-tokens",
+                "2",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert CANARY not in done.stdout + done.stderr

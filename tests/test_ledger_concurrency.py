@@ -77,8 +77,12 @@ def test_processes_and_threads_commit_exactly_the_maximum(tmp_path: Path, repeat
 def test_concurrent_cli_spends(tmp_path: Path) -> None:
     ledger = tmp_path / "cli.db"
     cli = [sys.executable, "-m", "dp_icl_plugin.cli"]
-    init = subprocess.run([*cli, "budget", "init", "--ledger", str(ledger), "--epsilon", "2", "--delta", "1e-8"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    init = subprocess.run(
+        [*cli, "budget", "init", "--ledger", str(ledger), "--epsilon", "2", "--delta", "1e-8"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert init.returncode == 0, init.stderr
 
     def spend(i: int) -> int:
@@ -97,8 +101,12 @@ def test_concurrent_cli_spends(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_kill_9_at_random_points_never_releases_an_uncommitted_charge(tmp_path: Path) -> None:
     harness = Path(__file__).with_name("crash_harness.py")
-    done = subprocess.run([sys.executable, str(harness), str(tmp_path / "crash.db"), "200", "7"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(harness), str(tmp_path / "crash.db"), "200", "7"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = __import__("json").loads(done.stdout)
     assert result["rounds"] == 200 and result["released_without_commit"] == 0

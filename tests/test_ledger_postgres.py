@@ -96,7 +96,9 @@ def test_spend_refuse_and_never_overspend(pg_dsn: str) -> None:
     with pytest.raises(BudgetExhaustedError):
         m.spend(PureDPEvent(0.3, neighbouring="replace_one"), label="x")
     assert len(m.history()) == 3 and m.spent().epsilon == pytest.approx(0.9, rel=1e-4)
-    assert m.would_fit(PureDPEvent(0.1, neighbouring="replace_one")) and not m.would_fit(PureDPEvent(0.11, neighbouring="replace_one"))
+    assert m.would_fit(PureDPEvent(0.1, neighbouring="replace_one")) and not m.would_fit(
+        PureDPEvent(0.11, neighbouring="replace_one")
+    )
 
 
 def test_named_ledgers_share_a_database(pg_dsn: str) -> None:
@@ -119,8 +121,9 @@ def test_a_filtered_release_is_covered_only_by_its_own_ledgers_cover(pg_dsn: str
     a = BudgetManager(budget, ledger=PostgresStore(pg_dsn, ledger="cover-a"))
     b = BudgetManager(budget, ledger=PostgresStore(pg_dsn, ledger="cover-b"))
     in_a = a.spend(cover, label="knn-filter:index")
-    release = ev.FilteredReleaseEvent(ev.GaussianEvent(8.0, neighbouring="add_remove"), covered_by=in_a.id,
-                                      neighbouring="add_remove")  # fmt: skip
+    release = ev.FilteredReleaseEvent(
+        ev.GaussianEvent(8.0, neighbouring="add_remove"), covered_by=in_a.id, neighbouring="add_remove"
+    )
     with pytest.raises(ConfigurationError, match="no entry"):
         b.spend(release, label="knn-vote:index")
     assert b.history() == []

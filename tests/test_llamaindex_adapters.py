@@ -47,8 +47,7 @@ class Spends(BaseEventHandler):
 @functools.cache
 def llm_and_ledger() -> tuple[DPICL, BudgetManager]:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=6, beta=0.5,
-                          top_k=20)  # fmt: skip
+    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=6, beta=0.5, top_k=20)
     return DPICL(decoder, rng=np.random.default_rng(0)), ledger
 
 
@@ -113,11 +112,18 @@ def test_the_spend_reports_each_records_guarantee_for_a_person_grouped_index() -
     from dp_icl_plugin.accounting import IndividualBudget
     from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 
-    index = PrivateIndex(budget=IndividualBudget(epsilon=3.0, delta=1e-7), group_by_user=True,
-                         embedder=lambda texts: np.array([[1.0, t.count("cat"), 0.5] for t in texts]))  # fmt: skip
+    index = PrivateIndex(
+        budget=IndividualBudget(epsilon=3.0, delta=1e-7),
+        group_by_user=True,
+        embedder=lambda texts: np.array([[1.0, t.count("cat"), 0.5] for t in texts]),
+    )
     index.add(["the cat sat", "the cat ran"], answers=["cat", "cat"], user_ids=["ann", "bob"])
-    core = PrivateKNN(index, budget=BudgetManager(PrivacyBudget(10.0, 1e-4, neighbouring="add_remove")),
-                      backend=backend(), config=KNNConfig(k=2, shards=2, min_similarity=0.5, max_answer_tokens=2))  # fmt: skip
+    core = PrivateKNN(
+        index,
+        budget=BudgetManager(PrivacyBudget(10.0, 1e-4, neighbouring="add_remove")),
+        backend=backend(),
+        config=KNNConfig(k=2, shards=2, min_similarity=0.5, max_answer_tokens=2),
+    )
     (node,) = DPICLRetriever(core, rng=np.random.default_rng(0)).retrieve("where did the cat sit?")
     assert node.node.metadata["per_record_epsilon"] == pytest.approx(6.0)
     handler = Spends()
@@ -179,11 +185,19 @@ def test_dpllm_from_a_server_url_needs_the_tokenizer_and_keeps_to_loopback() -> 
     data = PrivateDataset.from_pairs(["a question"] * 5, ["x"] * 5)
     budget = BudgetManager(PrivacyBudget(2.0, 1e-3))
     with pytest.raises(ConfigurationError, match="tokenizer="):
-        DPICL.from_model_id("http://127.0.0.1:8000", data, budget=budget, rng=np.random.default_rng(0), epsilon=1.0,
-                            n_queries=2)  # fmt: skip
+        DPICL.from_model_id(
+            "http://127.0.0.1:8000", data, budget=budget, rng=np.random.default_rng(0), epsilon=1.0, n_queries=2
+        )
     with pytest.raises(ConfigurationError, match="plain http"):
-        DPICL.from_model_id("http://10.0.0.7:8000", data, budget=budget, rng=np.random.default_rng(0),
-                            tokenizer=_Tokenizer(), epsilon=1.0, n_queries=2)  # fmt: skip
+        DPICL.from_model_id(
+            "http://10.0.0.7:8000",
+            data,
+            budget=budget,
+            rng=np.random.default_rng(0),
+            tokenizer=_Tokenizer(),
+            epsilon=1.0,
+            n_queries=2,
+        )
     assert budget.history() == []
 
 
@@ -193,8 +207,9 @@ def test_dpllm_from_a_server_url_needs_the_tokenizer_and_keeps_to_loopback() -> 
 def make_llm(delay: float = 0.0, max_tokens: int = 6, **settings: Any) -> tuple[DPICL, BudgetManager]:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
     model = SlowBackend(backend(), delay) if delay else backend()
-    decoder = MozoDecoder(dataset(), backend=model, budget=ledger, n_queries=100, max_tokens=max_tokens, beta=0.5,
-                          top_k=20)  # fmt: skip
+    decoder = MozoDecoder(
+        dataset(), backend=model, budget=ledger, n_queries=100, max_tokens=max_tokens, beta=0.5, top_k=20
+    )
     return DPICL(decoder, seed=0, **settings), ledger
 
 
@@ -304,8 +319,9 @@ def test_metadata_context_window_is_the_models_own() -> None:
         max_length = 300
 
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=Short(backend(), 0.0), budget=ledger, n_queries=10, max_tokens=4,
-                          beta=0.5, top_k=20)  # fmt: skip
+    decoder = MozoDecoder(
+        dataset(), backend=Short(backend(), 0.0), budget=ledger, n_queries=10, max_tokens=4, beta=0.5, top_k=20
+    )
     assert DPICL(decoder, seed=0).metadata.context_window == 300
 
 

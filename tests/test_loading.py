@@ -26,8 +26,9 @@ def _write(path: Path, text: str | bytes) -> Path:
 
 def test_csv_and_jsonl_give_the_same_dataset(tmp_path: Path) -> None:
     rows = [("first text", "a"), ("second, with a comma", "b"), ('third "quoted"', "a")]
-    csv_path = _write(tmp_path / "d.csv", "text,label\n" + "".join(
-        f'"{t.replace(chr(34), chr(34) * 2)}",{y}\n' for t, y in rows))  # fmt: skip
+    csv_path = _write(
+        tmp_path / "d.csv", "text,label\n" + "".join(f'"{t.replace(chr(34), chr(34) * 2)}",{y}\n' for t, y in rows)
+    )
     jsonl_path = _write(tmp_path / "d.jsonl", "".join(json.dumps({"text": t, "label": y}) + "\n" for t, y in rows))
     for path in (csv_path, jsonl_path):
         data = load_dataset(path, text_column="text", label_column="label")
@@ -68,8 +69,9 @@ def test_missing_file(tmp_path: Path) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(st.binary(max_size=200))
-def test_any_bytes_end_in_a_dataset_or_a_configuration_error(tmp_path_factory: pytest.TempPathFactory,
-                                                             blob: bytes) -> None:  # fmt: skip
+def test_any_bytes_end_in_a_dataset_or_a_configuration_error(
+    tmp_path_factory: pytest.TempPathFactory, blob: bytes
+) -> None:
     directory = tmp_path_factory.mktemp("fuzz")
     for name in ("d.csv", "d.jsonl"):
         path = _write(directory / name, blob)

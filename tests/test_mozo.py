@@ -55,12 +55,11 @@ def _lp(*probs: float) -> np.ndarray:
         # Σ P³/Q² = 0.729/0.25 + 0.001/0.25 = 2.92, divided by α − 1 = 2
         ((0.9, 0.1), (0.5, 0.5), 3, math.log(2.92) / 2),
         # Σ P^1.5 Q^-0.5 over three outcomes, by hand: 0.2^1.5/0.5^0.5 + 0.3^1.5/0.3^0.5 + 0.5^1.5/0.2^0.5
-        ((0.2, 0.3, 0.5), (0.5, 0.3, 0.2), 1.5,
-         2 * math.log(0.2**1.5 / 0.5**0.5 + 0.3 + 0.5**1.5 / 0.2**0.5)),
+        ((0.2, 0.3, 0.5), (0.5, 0.3, 0.2), 1.5, 2 * math.log(0.2**1.5 / 0.5**0.5 + 0.3 + 0.5**1.5 / 0.2**0.5)),
         # P puts no mass on the second outcome: its term vanishes
         ((1.0, 0.0), (0.5, 0.5), 4, math.log(2**3) / 3),
     ],
-)  # fmt: skip
+)
 def test_renyi_divergence_matches_the_closed_form(p: tuple, q: tuple, order: float, expected: float) -> None:
     with np.errstate(divide="ignore"):
         assert renyi_divergence(_lp(*p), _lp(*q), order) == pytest.approx(expected, rel=1e-12)
@@ -232,10 +231,16 @@ def test_four_shots_at_the_papers_epsilon_4_setting_exceed_the_claimed_bound() -
     bound = 4 * beta * order
     for variant, check in (("paper", lambda d: d > bound + 0.5), ("projected", lambda d: d <= bound)):
         first, second = (
-            mozo_distribution(np.stack([_one_shot_for(t, zero) for t in (f, f, f, last)]), zero, beta=beta,
-                              order=order, top_k=3, variant=variant)
+            mozo_distribution(
+                np.stack([_one_shot_for(t, zero) for t in (f, f, f, last)]),
+                zero,
+                beta=beta,
+                order=order,
+                top_k=3,
+                variant=variant,
+            )
             for last in (p, r)
-        )  # fmt: skip
+        )
         assert np.all(first.lambdas > 1.49) and np.all(second.lambdas > 1.49)
         assert check(renyi_divergence(first.logprobs, second.logprobs, order)), variant
 
@@ -256,8 +261,9 @@ def test_projected_variant_keeps_neighbours_within_the_bound(shape: tuple, beta:
     rows, zero = shape
     n = rows.shape[0] - 1
     first = mozo_distribution(rows[:n], zero, beta=beta, order=order, top_k=6, variant="projected")
-    second = mozo_distribution(np.vstack([rows[: n - 1], rows[n:]]), zero, beta=beta, order=order, top_k=6,
-                               variant="projected")  # fmt: skip
+    second = mozo_distribution(
+        np.vstack([rows[: n - 1], rows[n:]]), zero, beta=beta, order=order, top_k=6, variant="projected"
+    )
     for j in sorted({2.0, order}):
         assert renyi_divergence(first.logprobs, second.logprobs, j) <= 4 * beta * order + 1e-9
         assert renyi_divergence(second.logprobs, first.logprobs, j) <= 4 * beta * order + 1e-9
@@ -281,8 +287,9 @@ def test_projection_keeps_outputs_already_in_the_ball_and_meets_its_radii() -> N
 
 def _dataset(n: int = 30) -> PrivateDataset:
     rng = np.random.default_rng(7)
-    records = [PrivateRecord(" ".join(f"w{int(t)}" for t in rng.integers(0, 30, size=4)), f"w{30 + i % 3}")
-               for i in range(n)]  # fmt: skip
+    records = [
+        PrivateRecord(" ".join(f"w{int(t)}" for t in rng.integers(0, 30, size=4)), f"w{30 + i % 3}") for i in range(n)
+    ]
     return PrivateDataset(records)
 
 
@@ -291,8 +298,15 @@ def _budget(epsilon: float = 10.0) -> BudgetManager:
 
 
 def _mozo(**overrides: Any) -> MozoOfflineSynthesizer:
-    settings_: dict[str, Any] = {"n_shots": 4, "max_tokens": 3, "top_k": 10, "order": 8, "epsilon": 4.0, "delta": 1e-3,
-                 "template": GINC}  # fmt: skip
+    settings_: dict[str, Any] = {
+        "n_shots": 4,
+        "max_tokens": 3,
+        "top_k": 10,
+        "order": 8,
+        "epsilon": 4.0,
+        "delta": 1e-3,
+        "template": GINC,
+    }
     settings_.update(overrides)
     return MozoOfflineSynthesizer(**settings_)
 
@@ -312,8 +326,9 @@ class RecordingBackend(FakeBackend):
 def test_charged_event_is_the_planned_event() -> None:
     data, budget = _dataset(), _budget()
     method = _mozo()
-    demos = method.synthesize(data, public_inputs=INPUTS, backend=FakeBackend(VOCAB, seed=3), budget=budget,
-                              rng=np.random.default_rng(0))  # fmt: skip
+    demos = method.synthesize(
+        data, public_inputs=INPUTS, backend=FakeBackend(VOCAB, seed=3), budget=budget, rng=np.random.default_rng(0)
+    )
     (entry,) = budget.history()
     assert entry.event == method.event(data, public_inputs=INPUTS)
     beta = demos.provenance.extra["beta"]
@@ -327,8 +342,10 @@ def test_charged_event_is_the_planned_event() -> None:
 
 def test_fixed_seed_gives_identical_outputs() -> None:
     data, backend = _dataset(), FakeBackend(VOCAB, seed=3)
-    runs = [_mozo().synthesize(data, public_inputs=INPUTS, backend=backend, budget=_budget(),
-                               rng=np.random.default_rng(42)) for _ in "ab"]  # fmt: skip
+    runs = [
+        _mozo().synthesize(data, public_inputs=INPUTS, backend=backend, budget=_budget(), rng=np.random.default_rng(42))
+        for _ in "ab"
+    ]
     assert [d.token_ids for d in runs[0]] == [d.token_ids for d in runs[1]]
     assert all(len(d.token_ids) == 3 for d in runs[0])  # no stop in the GINC layout: T̃_max tokens each
 
@@ -336,8 +353,9 @@ def test_fixed_seed_gives_identical_outputs() -> None:
 def test_prompts_are_one_record_each_drawn_without_replacement() -> None:
     backend = RecordingBackend(VOCAB, seed=3)
     data = _dataset(n=6)
-    demos = _mozo(demo_label="syn").synthesize(data, public_inputs=INPUTS[:1], backend=backend, budget=_budget(),
-                                               rng=np.random.default_rng(3))  # fmt: skip
+    demos = _mozo(demo_label="syn").synthesize(
+        data, public_inputs=INPUTS[:1], backend=backend, budget=_budget(), rng=np.random.default_rng(3)
+    )
     zero_shot = backend.encode("/ w1 w2 w3")
     ordered = [r for y in data.labels for r in data.records(y)]
     records = {tuple(backend.encode(f"/ {r.text} {r.label} / w1 w2 w3")): i for i, r in enumerate(ordered)}
@@ -355,8 +373,9 @@ def test_generation_stops_at_eos() -> None:
     eos_only[0] = 1.0
     backend = FakeBackend(VOCAB, table={(): eos_only}, eos_token="/")
     template = AnswerTemplate(example="{text} {label} / ", query="{input}", stop=None, stop_at_eos=True)
-    demos = _mozo(template=template).synthesize(_dataset(), public_inputs=INPUTS, backend=backend,
-                                                budget=_budget(), rng=np.random.default_rng(0))  # fmt: skip
+    demos = _mozo(template=template).synthesize(
+        _dataset(), public_inputs=INPUTS, backend=backend, budget=_budget(), rng=np.random.default_rng(0)
+    )
     assert all(d.token_ids == () and d.text == "" for d in demos)
 
 
@@ -364,8 +383,13 @@ def test_generation_stops_at_the_template_stop() -> None:
     only_w5 = np.zeros(len(VOCAB))
     only_w5[VOCAB.index("w5")] = 1.0
     template = AnswerTemplate(example="{text} {label} / ", query="{input}", stop="w5", stop_at_eos=False)
-    demos = _mozo(template=template).synthesize(_dataset(), public_inputs=INPUTS, backend=FakeBackend(
-        VOCAB, table={(): only_w5}), budget=_budget(), rng=np.random.default_rng(0))  # fmt: skip
+    demos = _mozo(template=template).synthesize(
+        _dataset(),
+        public_inputs=INPUTS,
+        backend=FakeBackend(VOCAB, table={(): only_w5}),
+        budget=_budget(),
+        rng=np.random.default_rng(0),
+    )
     assert all(d.token_ids == (VOCAB.index("w5"),) and d.text == "" for d in demos)
 
 
@@ -373,8 +397,9 @@ def test_projected_variant_charges_the_same_event() -> None:
     data, budget = _dataset(), _budget()
     method = _mozo()
     assert method.event(data, public_inputs=INPUTS) == _mozo().event(data, public_inputs=INPUTS)
-    demos = method.synthesize(data, public_inputs=INPUTS, backend=FakeBackend(VOCAB, seed=3), budget=budget,
-                              rng=np.random.default_rng(0))  # fmt: skip
+    demos = method.synthesize(
+        data, public_inputs=INPUTS, backend=FakeBackend(VOCAB, seed=3), budget=budget, rng=np.random.default_rng(0)
+    )
     assert budget.history()[0].event == method.event(data, public_inputs=INPUTS)
     assert "variant" not in demos.provenance.config and len(demos) == 3
 
@@ -415,24 +440,32 @@ def test_bad_input_is_refused_before_any_charge(make: object, error: str) -> Non
     method, kwargs = make()  # type: ignore[operator]
     budget = _budget()
     with pytest.raises(ConfigurationError, match=error):
-        method.synthesize(_dataset(), backend=FakeBackend(VOCAB), budget=budget, rng=np.random.default_rng(0),
-                          **kwargs)  # fmt: skip
+        method.synthesize(_dataset(), backend=FakeBackend(VOCAB), budget=budget, rng=np.random.default_rng(0), **kwargs)
     assert budget.history() == []
 
 
 def test_budget_too_small_is_refused_and_nothing_is_charged() -> None:
     budget = _budget(epsilon=0.5)
     with pytest.raises(BudgetExhaustedError):
-        _mozo(epsilon=4.0).synthesize(_dataset(), public_inputs=INPUTS, backend=FakeBackend(VOCAB), budget=budget,
-                                      rng=np.random.default_rng(0))  # fmt: skip
+        _mozo(epsilon=4.0).synthesize(
+            _dataset(), public_inputs=INPUTS, backend=FakeBackend(VOCAB), budget=budget, rng=np.random.default_rng(0)
+        )
     assert budget.history() == []
 
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"epsilon": None}, {"beta": 0.1}, {"order": 1.0}, {"lambda_max": 0.0}, {"n_shots": 0}, {"delta": 1.0},
-     {"template": "Text: {text}"}, {"demo_label": 3}],
-)  # fmt: skip
+    [
+        {"epsilon": None},
+        {"beta": 0.1},
+        {"order": 1.0},
+        {"lambda_max": 0.0},
+        {"n_shots": 0},
+        {"delta": 1.0},
+        {"template": "Text: {text}"},
+        {"demo_label": 3},
+    ],
+)
 def test_bad_config_values(overrides: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError):
         _mozo(**overrides)
@@ -440,9 +473,15 @@ def test_bad_config_values(overrides: dict[str, object]) -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"query": "Text:"}, {"query": "{input} {label}"}, {"example": "{label}"}, {"example": "{text} {input}"},
-     {"header": "{label}"}, {"stop": ""}],
-)  # fmt: skip
+    [
+        {"query": "Text:"},
+        {"query": "{input} {label}"},
+        {"example": "{label}"},
+        {"example": "{text} {input}"},
+        {"header": "{label}"},
+        {"stop": ""},
+    ],
+)
 def test_bad_templates(fields: dict[str, str]) -> None:
     with pytest.raises(ConfigurationError):
         AnswerTemplate(**fields)  # type: ignore[arg-type]
@@ -460,8 +499,9 @@ def test_presets_render_input_then_output() -> None:
 
 
 def test_nonprivate_run_charges_nothing() -> None:
-    demos = _mozo().synthesize_nonprivate(_dataset(), public_inputs=INPUTS, backend=FakeBackend(VOCAB, seed=1),
-                                          rng=np.random.default_rng(0))  # fmt: skip
+    demos = _mozo().synthesize_nonprivate(
+        _dataset(), public_inputs=INPUTS, backend=FakeBackend(VOCAB, seed=1), rng=np.random.default_rng(0)
+    )
     assert demos.provenance.epsilon == math.inf and demos.provenance.ledger_entry_id is None
     assert len(demos) == 3
 
@@ -478,8 +518,9 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     from dp_icl_plugin.ginc.tokenizer import build_tokenizer
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=50, n_positions=128, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
-                        eos_token_id=0, pad_token_id=0)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=50, n_positions=128, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0, pad_token_id=0
+    )
     GPT2LMHeadModel(config).save_pretrained(tmp_path)
     build_tokenizer(symbol_names(50), model_max_length=128).save_pretrained(tmp_path)
     backend = HFBackend.from_pretrained(tmp_path, device="cpu", dtype="float32")

@@ -18,15 +18,53 @@ import dp_icl_plugin
 from dp_icl_plugin import accounting
 
 PUBLIC_API = {
-    "ADD_REMOVE", "REPLACE_ONE", "to_relation",
-    "ApproxDPEvent", "BackendError", "BudgetExhaustedError", "BudgetManager", "BudgetMismatchError",
-    "CalibrationError", "ComposedEvent", "ConfigurationError", "DPEvent", "DPICLError",
-    "ExponentialMechanismEvent", "FakeBackend", "FilterMismatchError", "FixedLatency", "GaussianEvent", "HFBackend", "IncrementalSession", "LedgerCorruptError", "LedgerEntry", "LedgerError",
-    "LedgerFormatError", "ModelFileError", "MozoTokenEvent", "NextTokenBackend", "PoissonSampledEvent", "PrivacyBudget", "PrivacySpend", "PureDPEvent",
-    "RDPCurveEvent", "ReleaseFailedError", "SampledWithoutReplacementEvent", "SelfComposedEvent", "UnsupportedEventError",
-    "ServerBackend", "ServerError", "ServerMismatchError", "ServerRateLimitError", "ServerUnavailableError", "ShareExhaustedError",
-    "__version__", "calibrate", "compose", "get_accountant",
-}  # fmt: skip
+    "ADD_REMOVE",
+    "REPLACE_ONE",
+    "to_relation",
+    "ApproxDPEvent",
+    "BackendError",
+    "BudgetExhaustedError",
+    "BudgetManager",
+    "BudgetMismatchError",
+    "CalibrationError",
+    "ComposedEvent",
+    "ConfigurationError",
+    "DPEvent",
+    "DPICLError",
+    "ExponentialMechanismEvent",
+    "FakeBackend",
+    "FilterMismatchError",
+    "FixedLatency",
+    "GaussianEvent",
+    "HFBackend",
+    "IncrementalSession",
+    "LedgerCorruptError",
+    "LedgerEntry",
+    "LedgerError",
+    "LedgerFormatError",
+    "ModelFileError",
+    "MozoTokenEvent",
+    "NextTokenBackend",
+    "PoissonSampledEvent",
+    "PrivacyBudget",
+    "PrivacySpend",
+    "PureDPEvent",
+    "RDPCurveEvent",
+    "ReleaseFailedError",
+    "SampledWithoutReplacementEvent",
+    "SelfComposedEvent",
+    "UnsupportedEventError",
+    "ServerBackend",
+    "ServerError",
+    "ServerMismatchError",
+    "ServerRateLimitError",
+    "ServerUnavailableError",
+    "ShareExhaustedError",
+    "__version__",
+    "calibrate",
+    "compose",
+    "get_accountant",
+}
 
 
 def test_public_api_is_pinned() -> None:
@@ -48,8 +86,9 @@ def test_error_tree() -> None:
     assert issubclass(errors.UnsupportedEventError, errors.ConfigurationError)
     assert issubclass(errors.LedgerCorruptError, errors.LedgerError)
     assert issubclass(errors.ModelFileError, errors.BackendError) and issubclass(errors.ModelFileError, ValueError)
-    assert issubclass(errors.ServerUnavailableError, errors.ServerError) and issubclass(errors.ServerError,
-                                                                                      errors.BackendError)
+    assert issubclass(errors.ServerUnavailableError, errors.ServerError) and issubclass(
+        errors.ServerError, errors.BackendError
+    )
     assert issubclass(errors.ServerMismatchError, errors.ConfigurationError)  # raised before anything is charged
     assert issubclass(errors.ShareExhaustedError, errors.BudgetExhaustedError)  # a refusal: nothing committed
 
@@ -66,8 +105,10 @@ def test_core_import_loads_no_heavy_framework() -> None:
 
 
 ADAPTERS = {  # import name -> (distribution, exactly its public names)
-    "langchain_dp_icl": ("langchain-dp-icl", {"ChatDPICL", "ChatZeroShot", "DPICLLLM", "DPICLRetriever",
-                                              "DPICLExampleSelector"}),
+    "langchain_dp_icl": (
+        "langchain-dp-icl",
+        {"ChatDPICL", "ChatZeroShot", "DPICLLLM", "DPICLRetriever", "DPICLExampleSelector"},
+    ),
     "llama_index.llms.dp_icl": ("llama-index-llms-dp-icl", {"DPICL", "DPSpendEvent"}),
     "llama_index.retrievers.dp_icl": ("llama-index-retrievers-dp-icl", {"DPICLRetriever"}),
 }
@@ -78,8 +119,9 @@ def test_adapter_all_lists_exactly_the_public_names(package: str) -> None:
     import importlib
 
     module = importlib.import_module(package)
-    public = {name for name in vars(module) if not name.startswith("_") and not isinstance(vars(module)[name],
-              type(module))}  # fmt: skip
+    public = {
+        name for name in vars(module) if not name.startswith("_") and not isinstance(vars(module)[name], type(module))
+    }
     assert set(module.__all__) == ADAPTERS[package][1] == public - {"annotations"}
     for name in module.__all__:
         assert getattr(module, name).__module__.startswith(package), name  # defined here, not re-exported
@@ -117,28 +159,71 @@ def test_adapter_distributions_declare_what_the_suite_runs_on() -> None:
 # (test, the job's key, its argv after the interpreter (a "{tmp}" in it: the job's folder)): the slow tests'
 # subprocesses, the longest first (by `pytest -m slow --durations`)
 _BACKGROUND_JOBS = [
-    ("test_adapter_and_retrieval_examples_run", "llamaindex_query_engine.py",
-     ["examples/llamaindex_query_engine.py", "{tmp}/ledger.db"]),
+    (
+        "test_adapter_and_retrieval_examples_run",
+        "llamaindex_query_engine.py",
+        ["examples/llamaindex_query_engine.py", "{tmp}/ledger.db"],
+    ),
     ("test_adapter_and_retrieval_examples_run", "chat_chain.py", ["examples/chat_chain.py", "{tmp}/ledger.db"]),
     ("test_adapter_and_retrieval_examples_run", "rag_chain.py", ["examples/rag_chain.py", "{tmp}/ledger.db"]),
-    ("test_adapters_pass_on_the_declared_lowest_framework_version", "lowest langchain-core",
-     ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning", "tests/test_langchain_adapters.py",
-      "tests/test_bad_input_adapters.py", "tests/test_leakage.py"]),
-    ("test_adapter_and_retrieval_examples_run", "private_knn_classification.py",
-     ["examples/private_knn_classification.py", "{tmp}/ledger.db"]),
-    ("test_adapter_and_retrieval_examples_run", "few_shot_chain.py",
-     ["examples/few_shot_chain.py", "{tmp}/ledger.db", "--queries", "40"]),
-    ("test_demo_and_example_run", "demo", ["-m", "dp_icl_plugin.demo", "--ledger", "{tmp}/demo.db", "--prompts",
-                                           "200"]),
-    ("test_adapters_pass_on_the_declared_lowest_framework_version", "lowest llama-index-core",
-     ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore::UserWarning",
-      "tests/test_llamaindex_adapters.py", "tests/test_bad_input_adapters.py"]),
-    ("test_adapter_and_retrieval_examples_run", "shared_ledger_components.py",
-     ["examples/shared_ledger_components.py", "{tmp}/ledger.db"]),
+    (
+        "test_adapters_pass_on_the_declared_lowest_framework_version",
+        "lowest langchain-core",
+        [
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::UserWarning",
+            "tests/test_langchain_adapters.py",
+            "tests/test_bad_input_adapters.py",
+            "tests/test_leakage.py",
+        ],
+    ),
+    (
+        "test_adapter_and_retrieval_examples_run",
+        "private_knn_classification.py",
+        ["examples/private_knn_classification.py", "{tmp}/ledger.db"],
+    ),
+    (
+        "test_adapter_and_retrieval_examples_run",
+        "few_shot_chain.py",
+        ["examples/few_shot_chain.py", "{tmp}/ledger.db", "--queries", "40"],
+    ),
+    (
+        "test_demo_and_example_run",
+        "demo",
+        ["-m", "dp_icl_plugin.demo", "--ledger", "{tmp}/demo.db", "--prompts", "200"],
+    ),
+    (
+        "test_adapters_pass_on_the_declared_lowest_framework_version",
+        "lowest llama-index-core",
+        [
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::UserWarning",
+            "tests/test_llamaindex_adapters.py",
+            "tests/test_bad_input_adapters.py",
+        ],
+    ),
+    (
+        "test_adapter_and_retrieval_examples_run",
+        "shared_ledger_components.py",
+        ["examples/shared_ledger_components.py", "{tmp}/ledger.db"],
+    ),
     ("test_demo_and_example_run", "shared_budget.py", ["examples/shared_budget.py", "{tmp}/example.db"]),
-    ("test_demo_and_example_run", "synthesize_demonstrations.py",
-     ["examples/synthesize_demonstrations.py", "{tmp}/synth.db", "{tmp}/demos.jsonl"]),
-]  # fmt: skip
+    (
+        "test_demo_and_example_run",
+        "synthesize_demonstrations.py",
+        ["examples/synthesize_demonstrations.py", "{tmp}/synth.db", "{tmp}/demos.jsonl"],
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +245,9 @@ def background(
         tmp = tmp_path_factory.mktemp(re.sub(r"\W+", "-", key))
         args = [sys.executable, *(a.replace("{tmp}", str(tmp)) for a in argv)]
         job_env = {**env, "PYTHONPATH": lowest[key]} if key in lowest else env
-        jobs[key] = pool.submit(subprocess.run, args, capture_output=True, text=True, timeout=600, env=job_env,
-                                cwd=REPO_ROOT)  # fmt: skip
+        jobs[key] = pool.submit(
+            subprocess.run, args, capture_output=True, text=True, timeout=600, env=job_env, cwd=REPO_ROOT
+        )
     yield jobs
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -177,8 +263,13 @@ def test_adapters_pass_on_the_declared_lowest_framework_version(
 
     dist = "langchain-dp-icl" if framework == "langchain-core" else "llama-index-llms-dp-icl"
     meta = tomllib.loads((REPO_ROOT / "integrations" / dist / "pyproject.toml").read_text())["project"]
-    lowest = next(s.version for r in meta["dependencies"] if Requirement(r).name == framework
-                  for s in Requirement(r).specifier if s.operator == ">=")  # fmt: skip
+    lowest = next(
+        s.version
+        for r in meta["dependencies"]
+        if Requirement(r).name == framework
+        for s in Requirement(r).specifier
+        if s.operator == ">="
+    )
     folder = Path(sys.prefix) / "lower-bounds" / framework
     env = {**os.environ, "PYTHONPATH": str(folder)}
     probe = f"from importlib.metadata import version; print(version({framework!r}))"
@@ -248,8 +339,9 @@ def test_adapter_and_retrieval_examples_run(
 
 
 def test_readme_quickstarts_are_copied_from_the_examples() -> None:
-    readme = "\n".join(p.read_text() for p in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
-                       if p.exists())  # fmt: skip
+    readme = "\n".join(
+        p.read_text() for p in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))] if p.exists()
+    )
     for example in sorted((REPO_ROOT / "examples").glob("*.py")):
         text = example.read_text()
         for name in re.findall(r"# --8<-- \[start:(\w+)\]", text):

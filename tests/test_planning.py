@@ -54,8 +54,16 @@ def test_the_decoders_warn_when_the_records_cannot_change_an_answer() -> None:
     with pytest.warns(WeakReleaseWarning, match="zero-shot answers"):
         MozoDecoder(data(), backend=backend(), budget=budget, n_queries=100, max_tokens=16, epsilon=2.0)
     with pytest.warns(WeakReleaseWarning, match="raise epsilon or subset_size"):
-        ClipBlendDecoder(data(), backend=backend(), budget=budget, n_queries=100, max_tokens=16, epsilon=0.5,
-                         subset_size=4, rng_subset=np.random.default_rng(0))  # fmt: skip
+        ClipBlendDecoder(
+            data(),
+            backend=backend(),
+            budget=budget,
+            n_queries=100,
+            max_tokens=16,
+            epsilon=0.5,
+            subset_size=4,
+            rng_subset=np.random.default_rng(0),
+        )
     assert budget.history() == []  # warned, nothing charged
 
 
@@ -71,8 +79,12 @@ def test_a_keyword_answer_that_cannot_release_a_keyword_is_refused_before_any_ch
     texts, labels, answers = records()
     rich = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-7), embedder=BagEmbedder())
     rich.add(texts, labels=labels, answers=answers)
-    ok = PrivateKNN(rich, budget=BudgetManager(PrivacyBudget(10.0, 1e-4)), backend=fake_backend(texts),
-                    config=KNNConfig(k=8, shards=8, min_similarity=0.6, uses=1, keywords=2, keywords_per_answer=1))
+    ok = PrivateKNN(
+        rich,
+        budget=BudgetManager(PrivacyBudget(10.0, 1e-4)),
+        backend=fake_backend(texts),
+        config=KNNConfig(k=8, shards=8, min_similarity=0.6, uses=1, keywords=2, keywords_per_answer=1),
+    )
     assert ok.keyword_outlook()[1] > 0.3  # 0.44: the threshold sits near the 8 shards
     ok.answer("blue thing number3", rng=np.random.default_rng(0))
 
@@ -93,11 +105,17 @@ def test_the_plan_reproduces_the_issue_and_recommends_synthesis_when_nothing_per
 
 
 def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -> None:
-    assert main(["plan", "--records", "1000", "--epsilon", "4", "--delta", "1e-5", "--answers", "100",
-                 "--tokens", "16"]) == 0  # fmt: skip
+    assert (
+        main(["plan", "--records", "1000", "--epsilon", "4", "--delta", "1e-5", "--answers", "100", "--tokens", "16"])
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
-    assert set(out["methods"]) == {"dps-mozo decoding", "clip-blend decoding", "knn expert decoding",
-                                   "knn keyword answer"}  # fmt: skip
+    assert set(out["methods"]) == {
+        "dps-mozo decoding",
+        "clip-blend decoding",
+        "knn expert decoding",
+        "knn keyword answer",
+    }
     assert out["recommendation"] and out["inputs"]["records"] == 1000
     assert list(tmp_path.iterdir()) == []  # no ledger, no file
 

@@ -184,15 +184,23 @@ def test_a_saved_in_memory_index_and_its_filter_refuse_every_use(tmp_path: Path)
     from dp_icl_plugin.methods.knn.index import Candidates
 
     calls = [
-        lambda: index.add(["r9"]), lambda: index.remove([1]), lambda: index.refresh(), lambda: len(index),
-        lambda: index.search(q, 2), lambda: index.within(q, 0.0), lambda: index.embed_query("q"),
-        lambda: index.records(np.array([1])), lambda: index.present(np.array([1])),
-        lambda: index.units_of(np.array([1])), lambda: index.expect_release(cost),
+        lambda: index.add(["r9"]),
+        lambda: index.remove([1]),
+        lambda: index.refresh(),
+        lambda: len(index),
+        lambda: index.search(q, 2),
+        lambda: index.within(q, 0.0),
+        lambda: index.embed_query("q"),
+        lambda: index.records(np.array([1])),
+        lambda: index.present(np.array([1])),
+        lambda: index.units_of(np.array([1])),
+        lambda: index.expect_release(cost),
         lambda: index.charge(Candidates(np.array([1]), np.ones(1, dtype=np.float32)), lambda c: cost),
         lambda: index.save(tmp_path / "again"),
-        lambda: memory_filter.charge(np.array([1]), cost), lambda: memory_filter.spent(np.array([1])),
+        lambda: memory_filter.charge(np.array([1]), cost),
+        lambda: memory_filter.spent(np.array([1])),
         lambda: memory_filter.all_spent(),
-    ]  # fmt: skip
+    ]
     for call in calls:
         with pytest.raises(ConfigurationError, match=r"saved to .*ix.*use the"):
             call()
@@ -276,6 +284,7 @@ def test_an_index_is_saved_to_a_new_or_empty_directory_only(tmp_path: Path) -> N
     (tmp_path / "empty").mkdir()
     saved = index.save(tmp_path / "empty")
     assert len(saved) == 3 and sorted(p.name for p in tmp_path.iterdir()) == ["busy", "empty"]
+
 
 def test_persistence_refuses_mismatched_parts(tmp_path: Path) -> None:
     a, emb = make_index(5)

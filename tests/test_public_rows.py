@@ -78,9 +78,17 @@ def test_a_decoders_public_row_does_not_move_with_a_neighbouring_record(
             )  # every record drawn at every token: the long one beside the zero-shot row
         else:
             seen = _spy(monkeypatch, decoding_module, "clip_blend_token", 1)
-            decoder = ClipBlendDecoder(data, backend=backend, budget=budget, n_queries=1, subset_size=10,
-                                       population_size=10, temperature=1.0, max_tokens=4,
-                                       rng_subset=np.random.default_rng(0))  # fmt: skip
+            decoder = ClipBlendDecoder(
+                data,
+                backend=backend,
+                budget=budget,
+                n_queries=1,
+                subset_size=10,
+                population_size=10,
+                temperature=1.0,
+                max_tokens=4,
+                rng_subset=np.random.default_rng(0),
+            )
             assert len(decoder._subset) == 10  # s = N: every record in the fixed subset, the long one too
         decoder.generate("c d", rng=np.random.default_rng(5), max_tokens=4)
         public_rows.append(np.stack(seen[:1]))  # the first token's public row (later ones follow other tokens)
@@ -102,8 +110,13 @@ def test_the_synthesizers_public_rows_do_not_move_with_a_neighbouring_record(mon
 
         monkeypatch.setattr(tang_module, "limit_vocabulary", spy)
         method = TangSynthesizer(noise_multiplier=1.0, max_tokens=1, n_prompts=5, records_per_prompt=1, top_k=5)
-        method.synthesize(data, labels=["a"], backend=CoupledBackend(WORDS, seed=2),
-                          budget=BudgetManager(PrivacyBudget(100.0, 1e-3)), rng=np.random.default_rng(0))  # fmt: skip
+        method.synthesize(
+            data,
+            labels=["a"],
+            backend=CoupledBackend(WORDS, seed=2),
+            budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
+            rng=np.random.default_rng(0),
+        )
         public_rows.append(seen[0])
         monkeypatch.undo()
     assert np.array_equal(public_rows[0], public_rows[1])

@@ -43,10 +43,16 @@ def test_a_callers_generator_or_seed_is_left_as_given() -> None:
     assert _draws_in_a_forked_child(noise_source(seed=3)) == np.random.default_rng(3).random(4).tolist()
 
 
-@pytest.mark.parametrize(("rng", "seed", "match"), [
-    (np.random.default_rng(0), 1, "not both"), ("rng", None, "numpy.random.Generator"),
-    (None, -1, "non-negative int"), (None, True, "non-negative int"), (None, 1.5, "non-negative int"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("rng", "seed", "match"),
+    [
+        (np.random.default_rng(0), 1, "not both"),
+        ("rng", None, "numpy.random.Generator"),
+        (None, -1, "non-negative int"),
+        (None, True, "non-negative int"),
+        (None, 1.5, "non-negative int"),
+    ],
+)
 def test_bad_noise_sources_are_refused(rng: object, seed: object, match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         noise_source(rng, seed)

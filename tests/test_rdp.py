@@ -36,7 +36,9 @@ def test_gaussian_closed_form(sigma: float) -> None:
     # The event's curve depends on the noise multiplier only, whatever the sensitivity it scales by.
     for sensitivity in (1.0, math.sqrt(2), 2.0):
         np.testing.assert_allclose(
-            rdp.event_rdp(ev.GaussianEvent(sigma, sensitivity, neighbouring="add_remove")), ORDERS / (2 * sigma**2), rtol=1e-15
+            rdp.event_rdp(ev.GaussianEvent(sigma, sensitivity, neighbouring="add_remove")),
+            ORDERS / (2 * sigma**2),
+            rtol=1e-15,
         )
 
 
@@ -44,7 +46,12 @@ def test_gaussian_closed_form(sigma: float) -> None:
 def test_poisson_with_rate_one_is_the_gaussian(sigma: float) -> None:
     expected = rdp.gaussian_rdp(ORDERS, sigma)
     np.testing.assert_array_equal(rdp.poisson_subsampled_gaussian_rdp(ORDERS, 1.0, sigma), expected)
-    np.testing.assert_array_equal(rdp.event_rdp(ev.PoissonSampledEvent(1.0, ev.GaussianEvent(sigma, neighbouring="add_remove"), neighbouring="add_remove")), expected)
+    np.testing.assert_array_equal(
+        rdp.event_rdp(
+            ev.PoissonSampledEvent(1.0, ev.GaussianEvent(sigma, neighbouring="add_remove"), neighbouring="add_remove")
+        ),
+        expected,
+    )
 
 
 @pytest.mark.parametrize(("q", "sigma"), [(1e-3, 0.6), (0.01, 1.0), (0.2, 0.8), (0.9, 2.0)])
@@ -59,8 +66,10 @@ def test_poisson_below_gaussian_at_every_order(q: float, sigma: float) -> None:
     assert np.all(rdp.poisson_subsampled_gaussian_rdp(ORDERS, q / 2, sigma) <= sub)
 
 
-@pytest.mark.parametrize(("alpha", "q", "sigma"), [(1.5, 0.01, 1.0), (1.1, 0.0125, 0.7), (1.25, 0.5, 3.0),
-                                                    (2.5, 0.05, 2.0), (1.75, 0.2, 0.5), (7.3, 0.01, 1.0)])
+@pytest.mark.parametrize(
+    ("alpha", "q", "sigma"),
+    [(1.5, 0.01, 1.0), (1.1, 0.0125, 0.7), (1.25, 0.5, 3.0), (2.5, 0.05, 2.0), (1.75, 0.2, 0.5), (7.3, 0.01, 1.0)],
+)
 def test_fractional_orders_match_numerical_integration(alpha: float, q: float, sigma: float) -> None:
     """The series is an upper bound within 1e-6 of the Rényi divergence integrated numerically."""
     from scipy import integrate, stats
@@ -125,7 +134,9 @@ def test_pure_dp_rdp_is_randomized_response_divergence(epsilon: float) -> None:
     for alpha in (1.5, 2.0, 5.0, 32.0):
         rr = math.log(p**alpha * (1 - p) ** (1 - alpha) + (1 - p) ** alpha * p ** (1 - alpha)) / (alpha - 1)
         assert rdp.pure_dp_rdp([alpha], epsilon)[0] == pytest.approx(min(rr, epsilon), rel=1e-9)
-    np.testing.assert_array_equal(rdp.event_rdp(ev.PureDPEvent(epsilon, neighbouring="add_remove")), rdp.pure_dp_rdp(ORDERS, epsilon))
+    np.testing.assert_array_equal(
+        rdp.event_rdp(ev.PureDPEvent(epsilon, neighbouring="add_remove")), rdp.pure_dp_rdp(ORDERS, epsilon)
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -135,7 +146,9 @@ def test_bounded_range_rdp_bounds(epsilon: float) -> None:
     assert np.all(curve >= 0)
     assert np.all(curve <= ORDERS * epsilon**2 / 8)
     assert np.all(curve <= rdp.pure_dp_rdp(ORDERS, epsilon))
-    np.testing.assert_array_equal(rdp.event_rdp(ev.ExponentialMechanismEvent(epsilon, neighbouring="add_remove")), curve)
+    np.testing.assert_array_equal(
+        rdp.event_rdp(ev.ExponentialMechanismEvent(epsilon, neighbouring="add_remove")), curve
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -251,7 +264,11 @@ def test_event_rdp_refuses_unsupported_events() -> None:
     with pytest.raises(UnsupportedEventError):
         rdp.event_rdp(ev.ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove"))
     with pytest.raises(UnsupportedEventError):
-        rdp.event_rdp(ev.ComposedEvent((ev.PureDPEvent(1.0, neighbouring="add_remove"), ev.ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove"))))
+        rdp.event_rdp(
+            ev.ComposedEvent(
+                (ev.PureDPEvent(1.0, neighbouring="add_remove"), ev.ApproxDPEvent(1.0, 1e-6, neighbouring="add_remove"))
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -267,7 +284,9 @@ def test_rdp_curve_uses_next_larger_listed_order() -> None:
 
 
 def test_rdp_curve_capped_by_epsilon_inf() -> None:
-    curve = ev.RDPCurveEvent(orders=(2.0, 4.0, 8.0), epsilons=(0.1, 0.3, 0.9), epsilon_inf=0.5, neighbouring="add_remove")
+    curve = ev.RDPCurveEvent(
+        orders=(2.0, 4.0, 8.0), epsilons=(0.1, 0.3, 0.9), epsilon_inf=0.5, neighbouring="add_remove"
+    )
     np.testing.assert_array_equal(rdp.event_rdp(curve, (2.0, 3.0, 8.0, 100.0)), [0.1, 0.3, 0.5, 0.5])
 
 

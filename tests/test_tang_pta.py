@@ -36,8 +36,11 @@ CANARY = "w39 w39 w39 w38"
 
 def _dataset(n_per_label: int = 60) -> PrivateDataset:
     rng = np.random.default_rng(7)
-    records = [PrivateRecord(" ".join(f"w{int(t)}" for t in rng.integers(0, 30, size=6)), label)
-               for label in ("a", "b") for _ in range(n_per_label)]  # fmt: skip
+    records = [
+        PrivateRecord(" ".join(f"w{int(t)}" for t in rng.integers(0, 30, size=6)), label)
+        for label in ("a", "b")
+        for _ in range(n_per_label)
+    ]
     return PrivateDataset(records, labels=["a", "b"], public_label_counts="observed")
 
 
@@ -46,8 +49,17 @@ def _budget(epsilon: float = 10.0) -> BudgetManager:
 
 
 def _pta(**overrides: object) -> PTASynthesizer:
-    settings = {"n_prompts": 4, "records_per_prompt": 3, "max_tokens": 6, "shots_per_label": 2, "top_k": 8,
-                "epsilon": 2.0, "delta": 1e-3, "alpha": 2.0, "template": TEMPLATE}  # fmt: skip
+    settings = {
+        "n_prompts": 4,
+        "records_per_prompt": 3,
+        "max_tokens": 6,
+        "shots_per_label": 2,
+        "top_k": 8,
+        "epsilon": 2.0,
+        "delta": 1e-3,
+        "alpha": 2.0,
+        "template": TEMPLATE,
+    }
     settings.update(overrides)
     return PTASynthesizer(**settings)
 
@@ -74,22 +86,28 @@ def test_charged_event_is_the_planned_event_and_provenance_says_so() -> None:
     demos = method.synthesize(data, backend=FakeBackend(VOCAB, seed=3), budget=budget, rng=np.random.default_rng(0))
     (entry,) = budget.history()
     assert entry.event == method.event(data)
-    assert entry.event == me.tang_event(noise_multiplier=demos.provenance.extra["noise_multiplier"],
-                                        sampling_rate=12 / 60, steps=2 * 6)  # fmt: skip
+    assert entry.event == me.tang_event(
+        noise_multiplier=demos.provenance.extra["noise_multiplier"], sampling_rate=12 / 60, steps=2 * 6
+    )
     assert demos.provenance.ledger_entry_id == entry.id and demos.provenance.method == "pta"
     assert demos.provenance.epsilon == pytest.approx(budget.spent().epsilon)
     assert demos.provenance.epsilon <= 2.0
     assert len(demos) == 4 and demos.labels == ("a", "b")
 
 
-@pytest.mark.parametrize("make", [
-    lambda: _pta(delta=None, epsilon=2.0),
-    lambda: TangSynthesizer(n_prompts=4, records_per_prompt=3, max_tokens=6, shots_per_label=2, top_k=8, epsilon=2.0,
-                            template=TEMPLATE),
-    lambda: AdaDPSynSynthesizer(n_prompts=2, records_per_prompt=2, max_tokens=2, shots_per_label=1, top_k=8,
-                                epsilon=2.0, template=TEMPLATE),
-    lambda: ClipBlendSynthesizer(max_tokens=4, shots_per_label=1, epsilon=2.0, template=TEMPLATE),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _pta(delta=None, epsilon=2.0),
+        lambda: TangSynthesizer(
+            n_prompts=4, records_per_prompt=3, max_tokens=6, shots_per_label=2, top_k=8, epsilon=2.0, template=TEMPLATE
+        ),
+        lambda: AdaDPSynSynthesizer(
+            n_prompts=2, records_per_prompt=2, max_tokens=2, shots_per_label=1, top_k=8, epsilon=2.0, template=TEMPLATE
+        ),
+        lambda: ClipBlendSynthesizer(max_tokens=4, shots_per_label=1, epsilon=2.0, template=TEMPLATE),
+    ],
+)
 def test_a_target_epsilon_without_delta_is_met_at_the_ledgers_delta(make: Any) -> None:
     # PTASynthesizer(epsilon=2.0) charged 3.84 on a ledger with δ 1e-4: its target δ defaulted to 1/min_y n_y
     data, budget = _dataset(), BudgetManager(PrivacyBudget(epsilon=10.0, delta=1e-4))
@@ -112,8 +130,9 @@ def test_sigma_is_what_the_calibrate_command_returns() -> None:
 def test_pta_gets_the_published_ginc_sigma(epsilon: float, sigma: float) -> None:
     """PTA Table 4, GINC: |D_y| = 1,600, M = 5, N = 4, 4 shots per label, 36 compositions (T − 1 = 9 each)."""
     records = [PrivateRecord("w1 w2", "c") for _ in range(1600)]
-    method = PTASynthesizer(n_prompts=5, records_per_prompt=4, max_tokens=9, shots_per_label=4, epsilon=epsilon,
-                            template=TEMPLATE)  # fmt: skip
+    method = PTASynthesizer(
+        n_prompts=5, records_per_prompt=4, max_tokens=9, shots_per_label=4, epsilon=epsilon, template=TEMPLATE
+    )
     data = PrivateDataset(records, public_label_counts={"c": 1600})
     paper = method.plan(data, neighbouring="add_remove")  # PLD: at most PTA's PRV σ, within the 0.01 grid
     assert sigma - 0.01 - 1e-9 <= paper.params["noise_multiplier"] <= sigma + 1e-9
@@ -182,8 +201,16 @@ def _replay(calls: list[np.ndarray], pick: object) -> list[int]:
 
 def test_noiseless_tang_is_the_argmax_of_the_renormalised_sum() -> None:
     backend = RecordingBackend(VOCAB, seed=5, context_window=3)
-    method = TangSynthesizer(n_prompts=4, records_per_prompt=3, max_tokens=5, shots_per_label=1, top_k=6,
-                             top_p=0.6, noise_multiplier=1.0, template=TEMPLATE)  # fmt: skip
+    method = TangSynthesizer(
+        n_prompts=4,
+        records_per_prompt=3,
+        max_tokens=5,
+        shots_per_label=1,
+        top_k=6,
+        top_p=0.6,
+        noise_multiplier=1.0,
+        template=TEMPLATE,
+    )
     demos = method.synthesize_nonprivate(_dataset(), labels=["a"], backend=backend, rng=np.random.default_rng(0))
     calls = steps_of(backend.calls[1:], public=1)  # the first call is the public pre-flight
 
@@ -274,8 +301,9 @@ def test_bad_configuration_is_refused_before_any_charge(make: object, error: str
 def test_budget_too_small_is_refused_and_nothing_is_charged() -> None:
     budget = _budget(epsilon=0.5)
     with pytest.raises(BudgetExhaustedError):
-        _pta(epsilon=2.0).synthesize(_dataset(), backend=FakeBackend(VOCAB), budget=budget,
-                                     rng=np.random.default_rng(0))  # fmt: skip
+        _pta(epsilon=2.0).synthesize(
+            _dataset(), backend=FakeBackend(VOCAB), budget=budget, rng=np.random.default_rng(0)
+        )
     assert budget.history() == []
 
 
@@ -337,8 +365,9 @@ def test_private_text_never_appears_in_reprs_or_errors() -> None:
 
 def test_demoset_round_trip_charges_nothing(tmp_path: Path) -> None:
     budget = _budget()
-    demos = _pta().synthesize(_dataset(), backend=FakeBackend(VOCAB, seed=3), budget=budget,
-                              rng=np.random.default_rng(0))  # fmt: skip
+    demos = _pta().synthesize(
+        _dataset(), backend=FakeBackend(VOCAB, seed=3), budget=budget, rng=np.random.default_rng(0)
+    )
     path = demos.save(tmp_path / "demos.jsonl")
     loaded = DemoSet.load(path)
     assert list(loaded) == list(demos) and loaded.provenance == demos.provenance
@@ -346,8 +375,10 @@ def test_demoset_round_trip_charges_nothing(tmp_path: Path) -> None:
     assert loaded.as_examples()[0] == {"label": demos[0].label, "text": demos[0].text}
 
 
-@pytest.mark.parametrize("content", ["", "not json\n", '{"format": "other"}\n',
-                                     '{"format": "dp-icl-demoset", "version": 99, "provenance": {}}\n'])  # fmt: skip
+@pytest.mark.parametrize(
+    "content",
+    ["", "not json\n", '{"format": "other"}\n', '{"format": "dp-icl-demoset", "version": 99, "provenance": {}}\n'],
+)
 def test_demoset_load_refuses_foreign_files(tmp_path: Path, content: str) -> None:
     path = tmp_path / "x.jsonl"
     path.write_text(content)
@@ -378,8 +409,9 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     from dp_icl_plugin.ginc.tokenizer import build_tokenizer
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=50, n_positions=128, n_embd=32, n_layer=2, n_head=2, bos_token_id=0,
-                        eos_token_id=0, pad_token_id=0)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=50, n_positions=128, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0, pad_token_id=0
+    )
     GPT2LMHeadModel(config).save_pretrained(tmp_path)
     build_tokenizer(symbol_names(50), model_max_length=128).save_pretrained(tmp_path)
     backend = HFBackend.from_pretrained(tmp_path, device="cpu", dtype="float32")
@@ -387,9 +419,20 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     names = symbol_names(50)
     records = [PrivateRecord(" ".join(names[int(t)] for t in rng.integers(1, 50, size=9)), "c") for _ in range(40)]
     budget = _budget()
-    method = PTASynthesizer(n_prompts=5, records_per_prompt=4, max_tokens=10, shots_per_label=2, top_k=10,
-                            epsilon=4.0, delta=1 / 40, alpha=1.5, template=PRESETS["ginc"])  # fmt: skip
-    demos = method.synthesize(PrivateDataset(records, public_label_counts={"c": 40}), backend=backend, budget=budget, rng=rng)
+    method = PTASynthesizer(
+        n_prompts=5,
+        records_per_prompt=4,
+        max_tokens=10,
+        shots_per_label=2,
+        top_k=10,
+        epsilon=4.0,
+        delta=1 / 40,
+        alpha=1.5,
+        template=PRESETS["ginc"],
+    )
+    demos = method.synthesize(
+        PrivateDataset(records, public_label_counts={"c": 40}), backend=backend, budget=budget, rng=rng
+    )
     assert len(demos) == 2 and all(len(d.token_ids) == 10 for d in demos)
     assert all(d.text == " ".join(names[t] for t in d.token_ids) for d in demos)
     assert budget.history()[0].event == method.event(PrivateDataset(records, public_label_counts={"c": 40}))
@@ -410,10 +453,12 @@ def test_a_replacement_across_labels_is_covered_by_the_replace_one_charge(q: flo
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     relation = privacy_accountant.NeighboringRelation
-    charged = pld.from_gaussian_mechanism(sigma, sampling_prob=q, neighboring_relation=relation.REPLACE_ONE,
-                                          value_discretization_interval=1e-3).self_compose(steps)  # fmt: skip
-    one = pld.from_gaussian_mechanism(sigma, sampling_prob=q, neighboring_relation=relation.ADD_OR_REMOVE_ONE,
-                                      value_discretization_interval=1e-3)  # fmt: skip
+    charged = pld.from_gaussian_mechanism(
+        sigma, sampling_prob=q, neighboring_relation=relation.REPLACE_ONE, value_discretization_interval=1e-3
+    ).self_compose(steps)
+    one = pld.from_gaussian_mechanism(
+        sigma, sampling_prob=q, neighboring_relation=relation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-3
+    )
     cross = pld.PrivacyLossDistribution(one._pmf_remove.self_compose(steps).compose(one._pmf_add.self_compose(steps)))
     for delta in (1e-3, 1e-5, 1e-7):
         assert charged.get_epsilon_for_delta(delta) >= cross.get_epsilon_for_delta(delta) - 1e-3

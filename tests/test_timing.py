@@ -151,10 +151,13 @@ def knn(clock: FakeClock, **kw) -> PrivateKNN:
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-5), embedder=BagEmbedder())
     index.add(texts, labels=labels, answers=answers)
     return PrivateKNN(
-        index, budget=BudgetManager(PrivacyBudget(10.0, 1e-4)), labels=LABELS,
+        index,
+        budget=BudgetManager(PrivacyBudget(10.0, 1e-4)),
+        labels=LABELS,
         backend=slow(fake_backend(texts), clock, 1e-3),
-        config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2), **kw,
-    )  # fmt: skip
+        config=KNNConfig(k=8, shards=4, min_similarity=0.6, uses=4, keywords=2),
+        **kw,
+    )
 
 
 QUERIES = ("red thing number1", "Answer:")  # many candidates; none
@@ -231,14 +234,22 @@ def test_concurrent_answers_each_keep_their_own_window(kind: str) -> None:
     backend.start = start_session  # type: ignore[method-assign]
     policy = FixedLatency(0.45)
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
-    common = {"backend": backend, "budget": ledger, "n_queries": 12, "max_tokens": 4, "epsilon": 8.0,
-              "fixed_latency": policy}  # fmt: skip
+    common = {
+        "backend": backend,
+        "budget": ledger,
+        "n_queries": 12,
+        "max_tokens": 4,
+        "epsilon": 8.0,
+        "fixed_latency": policy,
+    }
     if kind == "mozo":
         hidden = MozoDecoder(dataset(3), top_k=6, **common)
     else:
         hidden = ClipBlendDecoder(dataset(3), subset_size=8, rng_subset=np.random.default_rng(1), **common)
-    threads = [threading.Thread(target=hidden.generate, args=("a b",), kwargs={"rng": np.random.default_rng(i)})
-               for i in range(4)]  # fmt: skip
+    threads = [
+        threading.Thread(target=hidden.generate, args=("a b",), kwargs={"rng": np.random.default_rng(i)})
+        for i in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -47,13 +47,17 @@ def questions() -> PrivateDataset:
     if not path.exists():
         pytest.skip("../shared/data/trec is not available")
     lines = path.read_text(encoding="latin-1").splitlines()[:300]
-    return PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines],
-                                     public_label_counts="observed")  # fmt: skip
+    return PrivateDataset.from_pairs(
+        [ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines], public_label_counts="observed"
+    )
 
 
 def test_the_server_gives_the_models_distributions(server: ServerBackend, local: HFBackend) -> None:
-    prompts = [local.encode("The capital of France is", add_special_tokens=True),
-               local.apply_chat_template([{"role": "user", "content": "Name a fruit."}]), "Question: who wrote"]  # fmt: skip
+    prompts = [
+        local.encode("The capital of France is", add_special_tokens=True),
+        local.apply_chat_template([{"role": "user", "content": "Name a fruit."}]),
+        "Question: who wrote",
+    ]
     remote, here = server.next_token_logprobs(prompts), local.next_token_logprobs(prompts)
     assert remote.shape == here.shape == (3, local.vocab_size)
     np.testing.assert_allclose(remote, here, atol=TOL)
@@ -82,8 +86,9 @@ def test_pta_synthesis_through_the_server(server: ServerBackend, questions: Priv
 
     budget = BudgetManager(PrivacyBudget(8.0, 1e-3))
     method = PTASynthesizer(epsilon=4.0, delta=1e-3, max_tokens=6, n_prompts=4, template=PRESETS["trec"])
-    demos = method.synthesize(questions, labels=["HUM"], backend=server, budget=budget,
-                              rng=np.random.default_rng(0), progress=False)  # fmt: skip
+    demos = method.synthesize(
+        questions, labels=["HUM"], backend=server, budget=budget, rng=np.random.default_rng(0), progress=False
+    )
     assert len(demos) == 1 and demos[0].label == "HUM" and 0 < len(demos[0].token_ids) <= 6
     assert 0 < budget.spent().epsilon <= 4.0 * 1.01
 
@@ -103,8 +108,16 @@ def test_the_langchain_chat_model_through_the_server(vllm_server: VLLMServer, qu
     from langchain_dp_icl import ChatDPICL
 
     budget = BudgetManager(PrivacyBudget(4.0, 1e-4))
-    chat = ChatDPICL.from_model_id(vllm_server.url, questions, budget=budget, rng=np.random.default_rng(2),
-                                     tokenizer=vllm_server.folder, n_queries=1, epsilon=2.0, max_tokens=4)  # fmt: skip
+    chat = ChatDPICL.from_model_id(
+        vllm_server.url,
+        questions,
+        budget=budget,
+        rng=np.random.default_rng(2),
+        tokenizer=vllm_server.folder,
+        n_queries=1,
+        epsilon=2.0,
+        max_tokens=4,
+    )
     message = chat.invoke("What is the capital of France?")
     assert isinstance(message.content, str) and message.usage_metadata["output_tokens"] <= 4
     assert 0 < budget.spent().epsilon <= 4.0

@@ -28,8 +28,16 @@ def tiny_text_gpt2(
     )
     torch.manual_seed(seed)
     eos = tokenizer.eos_token_id
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=32, n_layer=2, n_head=2,
-                        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=n_positions,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=eos,
+    )
     GPT2LMHeadModel(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

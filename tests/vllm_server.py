@@ -71,9 +71,25 @@ def running(log_dir: Path) -> Iterator[VLLMServer]:
     url = f"http://127.0.0.1:{port}"
     log = log_dir / "vllm.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "PYTHONUNBUFFERED": "1"}
-    command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port), "--max-logprobs",
-               "-1", "--max-model-len", "2048", "--dtype", "float32"]  # fmt: skip
+    command = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--served-model-name",
+        MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-logprobs",
+        "-1",
+        "--max-model-len",
+        "2048",
+        "--dtype",
+        "float32",
+    ]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = VLLMServer(url, folder, process, log)

@@ -106,29 +106,54 @@ def run_copy(args: argparse.Namespace) -> int:
         else:
             noise_off = math.isinf(eps) and not name.startswith("plain")
             outs = cp.knn_answer(eps, knn_records, queries, backend, rng=run_rng, noise_off=noise_off)
-            released = [(s in f"{k} {a}".split(), " ; ".join(x for x in (k, f"{p} {a}") if x))
-                        for (p, s), (k, a) in zip(canaries, outs, strict=True)]  # fmt: skip
-        ranks = [cp.secret_logprob(backend, context, p, s)[1] for (p, s), (_, context) in zip(canaries, released,
-                                                                                          strict=True)]  # fmt: skip
+            released = [
+                (s in f"{k} {a}".split(), " ; ".join(x for x in (k, f"{p} {a}") if x))
+                for (p, s), (k, a) in zip(canaries, outs, strict=True)
+            ]
+        ranks = [
+            cp.secret_logprob(backend, context, p, s)[1]
+            for (p, s), (_, context) in zip(canaries, released, strict=True)
+        ]
         if math.isinf(eps) and path in ("synthesis", "decoding", "kNN") and not name.startswith("plain"):
-            name += {"PTA": " without noise", "clip-blend": " without noise (τ = 0.001)" if path == "decoding"
-                     else " without noise (greedy)", "MOZO": " without noise (β = 1,000)",
-                     "PrivateKNN.answer (keywords)": " without noise (σ = 0.001)"}[name]  # fmt: skip
-        rows.append({"copies": copies, "path": path, "setting": name, "epsilon": cp.eps_name(eps),
-                     "exposed": int(sum(e for e, _ in released)), "rank1": int(sum(r == 1 for r in ranks)),
-                     "median_rank": float(np.median(ranks)), "ranks": ranks})  # fmt: skip
+            name += {
+                "PTA": " without noise",
+                "clip-blend": " without noise (τ = 0.001)" if path == "decoding" else " without noise (greedy)",
+                "MOZO": " without noise (β = 1,000)",
+                "PrivateKNN.answer (keywords)": " without noise (σ = 0.001)",
+            }[name]
+        rows.append(
+            {
+                "copies": copies,
+                "path": path,
+                "setting": name,
+                "epsilon": cp.eps_name(eps),
+                "exposed": int(sum(e for e, _ in released)),
+                "rank1": int(sum(r == 1 for r in ranks)),
+                "median_rank": float(np.median(ranks)),
+                "ranks": ranks,
+            }
+        )
 
-    header = ("| copies of each canary | path | setting | ε | canary exposed (exact) | secret ranked 1st | "
-              "median rank of the secret |")  # fmt: skip
+    header = (
+        "| copies of each canary | path | setting | ε | canary exposed (exact) | secret ranked 1st | "
+        "median rank of the secret |"
+    )
     table = [header, "|---:|---|---|---:|---:|---:|---:|"]
     for r in rows:
         counts = f"{r['exposed']} / {n_canaries} | {r['rank1']} / {n_canaries} | {r['median_rank']:g}"
         table.append(f"| {r['copies']} | {r['path']} | {r['setting']} | {r['epsilon']} | {counts} |")
     text = "\n".join(table)
     command = "python benchmarks/audit/canaries.py" + (" --quick" if args.quick else "")
-    meta = {"command": command, "seconds": round(time.monotonic() - started, 1), "seed": args.seed,
-            "canaries": n_canaries, "other_records": n_others, "repeats": [1, REPEATS],
-            "vocabulary": backend.vocab_size, "model": "benchmarks/audit/results/copy_model"}  # fmt: skip
+    meta = {
+        "command": command,
+        "seconds": round(time.monotonic() - started, 1),
+        "seed": args.seed,
+        "canaries": n_canaries,
+        "other_records": n_others,
+        "repeats": [1, REPEATS],
+        "vocabulary": backend.vocab_size,
+        "model": "benchmarks/audit/results/copy_model",
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "canaries_quick" if args.quick else "canaries"
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
@@ -159,27 +184,40 @@ def run_ginc(args: argparse.Namespace) -> int:
     split = pta_split(language, n_train=1600, n_test=10, rng=np.random.default_rng(0))
     base = private_dataset(language, {c: train for c, (train, _) in split.items()})
     symbols = np.arange(1, len(language.vocab))  # never the delimiter
-    canaries = {c: [(rng.choice(symbols, 9).tolist(), int(rng.choice(symbols))) for _ in range(CANARIES_PER_CONCEPT)]
-                for c in split}  # fmt: skip
+    canaries = {
+        c: [(rng.choice(symbols, 9).tolist(), int(rng.choice(symbols))) for _ in range(CANARIES_PER_CONCEPT)]
+        for c in split
+    }
     records = [r for y in base.labels for r in base.records(y)]
     for c, planted in canaries.items():
         records += [PrivateRecord(language.render([*prefix, secret]), concept_label(c)) for prefix, secret in planted]
     private = PrivateDataset(records, labels=base.labels, public_label_counts="observed")  # sizes fixed by design
 
     def pta(epsilon: float) -> PTASynthesizer:
-        return PTASynthesizer(epsilon=epsilon, delta=1 / 1600, alpha=2.0, n_prompts=5, records_per_prompt=4,
-                              max_tokens=10, shots_per_label=4, top_k=10, template=PRESETS["ginc"])  # fmt: skip
+        return PTASynthesizer(
+            epsilon=epsilon,
+            delta=1 / 1600,
+            alpha=2.0,
+            n_prompts=5,
+            records_per_prompt=4,
+            max_tokens=10,
+            shots_per_label=4,
+            top_k=10,
+            template=PRESETS["ginc"],
+        )
 
     settings: dict[str, dict[int, list[list[int]]] | None] = {}
     settings["0-shot (no demonstrations)"] = None
     for eps in (1.0, 8.0):
         ledger = BudgetManager(PrivacyBudget(eps, 1 / 1600))
         demos = pta(eps).synthesize(private, backend=backend, budget=ledger, rng=np.random.default_rng(args.seed))
-        settings[f"PTA ε = {eps:g} (as shipped)"] = {c: [list(d.token_ids) for d in demos.for_label(concept_label(c))]
-                                                      for c in split}  # fmt: skip
+        settings[f"PTA ε = {eps:g} (as shipped)"] = {
+            c: [list(d.token_ids) for d in demos.for_label(concept_label(c))] for c in split
+        }
     noiseless = pta(1.0).synthesize_nonprivate(private, backend=backend, rng=np.random.default_rng(args.seed))
-    settings["ε = ∞: PTA without noise"] = {c: [list(d.token_ids) for d in noiseless.for_label(concept_label(c))]
-                                            for c in split}  # fmt: skip
+    settings["ε = ∞: PTA without noise"] = {
+        c: [list(d.token_ids) for d in noiseless.for_label(concept_label(c))] for c in split
+    }
 
     rows = []
     for name, demos_by_concept in settings.items():
@@ -207,9 +245,12 @@ def run_ginc(args: argparse.Namespace) -> int:
         table.append(f"| {r['setting']} | {r['exposed']} / {total} | {r['rank1']} / {total} | {r['median_rank']:g} |")
     text = "\n".join(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"command": "python benchmarks/audit/canaries.py --model ginc",
-            "seconds": round(time.monotonic() - started, 1), "canaries": total,
-            "vocabulary": len(language.vocab)}  # fmt: skip
+    meta = {
+        "command": "python benchmarks/audit/canaries.py --model ginc",
+        "seconds": round(time.monotonic() - started, 1),
+        "canaries": total,
+        "vocabulary": len(language.vocab),
+    }
     (args.out / "canaries_ginc.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     (args.out / "canaries_ginc.md").write_text(text + "\n")
     print(text)
@@ -224,8 +265,12 @@ def _rank(backend, demos: list[list[int]], prefix: list[int], secret: int) -> in
 
 
 def _row(name: str, exposed: int, ranks: list[int]) -> dict[str, object]:
-    return {"setting": name, "exposed": exposed, "rank1": int(sum(r == 1 for r in ranks)),
-            "median_rank": float(np.median(ranks))}  # fmt: skip
+    return {
+        "setting": name,
+        "exposed": exposed,
+        "rank1": int(sum(r == 1 for r in ranks)),
+        "median_rank": float(np.median(ranks)),
+    }
 
 
 if __name__ == "__main__":

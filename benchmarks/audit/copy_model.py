@@ -58,8 +58,9 @@ def build_tokenizer() -> Any:
     vocab = {word: i for i, word in enumerate(vocabulary())}
     core = Tokenizer(WordLevel(vocab, unk_token=UNK))
     core.pre_tokenizer = Whitespace()  # \w+|[^\w\s]+: "417," -> "417", ","
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, bos_token=EOS, pad_token=EOS,
-                                   unk_token=UNK, model_max_length=N_POSITIONS)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=UNK, model_max_length=N_POSITIONS
+    )
 
 
 def copy_batch(rng: np.random.Generator, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,9 +77,15 @@ def copy_batch(rng: np.random.Generator, batch: int, length: int) -> tuple[np.nd
     copied = np.zeros((batch, length), dtype=bool)
     # fresh tokens, drawn in one go: 55 % names, 30 % numbers, 15 % punctuation and template words
     u = rng.random((batch, length))
-    fresh = np.where(u < 0.55, rng.integers(first_name, first_number, (batch, length)),
-                     np.where(u < 0.85, rng.integers(first_number, first_number + len(NUMBERS), (batch, length)),
-                              rng.integers(2, first_name, (batch, length))))  # fmt: skip
+    fresh = np.where(
+        u < 0.55,
+        rng.integers(first_name, first_number, (batch, length)),
+        np.where(
+            u < 0.85,
+            rng.integers(first_number, first_number + len(NUMBERS), (batch, length)),
+            rng.integers(2, first_name, (batch, length)),
+        ),
+    )
     separators = rng.integers(2, 5, (batch, length))
     for b in range(batch):
         row, mask, pos = out[b], copied[b], 0
@@ -100,8 +107,17 @@ def copy_batch(rng: np.random.Generator, batch: int, length: int) -> tuple[np.nd
     return out, copied
 
 
-def train(out: Path = CACHE, *, seed: int = 0, steps: int = 40_000, seconds: float = 420.0, device: str = "cpu",
-          batch: int = 64, length: int = 128, progress: bool = True) -> dict[str, Any]:  # fmt: skip
+def train(
+    out: Path = CACHE,
+    *,
+    seed: int = 0,
+    steps: int = 40_000,
+    seconds: float = 420.0,
+    device: str = "cpu",
+    batch: int = 64,
+    length: int = 128,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train the copying GPT-2 (stops after ``steps`` or ``seconds``), save model and tokenizer to ``out``."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -109,9 +125,19 @@ def train(out: Path = CACHE, *, seed: int = 0, steps: int = 40_000, seconds: flo
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     tokenizer = build_tokenizer()
-    config = GPT2Config(vocab_size=len(tokenizer), n_positions=N_POSITIONS, n_embd=128, n_layer=2, n_head=4,
-                        bos_token_id=0, eos_token_id=0, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0)  # fmt: skip
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=N_POSITIONS,
+        n_embd=128,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     model = GPT2LMHeadModel(config).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 100))
@@ -136,8 +162,12 @@ def train(out: Path = CACHE, *, seed: int = 0, steps: int = 40_000, seconds: flo
             accuracy = float(guess[copied[:, 1:]].mean())
             history.append((step, round(loss_value, 3), round(accuracy, 3)))
             if progress:
-                print(f"\rtraining the copy model: step {step}, loss {loss_value:.3f}, copy accuracy "
-                      f"{accuracy:.3f}, {time.monotonic() - started:.0f} s", end="", flush=True)  # fmt: skip
+                print(
+                    f"\rtraining the copy model: step {step}, loss {loss_value:.3f}, copy accuracy "
+                    f"{accuracy:.3f}, {time.monotonic() - started:.0f} s",
+                    end="",
+                    flush=True,
+                )
             if accuracy > 0.98 and len(history) > 2 and history[-2][2] > 0.98 and history[-3][2] > 0.98:
                 break  # converged
         if time.monotonic() - started > seconds:
@@ -147,8 +177,14 @@ def train(out: Path = CACHE, *, seed: int = 0, steps: int = 40_000, seconds: flo
     out.mkdir(parents=True, exist_ok=True)
     model.eval().to("cpu").save_pretrained(out)
     tokenizer.save_pretrained(out)
-    meta = {"seed": seed, "steps": step, "loss": round(loss_value, 4), "device": device,
-            "seconds": round(time.monotonic() - started, 1), "history": history}  # fmt: skip
+    meta = {
+        "seed": seed,
+        "steps": step,
+        "loss": round(loss_value, 4),
+        "device": device,
+        "seconds": round(time.monotonic() - started, 1),
+        "history": history,
+    }
     (out / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -195,10 +231,13 @@ def check_copies(backend: Any, *, n: int = 50, seed: int = 123) -> dict[str, flo
         context = " ; ".join(records[j] for j in order) + " ;"
         with_context.append(secret_rank(backend, context, prefix, secret))
         zero_shot.append(secret_rank(backend, ";", prefix, secret))
-    return {"n": n, "rank1_in_context": float(np.mean(np.equal(with_context, 1))),
-            "median_rank_in_context": float(np.median(with_context)),
-            "rank1_zero_shot": float(np.mean(np.equal(zero_shot, 1))),
-            "median_rank_zero_shot": float(np.median(zero_shot))}  # fmt: skip
+    return {
+        "n": n,
+        "rank1_in_context": float(np.mean(np.equal(with_context, 1))),
+        "median_rank_in_context": float(np.median(with_context)),
+        "rank1_zero_shot": float(np.mean(np.equal(zero_shot, 1))),
+        "median_rank_zero_shot": float(np.median(zero_shot)),
+    }
 
 
 def main() -> int:

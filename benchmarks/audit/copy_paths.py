@@ -60,22 +60,36 @@ def ledger(epsilon: float, n_records: int) -> BudgetManager:
     return BudgetManager(PrivacyBudget(epsilon, 1 / n_records))
 
 
-def synthesize(method: str, epsilon: float, records: Sequence[str], backend: Any, *, rng: np.random.Generator,
-               shots: int = 4) -> list[str]:  # fmt: skip
+def synthesize(
+    method: str, epsilon: float, records: Sequence[str], backend: Any, *, rng: np.random.Generator, shots: int = 4
+) -> list[str]:
     """``shots`` demonstrations from ``method`` (``pta``, ``clip_blend``, or ``real``: records drawn at random)."""
     if method == "real":
         return [records[int(i)] for i in rng.choice(len(records), shots, replace=False)]
     data, delta = dataset(records), 1 / len(records)
     if method == "pta":
-        synth: Any = PTASynthesizer(epsilon=None if math.isinf(epsilon) else epsilon,
-                                    noise_multiplier=1.0 if math.isinf(epsilon) else None, delta=delta, alpha=2.0,
-                                    n_prompts=5, records_per_prompt=max(1, len(records) // 25), max_tokens=6,
-                                    shots_per_label=shots, top_k=100, template=SYNTH_TEMPLATE)  # fmt: skip
+        synth: Any = PTASynthesizer(
+            epsilon=None if math.isinf(epsilon) else epsilon,
+            noise_multiplier=1.0 if math.isinf(epsilon) else None,
+            delta=delta,
+            alpha=2.0,
+            n_prompts=5,
+            records_per_prompt=max(1, len(records) // 25),
+            max_tokens=6,
+            shots_per_label=shots,
+            top_k=100,
+            template=SYNTH_TEMPLATE,
+        )
     elif method == "clip_blend":
-        synth = ClipBlendSynthesizer(epsilon=None if math.isinf(epsilon) else epsilon,
-                                     temperature=1.0 if math.isinf(epsilon) else None, delta=delta, max_tokens=6,
-                                     shots_per_label=shots, subset_size=len(records) // shots,
-                                     template=SYNTH_TEMPLATE)  # fmt: skip
+        synth = ClipBlendSynthesizer(
+            epsilon=None if math.isinf(epsilon) else epsilon,
+            temperature=1.0 if math.isinf(epsilon) else None,
+            delta=delta,
+            max_tokens=6,
+            shots_per_label=shots,
+            subset_size=len(records) // shots,
+            template=SYNTH_TEMPLATE,
+        )
     else:
         raise ValueError(method)
     if math.isinf(epsilon):  # the same computation without noise (its config's noise is then unused)
@@ -95,13 +109,15 @@ def nearest(records: Sequence[str], query: str, n: int) -> list[str]:
 def plain_answers(records: Sequence[str], queries: Sequence[str], backend: Any) -> list[str]:
     """ε = ∞: greedy answers with the 4 records nearest each query in the prompt (retrieval-augmented)."""
     prompts = [" ; ".join(nearest(records, q, 4)) + f" ; {q}" for q in queries]
-    outs = greedy_generate(backend, [backend.encode(p, add_special_tokens=True) for p in prompts],
-                           max_new_tokens=ANSWER_TOKENS)  # fmt: skip
+    outs = greedy_generate(
+        backend, [backend.encode(p, add_special_tokens=True) for p in prompts], max_new_tokens=ANSWER_TOKENS
+    )
     return [backend.decode(o).split(";")[0].strip() for o in outs]
 
 
-def decode(kind: str, epsilon: float, records: Sequence[str], queries: Sequence[str], backend: Any, *,
-           rng: np.random.Generator) -> list[str]:  # fmt: skip
+def decode(
+    kind: str, epsilon: float, records: Sequence[str], queries: Sequence[str], backend: Any, *, rng: np.random.Generator
+) -> list[str]:
     """DP decoding of every query (one share of ε for all of them) by ``kind`` (``mozo``, ``clip_blend``, or
     ``plain``: :func:`plain_answers`). ``epsilon=inf``: the same decoder with its noise all but switched off
     (MOZO β = 1,000, clip-blend τ = 0.001: a ledger of ε = 10¹²)."""
@@ -109,8 +125,13 @@ def decode(kind: str, epsilon: float, records: Sequence[str], queries: Sequence[
         return plain_answers(records, queries, backend)
     off = math.isinf(epsilon)
     data, budget = dataset(records), ledger(1e12 if off else epsilon, len(records))
-    common = {"backend": backend, "budget": budget, "n_queries": len(queries), "max_tokens": ANSWER_TOKENS,
-              "template": DECODE_TEMPLATE}  # fmt: skip
+    common = {
+        "backend": backend,
+        "budget": budget,
+        "n_queries": len(queries),
+        "max_tokens": ANSWER_TOKENS,
+        "template": DECODE_TEMPLATE,
+    }
     if kind == "mozo":
         noise = {"beta": 1e3} if off else {"epsilon": epsilon}
         decoder: Any = MozoDecoder(data, n_shots=4, top_k=100, **common, **noise)
@@ -143,8 +164,15 @@ def embedder() -> Any:
     return _CachedEmbedder()
 
 
-def knn_answer(epsilon: float, records: Sequence[tuple[str, str]], queries: Sequence[str], backend: Any, *,
-               rng: np.random.Generator, noise_off: bool = False) -> list[tuple[str, str]]:  # fmt: skip
+def knn_answer(
+    epsilon: float,
+    records: Sequence[tuple[str, str]],
+    queries: Sequence[str],
+    backend: Any,
+    *,
+    rng: np.random.Generator,
+    noise_off: bool = False,
+) -> list[tuple[str, str]]:
     """(released keywords, answer) per query from :meth:`PrivateKNN.answer`, each record paying for all
     queries (``uses``) out of its own ε; ``epsilon=inf``: no keywords, :func:`plain_answers`;
     ``noise_off``: the same release with σ = 10⁻³ on the keyword histogram (no privacy to speak of)."""
@@ -157,12 +185,20 @@ def knn_answer(epsilon: float, records: Sequence[tuple[str, str]], queries: Sequ
     # one-token answers and one keyword: the shards' answers are the secret or not, nothing else to count.
     # The paper's PTR release, as when the committed tables were measured (the threshold release, now the
     # default, needs T = 39.6 shards at ε = 8 and 20 uses with m = 4, 19.8 with m = 1: with 5 shards, never).
-    config = KNNConfig(k=20, shards=5, min_similarity=-1.0, uses=len(queries), keywords=1, max_answer_tokens=1,
-                       keyword_release="ptr", **noise)  # fmt: skip
+    config = KNNConfig(
+        k=20,
+        shards=5,
+        min_similarity=-1.0,
+        uses=len(queries),
+        keywords=1,
+        max_answer_tokens=1,
+        keyword_release="ptr",
+        **noise,
+    )
     ledger = BudgetManager(PrivacyBudget(per_record, 1e-5, neighbouring="add_remove"))  # the filter's own relation
-    retriever = PrivateKNN(index, budget=ledger, backend=backend,
-                                 config=config, answer_prompt=KNN_PROMPT,
-                                 keyword_prompt=KEYWORD_PROMPT)  # fmt: skip
+    retriever = PrivateKNN(
+        index, budget=ledger, backend=backend, config=config, answer_prompt=KNN_PROMPT, keyword_prompt=KEYWORD_PROMPT
+    )
     out = []
     for q in queries:
         answer = retriever.answer(q, rng=rng)

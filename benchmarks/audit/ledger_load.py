@@ -86,8 +86,10 @@ def main() -> int:
         ledger = fresh("throughput")
         manager(ledger, PrivacyBudget(1e6, 1e-8)).close()
         committed, seconds = race(ledger, 1e-3, threads=4, attempts=50, processes=8)
-        print(f"throughput ({backend}): {committed} charges by 8 processes × 4 threads in {seconds:.1f} s "
-              f"(including process start-up): {committed / seconds:.0f} charges/s")  # fmt: skip
+        print(
+            f"throughput ({backend}): {committed} charges by 8 processes × 4 threads in {seconds:.1f} s "
+            f"(including process start-up): {committed / seconds:.0f} charges/s"
+        )
     print(f"{args.rounds - failures} of {args.rounds} rounds exact")
     return 1 if failures else 0
 

@@ -110,19 +110,32 @@ def run_copy(args: argparse.Namespace) -> int:
                 contexts = [f"{p} {a}" for (p, _), a in zip(targets, answers, strict=True)]
             else:
                 outs = cp.knn_answer(eps, knn_records, [p for p, _ in targets], backend, rng=rng)
-                contexts = [" ; ".join(x for x in (k, f"{p} {a}") if x)
-                            for (p, _), (k, a) in zip(targets, outs, strict=True)]  # fmt: skip
+                contexts = [
+                    " ; ".join(x for x in (k, f"{p} {a}") if x) for (p, _), (k, a) in zip(targets, outs, strict=True)
+                ]
             for j, ((p, s), context) in enumerate(zip(targets, contexts, strict=True)):
                 scores[i][j].append(cp.secret_logprob(backend, context, p, s)[0])
     rows = []
     for i, (_, name, eps) in enumerate(settings):
         a = auc(*scores[i])
-        rows.append({"setting": name, "epsilon": cp.eps_name(eps), "trials": trials, "auc": a,
-                     "se": hanley_mcneil(a, trials, trials)})  # fmt: skip
+        rows.append(
+            {
+                "setting": name,
+                "epsilon": cp.eps_name(eps),
+                "trials": trials,
+                "auc": a,
+                "se": hanley_mcneil(a, trials, trials),
+            }
+        )
     table = _table(rows)
     command = "python benchmarks/audit/mia.py" + (" --quick" if args.quick else "")
-    meta = {"command": command, "seconds": round(time.monotonic() - started, 1), "seed": args.seed,
-            "records": N_OTHERS + 1, "model": "benchmarks/audit/results/copy_model"}  # fmt: skip
+    meta = {
+        "command": command,
+        "seconds": round(time.monotonic() - started, 1),
+        "seed": args.seed,
+        "records": N_OTHERS + 1,
+        "model": "benchmarks/audit/results/copy_model",
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "mia_quick" if args.quick else "mia"
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows, "scores": scores}, indent=2) + "\n")
@@ -168,8 +181,12 @@ def run_ginc(args: argparse.Namespace) -> int:
     order = rng.permutation(len(test))  # which held-out example is the member is decided at random
     pairs = [(test[order[2 * t]], test[order[2 * t + 1]]) for t in range(args.trials)]
     scores: dict[str, tuple[list[float], list[float]]] = {}
-    for setting in ("0-shot (no demonstrations)", "real demonstrations (the member among them)", "PTA ε = 1",
-                    "PTA ε = 4"):  # fmt: skip
+    for setting in (
+        "0-shot (no demonstrations)",
+        "real demonstrations (the member among them)",
+        "PTA ε = 1",
+        "PTA ε = 4",
+    ):
         members, non_members = [], []
         for t, (member, non_member) in enumerate(pairs):
             if setting.startswith("0-shot"):
@@ -179,20 +196,41 @@ def run_ginc(args: argparse.Namespace) -> int:
                 demos = [[*member.tokens, member.label], *others]
             else:
                 eps = float(setting.split("= ")[1])
-                data = PrivateDataset([record(ex) for ex in train] + [record(member)], labels=[label],
-                                      public_label_counts="observed")  # the size is the same for member and not
-                method = PTASynthesizer(epsilon=eps, delta=1 / 1600, alpha=2.0, n_prompts=5, records_per_prompt=4,
-                                        max_tokens=10, shots_per_label=4, top_k=10,
-                                        template=PRESETS["ginc"])  # fmt: skip
-                out = method.synthesize(data, backend=backend, budget=BudgetManager(PrivacyBudget(eps, 1 / 1600)),
-                                        rng=np.random.default_rng(t + 1000 * args.seed), progress=False)  # fmt: skip
+                data = PrivateDataset(
+                    [record(ex) for ex in train] + [record(member)], labels=[label], public_label_counts="observed"
+                )  # the size is the same for member and not
+                method = PTASynthesizer(
+                    epsilon=eps,
+                    delta=1 / 1600,
+                    alpha=2.0,
+                    n_prompts=5,
+                    records_per_prompt=4,
+                    max_tokens=10,
+                    shots_per_label=4,
+                    top_k=10,
+                    template=PRESETS["ginc"],
+                )
+                out = method.synthesize(
+                    data,
+                    backend=backend,
+                    budget=BudgetManager(PrivacyBudget(eps, 1 / 1600)),
+                    rng=np.random.default_rng(t + 1000 * args.seed),
+                    progress=False,
+                )
                 demos = [list(d.token_ids) for d in out]
             members.append(score(demos, member))
             non_members.append(score(demos, non_member))
         scores[setting] = (members, non_members)
-    rows = [{"setting": name, "epsilon": name.split("= ")[1] if "=" in name else "∞", "auc": auc(*pair),
-             "se": hanley_mcneil(auc(*pair), args.trials, args.trials), "trials": args.trials}
-            for name, pair in scores.items()]  # fmt: skip
+    rows = [
+        {
+            "setting": name,
+            "epsilon": name.split("= ")[1] if "=" in name else "∞",
+            "auc": auc(*pair),
+            "se": hanley_mcneil(auc(*pair), args.trials, args.trials),
+            "trials": args.trials,
+        }
+        for name, pair in scores.items()
+    ]
     table = _table(rows)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {

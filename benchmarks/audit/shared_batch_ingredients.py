@@ -76,13 +76,16 @@ def cut(prompts: list[list[int]]) -> int | None:
 
 def ingredients(inner: Any, repeats: int, query: Any) -> dict[str, Any]:
     d, d_prime, _ = dc._datasets(repeats)
-    row: dict[str, Any] = {"query": query if isinstance(query, str) else f"chat: {query[-1]['content']}",
-                           "long_record_words": 50 * repeats}  # fmt: skip
+    row: dict[str, Any] = {
+        "query": query if isinstance(query, str) else f"chat: {query[-1]['content']}",
+        "long_record_words": 50 * repeats,
+    }
     # the step's prompts as the shipped decoder builds them (seeded draw), sent in one call as before
     (_, prompts_d), (_, prompts_d_prime) = (dc.step_rows(dc.RecordingBackend(inner), ds, query) for ds in (d, d_prime))
     for name, kind in VARIANTS.items():
-        rows_d, rows_d_prime = (kind(inner).next_token_logprobs_shared_suffix(prompts, [])
-                                for prompts in (prompts_d, prompts_d_prime))  # fmt: skip
+        rows_d, rows_d_prime = (
+            kind(inner).next_token_logprobs_shared_suffix(prompts, []) for prompts in (prompts_d, prompts_d_prime)
+        )
         others = [1, 3, 4]  # the drawn records that are the same on D and D′ (row 2 is the replaced one)
         row[name] = {
             "zero_shot_max_abs_diff": float(np.abs(rows_d[0] - rows_d_prime[0]).max()),
@@ -91,8 +94,10 @@ def ingredients(inner: Any, repeats: int, query: Any) -> dict[str, Any]:
         c, c_prime = cut(prompts_d), cut(prompts_d_prime)
         row["cut_tokens"] = [c, c_prime]
         row["zero_shot_part_tokens"] = len(prompts_d[0]) - (c or 0)
-        row["longest_part_tokens"] = [max(len(p) for p in prompts_d) - (c or 0),
-                                      max(len(p) for p in prompts_d_prime) - (c_prime or 0)]  # fmt: skip
+        row["longest_part_tokens"] = [
+            max(len(p) for p in prompts_d) - (c or 0),
+            max(len(p) for p in prompts_d_prime) - (c_prime or 0),
+        ]
     return row
 
 
@@ -125,19 +130,24 @@ def main() -> None:
     result = {
         "model": f"{dc.MODEL}, bfloat16, CPU",
         "machine": f"{platform.machine()}, torch {torch.__version__}, CPU capability "
-                   f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} thread(s)",
+        f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} thread(s)",
         "ingredients": table,
         "width_scan (zero-shot row of 'Who wrote Hamlet?', its 1-token part padded to widths 1-64)": scan,
         "seconds": round(time.perf_counter() - started, 1),
-    }  # fmt: skip
-    lines = ["| query | long record (words) | cut D / D′ | longest part D / D′ | zero-shot part | "
-             + " | ".join(f"zero-shot Δ, {v}" for v in VARIANTS) + " | other records Δ, old |",
-             "|---|---:|---|---|---:|" + "---:|" * len(VARIANTS) + "---:|"]  # fmt: skip
+    }
+    lines = [
+        "| query | long record (words) | cut D / D′ | longest part D / D′ | zero-shot part | "
+        + " | ".join(f"zero-shot Δ, {v}" for v in VARIANTS)
+        + " | other records Δ, old |",
+        "|---|---:|---|---|---:|" + "---:|" * len(VARIANTS) + "---:|",
+    ]
     for r in table:
         cells = " | ".join(f"{r[v]['zero_shot_max_abs_diff']:.3f}" for v in VARIANTS)
-        lines.append(f"| {r['query']} | {r['long_record_words']} | {r['cut_tokens'][0]} / {r['cut_tokens'][1]} | "
-                     f"{r['longest_part_tokens'][0]} / {r['longest_part_tokens'][1]} | {r['zero_shot_part_tokens']} | "
-                     f"{cells} | {r['old (all three)']['other_records_max_abs_diff']:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {r['query']} | {r['long_record_words']} | {r['cut_tokens'][0]} / {r['cut_tokens'][1]} | "
+            f"{r['longest_part_tokens'][0]} / {r['longest_part_tokens'][1]} | {r['zero_shot_part_tokens']} | "
+            f"{cells} | {r['old (all three)']['other_records_max_abs_diff']:.3f} |"
+        )
     lines.append("")
     lines.append("Width scan: " + "; ".join(f"{k}: {v}" for k, v in scan.items()))
     markdown = "\n".join(lines)

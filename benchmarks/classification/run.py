@@ -34,10 +34,18 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[1].parent / "shared" / "data" / "trec"
-NAMES = {"ABBR": "Abbreviation", "DESC": "Description", "ENTY": "Entity", "HUM": "Person", "LOC": "Location",
-         "NUM": "Number"}  # fmt: skip
-INSTRUCTION = ("Classify the questions based on whether their answer type is a Number, Location, Person, "
-               "Description, Entity, or Abbreviation.\n\n")  # fmt: skip
+NAMES = {
+    "ABBR": "Abbreviation",
+    "DESC": "Description",
+    "ENTY": "Entity",
+    "HUM": "Person",
+    "LOC": "Location",
+    "NUM": "Number",
+}
+INSTRUCTION = (
+    "Classify the questions based on whether their answer type is a Number, Location, Person, "
+    "Description, Entity, or Abbreviation.\n\n"
+)
 CONTENT_FREE = ("N/A", "", "[MASK]")
 
 
@@ -106,30 +114,60 @@ def main() -> None:
 
     def row(seed: int, method: str, epsilon: float, demos: list[tuple[str, str]], t: float, **extra) -> None:
         raw, cal = classifier.accuracy(demos, questions, truth)
-        rows.append({"seed": seed, "method": method, "epsilon": epsilon, "accuracy": raw, "calibrated": cal,
-                     "seconds": time.perf_counter() - t, "demos": demos, **extra})  # fmt: skip
-        print(f"  seed {seed} {method:11s} ε={epsilon!s:4s} accuracy {raw:5.1f}  calibrated {cal:5.1f}  "
-              f"{rows[-1]['seconds']:4.0f}s  {demos[:2]}", flush=True)  # fmt: skip
+        rows.append(
+            {
+                "seed": seed,
+                "method": method,
+                "epsilon": epsilon,
+                "accuracy": raw,
+                "calibrated": cal,
+                "seconds": time.perf_counter() - t,
+                "demos": demos,
+                **extra,
+            }
+        )
+        print(
+            f"  seed {seed} {method:11s} ε={epsilon!s:4s} accuracy {raw:5.1f}  calibrated {cal:5.1f}  "
+            f"{rows[-1]['seconds']:4.0f}s  {demos[:2]}",
+            flush=True,
+        )
 
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
         t = time.perf_counter()
         row(seed, "0-shot", 0.0, [], t)
         t = time.perf_counter()
-        real = [(pool_x[int(i)], y) for y in classifier.labels
-                for i in rng.choice([j for j, z in enumerate(pool_y) if z == y], size=1)]  # fmt: skip
+        real = [
+            (pool_x[int(i)], y)
+            for y in classifier.labels
+            for i in rng.choice([j for j, z in enumerate(pool_y) if z == y], size=1)
+        ]
         row(seed, "real demos", math.inf, [real[i] for i in rng.permutation(len(real))], t)
         for eps in args.epsilons:
             t = time.perf_counter()
             ledger = BudgetManager(PrivacyBudget(eps, delta))
-            pta = PTASynthesizer(epsilon=eps, delta=delta, n_prompts=10, records_per_prompt=1, max_tokens=15,
-                                 top_k=100, template=PRESETS["trec"])  # fmt: skip
+            pta = PTASynthesizer(
+                epsilon=eps,
+                delta=delta,
+                n_prompts=10,
+                records_per_prompt=1,
+                max_tokens=15,
+                top_k=100,
+                template=PRESETS["trec"],
+            )
             made = pta.synthesize(dataset, backend=backend, budget=ledger, rng=rng, progress=False)
             demos = [(d.text.strip().split("\n")[0], d.label) for d in made if d.text.strip()]
             spent = ledger.spent().epsilon
             assert spent <= eps + 1e-9, (spent, eps)
-            row(seed, "PTA demos", eps, [demos[i] for i in rng.permutation(len(demos))], t, spent_epsilon=spent,
-                sigma=pta.plan(dataset).params.get("noise_multiplier"))  # fmt: skip
+            row(
+                seed,
+                "PTA demos",
+                eps,
+                [demos[i] for i in rng.permutation(len(demos))],
+                t,
+                spent_epsilon=spent,
+                sigma=pta.plan(dataset).params.get("noise_multiplier"),
+            )
         (args.out / "rows.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False))
 
     groups: dict[tuple[str, float], list[dict]] = {}
@@ -146,14 +184,23 @@ def main() -> None:
         entry["seconds"] = float(np.mean([r["seconds"] for r in rs]))
         summary.append(entry)
         e = "∞" if math.isinf(eps) else f"{eps:g}"
-        lines.append(f"| {e} | {method} | {entry['accuracy']:.1f} ± {entry['accuracy_se']:.1f} | "
-                     f"{entry['calibrated']:.1f} ± {entry['calibrated_se']:.1f} | "
-                     f"{entry['seconds']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {e} | {method} | {entry['accuracy']:.1f} ± {entry['accuracy_se']:.1f} | "
+            f"{entry['calibrated']:.1f} ± {entry['calibrated_se']:.1f} | "
+            f"{entry['seconds']:.0f} |"
+        )
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"
     minutes = (time.perf_counter() - start) / 60
     majority = 100 * max(truth.count(y) for y in set(truth)) / len(truth)
-    meta = {"n_test": args.n_test, "seeds": args.seeds, "epsilons": args.epsilons, "machine": machine,
-            "minutes": minutes, "chance": 100 / 6, "majority_class": majority}  # fmt: skip
+    meta = {
+        "n_test": args.n_test,
+        "seeds": args.seeds,
+        "epsilons": args.epsilons,
+        "machine": machine,
+        "minutes": minutes,
+        "chance": 100 / 6,
+        "majority_class": majority,
+    }
     (args.out / "summary.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     print("\n" + "\n".join(lines))
     print(f"\n{minutes:.0f} min on {machine}; chance {100 / 6:.1f} %, majority class {meta['majority_class']:.1f} %")

@@ -90,8 +90,12 @@ def chat_layout(backend):
     )
     mr, ref, query = "name[A], food[B]", "A serves B.", "name[C]"
     ours = backend.encode(template.one_shot_prompt(PrivateRecord(mr, ref), query), add_special_tokens=True)
-    chat = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": mr},
-            {"role": "assistant", "content": ref}, {"role": "user", "content": query}]  # fmt: skip
+    chat = [
+        {"role": "system", "content": INSTRUCTION},
+        {"role": "user", "content": mr},
+        {"role": "assistant", "content": ref},
+        {"role": "user", "content": query},
+    ]
     theirs = backend.apply_chat_template(chat)
     if ours != theirs:
         sys.exit("the model's chat template is not ChatML: this benchmark's layout would not match it")
@@ -114,8 +118,10 @@ class Scorer:
         self._refs: dict[str, np.ndarray] = {}
 
     def __call__(self, mrs: list[str], outputs: list[str]) -> tuple[float, float]:
-        rouge = [max(self.rouge.score(ref, out)["rougeL"].fmeasure for ref in self.test[mr])
-                 for mr, out in zip(mrs, outputs, strict=True)]  # fmt: skip
+        rouge = [
+            max(self.rouge.score(ref, out)["rougeL"].fmeasure for ref in self.test[mr])
+            for mr, out in zip(mrs, outputs, strict=True)
+        ]
         vectors = self.embed([o if o.strip() else "." for o in outputs])
         cosine = []
         for mr, v in zip(mrs, vectors, strict=True):
@@ -158,8 +164,9 @@ def ensemble(backend, template, dataset, mrs: list[str], rng: np.random.Generato
     """The ε = ∞ ensemble decoding over ``dataset`` (private records, or DP pairs: then post-processing)."""
     from dp_icl_plugin.methods import MozoOfflineSynthesizer
 
-    method = MozoOfflineSynthesizer(beta=1.0, n_shots=min(N_SHOTS, len(dataset)), max_tokens=T_MAX, top_k=TOP_K,
-                                    template=template)  # fmt: skip
+    method = MozoOfflineSynthesizer(
+        beta=1.0, n_shots=min(N_SHOTS, len(dataset)), max_tokens=T_MAX, top_k=TOP_K, template=template
+    )
     demos = method.synthesize_nonprivate(dataset, public_inputs=mrs, backend=backend, rng=rng, progress=False)
     return [d.text.strip() for d in demos]
 
@@ -170,8 +177,10 @@ def few_shot_greedy(backend, template, pairs: list[tuple[str, str]], mrs: list[s
     from dp_icl_plugin.backends.generation import greedy_generate
 
     examples = "".join(template.example.format(text=x, label=y) for x, y in pairs)
-    prompts = [backend.encode(template.header + examples + template.query.format(input=m), add_special_tokens=True)
-               for m in mrs]  # fmt: skip
+    prompts = [
+        backend.encode(template.header + examples + template.query.format(input=m), add_special_tokens=True)
+        for m in mrs
+    ]
     return [backend.decode(o).strip() for o in greedy_generate(backend, prompts, max_new_tokens=T_MAX)]
 
 
@@ -191,7 +200,7 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
     from dp_icl_plugin.methods import (
         MozoOfflineSynthesizer,
         PrivateDataset,
-        PrivateRecord,  # fmt: skip
+        PrivateRecord,
         PromptTemplate,
         PTASynthesizer,
     )
@@ -210,11 +219,23 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
         spent = None if ledger is None else ledger.spent()
         if ledger is not None and spent.epsilon > ledger.budget.epsilon + 1e-9:
             raise AssertionError(f"{method} spent {spent.epsilon} > {ledger.budget.epsilon}")
-        rows.append({"seed": seed, "method": method, "epsilon": epsilon, "rouge_l": rouge, "cosine": cosine,
-                     "seconds": time.perf_counter() - start, "spent_epsilon": None if spent is None else spent.epsilon,
-                     "outputs": outputs, **extra})  # fmt: skip
-        log(f"  seed {seed} {method:22s} ε={epsilon!s:5s} ROUGE-L {rouge:5.1f} cos {cosine:5.1f} "
-            f"{rows[-1]['seconds']:6.0f}s  e.g. {outputs[0][:70]!r}")  # fmt: skip
+        rows.append(
+            {
+                "seed": seed,
+                "method": method,
+                "epsilon": epsilon,
+                "rouge_l": rouge,
+                "cosine": cosine,
+                "seconds": time.perf_counter() - start,
+                "spent_epsilon": None if spent is None else spent.epsilon,
+                "outputs": outputs,
+                **extra,
+            }
+        )
+        log(
+            f"  seed {seed} {method:22s} ε={epsilon!s:5s} ROUGE-L {rouge:5.1f} cos {cosine:5.1f} "
+            f"{rows[-1]['seconds']:6.0f}s  e.g. {outputs[0][:70]!r}"
+        )
 
     rng = np.random.default_rng(seed)
     t = time.perf_counter()
@@ -228,51 +249,96 @@ def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callabl
     row("few-shot greedy (not private)", math.inf, few_shot_greedy(backend, template, real, queries), t)
 
     # PTA writes whole pairs: one label holding every record (|D| public under replace-one)
-    pta_data = PrivateDataset([PrivateRecord(f"{mr}\nAnswer: {ref}", "restaurant") for mr, ref in dev],
-                              public_label_counts={"restaurant": len(dev)})  # |D|: public under replace-one
-    pta_template = PromptTemplate(header="Restaurant data and a sentence that says it.\n\n",
-                                  example="Input: {text}\n\n", query="Input:", base="Input:", stop="\n\n")  # fmt: skip
+    pta_data = PrivateDataset(
+        [PrivateRecord(f"{mr}\nAnswer: {ref}", "restaurant") for mr, ref in dev],
+        public_label_counts={"restaurant": len(dev)},
+    )  # |D|: public under replace-one
+    pta_template = PromptTemplate(
+        header="Restaurant data and a sentence that says it.\n\n",
+        example="Input: {text}\n\n",
+        query="Input:",
+        base="Input:",
+        stop="\n\n",
+    )
     for eps in args.epsilons:
         order_ = ORDERS.get(eps, 8.0)
+
         def budget(eps: float = eps) -> BudgetManager:  # one ledger per row
             return BudgetManager(PrivacyBudget(eps, delta))
 
         ledger = budget()
         t = time.perf_counter()
-        decoder = MozoDecoder(dataset, backend=backend, budget=ledger, n_queries=args.n_test, max_tokens=T_MAX,
-                              epsilon=eps, delta=delta, n_shots=N_SHOTS, top_k=TOP_K, order=order_,
-                              template=template)  # fmt: skip
+        decoder = MozoDecoder(
+            dataset,
+            backend=backend,
+            budget=ledger,
+            n_queries=args.n_test,
+            max_tokens=T_MAX,
+            epsilon=eps,
+            delta=delta,
+            n_shots=N_SHOTS,
+            top_k=TOP_K,
+            order=order_,
+            template=template,
+        )
         outs = [decoder.generate(q, rng=rng, stop=["\n"]).text.strip() for q in queries]
         row("DPS-MOZO+On", eps, outs, t, ledger, beta=decoder.beta)
 
         ledger = budget()
         t = time.perf_counter()
-        method = MozoOfflineSynthesizer(epsilon=eps, delta=delta, n_shots=N_SHOTS, max_tokens=T_SYN, top_k=TOP_K,
-                                        order=order_, template=template)  # fmt: skip
-        demos = method.synthesize(dataset, public_inputs=public, backend=backend, budget=ledger, rng=rng,
-                                  progress=False)  # fmt: skip
+        method = MozoOfflineSynthesizer(
+            epsilon=eps, delta=delta, n_shots=N_SHOTS, max_tokens=T_SYN, top_k=TOP_K, order=order_, template=template
+        )
+        demos = method.synthesize(
+            dataset, public_inputs=public, backend=backend, budget=ledger, rng=rng, progress=False
+        )
         pairs = [(d.input, d.text.strip()) for d in demos if d.text.strip()]
         outs = few_shot_greedy(backend, template, pairs[:N_SHOTS], queries)
         row("DPS-MOZO+Off", eps, outs, t, ledger, demos=len(pairs), demo_example=pairs[0] if pairs else None)
 
         ledger = budget()
         t = time.perf_counter()
-        clip = ClipBlendDecoder(dataset, backend=backend, budget=ledger, n_queries=args.n_test, max_tokens=T_MAX,
-                                subset_size=args.subset_size, rng_subset=rng, epsilon=eps, delta=delta, clip=CLIP,
-                                template=template)  # fmt: skip
+        clip = ClipBlendDecoder(
+            dataset,
+            backend=backend,
+            budget=ledger,
+            n_queries=args.n_test,
+            max_tokens=T_MAX,
+            subset_size=args.subset_size,
+            rng_subset=rng,
+            epsilon=eps,
+            delta=delta,
+            clip=CLIP,
+            template=template,
+        )
         outs = [clip.generate(q, rng=rng, stop=["\n"]).text.strip() for q in queries]
         row("clip-blend decoding", eps, outs, t, ledger, temperature=clip.temperature)
 
         ledger = budget()
         t = time.perf_counter()
-        pta = PTASynthesizer(epsilon=eps, delta=delta, n_prompts=args.pta_prompts, records_per_prompt=1,
-                             max_tokens=args.pta_tokens, shots_per_label=args.pta_demos, top_k=TOP_K,
-                             template=pta_template)  # fmt: skip
+        pta = PTASynthesizer(
+            epsilon=eps,
+            delta=delta,
+            n_prompts=args.pta_prompts,
+            records_per_prompt=1,
+            max_tokens=args.pta_tokens,
+            shots_per_label=args.pta_demos,
+            top_k=TOP_K,
+            template=pta_template,
+        )
         demos = pta.synthesize(pta_data, backend=backend, budget=ledger, rng=rng, progress=False)
         pairs = pta_pairs(demos)
         outs = few_shot_greedy(backend, template, pairs[:N_SHOTS], queries)
-        row("PTA demos", eps, outs, t, ledger, demos=len(pairs), demo_example=pairs[0] if pairs else None,
-            raw_example=demos[0].text[:200])  # fmt: skip
+        row(
+            "PTA demos",
+            eps,
+            outs,
+            t,
+            ledger,
+            demos=len(pairs),
+            demo_example=pairs[0] if pairs else None,
+            raw_example=demos[0].text[:200],
+        )
     return rows
 
 
@@ -283,8 +349,12 @@ def summarise(rows: list[dict]) -> list[dict]:
         groups.setdefault((r["method"], r["epsilon"]), []).append(r)
     out = []
     for (method, eps), rs in groups.items():
-        entry = {"method": method, "epsilon": eps, "seeds": len(rs),
-                 "seconds": float(np.mean([r["seconds"] for r in rs]))}  # fmt: skip
+        entry = {
+            "method": method,
+            "epsilon": eps,
+            "seeds": len(rs),
+            "seconds": float(np.mean([r["seconds"] for r in rs])),
+        }
         for key in ("rouge_l", "cosine"):
             values = np.array([r[key] for r in rs])
             entry[key] = float(values.mean())
@@ -299,8 +369,10 @@ def table(summary: list[dict]) -> str:
 
     lines = ["| ε | method | ROUGE-L F1 | MiniLM cosine | s per seed |", "|---|---|---:|---:|---:|"]
     for s in sorted(summary, key=lambda s: (s["epsilon"] if not math.isinf(s["epsilon"]) else 1e9, s["method"])):
-        lines.append(f"| {eps_text(s['epsilon'])} | {s['method']} | {s['rouge_l']:.1f} ± {s['rouge_l_se']:.1f} | "
-                     f"{s['cosine']:.1f} ± {s['cosine_se']:.1f} | {s['seconds']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {eps_text(s['epsilon'])} | {s['method']} | {s['rouge_l']:.1f} ± {s['rouge_l_se']:.1f} | "
+            f"{s['cosine']:.1f} ± {s['cosine_se']:.1f} | {s['seconds']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -331,8 +403,9 @@ def plot(summary: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="1 seed, 2 queries, ε = 2, short PTA pairs: a check that every row runs")  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true", help="1 seed, 2 queries, ε = 2, short PTA pairs: a check that every row runs"
+    )
     parser.add_argument("--n-test", type=int, default=8, help="test MRs per seed")
     parser.add_argument("--n-public", type=int, default=4, help="public inputs DPS-MOZO+Off answers")
     parser.add_argument("--pta-demos", type=int, default=2, help="pairs PTA writes")
@@ -358,22 +431,33 @@ def main() -> None:
     backend = HFBackend.from_pretrained("smollm2-135m-instruct")
     template = chat_layout(backend)
     scorer = Scorer(test)
-    log(f"{len(dev)} private records, {len(test)} test MRs; {args.n_test} queries × {args.seeds} seeds, "
-        f"ε ∈ {args.epsilons}; model loaded in {time.perf_counter() - start:.0f}s")  # fmt: skip
+    log(
+        f"{len(dev)} private records, {len(test)} test MRs; {args.n_test} queries × {args.seeds} seeds, "
+        f"ε ∈ {args.epsilons}; model loaded in {time.perf_counter() - start:.0f}s"
+    )
     rows: list[dict] = []
     for seed in range(args.seeds):
         rows += run_seed(seed, args, backend, template, dev, test, scorer, log)
         (args.out / "rows.json").write_text(json.dumps(rows, indent=1, ensure_ascii=False))
     summary = summarise(rows)
     machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"
-    meta = {"n_test": args.n_test, "seeds": args.seeds, "epsilons": args.epsilons, "n_public": args.n_public,
-            "subset_size": args.subset_size, "pta": [args.pta_demos, args.pta_tokens, args.pta_prompts],
-            "machine": machine, "minutes": (time.perf_counter() - start) / 60}  # fmt: skip
+    meta = {
+        "n_test": args.n_test,
+        "seeds": args.seeds,
+        "epsilons": args.epsilons,
+        "n_public": args.n_public,
+        "subset_size": args.subset_size,
+        "pta": [args.pta_demos, args.pta_tokens, args.pta_prompts],
+        "machine": machine,
+        "minutes": (time.perf_counter() - start) / 60,
+    }
     (args.out / "summary.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1))
     plot(summary, args.out / "e2e.png")
     log("\n" + table(summary))
-    log(f"\n{meta['minutes']:.0f} min on {machine}; paper (LLaMA-3 3B): zero-shot {PAPER['zero-shot']}, "
-        f"few-shot {PAPER['few-shot']}")  # fmt: skip
+    log(
+        f"\n{meta['minutes']:.0f} min on {machine}; paper (LLaMA-3 3B): zero-shot {PAPER['zero-shot']}, "
+        f"few-shot {PAPER['few-shot']}"
+    )
 
 
 if __name__ == "__main__":

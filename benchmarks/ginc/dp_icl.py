@@ -58,13 +58,24 @@ from dp_icl_plugin.methods.clip_blend import measure_decoding_speedup
 HERE = Path(__file__).resolve().parent
 EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)
 DELTA = 1 / 1600
-GINC = {"n_prompts": 5, "records_per_prompt": 4, "max_tokens": 10, "shots_per_label": 4, "top_k": 10,
-        "template": PRESETS["ginc"]}  # fmt: skip
+GINC = {
+    "n_prompts": 5,
+    "records_per_prompt": 4,
+    "max_tokens": 10,
+    "shots_per_label": 4,
+    "top_k": 10,
+    "template": PRESETS["ginc"],
+}
 ALPHAS = (1.0, 1.5, 2.0, 5.0)
 TOP_PS = (0.7, 0.8, 0.9)
 # PTA Table 7, 4-layer model (MA1): the --quick run uses these instead of searching.
-PAPER_CHOICE = {"BA2": {"top_p": 0.9}, "P1": {"alpha": 5.0}, "PA2": {"alpha": 5.0, "top_p": 0.9},
-                "PA3": {"alpha": 2.0, "top_p": 0.9}, "AdaDPSyn": {"lam": 0.2}}  # fmt: skip
+PAPER_CHOICE = {
+    "BA2": {"top_p": 0.9},
+    "P1": {"alpha": 5.0},
+    "PA2": {"alpha": 5.0, "top_p": 0.9},
+    "PA3": {"alpha": 2.0, "top_p": 0.9},
+    "AdaDPSyn": {"lam": 0.2},
+}
 
 
 @dataclass(frozen=True)
@@ -99,8 +110,14 @@ def _adadpsyn(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
 def _clip_blend(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
     # The paper's clip c = 10; s = 1,600/4 = 400 records per demonstration (one per prompt, disjoint groups).
     privacy = {"epsilon": epsilon, "delta": DELTA} if epsilon is not None else {"temperature": 1.0}
-    return ClipBlendSynthesizer(clip=10.0, max_tokens=GINC["max_tokens"], shots_per_label=GINC["shots_per_label"],
-                                template=GINC["template"], **privacy, **hp)  # fmt: skip
+    return ClipBlendSynthesizer(
+        clip=10.0,
+        max_tokens=GINC["max_tokens"],
+        shots_per_label=GINC["shots_per_label"],
+        template=GINC["template"],
+        **privacy,
+        **hp,
+    )
 
 
 MOZO_ORDER = {1.0: 14.0, 2.0: 8.0, 4.0: 5.0, 8.0: 4.0}  # the paper's α for ε = 1, 2, 4 (Table 4); 4 for ε = 8
@@ -108,10 +125,12 @@ MOZO_ORDER = {1.0: 14.0, 2.0: 8.0, 4.0: 5.0, 8.0: 4.0}  # the paper's α for ε 
 
 def _mozo(epsilon: float | None, hp: dict[str, Any]) -> SynthesisMethod:
     # One DP output token per public input (the label of a GINC example), 4 shots per token, top-k = 10.
-    privacy = {"epsilon": epsilon, "delta": DELTA, "order": MOZO_ORDER[epsilon]} if epsilon is not None \
-        else {"beta": 1.0}  # fmt: skip
-    return MozoOfflineSynthesizer(n_shots=4, max_tokens=1, top_k=GINC["top_k"], template=ANSWER_PRESETS["ginc"],
-                                  **privacy, **hp)  # fmt: skip
+    privacy = (
+        {"epsilon": epsilon, "delta": DELTA, "order": MOZO_ORDER[epsilon]} if epsilon is not None else {"beta": 1.0}
+    )
+    return MozoOfflineSynthesizer(
+        n_shots=4, max_tokens=1, top_k=GINC["top_k"], template=ANSWER_PRESETS["ginc"], **privacy, **hp
+    )
 
 
 def specs() -> list[Spec]:
@@ -221,8 +240,10 @@ class Harness:
             method = spec.build(epsilon, hp)
             budget = BudgetManager(PrivacyBudget(epsilon=epsilon, delta=DELTA))
             demos = method.synthesize(self.data, backend=self.backend, budget=budget, rng=rng)
-            info = {"epsilon": demos.provenance.epsilon, **{k: v for k, v in demos.provenance.extra.items()
-                                                            if isinstance(v, (int, float, str))}}  # fmt: skip
+            info = {
+                "epsilon": demos.provenance.epsilon,
+                **{k: v for k, v in demos.provenance.extra.items() if isinstance(v, (int, float, str))},
+            }
         by_concept = {c: [list(d.token_ids) for d in demos.for_label(concept_label(c))] for c in self.train}
         return by_concept, info
 
@@ -241,15 +262,19 @@ class Harness:
             data = self._qa_data.get(c) or self._qa_data.setdefault(c, query_answer_dataset(self.language, examples))
             inputs = [self.language.render(ex.tokens) for ex in self.inputs_for(c, seed)]
             if math.isinf(epsilon):
-                demos = spec.build(None, hp).synthesize_nonprivate(data, public_inputs=inputs, backend=self.backend,
-                                                                    rng=rng)  # fmt: skip
+                demos = spec.build(None, hp).synthesize_nonprivate(
+                    data, public_inputs=inputs, backend=self.backend, rng=rng
+                )
                 info = {"epsilon": math.inf}
             else:
                 budget = BudgetManager(PrivacyBudget(epsilon=epsilon, delta=DELTA))
-                demos = spec.build(epsilon, hp).synthesize(data, public_inputs=inputs, backend=self.backend,
-                                                           budget=budget, rng=rng)  # fmt: skip
-                info = {"epsilon": demos.provenance.epsilon, **{k: v for k, v in demos.provenance.extra.items()
-                                                                if isinstance(v, (int, float, str))}}  # fmt: skip
+                demos = spec.build(epsilon, hp).synthesize(
+                    data, public_inputs=inputs, backend=self.backend, budget=budget, rng=rng
+                )
+                info = {
+                    "epsilon": demos.provenance.epsilon,
+                    **{k: v for k, v in demos.provenance.extra.items() if isinstance(v, (int, float, str))},
+                }
             by_concept[c] = [self.language.parse(d.input or "") + list(d.token_ids) for d in demos]
         return by_concept, info
 
@@ -293,9 +318,10 @@ def _short_queries(language: Any, per_concept: int) -> list[GincExample]:
 
 def _validation_queries(language: Any, n: int, seed: int) -> list[GincExample]:
     prompts = sample_icl_prompts(language, n_prompts=n, n_shots=0, k=10, rng=np.random.default_rng([seed, 99]))
-    return [GincExample(int(c), int(s), tuple(int(t) for t in q), int(y))
-            for c, s, q, y in zip(prompts.concepts, prompts.start_properties, prompts.queries, prompts.labels,
-                                  strict=True)]  # fmt: skip
+    return [
+        GincExample(int(c), int(s), tuple(int(t) for t in q), int(y))
+        for c, s, q, y in zip(prompts.concepts, prompts.start_properties, prompts.queries, prompts.labels, strict=True)
+    ]
 
 
 def choose_hyperparameters(
@@ -334,10 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     train = {c: tr for c, (tr, _) in split.items()}
     test = [ex for _, te in split.values() for ex in te[:per_concept]]
     timed = TimedBackend(backend)
-    h = Harness(timed, language, private_dataset(language, train), test,
-                _validation_queries(language, 500 if not args.quick else 100, seed=1), train,
-                _public_input_pool(language, split, per_concept=4 * n_seeds),
-                _short_queries(language, per_concept // 2))  # fmt: skip
+    h = Harness(
+        timed,
+        language,
+        private_dataset(language, train),
+        test,
+        _validation_queries(language, 500 if not args.quick else 100, seed=1),
+        train,
+        _public_input_pool(language, split, per_concept=4 * n_seeds),
+        _short_queries(language, per_concept // 2),
+    )
 
     def log(text: str) -> None:
         print(f"[{time.monotonic() - started:7.1f}s] {text}", file=sys.stderr, flush=True)
@@ -349,8 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("k10", "k5"):
             runs = [r[key] for r in results]
             prefix = "" if key == "k10" else "k5_"
-            row.update({f"{prefix}mean": float(np.mean(runs)), f"{prefix}std": float(np.std(runs)),
-                        f"{prefix}runs": runs})  # fmt: skip
+            row.update(
+                {f"{prefix}mean": float(np.mean(runs)), f"{prefix}std": float(np.std(runs)), f"{prefix}runs": runs}
+            )
         rows.append(row)
         return row
 
@@ -358,8 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     log(f"0-shot {100 * r['mean']:.1f} (k = 5: {100 * r['k5_mean']:.1f})")
     r = add("R0 (real, not private)", math.inf, [h.evaluate(h.real_demonstrations(s)) for s in range(n_seeds)])
     log(f"R0 {100 * r['mean']:.1f} ± {100 * r['std']:.1f} (k = 5: {100 * r['k5_mean']:.1f})")
-    add("MOZO inputs, 0-shot outputs (no private data)", 0.0,
-        [h.evaluate(h.zero_shot_answers(s)) for s in range(n_seeds)])  # fmt: skip
+    add(
+        "MOZO inputs, 0-shot outputs (no private data)",
+        0.0,
+        [h.evaluate(h.zero_shot_answers(s)) for s in range(n_seeds)],
+    )
 
     chosen_specs = specs()
     if args.methods:
@@ -388,22 +424,33 @@ def main(argv: list[str] | None = None) -> int:
                 wall = time.perf_counter() - t0
                 if measure:
                     tokens = sum(len(d) for ds in demos.values() for d in ds)
-                    speed[spec.name] = {"tokens_per_second": tokens / wall, "seconds": wall,
-                                        "forward_share": timed.forward_seconds / wall,
-                                        "calibration_seconds": calibration}  # fmt: skip
+                    speed[spec.name] = {
+                        "tokens_per_second": tokens / wall,
+                        "seconds": wall,
+                        "forward_share": timed.forward_seconds / wall,
+                        "calibration_seconds": calibration,
+                    }
                 results.append(h.evaluate(demos))
             r = add(spec.name, epsilon, results, hyperparameters=hp, info=info)
-            log(f"{spec.name} ε = {epsilon:g}: {100 * r['mean']:.1f} ± {100 * r['std']:.1f} "
-                f"(k = 5: {100 * r['k5_mean']:.1f} ± {100 * r['k5_std']:.1f})")  # fmt: skip
+            log(
+                f"{spec.name} ε = {epsilon:g}: {100 * r['mean']:.1f} ± {100 * r['std']:.1f} "
+                f"(k = 5: {100 * r['k5_mean']:.1f} ± {100 * r['k5_std']:.1f})"
+            )
 
     if not args.methods or "clip-blend" in args.methods:
         speed["clip-blend cached vs re-encoded (T = 100)"] = clip_blend_speedup(h, n_prompts=32 if args.quick else 128)
         log(f"clip-blend cache speed-up at T = 100: {speed['clip-blend cached vs re-encoded (T = 100)']}")
     total = time.monotonic() - started
-    meta = {"command": "python benchmarks/ginc/dp_icl.py" + (" --quick" if args.quick else ""), "seeds": n_seeds,
-            "test_queries": len(test), "short_queries": len(h.test_short), "delta": DELTA,
-            "setting": {k: v for k, v in GINC.items() if k != "template"},
-            "seconds": round(total, 1), "model": "committed GINC model (dp_icl_plugin/ginc/model)"}  # fmt: skip
+    meta = {
+        "command": "python benchmarks/ginc/dp_icl.py" + (" --quick" if args.quick else ""),
+        "seeds": n_seeds,
+        "test_queries": len(test),
+        "short_queries": len(h.test_short),
+        "delta": DELTA,
+        "setting": {k: v for k, v in GINC.items() if k != "template"},
+        "seconds": round(total, 1),
+        "model": "committed GINC model (dp_icl_plugin/ginc/model)",
+    }
     write_outputs(args.out, rows, selection, speed, meta)
     print(to_markdown(rows, speed, meta))
     print(f"\ntotal time: {total / 60:.1f} min")
@@ -422,9 +469,13 @@ def clip_blend_speedup(h: Harness, *, n_prompts: int) -> dict[str, float]:
     prompts = [template.public_prompt(label)] + [template.private_prompt(label, [r]) for r in records]
     tokens = np.random.default_rng(0).integers(1, h.backend.vocab_size, size=100).tolist()
     result = measure_decoding_speedup(h.backend._inner, prompts, tokens=tokens)
-    return {"cached_seconds": result.cached_seconds, "reencode_seconds": result.reencode_seconds,
-            "speedup": result.speedup, "max_logprob_difference": result.max_logprob_difference,
-            "prompts": len(prompts)}  # fmt: skip
+    return {
+        "cached_seconds": result.cached_seconds,
+        "reencode_seconds": result.reencode_seconds,
+        "speedup": result.speedup,
+        "max_logprob_difference": result.max_logprob_difference,
+        "prompts": len(prompts),
+    }
 
 
 def _table(rows: list[dict[str, Any]], prefix: str) -> list[str]:
@@ -432,8 +483,10 @@ def _table(rows: list[dict[str, Any]], prefix: str) -> list[str]:
         return "" if row is None else f"{100 * row[prefix + 'mean']:.1f} ± {100 * row[prefix + 'std']:.1f}"
 
     methods = list(dict.fromkeys(r["method"] for r in rows if not r["method"].startswith(REFERENCE_ROWS)))
-    lines = ["| method | " + " | ".join("ε = ∞" if math.isinf(e) else f"ε = {e:g}" for e in EPSILONS) + " |",
-             "|---" * (len(EPSILONS) + 1) + "|"]  # fmt: skip
+    lines = [
+        "| method | " + " | ".join("ε = ∞" if math.isinf(e) else f"ε = {e:g}" for e in EPSILONS) + " |",
+        "|---" * (len(EPSILONS) + 1) + "|",
+    ]
     for m in methods:
         cells = [cell(next((r for r in rows if r["method"] == m and r["epsilon"] == e), None)) for e in EPSILONS]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
@@ -444,32 +497,48 @@ def _table(rows: list[dict[str, Any]], prefix: str) -> list[str]:
 
 
 def to_markdown(rows: list[dict[str, Any]], speed: dict[str, Any], meta: dict[str, Any]) -> str:
-    lines = [f"4-shot accuracy (%) on the {meta['test_queries']} k = 10 test queries (PTA's split), mean ± std over "
-             f"{meta['seeds']} seeds, δ = 1/1600 per concept:", ""]  # fmt: skip
+    lines = [
+        f"4-shot accuracy (%) on the {meta['test_queries']} k = 10 test queries (PTA's split), mean ± std over "
+        f"{meta['seeds']} seeds, δ = 1/1600 per concept:",
+        "",
+    ]
     lines += _table(rows, "")
-    lines += ["", f"The same demonstrations on {meta['short_queries']} shorter queries (k = 5), where demonstrations "
-              "matter more:", ""]  # fmt: skip
+    lines += [
+        "",
+        f"The same demonstrations on {meta['short_queries']} shorter queries (k = 5), where demonstrations "
+        "matter more:",
+        "",
+    ]
     lines += _table(rows, "k5_")
     hyper = {r["method"]: r.get("hyperparameters") for r in rows if r.get("hyperparameters")}
     if hyper:
         lines += ["", "Hyperparameters: " + "; ".join(f"{m} {hp}" for m, hp in hyper.items()) + "."]
     methods_speed = {m: v for m, v in speed.items() if "tokens_per_second" in v}
     if methods_speed:
-        lines += ["", "| method (ε = 1, seed 0) | synthesis tokens/s | forward passes' share | mechanism + "
-                  "accounting | calibration (once) |", "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "| method (ε = 1, seed 0) | synthesis tokens/s | forward passes' share | mechanism + "
+            "accounting | calibration (once) |",
+            "|---|---|---|---|---|",
+        ]
         for m, v in methods_speed.items():
-            lines.append(f"| {m} | {v['tokens_per_second']:.1f} | {100 * v['forward_share']:.0f}% | "
-                         f"{100 * (1 - v['forward_share']):.0f}% | {v['calibration_seconds']:.2f} s |")  # fmt: skip
+            lines.append(
+                f"| {m} | {v['tokens_per_second']:.1f} | {100 * v['forward_share']:.0f}% | "
+                f"{100 * (1 - v['forward_share']):.0f}% | {v['calibration_seconds']:.2f} s |"
+            )
     for m, v in speed.items():
         if "speedup" in v:
-            lines.append(f"\n{m}: {v['speedup']:.1f}× ({v['reencode_seconds']:.1f} s re-encoded vs "
-                         f"{v['cached_seconds']:.1f} s cached, {v['prompts']} prompts, max |Δ log p| = "
-                         f"{v['max_logprob_difference']:.1e})")  # fmt: skip
+            lines.append(
+                f"\n{m}: {v['speedup']:.1f}× ({v['reencode_seconds']:.1f} s re-encoded vs "
+                f"{v['cached_seconds']:.1f} s cached, {v['prompts']} prompts, max |Δ log p| = "
+                f"{v['max_logprob_difference']:.1e})"
+            )
     return "\n".join(lines)
 
 
-def write_outputs(out: Path, rows: list[dict[str, Any]], selection: dict[str, Any], speed: dict[str, Any],
-                  meta: dict[str, Any]) -> None:  # fmt: skip
+def write_outputs(
+    out: Path, rows: list[dict[str, Any]], selection: dict[str, Any], speed: dict[str, Any], meta: dict[str, Any]
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     def clean(x: Any) -> Any:
@@ -481,8 +550,9 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], selection: dict[str, An
             return [clean(v) for v in x]
         return x
 
-    (out / "dp_icl.json").write_text(json.dumps(clean({"meta": meta, "rows": rows, "selection": selection,
-                                                       "speed": speed}), indent=2) + "\n")  # fmt: skip
+    (out / "dp_icl.json").write_text(
+        json.dumps(clean({"meta": meta, "rows": rows, "selection": selection, "speed": speed}), indent=2) + "\n"
+    )
     (out / "dp_icl.md").write_text(to_markdown(rows, speed, meta) + "\n")
     import matplotlib
 
@@ -498,8 +568,14 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], selection: dict[str, An
             ax.axhline(100 * r["mean"], linestyle=style[0], color=style[1], label=m)
             continue
         pts = [next((r for r in rows if r["method"] == m and r["epsilon"] == e), None) for e in EPSILONS]
-        ax.errorbar([x for x, p in zip(xs, pts, strict=True) if p], [100 * p["mean"] for p in pts if p],
-                    yerr=[100 * p["std"] for p in pts if p], marker="o", capsize=3, label=m)  # fmt: skip
+        ax.errorbar(
+            [x for x, p in zip(xs, pts, strict=True) if p],
+            [100 * p["mean"] for p in pts if p],
+            yerr=[100 * p["std"] for p in pts if p],
+            marker="o",
+            capsize=3,
+            label=m,
+        )
     ax.set_xticks(xs, ["∞" if math.isinf(e) else f"{e:g}" for e in EPSILONS])
     ax.set_xlabel("ε (per concept, δ = 1/1600)")
     ax.set_ylabel("4-shot accuracy (%)")

@@ -40,20 +40,30 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{layers}x{width}: stopped at step {result.step}; run again to resume", file=sys.stderr)
             return 1
         backend, language = load_model(result.output_dir, device="cpu")
-        cells = {(c.k, c.shots): c.accuracy for c in evaluate_icl(
-            backend, language, shots=(0, 4), ks=(5, 10), n_prompts=args.prompts)}  # fmt: skip
+        cells = {
+            (c.k, c.shots): c.accuracy
+            for c in evaluate_icl(backend, language, shots=(0, 4), ks=(5, 10), n_prompts=args.prompts)
+        }
         params = sum(p.numel() for p in backend.model.parameters())
         meta = json.loads((result.output_dir / "ginc.json").read_text())
-        rows.append({"shape": f"{layers}x{width}", "parameters": params, "tokens": config.tokens,
-                     "minutes": round(meta["training_seconds"] / 60, 1),
-                     "validation_loss": round(meta["validation_loss"], 4),
-                     **{f"k{k}_{n}shot": round(100 * a, 1) for (k, n), a in cells.items()}})  # fmt: skip
+        rows.append(
+            {
+                "shape": f"{layers}x{width}",
+                "parameters": params,
+                "tokens": config.tokens,
+                "minutes": round(meta["training_seconds"] / 60, 1),
+                "validation_loss": round(meta["validation_loss"], 4),
+                **{f"k{k}_{n}shot": round(100 * a, 1) for (k, n), a in cells.items()},
+            }
+        )
     print("| shape | parameters | tokens | minutes | val loss | k=5 0-shot | k=5 4-shot | k=10 0-shot | k=10 4-shot |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         accuracy = " | ".join(str(r[key]) for key in ("k5_0shot", "k5_4shot", "k10_0shot", "k10_4shot"))
-        print(f"| {r['shape']} | {r['parameters'] / 1e6:.2f}M | {r['tokens'] / 1e6:.1f}M | {r['minutes']} | "
-              f"{r['validation_loss']} | {accuracy} |")
+        print(
+            f"| {r['shape']} | {r['parameters'] / 1e6:.2f}M | {r['tokens'] / 1e6:.1f}M | {r['minutes']} | "
+            f"{r['validation_loss']} | {accuracy} |"
+        )
     print(json.dumps(rows))
     return 0
 

@@ -68,8 +68,14 @@ sys.path.insert(0, str(HERE.parent / "e2e"))
 DELTA = 1e-5
 MODEL = "smollm2-135m-instruct"
 E2E_INSTRUCTION = "Please convert the structured data into natural language."
-TREC_NAMES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human", "LOC": "location",
-              "NUM": "number"}  # fmt: skip
+TREC_NAMES = {
+    "ABBR": "abbreviation",
+    "DESC": "description",
+    "ENTY": "entity",
+    "HUM": "human",
+    "LOC": "location",
+    "NUM": "number",
+}
 DESKS = {"1": "World", "2": "Sports", "3": "Business", "4": "Technology"}
 
 
@@ -124,9 +130,20 @@ def e2e_task(n: int, split: str, quick: bool) -> Task:
     def score(i: int, out: str) -> float:
         return 100 * max(rouge.score(ref, _clean(out))["rougeL"].fmeasure for ref in refs[queries[i]])
 
-    return Task("e2e", "ROUGE-L", records, queries, tune, f"<|im_start|>system\n{E2E_INSTRUCTION}<|im_end|>\n",
-                "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n{label}<|im_end|>\n",
-                "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n", 8 if quick else 25, 16, 4, score)
+    return Task(
+        "e2e",
+        "ROUGE-L",
+        records,
+        queries,
+        tune,
+        f"<|im_start|>system\n{E2E_INSTRUCTION}<|im_end|>\n",
+        "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n{label}<|im_end|>\n",
+        "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n",
+        8 if quick else 25,
+        16,
+        4,
+        score,
+    )
 
 
 def classification_task(name: str, n: int, split: str) -> Task:
@@ -153,16 +170,27 @@ def classification_task(name: str, n: int, split: str) -> Task:
     chosen = (tune_idx if split == "tune" else held_idx)[:n]
     queries, truth = [test_x[i] for i in chosen], [test_y[i] for i in chosen]
     kind = "type" if name == "trec" else "desk"
-    header = (f"<|im_start|>system\nAnswer with the {kind} of the {item}, one of: {', '.join(labels)}."
-              "<|im_end|>\n")  # fmt: skip
+    header = f"<|im_start|>system\nAnswer with the {kind} of the {item}, one of: {', '.join(labels)}.<|im_end|>\n"
 
     def score(i: int, out: str) -> float:
         return 100.0 * (_label_of(out, labels) == truth[i])
 
-    return Task("trec" if name == "trec" else "triage", "accuracy", list(zip(pool_x, pool_y, strict=True)), queries,
-                [test_x[i] for i in tune_idx], header,
-                "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n{label}<|im_end|>\n",
-                "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n", 3, 40, 8, score, labels, truth)
+    return Task(
+        "trec" if name == "trec" else "triage",
+        "accuracy",
+        list(zip(pool_x, pool_y, strict=True)),
+        queries,
+        [test_x[i] for i in tune_idx],
+        header,
+        "<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n{label}<|im_end|>\n",
+        "<|im_start|>user\n{input}<|im_end|>\n<|im_start|>assistant\n",
+        3,
+        40,
+        8,
+        score,
+        labels,
+        truth,
+    )
 
 
 class Harness:
@@ -189,10 +217,14 @@ class Harness:
             self.record_vectors = embed_texts(model, texts, batch_size=128)
             self.query_vectors = embed_texts(model, task.queries, batch_size=128)
             self.tune_vectors = embed_texts(model, task.tune_queries, batch_size=128)
-            self.embedder = Lookup(texts + task.queries + task.tune_queries,
-                                   np.vstack([self.record_vectors, self.query_vectors, self.tune_vectors]), model)
-        self.expert_settings = {k: v for k, v in (("public_temperature", args.expert_t0),
-                                                  ("top_k", args.expert_top_k)) if v is not None}  # fmt: skip
+            self.embedder = Lookup(
+                texts + task.queries + task.tune_queries,
+                np.vstack([self.record_vectors, self.query_vectors, self.tune_vectors]),
+                model,
+            )
+        self.expert_settings = {
+            k: v for k, v in (("public_temperature", args.expert_t0), ("top_k", args.expert_top_k)) if v is not None
+        }
         self._backends: dict[int, object] = {}
         self.choices = None  # classification: every LLM row (and the baselines) answers with one of the labels
         if task.labels is not None and not args.free_answers:
@@ -217,8 +249,16 @@ class Harness:
             row = {"task": task.name, "method": method, "epsilon": epsilon, "score": None, "seconds": seconds, **extra}
         else:
             scores = np.array([task.score(i, o) for i, o in enumerate(outputs)])
-            row = {"task": task.name, "method": method, "epsilon": epsilon, "score": float(scores.mean()),
-                   "scores": scores.tolist(), "seconds": round(seconds, 1), "examples": outputs[:3], **extra}
+            row = {
+                "task": task.name,
+                "method": method,
+                "epsilon": epsilon,
+                "score": float(scores.mean()),
+                "scores": scores.tolist(),
+                "seconds": round(seconds, 1),
+                "examples": outputs[:3],
+                **extra,
+            }
             if self.zero is not None:
                 row.update(gain_interval(scores - self.zero))
         self.rows.append(row)
@@ -238,8 +278,9 @@ class Harness:
         if self.choices is not None:  # the fair baseline where answers are restricted to the labels
             started = time.perf_counter()
             outs = [self.choices.greedy(b, p) for p in prompts]
-            self.add("zero-shot greedy, restricted to the labels (no private data)", 0.0, outs,
-                     time.perf_counter() - started)  # fmt: skip
+            self.add(
+                "zero-shot greedy, restricted to the labels (no private data)", 0.0, outs, time.perf_counter() - started
+            )
         self.zero = np.asarray(self.rows[-1]["scores"])
 
     def ceiling(self) -> None:
@@ -257,8 +298,12 @@ class Harness:
             outs = [b.decode(o).strip() for o in greedy_generate(b, prompts, max_new_tokens=t.max_tokens)]
         else:
             outs = [self.choices.greedy(b, p) for p in prompts]
-        self.add(f"kNN RAG, {t.ceiling_shots} nearest (NOT private, the ceiling)", math.inf, outs,
-                 time.perf_counter() - started)  # fmt: skip
+        self.add(
+            f"kNN RAG, {t.ceiling_shots} nearest (NOT private, the ceiling)",
+            math.inf,
+            outs,
+            time.perf_counter() - started,
+        )
 
     def _ledger(self, epsilon: float):
         from dp_icl_plugin import BudgetManager, PrivacyBudget
@@ -295,17 +340,36 @@ class Harness:
         tau, uses = self.threshold(t.k)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            decoder = build_expert_decoder(self.backend(t.k), self._dataset(), budget=self._ledger(epsilon),
-                                           epsilon=epsilon, delta=DELTA * (1 - 1e-9), n_queries=len(t.queries),
-                                           max_tokens=t.max_tokens, k=t.k, min_similarity=tau, uses=uses,
-                                           embedder=self.embedder, template=self.template,
-                                           choices=self._labels(), **self.expert_settings)  # fmt: skip
+            decoder = build_expert_decoder(
+                self.backend(t.k),
+                self._dataset(),
+                budget=self._ledger(epsilon),
+                epsilon=epsilon,
+                delta=DELTA * (1 - 1e-9),
+                n_queries=len(t.queries),
+                max_tokens=t.max_tokens,
+                k=t.k,
+                min_similarity=tau,
+                uses=uses,
+                embedder=self.embedder,
+                template=self.template,
+                choices=self._labels(),
+                **self.expert_settings,
+            )
         outs = self._answer_all(decoder, 11)
         paid = len(decoder.knn.index.filter.all_spent()[0])  # records charged at least once
-        self.add(f"expert decoding (k = {t.k})", epsilon, outs, time.perf_counter() - started,
-                 min_similarity=round(tau, 3), uses=uses, token_epsilon=decoder.token_epsilon,
-                 log_odds_range=decoder.clip / decoder.temperature, warned=[str(w.message)[:120] for w in caught],
-                 records_paid=paid)  # fmt: skip
+        self.add(
+            f"expert decoding (k = {t.k})",
+            epsilon,
+            outs,
+            time.perf_counter() - started,
+            min_similarity=round(tau, 3),
+            uses=uses,
+            token_epsilon=decoder.token_epsilon,
+            log_odds_range=decoder.clip / decoder.temperature,
+            warned=[str(w.message)[:120] for w in caught],
+            records_paid=paid,
+        )
 
     def mozo(self, epsilon: float) -> None:
         from dp_icl_plugin.methods.decoding import MozoDecoder
@@ -313,12 +377,26 @@ class Harness:
         started = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            decoder = MozoDecoder(self._dataset(), backend=self.backend(4), budget=self._ledger(epsilon),
-                                  n_queries=len(self.task.queries), max_tokens=self.task.max_tokens, epsilon=epsilon,
-                                  delta=DELTA, order={1.0: 14.0, 2.0: 8.0}.get(epsilon, 5.0),
-                                  template=self.template, choices=self._labels())  # fmt: skip
-        self.add("DPS-MOZO decoding", epsilon, self._answer_all(decoder, 12), time.perf_counter() - started,
-                 beta=decoder.beta, warned=[str(w.message)[:120] for w in caught])  # fmt: skip
+            decoder = MozoDecoder(
+                self._dataset(),
+                backend=self.backend(4),
+                budget=self._ledger(epsilon),
+                n_queries=len(self.task.queries),
+                max_tokens=self.task.max_tokens,
+                epsilon=epsilon,
+                delta=DELTA,
+                order={1.0: 14.0, 2.0: 8.0}.get(epsilon, 5.0),
+                template=self.template,
+                choices=self._labels(),
+            )
+        self.add(
+            "DPS-MOZO decoding",
+            epsilon,
+            self._answer_all(decoder, 12),
+            time.perf_counter() - started,
+            beta=decoder.beta,
+            warned=[str(w.message)[:120] for w in caught],
+        )
 
     def clip_blend(self, epsilon: float) -> None:
         from dp_icl_plugin.methods.decoding import ClipBlendDecoder, step_rows
@@ -328,20 +406,35 @@ class Harness:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             rows = step_rows("clip-blend", {"subset_size": s})
-            decoder = ClipBlendDecoder(self._dataset(), backend=self.backend(rows), budget=self._ledger(epsilon),
-                                       n_queries=len(self.task.queries), max_tokens=self.task.max_tokens,
-                                       epsilon=epsilon, delta=DELTA, subset_size=s,
-                                       rng_subset=np.random.default_rng(13), template=self.template,
-                                       choices=self._labels())  # fmt: skip
-        self.add("clip-blend decoding (s = 40)", epsilon, self._answer_all(decoder, 14), time.perf_counter() - started,
-                 temperature=decoder.temperature, warned=[str(w.message)[:120] for w in caught])  # fmt: skip
+            decoder = ClipBlendDecoder(
+                self._dataset(),
+                backend=self.backend(rows),
+                budget=self._ledger(epsilon),
+                n_queries=len(self.task.queries),
+                max_tokens=self.task.max_tokens,
+                epsilon=epsilon,
+                delta=DELTA,
+                subset_size=s,
+                rng_subset=np.random.default_rng(13),
+                template=self.template,
+                choices=self._labels(),
+            )
+        self.add(
+            "clip-blend decoding (s = 40)",
+            epsilon,
+            self._answer_all(decoder, 14),
+            time.perf_counter() - started,
+            temperature=decoder.temperature,
+            warned=[str(w.message)[:120] for w in caught],
+        )
 
     def _knn(self, epsilon: float, *, labels, config):
         from dp_icl_plugin.methods.knn import PrivateIndex, PrivateKNN
         from dp_icl_plugin.methods.knn.experts import filter_budget_for
 
-        index = PrivateIndex(budget=filter_budget_for(epsilon, DELTA * (1 - 1e-9), "replace_one"),
-                             embedder=self.embedder)  # fmt: skip
+        index = PrivateIndex(
+            budget=filter_budget_for(epsilon, DELTA * (1 - 1e-9), "replace_one"), embedder=self.embedder
+        )
         xs, ys = zip(*self.task.records, strict=True)
         if labels is None:
             index.add(list(xs), answers=list(ys))
@@ -358,8 +451,9 @@ class Harness:
         knn = self._knn(epsilon, labels=t.labels, config=KNNConfig(k=40, shards=10, min_similarity=tau, uses=uses))
         rng = np.random.default_rng(15)
         outs = [knn.vote(q, rng=rng).label for q in t.queries]
-        self.add("kNN vote (no LLM)", epsilon, outs, time.perf_counter() - started, min_similarity=round(tau, 3),
-                 uses=uses)
+        self.add(
+            "kNN vote (no LLM)", epsilon, outs, time.perf_counter() - started, min_similarity=round(tau, 3), uses=uses
+        )
 
     def keywords(self, epsilon: float) -> None:
         from dp_icl_plugin.errors import ConfigurationError
@@ -368,8 +462,11 @@ class Harness:
         t = self.task
         started = time.perf_counter()
         tau, uses = self.threshold(40)
-        knn = self._knn(epsilon, labels=None, config=KNNConfig(k=40, shards=10, min_similarity=tau, uses=uses,
-                                                               max_answer_tokens=t.max_tokens))  # fmt: skip
+        knn = self._knn(
+            epsilon,
+            labels=None,
+            config=KNNConfig(k=40, shards=10, min_similarity=tau, uses=uses, max_answer_tokens=t.max_tokens),
+        )
         rng = np.random.default_rng(16)
         try:
             outs = [knn.answer(q, rng=rng).text for q in t.queries]
@@ -401,8 +498,15 @@ def save_table(path: str, tasks: list[Task]) -> None:
     from dp_icl_plugin.methods.knn import default_embedder
     from dp_icl_plugin.methods.knn.embedding import PROBE_TEXTS, embed_texts
 
-    texts = list(dict.fromkeys([*PROBE_TEXTS, *(x for t in tasks for x, _ in t.records),
-                                *(q for t in tasks for q in t.queries + t.tune_queries)]))  # fmt: skip
+    texts = list(
+        dict.fromkeys(
+            [
+                *PROBE_TEXTS,
+                *(x for t in tasks for x, _ in t.records),
+                *(q for t in tasks for q in t.queries + t.tune_queries),
+            ]
+        )
+    )
     vectors = embed_texts(default_embedder(), texts, batch_size=128)
     np.savez_compressed(path, texts=np.array(texts), vectors=vectors.astype(np.float16))
 
@@ -427,12 +531,20 @@ def recovered(rows: list[dict]) -> None:
 
 
 def to_markdown(rows: list[dict], meta: dict) -> str:
-    lines = [f"# DP-ICL harness ({meta['split']} queries)", "",
-             f"Model {meta['model']} on {meta['machine']}; {meta['queries']} queries per task; δ = {DELTA}; "
-             f"`{meta['command']}` took {meta['minutes']:.1f} min.", ""]  # fmt: skip
+    lines = [
+        f"# DP-ICL harness ({meta['split']} queries)",
+        "",
+        f"Model {meta['model']} on {meta['machine']}; {meta['queries']} queries per task; δ = {DELTA}; "
+        f"`{meta['command']}` took {meta['minutes']:.1f} min.",
+        "",
+    ]
     for task in dict.fromkeys(r["task"] for r in rows):
-        lines += [f"## {task}", "", "| method | ε | score | gain over the last zero-shot row [95 % CI] | recovered |",
-                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            f"## {task}",
+            "",
+            "| method | ε | score | gain over the last zero-shot row [95 % CI] | recovered |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for r in (r for r in rows if r["task"] == task):
             eps = "∞" if r["epsilon"] == math.inf else f"{r['epsilon']:g}"
             if r["score"] is None:
@@ -495,8 +607,11 @@ def main() -> None:
     parser.add_argument("--save-embeddings", default=None, help="write the vectors every task needs, then exit")
     parser.add_argument("--expert-t0", type=float, default=None, help="expert decoding's public temperature")
     parser.add_argument("--expert-top-k", type=int, default=None, help="expert decoding's support (0: all)")
-    parser.add_argument("--free-answers", action="store_true",
-                        help="classification: let answers be any text (default: restricted to the labels)")
+    parser.add_argument(
+        "--free-answers",
+        action="store_true",
+        help="classification: let answers be any text (default: restricted to the labels)",
+    )
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
     _use_data(Path(args.data))
@@ -510,8 +625,12 @@ def main() -> None:
     methods = args.methods.split(",")
     started = time.perf_counter()
     rows: list[dict] = []
-    tasks = [e2e_task(n, args.split, args.quick) if name == "e2e" else classification_task(
-        "trec" if name == "trec" else "agnews", n, args.split) for name in args.tasks.split(",")]  # fmt: skip
+    tasks = [
+        e2e_task(n, args.split, args.quick)
+        if name == "e2e"
+        else classification_task("trec" if name == "trec" else "agnews", n, args.split)
+        for name in args.tasks.split(",")
+    ]
     if args.save_embeddings:
         save_table(args.save_embeddings, tasks)
         return
@@ -519,9 +638,15 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = "harness_quick" if args.quick else "harness" if args.split == "held-out" else "harness_tune"
     gpu = f" ({torch.cuda.get_device_name()})" if (args.device or "").startswith("cuda") else ""
-    meta = {"model": Path(args.model).name, "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
-            f"{torch.get_num_threads()} threads, device {args.device or 'cpu'}{gpu}", "queries": n, "split": args.split,
-            "command": "python benchmarks/harness/run.py " + " ".join(sys.argv[1:]), "minutes": 0.0}  # fmt: skip
+    meta = {
+        "model": Path(args.model).name,
+        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
+        f"{torch.get_num_threads()} threads, device {args.device or 'cpu'}{gpu}",
+        "queries": n,
+        "split": args.split,
+        "command": "python benchmarks/harness/run.py " + " ".join(sys.argv[1:]),
+        "minutes": 0.0,
+    }
 
     def save(final: bool) -> None:  # after every row: a run stopped midway keeps what it measured
         meta["minutes"] = (time.perf_counter() - started) / 60
@@ -542,8 +667,13 @@ def main() -> None:
             for m in methods:
                 if (m == "vote" and task.labels is None) or (m == "keywords" and task.labels is not None):
                     continue
-                {"experts": h.experts, "mozo": h.mozo, "clip-blend": h.clip_blend, "vote": h.vote,
-                 "keywords": h.keywords}[m](eps)  # fmt: skip
+                {
+                    "experts": h.experts,
+                    "mozo": h.mozo,
+                    "clip-blend": h.clip_blend,
+                    "vote": h.vote,
+                    "keywords": h.keywords,
+                }[m](eps)
     save(True)
     print(to_markdown([dict(r) for r in rows], meta))
 

@@ -62,8 +62,13 @@ def load(name: str, n_queries: int) -> tuple[list[str], list[str], list[str], li
     labels = [names[r["Class Index"]] for r in rows]
     order = np.random.default_rng(0).permutation(len(texts))
     queries, pool = order[:n_queries], order[200:]
-    return ([texts[i] for i in pool], [labels[i] for i in pool], [texts[i] for i in queries],
-            [labels[i] for i in queries], list(names.values()))  # fmt: skip
+    return (
+        [texts[i] for i in pool],
+        [labels[i] for i in pool],
+        [texts[i] for i in queries],
+        [labels[i] for i in queries],
+        list(names.values()),
+    )
 
 
 class Lookup:
@@ -89,12 +94,18 @@ def subsample_noise(epsilon: float, steps: int) -> float:
 
     result = calibrate(
         lambda s: SelfComposedEvent(
-            PoissonSampledEvent(SUBSAMPLE_RATE, GaussianEvent(s, math.sqrt(2), neighbouring="add_remove"),
-                                neighbouring="add_remove"),
+            PoissonSampledEvent(
+                SUBSAMPLE_RATE, GaussianEvent(s, math.sqrt(2), neighbouring="add_remove"), neighbouring="add_remove"
+            ),
             steps,
         ),
-        epsilon=epsilon, delta=DELTA, lo=0.3, hi=200.0, grid=0.01, accountant="prv",
-    )  # fmt: skip
+        epsilon=epsilon,
+        delta=DELTA,
+        lo=0.3,
+        hi=200.0,
+        grid=0.01,
+        accountant="prv",
+    )
     return result.value * math.sqrt(2)
 
 
@@ -119,10 +130,21 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
     rows: list[dict] = []
 
     def add(method: str, epsilon: float, accs: list[float], **extra) -> None:
-        rows.append({"dataset": name, "method": method, "epsilon": epsilon, "mean": float(np.mean(accs)),
-                     "std": float(np.std(accs)), "runs": accs, **extra})  # fmt: skip
-        log(f"{name} {method} ε = {epsilon:g}: {100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f}"
-            + "".join(f" {k}={v}" for k, v in extra.items()))  # fmt: skip
+        rows.append(
+            {
+                "dataset": name,
+                "method": method,
+                "epsilon": epsilon,
+                "mean": float(np.mean(accs)),
+                "std": float(np.std(accs)),
+                "runs": accs,
+                **extra,
+            }
+        )
+        log(
+            f"{name} {method} ε = {epsilon:g}: {100 * np.mean(accs):.1f} ± {100 * np.std(accs):.1f}"
+            + "".join(f" {k}={v}" for k, v in extra.items())
+        )
 
     top = np.argsort(-sims, axis=1)[:, :K]
     majority = [np.bincount(pool_codes[row], minlength=len(names)).argmax() for row in top]
@@ -156,8 +178,13 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
                     paid.append(payers[0] / len(query_x))
                     accs.append(hits / len(query_x))
                 payers, short_share = round(float(np.mean(paid)), 1), round(float(np.mean(short)), 2)
-                add(f"NN-only DP vote (ours), τ = {tau}, uses = {uses}", epsilon, accs,
-                    payers_per_query=payers, short_share=short_share)  # fmt: skip
+                add(
+                    f"NN-only DP vote (ours), τ = {tau}, uses = {uses}",
+                    epsilon,
+                    accs,
+                    payers_per_query=payers,
+                    short_share=short_share,
+                )
         for uses in USES:
             accs = []
             for seed in range(seeds):
@@ -190,11 +217,18 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
 
 
 def to_markdown(rows: list[dict], meta: dict) -> str:
-    lines = [f"Command: `{meta['command']}` ({meta['seconds'] / 60:.1f} min). Accuracy (%) over {meta['queries']} "
-             f"queries, mean ± std over {meta['seeds']} seeds; per-record (ε, δ = {DELTA}).", ""]  # fmt: skip
+    lines = [
+        f"Command: `{meta['command']}` ({meta['seconds'] / 60:.1f} min). Accuracy (%) over {meta['queries']} "
+        f"queries, mean ± std over {meta['seeds']} seeds; per-record (ε, δ = {DELTA}).",
+        "",
+    ]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
-        lines += [f"### {dataset}", "", "| method | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
-                  "|---|" + "---:|" * len(EPSILONS)]  # fmt: skip
+        lines += [
+            f"### {dataset}",
+            "",
+            "| method | " + " | ".join(f"ε = {e:g}" for e in EPSILONS) + " |",
+            "|---|" + "---:|" * len(EPSILONS),
+        ]
         methods = dict.fromkeys(r["method"] for r in rows if r["dataset"] == dataset)
         for method in methods:
             cells = {r["epsilon"]: r for r in rows if r["dataset"] == dataset and r["method"] == method}
@@ -206,11 +240,19 @@ def to_markdown(rows: list[dict], meta: dict) -> str:
                 f"{100 * cells[e]['mean']:.1f} ± {100 * cells[e]['std']:.1f}" if e in cells else "" for e in EPSILONS
             ]
             lines.append(f"| {method} | " + " | ".join(cell) + " |")
-        payers = [(r["method"], r["epsilon"], r["payers_per_query"], r["short_share"]) for r in rows
-                  if r["dataset"] == dataset and "payers_per_query" in r]  # fmt: skip
+        payers = [
+            (r["method"], r["epsilon"], r["payers_per_query"], r["short_share"])
+            for r in rows
+            if r["dataset"] == dataset and "payers_per_query" in r
+        ]
         if payers:
-            lines += ["", "Records charged per query (mean) and share of queries with fewer than k = 40 records:", "",
-                      "| method | ε | charged per query | short |", "|---|---:|---:|---:|"]  # fmt: skip
+            lines += [
+                "",
+                "Records charged per query (mean) and share of queries with fewer than k = 40 records:",
+                "",
+                "| method | ε | charged per query | short |",
+                "|---|---:|---:|---:|",
+            ]
             lines += [f"| {m} | {e:g} | {p} | {s} |" for m, e, p, s in payers if e in (1.0, 8.0)]
         lines.append("")
     return "\n".join(lines)
@@ -225,11 +267,15 @@ def plot(rows: list[dict], path: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 4.5), squeeze=False)
     for ax, dataset in zip(axes[0], datasets, strict=True):
-        chosen = [m for m in dict.fromkeys(r["method"] for r in rows if r["dataset"] == dataset)
-                  if "τ = 0.3" in m or "paper" in m or "subsample" in m]  # fmt: skip
+        chosen = [
+            m
+            for m in dict.fromkeys(r["method"] for r in rows if r["dataset"] == dataset)
+            if "τ = 0.3" in m or "paper" in m or "subsample" in m
+        ]
         for method in chosen:
-            pts = sorted((r["epsilon"], r["mean"], r["std"]) for r in rows
-                         if r["dataset"] == dataset and r["method"] == method)  # fmt: skip
+            pts = sorted(
+                (r["epsilon"], r["mean"], r["std"]) for r in rows if r["dataset"] == dataset and r["method"] == method
+            )
             e, m, s = (np.array(v) for v in zip(*pts, strict=True))
             ax.errorbar(e, 100 * m, yerr=196 * s, marker="o", capsize=3, label=method)
         base = [r["mean"] for r in rows if r["dataset"] == dataset and r["method"] == "kNN, no privacy"]
@@ -267,8 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or (1 if args.quick else 5)
     queries = args.queries or (100 if args.quick else 200)
     rows = [row for name in datasets for row in run_dataset(name, n_queries=queries, seeds=seeds, log=log)]
-    meta = {"command": "python benchmarks/knn/accuracy.py" + (" --quick" if args.quick else ""), "seeds": seeds,
-            "queries": queries, "k": K, "delta": DELTA, "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+    meta = {
+        "command": "python benchmarks/knn/accuracy.py" + (" --quick" if args.quick else ""),
+        "seeds": seeds,
+        "queries": queries,
+        "k": K,
+        "delta": DELTA,
+        "seconds": round(time.monotonic() - started, 1),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "accuracy_quick" if args.quick else "accuracy"
     (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")

@@ -150,13 +150,16 @@ def main() -> None:
         "",
         "| store | hosts | releases/s (all hosts) | vs memory, 1 host |",
         "|---|---:|---:|---:|",
-        *[f"| {r['store']} | {r['hosts']} | {r['releases_per_s']:.1f} | {r['releases_per_s'] / base:.2f}× |"
-          for r in rows],
+        *[
+            f"| {r['store']} | {r['hosts']} | {r['releases_per_s']:.1f} | {r['releases_per_s'] / base:.2f}× |"
+            for r in rows
+        ],
     ]
     results = HERE / "results"
     (results / "hosts.md").write_text("\n".join(lines) + "\n")
-    (results / "hosts.json").write_text(json.dumps({"args": vars(args), "paid_per_release": payers, "rows": rows},
-                                                   indent=2) + "\n")  # fmt: skip
+    (results / "hosts.json").write_text(
+        json.dumps({"args": vars(args), "paid_per_release": payers, "rows": rows}, indent=2) + "\n"
+    )
     print("\n".join(lines))
 
 

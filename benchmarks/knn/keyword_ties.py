@@ -56,16 +56,22 @@ def main() -> None:
         for epsilon in (1.0, 4.0, 8.0):
             for uses in uses_list:
                 budget = IndividualBudget(epsilon=epsilon, delta=1e-5)
-                t = {m: keyword_threshold(noise_for_uses(budget, uses=uses, sensitivity=threshold_sensitivity(m)),
-                                          vocab) for m in (1, 2, 4, 8)}  # fmt: skip
-                print(f"threshold release, {label} (|V| = {vocab}), ε = {epsilon:g}, uses = {uses}: T in shards by m "
-                      + ", ".join(f"{m}: {v:.1f}" for m, v in t.items()))  # fmt: skip
+                t = {
+                    m: keyword_threshold(noise_for_uses(budget, uses=uses, sensitivity=threshold_sensitivity(m)), vocab)
+                    for m in (1, 2, 4, 8)
+                }
+                print(
+                    f"threshold release, {label} (|V| = {vocab}), ε = {epsilon:g}, uses = {uses}: T in shards by m "
+                    + ", ".join(f"{m}: {v:.1f}" for m, v in t.items())
+                )
     model = default_embedder()
     pool_x, pool_a = [mr for mr, _ in dev], [ref for _, ref in dev]
     pool_v, query_v = embed_texts(model, pool_x, batch_size=128), embed_texts(model, mrs)
     sims = query_v @ pool_v.T
-    print(f"records at least τ similar to a query (mean over {len(mrs)} MRs, of {len(pool_x)}): "
-          + ", ".join(f"τ = {tau}: {(sims >= tau).sum(axis=1).mean():.1f}" for tau in (0.3, 0.5, 0.7)))  # fmt: skip
+    print(
+        f"records at least τ similar to a query (mean over {len(mrs)} MRs, of {len(pool_x)}): "
+        + ", ".join(f"τ = {tau}: {(sims >= tau).sum(axis=1).mean():.1f}" for tau in (0.3, 0.5, 0.7))
+    )
     prompt = AnswerPrompt(context_prefix="Data:", question_prefix="Data:", answer_prefix="Sentence:")
     for mr, v in zip(mrs, query_v, strict=True):
         nearest = np.argsort(-(pool_v @ v))[: 4 * args.shards]

@@ -42,8 +42,14 @@ sys.path.insert(0, str(HERE.parent / "e2e"))
 DELTA = 1e-5
 K, SHARDS, TAU, USES = 40, 10, 0.3, 4  # the paper's k and shards; τ and uses as accuracy.py's best
 ANSWER_TAU = 0.7  # E2E MRs are near-duplicates: at τ = 0.3 nearly all 4,672 records would pay for every query
-TREC_NAMES = {"ABBR": "abbreviation", "DESC": "description", "ENTY": "entity", "HUM": "human",
-              "LOC": "location", "NUM": "number"}  # fmt: skip
+TREC_NAMES = {
+    "ABBR": "abbreviation",
+    "DESC": "description",
+    "ENTY": "entity",
+    "HUM": "human",
+    "LOC": "location",
+    "NUM": "number",
+}
 
 
 def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
@@ -63,25 +69,41 @@ def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
     pool_v, query_v = embed_texts(model, pool_x, batch_size=128), embed_texts(model, query_x, batch_size=128)
     lookup = Lookup(pool_x + query_x, np.vstack([pool_v, query_v]), model)
     prompt = ClassificationPrompt(item="question", text_prefix="Question:", label_prefix="Type:")
-    scorer = PrivateKNN(PrivateIndex(budget=IndividualBudget(1.0, DELTA), embedder=lookup),
-                        budget=BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove")),
-                        backend=backend, labels=names, classification_prompt=prompt,
-                        config=KNNConfig(k=K, shards=SHARDS))  # fmt: skip
+    scorer = PrivateKNN(
+        PrivateIndex(budget=IndividualBudget(1.0, DELTA), embedder=lookup),
+        budget=BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove")),
+        backend=backend,
+        labels=names,
+        classification_prompt=prompt,
+        config=KNNConfig(k=K, shards=SHARDS),
+    )
     label_ids = scorer._label_token_ids()
     rows: list[dict] = []
 
     def add(method: str, epsilon: float, predictions: list[str], seconds: float, **extra) -> None:
         acc = 100 * float(np.mean([p == t for p, t in zip(predictions, truth, strict=True)]))
-        rows.append({"task": "classify (TREC)", "method": method, "epsilon": epsilon, "score": acc,
-                     "seconds": round(seconds, 1), **extra})  # fmt: skip
+        rows.append(
+            {
+                "task": "classify (TREC)",
+                "method": method,
+                "epsilon": epsilon,
+                "score": acc,
+                "seconds": round(seconds, 1),
+                **extra,
+            }
+        )
         log(f"classify {method} ε = {epsilon:g}: {acc:.1f}% ({seconds:.0f}s) {extra or ''}")
 
     def votes(prompts: list[str]) -> np.ndarray:
         return np.argmax(backend.next_token_logprobs(prompts)[:, label_ids], axis=1)
 
     started = time.perf_counter()
-    add("0-shot", 0.0, [names[int(votes([prompt.render([], q, names)])[0])] for q in query_x],
-        time.perf_counter() - started)  # fmt: skip
+    add(
+        "0-shot",
+        0.0,
+        [names[int(votes([prompt.render([], q, names)])[0])] for q in query_x],
+        time.perf_counter() - started,
+    )
 
     started = time.perf_counter()
     sims = query_v @ pool_v.T
@@ -91,8 +113,12 @@ def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
         shards = [[(pool_x[i], pool_y[i]) for i in nearest[s::SHARDS]] for s in range(SHARDS)]
         counts = np.bincount(votes([prompt.render(d, q, names) for d in shards]), minlength=len(names))
         predictions.append(names[int(np.argmax(counts))])
-    add("kNN RAG, no privacy (40 nearest, 10 shard votes, majority)", math.inf, predictions,
-        time.perf_counter() - started)  # fmt: skip
+    add(
+        "kNN RAG, no privacy (40 nearest, 10 shard votes, majority)",
+        math.inf,
+        predictions,
+        time.perf_counter() - started,
+    )
 
     label_code = {n: i for i, n in enumerate(names)}
     pool_codes = np.array([label_code[y] for y in pool_y])
@@ -101,11 +127,21 @@ def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
         index = PrivateIndex(budget=IndividualBudget(epsilon=epsilon, delta=DELTA), embedder=lookup)
         index.add(pool_x, labels=pool_y)
         ledger = BudgetManager(PrivacyBudget(epsilon, DELTA, neighbouring="add_remove"))
-        retriever = PrivateKNN(index, budget=ledger, backend=backend, labels=names, classification_prompt=prompt,
-                               config=KNNConfig(k=K, shards=SHARDS, min_similarity=TAU, uses=USES))  # fmt: skip
+        retriever = PrivateKNN(
+            index,
+            budget=ledger,
+            backend=backend,
+            labels=names,
+            classification_prompt=prompt,
+            config=KNNConfig(k=K, shards=SHARDS, min_similarity=TAU, uses=USES),
+        )
         rng = np.random.default_rng(0)
-        add(f"kNN DP-ICL classify (ours), τ = {TAU}, uses = {USES}", epsilon,
-            [retriever.classify(q, rng=rng).label for q in query_x], time.perf_counter() - started)  # fmt: skip
+        add(
+            f"kNN DP-ICL classify (ours), τ = {TAU}, uses = {USES}",
+            epsilon,
+            [retriever.classify(q, rng=rng).label for q in query_x],
+            time.perf_counter() - started,
+        )
         started = time.perf_counter()
         sigma = subsample_noise(epsilon, len(query_x))
         predictions = []
@@ -118,9 +154,19 @@ def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
     return rows
 
 
-def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards: int = SHARDS,
-                uses: int = USES, tau: float = ANSWER_TAU, per_answer: int = 4,
-                ptr_epsilons: tuple[float, ...] = ()) -> list[dict]:
+def answer_rows(
+    backend,
+    epsilons,
+    n_queries: int,
+    keywords: int,
+    log,
+    *,
+    shards: int = SHARDS,
+    uses: int = USES,
+    tau: float = ANSWER_TAU,
+    per_answer: int = 4,
+    ptr_epsilons: tuple[float, ...] = (),
+) -> list[dict]:
     from accuracy import Lookup
     from run import Scorer
     from run import load as load_e2e
@@ -146,8 +192,11 @@ def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards
     lookup = Lookup(pool_x + mrs, np.vstack([pool_v, query_v]), model)
     scorer = Scorer(test)
     shard_prompt = AnswerPrompt(context_prefix="Data:", question_prefix="Data:", answer_prefix="Sentence:")
-    final_prompt = KeywordAnswerPrompt(instruction="Write one sentence about the data using these words: {keywords}",
-                                       question_prefix="Data:", answer_prefix="Sentence:")  # fmt: skip
+    final_prompt = KeywordAnswerPrompt(
+        instruction="Write one sentence about the data using these words: {keywords}",
+        question_prefix="Data:",
+        answer_prefix="Sentence:",
+    )
     max_tokens = 25
     rows: list[dict] = []
 
@@ -157,16 +206,28 @@ def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards
 
     def add(method: str, epsilon: float, outputs: list[str], seconds: float, **extra) -> None:
         rouge, cosine = scorer(mrs, outputs)
-        rows.append({"task": "answer (E2E)", "method": method, "epsilon": epsilon, "score": rouge,
-                     "minilm": cosine, "seconds": round(seconds, 1), "examples": outputs[:3], **extra})  # fmt: skip
+        rows.append(
+            {
+                "task": "answer (E2E)",
+                "method": method,
+                "epsilon": epsilon,
+                "score": rouge,
+                "minilm": cosine,
+                "seconds": round(seconds, 1),
+                "examples": outputs[:3],
+                **extra,
+            }
+        )
         log(f"answer {method} ε = {epsilon:g}: ROUGE-L {rouge:.1f} ({seconds:.0f}s) {extra or ''}")
 
     started = time.perf_counter()
     add("0-shot (greedy)", 0.0, generate([final_prompt.render(None, q) for q in mrs]), time.perf_counter() - started)
     started = time.perf_counter()
     sims = query_v @ pool_v.T
-    prompts = [shard_prompt.render([(pool_x[i], pool_a[i]) for i in np.argsort(-row)[:4]], q)
-               for q, row in zip(mrs, sims, strict=True)]  # fmt: skip
+    prompts = [
+        shard_prompt.render([(pool_x[i], pool_a[i]) for i in np.argsort(-row)[:4]], q)
+        for q, row in zip(mrs, sims, strict=True)
+    ]
     add("kNN RAG, no privacy (4 nearest pairs, greedy)", math.inf, generate(prompts), time.perf_counter() - started)
     runs = [(e, "threshold") for e in epsilons] + [(e, "ptr") for e in ptr_epsilons]
     for epsilon, release in runs:
@@ -174,10 +235,24 @@ def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards
         index = PrivateIndex(budget=IndividualBudget(epsilon=epsilon, delta=DELTA), embedder=lookup)
         index.add(pool_x, answers=pool_a)
         ledger = BudgetManager(PrivacyBudget(epsilon, DELTA, neighbouring="add_remove"))
-        config = KNNConfig(k=4 * shards, shards=shards, min_similarity=tau, uses=uses, keywords=keywords,
-                           keyword_release=release, keywords_per_answer=per_answer, max_answer_tokens=max_tokens)
-        retriever = PrivateKNN(index, budget=ledger, backend=backend, answer_prompt=shard_prompt,
-                               keyword_prompt=final_prompt, config=config)  # fmt: skip
+        config = KNNConfig(
+            k=4 * shards,
+            shards=shards,
+            min_similarity=tau,
+            uses=uses,
+            keywords=keywords,
+            keyword_release=release,
+            keywords_per_answer=per_answer,
+            max_answer_tokens=max_tokens,
+        )
+        retriever = PrivateKNN(
+            index,
+            budget=ledger,
+            backend=backend,
+            answer_prompt=shard_prompt,
+            keyword_prompt=final_prompt,
+            config=config,
+        )
         rng = np.random.default_rng(0)
         answers, used = [], []
         for q in mrs:
@@ -185,28 +260,41 @@ def answer_rows(backend, epsilons, n_queries: int, keywords: int, log, *, shards
             used.append(len(retrieval))
             answers.append(retriever.answer(retrieval, rng=rng))
         passed = 100 * float(np.mean([a.keywords is not None for a in answers]))
-        how = (f"threshold, first {per_answer} keywords of each answer, ≤ {keywords} released" if release == "threshold"
-               else f"PTR top-{keywords}")  # fmt: skip
-        add(f"kNN DP-ICL answer (ours), {how}; τ = {tau}, uses = {uses}, {shards} shards of 4", epsilon,
-            [a.text.split("\n")[0].strip() for a in answers], time.perf_counter() - started,
-            keyword_test_passed=round(passed, 1), records_paying=round(float(np.mean(used)), 1),
-            keywords_released=round(float(np.mean([len(a.keywords or ()) for a in answers])), 1))  # fmt: skip
+        how = (
+            f"threshold, first {per_answer} keywords of each answer, ≤ {keywords} released"
+            if release == "threshold"
+            else f"PTR top-{keywords}"
+        )
+        add(
+            f"kNN DP-ICL answer (ours), {how}; τ = {tau}, uses = {uses}, {shards} shards of 4",
+            epsilon,
+            [a.text.split("\n")[0].strip() for a in answers],
+            time.perf_counter() - started,
+            keyword_test_passed=round(passed, 1),
+            records_paying=round(float(np.mean(used)), 1),
+            keywords_released=round(float(np.mean([len(a.keywords or ()) for a in answers])), 1),
+        )
     return rows
 
 
 def to_markdown(rows: list[dict], meta: dict) -> str:
-    lines = ["# Private kNN on real text with SmolLM2-135M-Instruct and MiniLM", "",
-             f"`{meta['command']}` on {meta['machine']} (no GPU), {meta['minutes']:.0f} min, {meta['date']}. "
-             f"{meta['queries']} queries per task, answered in sequence; per-record (ε, δ = {DELTA}) over the run; "
-             "one seed (noise and sharding).", "",
-             "| task | method | ε | score | keywords released: % of answers (mean number) | records paying "
-             "per query | s |",
-             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "# Private kNN on real text with SmolLM2-135M-Instruct and MiniLM",
+        "",
+        f"`{meta['command']}` on {meta['machine']} (no GPU), {meta['minutes']:.0f} min, {meta['date']}. "
+        f"{meta['queries']} queries per task, answered in sequence; per-record (ε, δ = {DELTA}) over the run; "
+        "one seed (noise and sharding).",
+        "",
+        "| task | method | ε | score | keywords released: % of answers (mean number) | records paying per query | s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         eps = "∞" if math.isinf(r["epsilon"]) else ("–" if r["epsilon"] == 0 else f"{r['epsilon']:g}")
         passed = "" if "keyword_test_passed" not in r else f"{r['keyword_test_passed']} ({r['keywords_released']})"
-        lines.append(f"| {r['task']} | {r['method']} | {eps} | {r['score']:.1f} | {passed} | "
-                     f"{r.get('records_paying', '')} | {r['seconds']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {r['task']} | {r['method']} | {eps} | {r['score']:.1f} | {passed} | "
+            f"{r.get('records_paying', '')} | {r['seconds']:.0f} |"
+        )
     lines += ["", "Scores: accuracy % (classify), ROUGE-L F1 × 100 against the best reference (answer)."]
     return "\n".join(lines) + "\n"
 
@@ -220,8 +308,13 @@ def main() -> None:
     parser.add_argument("--uses", type=int, default=1, help="answer: releases a record can take part in")
     parser.add_argument("--tau", type=float, default=ANSWER_TAU, help="answer: the similarity threshold τ")
     parser.add_argument("--per-answer", type=int, default=4, help="answer: keywords each shard answer counts")
-    parser.add_argument("--ptr-epsilons", type=float, nargs="*", default=[8.0],
-                        help="answer: also run the paper's PTR keyword release at these ε")  # fmt: skip
+    parser.add_argument(
+        "--ptr-epsilons",
+        type=float,
+        nargs="*",
+        default=[8.0],
+        help="answer: also run the paper's PTR keyword release at these ε",
+    )
     parser.add_argument("--tasks", nargs="+", default=["classify", "answer"], choices=["classify", "answer"])
     parser.add_argument("--quick", action="store_true", help="20 queries, ε = 8 only")
     parser.add_argument("--name", default=None, help="results file stem (default real_text[_<task>])")
@@ -240,12 +333,25 @@ def main() -> None:
     if "classify" in args.tasks:
         rows += classify_rows(backend, args.epsilons, args.queries, log)
     if "answer" in args.tasks:
-        rows += answer_rows(backend, args.epsilons, args.queries, args.keywords, log, shards=args.shards,
-                            uses=args.uses, tau=args.tau, per_answer=args.per_answer,
-                            ptr_epsilons=tuple(args.ptr_epsilons))  # fmt: skip
-    meta = {"command": "python benchmarks/knn/real_text.py " + " ".join(sys.argv[1:]), "queries": args.queries,
-            "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-            "minutes": (time.perf_counter() - started) / 60, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+        rows += answer_rows(
+            backend,
+            args.epsilons,
+            args.queries,
+            args.keywords,
+            log,
+            shards=args.shards,
+            uses=args.uses,
+            tau=args.tau,
+            per_answer=args.per_answer,
+            ptr_epsilons=tuple(args.ptr_epsilons),
+        )
+    meta = {
+        "command": "python benchmarks/knn/real_text.py " + " ".join(sys.argv[1:]),
+        "queries": args.queries,
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "minutes": (time.perf_counter() - started) / 60,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     out = HERE / ("results-quick" if args.quick else "results")
     out.mkdir(exist_ok=True)
     name = args.name or ("real_text" if len(args.tasks) > 1 else f"real_text_{args.tasks[0]}")  # keep other tables

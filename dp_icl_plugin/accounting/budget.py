@@ -380,8 +380,10 @@ class BudgetManager:
             )
         deltas = [a.delta for a in ev.atoms(converted) if isinstance(a, ev.ApproxDPEvent)]
         if deltas and max(deltas) > b.delta:
-            parts.append(f"its delta{' after that conversion' if parts else ''} is {max(deltas):.3g}, above the "
-                         f"ledger's {b.delta:g}: no epsilon is finite at the ledger's delta")  # fmt: skip
+            parts.append(
+                f"its delta{' after that conversion' if parts else ''} is {max(deltas):.3g}, above the "
+                f"ledger's {b.delta:g}: no epsilon is finite at the ledger's delta"
+            )
         return "".join(f"; {p}" for p in parts)
 
     def _refusal(self, event: ev.DPEvent, total: ev.DPEvent, counts: Counter[str]) -> BudgetExhaustedError:

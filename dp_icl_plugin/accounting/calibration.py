@@ -146,8 +146,13 @@ def calibrate_subsampled_gaussian(
     n = check.positive_int("steps", steps)
     return calibrate(
         lambda s: me.tang_event(noise_multiplier=s, sampling_rate=q, steps=n, neighbouring=neighbouring),
-        epsilon=epsilon, delta=delta, lo=lo, hi=hi, grid=grid, accountant=accountant,
-    )  # fmt: skip
+        epsilon=epsilon,
+        delta=delta,
+        lo=lo,
+        hi=hi,
+        grid=grid,
+        accountant=accountant,
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -178,8 +183,13 @@ def calibrate_adadpsyn(
         lambda s1: me.adadpsyn_event(
             sigma0=s0, sigma1=s1, sigma2=s2, sampling_rate=q, steps=n, t_hat=t, theta=theta, labels_touched=touched
         ),
-        epsilon=epsilon, delta=delta, lo=lo, hi=hi, grid=grid, accountant="rdp",
-    )  # fmt: skip
+        epsilon=epsilon,
+        delta=delta,
+        lo=lo,
+        hi=hi,
+        grid=grid,
+        accountant="rdp",
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -202,8 +212,14 @@ def calibrate_mozo(
     n, a = check.positive_int("steps", steps), check.order("order", order)
     return calibrate(
         lambda b: me.mozo_event(beta=b, order=a, sampling_rate=q, steps=n),
-        epsilon=epsilon, delta=delta, lo=1e-9, hi=hi, find="largest", tolerance=tolerance, accountant="rdp",
-    )  # fmt: skip
+        epsilon=epsilon,
+        delta=delta,
+        lo=1e-9,
+        hi=hi,
+        find="largest",
+        tolerance=tolerance,
+        accountant="rdp",
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -229,6 +245,11 @@ def calibrate_clip_blend_temperature(
         lambda inv_tau: me.clip_blend_event(
             clip=clip, subset_size=subset_size, temperature=1.0 / inv_tau, steps=steps, neighbouring=neighbouring
         ),
-        epsilon=epsilon, delta=delta, lo=hi * 1e-9, hi=hi, find="largest", tolerance=tolerance * hi,
-    )  # fmt: skip
+        epsilon=epsilon,
+        delta=delta,
+        lo=hi * 1e-9,
+        hi=hi,
+        find="largest",
+        tolerance=tolerance * hi,
+    )
     return CalibrationResult(1.0 / result.value, result.epsilon, result.delta, result.accountant)

@@ -95,8 +95,7 @@ class DPEvent:
         relation = check_relation(self.neighbouring)
         if relation not in allowed:
             raise UnsupportedEventError(
-                f"a {self.type_name!r} event has an analysis only for {' or '.join(allowed)} neighbours, "
-                f"not {relation}"
+                f"a {self.type_name!r} event has an analysis only for {' or '.join(allowed)} neighbours, not {relation}"
             )
 
     def to_dict(self) -> dict[str, Any]:

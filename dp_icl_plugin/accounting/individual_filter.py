@@ -37,8 +37,26 @@ from dp_icl_plugin.errors import ConfigurationError
 __all__ = ["FILTER_ORDERS", "IndividualBudget", "ReleaseCost", "admissible", "order_caps"]
 
 FILTER_ORDERS: tuple[float, ...] = (
-    1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0, 128.0, 256.0,
-)  # fmt: skip
+    1.5,
+    1.75,
+    2.0,
+    2.5,
+    3.0,
+    4.0,
+    5.0,
+    6.0,
+    8.0,
+    10.0,
+    12.0,
+    16.0,
+    20.0,
+    24.0,
+    32.0,
+    48.0,
+    64.0,
+    128.0,
+    256.0,
+)
 """Few orders on purpose: each one costs a share δ/m of the conversion δ."""
 
 _FIT_MARGIN = 1e-9

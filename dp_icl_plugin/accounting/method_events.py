@@ -55,8 +55,9 @@ def tang_event(
       label is charged at the largest rate; a smaller one is dominated by it.
     """
     relation = check_relation(neighbouring)
-    gaussian = ev.GaussianEvent(noise_multiplier=noise_multiplier, sensitivity=SIMPLEX_SENSITIVITY,
-                                neighbouring=ADD_REMOVE)  # fmt: skip
+    gaussian = ev.GaussianEvent(
+        noise_multiplier=noise_multiplier, sensitivity=SIMPLEX_SENSITIVITY, neighbouring=ADD_REMOVE
+    )
     token = ev.PoissonSampledEvent(sampling_rate=sampling_rate, event=gaussian, neighbouring=relation)
     return ev.SelfComposedEvent(token, check.positive_int("steps", steps))
 
@@ -157,8 +158,9 @@ def clip_blend_event(
     for the given neighbouring relation; the accountants compose that far more tightly than advanced
     composition. The prompts are fixed (no sampling), so there is no amplification.
     """
-    eps0 = clip_blend_token_epsilon(clip=clip, subset_size=subset_size, temperature=temperature,
-                                    neighbouring=neighbouring)  # fmt: skip
+    eps0 = clip_blend_token_epsilon(
+        clip=clip, subset_size=subset_size, temperature=temperature, neighbouring=neighbouring
+    )
     token = ev.ExponentialMechanismEvent(eps0, neighbouring=check_relation(neighbouring))
     return ev.SelfComposedEvent(token, check.positive_int("steps", steps))
 
@@ -167,7 +169,8 @@ def clip_blend_paper_epsilon(*, clip: float, subset_size: int, temperature: floa
     """The paper's figure c·√(2T ln(1/δ))/(sτ) (add/remove): advanced composition without its
     T·ε0(e^ε0−1) term. Not a valid bound when ε0 is not small: report it only next to the real guarantee.
     """
-    eps0 = clip_blend_token_epsilon(clip=clip, subset_size=subset_size, temperature=temperature,
-                                    neighbouring=ADD_REMOVE)  # fmt: skip
+    eps0 = clip_blend_token_epsilon(
+        clip=clip, subset_size=subset_size, temperature=temperature, neighbouring=ADD_REMOVE
+    )
     t = check.positive_int("steps", steps)
     return eps0 * math.sqrt(2.0 * t * math.log(1.0 / check.probability_open("delta", delta)))

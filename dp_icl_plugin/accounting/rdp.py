@@ -39,10 +39,25 @@ __all__ = [
 ]
 
 DEFAULT_ORDERS: tuple[float, ...] = (
-    1.25, 1.5, 1.75, 2.5, 3.5, 4.5, 5.5,
+    1.25,
+    1.5,
+    1.75,
+    2.5,
+    3.5,
+    4.5,
+    5.5,
     *map(float, range(2, 65)),
-    72.0, 80.0, 96.0, 112.0, 128.0, 160.0, 192.0, 256.0, 384.0, 512.0,
-)  # fmt: skip
+    72.0,
+    80.0,
+    96.0,
+    112.0,
+    128.0,
+    160.0,
+    192.0,
+    256.0,
+    384.0,
+    512.0,
+)
 """Orders used by default: fine near 1 for large ε, integers (needed by the subsampling bounds)."""
 
 Orders = Sequence[float] | np.ndarray
@@ -135,8 +150,7 @@ def _log_a_fractional(alpha: float, sampling_rate: float, noise_multiplier: floa
             above = log_coef + j * log_q + i * log_1mq + (j * j - j) / (2.0 * sigma2) + log_ndtr((j - z0) / sigma)
         if np.isposinf(below).any() or np.isposinf(above).any() or np.isnan(below).any() or np.isnan(above).any():
             return math.inf
-        total, total_sign = logsumexp(np.concatenate([below, above]), b=np.concatenate([sign, sign]),
-                                      return_sign=True)  # fmt: skip
+        total, total_sign = logsumexp(np.concatenate([below, above]), b=np.concatenate([sign, sign]), return_sign=True)
         shrinking = below[-1] <= below[-2] and above[-1] <= above[-2]
         last = max(float(below[-1]), float(above[-1]))
         if total_sign > 0 and shrinking and last < float(total) - 20.0:

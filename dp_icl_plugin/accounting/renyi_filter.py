@@ -53,6 +53,7 @@ SEVERAL_WORKERS_HINT = (
     "PostgreSQL (path='postgresql://...'), whose filter every worker shares"
 )
 
+
 class RenyiFilter:
     """Per-unit RDP spend at fixed orders with a per-unit (ε, δ) budget.
 
@@ -107,8 +108,10 @@ class RenyiFilter:
         return f"RenyiFilter(epsilon={self.budget.epsilon}, delta={self.budget.delta}, at={where!r})"
 
     def __reduce__(self):
-        raise TypeError("a privacy filter cannot be pickled or copied (a copy would be a second live filter for the "
-                        "same units); open its file or database again instead")  # fmt: skip
+        raise TypeError(
+            "a privacy filter cannot be pickled or copied (a copy would be a second live filter for the "
+            "same units); open its file or database again instead"
+        )
 
     # -- charging ---------------------------------------------------------------------------------
     def charge(self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost]) -> np.ndarray:
@@ -205,12 +208,14 @@ class RenyiFilter:
         with self._lock:  # no charge between the copy and the retirement
             self._check_usable()
             if self.path is not None or self._pg is not None:
-                raise ConfigurationError(f"this filter already lives in {self.url or self.path}; only an in-memory "
-                                         "filter is moved")  # fmt: skip
+                raise ConfigurationError(
+                    f"this filter already lives in {self.url or self.path}; only an in-memory filter is moved"
+                )
             moved = self._write_copy(path, self.owner)
             memory = self._memory
-            self._retire(f"this in-memory filter was saved to {path}: use the filter there (the index's save() "
-                         "returned it)")  # fmt: skip
+            self._retire(
+                f"this in-memory filter was saved to {path}: use the filter there (the index's save() returned it)"
+            )
             if publish is not None:
                 moved.close()  # complete on disk (its log checkpointed) before it is published
                 try:

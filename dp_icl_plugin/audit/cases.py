@@ -163,11 +163,16 @@ def _ptr_pairs(broken: bool) -> list[Sampler]:
         gaps = {False: 2 * d + 1, True: 2 * d + 3}
         samplers.append(
             lambda nb, n, rng, g=gaps: np.fromiter(
-                (stable_top_k(np.array([1, 2]), np.array([g[nb], 0]), k=1, noise_std=std, delta=_PTR_DELTA,
-                              rng=rng).passed for _ in range(n)),
-                dtype=np.int64, count=n,
+                (
+                    stable_top_k(
+                        np.array([1, 2]), np.array([g[nb], 0]), k=1, noise_std=std, delta=_PTR_DELTA, rng=rng
+                    ).passed
+                    for _ in range(n)
+                ),
+                dtype=np.int64,
+                count=n,
             )
-        )  # fmt: skip
+        )
     return samplers
 
 
@@ -295,8 +300,9 @@ def _filter_release() -> tuple[float, ReleaseCost]:
     from dp_icl_plugin.methods.knn.retriever import SQRT2, noise_for_uses  # imported here: a heavy module
 
     std = noise_for_uses(_FILTER, uses=_USES, sensitivity=SQRT2)
-    return std, ReleaseCost.of(ev.GaussianEvent(std / SQRT2, sensitivity=SQRT2, neighbouring=ev.ADD_REMOVE),
-                               _FILTER.orders)  # fmt: skip
+    return std, ReleaseCost.of(
+        ev.GaussianEvent(std / SQRT2, sensitivity=SQRT2, neighbouring=ev.ADD_REMOVE), _FILTER.orders
+    )
 
 
 def _admissions(cost: ReleaseCost) -> list[bool]:
@@ -318,8 +324,9 @@ def _filter_pairs(broken: bool) -> list[Sampler]:
         wins = np.zeros(n, dtype=np.int64)
         for play in plays:
             counts = votes[play]
-            wins += np.fromiter((report_noisy_max(counts, noise_std=std, rng=rng) == 0 for _ in range(n)),
-                                dtype=np.int64, count=n)  # fmt: skip
+            wins += np.fromiter(
+                (report_noisy_max(counts, noise_std=std, rng=rng) == 0 for _ in range(n)), dtype=np.int64, count=n
+            )
         return (wins >= m).astype(np.int64)
 
     return [sampler]
@@ -342,8 +349,10 @@ def _clip_blend_plan(n_records: int, observed: bool) -> dict[str, Any]:
     from dp_icl_plugin.methods.clip_blend import ClipBlendSynthesizer  # a heavy module: imported when audited
     from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 
-    data = PrivateDataset([PrivateRecord(f"record {i}", "y") for i in range(n_records)],
-                          public_label_counts="observed" if observed else {"y": 100})  # fmt: skip
+    data = PrivateDataset(
+        [PrivateRecord(f"record {i}", "y") for i in range(n_records)],
+        public_label_counts="observed" if observed else {"y": 100},
+    )
     return ClipBlendSynthesizer(epsilon=1.0, max_tokens=20).plan(data, neighbouring=ev.ADD_REMOVE).params
 
 
@@ -359,8 +368,11 @@ def _clip_blend_synthesis_pairs(broken: bool) -> list[Sampler]:
 
     def sampler(nb: bool, n: int, rng: np.random.Generator) -> np.ndarray:
         p = plans[nb]
-        return _loop(lambda g: clip_blend_token(rows[nb], public, clip=10.0, subset_size=p["subset_size"],
-                                                temperature=p["temperature"], rng=g))(n, rng)  # fmt: skip
+        return _loop(
+            lambda g: clip_blend_token(
+                rows[nb], public, clip=10.0, subset_size=p["subset_size"], temperature=p["temperature"], rng=g
+            )
+        )(n, rng)
 
     return [sampler]
 
@@ -384,8 +396,12 @@ def _mixed_events() -> tuple[ev.DPEvent, ev.DPEvent]:
     clip = ev.ExponentialMechanismEvent(_MIX_CLIP / (_MIX_S * _MIX_TAU), **_AR)  # as the decoder's paper claims it
     vote = ev.GaussianEvent(_MIX_VOTE / math.sqrt(2), math.sqrt(2), **_AR)
     shipped = ev.compose(tang, mozo, to_relation(clip, ev.REPLACE_ONE), to_relation(vote, ev.REPLACE_ONE))
-    face_value = ev.compose(tang, mozo, ev.ExponentialMechanismEvent(clip.epsilon, **_RO),
-                            ev.GaussianEvent(vote.noise_multiplier, vote.sensitivity, **_RO))  # fmt: skip
+    face_value = ev.compose(
+        tang,
+        mozo,
+        ev.ExponentialMechanismEvent(clip.epsilon, **_RO),
+        ev.GaussianEvent(vote.noise_multiplier, vote.sensitivity, **_RO),
+    )
     return shipped, face_value
 
 
@@ -393,8 +409,7 @@ def _mixed_pairs(broken: bool) -> list[Sampler]:
     del broken  # the mechanism is the shipped one; the broken variant's claim differs
     tang = {False: np.array([[1.0, 0.0], [0.0, 1.0]]), True: np.array([[0.0, 1.0], [0.0, 1.0]])}
     zero = np.log(np.array([0.97, 0.01, 0.01, 0.01]))
-    mozo = {False: np.vstack([np.log([0.01, 0.01, 0.01, 0.97]), np.tile(zero, (3, 1))]),
-            True: np.tile(zero, (4, 1))}  # fmt: skip
+    mozo = {False: np.vstack([np.log([0.01, 0.01, 0.01, 0.97]), np.tile(zero, (3, 1))]), True: np.tile(zero, (4, 1))}
     others = np.zeros((_MIX_S - 1, 2))
     clip = {False: np.vstack([[2 * _MIX_CLIP, 0.0], others]), True: np.vstack([[0.0, 2 * _MIX_CLIP], others])}
     push = 0.0
@@ -410,8 +425,11 @@ def _mixed_pairs(broken: bool) -> list[Sampler]:
         probs = np.exp(out.logprobs - out.logprobs.max())
         m = out.support[rng.choice(len(probs), size=n, p=probs / probs.sum())]
         t = _loop(lambda g: noisy_argmax(tang[nb], noise_multiplier=_MIX_TANG, rng=g))(n, rng)
-        c = _loop(lambda g: clip_blend_token(clip[nb], public, clip=_MIX_CLIP, subset_size=_MIX_S,
-                                             temperature=_MIX_TAU, rng=g))(n, rng)  # fmt: skip
+        c = _loop(
+            lambda g: clip_blend_token(
+                clip[nb], public, clip=_MIX_CLIP, subset_size=_MIX_S, temperature=_MIX_TAU, rng=g
+            )
+        )(n, rng)
         v = _loop(lambda g: report_noisy_max(votes[nb], noise_std=_MIX_VOTE, rng=g))(n, rng)
         return t + 2 * c + 4 * v + 8 * m
 
@@ -419,35 +437,77 @@ def _mixed_pairs(broken: bool) -> list[Sampler]:
 
 
 CASES: tuple[AuditCase, ...] = (
-    AuditCase("report-noisy-max (kNN vote)", ev.GaussianEvent(_RNM_STD / math.sqrt(2), math.sqrt(2), **_AR), 1e-4,
-              _rnm_pairs),
-    AuditCase("Gaussian aggregation (Tang token)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2), **_RO), 1e-4,
-              _tang_pairs),
-    AuditCase("PTA token (reshaped, clipped argmax)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2), **_RO), 1e-4,
-              _pta_pairs),
-    AuditCase("keyword PTR test", ev.GaussianEvent(_PTR_STD, **_AR), _PTR_DELTA + 1e-3, _ptr_pairs,
-              claim_delta=1e-3),
-    AuditCase("keyword threshold (Gaussian counts)",
-              ev.GaussianEvent(_KW_STD / threshold_sensitivity(1), threshold_sensitivity(1), **_AR), 1e-4,
-              _keyword_threshold_pairs, broken_as="noise on the said tokens only"),
+    AuditCase(
+        "report-noisy-max (kNN vote)", ev.GaussianEvent(_RNM_STD / math.sqrt(2), math.sqrt(2), **_AR), 1e-4, _rnm_pairs
+    ),
+    AuditCase(
+        "Gaussian aggregation (Tang token)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2), **_RO), 1e-4, _tang_pairs
+    ),
+    AuditCase(
+        "PTA token (reshaped, clipped argmax)", ev.GaussianEvent(_TANG_SIGMA, math.sqrt(2), **_RO), 1e-4, _pta_pairs
+    ),
+    AuditCase("keyword PTR test", ev.GaussianEvent(_PTR_STD, **_AR), _PTR_DELTA + 1e-3, _ptr_pairs, claim_delta=1e-3),
+    AuditCase(
+        "keyword threshold (Gaussian counts)",
+        ev.GaussianEvent(_KW_STD / threshold_sensitivity(1), threshold_sensitivity(1), **_AR),
+        1e-4,
+        _keyword_threshold_pairs,
+        broken_as="noise on the said tokens only",
+    ),
     AuditCase("clip-blend token", ev.ExponentialMechanismEvent(_CLIP / (_S * _TAU), **_AR), 1e-6, _clip_pairs),
-    AuditCase("DPS-MOZO token (projected)", ev.MozoTokenEvent(beta=_BETA, order=_ORDER), 1e-3, _mozo_pairs,
-              broken_as="mixing constraint off"),
+    AuditCase(
+        "DPS-MOZO token (projected)",
+        ev.MozoTokenEvent(beta=_BETA, order=_ORDER),
+        1e-3,
+        _mozo_pairs,
+        broken_as="mixing constraint off",
+    ),
     AuditCase("AdaDPSyn token (projected means)", _adadpsyn_step(), _ADA_DELTA, _adadpsyn_pairs, sample_share=0.25),
-    AuditCase("individual Rényi filter (kNN transcript)", _FILTER.as_event(), _FILTER.delta, _filter_pairs,
-              broken_as="refusal ignored (votes past its cap)", sample_share=0.12),
-    AuditCase("clip-blend synthesis, default config (D vs D ∪ {x})", _clip_blend_synthesis_event(), 1e-6,
-              _clip_blend_synthesis_pairs, broken_as="s and τ read from the data"),
-    AuditCase("mixed transcript on one ledger (Tang, MOZO, clip-blend, kNN vote)", _mixed_events()[0], 1e-3,
-              _mixed_pairs, broken_as="charges composed at face value, relations ignored",
-              broken_event=_mixed_events()[1], sample_share=0.5),
-    AuditCase("kNN expert decoding token (an expert replaced by the next)", expert_case.expert_event(),
-              expert_case.DELTA, expert_case.replacement_pairs, broken_as="expert temperature halved"),
-    AuditCase("kNN expert decoding token (fewer than k experts, one removed)", expert_case.expert_event(),
-              expert_case.DELTA, expert_case.removal_pairs, broken_as="divisor read from the data (experts present)"),
-    AuditCase("DPS-MOZO decoding, bfloat16 SmolLM2 (one record short vs long)",
-              ev.MozoTokenEvent(beta=decoder_case.BETA, order=decoder_case.ORDER), decoder_case.DELTA,
-              decoder_case.decoder_pairs, broken_as="zero-shot row in the shared batch",
-              requires=decoder_case.missing_requirements),
-)  # fmt: skip
+    AuditCase(
+        "individual Rényi filter (kNN transcript)",
+        _FILTER.as_event(),
+        _FILTER.delta,
+        _filter_pairs,
+        broken_as="refusal ignored (votes past its cap)",
+        sample_share=0.12,
+    ),
+    AuditCase(
+        "clip-blend synthesis, default config (D vs D ∪ {x})",
+        _clip_blend_synthesis_event(),
+        1e-6,
+        _clip_blend_synthesis_pairs,
+        broken_as="s and τ read from the data",
+    ),
+    AuditCase(
+        "mixed transcript on one ledger (Tang, MOZO, clip-blend, kNN vote)",
+        _mixed_events()[0],
+        1e-3,
+        _mixed_pairs,
+        broken_as="charges composed at face value, relations ignored",
+        broken_event=_mixed_events()[1],
+        sample_share=0.5,
+    ),
+    AuditCase(
+        "kNN expert decoding token (an expert replaced by the next)",
+        expert_case.expert_event(),
+        expert_case.DELTA,
+        expert_case.replacement_pairs,
+        broken_as="expert temperature halved",
+    ),
+    AuditCase(
+        "kNN expert decoding token (fewer than k experts, one removed)",
+        expert_case.expert_event(),
+        expert_case.DELTA,
+        expert_case.removal_pairs,
+        broken_as="divisor read from the data (experts present)",
+    ),
+    AuditCase(
+        "DPS-MOZO decoding, bfloat16 SmolLM2 (one record short vs long)",
+        ev.MozoTokenEvent(beta=decoder_case.BETA, order=decoder_case.ORDER),
+        decoder_case.DELTA,
+        decoder_case.decoder_pairs,
+        broken_as="zero-shot row in the shared batch",
+        requires=decoder_case.missing_requirements,
+    ),
+)
 """The mechanisms audited; their claims are the per-call events the library charges."""

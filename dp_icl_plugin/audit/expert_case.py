@@ -46,8 +46,9 @@ DELTA = 1e-6
 _VOCAB = ["q", "near", "mid", "far", "plain", "rare", "opp", "a", "b", "c"]
 _K = 10
 # T0 is public (no privacy cost at any value); the pairs' public shares are tuned at 0.5
-_CONFIG = KNNConfig(k=_K, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=1, expert_top_k=0,
-                    expert_public_temperature=0.5)  # fmt: skip
+_CONFIG = KNNConfig(
+    k=_K, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=1, expert_top_k=0, expert_public_temperature=0.5
+)
 _FILTER = IndividualBudget(epsilon=2.0, delta=1e-6)
 _TEMPLATE = AnswerTemplate(example="{text} {label} ", query="{input}", stop=None, stop_at_eos=False)
 _ANGLE = {"q": 0.0, "near": 0.1, "mid": 0.2, "far": 0.3}  # ranks: near, then mid, then far
@@ -66,18 +67,32 @@ class _HalfTemperature(KNNExpertDecoder):
     """Broken: the experts' temperature halved while the claim stays (twice the claimed ε0)."""
 
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
-        return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=self.k,
-                            temperature=self.temperature / 2, public_temperature=self.public_temperature,
-                            top_k=self.top_k, rng=rng)  # fmt: skip
+        return expert_token(
+            logprobs[1:],
+            logprobs[0],
+            clip=self.clip,
+            divisor=self.k,
+            temperature=self.temperature / 2,
+            public_temperature=self.public_temperature,
+            top_k=self.top_k,
+            rng=rng,
+        )
 
 
 class _PresentDivisor(KNNExpertDecoder):
     """Broken: it divides by the number of experts present, a count read from the data."""
 
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
-        return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=max(1, len(logprobs) - 1),
-                            temperature=self.temperature, public_temperature=self.public_temperature,
-                            top_k=self.top_k, rng=rng)  # fmt: skip
+        return expert_token(
+            logprobs[1:],
+            logprobs[0],
+            clip=self.clip,
+            divisor=max(1, len(logprobs) - 1),
+            temperature=self.temperature,
+            public_temperature=self.public_temperature,
+            top_k=self.top_k,
+            rng=rng,
+        )
 
 
 def _backend(rare_share: float) -> FakeBackend:
@@ -90,8 +105,14 @@ def _backend(rare_share: float) -> FakeBackend:
         row[ids[word]] = 1.0
         return row / row.sum()
 
-    return FakeBackend(_VOCAB, table={(ids["q"],): zero / zero.sum(), (ids["rare"], ids["q"]): favour("b"),
-                                      (ids["opp"], ids["q"]): favour("a")})  # fmt: skip
+    return FakeBackend(
+        _VOCAB,
+        table={
+            (ids["q"],): zero / zero.sum(),
+            (ids["rare"], ids["q"]): favour("b"),
+            (ids["opp"], ids["q"]): favour("a"),
+        },
+    )
 
 
 # the records of each pair's D (x first); D′ is D without x
@@ -104,8 +125,12 @@ _PAIRS = {
 def _knn(records: list[tuple[str, str]], rare_share: float) -> PrivateKNN:
     index = PrivateIndex(budget=_FILTER, embedder=_Angles())
     index.add([t for t, _ in records], labels=[y for _, y in records])
-    return PrivateKNN(index, budget=BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")),
-                      backend=_backend(rare_share), config=_CONFIG)  # fmt: skip
+    return PrivateKNN(
+        index,
+        budget=BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")),
+        backend=_backend(rare_share),
+        config=_CONFIG,
+    )
 
 
 def _side(pair: str, with_x: bool, rare_share: float, kind: type[KNNExpertDecoder]):
@@ -133,9 +158,14 @@ def _tuned(pair: str, broken: bool) -> list[dict[bool, tuple[KNNExpertDecoder, n
         share = 0.5
         for share in np.geomspace(0.5, 1e-6, 80):
             decoder, rows = _side(pair, False, float(share), KNNExpertDecoder)
-            scores = expert_scores(rows[1:], rows[0], clip=decoder.clip, divisor=decoder.k,
-                                   temperature=decoder.temperature,
-                                   public_temperature=decoder.public_temperature)  # fmt: skip
+            scores = expert_scores(
+                rows[1:],
+                rows[0],
+                clip=decoder.clip,
+                divisor=decoder.k,
+                temperature=decoder.temperature,
+                public_temperature=decoder.public_temperature,
+            )
             if math.exp(scores[_VOCAB.index("b")] - np.logaddexp.reduce(scores)) <= target:
                 break
         sides.append({nb: _side(pair, not nb, float(share), kind) for nb in (False, True)})

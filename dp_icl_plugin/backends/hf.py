@@ -119,9 +119,11 @@ class HFBackend(TokenizerBackendBase):
         device: str | Any | None = "auto",
         prefix_cache_tokens: int = 8192,
     ) -> None:
-        self.shapes = RowShapes(rows=check.positive_int("micro_batch_size", micro_batch_size),
-                                tokens=check.positive_int("tokens_per_forward", tokens_per_forward),
-                                step=check.positive_int("width_step", width_step))  # fmt: skip
+        self.shapes = RowShapes(
+            rows=check.positive_int("micro_batch_size", micro_batch_size),
+            tokens=check.positive_int("tokens_per_forward", tokens_per_forward),
+            step=check.positive_int("width_step", width_step),
+        )
         self.micro_batch_size = self.shapes.rows
         self.prefix_cache = PrefixKVCache(prefix_cache_tokens)
         # whether a row's keys and values can be cut out and reused (not with sliding-window attention)
@@ -153,8 +155,13 @@ class HFBackend(TokenizerBackendBase):
         self.pad_token_id = int(pad) if pad is not None else 0
         self._lock = threading.Lock()
         self._scope = threading.local()  # public_rows(): this thread's calls hold public rows only
-        self._rows = IsolatedForward(self.model, device=self.device, pad_token_id=self.pad_token_id,
-                                     vocab_size=self._vocab_size, shapes=self.shapes)  # fmt: skip
+        self._rows = IsolatedForward(
+            self.model,
+            device=self.device,
+            pad_token_id=self.pad_token_id,
+            vocab_size=self._vocab_size,
+            shapes=self.shapes,
+        )
 
     @classmethod
     def from_pretrained(
@@ -216,9 +223,16 @@ class HFBackend(TokenizerBackendBase):
             raise BackendError(f"could not load a causal LM from {os.fspath(path_or_id)!r}: {exc}") from exc
         if one_row_if_coupled and rows_coupled_by(model) is not None:
             micro_batch_size = 1
-        return cls(model, tokenizer, model_id=model_id, micro_batch_size=micro_batch_size, device=device,
-                   tokens_per_forward=tokens_per_forward, width_step=width_step,
-                   prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip
+        return cls(
+            model,
+            tokenizer,
+            model_id=model_id,
+            micro_batch_size=micro_batch_size,
+            device=device,
+            tokens_per_forward=tokens_per_forward,
+            width_step=width_step,
+            prefix_cache_tokens=prefix_cache_tokens,
+        )
 
     # ------------------------------------------------------------------ forward passes
 
@@ -310,8 +324,10 @@ class HFBackend(TokenizerBackendBase):
         members = set(suffix_members(ids, tail)) if self._prefix_cache_on else set()
         heads = {i: tuple(ids[i][: len(ids[i]) - len(tail)]) for i in members}
         pasts = dict(zip(heads, self._prefix_kv(list(heads.values())), strict=True))
-        return [RowTask(tail, pasts[i], len(heads[i]), exact=True) if i in members else RowTask(r)
-                for i, r in enumerate(ids)]  # fmt: skip
+        return [
+            RowTask(tail, pasts[i], len(heads[i]), exact=True) if i in members else RowTask(r)
+            for i, r in enumerate(ids)
+        ]
 
     def _prefix_tasks(self, prefix: Sequence[int], ids: list[list[int]]) -> list[RowTask]:
         head = tuple(int(t) for t in prefix)

@@ -51,8 +51,20 @@ def _rope_types(config: Any) -> set[str]:
     return found
 
 
-_QUANTISED_MODULES = ("torch.ao.nn.quantized", "torch.nn.quantized", "bitsandbytes", "auto_gptq", "gptqmodel", "awq",
-                      "optimum.quanto", "torchao", "hqq", "eetq", "fp_quant", "compressed_tensors")  # fmt: skip
+_QUANTISED_MODULES = (
+    "torch.ao.nn.quantized",
+    "torch.nn.quantized",
+    "bitsandbytes",
+    "auto_gptq",
+    "gptqmodel",
+    "awq",
+    "optimum.quanto",
+    "torchao",
+    "hqq",
+    "eetq",
+    "fp_quant",
+    "compressed_tensors",
+)
 
 
 def _quantised(model: Any) -> str | None:
@@ -173,9 +185,13 @@ class IsolatedForward:
         import torch
 
         out = self.model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=cache is not None,
-            **{self._cache_keyword: cache}, **self._last_only,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=cache is not None,
+            **{self._cache_keyword: cache},
+            **self._last_only,
+        )
         last = out.logits[:, -1, : self.vocab_size].float()
         return torch.log_softmax(last, dim=-1).cpu().numpy(), getattr(out, self._cache_keyword)
 
@@ -196,8 +212,9 @@ class IsolatedForward:
             return self.shapes.rows_for(key[1]) if rows is None else min(rows, self.shapes.rows_for(key[1]))
 
         for (past_width, new_width), members in micro_batches(keys, rows_of):
-            logprobs, state = self._micro_batch([tasks[i] for i in members], members, past_width, new_width, keep,
-                                                rows_of((past_width, new_width)))  # fmt: skip
+            logprobs, state = self._micro_batch(
+                [tasks[i] for i in members], members, past_width, new_width, keep, rows_of((past_width, new_width))
+            )
             result[members] = check_logprobs(logprobs[: len(members)])
             if keep:
                 states.append(state)
@@ -235,8 +252,10 @@ class IsolatedForward:
     def own_kv(self, state: RowState, row: int) -> RowKV:
         """The keys and values of ``state``'s row ``row`` at its own (unmasked) positions, copied."""
         columns = state.mask[row].nonzero().flatten()
-        return [(k[row : row + 1].index_select(2, columns).clone(), v[row : row + 1].index_select(2, columns).clone())
-                for k, v in cache_layers(state.cache)]  # fmt: skip
+        return [
+            (k[row : row + 1].index_select(2, columns).clone(), v[row : row + 1].index_select(2, columns).clone())
+            for k, v in cache_layers(state.cache)
+        ]
 
     def _padded_cache(self, pasts: Sequence[RowKV | None], lengths: Sequence[int], width: int, rows: int) -> Any:
         """A cache of ``rows`` rows: each past left-padded to ``width`` (fillers: zeros, masked)."""

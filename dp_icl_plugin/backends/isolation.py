@@ -120,13 +120,18 @@ def check_row_isolation(
         return np.stack(out)
 
     session_alone = session_rows(backend.start, [target], 0)
-    for name, prompts, at in (("a session beside a short and a long row", [short, target, long], 1),
-                              ("a session among 19 rows", [*crowd[:9], target, *crowd[9:]], 9)):  # fmt: skip
+    for name, prompts, at in (
+        ("a session beside a short and a long row", [short, target, long], 1),
+        ("a session among 19 rows", [*crowd[:9], target, *crowd[9:]], 9),
+    ):
         cases.append(IsolationCase(name, _diff(session_alone, session_rows(backend.start, prompts, at))))
     crossing, mate = ids(15), ids(31)  # both cross a bucket edge (16, 32) as they grow
-    cases.append(IsolationCase("a session crossing a bucket edge, beside a mate crossing another",
-                               _diff(session_rows(backend.start, [crossing], 0),
-                                     session_rows(backend.start, [mate, crossing], 1))))  # fmt: skip
+    cases.append(
+        IsolationCase(
+            "a session crossing a bucket edge, beside a mate crossing another",
+            _diff(session_rows(backend.start, [crossing], 0), session_rows(backend.start, [mate, crossing], 1)),
+        )
+    )
 
     if isinstance(backend, SharedSuffixBackend):
         suffix = ids(5)

@@ -33,8 +33,10 @@ def load_backend(
     rows)."""
     if is_server_url(model):
         if tokenizer is None:
-            raise ConfigurationError("a server URL needs tokenizer= (the served model's folder, .gguf file or name): "
-                                     "prompts are tokenised here and sent as token ids")  # fmt: skip
+            raise ConfigurationError(
+                "a server URL needs tokenizer= (the served model's folder, .gguf file or name): "
+                "prompts are tokenised here and sent as token ids"
+            )
         from dp_icl_plugin.backends.server import ServerBackend
 
         return ServerBackend.from_url(str(model).strip(), tokenizer, **server_settings)

@@ -26,8 +26,12 @@ HUB_PROBE_SECONDS = 3.0
 def _looks_like_path(reference: str) -> bool:
     """A reference only a path can be: it starts at a root, home or the working folder, or has more than the
     one slash of ``owner/name``."""
-    return reference.startswith((".", "/", "~", "\\")) or reference.count("/") > 1 or "\\" in reference \
-        or reference.endswith("/")  # fmt: skip
+    return (
+        reference.startswith((".", "/", "~", "\\"))
+        or reference.count("/") > 1
+        or "\\" in reference
+        or reference.endswith("/")
+    )
 
 
 def _cached_on_hub(reference: str) -> bool:
@@ -82,8 +86,10 @@ def check_model_reference(reference: str | os.PathLike[str]) -> None:
     path = Path(text).expanduser()
     if path.exists():
         if path.is_dir() and not (path / "config.json").is_file():
-            raise ModelFileError(f"{text!r} is a folder without a config.json: not a transformers model folder "
-                                 "(write one with model.save_pretrained and tokenizer.save_pretrained)")  # fmt: skip
+            raise ModelFileError(
+                f"{text!r} is a folder without a config.json: not a transformers model folder "
+                "(write one with model.save_pretrained and tokenizer.save_pretrained)"
+            )
         if path.is_file():
             raise ModelFileError(f"{text!r} is a file but not a .gguf one: give the model's folder instead")
         return

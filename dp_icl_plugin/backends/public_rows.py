@@ -140,8 +140,9 @@ class StackedSession:
     def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
         ids = appended_ids(token_ids, n_prompts=self.n_prompts, vocab_size=self._vocab_size)
         bounds = np.cumsum([0, *self._sizes])
-        return np.vstack([np.asarray(s.append(ids[a:b]))
-                          for s, a, b in zip(self._sessions, bounds[:-1], bounds[1:], strict=True)])  # fmt: skip
+        return np.vstack(
+            [np.asarray(s.append(ids[a:b])) for s, a, b in zip(self._sessions, bounds[:-1], bounds[1:], strict=True)]
+        )
 
     def close(self) -> None:
         with ExitStack() as stack:  # every session closed, whichever raises

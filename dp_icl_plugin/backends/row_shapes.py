@@ -96,5 +96,8 @@ def micro_batches(keys: Sequence[Key], rows: Callable[[Key], int]) -> list[tuple
     groups: dict[Key, list[int]] = {}
     for i, key in enumerate(keys):
         groups.setdefault(key, []).append(i)
-    return [(key, members[start : start + rows(key)])
-            for key, members in groups.items() for start in range(0, len(members), rows(key))]  # fmt: skip
+    return [
+        (key, members[start : start + rows(key)])
+        for key, members in groups.items()
+        for start in range(0, len(members), rows(key))
+    ]

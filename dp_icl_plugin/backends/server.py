@@ -85,9 +85,17 @@ class ServerBackend(TokenizerBackendBase):
             raise ConfigurationError("tokenizer must be a transformers tokenizer (see ServerBackend.from_url)")
         self.tokenizer = tokenizer
         self._vocab_size = len(tokenizer)
-        self._client = ServerClient(base_url, api_key=api_key, timeout=timeout, max_retries=max_retries,
-                                    backoff=backoff, allow_insecure_http=allow_insecure_http, verify=verify,
-                                    max_connections=self.max_concurrency, transport=transport)  # fmt: skip
+        self._client = ServerClient(
+            base_url,
+            api_key=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            allow_insecure_http=allow_insecure_http,
+            verify=verify,
+            max_connections=self.max_concurrency,
+            transport=transport,
+        )
         self.base_url = self._client.base_url
         self.model, max_model_len = self._served_model(model)
         self._model_id = self.model
@@ -124,26 +132,38 @@ class ServerBackend(TokenizerBackendBase):
 
     def _check_tokenizer(self) -> None:
         ours = self.encode(TOKENIZER_PROBE, add_special_tokens=True)
-        answer = self._client.post("/tokenize", {"model": self.model, "prompt": TOKENIZER_PROBE,
-                                                 "add_special_tokens": True})  # fmt: skip
+        answer = self._client.post(
+            "/tokenize", {"model": self.model, "prompt": TOKENIZER_PROBE, "add_special_tokens": True}
+        )
         theirs = answer.get("tokens") if isinstance(answer, dict) else None
         if theirs != ours:
-            raise ServerMismatchError(f"the server's tokenizer for {self.model!r} splits a probe text differently "
-                                      "from the local tokenizer: pass the served model's own tokenizer")  # fmt: skip
+            raise ServerMismatchError(
+                f"the server's tokenizer for {self.model!r} splits a probe text differently "
+                "from the local tokenizer: pass the served model's own tokenizer"
+            )
 
     def _check_logprobs(self) -> None:
         top = self._top_logprobs(self.encode(TOKENIZER_PROBE, add_special_tokens=True))
         if self.top_k is None and len(top) < self.vocab_size:
-            raise ServerMismatchError(f"asked for the full vocabulary, the server returned {len(top)} of "
-                                      f"{self.vocab_size} log-probabilities: start vLLM with --max-logprobs -1, "
-                                      "or pass top_k")  # fmt: skip
+            raise ServerMismatchError(
+                f"asked for the full vocabulary, the server returned {len(top)} of "
+                f"{self.vocab_size} log-probabilities: start vLLM with --max-logprobs -1, "
+                "or pass top_k"
+            )
 
     # -- requests -----------------------------------------------------------------------------------------
     def _top_logprobs(self, ids: list[int]) -> dict[str, float]:
-        answer = self._client.post("/v1/completions", {
-            "model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
-            "logprobs": -1 if self.top_k is None else self.top_k, "return_tokens_as_token_ids": True,
-        })  # fmt: skip
+        answer = self._client.post(
+            "/v1/completions",
+            {
+                "model": self.model,
+                "prompt": ids,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "logprobs": -1 if self.top_k is None else self.top_k,
+                "return_tokens_as_token_ids": True,
+            },
+        )
         try:
             top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
         except (KeyError, IndexError, TypeError):
@@ -200,5 +220,6 @@ def load_tokenizer(path_or_name: str | os.PathLike[str]) -> Any:
     try:
         return AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ConfigurationError(f"no tokenizer could be loaded from {os.fspath(source)!r} "
-                                 f"({type(exc).__name__})") from None  # fmt: skip
+        raise ConfigurationError(
+            f"no tokenizer could be loaded from {os.fspath(source)!r} ({type(exc).__name__})"
+        ) from None

@@ -38,6 +38,7 @@ def _json(response: Any) -> Any:
     except ValueError:
         return None
 
+
 API_KEY_VARIABLES = ("DP_ICL_SERVER_API_KEY", "OPENAI_API_KEY")
 _RETRIED_STATUSES = frozenset({429, 502, 503, 504})
 
@@ -113,8 +114,15 @@ class ServerClient:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         # trust_env=False: no proxy from HTTP_PROXY & co. (httpx would route even loopback through one, in clear)
         # and no .netrc credentials; the URL policy above is the whole story of where prompts go
-        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout, verify=verify,
-                                    limits=limits, transport=transport, trust_env=False)  # fmt: skip
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=self.timeout,
+            verify=verify,
+            limits=limits,
+            transport=transport,
+            trust_env=False,
+        )
 
     def get(self, path: str) -> Any:
         return self._request("GET", path, None)

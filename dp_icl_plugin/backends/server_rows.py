@@ -37,8 +37,10 @@ _PREFIX = "token_id:"
 def token_id(key: str) -> int:
     """The id in a ``"token_id:N"`` key; ServerError when the server sent token text instead."""
     if not isinstance(key, str) or not key.startswith(_PREFIX):
-        raise ServerError("the server keyed log-probabilities by token text, not by id: it ignored "
-                          "return_tokens_as_token_ids (a vLLM-compatible server is required)")  # fmt: skip
+        raise ServerError(
+            "the server keyed log-probabilities by token text, not by id: it ignored "
+            "return_tokens_as_token_ids (a vLLM-compatible server is required)"
+        )
     try:
         return int(key[len(_PREFIX) :])
     except ValueError:
@@ -65,8 +67,10 @@ def full_row(top: Mapping[str, float], vocab_size: int, *, complete: bool = Fals
     missing = np.isnan(row)
     n_missing = int(missing.sum())
     if n_missing and complete:
-        raise ServerError(f"asked for the full vocabulary, the server returned {vocab_size - n_missing} of "
-                          f"{vocab_size} tokens (a replica started without --max-logprobs -1?)")  # fmt: skip
+        raise ServerError(
+            f"asked for the full vocabulary, the server returned {vocab_size - n_missing} of "
+            f"{vocab_size} tokens (a replica started without --max-logprobs -1?)"
+        )
     if n_missing:
         residual = max(0.0, 1.0 - float(np.exp(values).sum()))
         bound = float(values.min())  # no missing token is likelier than the least likely returned one

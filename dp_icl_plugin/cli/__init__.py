@@ -70,8 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     _privacy_target(p)
     p.add_argument("--sampling-rate", type=_float, required=True, help="γ = M·N/n_y")
     p.add_argument("--steps", type=_int, required=True, help="T_max tokens")
-    p.add_argument("--labels-touched", type=_int, default=1,
-                   help="label runs one swap touches: 1 (the paper, label kept) or 2 (label changed)")  # fmt: skip
+    p.add_argument(
+        "--labels-touched",
+        type=_int,
+        default=1,
+        help="label runs one swap touches: 1 (the paper, label kept) or 2 (label changed)",
+    )
     p.add_argument("--t-hat", type=_int, required=True, help="radius-reduction rounds T̂")
     p.add_argument("--sigma0", type=_float, required=True)
     p.add_argument("--sigma2", type=_float, required=True)
@@ -118,12 +122,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = bud.add_parser("spend", parents=[common], help="charge one pure-DP or (ε, δ)-DP event")
     p.add_argument("--ledger", required=True)
-    p.add_argument("--epsilon", "--pure-epsilon", dest="pure_epsilon", type=_float, required=True,
-                   help="ε of the event (with --delta: an (ε, δ)-DP event; without: pure ε-DP)")
+    p.add_argument(
+        "--epsilon",
+        "--pure-epsilon",
+        dest="pure_epsilon",
+        type=_float,
+        required=True,
+        help="ε of the event (with --delta: an (ε, δ)-DP event; without: pure ε-DP)",
+    )
     p.add_argument("--delta", type=_float, default=None, help="δ of the event (omit for pure DP)")
     p.add_argument("--label", required=True)
-    p.add_argument("--neighbouring", default=None, choices=list(RELATIONS),
-                   help="the relation the event's ε holds under (default: the ledger's)")  # fmt: skip
+    p.add_argument(
+        "--neighbouring",
+        default=None,
+        choices=list(RELATIONS),
+        help="the relation the event's ε holds under (default: the ledger's)",
+    )
     p.set_defaults(handler=commands.budget_spend)
 
     p = bud.add_parser("show", parents=[common], help="spent, remaining and events per label")
@@ -139,8 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _relation(p: argparse.ArgumentParser, note: str) -> None:
-    p.add_argument("--neighbouring", default=DEFAULT_NEIGHBOURING, choices=list(RELATIONS),
-                   help=f"neighbouring relation (default {DEFAULT_NEIGHBOURING}); {note}")  # fmt: skip
+    p.add_argument(
+        "--neighbouring",
+        default=DEFAULT_NEIGHBOURING,
+        choices=list(RELATIONS),
+        help=f"neighbouring relation (default {DEFAULT_NEIGHBOURING}); {note}",
+    )
 
 
 def _privacy_target(p: argparse.ArgumentParser) -> None:
@@ -212,8 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = args.handler(args)
     except BudgetExhaustedError as exc:
-        refusal = {"error": "BudgetExhaustedError", "message": str(exc), "committed": False,
-                   "requested_epsilon": exc.requested_epsilon, "remaining_epsilon": exc.remaining_epsilon}  # fmt: skip
+        refusal = {
+            "error": "BudgetExhaustedError",
+            "message": str(exc),
+            "committed": False,
+            "requested_epsilon": exc.requested_epsilon,
+            "remaining_epsilon": exc.remaining_epsilon,
+        }
         _emit(refusal, args.human)
         print(f"dp-icl: refused: {_one_line(exc)}", file=sys.stderr)
         return EXIT_REFUSED

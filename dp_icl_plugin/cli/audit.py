@@ -16,14 +16,21 @@ FULL_SAMPLES = 400_000
 
 def add_parser(top: Any, common: argparse.ArgumentParser, integer: Any) -> None:
     p = top.add_parser("audit", parents=[common], help="statistical privacy audit of every mechanism")
-    p.add_argument("--quick", action="store_true",
-                   help=f"{QUICK_SAMPLES:,} samples per input (121 s with 2 jobs on a 2-core machine)")  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_SAMPLES:,} samples per input (121 s with 2 jobs on a 2-core machine)",
+    )
     p.add_argument(
         "--samples", type=integer, default=None, help=f"outputs per input and pair (default {FULL_SAMPLES:,})"
     )
     p.add_argument("--seed", type=integer, default=0)
-    p.add_argument("--jobs", type=integer, default=None,
-                   help="worker processes sharing the cases (default: one per CPU; same rows for any)")  # fmt: skip
+    p.add_argument(
+        "--jobs",
+        type=integer,
+        default=None,
+        help="worker processes sharing the cases (default: one per CPU; same rows for any)",
+    )
     p.add_argument("--out", default=None, help="also write audit.json and audit.md into this folder")
     p.set_defaults(handler=run)
 

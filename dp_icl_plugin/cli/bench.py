@@ -66,19 +66,38 @@ def ginc_train(a: argparse.Namespace) -> dict[str, Any]:
     from dp_icl_plugin.ginc.training import TrainingConfig, train
 
     config = TrainingConfig(
-        n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, seq_len=a.seq_len, batch_size=a.batch_size,
-        steps=a.steps, learning_rate=a.lr, warmup_steps=a.warmup_steps, n_documents=a.n_documents,
-        data_seed=a.data_seed, train_seed=a.train_seed, threads=a.threads, eval_every=a.eval_every,
-    )  # fmt: skip
+        n_layer=a.n_layer,
+        n_embd=a.n_embd,
+        n_head=a.n_head,
+        seq_len=a.seq_len,
+        batch_size=a.batch_size,
+        steps=a.steps,
+        learning_rate=a.lr,
+        warmup_steps=a.warmup_steps,
+        n_documents=a.n_documents,
+        data_seed=a.data_seed,
+        train_seed=a.train_seed,
+        threads=a.threads,
+        eval_every=a.eval_every,
+    )
     language = GincConfig(n_symbols=a.n_symbols, seed=a.language_seed)
-    command = "dp-icl bench ginc-train " + shlex.join(sys.argv[sys.argv.index("ginc-train") + 1 :]) \
-        if "ginc-train" in sys.argv else None  # fmt: skip
-    r = train(a.out, config, language=language, max_minutes=a.max_minutes, progress=not a.no_progress,
-              command=command)  # fmt: skip
-    return {"output_dir": str(r.output_dir), "finished": r.finished, "step": r.step, "steps": config.steps,
-            "tokens": r.step * config.batch_size * config.seq_len, "train_loss": r.train_loss,
-            "validation_loss": r.validation_loss, "seconds": round(r.seconds, 1),
-            "tokens_per_second": round(r.tokens_per_second, 1)}  # fmt: skip
+    command = (
+        "dp-icl bench ginc-train " + shlex.join(sys.argv[sys.argv.index("ginc-train") + 1 :])
+        if "ginc-train" in sys.argv
+        else None
+    )
+    r = train(a.out, config, language=language, max_minutes=a.max_minutes, progress=not a.no_progress, command=command)
+    return {
+        "output_dir": str(r.output_dir),
+        "finished": r.finished,
+        "step": r.step,
+        "steps": config.steps,
+        "tokens": r.step * config.batch_size * config.seq_len,
+        "train_loss": r.train_loss,
+        "validation_loss": r.validation_loss,
+        "seconds": round(r.seconds, 1),
+        "tokens_per_second": round(r.tokens_per_second, 1),
+    }
 
 
 def ginc_eval(a: argparse.Namespace) -> dict[str, Any]:
@@ -93,18 +112,22 @@ def ginc_eval(a: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(a.threads)
     started = time.monotonic()
     backend, language = load_model(a.model, device=a.device, micro_batch_size=256)  # thousands of public prompts
-    cells = evaluate_icl(backend, language, shots=a.shots, ks=a.k, n_prompts=a.prompts, seed=a.seed,
-                         progress=a.progress)  # fmt: skip
+    cells = evaluate_icl(
+        backend, language, shots=a.shots, ks=a.k, n_prompts=a.prompts, seed=a.seed, progress=a.progress
+    )
     accuracy: dict[str, dict[str, float]] = {}
     for c in cells:
         accuracy.setdefault(str(c.k), {})[str(c.shots)] = round(c.accuracy, 4)
     result: dict[str, Any] = {
         "model": str(a.model) if a.model is not None else "committed",
         "model_path": str(a.model if a.model is not None else default_model_path()),
-        "n_symbols": language.config.n_symbols, "prompts_per_cell": a.prompts, "seed": a.seed,
-        "accuracy": accuracy, "results": [c.to_dict() for c in cells],
+        "n_symbols": language.config.n_symbols,
+        "prompts_per_cell": a.prompts,
+        "seed": a.seed,
+        "accuracy": accuracy,
+        "results": [c.to_dict() for c in cells],
         "seconds": round(time.monotonic() - started, 2),
-    }  # fmt: skip
+    }
     if a.report is not None:
         meta = {k: v for k, v in result.items() if k not in ("results", "model_path")}  # no machine paths in reports
         result["report"] = write_report(cells, a.report, meta=meta)

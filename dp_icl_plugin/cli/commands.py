@@ -24,24 +24,55 @@ __all__ = [
     "to_text",
 ]
 
+
 def calibrate_subsampled_gaussian(a: argparse.Namespace) -> dict[str, Any]:
     r = calibration.calibrate_subsampled_gaussian(
-        epsilon=a.epsilon, delta=a.delta, sampling_rate=a.sampling_rate, steps=a.steps,
-        grid=a.grid, lo=a.lo, hi=a.hi, accountant=a.accountant, neighbouring=a.neighbouring,
-    )  # fmt: skip
-    return {"noise_multiplier": r.value, "epsilon": r.epsilon, "target_epsilon": a.epsilon, "delta": a.delta,
-            "sampling_rate": a.sampling_rate, "steps": a.steps, "accountant": r.accountant,
-            "sampling": "poisson", "neighbouring": a.neighbouring}  # fmt: skip
+        epsilon=a.epsilon,
+        delta=a.delta,
+        sampling_rate=a.sampling_rate,
+        steps=a.steps,
+        grid=a.grid,
+        lo=a.lo,
+        hi=a.hi,
+        accountant=a.accountant,
+        neighbouring=a.neighbouring,
+    )
+    return {
+        "noise_multiplier": r.value,
+        "epsilon": r.epsilon,
+        "target_epsilon": a.epsilon,
+        "delta": a.delta,
+        "sampling_rate": a.sampling_rate,
+        "steps": a.steps,
+        "accountant": r.accountant,
+        "sampling": "poisson",
+        "neighbouring": a.neighbouring,
+    }
 
 
 def calibrate_adadpsyn(a: argparse.Namespace) -> dict[str, Any]:
     r = calibration.calibrate_adadpsyn(
-        epsilon=a.epsilon, delta=a.delta, sampling_rate=a.sampling_rate, steps=a.steps, t_hat=a.t_hat,
-        sigma0=a.sigma0, sigma2=a.sigma2, theta=a.theta, grid=a.grid, labels_touched=a.labels_touched,
-    )  # fmt: skip
-    return {"sigma1": r.value, "epsilon": r.epsilon, "target_epsilon": a.epsilon, "delta": a.delta,
-            "accountant": r.accountant, "sampling": "without_replacement", "neighbouring": "replace_one",
-            "labels_touched": a.labels_touched}  # fmt: skip
+        epsilon=a.epsilon,
+        delta=a.delta,
+        sampling_rate=a.sampling_rate,
+        steps=a.steps,
+        t_hat=a.t_hat,
+        sigma0=a.sigma0,
+        sigma2=a.sigma2,
+        theta=a.theta,
+        grid=a.grid,
+        labels_touched=a.labels_touched,
+    )
+    return {
+        "sigma1": r.value,
+        "epsilon": r.epsilon,
+        "target_epsilon": a.epsilon,
+        "delta": a.delta,
+        "accountant": r.accountant,
+        "sampling": "without_replacement",
+        "neighbouring": "replace_one",
+        "labels_touched": a.labels_touched,
+    }
 
 
 def calibrate_mozo(a: argparse.Namespace) -> dict[str, Any]:
@@ -49,36 +80,58 @@ def calibrate_mozo(a: argparse.Namespace) -> dict[str, Any]:
     r = calibration.calibrate_mozo(
         epsilon=a.epsilon, delta=a.delta, sampling_rate=a.sampling_rate, steps=a.steps, order=a.order
     )
-    return {"beta": r.value, "rdp_target": target, "order": a.order, "epsilon": r.epsilon,
-            "target_epsilon": a.epsilon, "delta": a.delta, "accountant": r.accountant,
-            "sampling": "without_replacement", "neighbouring": "replace_one"}  # fmt: skip
+    return {
+        "beta": r.value,
+        "rdp_target": target,
+        "order": a.order,
+        "epsilon": r.epsilon,
+        "target_epsilon": a.epsilon,
+        "delta": a.delta,
+        "accountant": r.accountant,
+        "sampling": "without_replacement",
+        "neighbouring": "replace_one",
+    }
 
 
 def epsilon_clip_blend(a: argparse.Namespace) -> dict[str, Any]:
-    event = me.clip_blend_event(clip=a.clip, subset_size=a.subset_size, temperature=a.temperature, steps=a.steps,
-                                neighbouring=a.neighbouring)  # fmt: skip
+    event = me.clip_blend_event(
+        clip=a.clip, subset_size=a.subset_size, temperature=a.temperature, steps=a.steps, neighbouring=a.neighbouring
+    )
     bounds = tightest().epsilons(event, delta=a.delta)
     paper = me.clip_blend_paper_epsilon(
         clip=a.clip, subset_size=a.subset_size, temperature=a.temperature, steps=a.steps, delta=a.delta
     )
-    eps0 = me.clip_blend_token_epsilon(clip=a.clip, subset_size=a.subset_size, temperature=a.temperature,
-                                       neighbouring=a.neighbouring)  # fmt: skip
+    eps0 = me.clip_blend_token_epsilon(
+        clip=a.clip, subset_size=a.subset_size, temperature=a.temperature, neighbouring=a.neighbouring
+    )
     # The full advanced-composition bound (Dwork, Rothblum & Vadhan 2010) at the same ε0.
     full_advanced = eps0 * math.sqrt(2 * a.steps * math.log(1 / a.delta)) + a.steps * eps0 * math.expm1(eps0)
-    return {"epsilon": min(bounds.values()), "epsilon_advanced_composition": paper,
-            "epsilon_full_advanced_composition": full_advanced, "epsilon_per_token": eps0,
-            "bounds": bounds, "delta": a.delta, "neighbouring": a.neighbouring,
-            "note": "epsilon_advanced_composition is the paper's figure (leading term only), "
-                    "not a guarantee"}  # fmt: skip
+    return {
+        "epsilon": min(bounds.values()),
+        "epsilon_advanced_composition": paper,
+        "epsilon_full_advanced_composition": full_advanced,
+        "epsilon_per_token": eps0,
+        "bounds": bounds,
+        "delta": a.delta,
+        "neighbouring": a.neighbouring,
+        "note": "epsilon_advanced_composition is the paper's figure (leading term only), not a guarantee",
+    }
 
 
 def epsilon_subsampled_gaussian(a: argparse.Namespace) -> dict[str, Any]:
-    event = me.tang_event(noise_multiplier=a.noise_multiplier, sampling_rate=a.sampling_rate, steps=a.steps,
-                          neighbouring=a.neighbouring)  # fmt: skip
+    event = me.tang_event(
+        noise_multiplier=a.noise_multiplier, sampling_rate=a.sampling_rate, steps=a.steps, neighbouring=a.neighbouring
+    )
     acc = get_accountant(a.accountant)
-    return {"epsilon": acc.epsilon(event, delta=a.delta), "delta": a.delta, "accountant": acc.name,
-            "noise_multiplier": a.noise_multiplier, "sampling_rate": a.sampling_rate, "steps": a.steps,
-            "neighbouring": a.neighbouring}  # fmt: skip
+    return {
+        "epsilon": acc.epsilon(event, delta=a.delta),
+        "delta": a.delta,
+        "accountant": acc.name,
+        "noise_multiplier": a.noise_multiplier,
+        "sampling_rate": a.sampling_rate,
+        "steps": a.steps,
+        "neighbouring": a.neighbouring,
+    }
 
 
 def budget_init(a: argparse.Namespace) -> dict[str, Any]:
@@ -99,8 +152,14 @@ def budget_spend(a: argparse.Namespace) -> dict[str, Any]:
             else events.ApproxDPEvent(a.pure_epsilon, a.delta, **tag)
         )
         entry = manager.spend(event, label=a.label)
-        return {"committed": True, "entry_id": entry.id, "label": entry.label, "event": event.to_dict(),
-                "certified_epsilon": entry.certified_epsilon, "ledger": a.ledger}  # fmt: skip
+        return {
+            "committed": True,
+            "entry_id": entry.id,
+            "label": entry.label,
+            "event": event.to_dict(),
+            "certified_epsilon": entry.certified_epsilon,
+            "ledger": a.ledger,
+        }
     finally:
         manager.close()
 

@@ -34,20 +34,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     elif args.micro_batch_size is not None:
         from dp_icl_plugin.backends.hf import HFBackend
 
-        backend = HFBackend.from_pretrained(args.model, device=args.device or "auto", dtype=args.dtype or "auto",
-                                            micro_batch_size=args.micro_batch_size)  # fmt: skip
+        backend = HFBackend.from_pretrained(
+            args.model, device=args.device or "auto", dtype=args.dtype or "auto", micro_batch_size=args.micro_batch_size
+        )
     else:
         backend = load_backend(args.model, device=args.device, dtype=args.dtype)
     started = time.monotonic()
     report = check_row_isolation(backend, seed=args.seed)
-    where = {"device": str(getattr(backend, "device", "server")), "dtype": str(getattr(getattr(backend, "model", None),
-             "dtype", "server"))}  # fmt: skip
+    where = {
+        "device": str(getattr(backend, "device", "server")),
+        "dtype": str(getattr(getattr(backend, "model", None), "dtype", "server")),
+    }
     result: dict[str, Any] = {
-        "model": backend.model_id, **where, "isolated": report.isolated,
+        "model": backend.model_id,
+        **where,
+        "isolated": report.isolated,
         "seconds": round(time.monotonic() - started, 1),
         "cases": [{"case": c.name, "max_abs_diff": c.max_abs_diff, "identical": c.identical} for c in report.cases],
         "audit_failed": not report.isolated,  # exit status 1 when a row is not isolated
-    }  # fmt: skip
+    }
     if args.human:
         result = {k: v for k, v in result.items() if k != "cases"} | {"report": "\n" + str(report)}
     return result

@@ -9,20 +9,33 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: Any) -> None:
-    p = top.add_parser("plan", parents=[common],
-                       help="preview every method's settings and effect for a budget; charges nothing")  # fmt: skip
+    p = top.add_parser(
+        "plan", parents=[common], help="preview every method's settings and effect for a budget; charges nothing"
+    )
     p.add_argument("--records", type=integer, required=True, help="how many private records (as you know it)")
     p.add_argument("--epsilon", type=number, required=True, help="the ledger's ε for this use")
     p.add_argument("--delta", type=number, required=True)
     p.add_argument("--answers", type=integer, required=True, help="how many answers the app needs")
-    p.add_argument("--tokens", type=integer, required=True,
-                   help="the longest answer, in tokens (answers restricted to public choices: the tokens a "
-                        "mechanism decides, e.g. 1 for six one-word types)")  # fmt: skip
-    p.add_argument("--neighbouring", default="replace_one", choices=["replace_one", "add_remove"],
-                   help="the ledger's neighbouring relation (default replace_one)")  # fmt: skip
+    p.add_argument(
+        "--tokens",
+        type=integer,
+        required=True,
+        help="the longest answer, in tokens (answers restricted to public choices: the tokens a "
+        "mechanism decides, e.g. 1 for six one-word types)",
+    )
+    p.add_argument(
+        "--neighbouring",
+        default="replace_one",
+        choices=["replace_one", "add_remove"],
+        help="the ledger's neighbouring relation (default replace_one)",
+    )
     p.add_argument("--k", type=integer, default=40, help="kNN experts per answer (default 40)")
-    p.add_argument("--candidates", type=integer, default=None,
-                   help="records expected to pass min_similarity per query; they pay each answer (default k)")
+    p.add_argument(
+        "--candidates",
+        type=integer,
+        default=None,
+        help="records expected to pass min_similarity per query; they pay each answer (default k)",
+    )
     p.add_argument("--shards", type=integer, default=10, help="kNN keyword answers' shards (default 10)")
     p.add_argument("--subset-size", type=integer, default=None, help="clip-blend's subset (default min(records, k))")
     p.add_argument("--vocab-size", type=integer, default=49152, help="the model's vocabulary (SmolLM2: 49152)")
@@ -32,6 +45,16 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dp_icl_plugin.planning import plan
 
-    return plan(records=args.records, epsilon=args.epsilon, delta=args.delta, answers=args.answers,
-                tokens=args.tokens, relation=args.neighbouring, k=args.k, candidates=args.candidates,
-                shards=args.shards, subset_size=args.subset_size, vocab_size=args.vocab_size).as_dict()  # fmt: skip
+    return plan(
+        records=args.records,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        answers=args.answers,
+        tokens=args.tokens,
+        relation=args.neighbouring,
+        k=args.k,
+        candidates=args.candidates,
+        shards=args.shards,
+        subset_size=args.subset_size,
+        vocab_size=args.vocab_size,
+    ).as_dict()

@@ -23,8 +23,23 @@ __all__ = ["METHOD_CHOICES", "add_parser", "synthesize"]
 METHOD_CHOICES = ("tang", "pta", "adadpsyn", "clip-blend", "mozo-offline")
 
 # CLI option -> config field; a method refuses the options its config does not have.
-_SETTINGS = ("n_prompts", "records_per_prompt", "max_tokens", "shots_per_label", "top_k", "top_p", "alpha",
-             "t_hat", "sigma0", "sigma2", "lam", "clip", "subset_size", "n_shots", "order")  # fmt: skip
+_SETTINGS = (
+    "n_prompts",
+    "records_per_prompt",
+    "max_tokens",
+    "shots_per_label",
+    "top_k",
+    "top_p",
+    "alpha",
+    "t_hat",
+    "sigma0",
+    "sigma2",
+    "lam",
+    "clip",
+    "subset_size",
+    "n_shots",
+    "order",
+)
 
 
 def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: Any) -> None:
@@ -35,33 +50,59 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--label-column", required=True)
     p.add_argument("--labels", default=None, help="the public label set, comma-separated (default: the file's)")
     p.add_argument("--generate-for", default=None, help="labels to generate for, comma-separated (default: all)")
-    p.add_argument("--public-label-counts", default=None,
-                   help="label sizes declared public, 'label=size,...' or 'observed' (publishes the file's "
-                        "counts); tang, pta, adadpsyn and clip-blend size their sampling by them")  # fmt: skip
-    p.add_argument("--public-inputs", default=None, help="mozo-offline: public inputs (.txt, one per line, or "
-                   ".csv/.jsonl with --input-column)")  # fmt: skip
+    p.add_argument(
+        "--public-label-counts",
+        default=None,
+        help="label sizes declared public, 'label=size,...' or 'observed' (publishes the file's "
+        "counts); tang, pta, adadpsyn and clip-blend size their sampling by them",
+    )
+    p.add_argument(
+        "--public-inputs",
+        default=None,
+        help="mozo-offline: public inputs (.txt, one per line, or .csv/.jsonl with --input-column)",
+    )
     p.add_argument("--input-column", default=None, help="the column of --public-inputs in a .csv/.jsonl file")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--model", help="a local Hugging Face causal LM directory, a .gguf file, a named model "
-                       "('smollm2-135m-instruct'), or 'ginc'")  # fmt: skip
-    where.add_argument("--server", help="an OpenAI-compatible inference server's URL (vLLM started with "
-                       "--max-logprobs -1); needs --tokenizer")  # fmt: skip
+    where.add_argument(
+        "--model",
+        help="a local Hugging Face causal LM directory, a .gguf file, a named model "
+        "('smollm2-135m-instruct'), or 'ginc'",
+    )
+    where.add_argument(
+        "--server",
+        help="an OpenAI-compatible inference server's URL (vLLM started with --max-logprobs -1); needs --tokenizer",
+    )
     p.add_argument("--tokenizer", default=None, help="--server: the served model's folder, .gguf file or name")
-    p.add_argument("--server-top-k", type=integer, default=None,
-                   help="--server: ask for the top k log-probabilities only (default: the full vocabulary)")
-    p.add_argument("--allow-insecure-http", action="store_true",
-                   help="--server: allow plain http to a host other than this machine")
+    p.add_argument(
+        "--server-top-k",
+        type=integer,
+        default=None,
+        help="--server: ask for the top k log-probabilities only (default: the full vocabulary)",
+    )
+    p.add_argument(
+        "--allow-insecure-http",
+        action="store_true",
+        help="--server: allow plain http to a host other than this machine",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--epsilon", type=number, required=True, help="target ε of this synthesis")
     p.add_argument("--delta", type=number, default=None, help="target δ (default: the ledger's δ)")
     p.add_argument("--ledger", required=True, help="the budget ledger file charged for the run")
     p.add_argument("--budget-epsilon", type=number, default=None, help="create the ledger with this ε")
     p.add_argument("--budget-delta", type=number, default=None, help="create the ledger with this δ")
-    p.add_argument("--neighbouring", default=None, choices=["replace_one", "add_remove"],
-                   help="the relation of a ledger created here (default replace_one)")  # fmt: skip
+    p.add_argument(
+        "--neighbouring",
+        default=None,
+        choices=["replace_one", "add_remove"],
+        help="the relation of a ledger created here (default replace_one)",
+    )
     p.add_argument("--out", required=True, help="where the demonstrations go (JSONL)")
-    p.add_argument("--template", default=None, help="a preset: agnews, trec, dbpedia, sst2, ginc; for mozo-offline "
-                   "classification, ginc, e2e, samsum (default: a plain layout)")  # fmt: skip
+    p.add_argument(
+        "--template",
+        default=None,
+        help="a preset: agnews, trec, dbpedia, sst2, ginc; for mozo-offline "
+        "classification, ginc, e2e, samsum (default: a plain layout)",
+    )
     g = p.add_argument_group("method settings (each method takes those of its config)")
     g.add_argument("--n-prompts", type=integer, default=None, help="M (tang, pta, adadpsyn)")
     g.add_argument("--records-per-prompt", type=integer, default=None, help="N (tang, pta, adadpsyn)")
@@ -81,8 +122,11 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     g.add_argument("--order", type=number, default=None, help="MOZO Rényi order α")
     p.add_argument("--seed", type=integer, default=None, help="noise seed (tests and benchmarks only)")
     shown = p.add_mutually_exclusive_group()
-    shown.add_argument("--progress", action="store_true", help="a progress bar on stderr even off a terminal "
-                       "(default: a bar on a terminal, a line every 30 s elsewhere)")  # fmt: skip
+    shown.add_argument(
+        "--progress",
+        action="store_true",
+        help="a progress bar on stderr even off a terminal (default: a bar on a terminal, a line every 30 s elsewhere)",
+    )
     shown.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     p.set_defaults(handler=synthesize)
 
@@ -117,8 +161,13 @@ def _method(a: argparse.Namespace, delta: float) -> Any:
         TangSynthesizer,
     )
 
-    classes: dict[str, Any] = {"tang": TangSynthesizer, "pta": PTASynthesizer, "adadpsyn": AdaDPSynSynthesizer,
-           "clip-blend": ClipBlendSynthesizer, "mozo-offline": MozoOfflineSynthesizer}  # fmt: skip
+    classes: dict[str, Any] = {
+        "tang": TangSynthesizer,
+        "pta": PTASynthesizer,
+        "adadpsyn": AdaDPSynSynthesizer,
+        "clip-blend": ClipBlendSynthesizer,
+        "mozo-offline": MozoOfflineSynthesizer,
+    }
     cls = classes[a.method]
     settings: dict[str, Any] = {"epsilon": a.epsilon, "delta": delta}
     settings.update({name: getattr(a, name) for name in _SETTINGS if getattr(a, name) is not None})
@@ -175,8 +224,10 @@ def _interrupted(budget: Any, label: str, charged_before: int) -> None:
     the demonstrations under way are not written, being unfinished)."""
     if budget.label_counts().get(label, 0) > charged_before:
         entry = [e for e in budget.history() if e.label == label][-1]
-        message = (f"dp-icl: interrupted after the charge: ledger entry {entry.id} ({label}) stands, never refunded; "
-                   "nothing was written (a shorter run: fewer --max-tokens or --shots-per-label)")  # fmt: skip
+        message = (
+            f"dp-icl: interrupted after the charge: ledger entry {entry.id} ({label}) stands, never refunded; "
+            "nothing was written (a shorter run: fewer --max-tokens or --shots-per-label)"
+        )
         print(message, file=sys.stderr)
     else:
         print("dp-icl: interrupted before the charge: nothing was charged or written", file=sys.stderr)
@@ -210,13 +261,19 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
         delta = budget_arg.delta
     delta = a.delta if a.delta is not None else delta
     if (a.server is None) != (a.tokenizer is None and a.server_top_k is None and not a.allow_insecure_http):
-        raise ConfigurationError("--server needs --tokenizer; --tokenizer, --server-top-k and --allow-insecure-http "
-                                 "apply to --server only")  # fmt: skip
+        raise ConfigurationError(
+            "--server needs --tokenizer; --tokenizer, --server-top-k and --allow-insecure-http apply to --server only"
+        )
     method = _method(a, delta)  # config errors before any private record is read, nothing charged
     inputs = _public_inputs(a)
     counts = _label_counts(a.public_label_counts)
-    data = load_dataset(a.data, text_column=a.text_column, label_column=a.label_column, labels=_labels(a.labels),
-                        public_label_counts=counts)  # fmt: skip
+    data = load_dataset(
+        a.data,
+        text_column=a.text_column,
+        label_column=a.label_column,
+        labels=_labels(a.labels),
+        public_label_counts=counts,
+    )
     plan = method.plan(data, _labels(a.generate_for), public_inputs=inputs, neighbouring=relation)
     backend: NextTokenBackend
     if a.model == "ginc":
@@ -226,8 +283,9 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     elif a.server is not None:
         from dp_icl_plugin.backends.loading import load_backend
 
-        backend = load_backend(a.server, tokenizer=a.tokenizer, top_k=a.server_top_k,
-                               allow_insecure_http=a.allow_insecure_http)  # fmt: skip
+        backend = load_backend(
+            a.server, tokenizer=a.tokenizer, top_k=a.server_top_k, allow_insecure_http=a.allow_insecure_http
+        )
     else:
         from dp_icl_plugin.backends.hf import HFBackend
 
@@ -239,8 +297,15 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
         labels = None if inputs is not None else plan.labels
         charged_before = budget.label_counts().get(f"{method.name}:synthesize", 0)
         try:
-            demos = method.synthesize(data, labels=labels, public_inputs=inputs, backend=backend, budget=budget,
-                                      rng=np.random.default_rng(a.seed), progress=progress)  # fmt: skip
+            demos = method.synthesize(
+                data,
+                labels=labels,
+                public_inputs=inputs,
+                backend=backend,
+                budget=budget,
+                rng=np.random.default_rng(a.seed),
+                progress=progress,
+            )
         except KeyboardInterrupt:
             _interrupted(budget, f"{method.name}:synthesize", charged_before)
             raise
@@ -249,8 +314,17 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     finally:
         budget.close()
     p = demos.provenance
-    return {"out": str(out), "method": p.method, "demonstrations": len(demos), "labels": list(demos.labels),
-            "epsilon": p.epsilon, "delta": p.delta, "ledger": str(ledger), "ledger_entry": p.ledger_entry_id,
-            "parameters": {k: v for k, v in p.extra.items() if isinstance(v, (int, float, str)) or v is None},
-            "spent_epsilon": spent.epsilon,
-            "remaining_epsilon": remaining.epsilon, "model": p.model_id}  # fmt: skip
+    return {
+        "out": str(out),
+        "method": p.method,
+        "demonstrations": len(demos),
+        "labels": list(demos.labels),
+        "epsilon": p.epsilon,
+        "delta": p.delta,
+        "ledger": str(ledger),
+        "ledger_entry": p.ledger_entry_id,
+        "parameters": {k: v for k, v in p.extra.items() if isinstance(v, (int, float, str)) or v is None},
+        "spent_epsilon": spent.epsilon,
+        "remaining_epsilon": remaining.epsilon,
+        "model": p.model_id,
+    }

@@ -36,8 +36,10 @@ def read_metadata(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     directory = Path(path) if path is not None else default_model_path()
     meta = directory / "ginc.json"
     if not meta.is_file():
-        raise ConfigurationError(f"{directory} is not a GINC model directory (no ginc.json); train one with "
-                                 "`dp-icl bench ginc-train --out DIR`")  # fmt: skip
+        raise ConfigurationError(
+            f"{directory} is not a GINC model directory (no ginc.json); train one with "
+            "`dp-icl bench ginc-train --out DIR`"
+        )
     try:
         data = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:

@@ -33,8 +33,11 @@ def private_dataset(language: GincLanguage, split: Mapping[int, Sequence[GincExa
     The split's size per concept is a public design parameter of the benchmark (PTA: 1,600), declared as
     the label sizes the methods sample by.
     """
-    records = [PrivateRecord(language.render([*ex.tokens, ex.label]), concept_label(c))
-               for c, examples in split.items() for ex in examples]  # fmt: skip
+    records = [
+        PrivateRecord(language.render([*ex.tokens, ex.label]), concept_label(c))
+        for c, examples in split.items()
+        for ex in examples
+    ]
     return PrivateDataset(records, labels=[concept_label(c) for c in split], public_label_counts="observed")
 
 
@@ -77,5 +80,9 @@ def accuracy_with_demonstrations(
     for start in range(0, len(prompts), batch):
         predicted = backend.next_token_logprobs(prompts[start : start + batch]).argmax(axis=1)
         correct += int((predicted == labels[start : start + batch]).sum())
-    return AccuracyCell(k=len(examples[0].tokens) + 1, shots=max((len(v) for v in (demonstrations or {}).values()),
-                        default=0), n_prompts=len(examples), correct=correct)  # fmt: skip
+    return AccuracyCell(
+        k=len(examples[0].tokens) + 1,
+        shots=max((len(v) for v in (demonstrations or {}).values()), default=0),
+        n_prompts=len(examples),
+        correct=correct,
+    )

@@ -58,8 +58,19 @@ class TrainingConfig:
     eval_every: int = 500
 
     def __post_init__(self) -> None:
-        for name in ("n_layer", "n_embd", "n_head", "seq_len", "batch_size", "steps", "n_documents",
-                     "document_length", "validation_documents", "threads", "eval_every"):  # fmt: skip
+        for name in (
+            "n_layer",
+            "n_embd",
+            "n_head",
+            "seq_len",
+            "batch_size",
+            "steps",
+            "n_documents",
+            "document_length",
+            "validation_documents",
+            "threads",
+            "eval_every",
+        ):
             check.positive_int(name, getattr(self, name))
         if self.n_embd % self.n_head:
             raise ConfigurationError("n_embd must be a multiple of n_head")
@@ -122,9 +133,15 @@ def _finished_run(out: Path, identity: dict[str, Any]) -> TrainingResult | None:
     steps = identity["training"]["steps"]
     seconds = float(meta.get("training_seconds") or 0.0)
     tokens = steps * identity["training"]["batch_size"] * identity["training"]["seq_len"]
-    return TrainingResult(out, True, steps, float(meta.get("train_loss", math.nan)),
-                          float(meta.get("validation_loss", math.nan)), seconds,
-                          tokens / seconds if seconds else 0.0)  # fmt: skip
+    return TrainingResult(
+        out,
+        True,
+        steps,
+        float(meta.get("train_loss", math.nan)),
+        float(meta.get("validation_loss", math.nan)),
+        seconds,
+        tokens / seconds if seconds else 0.0,
+    )
 
 
 def train(
@@ -252,11 +269,15 @@ def train(
             now = time.monotonic()
             elapsed += now - window_start
             train_loss, validation = float(np.mean(window)), validation_loss()
-            record = {"step": step, "tokens": step * config.batch_size * config.seq_len,
-                      "train_loss": round(train_loss, 4), "validation_loss": round(validation, 4),
-                      "lr": config.learning_rate_at(step - 1),
-                      "tokens_per_second": round(window_tokens / (now - window_start), 1),
-                      "elapsed_seconds": round(elapsed, 1)}  # fmt: skip
+            record = {
+                "step": step,
+                "tokens": step * config.batch_size * config.seq_len,
+                "train_loss": round(train_loss, 4),
+                "validation_loss": round(validation, 4),
+                "lr": config.learning_rate_at(step - 1),
+                "tokens_per_second": round(window_tokens / (now - window_start), 1),
+                "elapsed_seconds": round(elapsed, 1),
+            }
             with open(out / _LOG, "a", encoding="utf-8") as log:
                 log.write(json.dumps(record) + "\n")
             log_tail.append(record)
@@ -273,8 +294,14 @@ def train(
     if finished:
         model.save_pretrained(out, safe_serialization=True)
         build_tokenizer(lang.vocab, model_max_length=config.seq_len).save_pretrained(out)
-        metadata = {**identity, "command": command, "validation_loss": validation, "train_loss": train_loss,
-                    "training_seconds": round(elapsed, 1), "torch": torch.__version__}  # fmt: skip
+        metadata = {
+            **identity,
+            "command": command,
+            "validation_loss": validation,
+            "train_loss": train_loss,
+            "training_seconds": round(elapsed, 1),
+            "torch": torch.__version__,
+        }
         (out / GINC_METADATA).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     tokens_per_second = step * config.batch_size * config.seq_len / elapsed if elapsed else 0.0

@@ -365,5 +365,11 @@ def release_token(
         projected = project_to_ball(p, centre, radius)  # line 19
         centre = to_simplex(noisy_mean(projected, radius=radius, sigma1=sigma1, rng=rng, centre=centre))  # 20–21
         means += 1
-    return TokenRelease(index=int(np.argmax(centre)), distribution=centre, target_radius=target, radius=radius,
-                        rounds=rounds, means=means)  # fmt: skip
+    return TokenRelease(
+        index=int(np.argmax(centre)),
+        distribution=centre,
+        target_radius=target,
+        radius=radius,
+        rounds=rounds,
+        means=means,
+    )

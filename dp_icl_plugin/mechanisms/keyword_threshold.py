@@ -58,9 +58,7 @@ def threshold_sensitivity(per_answer: int, shards_changed: int = 1) -> float:
     return math.sqrt(2.0 * m) * check.positive_int("shards_changed", shards_changed)
 
 
-def answer_keywords(
-    tokens: Iterable[int], *, per_answer: int | None, is_keyword: Callable[[int], bool]
-) -> list[int]:
+def answer_keywords(tokens: Iterable[int], *, per_answer: int | None, is_keyword: Callable[[int], bool]) -> list[int]:
     """The first ``per_answer`` (None: all) distinct tokens of one answer that ``is_keyword`` accepts, in order."""
     m = None if per_answer is None else check.positive_int("per_answer", per_answer)
     out: list[int] = []

@@ -381,9 +381,14 @@ def mozo_distribution(
         raise ConfigurationError(f"variant must be one of {VARIANTS}, got {variant!r}")
     support, one, zero = _support_rows(one_shot_logprobs, zero_shot_logprobs, top_k)
     a = check.order("order", order)
-    lambdas = _fit_lambdas(one, zero, radius=check.positive_finite("beta", beta) * a, order=a,
-                           lambda_max=check.positive_finite("lambda_max", lambda_max),
-                           tolerance=check.positive_finite("tolerance", tolerance))  # fmt: skip
+    lambdas = _fit_lambdas(
+        one,
+        zero,
+        radius=check.positive_finite("beta", beta) * a,
+        order=a,
+        lambda_max=check.positive_finite("lambda_max", lambda_max),
+        tolerance=check.positive_finite("tolerance", tolerance),
+    )
     output, scale = product_logprobs(mix(one, zero, lambdas)), 1.0
     if variant == "projected":
         center = _log_normalize(one.shape[0] * zero)
@@ -408,8 +413,16 @@ def mozo_token(
     Returns:
         The token id (a vocabulary id) and the λ_i (shape (n_shots,)) as diagnostics.
     """
-    out = mozo_distribution(one_shot_logprobs, zero_shot_logprobs, beta=beta, order=order, top_k=top_k,
-                            lambda_max=lambda_max, variant=variant, tolerance=tolerance)  # fmt: skip
+    out = mozo_distribution(
+        one_shot_logprobs,
+        zero_shot_logprobs,
+        beta=beta,
+        order=order,
+        top_k=top_k,
+        lambda_max=lambda_max,
+        variant=variant,
+        tolerance=tolerance,
+    )
     return MozoToken(int(out.support[sample_logprobs(out.logprobs, rng)]), out.lambdas)
 
 

@@ -123,8 +123,9 @@ class AdaDPSynSynthesizer(SynthesisMethod):
     config_type: ClassVar[type] = AdaDPSynConfig
     config: AdaDPSynConfig
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
-              ) -> Plan:  # fmt: skip
+    def _plan(
+        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+    ) -> Plan:
         c = self.config
         me.require_replace_one("AdaDPSyn", neighbouring)
         rate, _, steps = self._sampling(dataset, labels, drawn="are drawn without replacement per token")
@@ -134,16 +135,40 @@ class AdaDPSynSynthesizer(SynthesisMethod):
             sigma1, target = float(c.sigma1), None
         else:
             assert c.epsilon is not None
-            result = calibrate_adadpsyn(epsilon=float(c.epsilon), delta=float(delta), sampling_rate=rate, steps=steps,
-                                        t_hat=c.t_hat, sigma0=float(c.sigma0), sigma2=float(c.sigma2),
-                                        theta=float(c.theta), labels_touched=touched)  # fmt: skip
+            result = calibrate_adadpsyn(
+                epsilon=float(c.epsilon),
+                delta=float(delta),
+                sampling_rate=rate,
+                steps=steps,
+                t_hat=c.t_hat,
+                sigma0=float(c.sigma0),
+                sigma2=float(c.sigma2),
+                theta=float(c.theta),
+                labels_touched=touched,
+            )
             sigma1, target = result.value, result.epsilon
-        event = me.adadpsyn_event(sigma0=float(c.sigma0), sigma1=sigma1, sigma2=float(c.sigma2), sampling_rate=rate,
-                                  steps=steps, t_hat=c.t_hat, theta=float(c.theta), labels_touched=touched)  # fmt: skip
-        params = {"sigma0": float(c.sigma0), "sigma1": sigma1, "sigma2": float(c.sigma2), "sampling_rate": rate,
-                  "steps": steps, "target_delta": delta, "calibrated_epsilon": target, "labels_touched": touched,
-                  "neighbouring": neighbouring,
-                  "public_label_counts": {y: dataset.public_count(y) for y in labels}}  # fmt: skip
+        event = me.adadpsyn_event(
+            sigma0=float(c.sigma0),
+            sigma1=sigma1,
+            sigma2=float(c.sigma2),
+            sampling_rate=rate,
+            steps=steps,
+            t_hat=c.t_hat,
+            theta=float(c.theta),
+            labels_touched=touched,
+        )
+        params = {
+            "sigma0": float(c.sigma0),
+            "sigma1": sigma1,
+            "sigma2": float(c.sigma2),
+            "sampling_rate": rate,
+            "steps": steps,
+            "target_delta": delta,
+            "calibrated_epsilon": target,
+            "labels_touched": touched,
+            "neighbouring": neighbouring,
+            "public_label_counts": {y: dataset.public_count(y) for y in labels},
+        }
         return Plan(labels, event, params)
 
     def _generate(
@@ -161,8 +186,12 @@ class AdaDPSynSynthesizer(SynthesisMethod):
         sigmas = {name: plan.params[name] if private else 0.0 for name in ("sigma0", "sigma1", "sigma2")}
         ids = PromptIds(backend, c.template)
         eos = backend.eos_token_id if c.template.stop_at_eos else None
-        bar = progress_bar(len(plan.labels) * c.shots_per_label * c.max_tokens, desc=f"{self.name} synthesis",
-                           unit="token", enabled=progress)  # fmt: skip
+        bar = progress_bar(
+            len(plan.labels) * c.shots_per_label * c.max_tokens,
+            desc=f"{self.name} synthesis",
+            unit="token",
+            enabled=progress,
+        )
         demos = []
         for label in plan.labels:
             records = dataset.records(label)
@@ -170,8 +199,9 @@ class AdaDPSynSynthesizer(SynthesisMethod):
             for _ in range(c.shots_per_label):
                 generated: list[int] = []
                 for _ in range(c.max_tokens):
-                    subsets = fixed_size_subsets(records, placement=placement, n_prompts=c.n_prompts,
-                                                 per_prompt=c.records_per_prompt, rng=rng)  # fmt: skip
+                    subsets = fixed_size_subsets(
+                        records, placement=placement, n_prompts=c.n_prompts, per_prompt=c.records_per_prompt, rng=rng
+                    )
                     prompts = [ids.public(label, generated)]
                     prompts += [ids.private(label, subset, generated) for subset in subsets]
                     # the public instruction the prompts start with is computed once (prefix KV cache); the public
@@ -182,8 +212,9 @@ class AdaDPSynSynthesizer(SynthesisMethod):
                     vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k)
                     # each prompt's own probabilities on V_pub, renormalised (a token it finds unlikely stays so)
                     candidates = restrict(np.exp(logprobs[1:].astype(np.float64)), vocabulary, renormalize=True)
-                    release = release_token(candidates, t_hat=c.t_hat, theta=c.theta, rho=c.rho, mu=c.mu, lam=c.lam,
-                                            rng=rng, **sigmas)  # fmt: skip
+                    release = release_token(
+                        candidates, t_hat=c.t_hat, theta=c.theta, rho=c.rho, mu=c.mu, lam=c.lam, rng=rng, **sigmas
+                    )
                     token = int(vocabulary[release.index])
                     generated.append(token)
                     bar.update(1)

@@ -59,8 +59,10 @@ def check_top_k(top_k: int | None, backend: NextTokenBackend) -> None:
         raise ConfigurationError(f"top_k = {top_k} exceeds the vocabulary ({backend.vocab_size})")
     returned = getattr(backend, "top_k", None)
     if isinstance(returned, int) and returned < top_k:
-        raise ConfigurationError(f"the method reads the top {top_k} tokens of every row, but the backend returns "
-                                 f"only its top {returned}: build it with top_k >= {top_k} or None")  # fmt: skip
+        raise ConfigurationError(
+            f"the method reads the top {top_k} tokens of every row, but the backend returns "
+            f"only its top {returned}: build it with top_k >= {top_k} or None"
+        )
 
 
 @dataclass(frozen=True)
@@ -125,8 +127,9 @@ class SynthesisMethod(ABC):
 
     # -- what subclasses provide ------------------------------------------------------------------
     @abstractmethod
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
-              ) -> Plan:  # fmt: skip
+    def _plan(
+        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+    ) -> Plan:
         """Check the data against the config and calibrate for ``neighbouring`` (at the config's δ, else
         ``ledger_delta``, else the paper's default: :meth:`_target_delta`); raise before any charge."""
 
@@ -166,8 +169,10 @@ class SynthesisMethod(ABC):
         label = min(labels, key=dataset.public_count)  # label names and declared sizes are public
         smallest = dataset.public_count(label)
         if smallest < per_token:
-            raise ConfigurationError(f"label {label!r} has declared size {smallest}; M·N = n_prompts × "
-                                     f"records_per_prompt = {per_token} {drawn}")  # fmt: skip
+            raise ConfigurationError(
+                f"label {label!r} has declared size {smallest}; M·N = n_prompts × "
+                f"records_per_prompt = {per_token} {drawn}"
+            )
         return per_token / smallest, smallest, c.shots_per_label * c.max_tokens
 
     def _records_read(self, dataset: PrivateDataset, plan: Plan) -> list[PrivateRecord]:
@@ -189,8 +194,9 @@ class SynthesisMethod(ABC):
     ) -> ev.DPEvent:
         """The privacy event a run on ``dataset`` (for ``labels``, default all) charges under ``neighbouring``
         (calibrated at ``ledger_delta`` when the config names no δ: see :meth:`plan`)."""
-        return self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring,
-                         ledger_delta=ledger_delta).event  # fmt: skip
+        return self.plan(
+            dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring, ledger_delta=ledger_delta
+        ).event
 
     def plan(
         self,
@@ -247,8 +253,9 @@ class SynthesisMethod(ABC):
             ConfigurationError: what :meth:`synthesize` would refuse before its charge.
             BackendError: the public pre-flight failed.
         """
-        plan = self.plan(dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring,
-                         ledger_delta=ledger_delta)  # fmt: skip
+        plan = self.plan(
+            dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring, ledger_delta=ledger_delta
+        )
         check_backend(backend)
         self._preflight(plan, backend)
         check_records_encode(backend, self._records_read(dataset, plan), with_labels=self.labels_in_prompts)
@@ -278,8 +285,14 @@ class SynthesisMethod(ABC):
         if not isinstance(budget, BudgetManager):
             raise ConfigurationError("budget must be a BudgetManager (every synthesis is charged to one)")
         check_rng(rng)
-        plan = self.check(dataset, backend=backend, labels=labels, public_inputs=public_inputs,
-                          neighbouring=budget.neighbouring, ledger_delta=budget.budget.delta)  # fmt: skip
+        plan = self.check(
+            dataset,
+            backend=backend,
+            labels=labels,
+            public_inputs=public_inputs,
+            neighbouring=budget.neighbouring,
+            ledger_delta=budget.budget.delta,
+        )
         label = ledger_label or f"{self.name}:synthesize"
         entry = budget.spend(plan.event, label=label)
         # anything failing from here on read private records: one fixed error
@@ -312,10 +325,16 @@ class SynthesisMethod(ABC):
         self, plan: Plan, backend: NextTokenBackend, epsilon: float, delta: float, entry_id: int | None, label: str
     ) -> Provenance:
         return Provenance(
-            method=self.name, config=config_dict(self.config), epsilon=epsilon, delta=delta,
-            event=plan.event.to_dict(), ledger_entry_id=entry_id, ledger_label=label, model_id=backend.model_id,
+            method=self.name,
+            config=config_dict(self.config),
+            epsilon=epsilon,
+            delta=delta,
+            event=plan.event.to_dict(),
+            ledger_entry_id=entry_id,
+            ledger_label=label,
+            model_id=backend.model_id,
             extra=dict(plan.params),
-        )  # fmt: skip
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"

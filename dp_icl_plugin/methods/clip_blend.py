@@ -77,6 +77,7 @@ __all__ = [
     "measure_decoding_speedup",
 ]
 
+
 def assign_groups(
     n_records: int, *, population: int, n_groups: int, subset_size: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -163,21 +164,30 @@ class ClipBlendConfig:
 # apply the model's chat template yourself for instruction-tuned models).
 PAPER_PROMPTS: dict[str, dict[str, Any]] = {
     "agnews": {
-        "template": PromptTemplate(header="Here are texts with News Type: {label}.\n\n", example="{text}\n\n",
-                                   query="Please give me another one.\n\nText:"),
+        "template": PromptTemplate(
+            header="Here are texts with News Type: {label}.\n\n",
+            example="{text}\n\n",
+            query="Please give me another one.\n\nText:",
+        ),
         "public_prompt": "Generate only a text of news type {label}.\n\nText:",
     },
     "dbpedia": {
-        "template": PromptTemplate(header="Here are entries of Category: {label}.\n\n", example="{text}\n\n",
-                                   query="Please give me another one.\n\nEntry:"),
+        "template": PromptTemplate(
+            header="Here are entries of Category: {label}.\n\n",
+            example="{text}\n\n",
+            query="Please give me another one.\n\nEntry:",
+        ),
         "public_prompt": "Generate only a wiki entry of Category {label}.\n\nText:",
     },
     "trec": {
-        "template": PromptTemplate(header="Here are questions with Answer Type: {label}.\n\n", example="{text}\n\n",
-                                   query="Please give me another one.\n\nQuestion:"),
+        "template": PromptTemplate(
+            header="Here are questions with Answer Type: {label}.\n\n",
+            example="{text}\n\n",
+            query="Please give me another one.\n\nQuestion:",
+        ),
         "public_prompt": "Generate only a question with Answer Type {label}.\n\nQuestion:",
     },
-}  # fmt: skip
+}
 """The paper's prompts (App. F): ``ClipBlendSynthesizer(**PAPER_PROMPTS["agnews"], epsilon=1.0, ...)``."""
 
 
@@ -199,15 +209,18 @@ class ClipBlendSynthesizer(SynthesisMethod):
     config: ClipBlendConfig
 
     # -- planning -----------------------------------------------------------------------------------
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
-              ) -> Plan:  # fmt: skip
+    def _plan(
+        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+    ) -> Plan:
         c = self.config
         k = c.shots_per_label
         label = min(labels, key=dataset.public_count)  # declared sizes (public): never the observed counts
         smallest = dataset.public_count(label)
         if smallest < k:
-            raise ConfigurationError(f"label {label!r} has declared size {smallest}; shots_per_label = {k} "
-                                     "demonstrations need at least one record each")  # fmt: skip
+            raise ConfigurationError(
+                f"label {label!r} has declared size {smallest}; shots_per_label = {k} "
+                "demonstrations need at least one record each"
+            )
         s = c.subset_size if c.subset_size is not None else smallest // k
         if k * s > smallest:
             raise ConfigurationError(
@@ -220,20 +233,28 @@ class ClipBlendSynthesizer(SynthesisMethod):
             tau, target = float(c.temperature), None
         else:
             assert c.epsilon is not None
-            result = calibrate_clip_blend_temperature(epsilon=c.epsilon, delta=delta, clip=c.clip, subset_size=s,
-                                                      steps=steps, neighbouring=neighbouring)  # fmt: skip
+            result = calibrate_clip_blend_temperature(
+                epsilon=c.epsilon, delta=delta, clip=c.clip, subset_size=s, steps=steps, neighbouring=neighbouring
+            )
             tau, target = result.value, result.epsilon
-        event = me.clip_blend_event(clip=c.clip, subset_size=s, temperature=tau, steps=steps,
-                                    neighbouring=neighbouring)  # fmt: skip
-        token_epsilon = me.clip_blend_token_epsilon(clip=c.clip, subset_size=s, temperature=tau,
-                                                    neighbouring=neighbouring)  # fmt: skip
+        event = me.clip_blend_event(clip=c.clip, subset_size=s, temperature=tau, steps=steps, neighbouring=neighbouring)
+        token_epsilon = me.clip_blend_token_epsilon(
+            clip=c.clip, subset_size=s, temperature=tau, neighbouring=neighbouring
+        )
         # the paper's figure (add/remove, leading term of advanced composition) only beside the guarantee
         paper = me.clip_blend_paper_epsilon(clip=c.clip, subset_size=s, temperature=tau, steps=steps, delta=delta)
-        params = {"subset_size": s, "temperature": tau, "steps": steps, "target_delta": delta,
-                  "calibrated_epsilon": target, "token_epsilon": token_epsilon,
-                  "epsilon": tightest().epsilon(event, delta=delta), "paper_epsilon": paper,
-                  "neighbouring": neighbouring,
-                  "public_label_counts": {y: dataset.public_count(y) for y in labels}}  # fmt: skip
+        params = {
+            "subset_size": s,
+            "temperature": tau,
+            "steps": steps,
+            "target_delta": delta,
+            "calibrated_epsilon": target,
+            "token_epsilon": token_epsilon,
+            "epsilon": tightest().epsilon(event, delta=delta),
+            "paper_epsilon": paper,
+            "neighbouring": neighbouring,
+            "public_label_counts": {y: dataset.public_count(y) for y in labels},
+        }
         return Plan(labels, event, params)
 
     def _public_probe(self, label: str) -> str:
@@ -276,8 +297,12 @@ class ClipBlendSynthesizer(SynthesisMethod):
         eos = backend.eos_token_id if c.template.stop_at_eos else None
         stop = c.template.stop
         done = _stop_check(backend, stop)
-        bar = progress_bar(len(plan.labels) * c.shots_per_label * c.max_tokens, desc=f"{self.name} synthesis",
-                           unit="token", enabled=progress)  # fmt: skip
+        bar = progress_bar(
+            len(plan.labels) * c.shots_per_label * c.max_tokens,
+            desc=f"{self.name} synthesis",
+            unit="token",
+            enabled=progress,
+        )
         demos = []
         sampled = 0
 
@@ -290,19 +315,30 @@ class ClipBlendSynthesizer(SynthesisMethod):
             records = dataset.records(label)
             public = _fit(backend.encode(c.public_text(label), add_special_tokens=True), capacity)
             instruction = PromptIds(backend, c.template).instruction(label)  # public: computed once per label
-            groups = assign_groups(len(records), population=dataset.public_count(label), n_groups=c.shots_per_label,
-                                   subset_size=s, rng=rng)  # fmt: skip
+            groups = assign_groups(
+                len(records), population=dataset.public_count(label), n_groups=c.shots_per_label, subset_size=s, rng=rng
+            )
             for group in groups:
                 prompts = [public] + [
-                    _fit(backend.encode(c.template.private_prompt(label, [records[int(i)]]), add_special_tokens=True),
-                         capacity)
+                    _fit(
+                        backend.encode(c.template.private_prompt(label, [records[int(i)]]), add_special_tokens=True),
+                        capacity,
+                    )
                     for i in group
-                ]  # fmt: skip
+                ]
                 sampled = 0
                 with start_prefix_rows(backend, prompts, instruction, public=1) as session:  # the public prompt apart
-                    generated = clip_blend_decode(session, clip=c.clip, subset_size=s, temperature=tau,
-                                                  max_tokens=c.max_tokens, rng=rng, eos_token_id=eos, done=done,
-                                                  on_token=tick)  # fmt: skip
+                    generated = clip_blend_decode(
+                        session,
+                        clip=c.clip,
+                        subset_size=s,
+                        temperature=tau,
+                        max_tokens=c.max_tokens,
+                        rng=rng,
+                        eos_token_id=eos,
+                        done=done,
+                        on_token=tick,
+                    )
                 bar.update(c.max_tokens - sampled)  # the tokens not generated after a stop (charged all the same)
                 text = demonstration_text(backend, generated, stop)
                 demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated)))
@@ -342,8 +378,9 @@ def clip_blend_decode(
     generated: list[int] = []
     logprobs = check_logprobs(session.logprobs)
     for step in range(max_tokens):
-        token = clip_blend_token(logprobs[1:], logprobs[0], clip=clip, subset_size=subset_size,
-                                 temperature=temperature, rng=rng)  # fmt: skip
+        token = clip_blend_token(
+            logprobs[1:], logprobs[0], clip=clip, subset_size=subset_size, temperature=temperature, rng=rng
+        )
         if on_token is not None:
             on_token()
         if eos_token_id is not None and token == eos_token_id:

@@ -144,8 +144,11 @@ class PrivateDataset:
         text_list, label_list = list(texts), list(record_labels)
         if len(text_list) != len(label_list):
             raise ConfigurationError(f"{len(text_list)} texts but {len(label_list)} labels")
-        return cls((PrivateRecord(t, y) for t, y in zip(text_list, label_list, strict=True)), labels=labels,
-                   public_label_counts=public_label_counts)  # fmt: skip
+        return cls(
+            (PrivateRecord(t, y) for t, y in zip(text_list, label_list, strict=True)),
+            labels=labels,
+            public_label_counts=public_label_counts,
+        )
 
     def with_public_label_counts(self, counts: Mapping[str, int] | str) -> PrivateDataset:
         """The same records and labels with ``counts`` declared public (a mapping or ``"observed"``)."""
@@ -167,7 +170,7 @@ class PrivateDataset:
         if self._public_counts is None:
             raise ConfigurationError(
                 "this method sets its sampling from each label's size, which is private unless declared: "
-                'build the dataset with public_label_counts={label: size, ...} (|D| for every label is always '
+                "build the dataset with public_label_counts={label: size, ...} (|D| for every label is always "
                 'valid under replace-one), or "observed" to publish the observed counts'
             )
         return self._public_counts[label]

@@ -23,9 +23,17 @@ from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = [
-    "ROLES", "TEMPERATURE_REFUSED", "AnswerStream", "DecodedAnswer", "Decoder", "Query", "answer_limit",
-    "check_call_settings", "check_query", "spend_payload",
-]  # fmt: skip
+    "ROLES",
+    "TEMPERATURE_REFUSED",
+    "AnswerStream",
+    "DecodedAnswer",
+    "Decoder",
+    "Query",
+    "answer_limit",
+    "check_call_settings",
+    "check_query",
+    "spend_payload",
+]
 
 Query = str | Sequence[Mapping[str, str]]
 ROLES = ("system", "user", "assistant")
@@ -153,9 +161,13 @@ class Decoder(Protocol):
     def has_chat_template(self) -> bool: ...
 
     def check(
-        self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None,
+        self,
+        query: Query,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
         schema: object | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Raise ``ConfigurationError`` for a query, limit, stop list or schema the decoder would refuse (no
         charge)."""
         ...
@@ -179,17 +191,27 @@ class Decoder(Protocol):
         ...
 
     def stream(
-        self, query: Query, *, rng: np.random.Generator, max_tokens: int | None = None,
-        stop: Sequence[str] | None = None, schema: object | None = None,
-    ) -> AnswerStream:  # fmt: skip
+        self,
+        query: Query,
+        *,
+        rng: np.random.Generator,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+        schema: object | None = None,
+    ) -> AnswerStream:
         """The answer piece by piece, charged on the first ``next`` (a JSON document valid under ``schema``
         when one is given: :mod:`~dp_icl_plugin.methods.structured`)."""
         ...
 
     def generate(
-        self, query: Query, *, rng: np.random.Generator, max_tokens: int | None = None,
-        stop: Sequence[str] | None = None, schema: object | None = None,
-    ) -> DecodedAnswer:  # fmt: skip
+        self,
+        query: Query,
+        *,
+        rng: np.random.Generator,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+        schema: object | None = None,
+    ) -> DecodedAnswer:
         """The whole answer, charged first."""
         ...
 

@@ -80,10 +80,16 @@ from dp_icl_plugin.methods.structured import JSONSchemaAnswers, json_schema_of, 
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
 
 __all__ = [  # DecodedAnswer, Query, check_query: re-exported
-    "DECODING_METHODS", "ClipBlendDecoder", "DecodedAnswer", "MozoDecoder", "Query", "build_decoder", "chat_ids",
+    "DECODING_METHODS",
+    "ClipBlendDecoder",
+    "DecodedAnswer",
+    "MozoDecoder",
+    "Query",
+    "build_decoder",
+    "chat_ids",
     "check_query",
     "step_rows",
-]  # fmt: skip
+]
 
 
 SCHEMA_CACHE_SIZE = 64  # compiled schemas a decoder keeps (least recently used dropped)
@@ -99,8 +105,9 @@ def share_delta(delta: float | None, budget: BudgetManager) -> float:
     if value > budget.budget.delta:
         warnings.warn(
             f"delta = {value:g} is above the ledger's {budget.budget.delta:g}: the ledger certifies the share at "
-            "its own delta, where it costs more than the epsilon asked for", stacklevel=3,
-        )  # fmt: skip
+            "its own delta, where it costs more than the epsilon asked for",
+            stacklevel=3,
+        )
     return value
 
 
@@ -213,9 +220,13 @@ class _Decoder:
         return bool(getattr(self.backend, "has_chat_template", False))
 
     def check(
-        self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None,
+        self,
+        query: Query,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
         schema: object | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Raise :class:`~dp_icl_plugin.errors.ConfigurationError` for what :meth:`stream` would refuse
         (a bad query, limit, stop list or schema); nothing is charged."""
         self._prepare(query, max_tokens, stop, schema)
@@ -421,12 +432,15 @@ class _Decoder:
         assert self.n_queries is not None
         requested = tightest().epsilon(self.answer_event(limit), delta=self.budget.budget.delta)
         if asked is None:
-            why = (f"this decoder's share covers {self.n_queries} answers and all were given: its noise was "
-                   "calibrated for no more (the ledger itself may have room: build a new decoder for a new share)")
+            why = (
+                f"this decoder's share covers {self.n_queries} answers and all were given: its noise was "
+                "calibrated for no more (the ledger itself may have room: build a new decoder for a new share)"
+            )
         else:
             why = f"{asked} answers asked for, {self.answers_left} left of this decoder's share of {self.n_queries}"
-        return ShareExhaustedError(f"{why}; nothing was committed", requested_epsilon=requested,
-                                   n_queries=self.n_queries)  # fmt: skip
+        return ShareExhaustedError(
+            f"{why}; nothing was committed", requested_epsilon=requested, n_queries=self.n_queries
+        )
 
     def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Any]:
         """Charge one answer of at most ``limit`` tokens (nothing private computed yet); returns the committed
@@ -444,8 +458,9 @@ class _Decoder:
                 with self._lock:
                     token = next(tokens, None)
                     # with choices or a schema an end-of-sequence token only ever ends the answer: never its text
-                    ended = token is None or (token == self.backend.eos_token_id
-                                              and (self.template.stop_at_eos or rule is not None))  # fmt: skip
+                    ended = token is None or (
+                        token == self.backend.eos_token_id and (self.template.stop_at_eos or rule is not None)
+                    )
                     if token is not None and not ended:
                         state.tokens.append(token)
                         ended = rule is not None and rule.complete(state.tokens)
@@ -467,8 +482,7 @@ class _Decoder:
         finally:
             tokens.close()  # its session drops its caches; no lock (a collected stream may close in any thread)
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any
-                ) -> Generator[int, None, None]:  # fmt: skip
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
         """The answer's tokens (``rule``: the public restriction of each, or None; see :meth:`_draw`)."""
         raise NotImplementedError
 
@@ -485,8 +499,7 @@ class _Decoder:
         return None if rule is None else rule.forced(generated)
 
     @staticmethod
-    def _draw(mechanism: Callable[[np.ndarray], int], logprobs: np.ndarray, generated: Sequence[int], rule: Any
-              ) -> int:  # fmt: skip
+    def _draw(mechanism: Callable[[np.ndarray], int], logprobs: np.ndarray, generated: Sequence[int], rule: Any) -> int:
         """One token: ``mechanism`` (rows → a column) on every column, or, with a ``rule``, on the columns it
         allows after ``generated`` (a public support: :mod:`~dp_icl_plugin.methods.choices`,
         :mod:`~dp_icl_plugin.methods.structured`)."""
@@ -511,8 +524,14 @@ class _DatasetDecoder(_Decoder):
     ) -> None:
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationError("dataset must be a PrivateDataset")
-        super().__init__(backend=backend, budget=budget, max_tokens=max_tokens, template=template,
-                         fixed_latency=fixed_latency, choices=choices)  # fmt: skip
+        super().__init__(
+            backend=backend,
+            budget=budget,
+            max_tokens=max_tokens,
+            template=template,
+            fixed_latency=fixed_latency,
+            choices=choices,
+        )
         self.dataset = dataset
         self._records = [r for y in dataset.labels for r in dataset.records(y)]
         check_records_encode(backend, self._records, with_labels=True)
@@ -560,8 +579,15 @@ class MozoDecoder(_DatasetDecoder):
         fixed_latency: float | FixedLatency | None = None,
         choices: Sequence[str] | AnswerChoices | None = None,
     ) -> None:
-        super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template,
-                         fixed_latency=fixed_latency, choices=choices)  # fmt: skip
+        super().__init__(
+            dataset,
+            backend=backend,
+            budget=budget,
+            max_tokens=max_tokens,
+            template=template,
+            fixed_latency=fixed_latency,
+            choices=choices,
+        )
         me.require_replace_one("DPS-MOZO", budget.neighbouring)
         self.n_queries = check.positive_int("n_queries", n_queries)
         self.n_shots = check.positive_int("n_shots", n_shots)
@@ -576,21 +602,27 @@ class MozoDecoder(_DatasetDecoder):
             raise ConfigurationError("give exactly one of epsilon (β is calibrated) and beta")
         self.delta = share_delta(delta, budget)
         if beta is None:
-            result = calibrate_mozo(epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta,
-                                    sampling_rate=self.sampling_rate,
-                                    steps=self.n_queries * self._steps(self.max_tokens), order=self.order)  # fmt: skip
+            result = calibrate_mozo(
+                epsilon=check.positive_finite("epsilon", epsilon),
+                delta=self.delta,
+                sampling_rate=self.sampling_rate,
+                steps=self.n_queries * self._steps(self.max_tokens),
+                order=self.order,
+            )
             self.beta = result.value
         else:
             self.beta = check.positive_finite("beta", beta)
-        warn_if_weak(f"DPS-MOZO at beta = {self.beta:.3g}", mozo_shift(self.beta, self.order),
-                     "raise epsilon, or lower n_queries or max_tokens (beta is spread over every token)")  # fmt: skip
+        warn_if_weak(
+            f"DPS-MOZO at beta = {self.beta:.3g}",
+            mozo_shift(self.beta, self.order),
+            "raise epsilon, or lower n_queries or max_tokens (beta is spread over every token)",
+        )
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
         steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
         return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any
-                ) -> Generator[int, None, None]:  # fmt: skip
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
         zero_shot = self._ids(prompt, None)
         suffix = self._public_suffix(prompt)
         one_shot: dict[int, list[int]] = {}
@@ -609,10 +641,23 @@ class MozoDecoder(_DatasetDecoder):
             rows = [zero_shot, *(one_shot[i] for i in picked)]
             # the zero-shot row is public: computed in a call of its own, never beside the records' rows
             logprobs = public_checked(rows_logprobs(self.backend, rows, generated, suffix=suffix, public=1))
-            token = self._draw(lambda rows: mozo_token(rows[1:], rows[0], beta=self.beta, order=self.order,
-                                                       top_k=self.top_k, rng=rng, lambda_max=self.lambda_max,
-                                                       variant="projected").token_id, logprobs, generated,
-                               rule)  # fmt: skip
+            token = self._draw(
+                lambda rows: (
+                    mozo_token(
+                        rows[1:],
+                        rows[0],
+                        beta=self.beta,
+                        order=self.order,
+                        top_k=self.top_k,
+                        rng=rng,
+                        lambda_max=self.lambda_max,
+                        variant="projected",
+                    ).token_id
+                ),
+                logprobs,
+                generated,
+                rule,
+            )
             generated.append(token)
             yield token
 
@@ -653,8 +698,15 @@ class ClipBlendDecoder(_DatasetDecoder):
         fixed_latency: float | FixedLatency | None = None,
         choices: Sequence[str] | AnswerChoices | None = None,
     ) -> None:
-        super().__init__(dataset, backend=backend, budget=budget, max_tokens=max_tokens, template=template,
-                         fixed_latency=fixed_latency, choices=choices)  # fmt: skip
+        super().__init__(
+            dataset,
+            backend=backend,
+            budget=budget,
+            max_tokens=max_tokens,
+            template=template,
+            fixed_latency=fixed_latency,
+            choices=choices,
+        )
         self.neighbouring = budget.neighbouring
         if population_size is None and self.neighbouring == ADD_REMOVE:
             raise ConfigurationError(
@@ -676,30 +728,44 @@ class ClipBlendDecoder(_DatasetDecoder):
         self.delta = share_delta(delta, budget)
         if temperature is None:
             result = calibrate_clip_blend_temperature(
-                epsilon=check.positive_finite("epsilon", epsilon), delta=self.delta, clip=self.clip,
-                subset_size=self.subset_size, steps=self.n_queries * self._steps(self.max_tokens),
+                epsilon=check.positive_finite("epsilon", epsilon),
+                delta=self.delta,
+                clip=self.clip,
+                subset_size=self.subset_size,
+                steps=self.n_queries * self._steps(self.max_tokens),
                 neighbouring=self.neighbouring,
-            )  # fmt: skip
+            )
             self.temperature = result.value
         else:
             self.temperature = check.positive_finite("temperature", temperature)
-        warn_if_weak(f"clip-blend at temperature {self.temperature:.3g} (clip {self.clip:g})",
-                     log_odds_shift(self.clip / self.temperature),
-                     "raise epsilon or subset_size, or lower n_queries or max_tokens")  # fmt: skip
-        (members,) = assign_groups(len(self._records), population=self.population_size, n_groups=1,
-                                   subset_size=self.subset_size, rng=rng_subset)  # fmt: skip
+        warn_if_weak(
+            f"clip-blend at temperature {self.temperature:.3g} (clip {self.clip:g})",
+            log_odds_shift(self.clip / self.temperature),
+            "raise epsilon or subset_size, or lower n_queries or max_tokens",
+        )
+        (members,) = assign_groups(
+            len(self._records),
+            population=self.population_size,
+            n_groups=1,
+            subset_size=self.subset_size,
+            rng=rng_subset,
+        )
         self._subset = [self._records[int(i)] for i in members]
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
         steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
-        return me.clip_blend_event(clip=self.clip, subset_size=self.subset_size, temperature=self.temperature,
-                                   steps=steps, neighbouring=self.neighbouring)  # fmt: skip
+        return me.clip_blend_event(
+            clip=self.clip,
+            subset_size=self.subset_size,
+            temperature=self.temperature,
+            steps=steps,
+            neighbouring=self.neighbouring,
+        )
 
     def _reserve(self, limit: int) -> int:
         return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any
-                ) -> Generator[int, None, None]:  # fmt: skip
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
         room = self._reserve(limit)
         prompts = [self._ids(prompt, None, reserve=room)] + [self._ids(prompt, r, reserve=room) for r in self._subset]
         # the prompts stay fixed: one KV cache each, the records' parts from the backend's prefix cache (they
@@ -709,10 +775,19 @@ class ClipBlendDecoder(_DatasetDecoder):
             logprobs = public_checked(session.logprobs)
             generated: list[int] = []
             for step in range(limit):
-                token = self._draw(lambda rows: clip_blend_token(rows[1:], rows[0], clip=self.clip,
-                                                                 subset_size=self.subset_size,
-                                                                 temperature=self.temperature, rng=rng),
-                                   logprobs, generated, rule)  # fmt: skip
+                token = self._draw(
+                    lambda rows: clip_blend_token(
+                        rows[1:],
+                        rows[0],
+                        clip=self.clip,
+                        subset_size=self.subset_size,
+                        temperature=self.temperature,
+                        rng=rng,
+                    ),
+                    logprobs,
+                    generated,
+                    rule,
+                )
                 generated.append(token)
                 yield token
                 if step + 1 < limit:
@@ -748,8 +823,11 @@ def _decoder_type(method: str) -> Callable[..., _Decoder]:
 def _check_settings(method: str, settings: dict[str, Any]) -> None:
     """Refuse a setting ``method``'s decoder does not take, naming those it does (a typed error, not a
     ``TypeError`` from deep inside, and before any model is loaded)."""
-    parameters = {name: p for name, p in inspect.signature(_decoder_type(method)).parameters.items()
-                  if p.kind is p.KEYWORD_ONLY and name not in ("backend", "budget")}  # fmt: skip
+    parameters = {
+        name: p
+        for name, p in inspect.signature(_decoder_type(method)).parameters.items()
+        if p.kind is p.KEYWORD_ONLY and name not in ("backend", "budget")
+    }
     taken = list(parameters)
     unknown = sorted(set(settings) - set(taken))
     if not unknown:
@@ -758,10 +836,12 @@ def _check_settings(method: str, settings: dict[str, Any]) -> None:
             raise ConfigurationError(f"{method} decoding needs {', '.join(missing)}")
         return
     if "temperature" in unknown:
-        raise ConfigurationError(f"{TEMPERATURE_REFUSED} ({method}; clip-blend alone takes temperature, its own "
-                                 "calibrated tau)")  # fmt: skip
-    raise ConfigurationError(f"{method} decoding takes no setting {', '.join(unknown)}; it takes "
-                             f"{', '.join(sorted(taken))}")  # fmt: skip
+        raise ConfigurationError(
+            f"{TEMPERATURE_REFUSED} ({method}; clip-blend alone takes temperature, its own calibrated tau)"
+        )
+    raise ConfigurationError(
+        f"{method} decoding takes no setting {', '.join(unknown)}; it takes {', '.join(sorted(taken))}"
+    )
 
 
 def build_decoder(
@@ -787,8 +867,9 @@ def build_decoder(
         raise ConfigurationError(f"method must be one of {', '.join(DECODING_METHODS)}, got {method!r}")
     _check_settings(method, settings)  # before the model loads
     rows = None if is_server_url(model_id) else step_rows(method, settings)
-    backend = load_backend(model_id, tokenizer=tokenizer, device=device, dtype=dtype, micro_batch_size=rows,
-                           **(server or {}))  # fmt: skip
+    backend = load_backend(
+        model_id, tokenizer=tokenizer, device=device, dtype=dtype, micro_batch_size=rows, **(server or {})
+    )
     if method == "knn-experts":
         return _decoder_type(method)(backend, dataset, budget=budget, **settings)
     return _decoder_type(method)(dataset, backend=backend, budget=budget, **settings)

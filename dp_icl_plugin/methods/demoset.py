@@ -165,5 +165,7 @@ class DemoSet(Sequence[Demonstration]):
 
     def __repr__(self) -> str:
         p = self.provenance
-        return (f"DemoSet(n={len(self)}, labels={list(self.labels)}, method={p.method!r}, "
-                f"epsilon={p.epsilon:.4g}, delta={p.delta:.3g})")  # fmt: skip
+        return (
+            f"DemoSet(n={len(self)}, labels={list(self.labels)}, method={p.method!r}, "
+            f"epsilon={p.epsilon:.4g}, delta={p.delta:.3g})"
+        )

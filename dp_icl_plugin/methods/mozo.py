@@ -238,12 +238,20 @@ class MozoOfflineSynthesizer(SynthesisMethod):
             result = calibrate_mozo(epsilon=c.epsilon, delta=delta, sampling_rate=rate, steps=steps, order=c.order)
             beta, target = result.value, result.epsilon
         event = me.mozo_event(beta=beta, order=c.order, sampling_rate=rate, steps=steps)
-        params = {"beta": beta, "sampling_rate": rate, "steps": steps, "target_delta": delta,
-                  "calibrated_epsilon": target, "public_inputs": inputs, "neighbouring": REPLACE_ONE}  # fmt: skip
+        params = {
+            "beta": beta,
+            "sampling_rate": rate,
+            "steps": steps,
+            "target_delta": delta,
+            "calibrated_epsilon": target,
+            "public_inputs": inputs,
+            "neighbouring": REPLACE_ONE,
+        }
         return Plan(dataset.labels, event, params)
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
-              ) -> Plan:  # fmt: skip
+    def _plan(
+        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+    ) -> Plan:
         raise ConfigurationError("mozo_offline needs public inputs: call plan(dataset, public_inputs=[...])")
 
     def _provenance(
@@ -258,8 +266,9 @@ class MozoOfflineSynthesizer(SynthesisMethod):
     def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
         """Public checks: every zero-shot prompt encodes, the model answers the first, top_k fits."""
         template = self.config.template
-        prompts = [backend.encode(template.zero_shot_prompt(x), add_special_tokens=True)
-                   for x in plan.params["public_inputs"]]  # fmt: skip
+        prompts = [
+            backend.encode(template.zero_shot_prompt(x), add_special_tokens=True) for x in plan.params["public_inputs"]
+        ]
         for i, ids in enumerate(prompts):
             if not ids:
                 raise ConfigurationError(f"the zero-shot prompt of public input {i} has no tokens")
@@ -282,8 +291,7 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         records = [r for y in dataset.labels for r in dataset.records(y)]
         inputs: tuple[str, ...] = plan.params["public_inputs"]
         eos = backend.eos_token_id if c.template.stop_at_eos else None
-        bar = progress_bar(len(inputs) * c.max_tokens, desc=f"{self.name} synthesis", unit="token",
-                           enabled=progress)  # fmt: skip
+        bar = progress_bar(len(inputs) * c.max_tokens, desc=f"{self.name} synthesis", unit="token", enabled=progress)
         demos = []
         for public_input in inputs:
             zero_shot = backend.encode(c.template.zero_shot_prompt(public_input), add_special_tokens=True)
@@ -304,8 +312,16 @@ class MozoOfflineSynthesizer(SynthesisMethod):
                 rows = [zero_shot] + [one_shot[i] for i in picked]
                 logprobs = check_logprobs(rows_logprobs(backend, rows, generated, suffix=suffix, public=1))
                 if private:
-                    step = mozo_token(logprobs[1:], logprobs[0], beta=plan.params["beta"], order=c.order,
-                                      top_k=c.top_k, rng=rng, lambda_max=c.lambda_max, variant="projected")  # fmt: skip
+                    step = mozo_token(
+                        logprobs[1:],
+                        logprobs[0],
+                        beta=plan.params["beta"],
+                        order=c.order,
+                        top_k=c.top_k,
+                        rng=rng,
+                        lambda_max=c.lambda_max,
+                        variant="projected",
+                    )
                 else:
                     step = nonprivate_token(logprobs[1:], logprobs[0], top_k=c.top_k, rng=rng)
                 steps_done += 1

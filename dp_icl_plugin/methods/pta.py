@@ -63,6 +63,5 @@ class PTASynthesizer(TangSynthesizer):
 
     def _candidate_distributions(self, logprobs: np.ndarray, vocabulary: np.ndarray, has_base: bool) -> np.ndarray:
         base = logprobs[1] if has_base else None
-        reshaped = pta_distributions(logprobs[1 + has_base :], logprobs[0], alpha=self.config.alpha,
-                                     base_logprobs=base)  # fmt: skip
+        reshaped = pta_distributions(logprobs[1 + has_base :], logprobs[0], alpha=self.config.alpha, base_logprobs=base)
         return restrict(reshaped, vocabulary, renormalize=False)

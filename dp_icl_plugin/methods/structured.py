@@ -88,14 +88,16 @@ def _grammar_tokenizer(backend: NextTokenBackend) -> Any:
         raise ConfigurationError("structured answers need llguidance: pip install 'dp-icl-plugin[structured]'") from exc
     tokenizer = getattr(backend, "tokenizer", None)
     if tokenizer is None or not hasattr(tokenizer, "backend_tokenizer"):
-        raise ConfigurationError("structured answers need a backend with a Hugging Face fast tokenizer (HFBackend, "
-                                 "ServerBackend)")  # fmt: skip
+        raise ConfigurationError(
+            "structured answers need a backend with a Hugging Face fast tokenizer (HFBackend, ServerBackend)"
+        )
     with _TOKENIZERS_LOCK:
         built = _TOKENIZERS.get(tokenizer)
         if built is None:
             try:
-                built = llguidance.hf.from_tokenizer(tokenizer, n_vocab=max(backend.vocab_size, len(tokenizer)),
-                                                     eos_token=backend.eos_token_id)  # fmt: skip
+                built = llguidance.hf.from_tokenizer(
+                    tokenizer, n_vocab=max(backend.vocab_size, len(tokenizer)), eos_token=backend.eos_token_id
+                )
             except ValueError as exc:
                 raise ConfigurationError(f"llguidance cannot read this tokenizer: {exc}") from None
             _TOKENIZERS[tokenizer] = built
@@ -143,8 +145,9 @@ class JSONSchemaAnswers:
 
     def start(self) -> SchemaAnswer:
         """A fresh answer: nothing generated yet."""
-        return SchemaAnswer(self._matcher_type(self._tokenizer, self._grammar, log_level=0), self.vocab_size,
-                            self.eos_token_id)  # fmt: skip
+        return SchemaAnswer(
+            self._matcher_type(self._tokenizer, self._grammar, log_level=0), self.vocab_size, self.eos_token_id
+        )
 
 
 class InstructedText(str):

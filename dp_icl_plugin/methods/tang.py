@@ -93,8 +93,9 @@ class TangSynthesizer(SynthesisMethod):
     config_type: ClassVar[type] = TangConfig
     config: TangConfig
 
-    def _plan(self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
-              ) -> Plan:  # fmt: skip
+    def _plan(
+        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+    ) -> Plan:
         c = self.config
         rate, smallest, steps = self._sampling(dataset, labels, drawn="need at least as many (q = M·N/n_y ≤ 1)")
         delta = self._target_delta(ledger_delta, 1.0 / smallest)
@@ -102,8 +103,13 @@ class TangSynthesizer(SynthesisMethod):
             sigma, target = float(c.noise_multiplier), None
         else:
             assert c.epsilon is not None
-            common = {"epsilon": c.epsilon, "delta": delta, "sampling_rate": rate, "steps": steps,
-                      "neighbouring": neighbouring}  # fmt: skip
+            common = {
+                "epsilon": c.epsilon,
+                "delta": delta,
+                "sampling_rate": rate,
+                "steps": steps,
+                "neighbouring": neighbouring,
+            }
             try:
                 result = calibrate_subsampled_gaussian(**common)  # PTA's grid, [0.3, 3.0]
             except CalibrationError:  # a high rate (small labels) needs more noise than PTA's grid holds
@@ -117,9 +123,15 @@ class TangSynthesizer(SynthesisMethod):
                     ) from None
             sigma, target = result.value, result.epsilon
         event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps, neighbouring=neighbouring)
-        params = {"noise_multiplier": sigma, "sampling_rate": rate, "steps": steps, "target_delta": delta,
-                  "calibrated_epsilon": target, "neighbouring": neighbouring,
-                  "public_label_counts": {y: dataset.public_count(y) for y in labels}}  # fmt: skip
+        params = {
+            "noise_multiplier": sigma,
+            "sampling_rate": rate,
+            "steps": steps,
+            "target_delta": delta,
+            "calibrated_epsilon": target,
+            "neighbouring": neighbouring,
+            "public_label_counts": {y: dataset.public_count(y) for y in labels},
+        }
         return Plan(labels, event, params)
 
     # -- one token ----------------------------------------------------------------------------------
@@ -148,8 +160,12 @@ class TangSynthesizer(SynthesisMethod):
         ids = PromptIds(backend, c.template)
         has_base = self._uses_base()
         eos = backend.eos_token_id if c.template.stop_at_eos else None
-        bar = progress_bar(len(plan.labels) * c.shots_per_label * c.max_tokens, desc=f"{self.name} synthesis",
-                           unit="token", enabled=progress)  # fmt: skip
+        bar = progress_bar(
+            len(plan.labels) * c.shots_per_label * c.max_tokens,
+            desc=f"{self.name} synthesis",
+            unit="token",
+            enabled=progress,
+        )
         demos = []
         for label in plan.labels:
             records = dataset.records(label)
@@ -164,13 +180,12 @@ class TangSynthesizer(SynthesisMethod):
                     prompts += [ids.private(label, subset, generated) for subset in subsets]
                     # the public instruction the prompts start with is computed once (prefix KV cache); the public
                     # prompt (and PTA's base prompt) in a call of their own, never beside the records' prompts
-                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts, ids.instruction(label),
-                                                                   public=2 if has_base else 1))  # fmt: skip
-                    vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k,
-                                                  top_p=c.top_p)  # fmt: skip
+                    logprobs = check_logprobs(
+                        prefix_rows_logprobs(backend, prompts, ids.instruction(label), public=2 if has_base else 1)
+                    )
+                    vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k, top_p=c.top_p)
                     candidates = self._candidate_distributions(logprobs, vocabulary, has_base)
-                    index = noisy_argmax(candidates, noise_multiplier=sigma, rng=rng,
-                                         clip_negative=self._clip_negative)  # fmt: skip
+                    index = noisy_argmax(candidates, noise_multiplier=sigma, rng=rng, clip_negative=self._clip_negative)
                     token = int(vocabulary[index])
                     generated.append(token)
                     bar.update(1)

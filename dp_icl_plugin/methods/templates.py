@@ -95,8 +95,11 @@ class PromptTemplate:
         if not isinstance(instruction, str) or "{" in instruction or "}" in instruction:
             raise ConfigurationError("instruction must be a string without braces")
         header = instruction.strip() + "\n\n" if instruction.strip() else ""
-        return cls(header=header, example=f"{label_name}: {{label}}\nText: {{text}}\n\n",
-                   query=f"{label_name}: {{label}}\nText:")  # fmt: skip
+        return cls(
+            header=header,
+            example=f"{label_name}: {{label}}\nText: {{text}}\n\n",
+            query=f"{label_name}: {{label}}\nText:",
+        )
 
 
 PRESETS: dict[str, PromptTemplate] = {

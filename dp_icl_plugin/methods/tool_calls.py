@@ -57,16 +57,28 @@ def tool_call_schema(functions: Sequence[Mapping[str, Any]], choice: object = No
     elif not (choice is None or choice is True or choice in ("auto", *_REQUIRED)):
         raise ConfigurationError(f"tool_choice {choice!r} is not 'auto', 'any', 'required', 'none' or a tool's name")
     calls: list[dict[str, Any]] = [
-        {"type": "object", "description": f.get("description") or "",
-         "properties": {"name": {"const": f["name"]},
-                        "arguments": f.get("parameters") or {"type": "object", "properties": {}}},
-         "required": ["name", "arguments"], "additionalProperties": False}
+        {
+            "type": "object",
+            "description": f.get("description") or "",
+            "properties": {
+                "name": {"const": f["name"]},
+                "arguments": f.get("parameters") or {"type": "object", "properties": {}},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
         for f in chosen
-    ]  # fmt: skip
+    ]
     if choice is None or choice == "auto":
-        calls.append({"type": "object", "description": "a reply without a tool",
-                      "properties": {ANSWER_KEY: {"type": "string"}}, "required": [ANSWER_KEY],
-                      "additionalProperties": False})  # fmt: skip
+        calls.append(
+            {
+                "type": "object",
+                "description": "a reply without a tool",
+                "properties": {ANSWER_KEY: {"type": "string"}},
+                "required": [ANSWER_KEY],
+                "additionalProperties": False,
+            }
+        )
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
@@ -96,9 +108,12 @@ def parse_tool_call(text: str, finish_reason: str) -> ParsedToolCall:
     except json.JSONDecodeError:
         cut_reply = _REPLY_START.match(text) if finish_reason == "length" else None
         if cut_reply is not None:  # a plain reply cut by max_tokens: the paid-for words so far are the reply
-            return ParsedToolCall(_partial_string(text[cut_reply.end():]), text=text)
-        why = "the answer reached max_tokens before its JSON was complete" if finish_reason == "length" else \
-            "the answer is not JSON"  # fmt: skip
+            return ParsedToolCall(_partial_string(text[cut_reply.end() :]), text=text)
+        why = (
+            "the answer reached max_tokens before its JSON was complete"
+            if finish_reason == "length"
+            else "the answer is not JSON"
+        )
         return ParsedToolCall("", error=why, text=text)
     if isinstance(value, dict) and ANSWER_KEY in value and "name" not in value:
         return ParsedToolCall(str(value[ANSWER_KEY]), text=text)

@@ -46,13 +46,23 @@ class PostgresFilterStore:
     """
 
     def __init__(
-        self, dsn: str, *, owner: str, decode_row: Callable[[bytes], np.ndarray], connect_timeout: float = 10.0,
+        self,
+        dsn: str,
+        *,
+        owner: str,
+        decode_row: Callable[[bytes], np.ndarray],
+        connect_timeout: float = 10.0,
         lock_timeout: float = 60.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.owner = owner
         self._decode = decode_row
-        self._db = PostgresConnection(dsn, what=f"privacy filter of index {owner}", kind="dp-icl privacy filter",
-                                      connect_timeout=connect_timeout, lock_timeout=lock_timeout)  # fmt: skip
+        self._db = PostgresConnection(
+            dsn,
+            what=f"privacy filter of index {owner}",
+            kind="dp-icl privacy filter",
+            connect_timeout=connect_timeout,
+            lock_timeout=lock_timeout,
+        )
         self.lock = self._db.lock
 
     def __repr__(self) -> str:
@@ -71,8 +81,10 @@ class PostgresFilterStore:
                     if row is None:
                         if budget is None:
                             raise LedgerError(f"no {self._db.where()}; create one with a budget first")
-                        conn.execute("INSERT INTO dp_icl_filters (owner, budget) VALUES (%s, %s)",
-                                     (self.owner, json.dumps(budget.to_dict())))  # fmt: skip
+                        conn.execute(
+                            "INSERT INTO dp_icl_filters (owner, budget) VALUES (%s, %s)",
+                            (self.owner, json.dumps(budget.to_dict())),
+                        )
                         return budget
             except self._db.pg.Error as exc:
                 raise self._db.fail(exc) from None
@@ -107,9 +119,15 @@ class PostgresFilterStore:
     def all_rows(self) -> list[tuple[int, bytes, float]]:
         with self.lock:
             try:
-                return [(int(u), bytes(b), float(d)) for u, b, d in self._db.get().execute(
-                    "SELECT unit, spent, spent_delta FROM dp_icl_filter_units WHERE owner = %s ORDER BY unit",
-                    (self.owner,)).fetchall()]  # fmt: skip
+                return [
+                    (int(u), bytes(b), float(d))
+                    for u, b, d in self._db.get()
+                    .execute(
+                        "SELECT unit, spent, spent_delta FROM dp_icl_filter_units WHERE owner = %s ORDER BY unit",
+                        (self.owner,),
+                    )
+                    .fetchall()
+                ]
             except self._db.pg.Error as exc:
                 raise self._db.fail(exc) from None
 

@@ -29,6 +29,7 @@ _SHARED_HINT = (
     "(ledger='budget.db') or a PostgreSQL URL (ledger='postgresql://...')"
 )
 
+
 class _MemoryTransaction(LedgerTransaction):
     def __init__(self, store: InMemoryStore) -> None:
         self._store = store

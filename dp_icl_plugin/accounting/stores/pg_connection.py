@@ -54,8 +54,9 @@ def _mask_patterns(dsn: str) -> str:
         if ":" in userinfo:
             userinfo = userinfo.split(":", 1)[0] + ":***"
         netloc = f"{userinfo}@{host}"
-    query = re.sub(r"(?i)(^|&)(ssl)?password=[^&]*", lambda m: f"{m.group(1)}{m.group(2) or ''}password=***",
-                   parts.query)  # fmt: skip
+    query = re.sub(
+        r"(?i)(^|&)(ssl)?password=[^&]*", lambda m: f"{m.group(1)}{m.group(2) or ''}password=***", parts.query
+    )
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 

@@ -114,8 +114,13 @@ class PostgresStore(LedgerStore):
         if not isinstance(ledger, str) or not ledger.strip() or len(ledger) > 200 or not ledger.isprintable():
             raise ConfigurationError("ledger must be a non-empty name of at most 200 printable characters")
         self.ledger = ledger
-        self._db = PostgresConnection(dsn, what=f"ledger {ledger!r}", kind="dp-icl ledger",
-                                      connect_timeout=connect_timeout, lock_timeout=lock_timeout)  # fmt: skip
+        self._db = PostgresConnection(
+            dsn,
+            what=f"ledger {ledger!r}",
+            kind="dp-icl ledger",
+            connect_timeout=connect_timeout,
+            lock_timeout=lock_timeout,
+        )
         self._pg = self._db.pg
         self._dsn = dsn
         self.connect_timeout = self._db.connect_timeout

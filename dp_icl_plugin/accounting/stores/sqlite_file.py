@@ -60,9 +60,11 @@ class SQLiteFile:
         if self._conn is None or self._process != process_mark():  # never across fork(), even on a reused pid
             try:
                 self._conn = sqlite3.connect(
-                    ":memory:" if self.path is None else self.path, timeout=self.busy_timeout,
-                    isolation_level=None, check_same_thread=False,
-                )  # fmt: skip
+                    ":memory:" if self.path is None else self.path,
+                    timeout=self.busy_timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
                 for pragma in self.pragmas:
                     self._conn.execute(pragma)
             except sqlite3.Error as exc:

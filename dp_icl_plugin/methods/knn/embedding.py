@@ -122,8 +122,9 @@ def embed_records(embedder: object, texts: Sequence[str]) -> np.ndarray:
     dims = [r.shape[1] for r in rows]
     if len(set(dims)) > 1:
         other = next(i for i, d in enumerate(dims) if d != dims[0])
-        raise ConfigurationError(f"the embedder returned {dims[0]}-d vectors for text 0 and {dims[other]}-d for "
-                                 f"text {other}")  # fmt: skip
+        raise ConfigurationError(
+            f"the embedder returned {dims[0]}-d vectors for text 0 and {dims[other]}-d for text {other}"
+        )
     return np.concatenate(rows)
 
 

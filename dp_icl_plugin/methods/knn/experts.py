@@ -111,10 +111,14 @@ class KNNExpertDecoder(_Decoder):
             raise ConfigurationError("expert decoding needs the PrivateKNN's backend (a language model)")
         # with choices an answer has at most the longest choice's tokens and runs at most `decisions` token
         # mechanisms, which must fit what the filters were divided for (checked here, long before any charge)
-        super().__init__(backend=knn.backend, budget=knn.budget, template=template,
-                         max_tokens=knn.config.max_answer_tokens if choices is None else None,
-                         fixed_latency=knn.fixed_latency if fixed_latency is None else fixed_latency,
-                         choices=choices)  # fmt: skip
+        super().__init__(
+            backend=knn.backend,
+            budget=knn.budget,
+            template=template,
+            max_tokens=knn.config.max_answer_tokens if choices is None else None,
+            fixed_latency=knn.fixed_latency if fixed_latency is None else fixed_latency,
+            choices=choices,
+        )
         if self.choices is not None and self.choices.decisions > knn.config.max_answer_tokens:
             raise ConfigurationError(
                 f"the choices need {self.choices.decisions} token decisions per answer, more than the "
@@ -127,8 +131,11 @@ class KNNExpertDecoder(_Decoder):
         self.top_k = knn.config.expert_top_k
         if self.top_k:
             check_top_k(min(self.top_k, self.backend.vocab_size), self.backend)
-        warn_if_weak(f"expert decoding over k = {self.k} records", log_odds_shift(self.clip / self.temperature),
-                     "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens")  # fmt: skip
+        warn_if_weak(
+            f"expert decoding over k = {self.k} records",
+            log_odds_shift(self.clip / self.temperature),
+            "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
+        )
 
     def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
         """A DP answer to a public question (a retriever's query): the question as the user's chat turn when
@@ -142,9 +149,13 @@ class KNNExpertDecoder(_Decoder):
         return self.knn.expert_epsilon
 
     def check(
-        self, query: Query, *, max_tokens: int | None = None, stop: Sequence[str] | None = None,
+        self,
+        query: Query,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
         schema: object | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().check(query, max_tokens=max_tokens, stop=stop, schema=schema)
         self.knn._require("decode")
 
@@ -182,8 +193,7 @@ class KNNExpertDecoder(_Decoder):
                 continue
         return out
 
-    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any
-                ) -> Generator[int, None, None]:  # fmt: skip
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
         room = self._reserve(limit)
         public = self._ids(prompt, None, reserve=room)  # public: checked before the charge
         prompts = [public, *self._expert_prompts(prompt, self._experts(paid), room)]
@@ -200,8 +210,16 @@ class KNNExpertDecoder(_Decoder):
 
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
         """One token from the public row (``logprobs[0]``) and the experts' rows (the rest)."""
-        return expert_token(logprobs[1:], logprobs[0], clip=self.clip, divisor=self.k, temperature=self.temperature,
-                            public_temperature=self.public_temperature, top_k=self.top_k, rng=rng)  # fmt: skip
+        return expert_token(
+            logprobs[1:],
+            logprobs[0],
+            clip=self.clip,
+            divisor=self.k,
+            temperature=self.temperature,
+            public_temperature=self.public_temperature,
+            top_k=self.top_k,
+            rng=rng,
+        )
 
 
 def expert_scores(
@@ -253,8 +271,14 @@ def expert_token(
         The token id.
     """
     support = top_k_support(public_logprobs, top_k or public_logprobs.size)  # public; finite ℓ0 only
-    scores = expert_scores(private_logprobs[:, support], public_logprobs[support], clip=clip, divisor=divisor,
-                           temperature=temperature, public_temperature=public_temperature)  # fmt: skip
+    scores = expert_scores(
+        private_logprobs[:, support],
+        public_logprobs[support],
+        clip=clip,
+        divisor=divisor,
+        temperature=temperature,
+        public_temperature=public_temperature,
+    )
     return int(support[exponential_mechanism(scores, temperature=1.0, rng=rng)])
 
 
@@ -326,8 +350,9 @@ def build_expert_decoder(
     answers = None if choices is None else AnswerChoices.of(backend, choices)
     if answers is not None:  # calibrate for the token decisions an answer runs (public); too few tokens refused
         if answers.max_tokens > check.positive_int("max_tokens", max_tokens):
-            raise ConfigurationError(f"max_tokens = {max_tokens} is below the {answers.max_tokens} tokens the "
-                                     "longest choice needs: raise it")  # fmt: skip
+            raise ConfigurationError(
+                f"max_tokens = {max_tokens} is below the {answers.max_tokens} tokens the longest choice needs: raise it"
+            )
         max_tokens = answers.decisions
     if public_temperature is None:
         public_temperature = PUBLIC_TEMPERATURE if answers is None else CHOICES_PUBLIC_TEMPERATURE
@@ -339,11 +364,21 @@ def build_expert_decoder(
         )
     population = len(records) if population_size is None else check.positive_int("population_size", population_size)
     per_record_uses = max(1, math.ceil(n_queries * k / population)) if uses is None else uses
-    config = KNNConfig(k=k, shards=1, min_similarity=min_similarity, uses=per_record_uses,
-                       max_answer_tokens=max_tokens, expert_public_temperature=public_temperature,
-                       expert_top_k=top_k)  # fmt: skip
+    config = KNNConfig(
+        k=k,
+        shards=1,
+        min_similarity=min_similarity,
+        uses=per_record_uses,
+        max_answer_tokens=max_tokens,
+        expert_public_temperature=public_temperature,
+        expert_top_k=top_k,
+    )
     share = budget.budget.delta / 2.0 if delta is None else delta
     index = PrivateIndex(budget=filter_budget_for(epsilon, share, budget.neighbouring), embedder=embedder)
     index.add([r.text for r in records], labels=[r.label for r in records])
-    return KNNExpertDecoder(PrivateKNN(index, budget=budget, backend=backend, config=config), template=template,
-                            fixed_latency=fixed_latency, choices=answers)  # fmt: skip
+    return KNNExpertDecoder(
+        PrivateKNN(index, budget=budget, backend=backend, config=config),
+        template=template,
+        fixed_latency=fixed_latency,
+        choices=answers,
+    )

@@ -176,8 +176,9 @@ class PrivateIndex:
                 self._claim_directory(self.path)
             store = SQLiteRecordStore(None if self.path is None else self.path / RECORDS_FILE)
             store.create(meta)
-            self.filter = RenyiFilter(budget, path=None if self.path is None else self.path / FILTER_FILE,
-                                      owner=self.id)  # fmt: skip
+            self.filter = RenyiFilter(
+                budget, path=None if self.path is None else self.path / FILTER_FILE, owner=self.id
+            )
         self._store = store
         self._init_memory()
 
@@ -235,8 +236,7 @@ class PrivateIndex:
             named = getattr(self._embedder, "dp_icl_name", None) or getattr(self._embedder, "name", None)
             legacy = named if isinstance(named, str) and named else f"{kind.__module__}.{kind.__qualname__}"
             if legacy != self.embedder_name:
-                raise ConfigurationError(f"this index was built with embedder {self.embedder_name!r}, not "
-                                         f"{legacy!r}")  # fmt: skip
+                raise ConfigurationError(f"this index was built with embedder {self.embedder_name!r}, not {legacy!r}")
             return embedder_fingerprint(self._embedder)
         fingerprint = json.loads(stored)
         if not same_embedder(fingerprint, self._embedder):
@@ -277,8 +277,11 @@ class PrivateIndex:
                 self._store.backup_to(staging / RECORDS_FILE)
                 # writes the filter's copy, retires the in-memory filter and renames the staging directory
                 # into place, all under the filter's lock; put back in use only if nothing was published
-                self.filter.move_to(staging / FILTER_FILE, publish=lambda: _publish(staging, root),
-                                    published=lambda: not staging.exists()).close()  # fmt: skip
+                self.filter.move_to(
+                    staging / FILTER_FILE,
+                    publish=lambda: _publish(staging, root),
+                    published=lambda: not staging.exists(),
+                ).close()
             except BaseException:
                 if staging.exists():  # not published: this index is still the only one
                     _remove_staging(staging)
@@ -289,8 +292,10 @@ class PrivateIndex:
         return PrivateIndex.open(root, embedder=self._embedder)
 
     def _retire_saved(self, root: Path) -> None:
-        self._retired = (f"this in-memory index was saved to {root}: use the index save() returned (or "
-                         f"PrivateIndex.open on that directory)")  # fmt: skip
+        self._retired = (
+            f"this in-memory index was saved to {root}: use the index save() returned (or "
+            f"PrivateIndex.open on that directory)"
+        )
         self._store.close()
         self._faiss_index = None
 
@@ -298,8 +303,10 @@ class PrivateIndex:
     def _staging_directory(root: Path) -> Path:
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
             what = "a private index" if (root / RECORDS_FILE).exists() or (root / FILTER_FILE).exists() else "files"
-            raise ConfigurationError(f"{root} already holds {what}: an index is saved to a new or empty directory"
-                                     + ("; use PrivateIndex.open" if what == "a private index" else ""))  # fmt: skip
+            raise ConfigurationError(
+                f"{root} already holds {what}: an index is saved to a new or empty directory"
+                + ("; use PrivateIndex.open" if what == "a private index" else "")
+            )
         staging = root.parent / f".{root.name}.saving-{uuid.uuid4().hex[:12]}"
         try:
             staging.mkdir(parents=True)
@@ -313,8 +320,10 @@ class PrivateIndex:
         return 0 if self._faiss_index is None else int(self._faiss_index.ntotal)
 
     def __reduce__(self):
-        raise TypeError("a private index cannot be pickled or copied (its copy would be a second live filter for "
-                        "the same records); open its directory or database again instead")  # fmt: skip
+        raise TypeError(
+            "a private index cannot be pickled or copied (its copy would be a second live filter for "
+            "the same records); open its directory or database again instead"
+        )
 
     def __repr__(self) -> str:  # no record count: how many records an index holds is private (add/remove)
         where = self._store.where

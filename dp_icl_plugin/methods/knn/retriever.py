@@ -188,8 +188,9 @@ class KNNConfig:
             raise ConfigurationError(f"min_similarity must lie in [-1, 1], got {tau!r}")
         object.__setattr__(self, "min_similarity", tau)
         if self.keyword_release not in KEYWORD_RELEASES:
-            raise ConfigurationError(f"keyword_release must be one of {', '.join(KEYWORD_RELEASES)}, "
-                                     f"got {self.keyword_release!r}")  # fmt: skip
+            raise ConfigurationError(
+                f"keyword_release must be one of {', '.join(KEYWORD_RELEASES)}, got {self.keyword_release!r}"
+            )
         if isinstance(self.stopwords, str) or not all(isinstance(w, str) for w in self.stopwords):
             raise ConfigurationError("stopwords must be a collection of strings")
         object.__setattr__(self, "stopwords", frozenset(w.strip().lower() for w in self.stopwords))
@@ -276,8 +277,10 @@ class Retrieval(Sequence[RetrievedRecord]):
     def claim(self) -> None:
         """Mark this retrieval released; raises ConfigurationError if it already was, or in another process."""
         if self._process != process_mark():
-            raise ConfigurationError("a retrieval cannot be released in a process other than the one that charged it "
-                                     "(a fork would release one charge twice)")  # fmt: skip
+            raise ConfigurationError(
+                "a retrieval cannot be released in a process other than the one that charged it "
+                "(a fork would release one charge twice)"
+            )
         with self._claim:
             if self._used:
                 raise ConfigurationError("a retrieval can be released once")
@@ -432,8 +435,10 @@ class PrivateKNN:
             raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
         tokens = self.config.max_answer_tokens if tokens is None else check.positive_int("tokens", tokens)
         if tokens > self.config.max_answer_tokens:
-            raise ConfigurationError(f"an answer of {tokens} tokens exceeds the {self.config.max_answer_tokens} "
-                                     "(config.max_answer_tokens) a unit's budget was divided for")  # fmt: skip
+            raise ConfigurationError(
+                f"an answer of {tokens} tokens exceeds the {self.config.max_answer_tokens} "
+                "(config.max_answer_tokens) a unit's budget was divided for"
+            )
         self._require(release)
         query_vector = self.index.embed_query(query)
         if release == "answer":
@@ -675,8 +680,10 @@ class PrivateKNN:
         capacity = getattr(self.backend, "max_length", None)
         room = self.config.max_answer_tokens
         if capacity is not None and len(ids) + room > capacity:
-            raise ConfigurationError(f"the query is too long: its answer prompt takes {len(ids)} of the model's "
-                                     f"{capacity} positions and the answer {room} more")  # fmt: skip
+            raise ConfigurationError(
+                f"the query is too long: its answer prompt takes {len(ids)} of the model's "
+                f"{capacity} positions and the answer {room} more"
+            )
 
     def _label_token_ids(self) -> np.ndarray:
         if self._label_tokens is None:
@@ -698,8 +705,9 @@ class PrivateKNN:
     def _event(self, release: str, c: int, k: int | None = None, tokens: int | None = None) -> ev.DPEvent:
         """What one release costs a unit with ``c`` candidate records (a function of its own records only)."""
         if release == "decode":  # min(c, k) experts swapped, each moving ẑ by c_clip/k: ε0 per expert
-            token = ev.ExponentialMechanismEvent(self.expert_epsilon * min(c, k or self.config.k),
-                                                 neighbouring=ev.ADD_REMOVE)  # fmt: skip
+            token = ev.ExponentialMechanismEvent(
+                self.expert_epsilon * min(c, k or self.config.k), neighbouring=ev.ADD_REMOVE
+            )
             return ev.SelfComposedEvent(token, tokens or self.config.max_answer_tokens)
         cap = (self.config.k if k is None else k) if release == "vote" else self.config.shards
         if release == "answer" and self.config.keyword_release == "ptr":  # the group is inside the distance

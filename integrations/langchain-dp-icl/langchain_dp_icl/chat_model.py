@@ -82,8 +82,12 @@ class _SpendTarget:
     @classmethod
     def of(cls, run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun) -> _SpendTarget:
         kind = AsyncCallbackManager if isinstance(run_manager, AsyncCallbackManagerForLLMRun) else CallbackManager
-        events = kind(handlers=run_manager.handlers, parent_run_id=run_manager.parent_run_id, tags=run_manager.tags,
-                      metadata=run_manager.metadata)  # fmt: skip
+        events = kind(
+            handlers=run_manager.handlers,
+            parent_run_id=run_manager.parent_run_id,
+            tags=run_manager.tags,
+            metadata=run_manager.metadata,
+        )
         return cls(events, run_manager.run_id)
 
     def emit(self, payload: dict[str, Any]) -> None:
@@ -108,8 +112,15 @@ _STREAM_TARGET: ContextVar[_SpendTarget | None] = ContextVar("dp_icl_stream_targ
 _ROLES = {"human": "user", "ai": "assistant", "system": "system"}
 # generate()'s own parameters (the run's callbacks and tracing) and LangChain's tracing-only keywords, which never
 # reach _generate
-_RUN_PARAMETERS = ("callbacks", "tags", "metadata", "run_name", "run_id", "ls_structured_output_format",
-                   "structured_output_format")  # fmt: skip
+_RUN_PARAMETERS = (
+    "callbacks",
+    "tags",
+    "metadata",
+    "run_name",
+    "run_id",
+    "ls_structured_output_format",
+    "structured_output_format",
+)
 
 
 def _call_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -126,8 +137,9 @@ def _input_messages(item: Any) -> list[BaseMessage]:
         return [HumanMessage(item)]
     if isinstance(item, Sequence):
         return convert_to_messages(item)
-    raise ConfigurationError(f"a chat model's input is a PromptValue, a str or a list of messages, not "
-                             f"{type(item).__name__}")  # fmt: skip
+    raise ConfigurationError(
+        f"a chat model's input is a PromptValue, a str or a list of messages, not {type(item).__name__}"
+    )
 
 
 def _text(content: Any) -> str:
@@ -181,8 +193,9 @@ class _DPModelMixin:
 
     def model_post_init(self, context: Any) -> None:
         if not isinstance(self.decoder, Decoder):
-            raise ConfigurationError("decoder must be a dp_icl_plugin Decoder (MozoDecoder, ClipBlendDecoder; "
-                                     "see build_decoder)")  # fmt: skip
+            raise ConfigurationError(
+                "decoder must be a dp_icl_plugin Decoder (MozoDecoder, ClipBlendDecoder; see build_decoder)"
+            )
         self.rng = noise_source(self.rng, self.seed)
         answer_limit(self.decoder, self.max_tokens)
         if getattr(self, "temperature", None) is not None:
@@ -190,9 +203,16 @@ class _DPModelMixin:
 
     @classmethod
     def from_model_id(
-        cls, model_id: str, dataset: PrivateDataset, *, budget: BudgetManager, method: str = "mozo",
-        rng: Any = None, seed: int | None = None, **settings: Any,
-    ) -> Self:  # fmt: skip
+        cls,
+        model_id: str,
+        dataset: PrivateDataset,
+        *,
+        budget: BudgetManager,
+        method: str = "mozo",
+        rng: Any = None,
+        seed: int | None = None,
+        **settings: Any,
+    ) -> Self:
         """The model over a local model (a path, a cached hub id, a ``.gguf`` file, a named model) or an
         inference server's URL (with ``tokenizer=``); ``settings`` go to
         :func:`~dp_icl_plugin.methods.decoding.build_decoder`."""
@@ -256,8 +276,12 @@ class _DPModelMixin:
         self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False, **kwargs: Any
     ) -> list[Any]:
         self._check_batch(inputs, return_exceptions, kwargs)
-        return await super().abatch(inputs, config, return_exceptions=return_exceptions,  # type: ignore[misc]
-                                    **kwargs)  # fmt: skip
+        return await super().abatch(
+            inputs,
+            config,
+            return_exceptions=return_exceptions,  # type: ignore[misc]
+            **kwargs,
+        )
 
     def _check_room(self, answers: int) -> None:
         """Refuse, before any is charged, a batch of more answers than the decoder's share still covers (the
@@ -269,8 +293,9 @@ class _DPModelMixin:
         self.decoder.check(query, max_tokens=self._limit(kwargs), stop=self._stops(stop), schema=self._schema(kwargs))
 
     def _answer(self, query: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> AnswerStream:
-        return self.decoder.stream(query, rng=self.rng, max_tokens=self._limit(kwargs), stop=self._stops(stop),
-                                   schema=self._schema(kwargs))  # fmt: skip
+        return self.decoder.stream(
+            query, rng=self.rng, max_tokens=self._limit(kwargs), stop=self._stops(stop), schema=self._schema(kwargs)
+        )
 
     @staticmethod
     def _usage(pieces: AnswerStream) -> UsageMetadata:
@@ -444,8 +469,9 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
             except Exception as exc:  # LangChain raises ValueError or TypeError for what it cannot convert
                 raise ConfigurationError(f"cannot turn {schema!r} into a JSON schema: {exc}") from None
         self.decoder.check("schema check", schema=json_schema)  # compiled now: refused before any answer
-        bound = self.bind(json_schema=json_schema, ls_structured_output_format={
-            "kwargs": {"method": method}, "schema": json_schema})  # fmt: skip
+        bound = self.bind(
+            json_schema=json_schema, ls_structured_output_format={"kwargs": {"method": method}, "schema": json_schema}
+        )
         parser: Runnable[Any, Any] = PydanticOutputParser(pydantic_object=schema) if pydantic else JsonOutputParser()
         if not include_raw:
             return bound | parser
@@ -455,21 +481,26 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model_name": self.model_name, "decoder": type(self.decoder).__name__,
-                "max_tokens": self.max_tokens or self.decoder.max_tokens}  # fmt: skip
+        return {
+            "model_name": self.model_name,
+            "decoder": type(self.decoder).__name__,
+            "max_tokens": self.max_tokens or self.decoder.max_tokens,
+        }
 
     def _batch_query(self, item: Any) -> Any:
         return _messages(_input_messages(item))
 
-    def generate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
-                 **kwargs: Any) -> Any:  # fmt: skip
+    def generate(
+        self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
         self._check_room(len(messages))
         for batch_item in messages:  # one bad conversation fails the call: refuse it before any answer is charged
             self._check(_messages(batch_item), stop, _call_kwargs(kwargs))
         return super().generate(messages, stop, *args, **kwargs)
 
-    async def agenerate(self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any,
-                        **kwargs: Any) -> Any:  # fmt: skip
+    async def agenerate(
+        self, messages: list[list[BaseMessage]], stop: list[str] | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
         self._check_room(len(messages))
         for batch_item in messages:
             self._check(_messages(batch_item), stop, _call_kwargs(kwargs))
@@ -480,8 +511,15 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
     def _stream_target(self, config: RunnableConfig, manager: Any) -> tuple[RunnableConfig, _SpendTarget]:
         config = ensure_config(config)
         run_id = config.get("run_id") or uuid7()
-        events = manager.configure(config.get("callbacks"), self.callbacks, self.verbose, config.get("tags"),
-                                   self.tags, config.get("metadata"), self.metadata)  # fmt: skip
+        events = manager.configure(
+            config.get("callbacks"),
+            self.callbacks,
+            self.verbose,
+            config.get("tags"),
+            self.tags,
+            config.get("metadata"),
+            self.metadata,
+        )
         return {**config, "run_id": run_id}, _SpendTarget(events, run_id)
 
     def stream(
@@ -550,17 +588,24 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         tokens _generate streams to the run's handlers)."""
         if streamed_by_us and self.output_version == "v1":
             blocks = [{**b, "index": b.get("index", 0)} for b in message.content_blocks]
-            message = message.model_copy(update={"content": blocks, "response_metadata": {
-                **message.response_metadata, "output_version": "v1"}})  # fmt: skip
+            message = message.model_copy(
+                update={"content": blocks, "response_metadata": {**message.response_metadata, "output_version": "v1"}}
+            )
         return ChatGenerationChunk(message=message)
 
     def _last(self, pieces: AnswerStream, spend: dict[str, Any], message_id: str | None) -> AIMessageChunk:
         metadata = {"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name}
-        return AIMessageChunk(content="", usage_metadata=self._usage(pieces),
-                              chunk_position="last", response_metadata=metadata, id=message_id)  # fmt: skip
+        return AIMessageChunk(
+            content="",
+            usage_metadata=self._usage(pieces),
+            chunk_position="last",
+            response_metadata=metadata,
+            id=message_id,
+        )
 
-    def _result(self, pieces: AnswerStream, parts: list[str], spend: dict[str, Any],
-                message_id: str | None, tools: bool = False) -> ChatResult:  # fmt: skip
+    def _result(
+        self, pieces: AnswerStream, parts: list[str], spend: dict[str, Any], message_id: str | None, tools: bool = False
+    ) -> ChatResult:
         text = "".join(parts)
         message = AIMessage(
             **(message_fields(text, pieces.finish_reason) if tools else {"content": text}),
@@ -586,8 +631,9 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         for piece in self._pieces(pieces, run_manager, spend):
             parts.append(piece)
             if message_id is not None and run_manager is not None:
-                run_manager.on_llm_new_token(piece, chunk=self._chunk(AIMessageChunk(content=piece, id=message_id),
-                                                                      True))  # fmt: skip
+                run_manager.on_llm_new_token(
+                    piece, chunk=self._chunk(AIMessageChunk(content=piece, id=message_id), True)
+                )
         if message_id is not None and run_manager is not None:
             run_manager.on_llm_new_token("", chunk=self._chunk(self._last(pieces, spend, message_id), True))
         return self._result(pieces, parts, spend, message_id, tools)
@@ -610,11 +656,11 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         async for piece in self._apieces(pieces, run_manager, spend):
             parts.append(piece)
             if message_id is not None and run_manager is not None:
-                await run_manager.on_llm_new_token(piece, chunk=self._chunk(
-                    AIMessageChunk(content=piece, id=message_id), True))  # fmt: skip
+                await run_manager.on_llm_new_token(
+                    piece, chunk=self._chunk(AIMessageChunk(content=piece, id=message_id), True)
+                )
         if message_id is not None and run_manager is not None:
-            await run_manager.on_llm_new_token("", chunk=self._chunk(self._last(pieces, spend, message_id),
-                                                                     True))  # fmt: skip
+            await run_manager.on_llm_new_token("", chunk=self._chunk(self._last(pieces, spend, message_id), True))
         return self._result(pieces, parts, spend, message_id, tools)
 
     def _stream(
@@ -666,9 +712,10 @@ def _call_chunk(text: str, finish_reason: str) -> AIMessageChunk:
     fields = message_fields(text, finish_reason)
     calls = fields.get("tool_calls") or []
     invalid = fields.get("invalid_tool_calls") or []
-    chunks = [{"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": 0, "type": "tool_call_chunk"}
-              for c in calls] + [{"name": c["name"], "args": c["args"], "id": c["id"], "index": 0,
-                                   "type": "tool_call_chunk"} for c in invalid]  # fmt: skip
+    chunks = [
+        {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": 0, "type": "tool_call_chunk"}
+        for c in calls
+    ] + [{"name": c["name"], "args": c["args"], "id": c["id"], "index": 0, "type": "tool_call_chunk"} for c in invalid]
     return AIMessageChunk(content=fields["content"], tool_call_chunks=chunks)
 
 
@@ -766,8 +813,9 @@ class DPICLLLM(_DPModelMixin, LLM):
             pieces = self._answer(prompt, stop, kwargs)
             spend: dict[str, Any] = {}
             text = "".join([piece async for piece in self._apieces(pieces, run_manager, spend)])
-            generations.append([Generation(text=text, generation_info={"finish_reason": pieces.finish_reason,
-                                                                       **spend})])  # fmt: skip
+            generations.append(
+                [Generation(text=text, generation_info={"finish_reason": pieces.finish_reason, **spend})]
+            )
         return LLMResult(generations=generations)
 
     def _call(

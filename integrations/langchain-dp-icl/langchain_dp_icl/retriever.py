@@ -93,16 +93,22 @@ class DPICLRetriever(BaseRetriever):
     ) -> list[Document]:
         if self._experts is not None:
             decoded = self._experts.answer(query, rng=self.rng)
-            spend = {"ledger_entry": decoded.ledger_entry, "release": "knn-decode",
-                     "per_record_epsilon": self.knn.per_record_epsilon(),
-                     "per_record_delta": self.knn.per_record_delta()}  # fmt: skip
+            spend = {
+                "ledger_entry": decoded.ledger_entry,
+                "release": "knn-decode",
+                "per_record_epsilon": self.knn.per_record_epsilon(),
+                "per_record_delta": self.knn.per_record_delta(),
+            }
             run_manager.get_child().on_custom_event("dp_icl_spend", spend, run_id=run_manager.run_id)
             return [Document(page_content=decoded.text.strip(), metadata={**spend, "kind": "dp_expert_answer"})]
         wanted = k if k is not None else self.k
         answer = self.knn.answer(query, rng=self.rng, keywords=wanted)
-        spend = {"ledger_entry": answer.ledger_entry, "release": "knn-answer",
-                 "per_record_epsilon": self.knn.per_record_epsilon(),
-                 "per_record_delta": self.knn.per_record_delta()}  # fmt: skip
+        spend = {
+            "ledger_entry": answer.ledger_entry,
+            "release": "knn-answer",
+            "per_record_epsilon": self.knn.per_record_epsilon(),
+            "per_record_delta": self.knn.per_record_delta(),
+        }
         run_manager.get_child().on_custom_event("dp_icl_spend", spend, run_id=run_manager.run_id)
         meta = {**spend, "keywords_released": answer.keywords is not None}
         if self.mode == "answer":

@@ -56,8 +56,10 @@ def _template_format(explicit: str | None, example_prompt: Any) -> str | None:
     if isinstance(example_prompt, StringPromptTemplate):
         fmt = getattr(example_prompt, "template_format", "f-string")
         if fmt not in TEMPLATE_FORMATS:  # FewShotPromptTemplate formats f-string or jinja2 only
-            raise ConfigurationError(f"the example prompt's template_format {fmt!r} is not one FewShotPromptTemplate "
-                                     f"formats {TEMPLATE_FORMATS}")  # fmt: skip
+            raise ConfigurationError(
+                f"the example prompt's template_format {fmt!r} is not one FewShotPromptTemplate "
+                f"formats {TEMPLATE_FORMATS}"
+            )
         return str(fmt)
     return "f-string"  # FewShotPromptTemplate's default
 
@@ -190,8 +192,9 @@ class DPICLExampleSelector(BaseExampleSelector):
                 raise ConfigurationError("lazy synthesis needs budget=BudgetManager (the app's shared ledger)")
             # everything the synthesis checks before its charge, now: a bad record is refused here, at set-up,
             # not on a user's first request (whose answer would then depend on it, uncharged)
-            synthesizer.check(dataset, backend=backend, neighbouring=budget.neighbouring,
-                              ledger_delta=budget.budget.delta)  # fmt: skip
+            synthesizer.check(
+                dataset, backend=backend, neighbouring=budget.neighbouring, ledger_delta=budget.budget.delta
+            )
             rng = noise_source(rng, seed)
             self._demos = None
         self._lazy = (synthesizer, dataset, backend, budget, rng)
@@ -230,8 +233,11 @@ class DPICLExampleSelector(BaseExampleSelector):
 
     def add_public_example(self, example: Mapping[str, str]) -> None:
         """Serve ``example`` (a public example with every prompt variable) after the DP demonstrations."""
-        if not isinstance(example, Mapping) or set(example) != set(self.fields) \
-                or not all(isinstance(v, str) for v in example.values()):  # fmt: skip
+        if (
+            not isinstance(example, Mapping)
+            or set(example) != set(self.fields)
+            or not all(isinstance(v, str) for v in example.values())
+        ):
             raise ConfigurationError(f"a public example needs exactly the variables {sorted(self.fields)}")
         self._public.append(dict(example))
 
@@ -256,8 +262,9 @@ class DPICLExampleSelector(BaseExampleSelector):
 
     def _formatted(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The examples escaped for :attr:`template_format` (see the class docstring)."""
-        return [{k: _escaped(v, self.template_format) if isinstance(v, str) else v for k, v in e.items()}
-                for e in examples]  # fmt: skip
+        return [
+            {k: _escaped(v, self.template_format) if isinstance(v, str) else v for k, v in e.items()} for e in examples
+        ]
 
     def _ranked(self, input_variables: Mapping[str, str], label: str | None, available: int) -> list[dict]:
         """The k demonstrations nearest the query, ranked by LangChain's similarity or MMR selector."""
@@ -266,11 +273,17 @@ class DPICLExampleSelector(BaseExampleSelector):
         store = self._vector_store()
         k = min(self.k or available, available)
         search: dict[str, Any] = {} if label is None else {"filter": lambda doc: doc.metadata[_LABEL] == label}
-        settings: dict[str, Any] = {"vectorstore": store, "k": k, "input_keys": [self.query_key],
-                                    "example_keys": list(self.fields), "vectorstore_kwargs": search}  # fmt: skip
+        settings: dict[str, Any] = {
+            "vectorstore": store,
+            "k": k,
+            "input_keys": [self.query_key],
+            "example_keys": list(self.fields),
+            "vectorstore_kwargs": search,
+        }
         if self.selection == "mmr":
-            selector: BaseExampleSelector = MaxMarginalRelevanceExampleSelector(fetch_k=max(self.fetch_k, k),
-                                                                                **settings)  # fmt: skip
+            selector: BaseExampleSelector = MaxMarginalRelevanceExampleSelector(
+                fetch_k=max(self.fetch_k, k), **settings
+            )
         else:
             selector = SemanticSimilarityExampleSelector(**settings)
         return selector.select_examples(dict(input_variables))
@@ -281,8 +294,7 @@ class DPICLExampleSelector(BaseExampleSelector):
             if self._store is None:
                 assert self.embeddings is not None
                 store = InMemoryVectorStore(self.embeddings)
-                docs = [Document(page_content=d.text, metadata={**self._as_example(d), _LABEL: d.label})
-                        for d in demos]  # fmt: skip
+                docs = [Document(page_content=d.text, metadata={**self._as_example(d), _LABEL: d.label}) for d in demos]
                 if docs:
                     store.add_documents(docs)
                 self._store = store
@@ -298,10 +310,13 @@ class _AnyEmbeddings(Embeddings):
 
     @classmethod
     def of(cls, embedder: object) -> _AnyEmbeddings:
-        if not any(callable(getattr(embedder, name, None)) for name in ("encode", "get_text_embedding_batch")) \
-                and not callable(embedder):  # fmt: skip
-            raise ConfigurationError("embeddings must be a LangChain Embeddings, a SentenceTransformer, a LlamaIndex "
-                                     "embedding or a callable taking a list of texts")  # fmt: skip
+        if not any(
+            callable(getattr(embedder, name, None)) for name in ("encode", "get_text_embedding_batch")
+        ) and not callable(embedder):
+            raise ConfigurationError(
+                "embeddings must be a LangChain Embeddings, a SentenceTransformer, a LlamaIndex "
+                "embedding or a callable taking a list of texts"
+            )
         return cls(embedder)
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
@@ -317,11 +332,16 @@ def _saved(path: Path, synthesizer: SynthesisMethod | None, budget: BudgetManage
     served anywhere, but a file paid for elsewhere, or stale, is worth a word)."""
     demos = DemoSet.load(path)
     entry = demos.provenance.ledger_entry_id
-    if isinstance(budget, BudgetManager) and not any(e.id == entry and e.label == demos.provenance.ledger_label
-                                                     for e in budget.history()):  # fmt: skip
-        _log.warning("save_to %s holds demonstrations whose charge (ledger entry %s, %r) is not in this app's "
-                     "ledger: served as saved (DP output), but check it is the set you meant", path, entry,
-                     demos.provenance.ledger_label)  # fmt: skip
+    if isinstance(budget, BudgetManager) and not any(
+        e.id == entry and e.label == demos.provenance.ledger_label for e in budget.history()
+    ):
+        _log.warning(
+            "save_to %s holds demonstrations whose charge (ledger entry %s, %r) is not in this app's "
+            "ledger: served as saved (DP output), but check it is the set you meant",
+            path,
+            entry,
+            demos.provenance.ledger_label,
+        )
     method = getattr(synthesizer, "name", None)
     if method is not None and demos.provenance.method != method:
         raise ConfigurationError(

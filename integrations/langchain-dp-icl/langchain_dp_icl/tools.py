@@ -52,8 +52,10 @@ def message_fields(text: str, finish_reason: str) -> dict[str, Any]:
         return {"content": "", "invalid_tool_calls": [invalid]}
     if parsed.name is None:
         return {"content": parsed.content}
-    return {"content": "", "tool_calls": [{"name": parsed.name, "args": parsed.arguments, "id": _call_id(),
-                                           "type": "tool_call"}]}  # fmt: skip
+    return {
+        "content": "",
+        "tool_calls": [{"name": parsed.name, "args": parsed.arguments, "id": _call_id(), "type": "tool_call"}],
+    }
 
 
 def _call_id() -> str:

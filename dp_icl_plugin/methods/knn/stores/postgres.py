@@ -49,8 +49,13 @@ _SCHEMA = (
     " version bigint NOT NULL, PRIMARY KEY (index_id, id))",
     "CREATE INDEX dp_icl_index_deletions_version ON dp_icl_index_deletions (index_id, version)",
 )
-_TABLES = ("dp_icl_index_meta", "dp_icl_indexes", "dp_icl_index_users", "dp_icl_index_records",
-           "dp_icl_index_deletions")  # fmt: skip
+_TABLES = (
+    "dp_icl_index_meta",
+    "dp_icl_indexes",
+    "dp_icl_index_users",
+    "dp_icl_index_records",
+    "dp_icl_index_deletions",
+)
 
 
 class PostgresRecordStore(RecordStore):
@@ -60,8 +65,13 @@ class PostgresRecordStore(RecordStore):
         if not isinstance(name, str) or not name.strip() or len(name) > 200 or not name.isprintable():
             raise ConfigurationError("name must be a non-empty index name of at most 200 printable characters")
         self.name = name
-        self._db = PostgresConnection(dsn, what=f"private index {name!r}", kind="dp-icl private index",
-                                      connect_timeout=connect_timeout, lock_timeout=lock_timeout)  # fmt: skip
+        self._db = PostgresConnection(
+            dsn,
+            what=f"private index {name!r}",
+            kind="dp-icl private index",
+            connect_timeout=connect_timeout,
+            lock_timeout=lock_timeout,
+        )
         self.where = self._db.where()
         self.dsn = dsn
         self._id: str | None = None
@@ -95,16 +105,22 @@ class PostgresRecordStore(RecordStore):
 
     # -- RecordStore ---------------------------------------------------------------------------------
     def meta(self) -> IndexMeta:
-        row = self._run(lambda c: c.execute(
-            "SELECT id, group_by_user, embedder, fingerprint, dim, floor FROM dp_icl_indexes WHERE name = %s",
-            (self.name,)).fetchone())  # fmt: skip
+        row = self._run(
+            lambda c: c.execute(
+                "SELECT id, group_by_user, embedder, fingerprint, dim, floor FROM dp_icl_indexes WHERE name = %s",
+                (self.name,),
+            ).fetchone()
+        )
         if row is None:
             raise LedgerError(f"no {self.where}")
         return IndexMeta(row[0], bool(row[1]), row[2], row[3], None if row[4] is None else int(row[4]), row[5])
 
     def set_dim(self, dim: int) -> None:
-        self._run(lambda c: c.execute("UPDATE dp_icl_indexes SET dim = %s WHERE id = %s AND dim IS NULL",
-                                      (dim, self._opened())))  # fmt: skip
+        self._run(
+            lambda c: c.execute(
+                "UPDATE dp_icl_indexes SET dim = %s WHERE id = %s AND dim IS NULL", (dim, self._opened())
+            )
+        )
 
     def set_floor(self, floor: str) -> None:
         self._run(lambda c: c.execute("UPDATE dp_icl_indexes SET floor = %s WHERE id = %s", (floor, self._opened())))
@@ -115,7 +131,9 @@ class PostgresRecordStore(RecordStore):
         def work(conn: Any) -> Changes:
             version, first = conn.execute(
                 "UPDATE dp_icl_indexes SET version = version + 1, next_id = next_id + %s WHERE id = %s"
-                " RETURNING version, next_id - %s", (n, index_id, n)).fetchone()  # fmt: skip
+                " RETURNING version, next_id - %s",
+                (n, index_id, n),
+            ).fetchone()
             ids = list(range(int(first), int(first) + n))
             units = list(ids)  # per-record budgets: the unit is the record
             if any(u is not None for u in users):
@@ -124,11 +142,18 @@ class PostgresRecordStore(RecordStore):
                 cur.executemany(
                     "INSERT INTO dp_icl_index_records (index_id, id, unit, text, label, answer, embedding, version)"
                     " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                    [(index_id, i, u, t, lab, ans, v.tobytes(), version)
-                     for i, u, t, lab, ans, v in zip(ids, units, texts, labels, answers, vectors, strict=True)],
-                )  # fmt: skip
-            return Changes(int(version), np.asarray(ids, dtype=np.int64), np.asarray(units, dtype=np.int64),
-                           np.asarray(vectors, dtype=np.float32), np.zeros(0, dtype=np.int64))  # fmt: skip
+                    [
+                        (index_id, i, u, t, lab, ans, v.tobytes(), version)
+                        for i, u, t, lab, ans, v in zip(ids, units, texts, labels, answers, vectors, strict=True)
+                    ],
+                )
+            return Changes(
+                int(version),
+                np.asarray(ids, dtype=np.int64),
+                np.asarray(units, dtype=np.int64),
+                np.asarray(vectors, dtype=np.float32),
+                np.zeros(0, dtype=np.int64),
+            )
 
         return self._run(work, what="cannot store records")
 
@@ -136,28 +161,42 @@ class PostgresRecordStore(RecordStore):
         index_id, wanted = self._opened(), sorted({int(i) for i in ids.tolist()})
 
         def work(conn: Any) -> Changes:
-            (version,) = conn.execute("UPDATE dp_icl_indexes SET version = version + 1 WHERE id = %s RETURNING version",
-                                      (index_id,)).fetchone()  # fmt: skip
-            removed = [r[0] for r in conn.execute(
-                "DELETE FROM dp_icl_index_records WHERE index_id = %s AND id = ANY(%s) RETURNING id",
-                (index_id, wanted)).fetchall()]  # fmt: skip
+            (version,) = conn.execute(
+                "UPDATE dp_icl_indexes SET version = version + 1 WHERE id = %s RETURNING version", (index_id,)
+            ).fetchone()
+            removed = [
+                r[0]
+                for r in conn.execute(
+                    "DELETE FROM dp_icl_index_records WHERE index_id = %s AND id = ANY(%s) RETURNING id",
+                    (index_id, wanted),
+                ).fetchall()
+            ]
             with conn.cursor() as cur:
-                cur.executemany("INSERT INTO dp_icl_index_deletions (index_id, id, version) VALUES (%s, %s, %s)"
-                                " ON CONFLICT DO NOTHING", [(index_id, i, version) for i in removed])  # fmt: skip
+                cur.executemany(
+                    "INSERT INTO dp_icl_index_deletions (index_id, id, version) VALUES (%s, %s, %s)"
+                    " ON CONFLICT DO NOTHING",
+                    [(index_id, i, version) for i in removed],
+                )
             return removal(int(version), sorted(removed))
 
         return self._run(work, what="cannot remove records")
 
     def fetch(self, ids: Sequence[int]) -> dict[int, StoredRecord]:
         index_id, wanted = self._opened(), [int(i) for i in ids]
-        rows = self._run(lambda c: c.execute(
-            "SELECT id, text, label, answer FROM dp_icl_index_records WHERE index_id = %s AND id = ANY(%s)",
-            (index_id, wanted)).fetchall(), single=True)  # fmt: skip
+        rows = self._run(
+            lambda c: c.execute(
+                "SELECT id, text, label, answer FROM dp_icl_index_records WHERE index_id = %s AND id = ANY(%s)",
+                (index_id, wanted),
+            ).fetchall(),
+            single=True,
+        )
         return {int(r[0]): StoredRecord(int(r[0]), r[1], r[2], r[3]) for r in rows}
 
     def version(self) -> int:
-        row = self._run(lambda c: c.execute("SELECT version FROM dp_icl_indexes WHERE id = %s",
-                                            (self._opened(),)).fetchone(), single=True)  # fmt: skip
+        row = self._run(
+            lambda c: c.execute("SELECT version FROM dp_icl_indexes WHERE id = %s", (self._opened(),)).fetchone(),
+            single=True,
+        )
         if row is None:
             raise LedgerError(f"{self.where} was dropped")
         return int(row[0])
@@ -169,10 +208,16 @@ class PostgresRecordStore(RecordStore):
             (version,) = conn.execute("SELECT version FROM dp_icl_indexes WHERE id = %s", (index_id,)).fetchone()
             rows = conn.execute(
                 "SELECT id, unit, embedding FROM dp_icl_index_records WHERE index_id = %s AND version > %s"
-                " AND version <= %s ORDER BY id", (index_id, since, version)).fetchall()  # fmt: skip
-            removed = [int(r[0]) for r in conn.execute(
-                "SELECT id FROM dp_icl_index_deletions WHERE index_id = %s AND version > %s AND version <= %s",
-                (index_id, since, version)).fetchall()]  # fmt: skip
+                " AND version <= %s ORDER BY id",
+                (index_id, since, version),
+            ).fetchall()
+            removed = [
+                int(r[0])
+                for r in conn.execute(
+                    "SELECT id FROM dp_icl_index_deletions WHERE index_id = %s AND version > %s AND version <= %s",
+                    (index_id, since, version),
+                ).fetchall()
+            ]
             return changes_from_rows(int(version), [(int(i), int(u), bytes(e)) for i, u, e in rows], removed)
 
         return self._run(work)
@@ -207,15 +252,19 @@ class PostgresRecordStore(RecordStore):
             if not any(present):
                 for statement in _SCHEMA:
                     conn.execute(statement)
-                conn.execute("INSERT INTO dp_icl_index_meta (key, value) VALUES ('application', %s),"
-                             " ('schema_version', %s)", (APPLICATION, str(SCHEMA_VERSION)))  # fmt: skip
+                conn.execute(
+                    "INSERT INTO dp_icl_index_meta (key, value) VALUES ('application', %s), ('schema_version', %s)",
+                    (APPLICATION, str(SCHEMA_VERSION)),
+                )
             elif not all(present):
                 raise LedgerFormatError(f"the dp_icl_index_* tables at {mask_dsn(self.dsn)} are incomplete")
             else:
                 meta = dict(conn.execute("SELECT key, value FROM dp_icl_index_meta").fetchall())
                 if meta.get("application") != APPLICATION or meta.get("schema_version") != str(SCHEMA_VERSION):
-                    raise LedgerFormatError(f"the dp_icl_index_* tables at {mask_dsn(self.dsn)} are not a private "
-                                            f"index of schema {SCHEMA_VERSION}")  # fmt: skip
+                    raise LedgerFormatError(
+                        f"the dp_icl_index_* tables at {mask_dsn(self.dsn)} are not a private "
+                        f"index of schema {SCHEMA_VERSION}"
+                    )
             work(conn)
 
         self._run(create)
@@ -223,15 +272,22 @@ class PostgresRecordStore(RecordStore):
     @staticmethod
     def _user_units(conn: Any, index_id: str, users: Sequence[str | None]) -> list[int]:
         names = sorted({u for u in users if u is not None})
-        known = dict(conn.execute("SELECT name, unit FROM dp_icl_index_users WHERE index_id = %s AND name = ANY(%s)",
-                                  (index_id, names)).fetchall())  # fmt: skip
+        known = dict(
+            conn.execute(
+                "SELECT name, unit FROM dp_icl_index_users WHERE index_id = %s AND name = ANY(%s)", (index_id, names)
+            ).fetchall()
+        )
         new = [u for u in names if u not in known]
         if new:
-            (first,) = conn.execute("UPDATE dp_icl_indexes SET next_unit = next_unit + %s WHERE id = %s"
-                                    " RETURNING next_unit - %s", (len(new), index_id, len(new))).fetchone()  # fmt: skip
+            (first,) = conn.execute(
+                "UPDATE dp_icl_indexes SET next_unit = next_unit + %s WHERE id = %s RETURNING next_unit - %s",
+                (len(new), index_id, len(new)),
+            ).fetchone()
             for offset, name in enumerate(new):
                 known[name] = int(first) + offset
             with conn.cursor() as cur:
-                cur.executemany("INSERT INTO dp_icl_index_users (index_id, name, unit) VALUES (%s, %s, %s)",
-                                [(index_id, u, known[u]) for u in new])  # fmt: skip
+                cur.executemany(
+                    "INSERT INTO dp_icl_index_users (index_id, name, unit) VALUES (%s, %s, %s)",
+                    [(index_id, u, known[u]) for u in new],
+                )
         return [int(known[u]) for u in users]  # type: ignore[index]

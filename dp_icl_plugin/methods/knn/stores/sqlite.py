@@ -59,8 +59,13 @@ class SQLiteRecordStore(RecordStore):
         self.path = path
         self.where = "memory" if path is None else str(path)
         # secure_delete: a removed record's text and embedding are overwritten with zeros, not left in free space
-        self._file = SQLiteFile(path, kind="private index", application_id=APPLICATION_ID, busy_timeout=busy_timeout,
-                                pragmas=("PRAGMA secure_delete = ON",))  # fmt: skip
+        self._file = SQLiteFile(
+            path,
+            kind="private index",
+            application_id=APPLICATION_ID,
+            busy_timeout=busy_timeout,
+            pragmas=("PRAGMA secure_delete = ON",),
+        )
         self._file.check_header()
 
     # -- creating and opening ----------------------------------------------------------------------
@@ -70,8 +75,13 @@ class SQLiteRecordStore(RecordStore):
                 raise LedgerFormatError(f"{self.where} holds a private index already")
             for statement in _SCHEMA:
                 conn.execute(statement)
-            values = [("id", meta.id), ("group_by_user", "1" if meta.group_by_user else "0"),
-                      ("embedder", meta.embedder), ("dim", ""), ("version", "0")]  # fmt: skip
+            values = [
+                ("id", meta.id),
+                ("group_by_user", "1" if meta.group_by_user else "0"),
+                ("embedder", meta.embedder),
+                ("dim", ""),
+                ("version", "0"),
+            ]
             if meta.fingerprint is not None:
                 values.append(("embedder_fingerprint", meta.fingerprint))
             conn.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", values)
@@ -110,9 +120,14 @@ class SQLiteRecordStore(RecordStore):
             meta = dict(conn.execute("SELECT key, value FROM meta"))
         if not {"id", "group_by_user", "embedder", "dim"} <= meta.keys():
             raise LedgerCorruptError("private index has an incomplete meta table")
-        return IndexMeta(meta["id"], meta["group_by_user"] == "1", meta["embedder"],
-                         meta.get("embedder_fingerprint"), int(meta["dim"]) if meta["dim"] else None,
-                         meta.get("floor"))  # fmt: skip
+        return IndexMeta(
+            meta["id"],
+            meta["group_by_user"] == "1",
+            meta["embedder"],
+            meta.get("embedder_fingerprint"),
+            int(meta["dim"]) if meta["dim"] else None,
+            meta.get("floor"),
+        )
 
     def set_dim(self, dim: int) -> None:
         with self._file.transaction() as conn:
@@ -141,16 +156,22 @@ class SQLiteRecordStore(RecordStore):
                 conn.execute("UPDATE records SET unit = ? WHERE id = ?", (unit_id, rid))
                 ids.append(rid)
                 unit_ids.append(unit_id)
-        return Changes(version, np.asarray(ids, dtype=np.int64), np.asarray(unit_ids, dtype=np.int64),
-                       np.asarray(vectors, dtype=np.float32), np.zeros(0, dtype=np.int64))  # fmt: skip
+        return Changes(
+            version,
+            np.asarray(ids, dtype=np.int64),
+            np.asarray(unit_ids, dtype=np.int64),
+            np.asarray(vectors, dtype=np.float32),
+            np.zeros(0, dtype=np.int64),
+        )
 
     def delete(self, ids: np.ndarray) -> Changes:
         with self._file.transaction() as conn:
             version = _next_version(conn)  # the write lock first, then what is present under it
             present = sorted(_present(conn, [int(i) for i in ids.tolist()]))
             conn.executemany("DELETE FROM records WHERE id = ?", [(i,) for i in present])
-            conn.executemany("INSERT OR REPLACE INTO deletions (id, version) VALUES (?, ?)",
-                             [(i, version) for i in present])  # fmt: skip
+            conn.executemany(
+                "INSERT OR REPLACE INTO deletions (id, version) VALUES (?, ?)", [(i, version) for i in present]
+            )
         if present:
             self._checkpoint()
         return removal(version, present)
@@ -195,8 +216,10 @@ class SQLiteRecordStore(RecordStore):
                 "SELECT id, unit, embedding FROM records WHERE version > ? AND version <= ? ORDER BY id",
                 (since, version),
             ).fetchall()
-            removed = [r[0] for r in conn.execute(
-                "SELECT id FROM deletions WHERE version > ? AND version <= ?", (since, version))]  # fmt: skip
+            removed = [
+                r[0]
+                for r in conn.execute("SELECT id FROM deletions WHERE version > ? AND version <= ?", (since, version))
+            ]
         return changes_from_rows(version, rows, removed)
 
     def close(self) -> None:

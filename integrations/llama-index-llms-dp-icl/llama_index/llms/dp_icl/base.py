@@ -136,9 +136,16 @@ class DPICL(CustomLLM, FunctionCallingLLM):
 
     @classmethod
     def from_model_id(
-        cls, model_id: str, dataset: PrivateDataset, *, budget: BudgetManager, method: str = "mozo",
-        rng: Any = None, seed: int | None = None, **settings: Any,
-    ) -> DPICL:  # fmt: skip
+        cls,
+        model_id: str,
+        dataset: PrivateDataset,
+        *,
+        budget: BudgetManager,
+        method: str = "mozo",
+        rng: Any = None,
+        seed: int | None = None,
+        **settings: Any,
+    ) -> DPICL:
         """The LLM over a local model or an inference server's URL (with ``tokenizer=``); ``settings`` go to
         :func:`~dp_icl_plugin.methods.decoding.build_decoder`."""
         decoder = build_decoder(model_id, dataset, budget=budget, method=method, **settings)
@@ -158,9 +165,13 @@ class DPICL(CustomLLM, FunctionCallingLLM):
     def metadata(self) -> LLMMetadata:
         window = self.context_window or self._decoder.context_window or DEFAULT_CONTEXT_WINDOW
         chat = self._decoder.has_chat_template if self.is_chat_model is None else self.is_chat_model
-        return LLMMetadata(context_window=window, num_output=answer_limit(self._decoder, self.max_tokens),
-                           is_chat_model=chat, model_name=self.model_name,
-                           is_function_calling_model=self._can_call_tools())  # fmt: skip
+        return LLMMetadata(
+            context_window=window,
+            num_output=answer_limit(self._decoder, self.max_tokens),
+            is_chat_model=chat,
+            model_name=self.model_name,
+            is_function_calling_model=self._can_call_tools(),
+        )
 
     def _can_call_tools(self) -> bool:
         """Whether answers can keep to a tool call's schema: llguidance installed, and the decoder compiles a
@@ -193,8 +204,11 @@ class DPICL(CustomLLM, FunctionCallingLLM):
     def _chat(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
         """The conversation as role/content messages: an assistant's tool calls written as the JSON the model
         answers them in, a tool's result as the user's next message."""
-        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) \
-                or not all(isinstance(m, ChatMessage) for m in messages):  # fmt: skip
+        if (
+            isinstance(messages, (str, bytes))
+            or not isinstance(messages, Sequence)
+            or not all(isinstance(m, ChatMessage) for m in messages)
+        ):
             raise ConfigurationError("messages must be a list of llama_index ChatMessage")
         out = []
         names: dict[str, str] = {}  # a call's id → its tool, for the result that answers it
@@ -227,8 +241,9 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         """The answer's stream; every check runs here, before anything is charged."""
         check_call_settings(kwargs, honoured=("max_tokens", "stop", "json_schema", "tools", "tool_choice"))
         limit = answer_limit(self._decoder, kwargs.get("max_tokens", self.max_tokens))
-        return self._decoder.stream(query, rng=self._rng, max_tokens=limit, stop=kwargs.get("stop"),
-                                    schema=self._tool_schema(kwargs))  # fmt: skip
+        return self._decoder.stream(
+            query, rng=self._rng, max_tokens=limit, stop=kwargs.get("stop"), schema=self._tool_schema(kwargs)
+        )
 
     @staticmethod
     def _spend(pieces: AnswerStream) -> dict[str, Any]:
@@ -280,23 +295,29 @@ class DPICL(CustomLLM, FunctionCallingLLM):
             return dict(llm_kwargs or {})
         return {**(llm_kwargs or {}), "json_schema": output_cls.model_json_schema()}
 
-    def structured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None,
-                           **prompt_args: Any) -> Any:  # fmt: skip
+    def structured_predict(
+        self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> Any:
         """LlamaIndex's structured prediction, decoded under ``output_cls``'s JSON schema (one charged answer)."""
-        return super().structured_predict(output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs),
-                                          **prompt_args)  # fmt: skip
+        return super().structured_predict(
+            output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs), **prompt_args
+        )
 
-    async def astructured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None,
-                                  **prompt_args: Any) -> Any:  # fmt: skip
+    async def astructured_predict(
+        self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> Any:
         """:meth:`structured_predict`, the answer stepped in worker threads."""
-        return await super().astructured_predict(output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs),
-                                                 **prompt_args)  # fmt: skip
+        return await super().astructured_predict(
+            output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs), **prompt_args
+        )
 
-    def stream_structured_predict(self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None,
-                                  **prompt_args: Any) -> Any:  # fmt: skip
+    def stream_structured_predict(
+        self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> Any:
         """:meth:`structured_predict`, streamed as LlamaIndex streams partial objects."""
-        return super().stream_structured_predict(output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs),
-                                                 **prompt_args)  # fmt: skip
+        return super().stream_structured_predict(
+            output_cls, prompt, self._schema_kwargs(output_cls, llm_kwargs), **prompt_args
+        )
 
     async def astream_structured_predict(
         self, output_cls: Any, prompt: Any, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
@@ -307,17 +328,23 @@ class DPICL(CustomLLM, FunctionCallingLLM):
 
     # -- tools --------------------------------------------------------------------------------------
     def _prepare_chat_with_tools(
-        self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
-        chat_history: list[ChatMessage] | None = None, verbose: bool = False, allow_parallel_tool_calls: bool = False,
-        tool_required: bool = False, **kwargs: Any,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        tools: Sequence[Any],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         """The chat's arguments: the history, the user's message and the tools as function descriptions (the
         call's schema is built, and a bad tool refused, here: before any charge). One call per answer whatever
         ``allow_parallel_tool_calls``; ``tool_required`` (or a ``tool_choice``) makes the answer a call."""
         messages = list(chat_history or [])
         if user_msg is not None:
-            messages.append(user_msg if isinstance(user_msg, ChatMessage) else ChatMessage(role="user",
-                                                                                              content=user_msg))
+            messages.append(
+                user_msg if isinstance(user_msg, ChatMessage) else ChatMessage(role="user", content=user_msg)
+            )
         functions = _functions(tools)
         choice = kwargs.pop("tool_choice", None)
         if choice is None:
@@ -325,24 +352,52 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         tool_call_schema(functions, choice)
         return {"messages": messages, "tools": functions, "tool_choice": choice, **kwargs}
 
-    def predict_and_call(self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
-                         chat_history: list[ChatMessage] | None = None, verbose: bool = False,
-                         allow_parallel_tool_calls: bool = False, error_on_no_tool_call: bool = True,
-                         error_on_tool_error: bool = False, **kwargs: Any) -> Any:  # fmt: skip
+    def predict_and_call(
+        self,
+        tools: Sequence[Any],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        error_on_no_tool_call: bool = True,
+        error_on_tool_error: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         """LlamaIndex's ``predict_and_call``; with ``error_on_no_tool_call`` (its default) the answer is made a
         call (``tool_required``) unless a ``tool_choice`` is given: a plain reply would be charged, then raise."""
-        return super().predict_and_call(tools, user_msg, chat_history, verbose, allow_parallel_tool_calls,
-                                        error_on_no_tool_call, error_on_tool_error,
-                                        **self._call_required(error_on_no_tool_call, kwargs))  # fmt: skip
+        return super().predict_and_call(
+            tools,
+            user_msg,
+            chat_history,
+            verbose,
+            allow_parallel_tool_calls,
+            error_on_no_tool_call,
+            error_on_tool_error,
+            **self._call_required(error_on_no_tool_call, kwargs),
+        )
 
-    async def apredict_and_call(self, tools: Sequence[Any], user_msg: str | ChatMessage | None = None,
-                                chat_history: list[ChatMessage] | None = None, verbose: bool = False,
-                                allow_parallel_tool_calls: bool = False, error_on_no_tool_call: bool = True,
-                                error_on_tool_error: bool = False, **kwargs: Any) -> Any:  # fmt: skip
+    async def apredict_and_call(
+        self,
+        tools: Sequence[Any],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        error_on_no_tool_call: bool = True,
+        error_on_tool_error: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         """:meth:`predict_and_call` for async callers."""
-        return await super().apredict_and_call(tools, user_msg, chat_history, verbose, allow_parallel_tool_calls,
-                                               error_on_no_tool_call, error_on_tool_error,
-                                               **self._call_required(error_on_no_tool_call, kwargs))  # fmt: skip
+        return await super().apredict_and_call(
+            tools,
+            user_msg,
+            chat_history,
+            verbose,
+            allow_parallel_tool_calls,
+            error_on_no_tool_call,
+            error_on_tool_error,
+            **self._call_required(error_on_no_tool_call, kwargs),
+        )
 
     @staticmethod
     def _call_required(error_on_no_tool_call: bool, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -377,8 +432,9 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         parsed = parse_tool_call(text, pieces.finish_reason)
         extra: dict[str, Any] = {}
         if parsed.name is not None:
-            extra["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "name": parsed.name,
-                                    "arguments": parsed.arguments}]  # fmt: skip
+            extra["tool_calls"] = [
+                {"id": f"call_{uuid.uuid4().hex[:24]}", "name": parsed.name, "arguments": parsed.arguments}
+            ]
         elif parsed.error is not None:
             extra["tool_call_error"] = parsed.error
         return ChatMessage(role="assistant", content=parsed.content, additional_kwargs=extra)
@@ -407,9 +463,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         return CompletionResponse(text=text, additional_kwargs=info)
 
     @llm_completion_callback()
-    async def astream_complete(
-        self, prompt: str, formatted: bool = False, **kwargs: Any
-    ) -> CompletionResponseAsyncGen:
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         pieces = await asyncio.to_thread(self._open, self._prompt(prompt, formatted), kwargs)
         return iterate_in_threads(lambda: self._completions(pieces), on_cancel=pieces.cancel)
 
@@ -420,8 +474,9 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         text = ""
         for delta, text in self._texts(pieces, spend):
             if not self._calls(kwargs):
-                yield ChatResponse(message=ChatMessage(role="assistant", content=text), delta=delta,
-                                   additional_kwargs=spend)  # fmt: skip
+                yield ChatResponse(
+                    message=ChatMessage(role="assistant", content=text), delta=delta, additional_kwargs=spend
+                )
         if self._calls(kwargs):
             message = self._message(text, pieces, kwargs)
             yield ChatResponse(message=message, delta=message.content, additional_kwargs=spend)

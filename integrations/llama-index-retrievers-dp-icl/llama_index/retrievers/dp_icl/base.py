@@ -84,7 +84,7 @@ class DPICLRetriever(BaseRetriever):
         if similarity_top_k is not None and (
             isinstance(similarity_top_k, bool) or not isinstance(similarity_top_k, int) or similarity_top_k < 1
         ):
-            raise ConfigurationError("similarity_top_k must be a positive integer")  # fmt: skip
+            raise ConfigurationError("similarity_top_k must be a positive integer")
         self._core = knn
         self._rng = generator
         self._mode = mode
@@ -98,20 +98,32 @@ class DPICLRetriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         if self._experts is not None:
             decoded = self._experts.answer(query_bundle.query_str, rng=self._rng)
-            event = DPSpendEvent(ledger_entry=decoded.ledger_entry, release="knn-decode",
-                                 per_record_epsilon=self._core.per_record_epsilon(),
-                                 per_record_delta=self._core.per_record_delta())  # fmt: skip
+            event = DPSpendEvent(
+                ledger_entry=decoded.ledger_entry,
+                release="knn-decode",
+                per_record_epsilon=self._core.per_record_epsilon(),
+                per_record_delta=self._core.per_record_delta(),
+            )
             dispatcher.event(event)
-            meta = {"ledger_entry": decoded.ledger_entry, "per_record_epsilon": event.per_record_epsilon,
-                    "kind": "dp_expert_answer"}  # fmt: skip
+            meta = {
+                "ledger_entry": decoded.ledger_entry,
+                "per_record_epsilon": event.per_record_epsilon,
+                "kind": "dp_expert_answer",
+            }
             return [_node(decoded.text.strip(), meta)]
         answer = self._core.answer(query_bundle.query_str, rng=self._rng, keywords=self._keywords)
-        spend = DPSpendEvent(ledger_entry=answer.ledger_entry, release="knn-answer",
-                             per_record_epsilon=self._core.per_record_epsilon(),
-                             per_record_delta=self._core.per_record_delta())  # fmt: skip
+        spend = DPSpendEvent(
+            ledger_entry=answer.ledger_entry,
+            release="knn-answer",
+            per_record_epsilon=self._core.per_record_epsilon(),
+            per_record_delta=self._core.per_record_delta(),
+        )
         dispatcher.event(spend)
-        meta = {"ledger_entry": answer.ledger_entry, "per_record_epsilon": spend.per_record_epsilon,
-                "keywords_released": answer.keywords is not None}  # fmt: skip
+        meta = {
+            "ledger_entry": answer.ledger_entry,
+            "per_record_epsilon": spend.per_record_epsilon,
+            "keywords_released": answer.keywords is not None,
+        }
         if self._mode == "answer":
             return [_node(answer.text, {**meta, "kind": "dp_answer"})]
         return [_node(kw, {**meta, "kind": "dp_keyword"}) for kw in answer.keywords or ()]
