@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["LINE_INTERVAL_S", "progress_bar", "report_lines_off_a_terminal"]
+from tqdm.auto import tqdm
+
+__all__ = ["LINE_INTERVAL_S", "ProgressBar", "progress_bar", "report_lines_off_a_terminal"]
 
 LINE_INTERVAL_S = 30.0
 _lines_off_a_terminal = False
@@ -18,6 +20,14 @@ def report_lines_off_a_terminal(enabled: bool = True) -> None:
     program's choice: a library stays silent there)."""
     global _lines_off_a_terminal
     _lines_off_a_terminal = enabled
+
+
+class ProgressBar(Protocol):
+    """What :func:`progress_bar` returns: a tqdm bar, plain lines or silence."""
+
+    def update(self, n: int = 1) -> Any: ...
+    def set_postfix(self, **kwargs: Any) -> None: ...
+    def close(self) -> None: ...
 
 
 class _Silent:
@@ -58,7 +68,7 @@ class _Lines:
         self._write("done" if self.done >= self.total else "stopped")
 
 
-def progress_bar(total: int, *, desc: str, unit: str, enabled: bool | None = True, initial: int = 0) -> Any:
+def progress_bar(total: int, *, desc: str, unit: str, enabled: bool | None = True, initial: int = 0) -> ProgressBar:
     """A tqdm bar, plain lines, or an object with the same ``update``/``set_postfix``/``close`` that prints
     nothing.
 
@@ -71,8 +81,4 @@ def progress_bar(total: int, *, desc: str, unit: str, enabled: bool | None = Tru
         enabled = True
     if not enabled:
         return _Silent()
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return _Lines(total, desc, unit, initial)
     return tqdm(total=total, initial=initial, unit=unit, desc=desc, file=sys.stderr)

@@ -11,7 +11,8 @@ from test_knn_experts import TEMPLATE, build
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import method_events as me
-from dp_icl_plugin.methods import decoding
+from dp_icl_plugin.methods import clip_blend as clip_blend_method
+from dp_icl_plugin.methods import decoding, mozo_step
 from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 from dp_icl_plugin.methods.knn import KNNConfig
@@ -129,9 +130,10 @@ def test_choices_spend_the_share_on_the_tokens_an_answer_can_have(make) -> None:
 
 @pytest.mark.parametrize(("make", "name"), [(mozo, "mozo_token"), (clip, "clip_blend_token")])
 def test_a_forced_token_runs_no_mechanism(make, name, monkeypatch) -> None:
-    real = getattr(decoding, name)
+    module = mozo_step if name == "mozo_token" else clip_blend_method
+    real = getattr(module, name)
     calls = []
-    monkeypatch.setattr(decoding, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     decoder = make(BudgetManager(PrivacyBudget(100.0, 1e-2)), choices=["a b c", "e"], n_queries=6)
     answers = [decoder.generate("a b", rng=np.random.default_rng(s)).text for s in range(6)]
     assert decoder.choices.decisions == 1 and len(calls) == 6  # one mechanism per answer, whatever its length
@@ -195,9 +197,9 @@ def test_a_row_without_a_finite_choice_cannot_fail_the_release(name) -> None:
     rows[2, [WORDS.index("a"), WORDS.index("e")]] = -np.inf
     mechanism = {
         "mozo_token": lambda r: (
-            decoding.mozo_token(r[1:], r[0], beta=0.5, order=8.0, top_k=2, rng=rng, variant="projected").token_id
+            mozo_step.mozo_token(r[1:], r[0], beta=0.5, order=8.0, top_k=2, rng=rng, variant="projected").token_id
         ),
-        "clip_blend_token": lambda r: decoding.clip_blend_token(
+        "clip_blend_token": lambda r: clip_blend_method.clip_blend_token(
             r[1:], r[0], clip=4.0, subset_size=4, temperature=1.0, rng=rng
         ),
     }[name]
@@ -253,8 +255,8 @@ class _PoisonedSession:
 @pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
 @pytest.mark.parametrize("choices", [None, ["a", "e"]], ids=["free", "choices"])
 def test_a_records_bad_row_cannot_fail_the_release(make, choices, monkeypatch) -> None:
-    real_rows, real_start = decoding.rows_logprobs, decoding.start_rows
-    monkeypatch.setattr(decoding, "rows_logprobs", lambda *a, **kw: _poison(real_rows(*a, **kw)))
+    real_rows, real_start = mozo_step.rows_logprobs, decoding.start_rows
+    monkeypatch.setattr(mozo_step, "rows_logprobs", lambda *a, **kw: _poison(real_rows(*a, **kw)))
     monkeypatch.setattr(decoding, "start_rows", lambda *a, **kw: _PoisonedSession(real_start(*a, **kw)))
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-2))
     decoder = make(ledger, choices=choices)

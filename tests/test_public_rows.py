@@ -20,9 +20,8 @@ import pytest
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
 from dp_icl_plugin.backends.public_rows import StackedSession, public_apart, start_apart
 from dp_icl_plugin.backends.recompute import RecomputingSession
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
-from dp_icl_plugin.methods import decoding as decoding_module
-from dp_icl_plugin.methods import tang as tang_module
+from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer, aggregation_step, mozo_step
+from dp_icl_plugin.methods import clip_blend as clip_blend_module
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h", "Text:", "Label:", "<eos>", "/"]
@@ -72,12 +71,12 @@ def test_a_decoders_public_row_does_not_move_with_a_neighbouring_record(
         budget = BudgetManager(PrivacyBudget(100.0, 1e-3))
         backend = CoupledBackend(WORDS, eos_token="<eos>", seed=2)
         if method == "mozo":
-            seen = _spy(monkeypatch, decoding_module, "mozo_token", 1)
+            seen = _spy(monkeypatch, mozo_step, "mozo_token", 1)
             decoder: MozoDecoder | ClipBlendDecoder = MozoDecoder(
                 data, backend=backend, budget=budget, n_queries=1, beta=0.5, max_tokens=4, n_shots=10, top_k=5
             )  # every record drawn at every token: the long one beside the zero-shot row
         else:
-            seen = _spy(monkeypatch, decoding_module, "clip_blend_token", 1)
+            seen = _spy(monkeypatch, clip_blend_module, "clip_blend_token", 1)
             decoder = ClipBlendDecoder(
                 data,
                 backend=backend,
@@ -102,13 +101,13 @@ def test_the_synthesizers_public_rows_do_not_move_with_a_neighbouring_record(mon
     for long in (False, True):
         data = PrivateDataset(_records(long), public_label_counts={"a": 5, "b": 5})
         seen: list[np.ndarray] = []
-        real = tang_module.limit_vocabulary
+        real = aggregation_step.limit_vocabulary
 
         def spy(probs: np.ndarray, seen: list = seen, real: object = real, **kwargs: object) -> np.ndarray:
             seen.append(np.array(probs, copy=True))  # the public row's probabilities, each token
             return real(probs, **kwargs)  # type: ignore[operator]
 
-        monkeypatch.setattr(tang_module, "limit_vocabulary", spy)
+        monkeypatch.setattr(aggregation_step, "limit_vocabulary", spy)
         method = TangSynthesizer(noise_multiplier=1.0, max_tokens=1, n_prompts=5, records_per_prompt=1, top_k=5)
         method.synthesize(
             data,

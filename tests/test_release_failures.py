@@ -272,3 +272,82 @@ def test_a_charged_answer_stream_continues_only_in_its_process(make, tmp_path) -
     assert "charged in another process" in queue.get(timeout=5)
     "".join(stream)  # the parent finishes its answer
     assert len(budget.history()) == 1
+
+
+class NaNOn(FakeBackend):
+    """A backend whose next-token row is NaN for any prompt holding ``word``'s token (as a model in half
+    precision can overflow on one input): the record's own fault, not the model's on every input."""
+
+    def __init__(self, *args: object, word: str, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._bad = self.encode(word)[0]
+
+    def holds(self, prompt: object) -> bool:
+        ids = self.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)  # type: ignore[call-overload]
+        return self._bad in ids
+
+    def poison(self, rows: np.ndarray, bad: list[bool]) -> np.ndarray:
+        out = np.array(rows, copy=True)
+        out[np.asarray(bad, dtype=bool)] = np.nan
+        return out
+
+    def next_token_logprobs(self, prompts):  # type: ignore[override]
+        return self.poison(super().next_token_logprobs(prompts), [self.holds(p) for p in prompts])
+
+    def start(self, prompts):  # type: ignore[override]
+        return _NaNSession(super().start(prompts), self, [self.holds(p) for p in prompts])
+
+
+class _NaNSession:
+    def __init__(self, session, backend: NaNOn, bad: list[bool]) -> None:
+        self.session, self.backend, self.bad = session, backend, bad
+
+    n_prompts = property(lambda self: self.session.n_prompts)
+    lengths = property(lambda self: self.session.lengths)
+    logprobs = property(lambda self: self.backend.poison(self.session.logprobs, self.bad))
+
+    def append(self, token_ids):
+        return self.backend.poison(self.session.append(token_ids), self.bad)
+
+    def close(self) -> None:
+        self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _synthesizers() -> dict[str, object]:
+    from dp_icl_plugin.methods import (
+        AdaDPSynSynthesizer,
+        ClipBlendSynthesizer,
+        MozoOfflineSynthesizer,
+        PTASynthesizer,
+    )
+
+    aggregation = {"max_tokens": 3, "n_prompts": 3, "records_per_prompt": 2, "top_k": 5}
+    return {
+        "tang": TangSynthesizer(noise_multiplier=1.0, **aggregation),
+        "pta": PTASynthesizer(noise_multiplier=1.0, **aggregation),
+        "adadpsyn": AdaDPSynSynthesizer(sigma1=1.0, **aggregation),
+        "clip_blend": ClipBlendSynthesizer(temperature=1.0, max_tokens=3, subset_size=8),
+        "mozo_offline": MozoOfflineSynthesizer(beta=0.5, max_tokens=3, top_k=5, n_shots=6),
+    }
+
+
+@pytest.mark.parametrize("name", ["tang", "pta", "adadpsyn", "clip_blend", "mozo_offline"])
+def test_a_records_bad_row_cannot_fail_a_synthesis(name: str) -> None:
+    """A record whose row the model gets wrong (NaN) made every synthesizer fail after its charge: whether the
+    release failed then depended on that record (D: demonstrations; D ∪ {it}: ReleaseFailedError whenever it was
+    drawn). Its row now stands in for the public row's, as in the decoders (``public_checked``), so the run
+    completes on both."""
+    method = _synthesizers()[name]
+    records = [PrivateRecord("e2 a", "a"), *(PrivateRecord(f"{w} b", "a") for w in "abcdeab")]
+    data = PrivateDataset(records, public_label_counts="observed")
+    budget = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    backend = NaNOn([*WORDS, "e2", "{", "}"], word="e2", eos_token="<eos>")
+    inputs = {"public_inputs": ["a b"]} if name == "mozo_offline" else {}
+    demos = method.synthesize(data, backend=backend, budget=budget, rng=np.random.default_rng(0), **inputs)
+    assert len(budget.history()) == 1 and len(demos) >= 1

@@ -27,7 +27,8 @@ from dp_icl_plugin.backends.isolation import check_row_isolation  # noqa: E402
 from dp_icl_plugin.ginc.language import symbol_names  # noqa: E402
 from dp_icl_plugin.ginc.tokenizer import build_tokenizer  # noqa: E402
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord  # noqa: E402
-from dp_icl_plugin.methods import decoding as decoding_module  # noqa: E402
+from dp_icl_plugin.methods import clip_blend as clip_blend_module  # noqa: E402
+from dp_icl_plugin.methods import mozo_step as mozo_step_module  # noqa: E402
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder  # noqa: E402
 from dp_icl_plugin.methods.mozo import ANSWER_PRESETS  # noqa: E402
 
@@ -295,13 +296,13 @@ def _mozo_rows(
 ):
     """The rows DPS-MOZO hands its mechanism at the first token, and the records drawn for them."""
     seen: list[np.ndarray] = []
-    real = decoding_module.mozo_token
+    real = mozo_step_module.mozo_token
 
     def spy(one_shot: np.ndarray, zero_shot: np.ndarray, **kwargs: object):
         seen.append(np.vstack([zero_shot, one_shot]).copy())
         return real(one_shot, zero_shot, **kwargs)
 
-    monkeypatch.setattr(decoding_module, "mozo_token", spy)
+    monkeypatch.setattr(mozo_step_module, "mozo_token", spy)
     dataset = PrivateDataset(records, labels=sorted({r.label for r in records}))
     decoder = MozoDecoder(
         dataset,
@@ -360,13 +361,13 @@ def test_clip_blend_other_prompts_do_not_move_with_a_neighbouring_record(monkeyp
     backend = _tiny("llama", torch.bfloat16)
     names = symbol_names(VOCAB)
     seen: list[np.ndarray] = []
-    real = decoding_module.clip_blend_token
+    real = clip_blend_module.clip_blend_token
 
     def spy(private: np.ndarray, public: np.ndarray, **kwargs: object) -> int:
         seen.append(np.vstack([public, private]).copy())
         return real(private, public, **kwargs)
 
-    monkeypatch.setattr(decoding_module, "clip_blend_token", spy)
+    monkeypatch.setattr(clip_blend_module, "clip_blend_token", spy)
     answers = []
     for long_at in (None, 3):
         seen.clear()

@@ -64,11 +64,12 @@ def test_every_token_keeps_the_answer_a_prefix_of_a_valid_document_and_the_answe
 
 @pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
 def test_a_forced_token_runs_no_mechanism(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dp_icl_plugin.methods import decoding
+    from dp_icl_plugin.methods import clip_blend, mozo_step
 
     name = "mozo_token" if kind == "mozo" else "clip_blend_token"
-    real, calls = getattr(decoding, name), []
-    monkeypatch.setattr(decoding, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    module = mozo_step if kind == "mozo" else clip_blend
+    real, calls = getattr(module, name), []
+    monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
     decoder = (
         tiny_decoder(ledger)

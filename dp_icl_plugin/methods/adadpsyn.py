@@ -33,25 +33,26 @@ add/remove ledger refuses it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_adadpsyn
-from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs
-from dp_icl_plugin.errors import BackendError, ConfigurationError
+from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.adadpsyn import release_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import restrict
-from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
-from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
-from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text, fixed_size_subsets, slot_placement
+from dp_icl_plugin.methods.aggregation_step import AggregationStep
+from dp_icl_plugin.methods.base import DemoSlot, Plan, SynthesisMethod, check_privacy_target
+from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.prompting import PromptIds, fixed_size_subsets, slot_placement
 from dp_icl_plugin.methods.templates import PromptTemplate
+from dp_icl_plugin.methods.token_steps import TokenStep
 
 __all__ = ["AdaDPSynConfig", "AdaDPSynSynthesizer"]
 
@@ -171,58 +172,35 @@ class AdaDPSynSynthesizer(SynthesisMethod):
         }
         return Plan(labels, event, params)
 
-    def _generate(
-        self,
-        dataset: PrivateDataset,
-        plan: Plan,
-        backend: NextTokenBackend,
-        rng: np.random.Generator,
-        *,
-        private: bool,
-        progress: bool | None,
-    ) -> list[Demonstration]:
+    def _demonstrations(
+        self, dataset: PrivateDataset, plan: Plan, backend: NextTokenBackend, rng: np.random.Generator, *, private: bool
+    ) -> Iterator[tuple[DemoSlot, AbstractContextManager[TokenStep]]]:
         c = self.config
         # private=False: the same computation with every noise multiplier (and so the margin) at 0
         sigmas = {name: plan.params[name] if private else 0.0 for name in ("sigma0", "sigma1", "sigma2")}
         ids = PromptIds(backend, c.template)
-        eos = backend.eos_token_id if c.template.stop_at_eos else None
-        bar = progress_bar(
-            len(plan.labels) * c.shots_per_label * c.max_tokens,
-            desc=f"{self.name} synthesis",
-            unit="token",
-            enabled=progress,
-        )
-        demos = []
+
+        def aggregate(rows: np.ndarray, vocabulary: np.ndarray, rng: np.random.Generator) -> int:
+            # each prompt's own probabilities on V_pub, renormalised (a token it finds unlikely stays so)
+            candidates = restrict(np.exp(rows[1:].astype(np.float64)), vocabulary, renormalize=True)
+            release = release_token(
+                candidates, t_hat=c.t_hat, theta=c.theta, rho=c.rho, mu=c.mu, lam=c.lam, rng=rng, **sigmas
+            )
+            return int(release.index)
+
         for label in plan.labels:
             records = dataset.records(label)
             placement = slot_placement(len(records), dataset.public_count(label), rng)
+
+            def draw(
+                rng: np.random.Generator, records: Sequence[PrivateRecord] = records, placement: np.ndarray = placement
+            ) -> list[list[PrivateRecord]]:
+                return fixed_size_subsets(
+                    records, placement=placement, n_prompts=c.n_prompts, per_prompt=c.records_per_prompt, rng=rng
+                )
+
+            step = AggregationStep(
+                backend, ids, label, draw=draw, base=False, top_k=c.top_k, top_p=None, aggregate=aggregate
+            )
             for _ in range(c.shots_per_label):
-                generated: list[int] = []
-                for _ in range(c.max_tokens):
-                    subsets = fixed_size_subsets(
-                        records, placement=placement, n_prompts=c.n_prompts, per_prompt=c.records_per_prompt, rng=rng
-                    )
-                    prompts = [ids.public(label, generated)]
-                    prompts += [ids.private(label, subset, generated) for subset in subsets]
-                    # the public instruction the prompts start with is computed once (prefix KV cache); the public
-                    # prompt in a call of its own, never beside the records' prompts
-                    logprobs = check_logprobs(prefix_rows_logprobs(backend, prompts, ids.instruction(label), public=1))
-                    if logprobs.shape[0] != len(prompts):
-                        raise BackendError(f"the backend returned {logprobs.shape[0]} rows for {len(prompts)} prompts")
-                    vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k)
-                    # each prompt's own probabilities on V_pub, renormalised (a token it finds unlikely stays so)
-                    candidates = restrict(np.exp(logprobs[1:].astype(np.float64)), vocabulary, renormalize=True)
-                    release = release_token(
-                        candidates, t_hat=c.t_hat, theta=c.theta, rho=c.rho, mu=c.mu, lam=c.lam, rng=rng, **sigmas
-                    )
-                    token = int(vocabulary[release.index])
-                    generated.append(token)
-                    bar.update(1)
-                    if eos is not None and token == eos:
-                        bar.update(c.max_tokens - len(generated))
-                        generated.pop()
-                        break
-                text = demonstration_text(backend, generated, c.template.stop)
-                demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated)))
-        bar.close()
-        return demos
+                yield DemoSlot(label), nullcontext(step)

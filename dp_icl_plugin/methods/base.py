@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager
@@ -37,9 +39,11 @@ from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import BackendError, ConfigurationError, after_charge
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
-from dp_icl_plugin.methods.prompting import check_records_encode
+from dp_icl_plugin.methods.prompting import check_records_encode, demonstration_text
+from dp_icl_plugin.methods.token_steps import TokenStep, decode_tokens
 
 __all__ = [
+    "DemoSlot",
     "Plan",
     "SynthesisMethod",
     "check_backend",
@@ -63,6 +67,15 @@ def check_top_k(top_k: int | None, backend: NextTokenBackend) -> None:
             f"the method reads the top {top_k} tokens of every row, but the backend returns "
             f"only its top {returned}: build it with top_k >= {top_k} or None"
         )
+
+
+@dataclass(frozen=True)
+class DemoSlot:
+    """What a demonstration is generated for: a label (label-conditioned synthesis) or a public input (DPS-MOZO
+    offline, whose label comes from its output unless configured)."""
+
+    label: str
+    input: str | None = None
 
 
 @dataclass(frozen=True)
@@ -142,6 +155,23 @@ class SynthesisMethod(ABC):
         return float(ledger_delta) if ledger_delta is not None else paper_default
 
     @abstractmethod
+    def _demonstrations(
+        self, dataset: PrivateDataset, plan: Plan, backend: NextTokenBackend, rng: np.random.Generator, *, private: bool
+    ) -> Iterator[tuple[DemoSlot, AbstractContextManager[TokenStep]]]:
+        """Each demonstration's slot and its token step, in generation order (a generator: whatever a label or
+        a demonstration draws from ``rng`` before its tokens is drawn when it comes up). ``private=False``: the
+        same computation without noise (ε = ∞)."""
+
+    #: whether a demonstration also ends once its text holds ``template.stop`` (else it runs to T tokens or EOS
+    #: and is cut at the stop afterwards; either way post-processing)
+    _stops_at_text: ClassVar[bool] = False
+
+    def _demonstration_count(self, plan: Plan) -> int:
+        return len(plan.labels) * int(self.config.shots_per_label)
+
+    def _demonstration(self, slot: DemoSlot, text: str, token_ids: tuple[int, ...]) -> Demonstration:
+        return Demonstration(label=slot.label, text=text, token_ids=token_ids, input=slot.input)
+
     def _generate(
         self,
         dataset: PrivateDataset,
@@ -152,7 +182,25 @@ class SynthesisMethod(ABC):
         private: bool,
         progress: bool | None,
     ) -> list[Demonstration]:
-        """The demonstrations; ``private=False`` runs the same computation without noise (ε = ∞)."""
+        """The demonstrations: every method's tokens through one loop (:func:`~.token_steps.decode_tokens`),
+        T tokens charged per demonstration whatever stops it; ``private=False`` runs the same computation
+        without noise (ε = ∞)."""
+        template = self.config.template
+        max_tokens = int(self.config.max_tokens)
+        eos = backend.eos_token_id if template.stop_at_eos else None
+        stop = template.stop
+        ends = None if stop is None or not self._stops_at_text else (lambda ids: stop in backend.decode(ids))
+        total = self._demonstration_count(plan) * max_tokens
+        bar = progress_bar(total, desc=f"{self.name} synthesis", unit="token", enabled=progress)
+        demos = []
+        for slot, opened in self._demonstrations(dataset, plan, backend, rng, private=private):
+            with opened as step:
+                generated = decode_tokens(
+                    step, max_tokens=max_tokens, rng=rng, eos_token_id=eos, stop=ends, progress=bar
+                )
+            demos.append(self._demonstration(slot, demonstration_text(backend, generated, stop), tuple(generated)))
+        bar.close()
+        return demos
 
     def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
         """Public checks through the backend (no private data): subclasses extend."""

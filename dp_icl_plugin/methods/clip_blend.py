@@ -45,14 +45,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
@@ -61,19 +61,20 @@ from dp_icl_plugin.backends.recompute import RecomputingSession as ReencodingSes
 from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
-from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
-from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text
+from dp_icl_plugin.methods.base import DemoSlot, Plan, SynthesisMethod, check_privacy_target
+from dp_icl_plugin.methods.data import PrivateDataset
+from dp_icl_plugin.methods.prompting import PromptIds
 from dp_icl_plugin.methods.templates import PromptTemplate, format_fields
+from dp_icl_plugin.methods.token_steps import TokenStep, public_checked
 
 __all__ = [
     "PAPER_PROMPTS",
     "ClipBlendConfig",
+    "ClipBlendStep",
     "ClipBlendSynthesizer",
     "DecodingSpeedup",
     "ReencodingSession",
     "assign_groups",
-    "clip_blend_decode",
     "measure_decoding_speedup",
 ]
 
@@ -280,37 +281,15 @@ class ClipBlendSynthesizer(SynthesisMethod):
                 check_logprobs(session.append(int(np.argmax(first[0]))))
 
     # -- generation ---------------------------------------------------------------------------------
-    def _generate(
-        self,
-        dataset: PrivateDataset,
-        plan: Plan,
-        backend: NextTokenBackend,
-        rng: np.random.Generator,
-        *,
-        private: bool,
-        progress: bool | None,
-    ) -> list[Demonstration]:
+    _stops_at_text: ClassVar[bool] = True
+
+    def _demonstrations(
+        self, dataset: PrivateDataset, plan: Plan, backend: NextTokenBackend, rng: np.random.Generator, *, private: bool
+    ) -> Iterator[tuple[DemoSlot, AbstractContextManager[TokenStep]]]:
         c = self.config
         s = plan.params["subset_size"]
         tau = plan.params["temperature"] if private else None
         capacity = self._capacity(backend)
-        eos = backend.eos_token_id if c.template.stop_at_eos else None
-        stop = c.template.stop
-        done = _stop_check(backend, stop)
-        bar = progress_bar(
-            len(plan.labels) * c.shots_per_label * c.max_tokens,
-            desc=f"{self.name} synthesis",
-            unit="token",
-            enabled=progress,
-        )
-        demos = []
-        sampled = 0
-
-        def tick() -> None:
-            nonlocal sampled
-            sampled += 1
-            bar.update(1)
-
         for label in plan.labels:
             records = dataset.records(label)
             public = _fit(backend.encode(c.public_text(label), add_special_tokens=True), capacity)
@@ -319,31 +298,30 @@ class ClipBlendSynthesizer(SynthesisMethod):
                 len(records), population=dataset.public_count(label), n_groups=c.shots_per_label, subset_size=s, rng=rng
             )
             for group in groups:
-                prompts = [public] + [
-                    _fit(
-                        backend.encode(c.template.private_prompt(label, [records[int(i)]]), add_special_tokens=True),
-                        capacity,
-                    )
+                private_prompts = [
+                    backend.encode(c.template.private_prompt(label, [records[int(i)]]), add_special_tokens=True)
                     for i in group
                 ]
-                sampled = 0
-                with start_prefix_rows(backend, prompts, instruction, public=1) as session:  # the public prompt apart
-                    generated = clip_blend_decode(
-                        session,
-                        clip=c.clip,
-                        subset_size=s,
-                        temperature=tau,
-                        max_tokens=c.max_tokens,
-                        rng=rng,
-                        eos_token_id=eos,
-                        done=done,
-                        on_token=tick,
-                    )
-                bar.update(c.max_tokens - sampled)  # the tokens not generated after a stop (charged all the same)
-                text = demonstration_text(backend, generated, stop)
-                demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated)))
-        bar.close()
-        return demos
+                prompts = [public] + [_fit(ids, capacity) for ids in private_prompts]
+                yield (
+                    DemoSlot(label),
+                    _opened(backend, prompts, instruction, clip=c.clip, subset_size=s, temperature=tau),
+                )
+
+
+@contextmanager
+def _opened(
+    backend: NextTokenBackend,
+    prompts: list[list[int]],
+    instruction: list[int],
+    *,
+    clip: float,
+    subset_size: int,
+    temperature: float | None,
+) -> Iterator[ClipBlendStep]:
+    """One demonstration's session (the public prompt apart) and its step, closed when it is done."""
+    with start_prefix_rows(backend, prompts, instruction, public=1) as session:
+        yield ClipBlendStep(session, clip=clip, subset_size=subset_size, temperature=temperature)
 
 
 def _fit(ids: list[int], capacity: int | None) -> list[int]:
@@ -351,46 +329,48 @@ def _fit(ids: list[int], capacity: int | None) -> list[int]:
     return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]
 
 
-def _stop_check(backend: NextTokenBackend, stop: str | None) -> Callable[[list[int]], bool] | None:
-    if stop is None:
-        return None
-    return lambda generated: stop in backend.decode(generated)
+class ClipBlendStep(TokenStep):
+    """Clip-blend's token step on an open session (row 0 public, rows 1.. one record each), for the synthesizer and
+    the online decoder (:class:`~dp_icl_plugin.methods.decoding.ClipBlendDecoder`).
 
+    Each token is :func:`~dp_icl_plugin.mechanisms.clip_blend.clip_blend_token`: ε0-DP and ε0-bounded-range, with
+    ε0 = c/(sτ) (add/remove) or 2c/(sτ) (replace-one); the caller charges every token an answer or a
+    demonstration may have. The prompts stay fixed, so a step after the first appends the token released last to
+    every prompt (one forward per released token, none after the last). ``temperature=None`` is the noiseless
+    argmax (ε = ∞).
 
-def clip_blend_decode(
-    session: IncrementalSession,
-    *,
-    clip: float,
-    subset_size: int,
-    temperature: float | None,
-    max_tokens: int,
-    rng: np.random.Generator,
-    eos_token_id: int | None = None,
-    done: Callable[[list[int]], bool] | None = None,
-    on_token: Callable[[], None] | None = None,
-) -> list[int]:
-    """Clip-blend decoding of one demonstration on an open session: row 0 public, rows 1.. private.
-
-    At most ``max_tokens`` tokens, each :func:`~dp_icl_plugin.mechanisms.clip_blend.clip_blend_token`
-    (ε0-DP per token; the caller charges ``max_tokens`` of them). Stops after EOS (not kept) or once
-    ``done(generated)`` holds (post-processing of released tokens). ``temperature=None`` = noiseless argmax.
+    Args:
+        session: the demonstration's or the answer's prompts, public first.
+        clip: the clipping bound c.
+        subset_size: the fixed divisor s (public).
+        temperature: τ, or None for the argmax.
     """
-    generated: list[int] = []
-    logprobs = check_logprobs(session.logprobs)
-    for step in range(max_tokens):
-        token = clip_blend_token(
-            logprobs[1:], logprobs[0], clip=clip, subset_size=subset_size, temperature=temperature, rng=rng
+
+    def __init__(
+        self, session: IncrementalSession, *, clip: float, subset_size: int, temperature: float | None
+    ) -> None:
+        self.session = session
+        self.clip = clip
+        self.subset_size = subset_size
+        self.temperature = temperature
+        self._appended = -1  # tokens appended to the session; -1 before its first rows are read
+        self._logprobs: np.ndarray | None = None
+
+    def rows(self, generated: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+        if self._appended < 0:
+            self._logprobs, self._appended = public_checked(self.session.logprobs), 0
+        elif len(generated) > self._appended:
+            if len(generated) != self._appended + 1:
+                raise ConfigurationError("a clip-blend session appends one released token per step")
+            self._logprobs = public_checked(self.session.append(int(generated[-1])))
+            self._appended += 1
+        assert self._logprobs is not None
+        return self._logprobs
+
+    def release(self, rows: np.ndarray, rng: np.random.Generator) -> int:
+        return clip_blend_token(
+            rows[1:], rows[0], clip=self.clip, subset_size=self.subset_size, temperature=self.temperature, rng=rng
         )
-        if on_token is not None:
-            on_token()
-        if eos_token_id is not None and token == eos_token_id:
-            break
-        generated.append(token)
-        if done is not None and done(generated):
-            break
-        if step + 1 < max_tokens:  # the last token needs no forward pass
-            logprobs = check_logprobs(session.append(token))
-    return generated
 
 
 # -- measuring what the KV cache buys -----------------------------------------------------------------------

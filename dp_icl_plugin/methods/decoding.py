@@ -56,15 +56,14 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
-from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.backends.shared_suffix import public_suffix, rows_logprobs, start_rows
+from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.shared_suffix import public_suffix, start_rows
 from dp_icl_plugin.errors import ConfigurationError, ShareExhaustedError, iterate_after_charge
-from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
-from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token
+from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, warn_if_weak
 from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.choices import AnswerChoices
-from dp_icl_plugin.methods.clip_blend import assign_groups
+from dp_icl_plugin.methods.clip_blend import ClipBlendStep, assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import (
     TEMPERATURE_REFUSED,
@@ -75,6 +74,7 @@ from dp_icl_plugin.methods.decoder import (
     check_query,
 )
 from dp_icl_plugin.methods.mozo import AnswerTemplate
+from dp_icl_plugin.methods.mozo_step import MozoStep
 from dp_icl_plugin.methods.prompting import check_records_encode
 from dp_icl_plugin.methods.structured import JSONSchemaAnswers, json_schema_of, with_instruction
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
@@ -119,31 +119,6 @@ def chat_ids(backend: NextTokenBackend, messages: Sequence[dict[str, str]]) -> l
         return list(backend.apply_chat_template(list(messages), add_generation_prompt=True))
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
     return list(backend.encode(text, add_special_tokens=True))
-
-
-def public_checked(logprobs: np.ndarray, *, stand_in: bool = True) -> np.ndarray:
-    """A step's rows with the public row (row 0) checked and, with ``stand_in``, every record's row made usable
-    (without it, the caller judges records' rows itself, as expert decoding does: a bad row sits idle).
-
-    A bad public row (NaN, +inf, nothing finite) is the model's fault whatever the records: refused. A record's
-    bad row must not fail the release, or whether it fails would depend on that record: it is replaced by the
-    public row (the records' part of each mechanism then sees a row it could have seen, and for DPS-MOZO the
-    record adds nothing, as with λ = 0). The replacement is a fixed map of the row and the public row, so every
-    mechanism's per-row bound holds as before.
-
-    Raises:
-        BackendError: the public row is bad (public: nothing private is read).
-    """
-    check_logprobs(logprobs[:1])
-    rows = np.asarray(logprobs)
-    if not stand_in:
-        return rows
-    bad = np.isnan(rows[1:]).any(axis=-1) | np.isposinf(rows[1:]).any(axis=-1) | ~np.isfinite(rows[1:]).any(axis=-1)
-    if not bad.any():
-        return rows
-    out = np.array(rows, copy=True)
-    out[1:][bad] = rows[0]
-    return out
 
 
 def query_text(query: str | tuple[dict[str, str], ...]) -> str:
@@ -623,41 +598,25 @@ class MozoDecoder(_DatasetDecoder):
         return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
-        zero_shot = self._ids(prompt, None)
-        suffix = self._public_suffix(prompt)
-        one_shot: dict[int, list[int]] = {}
+        step = MozoStep(
+            self.backend,
+            self._records,
+            n_shots=self.n_shots,
+            zero_shot=self._ids(prompt, None),
+            one_shot=lambda record: self._ids(prompt, record),
+            suffix=self._public_suffix(prompt),
+            beta=self.beta,
+            order=self.order,
+            top_k=self.top_k,
+            lambda_max=self.lambda_max,
+        )
         generated: list[int] = []
         for _ in range(limit):
             forced = self._forced(generated, rule)
-            if forced is not None:  # public: no records drawn, no mechanism, no step charged
-                generated.append(forced)
-                yield forced
-                continue
-            # n_shots records uniformly without replacement, fresh per token (WBK 2019 Thm 9's sampling)
-            picked = [int(i) for i in rng.choice(len(self._records), size=self.n_shots, replace=False)]
-            for i in picked:
-                if i not in one_shot:
-                    one_shot[i] = self._ids(prompt, self._records[i])
-            rows = [zero_shot, *(one_shot[i] for i in picked)]
-            # the zero-shot row is public: computed in a call of its own, never beside the records' rows
-            logprobs = public_checked(rows_logprobs(self.backend, rows, generated, suffix=suffix, public=1))
-            token = self._draw(
-                lambda rows: (
-                    mozo_token(
-                        rows[1:],
-                        rows[0],
-                        beta=self.beta,
-                        order=self.order,
-                        top_k=self.top_k,
-                        rng=rng,
-                        lambda_max=self.lambda_max,
-                        variant="projected",
-                    ).token_id
-                ),
-                logprobs,
-                generated,
-                rule,
-            )
+            if forced is None:
+                token = self._draw(lambda rows: step.release(rows, rng), step.rows(generated, rng), generated, rule)
+            else:  # public: no records drawn, no mechanism, no step charged
+                token = forced
             generated.append(token)
             yield token
 
@@ -772,26 +731,12 @@ class ClipBlendDecoder(_DatasetDecoder):
         # recur in every answer) where it has one
         suffix = self._public_suffix(prompt, reserve=room)
         with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
-            logprobs = public_checked(session.logprobs)
+            step = ClipBlendStep(session, clip=self.clip, subset_size=self.subset_size, temperature=self.temperature)
             generated: list[int] = []
-            for step in range(limit):
-                token = self._draw(
-                    lambda rows: clip_blend_token(
-                        rows[1:],
-                        rows[0],
-                        clip=self.clip,
-                        subset_size=self.subset_size,
-                        temperature=self.temperature,
-                        rng=rng,
-                    ),
-                    logprobs,
-                    generated,
-                    rule,
-                )
+            for _ in range(limit):
+                token = self._draw(lambda rows: step.release(rows, rng), step.rows(generated, rng), generated, rule)
                 generated.append(token)
                 yield token
-                if step + 1 < limit:
-                    logprobs = public_checked(session.append(token))
 
 
 DECODING_METHODS = ("mozo", "clip-blend", "knn-experts")

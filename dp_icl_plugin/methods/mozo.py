@@ -36,26 +36,27 @@ The zero-shot prompt is ``header + query``; a one-shot prompt is ``header + exam
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.backends.shared_suffix import public_suffix, rows_logprobs
+from dp_icl_plugin.backends.shared_suffix import public_suffix
 from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
-from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX, mozo_token, nonprivate_token
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target, check_top_k
+from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX
+from dp_icl_plugin.methods.base import DemoSlot, Plan, SynthesisMethod, check_privacy_target, check_top_k
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import Provenance
-from dp_icl_plugin.methods.prompting import demonstration_text
+from dp_icl_plugin.methods.mozo_step import MozoStep
 from dp_icl_plugin.methods.templates import format_fields
+from dp_icl_plugin.methods.token_steps import TokenStep
 
 __all__ = ["ANSWER_PRESETS", "AnswerTemplate", "MozoOfflineConfig", "MozoOfflineSynthesizer", "check_public_inputs"]
 
@@ -277,66 +278,40 @@ class MozoOfflineSynthesizer(SynthesisMethod):
             raise BackendError(f"the backend returned shape {probe.shape}; expected (1, {backend.vocab_size})")
         check_top_k(self.config.top_k, backend)
 
-    def _generate(
-        self,
-        dataset: PrivateDataset,
-        plan: Plan,
-        backend: NextTokenBackend,
-        rng: np.random.Generator,
-        *,
-        private: bool,
-        progress: bool | None,
-    ) -> list[Demonstration]:
+    _stops_at_text: ClassVar[bool] = True
+
+    def _demonstration_count(self, plan: Plan) -> int:
+        return len(plan.params["public_inputs"])
+
+    def _demonstration(self, slot: DemoSlot, text: str, token_ids: tuple[int, ...]) -> Demonstration:
+        label = self.config.demo_label if self.config.demo_label is not None else text
+        return Demonstration(label=label, text=text, token_ids=token_ids, input=slot.input)
+
+    def _demonstrations(
+        self, dataset: PrivateDataset, plan: Plan, backend: NextTokenBackend, rng: np.random.Generator, *, private: bool
+    ) -> Iterator[tuple[DemoSlot, AbstractContextManager[TokenStep]]]:
         c = self.config
         records = [r for y in dataset.labels for r in dataset.records(y)]
         inputs: tuple[str, ...] = plan.params["public_inputs"]
-        eos = backend.eos_token_id if c.template.stop_at_eos else None
-        bar = progress_bar(len(inputs) * c.max_tokens, desc=f"{self.name} synthesis", unit="token", enabled=progress)
-        demos = []
         for public_input in inputs:
             zero_shot = backend.encode(c.template.zero_shot_prompt(public_input), add_special_tokens=True)
-            suffix = _public_suffix(backend, c.template, public_input, zero_shot)
-            one_shot: dict[int, list[int]] = {}  # record index -> prompt ids, for this input
-            generated: list[int] = []
-            steps_done = 0
-            for _ in range(c.max_tokens):
-                # n_shots records uniformly without replacement (WBK 2019 Thm 9's sampling), fresh per token
-                picked = [int(i) for i in rng.choice(len(records), size=c.n_shots, replace=False)]
-                for i in picked:
-                    if i not in one_shot:
-                        text = c.template.one_shot_prompt(records[i], public_input)
-                        one_shot[i] = backend.encode(text, add_special_tokens=True)
-                # the records' parts from the backend's prefix KV cache where it has one (each row that ends
-                # with the public suffix); a prompt longer than the model keeps its end (the query and the
-                # output so far); the public zero-shot row in a call of its own
-                rows = [zero_shot] + [one_shot[i] for i in picked]
-                logprobs = check_logprobs(rows_logprobs(backend, rows, generated, suffix=suffix, public=1))
-                if private:
-                    step = mozo_token(
-                        logprobs[1:],
-                        logprobs[0],
-                        beta=plan.params["beta"],
-                        order=c.order,
-                        top_k=c.top_k,
-                        rng=rng,
-                        lambda_max=c.lambda_max,
-                        variant="projected",
-                    )
-                else:
-                    step = nonprivate_token(logprobs[1:], logprobs[0], top_k=c.top_k, rng=rng)
-                steps_done += 1
-                bar.update(1)
-                if eos is not None and step.token_id == eos:
-                    break
-                generated.append(step.token_id)
-                if c.template.stop is not None and c.template.stop in backend.decode(generated):
-                    break
-            bar.update(c.max_tokens - steps_done)  # the tokens not generated were charged all the same
-            text = demonstration_text(backend, generated, c.template.stop)
-            label = c.demo_label if c.demo_label is not None else text
-            demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated), input=public_input))
-        bar.close()
-        return demos
+
+            def one_shot(record: PrivateRecord, public_input: str = public_input) -> list[int]:
+                return backend.encode(c.template.one_shot_prompt(record, public_input), add_special_tokens=True)
+
+            step = MozoStep(
+                backend,
+                records,
+                n_shots=c.n_shots,
+                zero_shot=zero_shot,
+                one_shot=one_shot,
+                suffix=_public_suffix(backend, c.template, public_input, zero_shot),
+                beta=plan.params["beta"] if private else None,
+                order=c.order,
+                top_k=c.top_k,
+                lambda_max=c.lambda_max,
+            )
+            yield DemoSlot(label="", input=public_input), nullcontext(step)
 
 
 def _public_suffix(

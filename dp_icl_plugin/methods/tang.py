@@ -24,24 +24,25 @@ Noise is added only on V_pub's coordinates: the argmax over V_pub does not depen
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_subsampled_gaussian
-from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
-from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs
+from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, restrict
-from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
-from dp_icl_plugin.methods.base import Plan, SynthesisMethod, check_privacy_target
-from dp_icl_plugin.methods.data import Demonstration, PrivateDataset
-from dp_icl_plugin.methods.prompting import PromptIds, demonstration_text, poisson_prompts
+from dp_icl_plugin.methods.aggregation_step import AggregationStep
+from dp_icl_plugin.methods.base import DemoSlot, Plan, SynthesisMethod, check_privacy_target
+from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.prompting import PromptIds, poisson_prompts
 from dp_icl_plugin.methods.templates import PromptTemplate
+from dp_icl_plugin.methods.token_steps import TokenStep
 
 __all__ = ["TangConfig", "TangSynthesizer"]
 
@@ -145,55 +146,29 @@ class TangSynthesizer(SynthesisMethod):
 
     _clip_negative: ClassVar[bool] = False
 
-    def _generate(
-        self,
-        dataset: PrivateDataset,
-        plan: Plan,
-        backend: NextTokenBackend,
-        rng: np.random.Generator,
-        *,
-        private: bool,
-        progress: bool | None,
-    ) -> list[Demonstration]:
+    def _demonstrations(
+        self, dataset: PrivateDataset, plan: Plan, backend: NextTokenBackend, rng: np.random.Generator, *, private: bool
+    ) -> Iterator[tuple[DemoSlot, AbstractContextManager[TokenStep]]]:
         c = self.config
         sigma = plan.params["noise_multiplier"] if private else 0.0
         ids = PromptIds(backend, c.template)
-        has_base = self._uses_base()
-        eos = backend.eos_token_id if c.template.stop_at_eos else None
-        bar = progress_bar(
-            len(plan.labels) * c.shots_per_label * c.max_tokens,
-            desc=f"{self.name} synthesis",
-            unit="token",
-            enabled=progress,
-        )
-        demos = []
+        base = self._uses_base()
+
+        def aggregate(rows: np.ndarray, vocabulary: np.ndarray, rng: np.random.Generator) -> int:
+            candidates = self._candidate_distributions(rows, vocabulary, base)
+            return noisy_argmax(candidates, noise_multiplier=sigma, rng=rng, clip_negative=self._clip_negative)
+
         for label in plan.labels:
             records = dataset.records(label)
             rate = c.n_prompts * c.records_per_prompt / dataset.public_count(label)  # a fixed, declared size
+
+            def draw(
+                rng: np.random.Generator, records: Sequence[PrivateRecord] = records, rate: float = rate
+            ) -> list[list[PrivateRecord]]:
+                return poisson_prompts(records, sampling_rate=rate, n_prompts=c.n_prompts, rng=rng)
+
+            step = AggregationStep(
+                backend, ids, label, draw=draw, base=base, top_k=c.top_k, top_p=c.top_p, aggregate=aggregate
+            )
             for _ in range(c.shots_per_label):
-                generated: list[int] = []
-                for _ in range(c.max_tokens):
-                    subsets = poisson_prompts(records, sampling_rate=rate, n_prompts=c.n_prompts, rng=rng)
-                    prompts = [ids.public(label, generated)]
-                    if has_base:
-                        prompts.append(ids.base(label, generated))
-                    prompts += [ids.private(label, subset, generated) for subset in subsets]
-                    # the public instruction the prompts start with is computed once (prefix KV cache); the public
-                    # prompt (and PTA's base prompt) in a call of their own, never beside the records' prompts
-                    logprobs = check_logprobs(
-                        prefix_rows_logprobs(backend, prompts, ids.instruction(label), public=2 if has_base else 1)
-                    )
-                    vocabulary = limit_vocabulary(np.exp(logprobs[0].astype(np.float64)), top_k=c.top_k, top_p=c.top_p)
-                    candidates = self._candidate_distributions(logprobs, vocabulary, has_base)
-                    index = noisy_argmax(candidates, noise_multiplier=sigma, rng=rng, clip_negative=self._clip_negative)
-                    token = int(vocabulary[index])
-                    generated.append(token)
-                    bar.update(1)
-                    if eos is not None and token == eos:
-                        bar.update(c.max_tokens - len(generated))
-                        generated.pop()
-                        break
-                text = demonstration_text(backend, generated, c.template.stop)
-                demos.append(Demonstration(label=label, text=text, token_ids=tuple(generated)))
-        bar.close()
-        return demos
+                yield DemoSlot(label), nullcontext(step)

@@ -61,10 +61,11 @@ from dp_icl_plugin.methods.base import check_top_k
 from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import DecodedAnswer, Query
-from dp_icl_plugin.methods.decoding import _Decoder, public_checked, query_text
+from dp_icl_plugin.methods.decoding import _Decoder, query_text
 from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
 from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.methods.mozo import AnswerTemplate
+from dp_icl_plugin.methods.token_steps import public_checked
 from dp_icl_plugin.timing import FixedLatency
 
 __all__ = ["KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token", "filter_budget_for"]
