@@ -123,7 +123,8 @@ def config_dict(config: object) -> dict[str, Any]:
 
 
 class SynthesisMethod(ABC):
-    """Base of the DP synthetic-demonstration methods; subclasses define ``_plan`` and ``_generate``."""
+    """Base of the DP synthetic-demonstration methods; subclasses define ``_plan`` and ``_demonstrations`` (each
+    demonstration's token step), and every method's tokens run through one loop, :meth:`_generate`."""
 
     name: ClassVar[str]
     config_type: ClassVar[type]
