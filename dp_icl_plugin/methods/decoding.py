@@ -183,6 +183,38 @@ class _Decoder:
         """The event one answer of at most ``max_tokens`` tokens is charged (its worst case)."""
         raise NotImplementedError
 
+    def _share_noise(
+        self,
+        epsilon: float | None,
+        delta: float | None,
+        given: float | None,
+        *,
+        name: str,
+        calibrate: Callable[[float, float, int], float],
+    ) -> float:
+        """The mechanism's noise parameter for this decoder's share: ``given`` as is, or calibrated so that
+        :attr:`n_queries` answers of :attr:`max_tokens` tokens (their charged steps) meet ``epsilon`` at the
+        share's δ (:func:`share_delta`, kept as :attr:`delta`).
+
+        Args:
+            epsilon: the share's ε, or None when ``given``.
+            delta: the share's δ (None: the ledger's).
+            given: the noise parameter itself (β, τ), or None when ``epsilon``.
+            name: the parameter's name, for errors.
+            calibrate: ``(ε, δ, steps) -> value``, the method's calibration.
+
+        Raises:
+            ConfigurationError: both or neither of ``epsilon`` and ``given``, or a bad value.
+        """
+        if (epsilon is None) == (given is None):
+            raise ConfigurationError(f"give exactly one of epsilon ({name} is calibrated) and {name}")
+        assert self.n_queries is not None
+        self.delta = share_delta(delta, self.budget)
+        if given is not None:
+            return check.positive_finite(name, given)
+        steps = self.n_queries * self._steps(self.max_tokens)
+        return float(calibrate(check.positive_finite("epsilon", epsilon), self.delta, steps))
+
     # -- the Decoder contract (dp_icl_plugin.methods.decoder) -------------------------------------------
     @property
     def context_window(self) -> int | None:
@@ -573,20 +605,17 @@ class MozoDecoder(_DatasetDecoder):
         if self.n_shots > len(self._records):
             raise ConfigurationError(f"n_shots = {self.n_shots} exceeds the {len(self._records)} records")
         self.sampling_rate = self.n_shots / len(self._records)
-        if (epsilon is None) == (beta is None):
-            raise ConfigurationError("give exactly one of epsilon (β is calibrated) and beta")
-        self.delta = share_delta(delta, budget)
-        if beta is None:
-            result = calibrate_mozo(
-                epsilon=check.positive_finite("epsilon", epsilon),
-                delta=self.delta,
-                sampling_rate=self.sampling_rate,
-                steps=self.n_queries * self._steps(self.max_tokens),
-                order=self.order,
-            )
-            self.beta = result.value
-        else:
-            self.beta = check.positive_finite("beta", beta)
+        self.beta = self._share_noise(
+            epsilon,
+            delta,
+            beta,
+            name="beta",
+            calibrate=lambda eps, dlt, steps: (
+                calibrate_mozo(
+                    epsilon=eps, delta=dlt, sampling_rate=self.sampling_rate, steps=steps, order=self.order
+                ).value
+            ),
+        )
         warn_if_weak(
             f"DPS-MOZO at beta = {self.beta:.3g}",
             mozo_shift(self.beta, self.order),
@@ -682,21 +711,22 @@ class ClipBlendDecoder(_DatasetDecoder):
         self.clip = check.positive_finite("clip", clip)
         if not isinstance(rng_subset, np.random.Generator):
             raise ConfigurationError("rng_subset must be a numpy.random.Generator")
-        if (epsilon is None) == (temperature is None):
-            raise ConfigurationError("give exactly one of epsilon (τ is calibrated) and temperature")
-        self.delta = share_delta(delta, budget)
-        if temperature is None:
-            result = calibrate_clip_blend_temperature(
-                epsilon=check.positive_finite("epsilon", epsilon),
-                delta=self.delta,
-                clip=self.clip,
-                subset_size=self.subset_size,
-                steps=self.n_queries * self._steps(self.max_tokens),
-                neighbouring=self.neighbouring,
-            )
-            self.temperature = result.value
-        else:
-            self.temperature = check.positive_finite("temperature", temperature)
+        self.temperature = self._share_noise(
+            epsilon,
+            delta,
+            temperature,
+            name="temperature",
+            calibrate=lambda eps, dlt, steps: (
+                calibrate_clip_blend_temperature(
+                    epsilon=eps,
+                    delta=dlt,
+                    clip=self.clip,
+                    subset_size=self.subset_size,
+                    steps=steps,
+                    neighbouring=self.neighbouring,
+                ).value
+            ),
+        )
         warn_if_weak(
             f"clip-blend at temperature {self.temperature:.3g} (clip {self.clip:g})",
             log_odds_shift(self.clip / self.temperature),
