@@ -25,7 +25,8 @@ import numpy as np
 
 from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget
 from dp_icl_plugin.methods import PrivateDataset
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder, step_rows
+from dp_icl_plugin.methods.decoder_factory import step_rows
+from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 
 TREC = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train.txt"
 QUERY = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who wrote Hamlet?"}]
@@ -148,7 +149,7 @@ def main() -> None:
         type=int,
         nargs="*",
         default=[8],
-        help="rows per forward to measure besides each decoder's own (decoding.step_rows)",
+        help="rows per forward to measure besides each decoder's own (decoder_factory.step_rows)",
     )
     args = parser.parse_args()
     started = time.perf_counter()

@@ -421,7 +421,7 @@ def test_a_decoders_backend_computes_one_step_per_forward(tmp_path) -> None:
     settings: DPS-MOZO's n_shots rows, room for clip-blend's subset (s + 2√s); the public row goes apart."""
     from tests_support import tiny_text_gpt2
 
-    from dp_icl_plugin.methods.decoding import build_decoder, step_rows
+    from dp_icl_plugin.methods.decoder_factory import build_decoder, step_rows
 
     model = tiny_text_gpt2(tmp_path / "tiny", ["the cat sat on the mat", "a dog ran in the park"] * 10)
     data = PrivateDataset([PrivateRecord(f"the cat {i}", "ab"[i % 2]) for i in range(40)])
@@ -447,7 +447,7 @@ def test_a_decoders_backend_computes_one_step_per_forward(tmp_path) -> None:
 def test_a_decoder_over_a_model_that_couples_rows_gets_one_row_per_forward(tmp_path) -> None:
     """build_decoder chooses the rows per forward for the user, so a model that couples rows gets one (it was
     refused with no way to ask for 1; second cold review of issue 27)."""
-    from dp_icl_plugin.methods.decoding import build_decoder
+    from dp_icl_plugin.methods.decoder_factory import build_decoder
 
     model = _mixtral()
     model.save_pretrained(tmp_path / "moe")  # type: ignore[attr-defined]

@@ -399,7 +399,8 @@ class Harness:
         )
 
     def clip_blend(self, epsilon: float) -> None:
-        from dp_icl_plugin.methods.decoding import ClipBlendDecoder, step_rows
+        from dp_icl_plugin.methods.decoder_factory import step_rows
+        from dp_icl_plugin.methods.decoding import ClipBlendDecoder
 
         started = time.perf_counter()
         s = 40

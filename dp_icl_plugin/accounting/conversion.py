@@ -18,43 +18,22 @@ replace-one then adds them up):
   keeps the other's coin; ``events.PoissonSampledEvent``).
 - An RDP curve ε(·): the weak triangle inequality (Mironov 2017, Prop. 11) through D∖{x}:
   D_α(P‖R) ≤ (α − 1/p)/(α − 1) · D_{pα}(P‖Q) + D_{q(α−1/p)}(Q‖R) for 1/p + 1/q = 1, minimised over a grid
-  of p (:func:`weak_triangle`), and D_∞ doubled.
+  of p (:func:`~dp_icl_plugin.accounting.rdp.weak_triangle`), and D_∞ doubled.
 - A filtered-release record costs nothing; it is retagged (its covering charge converts on its own).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 
 from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import rdp
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, REPLACE_ONE, check_relation
 from dp_icl_plugin.errors import UnsupportedEventError
 
-__all__ = ["HOLDER_EXPONENTS", "group_of_two_delta", "to_relation", "weak_triangle"]
-
-HOLDER_EXPONENTS: tuple[float, ...] = (1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0)
-"""The p tried by :func:`weak_triangle` (q = p/(p − 1)); any p > 1 gives a valid bound."""
-
-
-def weak_triangle(orders: np.ndarray, curve: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Replace-one RDP at ``orders`` from an add/remove RDP ``curve`` (any real orders > 1; both directions).
-
-    Mironov 2017, Prop. 11 with P = M(D), Q = M(D∖{x}), R = M(D'): the first term is a removal, the second
-    an addition, each bounded by the add/remove curve. The smallest bound over :data:`HOLDER_EXPONENTS`.
-    """
-    a = np.asarray(orders, dtype=float)
-    best = np.full(a.shape, np.inf)
-    for p in HOLDER_EXPONENTS:
-        q = p / (p - 1.0)
-        first = np.asarray(curve(p * a), dtype=float)
-        second = np.asarray(curve(q * (a - 1.0 / p)), dtype=float)
-        with np.errstate(over="ignore", invalid="ignore"):
-            bound = (a - 1.0 / p) / (a - 1.0) * first + second
-        best = np.minimum(best, np.where(np.isnan(bound), np.inf, bound))
-    return best
+__all__ = ["group_of_two_delta", "to_relation"]
 
 
 def to_relation(event: ev.DPEvent, relation: str) -> ev.DPEvent:
@@ -117,10 +96,8 @@ def _atom_to_replace_one(event: ev.DPEvent) -> ev.DPEvent:
 
 
 def _curve_to_replace_one(event: ev.RDPCurveEvent) -> ev.RDPCurveEvent:
-    from dp_icl_plugin.accounting import rdp
-
     orders = np.asarray(rdp.DEFAULT_ORDERS, dtype=float)
-    converted = weak_triangle(orders, lambda a: rdp.event_rdp_at(event, a))
+    converted = rdp.weak_triangle(orders, lambda a: rdp.event_rdp_at(event, a))
     keep = np.isfinite(converted)
     if not keep.any():
         raise UnsupportedEventError("the RDP curve is too short for the weak triangle inequality at any order")

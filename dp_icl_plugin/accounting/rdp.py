@@ -5,7 +5,7 @@ References:
 - Gaussian: Mironov 2017, Prop. 7: α / (2σ²).
 - Poisson-subsampled Gaussian (add/remove): Mironov, Talwar & Zhang 2019, §3.3: the closed form at
   integer α ≥ 2, the two-sided series at fractional α. Replace-one: the weak triangle inequality from
-  the add/remove curve (Mironov 2017, Prop. 11; ``conversion.weak_triangle``).
+  the add/remove curve (Mironov 2017, Prop. 11; :func:`weak_triangle`).
 - Pure ε-DP: the Rényi divergence of randomized response with parameter ε, which dominates every ε-DP
   pair (each is a post-processing of it); also ≤ ε.
 - Bounded-range ε0 (the exponential mechanism): ε0²/8-zCDP, Cesar & Rogers 2021.
@@ -27,6 +27,7 @@ from dp_icl_plugin.errors import UnsupportedEventError
 
 __all__ = [
     "DEFAULT_ORDERS",
+    "HOLDER_EXPONENTS",
     "bounded_range_rdp",
     "event_rdp",
     "event_rdp_at",
@@ -35,6 +36,7 @@ __all__ = [
     "pure_dp_rdp",
     "rdp_to_epsilon",
     "replace_one_poisson_subsampled_gaussian_rdp",
+    "weak_triangle",
     "without_replacement_rdp",
 ]
 
@@ -160,6 +162,28 @@ def _log_a_fractional(alpha: float, sampling_rate: float, noise_multiplier: floa
     return math.inf
 
 
+HOLDER_EXPONENTS: tuple[float, ...] = (1.05, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 10.0, 20.0)
+"""The p tried by :func:`weak_triangle` (q = p/(p − 1)); any p > 1 gives a valid bound."""
+
+
+def weak_triangle(orders: np.ndarray, curve: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Replace-one RDP at ``orders`` from an add/remove RDP ``curve`` (any real orders > 1; both directions).
+
+    Mironov 2017, Prop. 11 with P = M(D), Q = M(D∖{x}), R = M(D'): the first term is a removal, the second
+    an addition, each bounded by the add/remove curve. The smallest bound over :data:`HOLDER_EXPONENTS`.
+    """
+    a = np.asarray(orders, dtype=float)
+    best = np.full(a.shape, np.inf)
+    for p in HOLDER_EXPONENTS:
+        q = p / (p - 1.0)
+        first = np.asarray(curve(p * a), dtype=float)
+        second = np.asarray(curve(q * (a - 1.0 / p)), dtype=float)
+        with np.errstate(over="ignore", invalid="ignore"):
+            bound = (a - 1.0 / p) / (a - 1.0) * first + second
+        best = np.minimum(best, np.where(np.isnan(bound), np.inf, bound))
+    return best
+
+
 WEAK_TRIANGLE_MAX_ORDER = 2048.0
 
 
@@ -172,8 +196,6 @@ def replace_one_poisson_subsampled_gaussian_rdp(
     Prop. 11) through the dataset without the record, on the add/remove curve (orders above
     WEAK_TRIANGLE_MAX_ORDER are not evaluated, which only drops candidate bounds).
     """
-    from dp_icl_plugin.accounting.conversion import weak_triangle
-
     a = _as_orders(orders)
     if sampling_rate >= 1.0:
         return gaussian_rdp(a, noise_multiplier / 2.0)

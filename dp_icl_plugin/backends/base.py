@@ -9,26 +9,43 @@ prompt length.
 
 A prompt is either text (tokenised with the tokenizer's own special tokens, e.g. a BOS) or a sequence of
 token ids (used as is). Backends never log or echo prompt text: it may be private.
+
+What a backend can do beyond :class:`NextTokenBackend` is declared by the capability protocols below, checked
+with ``isinstance`` (they are runtime-checkable) and read through :func:`context_limit` and
+:func:`returned_top_k`: a bounded context (:class:`BoundedContext`), a public top-k it returns exactly
+(:class:`PublicTopK`), public rows sized apart (:class:`PublicRowsBackend`), a prefix KV cache for rows that
+share a public suffix or prefix (:class:`SharedSuffixBackend`, :class:`SharedPrefixBackend`) and a Hugging Face
+tokenizer (:class:`HFTokenizerBackend`, for grammars). Every capability is a public property of the backend,
+never of the data.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from numbers import Integral
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 
 __all__ = [
+    "BoundedContext",
     "ChatMessage",
+    "HFTokenizerBackend",
     "IncrementalSession",
     "NextTokenBackend",
     "Prompt",
+    "PublicRowsBackend",
+    "PublicTopK",
+    "SharedPrefixBackend",
+    "SharedSuffixBackend",
     "appended_ids",
     "check_logprobs",
+    "context_limit",
     "prompt_ids",
+    "returned_top_k",
 ]
 
 Prompt: TypeAlias = str | Sequence[int] | np.ndarray
@@ -102,6 +119,75 @@ class NextTokenBackend(Protocol):
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> IncrementalSession:
         """Encode ``prompts`` once and return a session that appends tokens with cached state."""
         ...
+
+
+# -- capabilities ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class BoundedContext(Protocol):
+    """A backend whose model reads at most :attr:`max_length` positions (None: no limit it knows of)."""
+
+    @property
+    def max_length(self) -> int | None: ...
+
+
+@runtime_checkable
+class PublicTopK(Protocol):
+    """A backend that returns only the :attr:`top_k` likeliest tokens of a row exactly (the rest filled, as a
+    server's top-k log-probabilities are); None: every entry exact."""
+
+    @property
+    def top_k(self) -> int | None: ...
+
+
+@runtime_checkable
+class PublicRowsBackend(Protocol):
+    """A backend that can size a call's forwards to the call when every row in it is public
+    (:meth:`~dp_icl_plugin.backends.hf.HFBackend.public_rows`: a lone public row is one row, not a micro-batch
+    of filler rows). Entered only around the public part of a step."""
+
+    def public_rows(self) -> AbstractContextManager[None]: ...
+
+
+@runtime_checkable
+class SharedSuffixBackend(Protocol):
+    """A backend that computes rows ending with a public suffix from cached prefixes."""
+
+    def next_token_logprobs_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray: ...
+
+    def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> IncrementalSession: ...
+
+
+@runtime_checkable
+class SharedPrefixBackend(Protocol):
+    """A backend that computes rows starting with a public prefix from its cached keys and values."""
+
+    def next_token_logprobs_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray: ...
+
+    def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> IncrementalSession: ...
+
+
+@runtime_checkable
+class HFTokenizerBackend(Protocol):
+    """A backend with a Hugging Face tokenizer (a fast one has ``backend_tokenizer``), for token grammars."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+
+def context_limit(backend: object) -> int | None:
+    """The positions ``backend``'s model reads (:class:`BoundedContext`), or None when it declares no limit."""
+    return backend.max_length if isinstance(backend, BoundedContext) else None
+
+
+def returned_top_k(backend: object) -> int | None:
+    """How many of a row's likeliest tokens ``backend`` returns exactly (:class:`PublicTopK`), or None: all."""
+    value = backend.top_k if isinstance(backend, PublicTopK) else None
+    return value if isinstance(value, int) else None
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
 
 
 def prompt_ids(

@@ -20,8 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
-from dp_icl_plugin.backends.shared_suffix import SharedPrefixBackend, SharedSuffixBackend
+from dp_icl_plugin.backends.base import (
+    IncrementalSession,
+    NextTokenBackend,
+    SharedPrefixBackend,
+    SharedSuffixBackend,
+    context_limit,
+)
 
 __all__ = ["IsolationCase", "IsolationReport", "check_row_isolation"]
 
@@ -81,7 +86,7 @@ def check_row_isolation(
     """
     rng = np.random.default_rng(seed)
     vocab = backend.vocab_size
-    capacity = getattr(backend, "max_length", None)
+    capacity = context_limit(backend)
     room = (capacity - steps - 2) if capacity is not None else long_length + 40
     long_length = max(2, min(long_length, room))
     target_length = max(2, min(target_length, long_length - 1))

@@ -23,25 +23,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import TypeVar
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import IncrementalSession, appended_ids
+from dp_icl_plugin.backends.base import IncrementalSession, PublicRowsBackend, appended_ids
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 
-__all__ = ["PublicRowsBackend", "StackedSession", "public_apart", "start_apart"]
+__all__ = ["StackedSession", "public_apart", "start_apart"]
 
 Row = TypeVar("Row")
-
-
-@runtime_checkable
-class PublicRowsBackend(Protocol):
-    """A backend that can size a call's forwards to the call when every row in it is public
-    (:meth:`~dp_icl_plugin.backends.hf.HFBackend.public_rows`: a lone public row is one row, not a micro-batch
-    of filler rows). Entered only around the public part of a step."""
-
-    def public_rows(self) -> AbstractContextManager[None]: ...
 
 
 def _public_scope(backend: object) -> AbstractContextManager[None]:

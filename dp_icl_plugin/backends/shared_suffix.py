@@ -24,17 +24,20 @@ Pure plumbing: no randomness, no privacy decision.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend
+from dp_icl_plugin.backends.base import (
+    IncrementalSession,
+    NextTokenBackend,
+    SharedPrefixBackend,
+    SharedSuffixBackend,
+    context_limit,
+)
 from dp_icl_plugin.backends.public_rows import public_apart, start_apart
 from dp_icl_plugin.errors import BackendError
 
 __all__ = [
-    "SharedPrefixBackend",
-    "SharedSuffixBackend",
     "common_prefix_length",
     "common_suffix_length",
     "prefix_members",
@@ -45,24 +48,6 @@ __all__ = [
     "start_rows",
     "suffix_members",
 ]
-
-
-@runtime_checkable
-class SharedSuffixBackend(Protocol):
-    """A backend that computes rows ending with a public suffix from cached prefixes."""
-
-    def next_token_logprobs_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray: ...
-
-    def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> IncrementalSession: ...
-
-
-@runtime_checkable
-class SharedPrefixBackend(Protocol):
-    """A backend that computes rows starting with a public prefix from its cached keys and values."""
-
-    def next_token_logprobs_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray: ...
-
-    def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> IncrementalSession: ...
 
 
 def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -124,7 +109,7 @@ def rows_logprobs(
     ``generated`` appended, the rows that end with it take their part before it from the backend's prefix cache
     (same distributions). ``public``: how many leading rows are public; they go to the backend in a call of
     their own (:func:`~dp_icl_plugin.backends.public_rows.public_apart`)."""
-    capacity: int | None = getattr(backend, "max_length", None)
+    capacity = context_limit(backend)
     prompts = [_fit([*r, *generated], capacity) for r in rows]
     tail = [*suffix, *generated]
 

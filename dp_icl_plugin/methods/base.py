@@ -35,7 +35,7 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
-from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, returned_top_k
 from dp_icl_plugin.errors import BackendError, ConfigurationError, after_charge
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
@@ -61,8 +61,8 @@ def check_top_k(top_k: int | None, backend: NextTokenBackend) -> None:
         return
     if top_k > backend.vocab_size:
         raise ConfigurationError(f"top_k = {top_k} exceeds the vocabulary ({backend.vocab_size})")
-    returned = getattr(backend, "top_k", None)
-    if isinstance(returned, int) and returned < top_k:
+    returned = returned_top_k(backend)
+    if returned is not None and returned < top_k:
         raise ConfigurationError(
             f"the method reads the top {top_k} tokens of every row, but the backend returns "
             f"only its top {returned}: build it with top_k >= {top_k} or None"

@@ -56,7 +56,7 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
-from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend, Prompt, check_logprobs
+from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend, Prompt, check_logprobs, context_limit
 from dp_icl_plugin.backends.recompute import RecomputingSession as ReencodingSession
 from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
 from dp_icl_plugin.errors import BackendError, ConfigurationError
@@ -263,7 +263,7 @@ class ClipBlendSynthesizer(SynthesisMethod):
 
     def _capacity(self, backend: NextTokenBackend) -> int | None:
         """Longest prompt (tokens) that leaves room for T − 1 appended tokens; None = unlimited."""
-        max_length: int | None = getattr(backend, "max_length", None)
+        max_length = context_limit(backend)
         return None if max_length is None else max_length - self.config.max_tokens + 1
 
     def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:

@@ -39,9 +39,7 @@ one (a base model such as the GINC model) the chat is laid out as plain lines, `
 
 from __future__ import annotations
 
-import inspect
 import json
-import math
 import threading
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -56,7 +54,7 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
 from dp_icl_plugin.backends.shared_suffix import public_suffix, start_rows
 from dp_icl_plugin.errors import ConfigurationError, ShareExhaustedError, iterate_after_charge
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX
@@ -66,7 +64,6 @@ from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.clip_blend import ClipBlendStep, assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import (
-    TEMPERATURE_REFUSED,
     AnswerState,
     AnswerStream,
     DecodedAnswer,
@@ -80,15 +77,12 @@ from dp_icl_plugin.methods.structured import JSONSchemaAnswers, json_schema_of, 
 from dp_icl_plugin.timing import FixedLatency, ReleaseCancelled, as_fixed_latency
 
 __all__ = [  # DecodedAnswer, Query, check_query: re-exported
-    "DECODING_METHODS",
     "ClipBlendDecoder",
     "DecodedAnswer",
     "MozoDecoder",
     "Query",
-    "build_decoder",
     "chat_ids",
     "check_query",
-    "step_rows",
 ]
 
 
@@ -219,12 +213,12 @@ class _Decoder:
     @property
     def context_window(self) -> int | None:
         """The model's positions (None when the backend has no limit)."""
-        return getattr(self.backend, "max_length", None)
+        return context_limit(self.backend)
 
     @property
     def has_chat_template(self) -> bool:
         """Whether chats are laid out by the model's chat template (else as ``role: content`` lines)."""
-        return bool(getattr(self.backend, "has_chat_template", False))
+        return bool(self.backend.has_chat_template)
 
     def check(
         self,
@@ -368,7 +362,7 @@ class _Decoder:
                 example = [{"role": "user", "content": record.text}, {"role": "assistant", "content": record.label}]
                 messages[at:at] = example
             ids = chat_ids(b, messages)
-        capacity = getattr(b, "max_length", None)
+        capacity = context_limit(b)
         room = None if capacity is None else capacity - 1 - reserve  # one position left for the next token
         if room is not None and room < 1:  # public: the query's limit against the model's length
             raise ConfigurationError(f"an answer of {reserve + 1} tokens does not fit the model's {capacity} positions")
@@ -767,84 +761,3 @@ class ClipBlendDecoder(_DatasetDecoder):
                 token = self._draw(lambda rows: step.release(rows, rng), step.rows(generated, rng), generated, rule)
                 generated.append(token)
                 yield token
-
-
-DECODING_METHODS = ("mozo", "clip-blend", "knn-experts")
-
-
-def step_rows(method: str, settings: dict[str, Any]) -> int:
-    """Rows per forward that fit one step of a decoder's records, from its public settings only: DPS-MOZO's
-    ``n_shots`` records; clip-blend's subset of expected size s (each record joins with probability s/N, so its
-    size is private: room for s + 2√s, which holds the draw 97.7 % of the time, the rest taking a second
-    forward). The public row (zero-shot or public prompt) goes in a forward of its own
-    (:mod:`~dp_icl_plugin.backends.public_rows`). Never the realised number of rows, which would make a row's
-    shape depend on the others."""
-    if method == "mozo":
-        return int(settings.get("n_shots", 4))
-    if method == "knn-experts":  # at most k experts, padded to k (how many there are is private)
-        return int(settings.get("k", 40))
-    subset = int(settings.get("subset_size", 1))
-    return subset + math.ceil(2 * math.sqrt(subset))
-
-
-def _decoder_type(method: str) -> Callable[..., _Decoder]:
-    if method == "knn-experts":  # the kNN package builds on this module: imported where it is used
-        from dp_icl_plugin.methods.knn.experts import build_expert_decoder
-
-        return build_expert_decoder
-    return MozoDecoder if method == "mozo" else ClipBlendDecoder
-
-
-def _check_settings(method: str, settings: dict[str, Any]) -> None:
-    """Refuse a setting ``method``'s decoder does not take, naming those it does (a typed error, not a
-    ``TypeError`` from deep inside, and before any model is loaded)."""
-    parameters = {
-        name: p
-        for name, p in inspect.signature(_decoder_type(method)).parameters.items()
-        if p.kind is p.KEYWORD_ONLY and name not in ("backend", "budget")
-    }
-    taken = list(parameters)
-    unknown = sorted(set(settings) - set(taken))
-    if not unknown:
-        missing = [name for name, p in parameters.items() if p.default is p.empty and name not in settings]
-        if missing:
-            raise ConfigurationError(f"{method} decoding needs {', '.join(missing)}")
-        return
-    if "temperature" in unknown:
-        raise ConfigurationError(
-            f"{TEMPERATURE_REFUSED} ({method}; clip-blend alone takes temperature, its own calibrated tau)"
-        )
-    raise ConfigurationError(
-        f"{method} decoding takes no setting {', '.join(unknown)}; it takes {', '.join(sorted(taken))}"
-    )
-
-
-def build_decoder(
-    model_id: str,
-    dataset: PrivateDataset,
-    *,
-    budget: BudgetManager,
-    method: str = "mozo",
-    device: str | None = None,
-    dtype: str | None = None,
-    tokenizer: Any = None,
-    server: dict[str, Any] | None = None,
-    **settings: Any,
-) -> _Decoder:
-    """A DP decoder (``method``: ``"mozo"``, ``"clip-blend"`` or ``"knn-experts"``, the last through
-    :func:`~dp_icl_plugin.methods.knn.experts.build_expert_decoder`; ``settings`` go to it) over a local model or an
-    inference server: ``model_id`` as :func:`~dp_icl_plugin.backends.loading.load_backend` takes it (a URL
-    needs ``tokenizer``; ``server`` holds ServerBackend settings such as ``top_k``). A local model's backend
-    computes as many rows per forward as a step of this decoder does (:func:`step_rows`)."""
-    from dp_icl_plugin.backends.loading import is_server_url, load_backend
-
-    if method not in DECODING_METHODS:
-        raise ConfigurationError(f"method must be one of {', '.join(DECODING_METHODS)}, got {method!r}")
-    _check_settings(method, settings)  # before the model loads
-    rows = None if is_server_url(model_id) else step_rows(method, settings)
-    backend = load_backend(
-        model_id, tokenizer=tokenizer, device=device, dtype=dtype, micro_batch_size=rows, **(server or {})
-    )
-    if method == "knn-experts":
-        return _decoder_type(method)(backend, dataset, budget=budget, **settings)
-    return _decoder_type(method)(dataset, backend=backend, budget=budget, **settings)

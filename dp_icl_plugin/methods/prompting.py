@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
 from dp_icl_plugin.backends.shared_suffix import common_prefix_length
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.data import PrivateRecord
@@ -100,7 +100,7 @@ class PromptIds:
     def __init__(self, backend: NextTokenBackend, template: PromptTemplate) -> None:
         self.backend = backend
         self.template = template
-        self.max_length: int | None = getattr(backend, "max_length", None)
+        self.max_length = context_limit(backend)
         self._cache: dict[tuple[str, str], list[int]] = {}
 
     def _prefix(self, kind: str, label: str) -> list[int]:

@@ -59,7 +59,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.conversion import group_of_two_delta
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.process_mark import process_mark
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
 from dp_icl_plugin.backends.generation import greedy_generate
 from dp_icl_plugin.errors import ConfigurationError, after_charge
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
@@ -677,7 +677,7 @@ class PrivateKNN:
         assert self.backend is not None
         placeholders = ["x"] * self.config.keywords
         ids = self.backend.encode(self.keyword_prompt.render(placeholders, query), add_special_tokens=True)
-        capacity = getattr(self.backend, "max_length", None)
+        capacity = context_limit(self.backend)
         room = self.config.max_answer_tokens
         if capacity is not None and len(ids) + room > capacity:
             raise ConfigurationError(
@@ -737,7 +737,7 @@ class PrivateKNN:
         occurrence would depend on private text."""
         assert self.backend is not None
         ids = self.backend.encode(text, add_special_tokens=True)
-        capacity = getattr(self.backend, "max_length", None)
+        capacity = context_limit(self.backend)
         if capacity is None or len(ids) + room <= capacity:
             return ids
         return ids[len(ids) + room - capacity :]

@@ -57,7 +57,7 @@ from dp_icl_plugin.methods.decoder import (
     check_call_settings,
     spend_payload,
 )
-from dp_icl_plugin.methods.decoding import build_decoder
+from dp_icl_plugin.methods.decoder_factory import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads, wait_through_cancellations
 from dp_icl_plugin.methods.tool_calls import tool_call_text, tool_result_text
@@ -215,7 +215,7 @@ class _DPModelMixin:
     ) -> Self:
         """The model over a local model (a path, a cached hub id, a ``.gguf`` file, a named model) or an
         inference server's URL (with ``tokenizer=``); ``settings`` go to
-        :func:`~dp_icl_plugin.methods.decoding.build_decoder`."""
+        :func:`~dp_icl_plugin.methods.decoder_factory.build_decoder`."""
         decoder = build_decoder(model_id, dataset, budget=budget, method=method, **settings)
         return cls(decoder=decoder, rng=rng, seed=seed, model=model_id)
 

@@ -46,7 +46,7 @@ from dp_icl_plugin.methods.decoder import (
     check_call_settings,
     spend_payload,
 )
-from dp_icl_plugin.methods.decoding import build_decoder
+from dp_icl_plugin.methods.decoder_factory import build_decoder
 from dp_icl_plugin.methods.randomness import noise_source
 from dp_icl_plugin.methods.threaded import iterate_in_threads
 from dp_icl_plugin.methods.tool_calls import parse_tool_call, tool_call_schema, tool_call_text, tool_result_text
@@ -147,7 +147,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         **settings: Any,
     ) -> DPICL:
         """The LLM over a local model or an inference server's URL (with ``tokenizer=``); ``settings`` go to
-        :func:`~dp_icl_plugin.methods.decoding.build_decoder`."""
+        :func:`~dp_icl_plugin.methods.decoder_factory.build_decoder`."""
         decoder = build_decoder(model_id, dataset, budget=budget, method=method, **settings)
         return cls(decoder, rng=rng, seed=seed, model_name=model_id)
 
