@@ -29,7 +29,7 @@ from dp_icl_plugin.accounting import (
     get_accountant,
     to_relation,
 )
-from dp_icl_plugin.backends import FakeBackend, IncrementalSession, NextTokenBackend
+from dp_icl_plugin.backends import FakeBackend, HFBackend, IncrementalSession, NextTokenBackend, ServerBackend
 from dp_icl_plugin.errors import (
     BackendError,
     BudgetExhaustedError,
@@ -102,16 +102,3 @@ __all__ = [
     "get_accountant",
     "to_relation",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # HFBackend needs torch and transformers: import them only when it is asked for.
-    if name == "HFBackend":
-        from dp_icl_plugin.backends.hf import HFBackend
-
-        return HFBackend
-    if name == "ServerBackend":  # needs httpx and a transformers tokenizer
-        from dp_icl_plugin.backends.server import ServerBackend
-
-        return ServerBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,15 +22,14 @@ from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget, calibrate_sub
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.errors import BudgetExhaustedError
+from dp_icl_plugin.ginc import default_model_path, load_model, read_metadata
+from dp_icl_plugin.ginc.evaluation import evaluate_icl, to_markdown
 
 __all__ = ["main"]
 
 
 def _show_in_context_learning(n_prompts: int, seed: int) -> None:
     import torch
-
-    from dp_icl_plugin.ginc import default_model_path, load_model, read_metadata
-    from dp_icl_plugin.ginc.evaluation import evaluate_icl, to_markdown
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     started = time.monotonic()

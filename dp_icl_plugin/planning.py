@@ -28,6 +28,7 @@ from dp_icl_plugin.mechanisms.token_shift import (
     mozo_shift,
     verdict,
 )
+from dp_icl_plugin.methods.knn.embedding import default_embedder, embed_texts
 from dp_icl_plugin.methods.knn.experts import filter_budget_for
 from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, noise_for_uses, token_epsilon_for_uses
 
@@ -281,8 +282,6 @@ def estimate_min_similarity(
     if isinstance(public, np.ndarray):
         vectors = np.asarray(public, dtype=np.float64)
     else:
-        from dp_icl_plugin.methods.knn.embedding import default_embedder, embed_texts
-
         vectors = embed_texts(embedder if embedder is not None else default_embedder(), list(public))
     m = len(vectors)
     if m < 2 or vectors.ndim != 2:

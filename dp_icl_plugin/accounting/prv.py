@@ -23,6 +23,7 @@ from collections import Counter
 import numpy as np
 
 from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import rdp
 from dp_icl_plugin.errors import UnsupportedEventError
 
 __all__ = ["DEFAULT_DELTA_ERROR", "DEFAULT_EPS_ERROR", "prv_bounds", "prv_epsilon", "safe_domain"]
@@ -62,7 +63,6 @@ def _prv_of(atom: ev.DPEvent):
 
 def _domain_rdp(atom: ev.DPEvent, orders: tuple[float, ...]) -> np.ndarray:
     """RDP of the PRV the package builds for ``atom`` (pure-DP PRVs for exponential and (ε, δ) atoms)."""
-    from dp_icl_plugin.accounting import rdp
 
     if isinstance(atom, (ev.PureDPEvent, ev.ExponentialMechanismEvent, ev.ApproxDPEvent)):
         return rdp.pure_dp_rdp(orders, atom.epsilon)
@@ -72,7 +72,6 @@ def _domain_rdp(atom: ev.DPEvent, orders: tuple[float, ...]) -> np.ndarray:
 def safe_domain(atoms: Counter[ev.DPEvent], *, eps_error: float, delta_error: float) -> float:
     """Half-width L of a truncation domain outside which the composed PRVs have negligible mass
     (Gopi et al. 2021, Remark 5.6, with correct RDP curves)."""
-    from dp_icl_plugin.accounting import rdp
 
     orders = rdp.DEFAULT_ORDERS
     total = sum(atoms.values())

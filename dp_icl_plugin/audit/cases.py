@@ -28,6 +28,7 @@ import numpy as np
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
+from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
 from dp_icl_plugin.audit import decoder_case, expert_case
@@ -38,6 +39,9 @@ from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import threshold_keywords, threshold_sensitivity
 from dp_icl_plugin.mechanisms.mozo import mozo_distribution
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
+from dp_icl_plugin.methods.clip_blend import ClipBlendSynthesizer
+from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.knn.retriever import SQRT2, noise_for_uses
 
 __all__ = ["CASES", "AuditCase"]
 
@@ -297,7 +301,6 @@ _USES, _RELEASES = 2, 48
 
 def _filter_release() -> tuple[float, ReleaseCost]:
     """The vote noise σ (calibrated for _USES releases) and what one release costs the target."""
-    from dp_icl_plugin.methods.knn.retriever import SQRT2, noise_for_uses  # imported here: a heavy module
 
     std = noise_for_uses(_FILTER, uses=_USES, sensitivity=SQRT2)
     return std, ReleaseCost.of(
@@ -346,8 +349,6 @@ _CB_ROWS, _CB_ADDED = np.array([0.0, -19.9]), np.array([-20.0, 0.0])
 
 
 def _clip_blend_plan(n_records: int, observed: bool) -> dict[str, Any]:
-    from dp_icl_plugin.methods.clip_blend import ClipBlendSynthesizer  # a heavy module: imported when audited
-    from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 
     data = PrivateDataset(
         [PrivateRecord(f"record {i}", "y") for i in range(n_records)],
@@ -389,7 +390,6 @@ _MIX_CLIP, _MIX_S, _MIX_TAU, _MIX_TANG, _MIX_VOTE, _MIX_BETA = 10.0, 10, 0.5, 6.
 
 
 def _mixed_events() -> tuple[ev.DPEvent, ev.DPEvent]:
-    from dp_icl_plugin.accounting.conversion import to_relation
 
     tang = ev.GaussianEvent(_MIX_TANG, math.sqrt(2), **_RO)
     mozo = ev.MozoTokenEvent(beta=_MIX_BETA, order=_ORDER)

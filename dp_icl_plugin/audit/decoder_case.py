@@ -55,9 +55,14 @@ from typing import Any
 
 import numpy as np
 
+from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
+from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.backends.hf_rows import cache_from_layers, cache_layers
 from dp_icl_plugin.backends.shared_suffix import common_suffix_length
+from dp_icl_plugin.ginc.language import symbol_names
 from dp_icl_plugin.mechanisms.mozo import mozo_distribution, top_k_support
+from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
+from dp_icl_plugin.methods.decoding import MozoDecoder
 
 __all__ = ["MODEL", "RecordingBackend", "SharedBatchRows", "decoder_pairs", "missing_requirements", "step_rows"]
 
@@ -237,8 +242,6 @@ def _old_split(rows: list[list[int]], capacity: int | None) -> int | None:
 def _datasets(long_repeats: int = _LONG_REPEATS) -> tuple[Any, Any, str]:
     """D and D′ (replace-one: the record the first draw takes second is two words on D, 50 × ``long_repeats``
     on D′)."""
-    from dp_icl_plugin.ginc.language import symbol_names
-    from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 
     names = symbol_names(150)  # made-up public words: "a", ..., "ab", "ac", ...
     labels = [names[100], names[101], names[102]]
@@ -253,7 +256,6 @@ def _datasets(long_repeats: int = _LONG_REPEATS) -> tuple[Any, Any, str]:
 
 @functools.cache
 def _backend() -> Any:
-    from dp_icl_plugin.backends.hf import HFBackend
 
     return HFBackend.from_pretrained(MODEL, device="cpu", dtype="bfloat16")
 
@@ -262,8 +264,6 @@ def step_rows(backend: RecordingBackend, dataset: Any, query: Any) -> tuple[np.n
     """The rows (zero-shot first) and prompts the real ``MozoDecoder`` computes for its first token of
     ``query`` (a completion text or a chat) on ``dataset`` (seeded draw), through ``backend``: the zero-shot
     row's call and the records' call, stacked."""
-    from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods.decoding import MozoDecoder
 
     decoder = MozoDecoder(
         dataset,

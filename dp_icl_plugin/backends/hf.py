@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.backends import gguf
 from dp_icl_plugin.backends.base import Prompt, appended_ids
 from dp_icl_plugin.backends.hf_prefix import PrefixKVCache, supports_prefix_cache
 from dp_icl_plugin.backends.hf_rows import IsolatedForward, RowKV, RowState, RowTask, rows_coupled_by
@@ -204,8 +205,6 @@ class HFBackend(TokenizerBackendBase):
         """
         _torch()
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from dp_icl_plugin.backends import gguf
 
         model_id = os.fspath(path_or_id)
         _resolve_device(device)  # a device this machine lacks is refused before the model loads

@@ -6,6 +6,8 @@ import os
 from typing import Any
 
 from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.hf import HFBackend
+from dp_icl_plugin.backends.server import ServerBackend
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["is_server_url", "load_backend"]
@@ -37,13 +39,11 @@ def load_backend(
                 "a server URL needs tokenizer= (the served model's folder, .gguf file or name): "
                 "prompts are tokenised here and sent as token ids"
             )
-        from dp_icl_plugin.backends.server import ServerBackend
 
         return ServerBackend.from_url(str(model).strip(), tokenizer, **server_settings)
     if tokenizer is not None or server_settings:
         extra = sorted(["tokenizer"] * (tokenizer is not None) + list(server_settings))
         raise ConfigurationError(f"{extra} apply to a server URL only, not to a local model")
-    from dp_icl_plugin.backends.hf import HFBackend
 
     rows: dict[str, Any] = {} if micro_batch_size is None else {"micro_batch_size": micro_batch_size}
     # a model that couples rows (quantised, mixture-of-experts, ...) runs one row per forward

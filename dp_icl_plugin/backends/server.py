@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.backends import gguf
 from dp_icl_plugin.backends.base import Prompt
 from dp_icl_plugin.backends.hf_tokenizer import TokenizerBackendBase
 from dp_icl_plugin.backends.recompute import RecomputingSession
@@ -211,8 +212,6 @@ def _close(pool: ThreadPoolExecutor, client: ServerClient) -> None:
 def load_tokenizer(path_or_name: str | os.PathLike[str]) -> Any:
     """A ``transformers`` tokenizer from local files: a model folder, a ``.gguf`` file or a named model."""
     from transformers import AutoTokenizer
-
-    from dp_icl_plugin.backends import gguf
 
     source: str | os.PathLike[str] = path_or_name
     if gguf.is_gguf(path_or_name):

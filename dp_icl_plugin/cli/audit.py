@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dp_icl_plugin.errors import ConfigurationError
+
 __all__ = ["add_parser", "run"]
 
 QUICK_SAMPLES = 50_000
@@ -36,9 +38,9 @@ def add_parser(top: Any, common: argparse.ArgumentParser, integer: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    # the audit's cases build a kNN index when imported (faiss, an optional dependency): loaded for this command only
     from dp_icl_plugin.audit import run_audit, to_markdown
     from dp_icl_plugin.audit.runner import available_cpus
-    from dp_icl_plugin.errors import ConfigurationError
 
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigurationError(f"--out {args.out} is a file, not a folder")  # before the audit, not after it

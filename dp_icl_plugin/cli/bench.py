@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 from typing import Any
+
+from dp_icl_plugin.ginc import default_model_path, load_model
+from dp_icl_plugin.ginc.evaluation import evaluate_icl, write_report
+from dp_icl_plugin.ginc.language import GincConfig
+from dp_icl_plugin.ginc.training import TrainingConfig, train
 
 __all__ = ["add_parsers", "ginc_eval", "ginc_train"]
 
@@ -62,8 +68,6 @@ def add_parsers(top: Any, common: argparse.ArgumentParser, number: Any, integer:
 
 
 def ginc_train(a: argparse.Namespace) -> dict[str, Any]:
-    from dp_icl_plugin.ginc.language import GincConfig
-    from dp_icl_plugin.ginc.training import TrainingConfig, train
 
     config = TrainingConfig(
         n_layer=a.n_layer,
@@ -101,10 +105,6 @@ def ginc_train(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def ginc_eval(a: argparse.Namespace) -> dict[str, Any]:
-    import time
-
-    from dp_icl_plugin.ginc import default_model_path, load_model
-    from dp_icl_plugin.ginc.evaluation import evaluate_icl, write_report
 
     if a.threads is not None:
         import torch

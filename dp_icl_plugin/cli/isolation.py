@@ -6,6 +6,11 @@ import argparse
 import time
 from typing import Any
 
+from dp_icl_plugin.backends.hf import HFBackend
+from dp_icl_plugin.backends.isolation import check_row_isolation
+from dp_icl_plugin.backends.loading import is_server_url, load_backend
+from dp_icl_plugin.errors import ConfigurationError
+
 __all__ = ["add_parser", "run"]
 
 
@@ -23,17 +28,12 @@ def add_parser(top: Any, common: argparse.ArgumentParser, integer: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dp_icl_plugin.backends.isolation import check_row_isolation
-    from dp_icl_plugin.backends.loading import is_server_url, load_backend
-    from dp_icl_plugin.errors import ConfigurationError
 
     if is_server_url(args.model):
         if args.device or args.dtype or args.micro_batch_size:
             raise ConfigurationError("--device, --dtype and --micro-batch-size apply to local models only")
         backend = load_backend(args.model, tokenizer=args.tokenizer)
     elif args.micro_batch_size is not None:
-        from dp_icl_plugin.backends.hf import HFBackend
-
         backend = HFBackend.from_pretrained(
             args.model, device=args.device or "auto", dtype=args.dtype or "auto", micro_batch_size=args.micro_batch_size
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dp_icl_plugin.planning import plan
+
 __all__ = ["add_parser", "run"]
 
 
@@ -43,7 +45,6 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dp_icl_plugin.planning import plan
 
     return plan(
         records=args.records,

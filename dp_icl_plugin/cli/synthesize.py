@@ -16,7 +16,22 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin._progress import report_lines_off_a_terminal
+from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget
 from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.hf import HFBackend
+from dp_icl_plugin.backends.loading import load_backend
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.ginc import load_model
+from dp_icl_plugin.methods import (
+    ANSWER_PRESETS,
+    PRESETS,
+    AdaDPSynSynthesizer,
+    ClipBlendSynthesizer,
+    MozoOfflineSynthesizer,
+    PTASynthesizer,
+    TangSynthesizer,
+)
+from dp_icl_plugin.methods.loading import load_dataset, read_rows
 
 __all__ = ["METHOD_CHOICES", "add_parser", "synthesize"]
 
@@ -136,7 +151,6 @@ def _labels(text: str | None) -> list[str] | None:
 
 
 def _label_counts(text: str | None) -> dict[str, int] | str | None:
-    from dp_icl_plugin.errors import ConfigurationError
 
     if text is None or text.strip() == "observed":
         return None if text is None else "observed"
@@ -150,16 +164,6 @@ def _label_counts(text: str | None) -> dict[str, int] | str | None:
 
 
 def _method(a: argparse.Namespace, delta: float) -> Any:
-    from dp_icl_plugin.errors import ConfigurationError
-    from dp_icl_plugin.methods import (
-        ANSWER_PRESETS,
-        PRESETS,
-        AdaDPSynSynthesizer,
-        ClipBlendSynthesizer,
-        MozoOfflineSynthesizer,
-        PTASynthesizer,
-        TangSynthesizer,
-    )
 
     classes: dict[str, Any] = {
         "tang": TangSynthesizer,
@@ -187,8 +191,6 @@ def _method(a: argparse.Namespace, delta: float) -> Any:
 
 
 def _public_inputs(a: argparse.Namespace) -> list[str] | None:
-    from dp_icl_plugin.errors import ConfigurationError
-    from dp_icl_plugin.methods.loading import read_rows
 
     if a.method != "mozo-offline":
         if a.public_inputs is not None:
@@ -210,7 +212,6 @@ def _public_inputs(a: argparse.Namespace) -> list[str] | None:
 
 def _check_out(path: Path) -> None:
     """Refuse an output path that cannot be written before the run is charged (else the charge buys nothing)."""
-    from dp_icl_plugin.errors import ConfigurationError
 
     if path.is_dir():
         raise ConfigurationError(f"--out {path} is a folder; give a file path")
@@ -234,9 +235,6 @@ def _interrupted(budget: Any, label: str, charged_before: int) -> None:
 
 
 def synthesize(a: argparse.Namespace) -> dict[str, Any]:
-    from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.errors import ConfigurationError
-    from dp_icl_plugin.methods.loading import load_dataset
 
     _check_out(Path(a.out))
     if (a.budget_epsilon is None) != (a.budget_delta is None):
@@ -277,18 +275,12 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     plan = method.plan(data, _labels(a.generate_for), public_inputs=inputs, neighbouring=relation)
     backend: NextTokenBackend
     if a.model == "ginc":
-        from dp_icl_plugin.ginc import load_model
-
         backend, _ = load_model(device=a.device)
     elif a.server is not None:
-        from dp_icl_plugin.backends.loading import load_backend
-
         backend = load_backend(
             a.server, tokenizer=a.tokenizer, top_k=a.server_top_k, allow_insecure_http=a.allow_insecure_http
         )
     else:
-        from dp_icl_plugin.backends.hf import HFBackend
-
         backend = HFBackend.from_pretrained(a.model, device=a.device)
     budget = BudgetManager(budget_arg, ledger=ledger)
     report_lines_off_a_terminal(not a.no_progress)

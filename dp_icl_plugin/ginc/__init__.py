@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.ginc.language import GincConfig, GincLanguage
 
@@ -57,7 +58,6 @@ def load_model(
     ``micro_batch_size``: rows in every forward (public; filler rows complete one, so a DP step of a few
     prompts pays for this many rows: the small GINC model makes that cheap, and evaluations of thousands of
     prompts want a larger value)."""
-    from dp_icl_plugin.backends.hf import HFBackend
 
     directory = Path(path) if path is not None else default_model_path()
     language = GincLanguage(GincConfig.from_dict(read_metadata(directory)["language"]))

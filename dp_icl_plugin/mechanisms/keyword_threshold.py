@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtri
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError
@@ -81,7 +81,7 @@ def keyword_threshold(noise_std: float, vocab_size: int, *, false_keywords: floa
     rate = check.positive_finite("false_keywords", false_keywords)
     if rate >= v:
         raise ConfigurationError("false_keywords must be smaller than the vocabulary size")
-    return sigma * float(norm.isf(rate / v))
+    return sigma * float(-ndtri(rate / v))  # the normal quantile above which rate/v of the mass lies
 
 
 def threshold_keywords(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from scipy.stats import norm
+from scipy.special import ndtr
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import WeakReleaseWarning
@@ -89,7 +89,7 @@ def verdict(shift: float) -> str:
 
 def keyword_pass_probability(threshold: float, shards: int, noise_std: float) -> float:
     """P[shards + N(0, σ²) > T]: how often a keyword that every shard says is released."""
-    return float(norm.sf((threshold - shards) / check.positive_finite("noise_std", noise_std)))
+    return float(ndtr((shards - threshold) / check.positive_finite("noise_std", noise_std)))  # the normal tail
 
 
 def warn_if_weak(what: str, shift: float, change: str) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -673,6 +674,5 @@ def _publish(staging: Path, root: Path) -> None:
 
 
 def _remove_staging(staging: Path) -> None:
-    import shutil
 
     shutil.rmtree(staging, ignore_errors=True)
