@@ -11,7 +11,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 ADAPTERS := -e integrations/langchain-dp-icl -e integrations/llama-index-llms-dp-icl \
 	-e integrations/llama-index-retrievers-dp-icl
 
-.PHONY: demo test setup lint clean
+.PHONY: demo test test-fast setup lint clean
 
 setup: $(STAMP) $(VLLM_STAMP)
 
@@ -45,6 +45,10 @@ test: $(STAMP) $(VLLM_STAMP)
 	@$(PY) -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests (exit 5)" >&2; fi; \
 	exit $$status
+
+# The unit layer: no server, no real model file, no subprocess, nothing slow; on every core (pytest-xdist).
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow and not integration" -n auto -q
 
 lint: $(STAMP)
 	$(PY) -m ruff check dp_icl_plugin integrations tests benchmarks examples

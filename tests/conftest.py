@@ -23,10 +23,38 @@ def weak_keywords_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(retriever, "MIN_KEYWORD_PASS", 0.0)
 
 
+# Modules whose tests need a server (PostgreSQL, vLLM), a real model file, a subprocess or the docs build: marked
+# ``integration``, so that ``make test-fast`` (``-m "not slow and not integration"``) runs the unit layer alone.
+INTEGRATION_MODULES = {
+    "test_docs.py",
+    "test_filter_postgres.py",
+    "test_gguf.py",
+    "test_ginc_training.py",
+    "test_index_postgres.py",
+    "test_knn_embedding_isolation.py",
+    "test_ledger_concurrency.py",
+    "test_ledger_postgres.py",
+    "test_package.py",
+    "test_vllm_server.py",
+}
+# Single tests of that kind in otherwise fast modules (a real embedding model, a CLI subprocess, worker processes).
+INTEGRATION_TESTS = {
+    "test_the_plan_reproduces_the_issue_and_recommends_synthesis_when_nothing_per_answer_can_help",
+    "test_worker_processes_give_the_same_rows_in_the_same_order",
+    "test_llamaindex_tests_need_no_langchain",
+    "test_cli_output_never_shows_private_text",
+    "test_console_script_runs_as_a_module",
+    "test_processes_sharing_a_filter_file_admit_exactly_what_fits",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A standard-suite class with ``standard_tests_kept`` runs only those of its inherited tests, and one with
-    ``standard_tests_elsewhere`` all but those: they run in another class of the same suite, so here they are
-    deselected, not skipped."""
+    """Marks the integration tests (see :data:`INTEGRATION_MODULES`). A standard-suite class with
+    ``standard_tests_kept`` runs only those of its inherited tests, and one with ``standard_tests_elsewhere`` all
+    but those: they run in another class of the same suite, so here they are deselected, not skipped."""
+    for item in items:
+        if item.path.name in INTEGRATION_MODULES or getattr(item, "originalname", item.name) in INTEGRATION_TESTS:
+            item.add_marker(pytest.mark.integration)
     kept, dropped = [], []
     for item in items:
         cls = getattr(item, "cls", None)

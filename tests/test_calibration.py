@@ -52,6 +52,7 @@ def _on_grid(x: float, lo: float, grid: float) -> bool:
     return k >= 0 and abs(lo + k * grid - x) < 1e-9
 
 
+@pytest.mark.slow  # about 25 RDP calibrations of ~23 curves each: 20-60 s
 @settings(max_examples=25, deadline=None)
 @given(targets, rates, step_counts, deltas)
 def test_smallest_on_grid_meets_target_and_is_smallest(epsilon: float, q: float, steps: int, delta: float) -> None:
@@ -70,6 +71,7 @@ def test_smallest_on_grid_meets_target_and_is_smallest(epsilon: float, q: float,
         assert result.value == pytest.approx(LO)
 
 
+@pytest.mark.slow  # about 25 RDP calibrations of ~23 curves each: 20-60 s
 @settings(max_examples=25, deadline=None)
 @given(targets, rates, step_counts, deltas)
 def test_largest_on_grid_meets_target_and_is_largest(epsilon: float, q: float, steps: int, delta: float) -> None:
@@ -85,6 +87,7 @@ def test_largest_on_grid_meets_target_and_is_largest(epsilon: float, q: float, s
         assert result.value == pytest.approx(hi)
 
 
+@pytest.mark.slow  # about 25 RDP calibrations of ~23 curves each: 20-60 s
 @settings(max_examples=25, deadline=None)
 @given(targets, rates, step_counts, deltas, st.sampled_from(["smallest", "largest"]))
 def test_bisection_meets_target_within_tolerance(epsilon: float, q: float, steps: int, delta: float, find: str) -> None:

@@ -177,14 +177,20 @@ class HFTokenizerBackend(Protocol):
 
 
 def context_limit(backend: object) -> int | None:
-    """The positions ``backend``'s model reads (:class:`BoundedContext`), or None when it declares no limit."""
-    return backend.max_length if isinstance(backend, BoundedContext) else None
+    """The positions ``backend``'s model reads (:class:`BoundedContext`), or None when it declares no limit.
+
+    Read as an attribute, not with ``isinstance``: from Python 3.12 a runtime-checkable protocol ignores
+    ``__getattr__``, so a wrapper that forwards to a backend would lose its limit (and a private prompt would go
+    uncut)."""
+    value = getattr(backend, "max_length", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def returned_top_k(backend: object) -> int | None:
-    """How many of a row's likeliest tokens ``backend`` returns exactly (:class:`PublicTopK`), or None: all."""
-    value = backend.top_k if isinstance(backend, PublicTopK) else None
-    return value if isinstance(value, int) else None
+    """How many of a row's likeliest tokens ``backend`` returns exactly (:class:`PublicTopK`), or None: all (read
+    as an attribute, as :func:`context_limit`)."""
+    value = getattr(backend, "top_k", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # -- helpers ------------------------------------------------------------------------------------------------

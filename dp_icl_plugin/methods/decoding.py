@@ -202,7 +202,8 @@ class _Decoder:
         """
         if (epsilon is None) == (given is None):
             raise ConfigurationError(f"give exactly one of epsilon ({name} is calibrated) and {name}")
-        assert self.n_queries is not None
+        if self.n_queries is None:
+            raise ConfigurationError(f"{type(self).__name__} calibrates for n_queries answers: set it first")
         self.delta = share_delta(delta, self.budget)
         if given is not None:
             return check.positive_finite(name, given)
@@ -218,7 +219,7 @@ class _Decoder:
     @property
     def has_chat_template(self) -> bool:
         """Whether chats are laid out by the model's chat template (else as ``role: content`` lines)."""
-        return bool(self.backend.has_chat_template)
+        return bool(getattr(self.backend, "has_chat_template", False))
 
     def check(
         self,

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import HFTokenizerBackend, NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.methods.choices import draw_among
 
@@ -86,7 +86,7 @@ def _grammar_tokenizer(backend: NextTokenBackend) -> Any:
         import llguidance.hf
     except ImportError as exc:
         raise ConfigurationError("structured answers need llguidance: pip install 'dp-icl-plugin[structured]'") from exc
-    tokenizer = backend.tokenizer if isinstance(backend, HFTokenizerBackend) else None
+    tokenizer = getattr(backend, "tokenizer", None)  # HFTokenizerBackend, wrappers included (see context_limit)
     if tokenizer is None or not hasattr(tokenizer, "backend_tokenizer"):
         raise ConfigurationError(
             "structured answers need a backend with a Hugging Face fast tokenizer (HFBackend, ServerBackend)"
