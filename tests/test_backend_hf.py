@@ -22,6 +22,7 @@ from tests_support import REPO_ROOT  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from dp_icl_plugin.backends import IncrementalSession, NextTokenBackend  # noqa: E402
+from dp_icl_plugin.backends.base import check_logprobs  # noqa: E402
 from dp_icl_plugin.backends.hf import HFBackend, HFIncrementalSession  # noqa: E402
 from dp_icl_plugin.errors import BackendError, ConfigurationError, ModelFileError  # noqa: E402
 from dp_icl_plugin.ginc.language import symbol_names  # noqa: E402
@@ -433,7 +434,12 @@ def test_forward_failure_is_a_backend_error(backend: HFBackend, monkeypatch: pyt
     np.testing.assert_allclose(backend.next_token_logprobs([[1, 2, 4]]), expected, atol=TOL, rtol=0)
 
 
-def test_nan_logits_are_a_backend_error(backend: HFBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_row_comes_back_as_computed_and_callers_judge_it(
+    backend: HFBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NaN logits come back as NaN rows, never as an error: whether a call raised would depend on its prompt, a
+    private record's maybe (review of issue 30: HFBackend raised on a record's NaN row before the methods could
+    stand the public row in for it). A public caller refuses such a row with check_logprobs."""
     original = backend.model.forward
 
     def nan_forward(*args: object, **kwargs: object) -> object:
@@ -444,13 +450,85 @@ def test_nan_logits_are_a_backend_error(backend: HFBackend, monkeypatch: pytest.
     session = backend.start([[1, 2]])
     with monkeypatch.context() as m:
         m.setattr(backend.model, "forward", nan_forward)
-        with pytest.raises(BackendError):
-            backend.next_token_logprobs([[1, 2, 3]])
-        with pytest.raises(BackendError):
-            backend.start([[1, 2, 3]])
-        with pytest.raises(BackendError):
-            session.append(3)
+        rows = backend.next_token_logprobs([[1, 2, 3]])
+        assert rows.shape == (1, VOCAB) and np.isnan(rows).all()
+        with pytest.raises(BackendError, match="NaN"):
+            check_logprobs(rows)
+        with backend.start([[1, 2, 3]]) as other:
+            assert np.isnan(other.logprobs).all()
+        assert np.isnan(session.append(3)).all()
+    session.close()
     assert np.all(np.isfinite(backend.next_token_logprobs([[1, 2, 3]])))
+
+
+POISON = 7  # a token id: a prompt holding it makes the model's row NaN (as an fp16 overflow on one input might)
+
+
+def _poison_rows(backend: HFBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = backend.model.forward
+
+    def forward(*args: object, **kwargs: object) -> object:
+        out = original(*args, **kwargs)
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        bad = (ids == POISON).any(dim=1)
+        if bool(bad.any()):
+            logits = out.logits.clone()
+            logits[bad] = float("nan")
+            out.logits = logits
+        return out
+
+    monkeypatch.setattr(backend.model, "forward", forward)
+
+
+@pytest.mark.parametrize("release", ["tang", "mozo-decoder", "clip-blend-decoder"])
+def test_a_record_the_model_returns_nan_for_cannot_fail_the_release(
+    backend: HFBackend, monkeypatch: pytest.MonkeyPatch, release: str
+) -> None:
+    """The NaN comes from inside the model, for the rows holding one record: the release completes and is charged
+    once (before the fix, ReleaseFailedError after the charge whenever that record was drawn: on D ∪ {it}, not
+    on D)."""
+    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, TangSynthesizer
+    from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
+
+    names = symbol_names(VOCAB)
+    label = names[5]
+    records = [PrivateRecord(f"{names[3]} {names[POISON]} {names[4]}", label)]
+    records += [PrivateRecord(f"{names[i]} {names[i + 1]}", label) for i in range(10, 20)]
+    budget = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    rng = np.random.default_rng(0)
+    with monkeypatch.context() as m:
+        _poison_rows(backend, m)
+        if release == "tang":
+            data = PrivateDataset(records, public_label_counts="observed")
+            method = TangSynthesizer(
+                noise_multiplier=1.0,
+                max_tokens=3,
+                n_prompts=11,
+                records_per_prompt=1,
+                top_k=5,
+                template=PRESETS["ginc"],
+            )
+            demos = method.synthesize(data, backend=backend, budget=budget, rng=rng)
+            assert len(demos) == 1
+        else:
+            common = {"backend": backend, "budget": budget, "n_queries": 2, "max_tokens": 3}
+            template = ANSWER_PRESETS["ginc"]
+            decoder = (
+                MozoDecoder(PrivateDataset(records), beta=0.5, top_k=5, n_shots=11, template=template, **common)
+                if release == "mozo-decoder"
+                else ClipBlendDecoder(
+                    PrivateDataset(records),
+                    subset_size=11,
+                    temperature=1.0,
+                    rng_subset=rng,
+                    template=template,
+                    **common,
+                )
+            )
+            decoder.generate(f"{names[8]} {names[9]}", rng=rng)
+    assert len(budget.history()) == 1
 
 
 # ---------------------------------------------------------------------------------------------- chat template

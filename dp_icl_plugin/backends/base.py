@@ -71,7 +71,7 @@ class IncrementalSession(Protocol):
 
     def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
         """Append one token to every prompt (a single id for all, or one id per prompt); returns the new
-        :attr:`logprobs`."""
+        :attr:`logprobs` (each row as computed, as :meth:`NextTokenBackend.next_token_logprobs` returns it)."""
         ...
 
     def close(self) -> None:
@@ -113,7 +113,12 @@ class NextTokenBackend(Protocol):
         ...
 
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
-        """Log-probabilities of the next token after each prompt, shape (len(prompts), vocab_size), float32."""
+        """Log-probabilities of the next token after each prompt, shape (len(prompts), vocab_size), float32.
+
+        Each row as the model computed it: a row the model got wrong (NaN, +inf, nothing finite, e.g. an fp16
+        overflow on one input) is returned, never raised on, since whether a call raised would then depend on
+        the prompt, a private record's maybe. Callers judge: a public row with :func:`check_logprobs`, a
+        record's row with :func:`~dp_icl_plugin.methods.token_steps.public_checked`."""
         ...
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> IncrementalSession:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.backends.base import ChatMessage, Prompt, appended_ids, check_logprobs, prompt_ids
+from dp_icl_plugin.backends.base import ChatMessage, Prompt, appended_ids, prompt_ids
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["FakeBackend", "FakeIncrementalSession"]
@@ -135,7 +135,7 @@ class FakeBackend:
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
         ids = self._prompt_ids(prompts)
         self.forward_tokens += sum(len(x) for x in ids)
-        return check_logprobs(np.stack([self.logprobs_after(x) for x in ids]))
+        return np.stack([self.logprobs_after(x) for x in ids])
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> FakeIncrementalSession:
         return FakeIncrementalSession(self, self._prompt_ids(prompts))

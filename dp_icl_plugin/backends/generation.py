@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dp_icl_plugin import _validation as check
-from dp_icl_plugin.backends.base import NextTokenBackend, Prompt
+from dp_icl_plugin._validation import positive_int
+from dp_icl_plugin.backends.base import NextTokenBackend, Prompt, check_logprobs
 
 __all__ = ["greedy_generate"]
 
@@ -19,17 +19,35 @@ def greedy_generate(
     *,
     max_new_tokens: int,
     stop: Sequence[str] = ("\n",),
+    public: bool = True,
 ) -> list[list[int]]:
     """The greedy continuation of each prompt (token ids), ending before EOS, a stop string, or the limit.
 
     Prompts share one incremental session, so each step costs one token per prompt.
+
+    Args:
+        backend: the model.
+        prompts: the prompts.
+        max_new_tokens: the most tokens of each continuation.
+        stop: strings that end a continuation (not kept).
+        public: the prompts are public, and a row the model gets wrong (NaN, +inf, nothing finite) is refused.
+            False for the per-shard answers a DP aggregation privatises: such a row then gives whatever argmax
+            picks (a shard's answer counts once either way), never an error whose raising would depend on a
+            record.
+
+    Returns:
+        Each continuation's token ids.
+
+    Raises:
+        BackendError: with ``public``, a bad row.
     """
-    limit = check.positive_int("max_new_tokens", max_new_tokens)
+    limit = positive_int("max_new_tokens", max_new_tokens)
     eos = backend.eos_token_id
     outputs: list[list[int]] = [[] for _ in prompts]
     done = np.zeros(len(prompts), dtype=bool)
     with backend.start(prompts) as session:
-        logprobs = session.logprobs
+        check = check_logprobs if public else np.asarray
+        logprobs = check(session.logprobs)
         for step in range(limit):
             tokens = np.argmax(logprobs, axis=1)
             for i, token in enumerate(tokens.tolist()):
@@ -42,5 +60,5 @@ def greedy_generate(
                     outputs[i].append(token)
             if done.all() or step == limit - 1:
                 break
-            logprobs = session.append(tokens)
+            logprobs = check(session.append(tokens))
     return outputs

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import check_logprobs
 from dp_icl_plugin.backends.row_shapes import RowShapes, micro_batches
 
 __all__ = ["IsolatedForward", "RowKV", "RowState", "RowTask", "cache_from_layers", "cache_layers", "rows_coupled_by"]
@@ -215,7 +214,7 @@ class IsolatedForward:
             logprobs, state = self._micro_batch(
                 [tasks[i] for i in members], members, past_width, new_width, keep, rows_of((past_width, new_width))
             )
-            result[members] = check_logprobs(logprobs[: len(members)])
+            result[members] = logprobs[: len(members)]  # as computed: callers judge a bad row (module docstring)
             if keep:
                 states.append(state)
         return result, states
@@ -310,7 +309,7 @@ class IsolatedForward:
         logprobs, state.cache = self.forward(ids.to(self.device), mask, positions, state.cache)
         state.mask = mask
         state.lengths = state.lengths + 1
-        return check_logprobs(logprobs[: len(state.members)])
+        return logprobs[: len(state.members)]
 
 
 def cache_layers(cache: Any) -> list[tuple[Any, Any]]:

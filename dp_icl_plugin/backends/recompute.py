@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import NextTokenBackend, Prompt, appended_ids, check_logprobs
+from dp_icl_plugin.backends.base import NextTokenBackend, Prompt, appended_ids
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["RecomputingSession"]
@@ -23,7 +23,7 @@ class RecomputingSession:
     def __init__(self, backend: NextTokenBackend, prompts: Sequence[Prompt]) -> None:
         self._backend = backend
         self._ids = [list(x) if not isinstance(x, str) else backend.encode(x, add_special_tokens=True) for x in prompts]
-        self._logprobs = check_logprobs(backend.next_token_logprobs(self._ids))
+        self._logprobs = np.asarray(backend.next_token_logprobs(self._ids))
         self._open = True
 
     @property
@@ -44,7 +44,7 @@ class RecomputingSession:
         new = appended_ids(token_ids, n_prompts=self.n_prompts, vocab_size=self._backend.vocab_size)
         for ids, token in zip(self._ids, new, strict=True):
             ids.append(int(token))
-        self._logprobs = check_logprobs(self._backend.next_token_logprobs(self._ids))
+        self._logprobs = np.asarray(self._backend.next_token_logprobs(self._ids))
         return self._logprobs.copy()
 
     def close(self) -> None:

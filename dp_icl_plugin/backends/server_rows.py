@@ -57,7 +57,10 @@ def full_row(top: Mapping[str, float], vocab_size: int, *, complete: bool = Fals
         raise ServerError("the server returned a token id twice")
     values = np.fromiter((float(v) for v in top.values()), dtype=np.float64, count=len(top))
     if np.isnan(values).any() or (values > 1e-3).any():
-        raise ServerError("the server returned log-probabilities that are not log-probabilities (NaN or > 0)")
+        # the model's numerics failed on this prompt (NaN, or not a log-probability): a row of NaN, which the
+        # caller judges (a public row is refused, a record's row stood in for); never an error of its own, whose
+        # raising would depend on the prompt, a record's maybe
+        return np.full(vocab_size, np.nan, dtype=np.float32)
     keep = ids < vocab_size
     if (ids < 0).any() or not keep.any():
         raise ServerError("the server returned token ids outside the tokenizer's vocabulary")

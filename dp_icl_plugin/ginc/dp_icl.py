@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.ginc.evaluation import AccuracyCell
 from dp_icl_plugin.ginc.language import GincLanguage
@@ -78,7 +78,7 @@ def accuracy_with_demonstrations(
     labels = np.array([ex.label for ex in examples])
     correct = 0
     for start in range(0, len(prompts), batch):
-        predicted = backend.next_token_logprobs(prompts[start : start + batch]).argmax(axis=1)
+        predicted = check_logprobs(backend.next_token_logprobs(prompts[start : start + batch])).argmax(axis=1)
         correct += int((predicted == labels[start : start + batch]).sum())
     return AccuracyCell(
         k=len(examples[0].tokens) + 1,

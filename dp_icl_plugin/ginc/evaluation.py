@@ -19,7 +19,7 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin._progress import progress_bar
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.ginc.language import GincLanguage
 from dp_icl_plugin.ginc.prompts import sample_icl_prompts
@@ -83,7 +83,7 @@ def evaluate_icl(
     for k, n in cells:
         rng = np.random.default_rng([seed, k, n])
         prompts = sample_icl_prompts(language, n_prompts=n_prompts, n_shots=n, k=k, rng=rng)
-        predictions = backend.next_token_logprobs(prompts.token_ids).argmax(axis=1)
+        predictions = check_logprobs(backend.next_token_logprobs(prompts.token_ids)).argmax(axis=1)
         results.append(AccuracyCell(k, n, n_prompts, int((predictions == prompts.labels).sum())))
         bar.update(1)
     bar.close()

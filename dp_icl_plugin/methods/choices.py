@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["AnswerChoices", "draw_among"]
@@ -167,7 +167,9 @@ class AnswerChoices:
         """
         tokens: list[int] = []
         while not self.complete(tokens):
-            row = backend.next_token_logprobs([list(prompt) + tokens])[0]
+            row = check_logprobs(backend.next_token_logprobs([list(prompt) + tokens]))[
+                0
+            ]  # public: a bad row is refused
             tokens.append(self.restrict(lambda rows: int(np.argmax(rows)), row, tokens))
         text = self.text_of(tokens)
         assert text is not None  # complete() holds

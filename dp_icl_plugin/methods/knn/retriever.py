@@ -553,7 +553,7 @@ class PrivateKNN:
         room = self.config.max_answer_tokens + 1
         prompts = [self._fit(self.answer_prompt.render(demos, query), room=room) for demos in shards]
         per_answer = self.config.keywords_per_answer if self.config.keyword_release == "threshold" else None
-        outputs = greedy_generate(self.backend, prompts, max_new_tokens=self.config.max_answer_tokens)
+        outputs = greedy_generate(self.backend, prompts, max_new_tokens=self.config.max_answer_tokens, public=False)
         return [answer_keywords(tokens, per_answer=per_answer, is_keyword=self._is_keyword) for tokens in outputs]
 
     def _is_keyword(self, token: int) -> bool:
