@@ -489,8 +489,8 @@ def test_a_record_the_model_returns_nan_for_cannot_fail_the_release(
     on D)."""
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, TangSynthesizer
+    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
     from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     label = names[5]
@@ -679,8 +679,8 @@ def test_the_prefix_cache_keeps_to_its_token_budget() -> None:
 def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(backend: HFBackend) -> None:
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
     from dp_icl_plugin.methods.decoding import MozoDecoder
-    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     records = [
@@ -714,7 +714,7 @@ def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(ba
 
 def test_mozo_offline_synthesis_through_prefix_caches_equals_full_prompts(backend: HFBackend) -> None:
     from dp_icl_plugin.methods import MozoOfflineSynthesizer, PrivateDataset, PrivateRecord
-    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
+    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     records = [
@@ -756,8 +756,8 @@ def test_a_session_started_from_prefix_caches_grows_like_a_fresh_one(backend: HF
 def test_clip_blend_answers_are_the_same_with_and_without_the_prefix_cache(backend: HFBackend) -> None:
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
     from dp_icl_plugin.methods.decoding import ClipBlendDecoder
-    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     records = PrivateDataset(
@@ -996,8 +996,8 @@ def test_clip_blend_synthesis_through_the_shared_prefix_equals_full_prompts(back
 def test_clip_blend_answers_fit_the_model_whatever_the_records_length(backend: HFBackend) -> None:
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
     from dp_icl_plugin.methods.decoding import ClipBlendDecoder
-    from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     records = PrivateDataset(

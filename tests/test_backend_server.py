@@ -172,7 +172,7 @@ def test_a_method_reading_more_than_the_top_k_refuses_before_any_charge(hf: HFBa
     from dp_icl_plugin.methods.decoding import MozoDecoder
 
     server = _backend(FakeVLLM(hf), top_k=20)
-    from dp_icl_plugin.methods.base import check_top_k
+    from dp_icl_plugin.backends.base import check_top_k
 
     check_top_k(20, server)
     with pytest.raises(ConfigurationError, match="top_k >= 100"):

@@ -15,11 +15,11 @@ from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, Privac
 from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget, rdp
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.methods import knn as knn_module
+from dp_icl_plugin.methods.answer_templates import AnswerTemplate
 from dp_icl_plugin.methods.data import PrivateRecord
 from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder, expert_scores
 from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, token_epsilon_for_uses
-from dp_icl_plugin.methods.mozo import AnswerTemplate
 
 VOCAB = ["q", "t", "u", "plain", "rare", "a", "b", "c", "<eos>"]
 ID = {w: i for i, w in enumerate(VOCAB)}

@@ -33,7 +33,8 @@ from dp_icl_plugin.mechanisms.mozo import (
     top_k_support,
 )
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
-from dp_icl_plugin.methods.mozo import ANSWER_PRESETS, AnswerTemplate, MozoOfflineSynthesizer
+from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS, AnswerTemplate
+from dp_icl_plugin.methods.mozo import MozoOfflineSynthesizer
 
 VOCAB = ["/", *[f"w{i}" for i in range(40)]]
 GINC = ANSWER_PRESETS["ginc"]

@@ -21,7 +21,7 @@ from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, Privac
 from dp_icl_plugin.backends.public_rows import StackedSession, public_apart, start_apart
 from dp_icl_plugin.backends.recompute import RecomputingSession
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer, aggregation_step, mozo_step
-from dp_icl_plugin.methods import clip_blend as clip_blend_module
+from dp_icl_plugin.methods import clip_blend_step as clip_blend_module
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h", "Text:", "Label:", "<eos>", "/"]

@@ -14,8 +14,8 @@ import pytest
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget, ReleaseFailedError
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
+from dp_icl_plugin.methods.answer_templates import AnswerTemplate
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.mozo import AnswerTemplate
 
 WORDS = ["a", "b", "c", "d", "e", "Text:", "Label:", "user:", "assistant:", "system:", "<eos>", "/"]
 

@@ -27,10 +27,10 @@ from dp_icl_plugin.backends.isolation import check_row_isolation  # noqa: E402
 from dp_icl_plugin.ginc.language import symbol_names  # noqa: E402
 from dp_icl_plugin.ginc.tokenizer import build_tokenizer  # noqa: E402
 from dp_icl_plugin.methods import PrivateDataset, PrivateRecord  # noqa: E402
-from dp_icl_plugin.methods import clip_blend as clip_blend_module  # noqa: E402
+from dp_icl_plugin.methods import clip_blend_step as clip_blend_module  # noqa: E402
 from dp_icl_plugin.methods import mozo_step as mozo_step_module  # noqa: E402
+from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS  # noqa: E402
 from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder  # noqa: E402
-from dp_icl_plugin.methods.mozo import ANSWER_PRESETS  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -64,7 +64,8 @@ def test_every_token_keeps_the_answer_a_prefix_of_a_valid_document_and_the_answe
 
 @pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
 def test_a_forced_token_runs_no_mechanism(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dp_icl_plugin.methods import clip_blend, mozo_step
+    from dp_icl_plugin.methods import clip_blend_step as clip_blend
+    from dp_icl_plugin.methods import mozo_step
 
     name = "mozo_token" if kind == "mozo" else "clip_blend_token"
     module = mozo_step if kind == "mozo" else clip_blend

@@ -35,10 +35,10 @@ from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.backends.fake import FakeBackend
 from dp_icl_plugin.backends.shared_suffix import start_rows
+from dp_icl_plugin.methods.answer_templates import AnswerTemplate
 from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder, expert_scores, expert_token
 from dp_icl_plugin.methods.knn.index import PrivateIndex
 from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
-from dp_icl_plugin.methods.mozo import AnswerTemplate
 
 __all__ = ["DELTA", "expert_event", "removal_pairs", "replacement_pairs"]
 

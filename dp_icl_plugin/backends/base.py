@@ -43,6 +43,7 @@ __all__ = [
     "SharedSuffixBackend",
     "appended_ids",
     "check_logprobs",
+    "check_top_k",
     "context_limit",
     "prompt_ids",
     "returned_top_k",
@@ -196,6 +197,21 @@ def returned_top_k(backend: object) -> int | None:
     as an attribute, as :func:`context_limit`)."""
     value = getattr(backend, "top_k", None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_top_k(top_k: int | None, backend: NextTokenBackend) -> None:
+    """A public top-k support cannot be wider than the vocabulary, nor than the top-k a backend returns exactly
+    (:class:`~dp_icl_plugin.backends.server.ServerBackend` with ``top_k``: its other entries are filled)."""
+    if top_k is None:
+        return
+    if top_k > backend.vocab_size:
+        raise ConfigurationError(f"top_k = {top_k} exceeds the vocabulary ({backend.vocab_size})")
+    returned = returned_top_k(backend)
+    if returned is not None and returned < top_k:
+        raise ConfigurationError(
+            f"the method reads the top {top_k} tokens of every row, but the backend returns "
+            f"only its top {returned}: build it with top_k >= {top_k} or None"
+        )
 
 
 # -- helpers ------------------------------------------------------------------------------------------------

@@ -7,12 +7,13 @@ first and returns a :class:`DemoSet`.
 """
 
 from dp_icl_plugin.methods.adadpsyn import AdaDPSynConfig, AdaDPSynSynthesizer
+from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS, AnswerTemplate
 from dp_icl_plugin.methods.base import Plan, SynthesisMethod
 from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.clip_blend import ClipBlendConfig, ClipBlendSynthesizer
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
-from dp_icl_plugin.methods.mozo import ANSWER_PRESETS, AnswerTemplate, MozoOfflineConfig, MozoOfflineSynthesizer
+from dp_icl_plugin.methods.mozo import MozoOfflineConfig, MozoOfflineSynthesizer
 from dp_icl_plugin.methods.pta import PTAConfig, PTASynthesizer
 from dp_icl_plugin.methods.tang import TangConfig, TangSynthesizer
 from dp_icl_plugin.methods.templates import PRESETS, PromptTemplate

@@ -35,7 +35,7 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
-from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, returned_top_k
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
 from dp_icl_plugin.errors import BackendError, ConfigurationError, after_charge
 from dp_icl_plugin.methods.data import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.demoset import DemoSet, Provenance
@@ -49,24 +49,8 @@ __all__ = [
     "check_backend",
     "check_privacy_target",
     "check_rng",
-    "check_top_k",
     "config_dict",
 ]
-
-
-def check_top_k(top_k: int | None, backend: NextTokenBackend) -> None:
-    """A public top-k support cannot be wider than the vocabulary, nor than the top-k a backend returns exactly
-    (:class:`~dp_icl_plugin.backends.server.ServerBackend` with ``top_k``: its other entries are filled)."""
-    if top_k is None:
-        return
-    if top_k > backend.vocab_size:
-        raise ConfigurationError(f"top_k = {top_k} exceeds the vocabulary ({backend.vocab_size})")
-    returned = returned_top_k(backend)
-    if returned is not None and returned < top_k:
-        raise ConfigurationError(
-            f"the method reads the top {top_k} tokens of every row, but the backend returns "
-            f"only its top {returned}: build it with top_k >= {top_k} or None"
-        )
 
 
 @dataclass(frozen=True)

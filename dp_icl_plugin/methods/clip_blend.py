@@ -56,50 +56,25 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
-from dp_icl_plugin.backends.base import IncrementalSession, NextTokenBackend, Prompt, check_logprobs, context_limit
+from dp_icl_plugin.backends.base import NextTokenBackend, Prompt, check_logprobs, context_limit
 from dp_icl_plugin.backends.recompute import RecomputingSession as ReencodingSession
 from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
 from dp_icl_plugin.errors import BackendError, ConfigurationError
-from dp_icl_plugin.mechanisms.clip_blend import clip_blend_token
 from dp_icl_plugin.methods.base import DemoSlot, Plan, SynthesisMethod, check_privacy_target
+from dp_icl_plugin.methods.clip_blend_step import ClipBlendStep, assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset
 from dp_icl_plugin.methods.prompting import PromptIds
 from dp_icl_plugin.methods.templates import PromptTemplate, format_fields
-from dp_icl_plugin.methods.token_steps import TokenStep, public_checked
+from dp_icl_plugin.methods.token_steps import TokenStep
 
 __all__ = [
     "PAPER_PROMPTS",
     "ClipBlendConfig",
-    "ClipBlendStep",
     "ClipBlendSynthesizer",
     "DecodingSpeedup",
     "ReencodingSession",
-    "assign_groups",
     "measure_decoding_speedup",
 ]
-
-
-def assign_groups(
-    n_records: int, *, population: int, n_groups: int, subset_size: int, rng: np.random.Generator
-) -> list[np.ndarray]:
-    """Deal record positions 0..n_records−1 to ``n_groups`` disjoint groups of expected size ``subset_size``.
-
-    Each record independently draws a uniform integer v in [0, N), N = ``population`` (a public, declared
-    size, not ``n_records``): it joins group ⌊v/s⌋ when v < K·s (each group with probability s/N exactly),
-    no group otherwise. With n_records = N = K·s every record joins one group. A record's group depends on
-    its own draw only (see the module docstring).
-
-    Returns:
-        One sorted array of positions per group.
-    """
-    n = check.positive_int("n_records + 1", n_records + 1) - 1  # a label may have no records
-    big_n = check.positive_int("population", population)
-    k = check.positive_int("n_groups", n_groups)
-    s = check.positive_int("subset_size", subset_size)
-    if k * s > big_n:
-        raise ConfigurationError(f"{k} groups of expected size {s} need a population of at least {k * s}, got {big_n}")
-    slot = rng.integers(0, big_n, size=n) // s
-    return [np.flatnonzero(slot == g) for g in range(k)]
 
 
 def _label_only(name: str, fmt: object) -> str:
@@ -327,53 +302,6 @@ def _opened(
 def _fit(ids: list[int], capacity: int | None) -> list[int]:
     """Keep the last ``capacity`` tokens (the query survives; the oldest text goes, as in ``PromptIds``)."""
     return ids if capacity is None or len(ids) <= capacity else ids[-capacity:]
-
-
-class ClipBlendStep(TokenStep):
-    """Clip-blend's token step on an open session (row 0 public, rows 1.. one record each), for the synthesizer and
-    the online decoder (:class:`~dp_icl_plugin.methods.decoding.ClipBlendDecoder`).
-
-    Each token is :func:`~dp_icl_plugin.mechanisms.clip_blend.clip_blend_token`: ε0-DP and ε0-bounded-range, with
-    ε0 = c/(sτ) (add/remove) or 2c/(sτ) (replace-one); the caller charges every token an answer or a
-    demonstration may have. The prompts stay fixed, so a step after the first appends the token released last to
-    every prompt (one forward per released token, none after the last). ``temperature=None`` is the noiseless
-    argmax (ε = ∞).
-
-    Args:
-        session: the demonstration's or the answer's prompts, public first.
-        clip: the clipping bound c.
-        subset_size: the fixed divisor s (public).
-        temperature: τ, or None for the argmax.
-    """
-
-    def __init__(
-        self, session: IncrementalSession, *, clip: float, subset_size: int, temperature: float | None
-    ) -> None:
-        self.session = session
-        self.clip = clip
-        self.subset_size = subset_size
-        self.temperature = temperature
-        self._appended = -1  # tokens appended to the session; -1 before its first rows are read
-        self._logprobs: np.ndarray | None = None
-
-    def rows(self, generated: Sequence[int], rng: np.random.Generator) -> np.ndarray:
-        if self._appended < 0:
-            self._logprobs, self._appended = public_checked(self.session.logprobs), 0
-        elif len(generated) > self._appended:
-            if len(generated) != self._appended + 1:
-                raise ConfigurationError("a clip-blend session appends one released token per step")
-            self._logprobs = public_checked(self.session.append(int(generated[-1])))
-            self._appended += 1
-        assert self._logprobs is not None
-        return self._logprobs
-
-    def release(self, rows: np.ndarray, rng: np.random.Generator) -> int:
-        return clip_blend_token(
-            rows[1:], rows[0], clip=self.clip, subset_size=self.subset_size, temperature=self.temperature, rng=rng
-        )
-
-
-# -- measuring what the KV cache buys -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -54,14 +54,14 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
-from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
+from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k, context_limit
 from dp_icl_plugin.backends.shared_suffix import public_suffix, start_rows
 from dp_icl_plugin.errors import ConfigurationError, ShareExhaustedError, iterate_after_charge
 from dp_icl_plugin.mechanisms.mozo import LAMBDA_MAX
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, warn_if_weak
-from dp_icl_plugin.methods.base import check_top_k
+from dp_icl_plugin.methods.answer_templates import AnswerTemplate
 from dp_icl_plugin.methods.choices import AnswerChoices
-from dp_icl_plugin.methods.clip_blend import ClipBlendStep, assign_groups
+from dp_icl_plugin.methods.clip_blend_step import ClipBlendStep, assign_groups
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import (
     AnswerState,
@@ -70,7 +70,6 @@ from dp_icl_plugin.methods.decoder import (
     Query,
     check_query,
 )
-from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.methods.mozo_step import MozoStep
 from dp_icl_plugin.methods.prompting import check_records_encode
 from dp_icl_plugin.methods.structured import JSONSchemaAnswers, json_schema_of, with_instruction

@@ -51,20 +51,19 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k
 from dp_icl_plugin.backends.shared_suffix import start_rows
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.mechanisms.clip_blend import clip_logits, exponential_mechanism
 from dp_icl_plugin.mechanisms.mozo import top_k_support
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
-from dp_icl_plugin.methods.base import check_top_k
+from dp_icl_plugin.methods.answer_templates import AnswerTemplate
 from dp_icl_plugin.methods.choices import AnswerChoices
 from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 from dp_icl_plugin.methods.decoder import DecodedAnswer, Query
 from dp_icl_plugin.methods.decoding import _Decoder, query_text
 from dp_icl_plugin.methods.knn.index import Candidates, PrivateIndex
 from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
-from dp_icl_plugin.methods.mozo import AnswerTemplate
 from dp_icl_plugin.methods.token_steps import public_checked
 from dp_icl_plugin.timing import FixedLatency
 

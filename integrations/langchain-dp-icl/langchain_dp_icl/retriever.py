@@ -20,8 +20,8 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
 from dp_icl_plugin.methods.knn import KNNExpertDecoder, PrivateKNN
-from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 from dp_icl_plugin.methods.randomness import noise_source
 
 __all__ = ["DPICLRetriever"]

@@ -19,8 +19,8 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.llms.dp_icl.events import DPSpendEvent
 
 from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
 from dp_icl_plugin.methods.knn import KNNExpertDecoder, PrivateKNN
-from dp_icl_plugin.methods.mozo import ANSWER_PRESETS
 from dp_icl_plugin.methods.randomness import noise_source
 
 __all__ = ["DPICLRetriever"]
