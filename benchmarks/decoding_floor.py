@@ -23,10 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget
-from dp_icl_plugin.methods import PrivateDataset
-from dp_icl_plugin.methods.decoder_factory import step_rows
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget, PrivateDataset
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.decoding.factory import step_rows
 
 TREC = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train.txt"
 QUERY = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who wrote Hamlet?"}]

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget
+from dp_icl_plugin import PRESETS, BudgetManager, HFBackend, PrivacyBudget, PrivateDataset, PTASynthesizer
 from dp_icl_plugin.backends.server import ServerBackend
-from dp_icl_plugin.methods import PRESETS, PrivateDataset, PTASynthesizer
-from dp_icl_plugin.methods.decoding import MozoDecoder
+from dp_icl_plugin.decoding.decoders import MozoDecoder
 
 ROOT = Path(__file__).resolve().parents[1]
 TREC = ROOT.parent / "shared" / "data" / "trec" / "train.txt"

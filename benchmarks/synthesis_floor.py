@@ -28,13 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget
-from dp_icl_plugin.methods import (
+from dp_icl_plugin import (
     ANSWER_PRESETS,
     PRESETS,
     AdaDPSynSynthesizer,
+    BudgetManager,
     ClipBlendSynthesizer,
+    HFBackend,
     MozoOfflineSynthesizer,
+    PrivacyBudget,
     PrivateDataset,
     PTASynthesizer,
     TangSynthesizer,

@@ -1,9 +1,15 @@
 """dp-icl-plugin: differentially private in-context learning for LangChain and LlamaIndex apps.
 
-The core is framework-free: importing it loads neither torch, transformers, faiss, langchain nor
-llama_index. Layers (imports point one way): ``accounting`` ← ``mechanisms`` / ``backends`` ← ``methods``
-← the adapter distributions in ``integrations/``: ``langchain_dp_icl``, ``llama_index.llms.dp_icl``,
-``llama_index.retrievers.dp_icl``.
+Everything a user builds with is importable from here (``from dp_icl_plugin import PrivateDataset, PTASynthesizer,
+BudgetManager``): the records (:mod:`~dp_icl_plugin.data`), the synthesizers (:mod:`~dp_icl_plugin.synthesis`),
+the decoders (:mod:`~dp_icl_plugin.decoding`), private kNN retrieval (:mod:`~dp_icl_plugin.retrieval`), the
+templates, the backends, the budget ledger and its events (:mod:`~dp_icl_plugin.accounting`) and the errors.
+
+The core is framework-free: importing it loads neither torch, transformers, faiss, langchain nor llama_index. Layers
+(imports point one way): ``accounting`` ← ``mechanisms`` / ``backends`` ← ``data`` / ``templates`` ← ``steps`` (one
+token step per mechanism) ← ``synthesis`` / ``retrieval`` ← ``decoding`` ← the adapter distributions in
+``integrations/`` (``langchain_dp_icl``, ``llama_index.llms.dp_icl``, ``llama_index.retrievers.dp_icl``), which reach
+the core through this module and :mod:`dp_icl_plugin.adapters`.
 """
 
 from dp_icl_plugin.accounting import (
@@ -15,6 +21,7 @@ from dp_icl_plugin.accounting import (
     DPEvent,
     ExponentialMechanismEvent,
     GaussianEvent,
+    IndividualBudget,
     LedgerEntry,
     MozoTokenEvent,
     PoissonSampledEvent,
@@ -30,6 +37,17 @@ from dp_icl_plugin.accounting import (
     to_relation,
 )
 from dp_icl_plugin.backends import FakeBackend, HFBackend, IncrementalSession, NextTokenBackend, ServerBackend
+from dp_icl_plugin.data import Demonstration, PrivateDataset, PrivateRecord, load_dataset
+from dp_icl_plugin.decoding import (
+    AnswerChoices,
+    AnswerStream,
+    ClipBlendDecoder,
+    DecodedAnswer,
+    Decoder,
+    KNNExpertDecoder,
+    MozoDecoder,
+    build_decoder,
+)
 from dp_icl_plugin.errors import (
     BackendError,
     BudgetExhaustedError,
@@ -50,23 +68,54 @@ from dp_icl_plugin.errors import (
     ShareExhaustedError,
     UnsupportedEventError,
 )
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.synthesis import (
+    AdaDPSynConfig,
+    AdaDPSynSynthesizer,
+    ClipBlendConfig,
+    ClipBlendSynthesizer,
+    DemoSet,
+    MozoOfflineConfig,
+    MozoOfflineSynthesizer,
+    Provenance,
+    PTAConfig,
+    PTASynthesizer,
+    SynthesisMethod,
+    TangConfig,
+    TangSynthesizer,
+)
+from dp_icl_plugin.templates import ANSWER_PRESETS, PRESETS, AnswerTemplate, PromptTemplate
 from dp_icl_plugin.timing import FixedLatency
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ADD_REMOVE",
+    "ANSWER_PRESETS",
+    "PRESETS",
     "REPLACE_ONE",
+    "AdaDPSynConfig",
+    "AdaDPSynSynthesizer",
+    "AnswerChoices",
+    "AnswerStream",
+    "AnswerTemplate",
     "ApproxDPEvent",
     "BackendError",
     "BudgetExhaustedError",
     "BudgetManager",
     "BudgetMismatchError",
     "CalibrationError",
+    "ClipBlendConfig",
+    "ClipBlendDecoder",
+    "ClipBlendSynthesizer",
     "ComposedEvent",
     "ConfigurationError",
     "DPEvent",
     "DPICLError",
+    "DecodedAnswer",
+    "Decoder",
+    "DemoSet",
+    "Demonstration",
     "ExponentialMechanismEvent",
     "FakeBackend",
     "FilterMismatchError",
@@ -74,16 +123,30 @@ __all__ = [
     "GaussianEvent",
     "HFBackend",
     "IncrementalSession",
+    "IndividualBudget",
+    "KNNConfig",
+    "KNNExpertDecoder",
     "LedgerCorruptError",
     "LedgerEntry",
     "LedgerError",
     "LedgerFormatError",
     "ModelFileError",
+    "MozoDecoder",
+    "MozoOfflineConfig",
+    "MozoOfflineSynthesizer",
     "MozoTokenEvent",
     "NextTokenBackend",
+    "PTAConfig",
+    "PTASynthesizer",
     "PoissonSampledEvent",
     "PrivacyBudget",
     "PrivacySpend",
+    "PrivateDataset",
+    "PrivateIndex",
+    "PrivateKNN",
+    "PrivateRecord",
+    "PromptTemplate",
+    "Provenance",
     "PureDPEvent",
     "RDPCurveEvent",
     "ReleaseFailedError",
@@ -95,10 +158,27 @@ __all__ = [
     "ServerRateLimitError",
     "ServerUnavailableError",
     "ShareExhaustedError",
+    "SynthesisMethod",
+    "TangConfig",
+    "TangSynthesizer",
     "UnsupportedEventError",
     "__version__",
+    "build_decoder",
     "calibrate",
     "compose",
     "get_accountant",
+    "load_dataset",
     "to_relation",
 ]
+
+
+def _public_home() -> None:
+    """Each public class and function says it is ``dp_icl_plugin.<name>`` (reprs, tracebacks, docs), where a user
+    imports it from; pickling finds it there too."""
+    for name in __all__:
+        obj = globals()[name]
+        if (isinstance(obj, type) or callable(obj)) and getattr(obj, "__module__", "").startswith(f"{__name__}."):
+            obj.__module__ = __name__
+
+
+_public_home()

@@ -19,6 +19,7 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
+from dp_icl_plugin.decoding.knn_experts import filter_budget_for
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
 from dp_icl_plugin.mechanisms.token_shift import (
@@ -28,9 +29,8 @@ from dp_icl_plugin.mechanisms.token_shift import (
     mozo_shift,
     verdict,
 )
-from dp_icl_plugin.methods.knn.embedding import default_embedder, embed_texts
-from dp_icl_plugin.methods.knn.experts import filter_budget_for
-from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, noise_for_uses, token_epsilon_for_uses
+from dp_icl_plugin.retrieval.embedding import default_embedder, embed_texts
+from dp_icl_plugin.retrieval.retriever import EXPERT_CLIP, noise_for_uses, token_epsilon_for_uses
 
 __all__ = ["MethodOutlook", "Plan", "estimate_min_similarity", "plan"]
 
@@ -106,7 +106,7 @@ def plan(
         records: the number of private records (as the caller knows it; the plan reads no data).
         epsilon, delta: the ledger's budget for this use.
         answers, tokens: how many answers the app needs, and the longest one in tokens (with public answer
-            choices, their :attr:`~dp_icl_plugin.methods.choices.AnswerChoices.decisions`: the tokens a
+            choices, their :attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions`: the tokens a
             mechanism decides).
         relation: the ledger's neighbouring relation (kNN's filter budget is what covers (ε, δ) on it).
         k: kNN experts per answer (expert decoding) and records per vote.
@@ -267,7 +267,7 @@ def estimate_min_similarity(
     Each public text stands for a query, the others for a sample of the records: a query with m − 1 others
     sees about k·(m − 1)/records of them at the similarity that k records would reach; the estimate is the
     median over the queries of that rank's similarity. Every record at least this similar pays for an answer
-    (:class:`~dp_icl_plugin.methods.knn.KNNConfig`), so this sets how many pay. The public texts must resemble
+    (:class:`~dp_icl_plugin.retrieval.KNNConfig`), so this sets how many pay. The public texts must resemble
     the records as the queries will: on E2E, whose test inputs name other restaurants than the records, the
     estimate was 0.99 where no record passes (the records' own 16th-nearest similarity to a query is 0.79).
 

@@ -24,8 +24,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_dp_icl import ChatDPICL, ChatZeroShot
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
-from dp_icl_plugin.methods import PrivateDataset
+from dp_icl_plugin import BudgetManager, PrivacyBudget, PrivateDataset
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 TYPES = {

@@ -24,11 +24,10 @@ from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate
 from langchain_core.runnables import RunnableLambda
 from langchain_dp_icl import DPICLExampleSelector
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import PRESETS, BudgetManager, PrivacyBudget, PTASynthesizer
 from dp_icl_plugin.ginc import load_model
 from dp_icl_plugin.ginc.dp_icl import concept_label, private_dataset
 from dp_icl_plugin.ginc.prompts import pta_split
-from dp_icl_plugin.methods import PRESETS, PTASynthesizer
 
 
 def main() -> None:
@@ -98,7 +97,7 @@ def real_model_answer() -> None:
     """One DPS-MOZO chat answer from the pretrained model over private TREC questions (ε = 1 for 10 answers)."""
     from langchain_dp_icl import ChatDPICL
 
-    from dp_icl_plugin.methods import PrivateDataset
+    from dp_icl_plugin import PrivateDataset
 
     trec = Path(__file__).resolve().parent / "data" / "trec" / "train.txt"  # shipped (examples/data/README.md)
     lines = trec.read_text(encoding="latin-1").splitlines()[:500]

@@ -30,13 +30,12 @@ from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.llms.dp_icl import DPICL
 from llama_index.retrievers.dp_icl import DPICLRetriever
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import BudgetManager, PrivacyBudget, PrivateDataset, PTASynthesizer
+from dp_icl_plugin import PromptTemplate as DemoTemplate
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.hf import HFBackend
-from dp_icl_plugin.methods import PrivateDataset, PTASynthesizer
-from dp_icl_plugin.methods import PromptTemplate as DemoTemplate
-from dp_icl_plugin.methods.decoding import MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.decoding.decoders import MozoDecoder
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 

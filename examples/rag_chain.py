@@ -26,7 +26,7 @@ from langchain_dp_icl import ChatZeroShot, DPICLRetriever
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.hf import HFBackend
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 NAMES = {

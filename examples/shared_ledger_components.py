@@ -20,12 +20,11 @@ import numpy as np
 from langchain_core.prompts import FewShotPromptTemplate, PromptTemplate
 from langchain_dp_icl import DPICLLLM, DPICLExampleSelector
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import ANSWER_PRESETS, PRESETS, BudgetManager, PrivacyBudget, PTASynthesizer
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 from dp_icl_plugin.ginc import load_model
 from dp_icl_plugin.ginc.dp_icl import private_dataset, query_answer_dataset
 from dp_icl_plugin.ginc.prompts import pta_split
-from dp_icl_plugin.methods import ANSWER_PRESETS, PRESETS, PTASynthesizer
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
 
 
 def main() -> None:

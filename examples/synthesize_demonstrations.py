@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import PRESETS, BudgetManager, DemoSet, PrivacyBudget, PTASynthesizer
 from dp_icl_plugin.ginc import load_model
 from dp_icl_plugin.ginc.dp_icl import private_dataset
 from dp_icl_plugin.ginc.prompts import pta_split
-from dp_icl_plugin.methods import PRESETS, DemoSet, PTASynthesizer
 
 
 def main() -> None:

@@ -11,11 +11,10 @@ from typing import Any
 import numpy as np
 from tests_support import tiny_text_gpt2
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import BudgetManager, DemoSet, PrivacyBudget, PrivateDataset, PrivateRecord, Provenance
 from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.methods import DemoSet, PrivateDataset, PrivateRecord, Provenance
-from dp_icl_plugin.methods.data import Demonstration
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.data.records import Demonstration
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 CANARY = "zqxcanaryzqx"
 CORPUS = [

@@ -18,7 +18,7 @@ def weak_keywords_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lift the refusal of keyword answers that could release no keyword (``MIN_KEYWORD_PASS``), for tests of
     the release's mechanics (who pays, what is charged) on the small budgets they use; the refusal itself is
     tested on its own."""
-    from dp_icl_plugin.methods.knn import retriever
+    from dp_icl_plugin.retrieval import retriever
 
     monkeypatch.setattr(retriever, "MIN_KEYWORD_PASS", 0.0)
 

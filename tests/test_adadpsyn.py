@@ -12,13 +12,20 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tests_support import steps_of
 
-from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
+from dp_icl_plugin import (
+    PRESETS,
+    BudgetManager,
+    FakeBackend,
+    PrivacyBudget,
+    PrivateDataset,
+    PrivateRecord,
+    PromptTemplate,
+)
 from dp_icl_plugin.accounting import calibrate_adadpsyn
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.errors import BudgetExhaustedError, CalibrationError, ConfigurationError, UnsupportedEventError
-from dp_icl_plugin.mechanisms import adadpsyn as mech
-from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, PromptTemplate
-from dp_icl_plugin.methods.adadpsyn import AdaDPSynConfig, AdaDPSynSynthesizer
+from dp_icl_plugin.mechanisms import adadpsyn_aggregation as mech
+from dp_icl_plugin.synthesis.adadpsyn import AdaDPSynConfig, AdaDPSynSynthesizer
 
 VOCAB = ["/", *[f"w{i}" for i in range(40)]]
 TEMPLATE = PromptTemplate(header="/ ", example="{text} / ", query="", base="/", stop=None, stop_at_eos=False)
@@ -413,7 +420,7 @@ def test_whether_a_run_happens_never_depends_on_the_observed_label_counts() -> N
 
 
 def test_slots_hold_a_uniform_arrangement_of_the_records() -> None:
-    from dp_icl_plugin.methods.prompting import fixed_size_subsets, slot_placement
+    from dp_icl_plugin.templates.prompting import fixed_size_subsets, slot_placement
 
     rng = np.random.default_rng(0)
     over = np.array([slot_placement(40, 39, rng) for _ in range(4000)])  # one record more than slots

@@ -487,10 +487,9 @@ def test_a_record_the_model_returns_nan_for_cannot_fail_the_release(
     """The NaN comes from inside the model, for the rows holding one record: the release completes and is charged
     once (before the fix, ReleaseFailedError after the charge whenever that record was drawn: on D ∪ {it}, not
     on D)."""
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, TangSynthesizer
-    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
-    from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+    from dp_icl_plugin import PRESETS, BudgetManager, PrivacyBudget, PrivateDataset, PrivateRecord, TangSynthesizer
+    from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+    from dp_icl_plugin.templates.answer import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     label = names[5]
@@ -677,10 +676,9 @@ def test_the_prefix_cache_keeps_to_its_token_budget() -> None:
 
 
 def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(backend: HFBackend) -> None:
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
-    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
-    from dp_icl_plugin.methods.decoding import MozoDecoder
+    from dp_icl_plugin import BudgetManager, PrivacyBudget, PrivateDataset, PrivateRecord
+    from dp_icl_plugin.decoding.decoders import MozoDecoder
+    from dp_icl_plugin.templates.answer import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     records = [
@@ -713,8 +711,8 @@ def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(ba
 
 
 def test_mozo_offline_synthesis_through_prefix_caches_equals_full_prompts(backend: HFBackend) -> None:
-    from dp_icl_plugin.methods import MozoOfflineSynthesizer, PrivateDataset, PrivateRecord
-    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
+    from dp_icl_plugin import MozoOfflineSynthesizer, PrivateDataset, PrivateRecord
+    from dp_icl_plugin.templates.answer import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     records = [
@@ -754,10 +752,9 @@ def test_a_session_started_from_prefix_caches_grows_like_a_fresh_one(backend: HF
 
 
 def test_clip_blend_answers_are_the_same_with_and_without_the_prefix_cache(backend: HFBackend) -> None:
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
-    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
-    from dp_icl_plugin.methods.decoding import ClipBlendDecoder
+    from dp_icl_plugin import BudgetManager, PrivacyBudget, PrivateDataset, PrivateRecord
+    from dp_icl_plugin.decoding.decoders import ClipBlendDecoder
+    from dp_icl_plugin.templates.answer import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     records = PrivateDataset(
@@ -847,7 +844,7 @@ def test_rows_sharing_a_prefix_give_the_full_prompts_distributions(backend: HFBa
 
 
 def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(backend: HFBackend) -> None:
-    from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, PTASynthesizer, TangSynthesizer
+    from dp_icl_plugin import PRESETS, PrivateDataset, PrivateRecord, PTASynthesizer, TangSynthesizer
 
     names = symbol_names(VOCAB)
     records = PrivateDataset(
@@ -857,8 +854,8 @@ def test_tang_and_pta_synthesis_through_the_shared_prefix_equal_full_prompts(bac
         ],
         public_label_counts="observed",
     )
-    from dp_icl_plugin.methods import PromptTemplate
-    from dp_icl_plugin.methods.prompting import PromptIds
+    from dp_icl_plugin import PromptTemplate
+    from dp_icl_plugin.templates.prompting import PromptIds
 
     ginc = PRESETS["ginc"]
     template = PromptTemplate(
@@ -950,9 +947,15 @@ def test_the_shared_prefix_is_cached_whether_or_not_the_rows_start_with_it(backe
 
 
 def test_clip_blend_synthesis_through_the_shared_prefix_equals_full_prompts(backend: HFBackend) -> None:
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods import ClipBlendSynthesizer, PrivateDataset, PrivateRecord, PromptTemplate
-    from dp_icl_plugin.methods.prompting import PromptIds
+    from dp_icl_plugin import (
+        BudgetManager,
+        ClipBlendSynthesizer,
+        PrivacyBudget,
+        PrivateDataset,
+        PrivateRecord,
+        PromptTemplate,
+    )
+    from dp_icl_plugin.templates.prompting import PromptIds
 
     names = symbol_names(VOCAB)
     records = PrivateDataset(
@@ -994,10 +997,9 @@ def test_clip_blend_synthesis_through_the_shared_prefix_equals_full_prompts(back
 
 
 def test_clip_blend_answers_fit_the_model_whatever_the_records_length(backend: HFBackend) -> None:
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
-    from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
-    from dp_icl_plugin.methods.decoding import ClipBlendDecoder
+    from dp_icl_plugin import BudgetManager, PrivacyBudget, PrivateDataset, PrivateRecord
+    from dp_icl_plugin.decoding.decoders import ClipBlendDecoder
+    from dp_icl_plugin.templates.answer import ANSWER_PRESETS
 
     names = symbol_names(VOCAB)
     records = PrivateDataset(

@@ -168,8 +168,8 @@ def test_a_completed_row_is_a_distribution_and_no_missing_token_outranks_a_retur
 
 
 def test_a_method_reading_more_than_the_top_k_refuses_before_any_charge(hf: HFBackend) -> None:
-    from dp_icl_plugin.methods import PrivateDataset, TangSynthesizer
-    from dp_icl_plugin.methods.decoding import MozoDecoder
+    from dp_icl_plugin import PrivateDataset, TangSynthesizer
+    from dp_icl_plugin.decoding.decoders import MozoDecoder
 
     server = _backend(FakeVLLM(hf), top_k=20)
     from dp_icl_plugin.backends.base import check_top_k
@@ -256,7 +256,7 @@ def test_retries_are_bounded_and_end_in_typed_errors_without_private_text(hf: HF
 
 
 def test_a_server_that_goes_down_mid_synthesis_keeps_the_charge(hf: HFBackend) -> None:
-    from dp_icl_plugin.methods import PrivateDataset, TangSynthesizer
+    from dp_icl_plugin import PrivateDataset, TangSynthesizer
 
     fake = FakeVLLM(hf)
     server = _backend(fake, max_retries=1)

@@ -70,14 +70,16 @@ from dp_icl_plugin import (
     ConfigurationError,
     FakeBackend,
     PrivacyBudget,
+    PrivateDataset,
+    PrivateRecord,
     PureDPEvent,
     ShareExhaustedError,
+    TangSynthesizer,
 )
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.cli import main
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
-from dp_icl_plugin.methods.decoding import MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.decoding.decoders import MozoDecoder
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 NAN, INF = math.nan, math.inf
 HUGE_TEXT = "the cat sat " * 4000  # far beyond the tiny model's 1024 positions

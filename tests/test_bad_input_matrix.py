@@ -15,17 +15,21 @@ import pytest
 from dp_icl_plugin import (
     BudgetExhaustedError,
     BudgetManager,
+    DemoSet,
     DPICLError,
     FakeBackend,
     GaussianEvent,
     PrivacyBudget,
+    PrivateDataset,
+    PrivateRecord,
+    PTASynthesizer,
     PureDPEvent,
+    TangSynthesizer,
 )
 from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost, RenyiFilter
-from dp_icl_plugin.methods import DemoSet, PrivateDataset, PrivateRecord, PTASynthesizer, TangSynthesizer
-from dp_icl_plugin.methods.decoding import MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
-from dp_icl_plugin.methods.loading import load_dataset
+from dp_icl_plugin.data.files import load_dataset
+from dp_icl_plugin.decoding.decoders import MozoDecoder
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 WORDS = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>"]
 

@@ -11,11 +11,12 @@ from test_knn_experts import TEMPLATE, build
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import method_events as me
-from dp_icl_plugin.methods import clip_blend_step as clip_blend_method
-from dp_icl_plugin.methods import decoding, mozo_step
-from dp_icl_plugin.methods.choices import AnswerChoices
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig
+from dp_icl_plugin.decoding import decoders as decoding
+from dp_icl_plugin.decoding.choices import AnswerChoices
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.retrieval import KNNConfig
+from dp_icl_plugin.steps import clip_blend_step as clip_blend_method
+from dp_icl_plugin.steps import mozo_step
 
 
 def fake(eos: bool = True) -> FakeBackend:
@@ -214,7 +215,7 @@ def test_a_stop_sequence_inside_a_choice_is_refused_and_eos_never_enters_the_tex
     with pytest.raises(ConfigurationError, match="inside a choice"):
         decoder.generate("a b", rng=np.random.default_rng(0), stop=["b"])
     assert ledger.history() == []
-    from dp_icl_plugin.methods.answer_templates import AnswerTemplate
+    from dp_icl_plugin.templates.answer import AnswerTemplate
 
     plain = mozo(ledger, choices=["a", "a b"], template=AnswerTemplate(stop=None, stop_at_eos=False), n_queries=12)
     texts = {plain.generate("a b", rng=np.random.default_rng(s)).text for s in range(12)}

@@ -12,10 +12,9 @@ pytest.importorskip("torch")
 
 from tests_support import write_ginc_csv
 
-from dp_icl_plugin import BudgetManager
+from dp_icl_plugin import BudgetManager, DemoSet
 from dp_icl_plugin.cli import main
 from dp_icl_plugin.ginc import GincConfig, GincLanguage
-from dp_icl_plugin.methods import DemoSet
 
 ARGS = [
     "--method",
@@ -439,7 +438,7 @@ def test_progress_off_a_terminal_and_an_interrupt_after_the_charge_are_reported(
     err = capsys.readouterr().err
     assert "pta synthesis: 0/40 tokens (0 %), 0 s started" in err and "pta synthesis: 40/40 tokens (100 %)" in err
     assert main([*argv, "--no-progress"]) == 0 and "synthesis" not in capsys.readouterr().err
-    from dp_icl_plugin.methods import PTASynthesizer
+    from dp_icl_plugin import PTASynthesizer
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt

@@ -14,15 +14,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from scipy import stats
 
-from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
+from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget, PrivateDataset, PrivateRecord, PromptTemplate
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
-from dp_icl_plugin.mechanisms import clip_blend as mech
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, PromptTemplate
-from dp_icl_plugin.methods.clip_blend import (
+from dp_icl_plugin.mechanisms import clip_blend_sampling as mech
+from dp_icl_plugin.synthesis.clip_blend import (
     PAPER_PROMPTS,
     ClipBlendConfig,
     ClipBlendSynthesizer,
@@ -601,7 +600,7 @@ def test_end_to_end_on_a_tiny_gpt2_with_cached_decoding_equal_to_reencoding(tmp_
     rng = np.random.default_rng(0)
     records = [PrivateRecord(" ".join(names[int(t)] for t in rng.integers(1, 50, size=9)), "c") for _ in range(40)]
     data = PrivateDataset(records, public_label_counts="observed")
-    from dp_icl_plugin.methods import PRESETS
+    from dp_icl_plugin import PRESETS
 
     method = ClipBlendSynthesizer(epsilon=4.0, delta=1 / 40, max_tokens=10, shots_per_label=2, template=PRESETS["ginc"])
     budget = _budget()

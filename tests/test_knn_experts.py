@@ -14,12 +14,12 @@ from test_knn_retriever import BagEmbedder
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget, rdp
 from dp_icl_plugin.accounting import events as ev
-from dp_icl_plugin.methods import knn as knn_module
-from dp_icl_plugin.methods.answer_templates import AnswerTemplate
-from dp_icl_plugin.methods.data import PrivateRecord
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
-from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder, expert_scores
-from dp_icl_plugin.methods.knn.retriever import EXPERT_CLIP, token_epsilon_for_uses
+from dp_icl_plugin.data.records import PrivateRecord
+from dp_icl_plugin.decoding import knn_experts
+from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder, expert_scores
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval.retriever import EXPERT_CLIP, token_epsilon_for_uses
+from dp_icl_plugin.templates.answer import AnswerTemplate
 
 VOCAB = ["q", "t", "u", "plain", "rare", "a", "b", "c", "<eos>"]
 ID = {w: i for i, w in enumerate(VOCAB)}
@@ -81,13 +81,13 @@ def test_uses_answers_fill_a_records_budget_and_the_next_answer_is_made_without_
 
 def test_the_divisor_is_k_whatever_the_number_of_experts(monkeypatch) -> None:
     seen = []
-    real = knn_module.experts.expert_token
+    real = knn_experts.expert_token
 
     def spy(private, public, **kw):
         seen.append((len(private), kw["divisor"]))
         return real(private, public, **kw)
 
-    monkeypatch.setattr(knn_module.experts, "expert_token", spy)
+    monkeypatch.setattr(knn_experts, "expert_token", spy)
     _, _, decoder = build(["rare", "plain"])
     decoder.generate("q", rng=np.random.default_rng(0), max_tokens=1)
     assert seen == [(2, 8)]
@@ -166,8 +166,8 @@ def test_the_decoder_keeps_the_retrievers_fixed_latency_and_add_remove_needs_pub
         index, budget=decoder.knn.budget, backend=decoder.backend, config=decoder.knn.config, fixed_latency=0.01
     )
     assert KNNExpertDecoder(timed).fixed_latency is not None
-    from dp_icl_plugin.methods import PrivateDataset
-    from dp_icl_plugin.methods.knn.experts import build_expert_decoder
+    from dp_icl_plugin import PrivateDataset
+    from dp_icl_plugin.decoding.knn_experts import build_expert_decoder
 
     ledger = BudgetManager(PrivacyBudget(8.0, 1e-4, neighbouring="add_remove"))
     data = PrivateDataset.from_pairs(["q"] * 4, ["rare"] * 4)

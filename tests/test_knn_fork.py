@@ -20,7 +20,7 @@ import pytest
 
 from dp_icl_plugin import BudgetManager, GaussianEvent, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost, RenyiFilter
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 

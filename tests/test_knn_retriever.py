@@ -15,7 +15,7 @@ from tests_support import SHARED, tiny_text_gpt2
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
 from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget
 from dp_icl_plugin.accounting import events as ev
-from dp_icl_plugin.methods.knn import (
+from dp_icl_plugin.retrieval import (
     AnswerPrompt,
     ClassificationPrompt,
     KeywordAnswerPrompt,
@@ -24,7 +24,7 @@ from dp_icl_plugin.methods.knn import (
     PrivateKNN,
     Retrieval,
 )
-from dp_icl_plugin.methods.knn.retriever import _shard_keys
+from dp_icl_plugin.retrieval.retriever import _shard_keys
 
 LABELS = ["red", "green", "blue"]
 CANARY = "zzcanaryzz"
@@ -547,7 +547,7 @@ def test_a_retrieval_is_released_only_by_the_retriever_that_charged_it() -> None
 
 @pytest.mark.usefixtures("weak_keywords_allowed")
 def test_the_threshold_release_puts_noise_on_every_token_of_the_vocabulary(monkeypatch) -> None:
-    from dp_icl_plugin.methods.knn import retriever as module
+    from dp_icl_plugin.retrieval import retriever as module
 
     seen = []
     real = module.threshold_keywords

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.methods.knn import PrivateIndex
+from dp_icl_plugin.retrieval import PrivateIndex
 
 SECRET = "zq-distinctive-secret-7f3a9c"
 
@@ -62,8 +62,8 @@ def test_a_removed_records_text_is_gone_from_the_database_and_its_wal(tmp_path: 
 
 
 def test_a_checkpoint_blocked_by_a_reader_says_the_text_stays_in_the_wal(tmp_path: Path) -> None:
-    from dp_icl_plugin.methods.knn.stores.base import IndexMeta
-    from dp_icl_plugin.methods.knn.stores.sqlite import SQLiteRecordStore
+    from dp_icl_plugin.retrieval.stores.base import IndexMeta
+    from dp_icl_plugin.retrieval.stores.sqlite import SQLiteRecordStore
 
     store = SQLiteRecordStore(tmp_path / "records.sqlite", busy_timeout=0.2)
     store.create(IndexMeta("ix", False, "e", None, None))

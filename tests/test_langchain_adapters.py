@@ -32,17 +32,21 @@ from langchain_tests.integration_tests import ChatModelIntegrationTests, Retriev
 from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
-from dp_icl_plugin import BudgetExhaustedError, BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
-from dp_icl_plugin.methods import (
+from dp_icl_plugin import (
+    BudgetExhaustedError,
+    BudgetManager,
+    ConfigurationError,
     DemoSet,
+    FakeBackend,
+    PrivacyBudget,
     PrivateDataset,
     PrivateRecord,
     Provenance,
     PTASynthesizer,
     TangSynthesizer,
 )
-from dp_icl_plugin.methods.data import Demonstration
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.data.records import Demonstration
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 
 
 @functools.cache

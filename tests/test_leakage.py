@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
+from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget, PrivateDataset, PrivateRecord, TangSynthesizer
 from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 CANARY = "qqcanary7qq"
 WORDS = ["a", "b", "c", "pos", "neg", "Text:", "Label:", "<eos>", CANARY]

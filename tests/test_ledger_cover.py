@@ -85,7 +85,7 @@ def test_a_release_costing_more_than_its_cover_is_refused(ledger: BudgetManager)
     replace = ev.GaussianEvent(8.0, neighbouring=ev.REPLACE_ONE)  # not the filter's add/remove relation
     refused(ledger, release(cover.id, replace), "knn-answer:index-a", "cannot be analysed under add_remove")
     # What a filter with this budget admits for one use fits: a unit at the cap of its best order.
-    from dp_icl_plugin.methods.knn.retriever import noise_for_uses
+    from dp_icl_plugin.retrieval.retriever import noise_for_uses
 
     sigma = noise_for_uses(FILTER, uses=1, sensitivity=math.sqrt(2))
     at_cap = ev.GaussianEvent(sigma / math.sqrt(2), sensitivity=math.sqrt(2), neighbouring=ev.ADD_REMOVE)

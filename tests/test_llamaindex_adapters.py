@@ -27,9 +27,8 @@ from llama_index.core.schema import MetadataMode
 from llama_index.llms.dp_icl import DPICL, DPSpendEvent
 from llama_index.retrievers.dp_icl import DPICLRetriever
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
-from dp_icl_plugin.methods import PrivateDataset
-from dp_icl_plugin.methods.decoding import MozoDecoder
+from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget, PrivateDataset
+from dp_icl_plugin.decoding.decoders import MozoDecoder
 
 
 class Spends(BaseEventHandler):
@@ -110,7 +109,7 @@ def test_the_spend_reports_each_records_guarantee_for_a_person_grouped_index() -
     import math
 
     from dp_icl_plugin.accounting import IndividualBudget
-    from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+    from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
     index = PrivateIndex(
         budget=IndividualBudget(epsilon=3.0, delta=1e-7),
@@ -180,7 +179,7 @@ class _Tokenizer:  # enough of a tokenizer to reach the URL check
 
 
 def test_dpllm_from_a_server_url_needs_the_tokenizer_and_keeps_to_loopback() -> None:
-    from dp_icl_plugin.methods import PrivateDataset
+    from dp_icl_plugin import PrivateDataset
 
     data = PrivateDataset.from_pairs(["a question"] * 5, ["x"] * 5)
     budget = BudgetManager(PrivacyBudget(2.0, 1e-3))

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dp_icl_plugin.data.files import load_dataset
 from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.loading import load_dataset
 
 SECRET = "patient 4411 has condition X"
 

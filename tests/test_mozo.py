@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from tests_support import steps_of
 
-from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
+from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget, PrivateDataset, PrivateRecord
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.backends.base import Prompt
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
-from dp_icl_plugin.mechanisms.mozo import (
+from dp_icl_plugin.mechanisms.mozo_mixing import (
     LAMBDA_MAX,
     VARIANTS,
     fit_lambda,
@@ -32,9 +32,8 @@ from dp_icl_plugin.mechanisms.mozo import (
     symmetric_renyi_divergence,
     top_k_support,
 )
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
-from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS, AnswerTemplate
-from dp_icl_plugin.methods.mozo import MozoOfflineSynthesizer
+from dp_icl_plugin.synthesis.mozo_offline import MozoOfflineSynthesizer
+from dp_icl_plugin.templates.answer import ANSWER_PRESETS, AnswerTemplate
 
 VOCAB = ["/", *[f"w{i}" for i in range(40)]]
 GINC = ANSWER_PRESETS["ginc"]

@@ -17,20 +17,31 @@ from tests_support import REPO_ROOT
 import dp_icl_plugin
 from dp_icl_plugin import accounting
 
-PUBLIC_API = {
+PUBLIC_API = {  # what a user imports: ``from dp_icl_plugin import ...``
     "ADD_REMOVE",
-    "REPLACE_ONE",
-    "to_relation",
+    "ANSWER_PRESETS",
+    "AdaDPSynConfig",
+    "AdaDPSynSynthesizer",
+    "AnswerChoices",
+    "AnswerStream",
+    "AnswerTemplate",
     "ApproxDPEvent",
     "BackendError",
     "BudgetExhaustedError",
     "BudgetManager",
     "BudgetMismatchError",
     "CalibrationError",
+    "ClipBlendConfig",
+    "ClipBlendDecoder",
+    "ClipBlendSynthesizer",
     "ComposedEvent",
     "ConfigurationError",
     "DPEvent",
     "DPICLError",
+    "DecodedAnswer",
+    "Decoder",
+    "DemoSet",
+    "Demonstration",
     "ExponentialMechanismEvent",
     "FakeBackend",
     "FilterMismatchError",
@@ -38,32 +49,54 @@ PUBLIC_API = {
     "GaussianEvent",
     "HFBackend",
     "IncrementalSession",
+    "IndividualBudget",
+    "KNNConfig",
+    "KNNExpertDecoder",
     "LedgerCorruptError",
     "LedgerEntry",
     "LedgerError",
     "LedgerFormatError",
     "ModelFileError",
+    "MozoDecoder",
+    "MozoOfflineConfig",
+    "MozoOfflineSynthesizer",
     "MozoTokenEvent",
     "NextTokenBackend",
+    "PRESETS",
+    "PTAConfig",
+    "PTASynthesizer",
     "PoissonSampledEvent",
     "PrivacyBudget",
     "PrivacySpend",
+    "PrivateDataset",
+    "PrivateIndex",
+    "PrivateKNN",
+    "PrivateRecord",
+    "PromptTemplate",
+    "Provenance",
     "PureDPEvent",
     "RDPCurveEvent",
+    "REPLACE_ONE",
     "ReleaseFailedError",
     "SampledWithoutReplacementEvent",
     "SelfComposedEvent",
-    "UnsupportedEventError",
     "ServerBackend",
     "ServerError",
     "ServerMismatchError",
     "ServerRateLimitError",
     "ServerUnavailableError",
     "ShareExhaustedError",
+    "SynthesisMethod",
+    "TangConfig",
+    "TangSynthesizer",
+    "UnsupportedEventError",
     "__version__",
+    "build_decoder",
     "calibrate",
     "compose",
     "get_accountant",
+    "load_dataset",
+    "to_relation",
 }
 
 
@@ -71,6 +104,21 @@ def test_public_api_is_pinned() -> None:
     assert set(dp_icl_plugin.__all__) == PUBLIC_API
     for name in PUBLIC_API | set(accounting.__all__):
         assert hasattr(dp_icl_plugin, name) or hasattr(accounting, name), name
+
+
+def test_public_names_live_at_the_top_level_and_the_package_is_typed() -> None:
+    for name in PUBLIC_API:
+        obj = getattr(dp_icl_plugin, name)
+        if isinstance(obj, type) or callable(obj):
+            assert obj.__module__ == "dp_icl_plugin", name  # reprs and tracebacks name where it is imported from
+    assert (Path(dp_icl_plugin.__file__).parent / "py.typed").is_file()
+
+
+def test_adapters_reach_the_core_through_its_public_api_and_the_adapters_module() -> None:
+    pattern = re.compile(r"^\s*from (dp_icl_plugin[\w.]*) import", re.M)
+    for path in (REPO_ROOT / "integrations").rglob("*.py"):
+        modules = set(pattern.findall(path.read_text()))
+        assert modules <= {"dp_icl_plugin", "dp_icl_plugin.adapters"}, (path, modules)
 
 
 def test_error_tree() -> None:

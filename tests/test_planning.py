@@ -13,12 +13,12 @@ from test_knn_retriever import BagEmbedder, fake_backend, records, setup
 from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.cli import main
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 from dp_icl_plugin.errors import WeakReleaseWarning
-from dp_icl_plugin.mechanisms.mozo import holder_radii, renyi_divergence
+from dp_icl_plugin.mechanisms.mozo_mixing import holder_radii, renyi_divergence
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, verdict
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
 from dp_icl_plugin.planning import plan
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
 
 def test_the_log_odds_shift_is_the_largest_probability_gain() -> None:

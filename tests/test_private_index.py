@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from dp_icl_plugin import ConfigurationError, GaussianEvent, LedgerError, LedgerFormatError
 from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost
 from dp_icl_plugin.errors import FilterMismatchError
-from dp_icl_plugin.methods.knn import PrivateIndex
-from dp_icl_plugin.methods.knn.embedding import embed_texts
-from dp_icl_plugin.methods.knn.index import FILTER_FILE
+from dp_icl_plugin.retrieval import PrivateIndex
+from dp_icl_plugin.retrieval.embedding import embed_texts
+from dp_icl_plugin.retrieval.index import FILTER_FILE
 
 
 class TableEmbedder:
@@ -55,7 +55,7 @@ class OneRecord:
 
     def __init__(self, uses: int) -> None:
         from dp_icl_plugin import BudgetManager, PrivacyBudget
-        from dp_icl_plugin.methods.knn import KNNConfig
+        from dp_icl_plugin.retrieval import KNNConfig
 
         self.embedder = TableEmbedder()
         self.index = PrivateIndex(budget=BUDGET, embedder=self.embedder)
@@ -64,7 +64,7 @@ class OneRecord:
         self.config = KNNConfig(k=1, shards=1, min_similarity=0.9, uses=uses)
 
     def takes_part(self, ix: PrivateIndex) -> int:
-        from dp_icl_plugin.methods.knn import PrivateKNN
+        from dp_icl_plugin.retrieval import PrivateKNN
 
         try:
             return len(PrivateKNN(ix, budget=self.ledger, labels=["x", "y"], config=self.config).retrieve("r0"))
@@ -181,7 +181,7 @@ def test_a_saved_in_memory_index_and_its_filter_refuse_every_use(tmp_path: Path)
     memory_filter = index.filter
     saved = index.save(tmp_path / "ix")
     cost = ReleaseCost.of(GaussianEvent(20.0, neighbouring="add_remove"), BUDGET.orders)
-    from dp_icl_plugin.methods.knn.index import Candidates
+    from dp_icl_plugin.retrieval.index import Candidates
 
     calls = [
         lambda: index.add(["r9"]),
@@ -216,7 +216,7 @@ def test_a_save_that_fails_midway_leaves_no_index_and_the_original_in_use(
     (a full disk, a kill) left a directory PrivateIndex.open accepted, same id, its filter without the spend:
     a record with uses = 1 voted again there under the one cover. Now nothing is published until complete."""
     from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
-    from dp_icl_plugin.methods.knn import index as index_module
+    from dp_icl_plugin.retrieval import index as index_module
 
     one = OneRecord(uses=1)
     index, takes_part = one.index, one.takes_part
@@ -252,7 +252,7 @@ def test_a_rename_that_took_effect_retires_the_original_whatever_it_reported(
     retransmission) or was followed by an interrupt left the original in use beside the saved copy: two live
     filters for one id (a record with uses = 2 used 3 times). The original is now retired before publishing,
     and put back in use only when nothing was published."""
-    from dp_icl_plugin.methods.knn import index as index_module
+    from dp_icl_plugin.retrieval import index as index_module
 
     one = OneRecord(uses=2)
     index, takes_part = one.index, one.takes_part
@@ -367,7 +367,7 @@ def test_user_grouping_charges_a_person_once_for_all_their_records() -> None:
         seen.append(c)
         return ReleaseCost.of(GaussianEvent(40.0 / c, neighbouring="add_remove"), BUDGET.orders)
 
-    from dp_icl_plugin.methods.knn.index import Candidates
+    from dp_icl_plugin.retrieval.index import Candidates
 
     admitted = index.charge(Candidates(ids, np.ones(3, dtype=np.float32)), cost)
     assert len(admitted) == 3 and sorted(seen) == [1, 2]

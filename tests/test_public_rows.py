@@ -17,12 +17,20 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
+from dp_icl_plugin import (
+    BudgetManager,
+    ConfigurationError,
+    FakeBackend,
+    PrivacyBudget,
+    PrivateDataset,
+    PrivateRecord,
+    TangSynthesizer,
+)
 from dp_icl_plugin.backends.public_rows import StackedSession, public_apart, start_apart
 from dp_icl_plugin.backends.recompute import RecomputingSession
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer, aggregation_step, mozo_step
-from dp_icl_plugin.methods import clip_blend_step as clip_blend_module
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.steps import aggregation_step, mozo_step
+from dp_icl_plugin.steps import clip_blend_step as clip_blend_module
 
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h", "Text:", "Label:", "<eos>", "/"]
 

@@ -1,4 +1,4 @@
-"""The noise source of a releasing component (methods/randomness.py): explicit Generators, seeds for tests
+"""The noise source of a releasing component (_runtime/randomness.py): explicit Generators, seeds for tests
 only, fresh OS entropy by default, and fresh entropy again in every forked worker."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dp_icl_plugin import ConfigurationError
-from dp_icl_plugin.methods.randomness import ForkReseededGenerator, noise_source
+from dp_icl_plugin._runtime.randomness import ForkReseededGenerator, noise_source
 
 
 def _draws_in_a_forked_child(rng: np.random.Generator) -> list[float]:

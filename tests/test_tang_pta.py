@@ -11,23 +11,25 @@ import numpy as np
 import pytest
 from tests_support import steps_of
 
-from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget
-from dp_icl_plugin.accounting import calibrate_subsampled_gaussian
-from dp_icl_plugin.accounting import method_events as me
-from dp_icl_plugin.accounting.accountants import tightest
-from dp_icl_plugin.errors import BackendError, BudgetExhaustedError, ConfigurationError
-from dp_icl_plugin.methods import (
+from dp_icl_plugin import (
     PRESETS,
     AdaDPSynSynthesizer,
+    BudgetManager,
     ClipBlendSynthesizer,
     DemoSet,
+    FakeBackend,
+    PrivacyBudget,
     PrivateDataset,
     PrivateRecord,
     PromptTemplate,
     PTASynthesizer,
     TangSynthesizer,
 )
-from dp_icl_plugin.methods.prompting import poisson_prompts
+from dp_icl_plugin.accounting import calibrate_subsampled_gaussian
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.accountants import tightest
+from dp_icl_plugin.errors import BackendError, BudgetExhaustedError, ConfigurationError
+from dp_icl_plugin.templates.prompting import poisson_prompts
 
 VOCAB = ["/", *[f"w{i}" for i in range(40)]]
 TEMPLATE = PromptTemplate(header="/ ", example="{text} / ", query="", base="/", stop=None, stop_at_eos=False)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dp_icl_plugin.methods.threaded import iterate_in_threads
+from dp_icl_plugin._runtime.threaded import iterate_in_threads
 
 
 class Steps:

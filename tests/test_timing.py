@@ -14,12 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
+from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget, PrivateDataset, PrivateRecord
 from dp_icl_plugin import timing as timing_module
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
-from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 from tests.test_knn_retriever import LABELS, BagEmbedder, fake_backend, records
 

@@ -19,11 +19,10 @@ pytest.importorskip("httpx")
 from tests_support import SHARED
 from vllm_server import MODEL_NAME, VLLMServer, vllm_server_fixture  # noqa: F401
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import BudgetManager, PrivacyBudget, PrivateDataset
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.backends.server import ServerBackend
 from dp_icl_plugin.errors import ReleaseFailedError, ServerUnavailableError
-from dp_icl_plugin.methods import PrivateDataset
 
 TOL = 1e-3
 pytestmark = pytest.mark.slow
@@ -82,7 +81,7 @@ def test_many_concurrent_requests(server: ServerBackend, local: HFBackend) -> No
 
 
 def test_pta_synthesis_through_the_server(server: ServerBackend, questions: PrivateDataset) -> None:
-    from dp_icl_plugin.methods import PRESETS, PTASynthesizer
+    from dp_icl_plugin import PRESETS, PTASynthesizer
 
     budget = BudgetManager(PrivacyBudget(8.0, 1e-3))
     method = PTASynthesizer(epsilon=4.0, delta=1e-3, max_tokens=6, n_prompts=4, template=PRESETS["trec"])
@@ -94,7 +93,7 @@ def test_pta_synthesis_through_the_server(server: ServerBackend, questions: Priv
 
 
 def test_dps_mozo_decoding_through_the_server(server: ServerBackend, questions: PrivateDataset) -> None:
-    from dp_icl_plugin.methods.decoding import MozoDecoder
+    from dp_icl_plugin.decoding.decoders import MozoDecoder
 
     budget = BudgetManager(PrivacyBudget(4.0, 1e-4))
     decoder = MozoDecoder(questions, backend=server, budget=budget, n_queries=1, epsilon=2.0, max_tokens=5)
@@ -135,7 +134,7 @@ def test_rows_are_isolated_on_the_real_server(server: ServerBackend) -> None:
 def test_a_server_killed_mid_answer_ends_in_a_typed_error_with_the_charge_kept(
     vllm_server: VLLMServer, server: ServerBackend, questions: PrivateDataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # last: the server is gone afterwards
-    from dp_icl_plugin.methods.decoding import MozoDecoder
+    from dp_icl_plugin.decoding.decoders import MozoDecoder
 
     budget = BudgetManager(PrivacyBudget(4.0, 1e-4))
     decoder = MozoDecoder(questions, backend=server, budget=budget, n_queries=1, epsilon=2.0, max_tokens=8)

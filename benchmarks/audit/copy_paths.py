@@ -23,14 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import (
+    AnswerTemplate,
+    BudgetManager,
+    ClipBlendSynthesizer,
+    PrivacyBudget,
+    PrivateDataset,
+    PrivateRecord,
+    PTASynthesizer,
+)
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.generation import greedy_generate
-from dp_icl_plugin.methods import AnswerTemplate, ClipBlendSynthesizer, PrivateDataset, PrivateRecord, PTASynthesizer
-from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
-from dp_icl_plugin.methods.knn import AnswerPrompt, KeywordAnswerPrompt, KNNConfig, PrivateIndex, PrivateKNN
-from dp_icl_plugin.methods.knn.embedding import default_embedder, embed_texts
-from dp_icl_plugin.methods.templates import PromptTemplate
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.retrieval import AnswerPrompt, KeywordAnswerPrompt, KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval.embedding import default_embedder, embed_texts
+from dp_icl_plugin.templates.demonstration import PromptTemplate
 
 INF = math.inf
 LABEL = "rec"

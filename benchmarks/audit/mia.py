@@ -33,11 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import PRESETS, BudgetManager, PrivacyBudget, PrivateDataset, PrivateRecord, PTASynthesizer
 from dp_icl_plugin.ginc import load_model
 from dp_icl_plugin.ginc.dp_icl import concept_label
 from dp_icl_plugin.ginc.prompts import pta_split
-from dp_icl_plugin.methods import PRESETS, PrivateDataset, PrivateRecord, PTASynthesizer
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the copy model's helpers sit beside this script

@@ -105,7 +105,7 @@ def width_scan(inner: Any, query: str, widths: range) -> dict[str, list[int]]:
     """Classes of widths that give the zero-shot row the same bits (its part padded to each width)."""
     import torch
 
-    from dp_icl_plugin.methods.answer_templates import AnswerTemplate
+    from dp_icl_plugin.templates.answer import AnswerTemplate
 
     zero = inner.encode(AnswerTemplate(stop=None).zero_shot_prompt(query), add_special_tokens=True)
     backend = dc.SharedBatchRows(inner)

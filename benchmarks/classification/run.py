@@ -97,9 +97,8 @@ def main() -> None:
         sys.exit(f"TREC data not found at {DATA}")
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
+    from dp_icl_plugin import PRESETS, BudgetManager, PrivacyBudget, PrivateDataset, PTASynthesizer
     from dp_icl_plugin.backends.hf import HFBackend
-    from dp_icl_plugin.methods import PRESETS, PrivateDataset, PTASynthesizer
 
     start = time.perf_counter()
     pool_x, pool_y = read(DATA / "train.txt")

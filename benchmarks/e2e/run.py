@@ -80,7 +80,7 @@ def load() -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
 
 def chat_layout(backend):
     """The AnswerTemplate spelling out SmolLM2's chat template (ChatML), checked against the tokenizer's."""
-    from dp_icl_plugin.methods import AnswerTemplate, PrivateRecord
+    from dp_icl_plugin import AnswerTemplate, PrivateRecord
 
     template = AnswerTemplate(
         header=f"<|im_start|>system\n{INSTRUCTION}<|im_end|>\n",
@@ -108,8 +108,8 @@ class Scorer:
     def __init__(self, test: dict[str, list[str]]) -> None:
         from rouge_score import rouge_scorer
 
-        from dp_icl_plugin.methods.knn import default_embedder
-        from dp_icl_plugin.methods.knn.embedding import embed_texts
+        from dp_icl_plugin.retrieval import default_embedder
+        from dp_icl_plugin.retrieval.embedding import embed_texts
 
         self.test = test
         self.rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
@@ -162,7 +162,7 @@ def zero_shot(backend, template, mrs: list[str], rng: np.random.Generator, *, gr
 
 def ensemble(backend, template, dataset, mrs: list[str], rng: np.random.Generator) -> list[str]:
     """The ε = ∞ ensemble decoding over ``dataset`` (private records, or DP pairs: then post-processing)."""
-    from dp_icl_plugin.methods import MozoOfflineSynthesizer
+    from dp_icl_plugin import MozoOfflineSynthesizer
 
     method = MozoOfflineSynthesizer(
         beta=1.0, n_shots=min(N_SHOTS, len(dataset)), max_tokens=T_MAX, top_k=TOP_K, template=template
@@ -196,15 +196,16 @@ def pta_pairs(demos) -> list[tuple[str, str]]:
 
 
 def run_seed(seed: int, args, backend, template, dev, test, scorer, log: Callable[[str], None]) -> list[dict]:
-    from dp_icl_plugin import BudgetManager, PrivacyBudget
-    from dp_icl_plugin.methods import (
+    from dp_icl_plugin import (
+        BudgetManager,
         MozoOfflineSynthesizer,
+        PrivacyBudget,
         PrivateDataset,
         PrivateRecord,
         PromptTemplate,
         PTASynthesizer,
     )
-    from dp_icl_plugin.methods.decoding import ClipBlendDecoder, MozoDecoder
+    from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 
     mrs_all = list(test)
     order = np.random.default_rng(1000 + seed).permutation(len(mrs_all))

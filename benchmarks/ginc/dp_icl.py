@@ -34,7 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from dp_icl_plugin import BudgetManager, PrivacyBudget
+from dp_icl_plugin import (
+    ANSWER_PRESETS,
+    PRESETS,
+    AdaDPSynSynthesizer,
+    BudgetManager,
+    ClipBlendSynthesizer,
+    MozoOfflineSynthesizer,
+    PrivacyBudget,
+    PTASynthesizer,
+    SynthesisMethod,
+    TangSynthesizer,
+)
 from dp_icl_plugin.ginc import load_model
 from dp_icl_plugin.ginc.dp_icl import (
     accuracy_with_demonstrations,
@@ -43,17 +54,7 @@ from dp_icl_plugin.ginc.dp_icl import (
     query_answer_dataset,
 )
 from dp_icl_plugin.ginc.prompts import GincExample, pta_split, sample_icl_prompts
-from dp_icl_plugin.methods import (
-    ANSWER_PRESETS,
-    PRESETS,
-    AdaDPSynSynthesizer,
-    ClipBlendSynthesizer,
-    MozoOfflineSynthesizer,
-    PTASynthesizer,
-    SynthesisMethod,
-    TangSynthesizer,
-)
-from dp_icl_plugin.methods.clip_blend import measure_decoding_speedup
+from dp_icl_plugin.synthesis.clip_blend import measure_decoding_speedup
 
 HERE = Path(__file__).resolve().parent
 EPSILONS = (1.0, 2.0, 4.0, 8.0, math.inf)

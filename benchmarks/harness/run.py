@@ -16,9 +16,9 @@ records as the examples of one prompt, greedy). Per task:
 
 Rows, each on its own ledger ``PrivacyBudget(ε, δ = 1e-5)`` (replace-one) at ε ∈ {1, 2, 4, 8}; for the kNN
 rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 per record,
-:func:`~dp_icl_plugin.methods.knn.experts.filter_budget_for`):
+:func:`~dp_icl_plugin.decoding.knn_experts.filter_budget_for`):
 
-- ``expert decoding``: :class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder` (``build_expert_decoder``), the
+- ``expert decoding``: :class:`~dp_icl_plugin.retrieval.KNNExpertDecoder` (``build_expert_decoder``), the
   k nearest records with budget left as experts of every token; ``min_similarity`` and ``uses`` chosen on the
   tune split (:meth:`Harness.threshold`; public query-to-query similarity is no proxy on E2E, whose test MRs
   name other restaurants than the records: it gave 0.99, where no record passes).
@@ -29,7 +29,7 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
   pass its threshold (then the row says so).
 
 Classification rows answer with one of the labels (``choices``: every token restricted to those continuing a
-label, :mod:`dp_icl_plugin.methods.choices`; ``--free-answers`` lets them write anything), and so does the
+label, :mod:`dp_icl_plugin.decoding.choices`; ``--free-answers`` lets them write anything), and so does the
 baseline they are compared with, greedy zero-shot restricted to the labels (the free greedy zero-shot row is
 shown too); the ceiling is restricted the same way.
 
@@ -199,9 +199,9 @@ class Harness:
     def __init__(self, task: Task, args) -> None:
         from accuracy import Lookup
 
-        from dp_icl_plugin.methods import AnswerTemplate
-        from dp_icl_plugin.methods.knn import default_embedder
-        from dp_icl_plugin.methods.knn.embedding import embed_texts
+        from dp_icl_plugin import AnswerTemplate
+        from dp_icl_plugin.retrieval import default_embedder
+        from dp_icl_plugin.retrieval.embedding import embed_texts
 
         self.task, self.args = task, args
         self.template = AnswerTemplate(header=task.header, example=task.example, query=task.query, stop="\n")
@@ -228,7 +228,7 @@ class Harness:
         self._backends: dict[int, object] = {}
         self.choices = None  # classification: every LLM row (and the baselines) answers with one of the labels
         if task.labels is not None and not args.free_answers:
-            from dp_icl_plugin.methods.choices import AnswerChoices
+            from dp_icl_plugin.decoding.choices import AnswerChoices
 
             self.choices = AnswerChoices(self.backend(1), task.labels)
         self.rows: list[dict] = []
@@ -311,7 +311,7 @@ class Harness:
         return BudgetManager(PrivacyBudget(epsilon, DELTA))
 
     def _dataset(self):
-        from dp_icl_plugin.methods import PrivateDataset, PrivateRecord
+        from dp_icl_plugin import PrivateDataset, PrivateRecord
 
         return PrivateDataset([PrivateRecord(x, y) for x, y in self.task.records])
 
@@ -333,7 +333,7 @@ class Harness:
         return tau, max(1, math.ceil(1.5 * len(self.task.queries) * mean_candidates / len(self.task.records)))
 
     def experts(self, epsilon: float) -> None:
-        from dp_icl_plugin.methods.knn.experts import build_expert_decoder
+        from dp_icl_plugin.decoding.knn_experts import build_expert_decoder
 
         t = self.task
         started = time.perf_counter()
@@ -372,7 +372,7 @@ class Harness:
         )
 
     def mozo(self, epsilon: float) -> None:
-        from dp_icl_plugin.methods.decoding import MozoDecoder
+        from dp_icl_plugin.decoding.decoders import MozoDecoder
 
         started = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
@@ -399,8 +399,8 @@ class Harness:
         )
 
     def clip_blend(self, epsilon: float) -> None:
-        from dp_icl_plugin.methods.decoder_factory import step_rows
-        from dp_icl_plugin.methods.decoding import ClipBlendDecoder
+        from dp_icl_plugin.decoding.decoders import ClipBlendDecoder
+        from dp_icl_plugin.decoding.factory import step_rows
 
         started = time.perf_counter()
         s = 40
@@ -430,8 +430,8 @@ class Harness:
         )
 
     def _knn(self, epsilon: float, *, labels, config):
-        from dp_icl_plugin.methods.knn import PrivateIndex, PrivateKNN
-        from dp_icl_plugin.methods.knn.experts import filter_budget_for
+        from dp_icl_plugin.decoding.knn_experts import filter_budget_for
+        from dp_icl_plugin.retrieval import PrivateIndex, PrivateKNN
 
         index = PrivateIndex(
             budget=filter_budget_for(epsilon, DELTA * (1 - 1e-9), "replace_one"), embedder=self.embedder
@@ -444,7 +444,7 @@ class Harness:
         return PrivateKNN(index, budget=self._ledger(epsilon), backend=self.backend(1), labels=labels, config=config)
 
     def vote(self, epsilon: float) -> None:
-        from dp_icl_plugin.methods.knn import KNNConfig
+        from dp_icl_plugin.retrieval import KNNConfig
 
         t = self.task
         started = time.perf_counter()
@@ -458,7 +458,7 @@ class Harness:
 
     def keywords(self, epsilon: float) -> None:
         from dp_icl_plugin.errors import ConfigurationError
-        from dp_icl_plugin.methods.knn import KNNConfig
+        from dp_icl_plugin.retrieval import KNNConfig
 
         t = self.task
         started = time.perf_counter()
@@ -496,8 +496,8 @@ def load_table(path: str) -> dict[str, np.ndarray]:
 
 def save_table(path: str, tasks: list[Task]) -> None:
     """MiniLM vectors of every text the tasks embed (and the index's probe texts), for ``--embeddings``."""
-    from dp_icl_plugin.methods.knn import default_embedder
-    from dp_icl_plugin.methods.knn.embedding import PROBE_TEXTS, embed_texts
+    from dp_icl_plugin.retrieval import default_embedder
+    from dp_icl_plugin.retrieval.embedding import PROBE_TEXTS, embed_texts
 
     texts = list(
         dict.fromkeys(

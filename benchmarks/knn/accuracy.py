@@ -81,7 +81,7 @@ class Lookup:
         self.name = "sentence-transformers/all-MiniLM-L6-v2"
 
     def __call__(self, texts: list[str]) -> np.ndarray:
-        from dp_icl_plugin.methods.knn.embedding import embed_texts
+        from dp_icl_plugin.retrieval.embedding import embed_texts
 
         missing = [t for t in dict.fromkeys(texts) if t not in self.table]
         if missing:
@@ -113,8 +113,8 @@ def run_dataset(name: str, *, n_queries: int, seeds: int, log) -> list[dict]:
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.accounting import IndividualBudget
     from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
-    from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN, default_embedder
-    from dp_icl_plugin.methods.knn.embedding import embed_texts
+    from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN, default_embedder
+    from dp_icl_plugin.retrieval.embedding import embed_texts
 
     pool_x, pool_y, query_x, query_y, names = load(name, n_queries)
     t0 = time.perf_counter()

@@ -32,7 +32,7 @@ sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget  # noqa: E402
 from dp_icl_plugin.accounting import IndividualBudget  # noqa: E402
-from dp_icl_plugin.methods.knn import KNNConfig, PrivateIndex, PrivateKNN  # noqa: E402
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN  # noqa: E402
 
 LABELS = ["business", "sports", "world", "tech"]
 BUDGET = IndividualBudget(epsilon=2.0, delta=1e-5)

@@ -40,8 +40,8 @@ def main() -> None:
     from dp_icl_plugin.backends.loading import load_backend
     from dp_icl_plugin.mechanisms.keyword_ptr import stability_distance
     from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
-    from dp_icl_plugin.methods.knn import AnswerPrompt, default_embedder, noise_for_uses
-    from dp_icl_plugin.methods.knn.embedding import embed_texts
+    from dp_icl_plugin.retrieval import AnswerPrompt, default_embedder, noise_for_uses
+    from dp_icl_plugin.retrieval.embedding import embed_texts
 
     for epsilon in (1.0, 4.0, 8.0):
         for uses in (1, 4):

@@ -58,8 +58,8 @@ def classify_rows(backend, epsilons, n_queries: int, log) -> list[dict]:
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.accounting import IndividualBudget
     from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
-    from dp_icl_plugin.methods.knn import ClassificationPrompt, KNNConfig, PrivateIndex, PrivateKNN, default_embedder
-    from dp_icl_plugin.methods.knn.embedding import embed_texts
+    from dp_icl_plugin.retrieval import ClassificationPrompt, KNNConfig, PrivateIndex, PrivateKNN, default_embedder
+    from dp_icl_plugin.retrieval.embedding import embed_texts
 
     pool_x, pool_codes_raw, query_x, query_codes, _ = load("trec", n_queries)
     pool_y = [TREC_NAMES[c] for c in pool_codes_raw]
@@ -174,7 +174,7 @@ def answer_rows(
     from dp_icl_plugin import BudgetManager, PrivacyBudget
     from dp_icl_plugin.accounting import IndividualBudget
     from dp_icl_plugin.backends.generation import greedy_generate
-    from dp_icl_plugin.methods.knn import (
+    from dp_icl_plugin.retrieval import (
         AnswerPrompt,
         KeywordAnswerPrompt,
         KNNConfig,
@@ -182,7 +182,7 @@ def answer_rows(
         PrivateKNN,
         default_embedder,
     )
-    from dp_icl_plugin.methods.knn.embedding import embed_texts
+    from dp_icl_plugin.retrieval.embedding import embed_texts
 
     dev, test = load_e2e()
     mrs = [mr for mr in sorted(test)][: n_queries * 4 : 4]  # a fixed spread of test MRs

@@ -72,9 +72,9 @@ def run(size: int, *, queries: int, exhausted_share: float, workdir: Path, log) 
 
     from dp_icl_plugin import GaussianEvent
     from dp_icl_plugin.accounting import IndividualBudget, ReleaseCost
-    from dp_icl_plugin.methods.knn import PrivateIndex
-    from dp_icl_plugin.methods.knn.index import Candidates
-    from dp_icl_plugin.methods.knn.retriever import noise_for_uses
+    from dp_icl_plugin.retrieval import PrivateIndex
+    from dp_icl_plugin.retrieval.index import Candidates
+    from dp_icl_plugin.retrieval.retriever import noise_for_uses
 
     rng = np.random.default_rng(size)
     vectors = rng.normal(size=(size, DIM)).astype(np.float32)

@@ -55,12 +55,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dp_icl_plugin._storage.postgres_connection import POSTGRES_SCHEMES
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant, left_over
 from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, LedgerTransaction, PostgresStore, SQLiteStore
-from dp_icl_plugin.accounting.stores.pg_connection import POSTGRES_SCHEMES
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError, DPICLError
 
 __all__ = ["BudgetManager", "LedgerEntry"]

@@ -291,7 +291,7 @@ class MozoTokenEvent(DPEvent):
     Replace-one: the token reads a fixed number of one-shot prompts, one record each, and neighbours swap
     one record. The claim's proof fails for the published mechanism (a ball at one Rényi order and a
     normalised product bound nothing between neighbours; counterexamples in ``tests/test_mozo.py``). It is a
-    theorem for the projected mechanism this library releases through (``mechanisms.mozo.project_output``:
+    theorem for the projected mechanism this library releases through (``mechanisms.mozo_mixing.project_output``:
     Hölder's inequality, Mironov 2017 Prop. 11), at the order α and every order ≤ α (monotonicity of Rényi
     divergence); above α nothing is known. Wrap it in :class:`SampledWithoutReplacementEvent` for the
     per-token sampling of n_shots records.

@@ -9,7 +9,7 @@ record (or of all records of one person when spend is grouped by person).
 **The condition that makes it valid.** A record's charge for a release must depend only on the record
 itself and on what was already released, never on whether some other record is present; otherwise
 removing one record changes other records' filter states and the retrieval sets that follow. The
-retriever (``methods/knn``) therefore charges every active record whose similarity to the (public) query
+retriever (``retrieval``) therefore charges every active record whose similarity to the (public) query
 reaches a public threshold, not just the records that happened to be used.
 
 **Several orders at once.** A unit is admitted when its spend plus the cost fits the cap at *some* order

@@ -91,7 +91,7 @@ def adadpsyn_event(
     """AdaDPSyn (Gao et al. 2025, Theorem 1 and App. B): per token, sampled without replacement.
 
     Replace-one neighbours of the slots a label's records are drawn from (n_y slots, the declared size;
-    see ``methods/adadpsyn.py``): a swap changes one slot. Per token: GoodRadius = 2⌈log2(√2/(2θ))⌉
+    see ``synthesis/adadpsyn.py``): a swap changes one slot. Per token: GoodRadius = 2⌈log2(√2/(2θ))⌉
     Gaussian queries of a sensitivity-2 score with noise std 2σ0 (multiplier σ0); T̂+1 projected means with
     sensitivity 2R and std 2Rσ1 (multiplier σ1); T̂ coverage counts with sensitivity 1 and std σ2. The
     per-token RDP is amplified by sampling M·N of n_y slots without replacement (WBK 2019, Thm 9) and

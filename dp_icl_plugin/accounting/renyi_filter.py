@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dp_icl_plugin._storage.postgres_connection import is_postgres_url, mask_dsn
+from dp_icl_plugin._storage.sqlite_file import SQLiteFile
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
 from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.accounting.stores.filter_postgres import PostgresFilterStore
-from dp_icl_plugin.accounting.stores.pg_connection import is_postgres_url, mask_dsn
-from dp_icl_plugin.accounting.stores.sqlite_file import SQLiteFile
 from dp_icl_plugin.errors import (
     ConfigurationError,
     FilterMismatchError,

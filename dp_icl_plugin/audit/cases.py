@@ -32,16 +32,16 @@ from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
 from dp_icl_plugin.audit import decoder_case, expert_case
-from dp_icl_plugin.mechanisms.adadpsyn import release_token
-from dp_icl_plugin.mechanisms.clip_blend import blended_scores, clip_blend_token
+from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
+from dp_icl_plugin.mechanisms.adadpsyn_aggregation import release_token
+from dp_icl_plugin.mechanisms.clip_blend_sampling import blended_scores, clip_blend_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, pta_distributions, restrict
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import threshold_keywords, threshold_sensitivity
-from dp_icl_plugin.mechanisms.mozo import mozo_distribution
+from dp_icl_plugin.mechanisms.mozo_mixing import mozo_distribution
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
-from dp_icl_plugin.methods.clip_blend import ClipBlendSynthesizer
-from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
-from dp_icl_plugin.methods.knn.retriever import SQRT2, noise_for_uses
+from dp_icl_plugin.retrieval.retriever import SQRT2, noise_for_uses
+from dp_icl_plugin.synthesis.clip_blend import ClipBlendSynthesizer
 
 __all__ = ["CASES", "AuditCase"]
 

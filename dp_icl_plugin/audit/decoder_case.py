@@ -9,12 +9,12 @@ must be 0. The claim audited is one token's ``ev.MozoTokenEvent(β, α)`` at δ,
 ``n_shots`` = 4 records is fixed (seeded, the same on D and D′ since |D| is) and includes the record that
 differs (``MozoDecoder.answer_event`` adds the amplification by sampling on top).
 
-**The pair.** The real :class:`~dp_icl_plugin.methods.decoding.MozoDecoder` computes its first token of a
+**The pair.** The real :class:`~dp_icl_plugin.decoding.decoders.MozoDecoder` computes its first token of a
 completion query on ``HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu", dtype="bfloat16")``
 (the loader's defaults otherwise), once on D and once on D′, each served from a cold prefix cache; a
 backend wrapper that passes every call through (:class:`RecordingBackend`) keeps the rows the decoder
 hands its mechanism (two calls: the public zero-shot row alone, then the drawn records' rows). The
-mechanism's output is then :func:`~dp_icl_plugin.mechanisms.mozo.mozo_distribution` on those rows, computed
+mechanism's output is then :func:`~dp_icl_plugin.mechanisms.mozo_mixing.mozo_distribution` on those rows, computed
 once per dataset and sampled many times.
 
 **The broken variant: the zero-shot row in the shared batch**, the decoder and backend before row isolation:
@@ -59,10 +59,10 @@ from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.backends.hf_rows import cache_from_layers, cache_layers
 from dp_icl_plugin.backends.shared_suffix import common_suffix_length
+from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
+from dp_icl_plugin.decoding.decoders import MozoDecoder
 from dp_icl_plugin.ginc.language import symbol_names
-from dp_icl_plugin.mechanisms.mozo import mozo_distribution, top_k_support
-from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
-from dp_icl_plugin.methods.decoding import MozoDecoder
+from dp_icl_plugin.mechanisms.mozo_mixing import mozo_distribution, top_k_support
 
 __all__ = ["MODEL", "RecordingBackend", "SharedBatchRows", "decoder_pairs", "missing_requirements", "step_rows"]
 

@@ -1,7 +1,7 @@
-"""Audit cases: expert decoding (:class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder`), D against D minus the
+"""Audit cases: expert decoding (:class:`~dp_icl_plugin.retrieval.KNNExpertDecoder`), D against D minus the
 one expert that favours a rare token.
 
-**Relation, sensitivity, accounting.** Add/remove one record of a :class:`~dp_icl_plugin.methods.knn.PrivateIndex`.
+**Relation, sensitivity, accounting.** Add/remove one record of a :class:`~dp_icl_plugin.retrieval.PrivateIndex`.
 Each token is an exponential mechanism of ε0 = 2c/(kτ) for a unit with one candidate record
 (:meth:`PrivateKNN.expert_scale`); the claim audited is one token's ``ExponentialMechanismEvent(ε0)``, the
 per-token part of what the filter charges that record (``_event("decode", 1, k, 1)``).
@@ -35,10 +35,10 @@ from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.backends.fake import FakeBackend
 from dp_icl_plugin.backends.shared_suffix import start_rows
-from dp_icl_plugin.methods.answer_templates import AnswerTemplate
-from dp_icl_plugin.methods.knn.experts import KNNExpertDecoder, expert_scores, expert_token
-from dp_icl_plugin.methods.knn.index import PrivateIndex
-from dp_icl_plugin.methods.knn.retriever import KNNConfig, PrivateKNN
+from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder, expert_scores, expert_token
+from dp_icl_plugin.retrieval.index import PrivateIndex
+from dp_icl_plugin.retrieval.retriever import KNNConfig, PrivateKNN
+from dp_icl_plugin.templates.answer import AnswerTemplate
 
 __all__ = ["DELTA", "expert_event", "removal_pairs", "replacement_pairs"]
 

@@ -119,7 +119,7 @@ class NextTokenBackend(Protocol):
         Each row as the model computed it: a row the model got wrong (NaN, +inf, nothing finite, e.g. an fp16
         overflow on one input) is returned, never raised on, since whether a call raised would then depend on
         the prompt, a private record's maybe. Callers judge: a public row with :func:`check_logprobs`, a
-        record's row with :func:`~dp_icl_plugin.methods.token_steps.public_checked`."""
+        record's row with :func:`~dp_icl_plugin.steps.token_step.public_checked`."""
         ...
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> IncrementalSession:

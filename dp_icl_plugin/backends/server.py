@@ -13,7 +13,7 @@ weights up to the server's float arithmetic. With ``top_k=k`` the server returns
 and :func:`~dp_icl_plugin.backends.server_rows.full_row` completes each row from that row alone (residual
 mass spread evenly, capped at the smallest returned probability): still a probability vector per prompt, so
 every method's privacy analysis holds; methods whose public candidate set is larger than k refuse
-(:func:`~dp_icl_plugin.methods.base.check_top_k`). The server's ``--logprobs-mode`` must stay
+(:func:`~dp_icl_plugin.synthesis.method.check_top_k`). The server's ``--logprobs-mode`` must stay
 ``raw_logprobs`` (vLLM's default): the model's distribution before any sampling parameter.
 
 Privacy boundary: the server receives private prompts; it belongs to the data holder (see

@@ -15,14 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dp_icl_plugin._progress import report_lines_off_a_terminal
-from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget
-from dp_icl_plugin.backends.base import NextTokenBackend
-from dp_icl_plugin.backends.hf import HFBackend
-from dp_icl_plugin.backends.loading import load_backend
-from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.ginc import load_model
-from dp_icl_plugin.methods import (
+from dp_icl_plugin import (
     ANSWER_PRESETS,
     PRESETS,
     AdaDPSynSynthesizer,
@@ -31,7 +24,14 @@ from dp_icl_plugin.methods import (
     PTASynthesizer,
     TangSynthesizer,
 )
-from dp_icl_plugin.methods.loading import load_dataset, read_rows
+from dp_icl_plugin._progress import report_lines_off_a_terminal
+from dp_icl_plugin.accounting import BudgetManager, PrivacyBudget
+from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.hf import HFBackend
+from dp_icl_plugin.backends.loading import load_backend
+from dp_icl_plugin.data.files import load_dataset, read_rows
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.ginc import load_model
 
 __all__ = ["METHOD_CHOICES", "add_parser", "synthesize"]
 

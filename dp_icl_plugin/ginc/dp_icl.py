@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs
+from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.ginc.evaluation import AccuracyCell
 from dp_icl_plugin.ginc.language import GincLanguage
 from dp_icl_plugin.ginc.prompts import GincExample
-from dp_icl_plugin.methods.data import PrivateDataset, PrivateRecord
 
 __all__ = ["accuracy_with_demonstrations", "concept_label", "private_dataset", "query_answer_dataset"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtri
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError
@@ -84,7 +84,7 @@ def stable_top_k(
     if not isinstance(rng, np.random.Generator):
         raise ConfigurationError("rng must be a numpy.random.Generator")
     distance = stability_distance(ids, cnt, k=k, group_size=group_size)
-    threshold = sigma * float(norm.isf(delta))
+    threshold = sigma * float(-ndtri(delta))  # the Gaussian quantile with δ₀ above it (scipy.stats.norm.isf)
     if distance + rng.normal(0.0, sigma) <= threshold:
         return StableTopK(None)
     top, _ = _ranked(ids, cnt.astype(np.int64))

@@ -9,7 +9,7 @@ largest probability any set of records can add to one token:
   one token's log-odds over any other (s the fixed divisor: the subset size, or k experts), which raises a token's
   probability by at most tanh(R/4) (the largest p′ − p with logit(p′) − logit(p) = R, at p = 1/(1 + e^{R/2})).
 - DPS-MOZO's projected output lies within D_{2α}(out‖c0) ≤ r1 and D_{2α−1}(c0‖out) ≤ r2 of the public centre
-  (Hölder radii, :func:`~dp_icl_plugin.mechanisms.mozo.holder_radii`): :func:`mozo_shift` finds the largest
+  (Hölder radii, :func:`~dp_icl_plugin.mechanisms.mozo_mixing.holder_radii`): :func:`mozo_shift` finds the largest
   gain that ball allows. The centre softmax(n_shots·ℓ0) is the zero-shot row sharpened: sampling near it is
   near-greedy zero-shot decoding.
 
@@ -27,7 +27,7 @@ from scipy.special import ndtr
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import WeakReleaseWarning
-from dp_icl_plugin.mechanisms.mozo import holder_radii
+from dp_icl_plugin.mechanisms.mozo_mixing import holder_radii
 
 __all__ = [
     "MIN_KEYWORD_PASS",
@@ -56,7 +56,7 @@ def log_odds_shift(nats: float) -> float:
 def mozo_shift(beta: float, order: float) -> float:
     """DPS-MOZO's largest probability gain on one token, over every public centre c0 and every output the
     projection admits: max p − c over c ∈ (0, 1) and two-point tilts (p on the token, the rest scaled) with
-    D_{2α}(out‖c0) ≤ r1 and D_{2α−1}(c0‖out) ≤ r2 (:func:`~dp_icl_plugin.mechanisms.mozo.holder_radii`).
+    D_{2α}(out‖c0) ≤ r1 and D_{2α−1}(c0‖out) ≤ r2 (:func:`~dp_icl_plugin.mechanisms.mozo_mixing.holder_radii`).
     Moving mass onto one token and scaling the rest is the cheapest way to gain it in any Rényi divergence
     (the divergence of the two-point coarsening is at most that of the whole); c runs over a grid."""
     r1, r2 = holder_radii(beta, order)

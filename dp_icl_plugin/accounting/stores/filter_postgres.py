@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from dp_icl_plugin._storage.postgres_connection import PostgresConnection, mask_dsn
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
-from dp_icl_plugin.accounting.stores.pg_connection import PostgresConnection, mask_dsn
 from dp_icl_plugin.errors import FilterMismatchError, LedgerCorruptError, LedgerError
 
 __all__ = ["FILTER_SCHEMA", "PostgresFilterStore"]

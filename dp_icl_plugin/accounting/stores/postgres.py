@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dp_icl_plugin._storage.postgres_connection import PostgresConnection, mask_dsn
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
 from dp_icl_plugin.accounting.stores.base import (
     OLD_SCHEMA_HINT,
@@ -25,7 +26,6 @@ from dp_icl_plugin.accounting.stores.base import (
     LedgerTransaction,
     stored_budget,
 )
-from dp_icl_plugin.accounting.stores.pg_connection import PostgresConnection, mask_dsn
 from dp_icl_plugin.errors import (
     ConfigurationError,
     LedgerCorruptError,

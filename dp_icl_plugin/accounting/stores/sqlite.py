@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dp_icl_plugin._storage.sqlite_file import SQLiteFile
 from dp_icl_plugin.accounting.privacy import PrivacyBudget
 from dp_icl_plugin.accounting.stores.base import (
     OLD_SCHEMA_HINT,
@@ -29,7 +30,6 @@ from dp_icl_plugin.accounting.stores.base import (
     LedgerTransaction,
     stored_budget,
 )
-from dp_icl_plugin.accounting.stores.sqlite_file import SQLiteFile
 from dp_icl_plugin.errors import LedgerCorruptError, LedgerError, LedgerFormatError
 
 __all__ = ["SQLiteStore"]

@@ -2,9 +2,9 @@
 
 Anything a retriever returns reaches every tracer (``on_retriever_end``) and the LLM prompt, so raw private
 records never leave: by default each query is answered by expert decoding, the nearest private records
-steering every token (:class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder`), and the retriever returns that
+steering every token (:class:`~dp_icl_plugin.retrieval.KNNExpertDecoder`), and the retriever returns that
 DP answer as one ``Document``; or a keyword-space aggregation over them
-(:meth:`~dp_icl_plugin.methods.knn.PrivateKNN.answer`) releases keywords (one ``Document`` each, up to ``k``)
+(:meth:`~dp_icl_plugin.retrieval.PrivateKNN.answer`) releases keywords (one ``Document`` each, up to ``k``)
 or the answer built from them. Metadata: the release kind, the
 ledger entry and the per-record budget; never record ids, texts or how many records took part (that count
 depends on the private data). The budget spend is reported as a custom callback event ``dp_icl_spend``.
@@ -19,16 +19,14 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
-from dp_icl_plugin.methods.knn import KNNExpertDecoder, PrivateKNN
-from dp_icl_plugin.methods.randomness import noise_source
+from dp_icl_plugin import ANSWER_PRESETS, ConfigurationError, KNNExpertDecoder, PrivateKNN
+from dp_icl_plugin.adapters import noise_source
 
 __all__ = ["DPICLRetriever"]
 
 
 class DPICLRetriever(BaseRetriever):
-    """DP context for RAG from a :class:`~dp_icl_plugin.methods.knn.PrivateKNN` (private kNN over records).
+    """DP context for RAG from a :class:`~dp_icl_plugin.retrieval.PrivateKNN` (private kNN over records).
 
     Each query is one DP release: keyword-space aggregation over the nearest private records, charged to
     each record's own filter and recorded in the shared ledger. Documents hold only what was released.

@@ -1,7 +1,7 @@
 """A drop-in few-shot example selector that serves DP synthetic demonstrations.
 
 Few-shot templates call ``select_examples`` on every format, so per-call private selection would spend
-budget on every prompt. This selector serves a :class:`~dp_icl_plugin.methods.DemoSet` (DP already, so
+budget on every prompt. This selector serves a :class:`~dp_icl_plugin.DemoSet` (DP already, so
 serving and choosing among its demonstrations is free post-processing), or synthesizes one on first use,
 charging the shared ledger exactly once. Ranking by similarity to the query is LangChain's own
 (``SemanticSimilarityExampleSelector`` or ``MaxMarginalRelevanceExampleSelector`` over an in-memory vector
@@ -27,12 +27,8 @@ from langchain_core.prompts.chat import BaseChatPromptTemplate
 from langchain_core.prompts.string import StringPromptTemplate
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from dp_icl_plugin.accounting.budget import BudgetManager
-from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods import DemoSet, PrivateDataset, SynthesisMethod
-from dp_icl_plugin.methods.data import Demonstration
-from dp_icl_plugin.methods.knn.embedding import embed_texts
-from dp_icl_plugin.methods.randomness import noise_source
+from dp_icl_plugin import BudgetManager, ConfigurationError, Demonstration, DemoSet, PrivateDataset, SynthesisMethod
+from dp_icl_plugin.adapters import embed_texts, noise_source
 
 __all__ = ["DPICLExampleSelector"]
 

@@ -1,7 +1,7 @@
-"""Tool calls for the DP chat model, by constrained decoding (:mod:`dp_icl_plugin.methods.tool_calls`).
+"""Tool calls for the DP chat model, by constrained decoding (:mod:`dp_icl_plugin.decoding.tool_calls`).
 
 ``bind_tools`` and ``with_structured_output`` become a public JSON schema the decoder's tokens are restricted
-to (:mod:`dp_icl_plugin.methods.structured`): the answer is a JSON document naming one bound tool and its
+to (:mod:`dp_icl_plugin.decoding.structured`): the answer is a JSON document naming one bound tool and its
 arguments (or, when the model may choose, ``{"answer": ...}`` for a plain reply), which is turned into the
 message's ``tool_calls`` here. The schema and the tools are the app's (public); the privacy of the answer is the
 decoder's, whatever the schema.
@@ -15,15 +15,15 @@ from typing import Any
 
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.tool_calls import ANSWER_KEY, parse_tool_call, tool_call_schema
+from dp_icl_plugin import ConfigurationError
+from dp_icl_plugin.adapters import ANSWER_KEY, parse_tool_call, tool_call_schema
 
 __all__ = ["ANSWER_KEY", "message_fields", "tools_schema"]
 
 
 def tools_schema(tools: Sequence[Any], tool_choice: Any) -> dict[str, Any] | None:
     """The JSON schema of one call of one of ``tools`` (LangChain tools, Pydantic models, functions or OpenAI
-    tool dicts): :func:`~dp_icl_plugin.methods.tool_calls.tool_call_schema` with ``tool_choice`` None/``"auto"``
+    tool dicts): :func:`~dp_icl_plugin.decoding.tool_calls.tool_call_schema` with ``tool_choice`` None/``"auto"``
     (a plain reply allowed), ``"any"``/``"required"``/True, a tool's name (also in OpenAI's dict form) or
     ``"none"`` (None: no restriction).
 

@@ -19,12 +19,8 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict, Field
 
-from dp_icl_plugin.backends.base import NextTokenBackend
-from dp_icl_plugin.backends.generation import greedy_generate
-from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.choices import AnswerChoices
-from dp_icl_plugin.methods.decoder import check_call_settings, check_query
-from dp_icl_plugin.methods.decoding import chat_ids
+from dp_icl_plugin import AnswerChoices, ConfigurationError, NextTokenBackend
+from dp_icl_plugin.adapters import chat_ids, check_call_settings, check_query, greedy_generate
 from langchain_dp_icl.chat_model import _messages
 
 __all__ = ["ChatZeroShot"]
@@ -44,7 +40,7 @@ class ChatZeroShot(BaseChatModel):
             :class:`~langchain_dp_icl.ChatDPICL`, so the model is loaded once).
         max_tokens: the most tokens of an answer (default 32).
         choices: public answers: the greedy answer is then restricted to them, as a DP decoder's with the same
-            choices is (:class:`~dp_icl_plugin.methods.choices.AnswerChoices`).
+            choices is (:class:`~dp_icl_plugin.decoding.choices.AnswerChoices`).
         model: a display name for traces.
 
     Instantiate:

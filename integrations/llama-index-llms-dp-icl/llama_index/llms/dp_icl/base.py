@@ -1,6 +1,6 @@
 """A LlamaIndex LLM whose every answer is DP with respect to a decoder's private records.
 
-Wraps a :class:`~dp_icl_plugin.methods.decoder.Decoder` (``MozoDecoder`` or ``ClipBlendDecoder``); each
+Wraps a :class:`~dp_icl_plugin.decoding.contract.Decoder` (``MozoDecoder`` or ``ClipBlendDecoder``); each
 completion and each chat is charged to the shared ledger before its first token is computed, and the charge
 is emitted as a :class:`~llama_index.llms.dp_icl.events.DPSpendEvent`. The decoder and the noise source are
 private attributes: ``to_dict()`` never contains them. The async methods run the decoder (its charge
@@ -35,21 +35,19 @@ from llama_index.core.types import PydanticProgramMode
 from llama_index.llms.dp_icl.events import DPSpendEvent
 from pydantic import BaseModel, Field, PrivateAttr
 
-from dp_icl_plugin.accounting.budget import BudgetManager
-from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.data import PrivateDataset
-from dp_icl_plugin.methods.decoder import (
-    AnswerStream,
-    Decoder,
+from dp_icl_plugin import AnswerStream, BudgetManager, ConfigurationError, Decoder, PrivateDataset, build_decoder
+from dp_icl_plugin.adapters import (
     Query,
     answer_limit,
     check_call_settings,
+    iterate_in_threads,
+    noise_source,
+    parse_tool_call,
     spend_payload,
+    tool_call_schema,
+    tool_call_text,
+    tool_result_text,
 )
-from dp_icl_plugin.methods.decoder_factory import build_decoder
-from dp_icl_plugin.methods.randomness import noise_source
-from dp_icl_plugin.methods.threaded import iterate_in_threads
-from dp_icl_plugin.methods.tool_calls import parse_tool_call, tool_call_schema, tool_call_text, tool_result_text
 
 __all__ = ["DPICL"]
 
@@ -68,7 +66,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         ```
 
     Key init args:
-        decoder: a :class:`~dp_icl_plugin.methods.decoder.Decoder` holding the private records, the backend
+        decoder: a :class:`~dp_icl_plugin.decoding.contract.Decoder` holding the private records, the backend
             and the budget share; or use :meth:`from_model_id`.
         max_tokens: the most tokens of one answer (at most the decoder's share: above it is refused; a call's
             ``max_tokens`` may lower it). Per call, ``max_tokens`` and ``stop`` only: ``temperature`` and
@@ -105,7 +103,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
 
     Tools: a function-calling LLM (``chat_with_tools``, ``predict_and_call``, ``FunctionAgent``,
     ``FunctionCallingProgram``) when ``llguidance`` is installed (the ``structured`` extra): each answer is
-    decoded under the JSON schema of one call of the tools (:mod:`dp_icl_plugin.methods.tool_calls`; public, so
+    decoded under the JSON schema of one call of the tools (:mod:`dp_icl_plugin.decoding.tool_calls`; public, so
     no sensitivity changes), at most one call per answer; the call is in the message's
     ``additional_kwargs["tool_calls"]``. An agent's every step is a charged answer.
 
@@ -147,7 +145,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         **settings: Any,
     ) -> DPICL:
         """The LLM over a local model or an inference server's URL (with ``tokenizer=``); ``settings`` go to
-        :func:`~dp_icl_plugin.methods.decoder_factory.build_decoder`."""
+        :func:`~dp_icl_plugin.decoding.factory.build_decoder`."""
         decoder = build_decoder(model_id, dataset, budget=budget, method=method, **settings)
         return cls(decoder, rng=rng, seed=seed, model_name=model_id)
 
@@ -287,7 +285,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
     # -- structured output --------------------------------------------------------------------------
     def _schema_kwargs(self, output_cls: type[BaseModel], llm_kwargs: dict[str, Any] | None) -> dict[str, Any]:
         """``llm_kwargs`` with ``output_cls``'s JSON schema: the answer's tokens keep to it
-        (:mod:`dp_icl_plugin.methods.structured`; a public support), so LlamaIndex's parser gets valid JSON. In
+        (:mod:`dp_icl_plugin.decoding.structured`; a public support), so LlamaIndex's parser gets valid JSON. In
         another ``pydantic_program_mode`` LlamaIndex asks for a tool call instead, whose schema does the same."""
         if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
             raise ConfigurationError("output_cls must be a Pydantic model class")

@@ -1,8 +1,8 @@
 """A LlamaIndex retriever that returns only DP-released content from private records.
 
 By default each query is answered by expert decoding, the nearest private records steering every token
-(:class:`~dp_icl_plugin.methods.knn.KNNExpertDecoder`); or keyword-space aggregation over them
-(:meth:`~dp_icl_plugin.methods.knn.PrivateKNN.answer`) releases keywords or the answer built from them. The
+(:class:`~dp_icl_plugin.retrieval.KNNExpertDecoder`); or keyword-space aggregation over them
+(:meth:`~dp_icl_plugin.retrieval.PrivateKNN.answer`) releases keywords or the answer built from them. The
 nodes hold only what was released, never record texts or ids. The spend is emitted as a
 :class:`~llama_index.llms.dp_icl.events.DPSpendEvent` through LlamaIndex's instrumentation. ``aretrieve``
 runs the release in a worker thread, so it does not block the event loop.
@@ -18,10 +18,8 @@ from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.llms.dp_icl.events import DPSpendEvent
 
-from dp_icl_plugin.errors import ConfigurationError
-from dp_icl_plugin.methods.answer_templates import ANSWER_PRESETS
-from dp_icl_plugin.methods.knn import KNNExpertDecoder, PrivateKNN
-from dp_icl_plugin.methods.randomness import noise_source
+from dp_icl_plugin import ANSWER_PRESETS, ConfigurationError, KNNExpertDecoder, PrivateKNN
+from dp_icl_plugin.adapters import noise_source
 
 __all__ = ["DPICLRetriever"]
 
@@ -29,7 +27,7 @@ dispatcher = get_dispatcher(__name__)
 
 
 class DPICLRetriever(BaseRetriever):
-    """DP context nodes from a :class:`~dp_icl_plugin.methods.knn.PrivateKNN` (private kNN over records).
+    """DP context nodes from a :class:`~dp_icl_plugin.retrieval.PrivateKNN` (private kNN over records).
 
     Each query is one DP release: keyword-space aggregation over the nearest private records, charged to
     each record's own filter and recorded in the shared ledger. Nodes hold only what was released.

@@ -1,0 +1,94 @@
+"""Reading private records from CSV or JSONL files into a :class:`PrivateDataset`.
+
+Errors name the file, the line and the column, never a cell's content (it may be private).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
+from dp_icl_plugin.errors import ConfigurationError
+
+__all__ = ["load_dataset", "read_rows"]
+
+MAX_FIELD = 1 << 24  # 16 MiB per cell: larger values are refused, not silently truncated
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    csv.field_size_limit(MAX_FIELD)
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        if not reader.fieldnames:
+            raise ConfigurationError(f"{path} has no header row")
+        try:
+            for row in reader:
+                yield reader.line_num, row
+        except csv.Error as exc:
+            raise ConfigurationError(f"{path}, line {reader.line_num}: malformed CSV ({exc})") from None
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigurationError(f"{path}, line {number}: not valid JSON") from None
+            if not isinstance(row, dict):
+                raise ConfigurationError(f"{path}, line {number}: expected a JSON object")
+            yield number, row
+
+
+def read_rows(path: str | os.PathLike[str], columns: Sequence[str]) -> list[tuple[str, ...]]:
+    """The given string columns of every row of a ``.csv`` or ``.jsonl``/``.json`` file (one object per line)."""
+    source = Path(path)
+    if not source.is_file():
+        raise ConfigurationError(f"no such data file: {source}")
+    suffix = source.suffix.lower()
+    if suffix == ".csv":
+        rows: Iterator[tuple[int, dict[str, object]]] = _csv_rows(source)  # type: ignore[assignment]
+    elif suffix in (".jsonl", ".json", ".ndjson"):
+        rows = _jsonl_rows(source)
+    else:
+        raise ConfigurationError(f"{source}: expected a .csv or .jsonl file")
+    out = []
+    try:
+        for number, row in rows:
+            values = []
+            for column in columns:
+                if column not in row:
+                    raise ConfigurationError(f"{source}, line {number}: no column {column!r}")
+                value = row[column]
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    value = str(value)  # numeric labels (e.g. 0/1) read as their text
+                if not isinstance(value, str):
+                    raise ConfigurationError(f"{source}, line {number}: column {column!r} is not text")
+                values.append(value)
+            out.append(tuple(values))
+    except UnicodeDecodeError:
+        raise ConfigurationError(f"{source} is not UTF-8 text") from None
+    if not out:
+        raise ConfigurationError(f"{source} has no data rows")
+    return out
+
+
+def load_dataset(
+    path: str | os.PathLike[str],
+    *,
+    text_column: str,
+    label_column: str,
+    labels: Sequence[str] | None = None,
+    public_label_counts: Mapping[str, int] | str | None = None,
+) -> PrivateDataset:
+    """A :class:`PrivateDataset` from a CSV/JSONL file; ``labels`` is the public label set (default: the
+    file's labels, sorted); ``public_label_counts`` the label sizes declared public (see ``PrivateDataset``)."""
+    rows = read_rows(path, [text_column, label_column])
+    records = (PrivateRecord(text, label.strip()) for text, label in rows)
+    return PrivateDataset(records, labels=labels, public_label_counts=public_label_counts)

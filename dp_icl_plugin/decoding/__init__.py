@@ -1,0 +1,22 @@
+"""DP decoding (pay per answer): the :class:`Decoder` contract the adapters use, DPS-MOZO and clip-blend decoders
+over a dataset, kNN expert decoding over a private index, and :func:`build_decoder` by name.
+"""
+
+from dp_icl_plugin.decoding.choices import AnswerChoices
+from dp_icl_plugin.decoding.contract import AnswerStream, DecodedAnswer, Decoder, Query
+from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.decoding.factory import DECODING_METHODS, build_decoder
+from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder
+
+__all__ = [
+    "DECODING_METHODS",
+    "AnswerChoices",
+    "AnswerStream",
+    "ClipBlendDecoder",
+    "DecodedAnswer",
+    "Decoder",
+    "KNNExpertDecoder",
+    "MozoDecoder",
+    "Query",
+    "build_decoder",
+]

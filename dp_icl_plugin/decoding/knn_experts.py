@@ -1,0 +1,384 @@
+"""Expert decoding: the records nearest to a query, each paying through its own filter, steer every token.
+
+The kNN paper's individual accounting (Wu et al., ICLR 2024; Feldman & Zrnic 2021, Thm. 4.5) meets
+clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lemmas 1–2):
+
+1. **Selection.** The public query is embedded; every *candidate* (an active record whose cosine similarity
+   reaches the public ``min_similarity``) is charged through its unit's Rényi filter, inside the filter's
+   transaction; the ``k`` most similar admitted candidates are the answer's *experts* (exact search: stable,
+   :mod:`dp_icl_plugin.retrieval.index`). A unit's charge depends on its own records and the public query
+   alone (its number c of candidate records), the condition under which the filter is valid.
+2. **Tokens.** Each expert gives a one-shot prompt (its text and answer, or label, as one demonstration
+   before the query); the prompts stay fixed for the whole answer. Per token: the zero-shot row ℓ0 (query and
+   tokens so far, no record; public) and each expert's row z_i are restricted to ℓ0's ``expert_top_k`` most
+   likely tokens (public), the experts' rows clipped to [−c, c] (eq. 2) and averaged with the **fixed**
+   divisor k (never the number of experts present), and the token drawn from softmax(ẑ),
+   ẑ = ℓ0/T0 + z̄/(2τ), z̄ = (1/k)·Σ_i clip_c(z_i). Unlike the paper's blend, the public row is not clipped:
+   it is public, so its log-probabilities at a public temperature T0 (``expert_public_temperature``) cost
+   nothing and keep the zero-shot answer's fluency; the experts tilt it by at most c/τ nats of log-odds.
+3. **Neighbouring relation and sensitivity.** Add/remove one unit (a record, or all of one person's records
+   with ``group_by_user``). Removing a unit with c candidate records swaps at most min(c, k) experts (the next
+   candidates move up; with fewer than k left, rows go): each swap moves every entry of Σ_i clip_c(z_i) by at
+   most 2c, so every score ẑ by at most c/(kτ), and a token is an exponential mechanism with ε0·min(c, k),
+   ε0 = 2c/(kτ): ε0-DP and ε0-bounded-range, ε0²/8-zCDP (Cesar & Rogers 2021). The per-token bound is that of
+   one replaced prompt and does not grow with k, while the experts' agreement does: c/τ = ε0·k/2
+   (:meth:`PrivateKNN.expert_scale`). "Pure" holds up to the float64 rounding of the inverse-CDF sampler, as
+   for every sampler in this library.
+4. **Accounting.** The answer's T tokens compose adaptively (each token's distribution depends on the
+   released tokens before it, which are public): a unit pays T·min(αε0²/8, pure(ε0)) per candidate record
+   group at every filter order (``uses`` answers of ``max_answer_tokens`` tokens fill one unit's budget,
+   :func:`~dp_icl_plugin.retrieval.retriever.token_epsilon_for_uses`). Every answer is charged for its
+   worst case (all ``max_tokens`` tokens) before the first token is computed; stopping early refunds nothing.
+   The ledger holds the filter's total once (:meth:`PrivateKNN.cover_event`) and records each answer as a
+   :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`.
+
+Records with neither an answer nor a label, whose prompt the tokenizer cannot build, or whose row has no
+finite entry on the support sit idle: they paid, they keep their slot (so the others' do not change), and their
+row adds nothing, a value inside [−c, c]; whether one is idle depends on that record alone, and nothing that a
+record holds can fail the answer after its charge. Generated tokens and the public row are post-processing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget
+from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
+from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k
+from dp_icl_plugin.backends.shared_suffix import start_rows
+from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
+from dp_icl_plugin.decoding.choices import AnswerChoices
+from dp_icl_plugin.decoding.contract import DecodedAnswer, Query
+from dp_icl_plugin.decoding.decoders import _Decoder, query_text
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.mechanisms.clip_blend_sampling import clip_logits, exponential_mechanism
+from dp_icl_plugin.mechanisms.mozo_mixing import top_k_support
+from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
+from dp_icl_plugin.retrieval.index import Candidates, PrivateIndex
+from dp_icl_plugin.retrieval.retriever import KNNConfig, PrivateKNN
+from dp_icl_plugin.steps.token_step import public_checked
+from dp_icl_plugin.templates.answer import AnswerTemplate
+from dp_icl_plugin.timing import FixedLatency
+
+__all__ = ["KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token", "filter_budget_for"]
+
+PUBLIC_TEMPERATURE = KNNConfig.expert_public_temperature  # free text: the zero-shot row keeps the answer fluent
+CHOICES_PUBLIC_TEMPERATURE = math.inf  # public choices: the row is only a (biased) prior; chosen on tune queries
+
+
+class KNNExpertDecoder(_Decoder):
+    """DP decoding with the query's nearest records as experts, each paying its own budget; see the module.
+
+    Implements the :class:`~dp_icl_plugin.decoding.contract.Decoder` contract, so it serves the LangChain chat
+    model / LLM and the LlamaIndex LLM like the other decoders.
+
+    Args:
+        knn: the private index, ledger, backend and settings (``config.k`` experts, ``min_similarity``,
+            ``uses`` answers per record of ``max_answer_tokens`` tokens, ``expert_public_temperature``,
+            ``expert_top_k``).
+        template: how a record and a completion query form a prompt (default: ``AnswerTemplate(stop=None)``).
+        fixed_latency: hide timing: every answer returns this many seconds after it starts (how many
+            experts an answer had shows in its computation time otherwise); default the PrivateKNN's.
+        choices: public answers (labels, desks, "yes"/"no"): every token restricted to those that continue one
+            (:mod:`dp_icl_plugin.decoding.choices`); an answer is then charged for the choices' token decisions
+            (:attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions`, at most ``config.max_answer_tokens``).
+
+    Raises:
+        ConfigurationError: the retriever has no backend, or ``config.max_answer_tokens`` is below the choices'
+            decisions.
+    """
+
+    kind = "knn-experts"
+
+    def __init__(
+        self,
+        knn: PrivateKNN,
+        *,
+        template: AnswerTemplate | None = None,
+        fixed_latency: float | FixedLatency | None = None,
+        choices: Sequence[str] | AnswerChoices | None = None,
+    ) -> None:
+        if not isinstance(knn, PrivateKNN):
+            raise ConfigurationError("knn must be a PrivateKNN")
+        if knn.backend is None:
+            raise ConfigurationError("expert decoding needs the PrivateKNN's backend (a language model)")
+        # with choices an answer has at most the longest choice's tokens and runs at most `decisions` token
+        # mechanisms, which must fit what the filters were divided for (checked here, long before any charge)
+        super().__init__(
+            backend=knn.backend,
+            budget=knn.budget,
+            template=template,
+            max_tokens=knn.config.max_answer_tokens if choices is None else None,
+            fixed_latency=knn.fixed_latency if fixed_latency is None else fixed_latency,
+            choices=choices,
+        )
+        if self.choices is not None and self.choices.decisions > knn.config.max_answer_tokens:
+            raise ConfigurationError(
+                f"the choices need {self.choices.decisions} token decisions per answer, more than the "
+                f"{knn.config.max_answer_tokens} (config.max_answer_tokens) a record's budget was divided for"
+            )
+        self.knn = knn
+        self.k = knn.config.k
+        self.clip, self.temperature = knn.expert_scale(self.k)
+        self.public_temperature = knn.config.expert_public_temperature
+        self.top_k = knn.config.expert_top_k
+        if self.top_k:
+            check_top_k(min(self.top_k, self.backend.vocab_size), self.backend)
+        warn_if_weak(
+            f"expert decoding over k = {self.k} records",
+            log_odds_shift(self.clip / self.temperature),
+            "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
+        )
+
+    def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
+        """A DP answer to a public question (a retriever's query): the question as the user's chat turn when
+        the model has a chat template (a record then enters as an earlier exchange), else in the template."""
+        query: Query = [{"role": "user", "content": question}] if self.has_chat_template else question
+        return self.generate(query, rng=rng, max_tokens=max_tokens)
+
+    @property
+    def token_epsilon(self) -> float:
+        """ε0: what one token costs a unit with one candidate record (pure DP, add/remove)."""
+        return self.knn.expert_epsilon
+
+    def check(
+        self,
+        query: Query,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+        schema: object | None = None,
+    ) -> None:
+        super().check(query, max_tokens=max_tokens, stop=stop, schema=schema)
+        self.knn._require("decode")
+
+    def _reserve(self, limit: int) -> int:
+        return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
+
+    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
+        """What one answer of at most ``max_tokens`` tokens costs a record that is a candidate (its own filter
+        pays it; the ledger records it as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`)."""
+        tokens = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
+        return self.knn._event("decode", 1, self.k, self._steps(tokens))
+
+    def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Candidates]:
+        admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, self._steps(limit))
+        return entry, admitted  # the records are read in _tokens, after the charge is on the answer's state
+
+    def _experts(self, admitted: Candidates) -> list[PrivateRecord]:
+        """The experts' demonstrations (private): the k nearest admitted candidates' answers, else labels;
+        records without either sit idle."""
+        _, records = self.knn._charged_records(admitted, "decode", self.k)
+        out = []
+        for record in records:
+            field = record.answer if record.answer is not None else record.label
+            if field is not None:
+                out.append(PrivateRecord(record.text.reveal(), field.reveal()))
+        return out
+
+    def _expert_prompts(self, prompt, experts: list[PrivateRecord], room: int) -> list[list[int]]:
+        """Each expert's one-shot prompt; a record whose prompt cannot be built (its own text decides) sits idle."""
+        out = []
+        for record in experts:
+            try:
+                out.append(self._ids(prompt, record, reserve=room))
+            except Exception:  # a tokenizer or chat template that rejects this record's text
+                continue
+        return out
+
+    def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
+        room = self._reserve(limit)
+        public = self._ids(prompt, None, reserve=room)  # public: checked before the charge
+        prompts = [public, *self._expert_prompts(prompt, self._experts(paid), room)]
+        suffix = self._public_suffix(prompt, reserve=room)
+        with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
+            logprobs = public_checked(session.logprobs, stand_in=False)
+            generated: list[int] = []
+            for step in range(limit):
+                token = self._draw(lambda rows: self._token(rows, rng), logprobs, generated, rule)
+                generated.append(token)
+                yield token
+                if step + 1 < limit:
+                    logprobs = public_checked(session.append(token), stand_in=False)
+
+    def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
+        """One token from the public row (``logprobs[0]``) and the experts' rows (the rest)."""
+        return expert_token(
+            logprobs[1:],
+            logprobs[0],
+            clip=self.clip,
+            divisor=self.k,
+            temperature=self.temperature,
+            public_temperature=self.public_temperature,
+            top_k=self.top_k,
+            rng=rng,
+        )
+
+
+def expert_scores(
+    private_logprobs: np.ndarray,
+    public_logprobs: np.ndarray,
+    *,
+    clip: float,
+    divisor: int,
+    temperature: float,
+    public_temperature: float,
+) -> np.ndarray:
+    """ẑ = ℓ0/T0 + z̄/(2τ), z̄ = (1/k)·Σ_i clip_c(z_i) (internal scores of :func:`expert_token`).
+
+    Sensitivity: one expert swapped moves an entry of Σ_i clip_c(z_i) by at most 2c, so ẑ by at most c/(kτ);
+    ℓ0 (public) moves nothing. Sampling softmax(ẑ) is then an exponential mechanism of ε0 = 2c/(kτ).
+    """
+    public = public_logprobs - np.logaddexp.reduce(public_logprobs)
+    rows = np.asarray(private_logprobs, dtype=np.float64).reshape(-1, public.size)
+    # a row with NaN, +inf or nothing finite on the support sits idle (adds 0, inside [−c, c]): its own content
+    # decides, and it cannot fail the release
+    usable = np.isfinite(rows).any(axis=1) & ~np.isnan(rows).any(axis=1) & ~np.isposinf(rows).any(axis=1)
+    tilt = clip_logits(rows[usable], clip).sum(axis=0) / divisor if usable.any() else np.zeros(public.size)
+    prior = public / public_temperature if math.isfinite(public_temperature) else np.zeros(public.size)
+    return prior + tilt / (2.0 * temperature)
+
+
+def expert_token(
+    private_logprobs: np.ndarray,
+    public_logprobs: np.ndarray,
+    *,
+    clip: float,
+    divisor: int,
+    temperature: float,
+    public_temperature: float,
+    top_k: int,
+    rng: np.random.Generator,
+) -> int:
+    """One expert-decoding token (see the module docstring, step 2).
+
+    Args:
+        private_logprobs: the experts' rows, shape (n ≤ k, V) (any number, none included).
+        public_logprobs: the zero-shot row, shape (V,).
+        clip: c; divisor: k, fixed in advance; temperature: τ of the experts' part (ε0 = 2c/(kτ));
+        public_temperature: T0, the zero-shot row's temperature (public: no privacy cost).
+        top_k: sample among the zero-shot row's this many most likely tokens (0: every token it gives
+            probability above 0).
+
+    Returns:
+        The token id.
+    """
+    support = top_k_support(public_logprobs, top_k or public_logprobs.size)  # public; finite ℓ0 only
+    scores = expert_scores(
+        private_logprobs[:, support],
+        public_logprobs[support],
+        clip=clip,
+        divisor=divisor,
+        temperature=temperature,
+        public_temperature=public_temperature,
+    )
+    return int(support[exponential_mechanism(scores, temperature=1.0, rng=rng)])
+
+
+def filter_budget_for(epsilon: float, delta: float, neighbouring: str) -> IndividualBudget:
+    """The per-record filter budget whose cover costs a ledger of this relation (ε, δ): the filter's own
+    (ε, δ) under add/remove; under replace-one the cover is (2ε_f, (1 + e^ε_f)δ_f) (group privacy,
+    :meth:`PrivateKNN.cover_event`), so ε_f = ε/2 and δ_f = δ/(1 + e^{ε/2}) (rounded down)."""
+    eps = check.positive_finite("epsilon", epsilon)
+    dlt = check.probability_open("delta", delta)
+    if neighbouring == ADD_REMOVE:
+        return IndividualBudget(epsilon=eps, delta=dlt)
+    return IndividualBudget(epsilon=eps / 2.0, delta=math.nextafter(dlt / (1.0 + math.exp(eps / 2.0)), 0.0))
+
+
+def build_expert_decoder(
+    backend: NextTokenBackend,
+    dataset: PrivateDataset,
+    *,
+    budget: BudgetManager,
+    epsilon: float,
+    n_queries: int,
+    delta: float | None = None,
+    max_tokens: int = 16,
+    k: int = 40,
+    min_similarity: float = 0.3,
+    uses: int | None = None,
+    population_size: int | None = None,
+    embedder: object | None = None,
+    public_temperature: float | None = None,
+    top_k: int = 100,
+    template: AnswerTemplate | None = None,
+    fixed_latency: float | FixedLatency | None = None,
+    choices: Sequence[str] | None = None,
+) -> KNNExpertDecoder:
+    """Expert decoding over a dataset held in memory: its records go into a new in-memory
+    :class:`PrivateIndex` whose per-record filter is covered by ``epsilon`` (and δ) on the ledger.
+
+    Args:
+        backend: the language model.
+        dataset: the private records (text, label); a record's label is its demonstration's answer.
+        budget: the shared ledger; the filter's total is charged to it once, here.
+        epsilon, delta: this decoder's share of the ledger (δ default: half the ledger's δ).
+        n_queries: the answers expected; with ``k`` it sets ``uses`` (default ⌈n_queries·k/N⌉ answers per
+            record, which holds when queries spread over the records; a record near many queries runs out
+            sooner and its next neighbours take over).
+        uses, population_size: give ``uses``, or the public N it is computed from; under a replace-one ledger N
+            defaults to |D| (public by the relation), under add/remove |D| is private and one of them is required
+            (it sets the noise of every answer).
+        max_tokens, k, min_similarity, embedder: the answer limit, experts per answer, the public similarity a
+            record needs to take part (and pay), the embedder (default all-MiniLM-L6-v2).
+        public_temperature, top_k: the zero-shot row's temperature T0 and support. T0 defaults to 0.1 (see
+            :class:`KNNConfig`), or
+            with ``choices`` to ``inf`` (no prior: the row, only a prior over the choices, leans to one of them
+            whatever the question; on 30 TREC tune queries at ε = 4, T0 = 2 gave 63.3 % accuracy and ``inf``
+            73.3 %, ``benchmarks/harness/RESULTS.md``).
+        template, fixed_latency: as :class:`KNNExpertDecoder`.
+        choices: public answers every answer is restricted to (:class:`KNNExpertDecoder`); the budget is then
+            calibrated for the choices' token decisions, not ``max_tokens``.
+
+    Raises:
+        ConfigurationError: a bad setting, ``max_tokens`` below the longest choice (before anything is charged).
+    """
+    if not isinstance(dataset, PrivateDataset):
+        raise ConfigurationError("dataset must be a PrivateDataset")
+    if not isinstance(budget, BudgetManager):
+        raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
+    n_queries = check.positive_int("n_queries", n_queries)
+    k = check.positive_int("k", k)
+    answers = None if choices is None else AnswerChoices.of(backend, choices)
+    if answers is not None:  # calibrate for the token decisions an answer runs (public); too few tokens refused
+        if answers.max_tokens > check.positive_int("max_tokens", max_tokens):
+            raise ConfigurationError(
+                f"max_tokens = {max_tokens} is below the {answers.max_tokens} tokens the longest choice needs: raise it"
+            )
+        max_tokens = answers.decisions
+    if public_temperature is None:
+        public_temperature = PUBLIC_TEMPERATURE if answers is None else CHOICES_PUBLIC_TEMPERATURE
+    records = [r for y in dataset.labels for r in dataset.records(y)]
+    if uses is None and population_size is None and budget.neighbouring == ADD_REMOVE:
+        raise ConfigurationError(
+            "under an add/remove ledger |D| is private: give uses (answers per record) or the public "
+            "population_size it is computed from"
+        )
+    population = len(records) if population_size is None else check.positive_int("population_size", population_size)
+    per_record_uses = max(1, math.ceil(n_queries * k / population)) if uses is None else uses
+    config = KNNConfig(
+        k=k,
+        shards=1,
+        min_similarity=min_similarity,
+        uses=per_record_uses,
+        max_answer_tokens=max_tokens,
+        expert_public_temperature=public_temperature,
+        expert_top_k=top_k,
+    )
+    share = budget.budget.delta / 2.0 if delta is None else delta
+    index = PrivateIndex(budget=filter_budget_for(epsilon, share, budget.neighbouring), embedder=embedder)
+    index.add([r.text for r in records], labels=[r.label for r in records])
+    return KNNExpertDecoder(
+        PrivateKNN(index, budget=budget, backend=backend, config=config),
+        template=template,
+        fixed_latency=fixed_latency,
+        choices=answers,
+    )

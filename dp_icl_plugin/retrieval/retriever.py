@@ -1,0 +1,787 @@
+"""DP-ICL with nearest-neighbour retrieval and individual privacy filters (the kNN DP-ICL paper, Wu et al. 2024).
+
+Four releases, each answering one public query from the private records nearest to it (the fourth, expert
+decoding, is :class:`~dp_icl_plugin.decoding.knn_experts.KNNExpertDecoder`, charged here as ``"decode"``):
+
+- :meth:`PrivateKNN.vote` ("nearest neighbours only"): report-noisy-max over the labels of the k
+  nearest records; no language model.
+- :meth:`PrivateKNN.classify`: the records are split into shards, the LLM labels the query once per
+  shard with the shard's records as demonstrations, and report-noisy-max picks a label from the shards'
+  votes (Wu et al. ICLR 2024, RNM-Gaussian).
+- :meth:`PrivateKNN.answer`: each shard's LLM answer adds its keyword tokens to a histogram; keywords
+  are released from it (by default every token whose Gaussian-noised count passes a threshold,
+  :mod:`dp_icl_plugin.mechanisms.keyword_threshold`; or the paper's top-k propose-test-release,
+  :mod:`dp_icl_plugin.mechanisms.keyword_ptr`) and a public prompt with only those keywords (or the 0-shot
+  prompt when none is released) produces the answer (keyword-space aggregation, Wu et al.).
+
+**Who pays.** Neighbouring relation: add/remove one unit (a record, or every record of one person). A
+record is a *candidate* when it is active (its unit can still pay) and its cosine similarity to the query
+is at least ``min_similarity``. Every candidate's unit is charged, whether or not the record ends up among
+the k used: that keeps each unit's charge a function of its own records and the public query alone, the
+condition under which Feldman & Zrnic's individual filter is valid (charging only the records actually
+used would let one record's presence change which *other* records pay, and so the later retrievals).
+``min_similarity`` therefore sets how many records pay per query; the paper charges only the k used,
+which has no such guarantee.
+
+**Sensitivity.** Shards are assigned by a keyed hash of each record's id with a fresh random key per
+query, and each shard takes its r = k / shards most similar candidates: removing one candidate changes
+one shard (the next candidate of that shard moves up). So the vote histogram moves by at most √2 in ℓ2
+per shard touched (one vote moves from one label to another), i.e. √2·min(c, shards) for a unit with c
+candidate records; for :meth:`vote`, √2·min(c, k) (each removed record swaps one vote). The keyword
+histogram changes in at most min(c, shards) shards: by √(2m) in ℓ2 per shard when each answer adds its
+first m keywords (threshold release), and the PTR stability distance by one unit (at most ``shards``
+shard changes per person, :mod:`dp_icl_plugin.mechanisms.keyword_ptr`).
+
+**Accounting.** Each unit pays the Gaussian RDP of its own sensitivity (plus δ₀ for the PTR test) in the
+index's :class:`~dp_icl_plugin.accounting.RenyiFilter`; the ledger is charged once for the filter's total
+(ε, δ) under add/remove of a record (converted by a replace-one ledger, the default, to (2ε, (1 + e^ε)δ) by
+group privacy; for a per-person filter first (2ε, (1 + e^ε)δ) per record, :meth:`PrivateKNN.cover_event`)
+and records every release as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`. Ledger
+labels name the release kind and the index, never a count computed from the records (how many were near
+the query).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import rdp
+from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
+from dp_icl_plugin.accounting.conversion import group_of_two_delta
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
+from dp_icl_plugin.accounting.process_mark import process_mark
+from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
+from dp_icl_plugin.backends.generation import greedy_generate
+from dp_icl_plugin.errors import ConfigurationError, after_charge
+from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
+from dp_icl_plugin.mechanisms.keyword_threshold import (
+    answer_keywords,
+    keyword_threshold,
+    threshold_keywords,
+    threshold_sensitivity,
+)
+from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
+from dp_icl_plugin.mechanisms.token_shift import MIN_KEYWORD_PASS, keyword_pass_probability
+from dp_icl_plugin.retrieval.index import Candidates, PrivateIndex
+from dp_icl_plugin.retrieval.prompts import STOPWORDS, AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
+from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
+
+__all__ = [
+    "Answer",
+    "Classification",
+    "KNNConfig",
+    "PrivateKNN",
+    "PrivateText",
+    "Retrieval",
+    "RetrievedRecord",
+    "noise_for_uses",
+]
+
+SQRT2 = math.sqrt(2.0)
+RELEASES = ("vote", "classify", "answer", "decode")
+PUBLIC_RELEASES = RELEASES[:3]  # "decode" is charged by KNNExpertDecoder, which reads its records itself
+EXPERT_CLIP = 4.0
+"""The clipping bound c of an expert-decoding release: an expert's tokens within 2c nats of its favourite keep
+their order, the rest share the floor. Only c/τ is paid for: τ follows from the budget."""
+KEYWORD_RELEASES = ("threshold", "ptr")
+
+
+def noise_for_uses(budget: IndividualBudget, *, uses: int, sensitivity: float) -> float:
+    """The smallest Gaussian σ such that a unit can pay for ``uses`` releases of this ℓ2 sensitivity.
+
+    Closed form: uses·α·Δ²/(2σ²) ≤ B_α at the best order, σ² = uses·Δ²·min_α(α/B_α)/2.
+    """
+    uses = check.positive_int("uses", uses)
+    delta_sens = check.positive_finite("sensitivity", sensitivity)
+    a = np.asarray(budget.orders)
+    caps = budget.caps
+    ok = np.isfinite(caps) & (caps > 0)
+    ratio = float(np.min(a[ok] / caps[ok]))
+    return math.sqrt(uses * delta_sens**2 * ratio / 2.0) * (1 + 1e-9)
+
+
+def token_epsilon_for_uses(budget: IndividualBudget, *, uses: int, tokens: int) -> float:
+    """The largest per-token ε0 of a bounded-range mechanism (the expert-decoding token, one expert changed)
+    such that a unit can pay for ``uses`` answers of ``tokens`` tokens each: uses·tokens·min(αε0²/8, pure(ε0))
+    ≤ B_α at some order α of the filter, found by bisection (the RDP curve grows with ε0)."""
+    uses = check.positive_int("uses", uses)
+    steps = uses * check.positive_int("tokens", tokens)
+    orders = np.asarray(budget.orders)
+    caps = budget.caps * (1 - 2e-9)  # the filter keeps 1e-9 of room below every cap
+
+    def fits(eps0: float) -> bool:
+        return bool(np.any(steps * rdp.bounded_range_rdp(orders, eps0) <= caps))
+
+    low, high = 0.0, 1.0
+    while fits(high):
+        low, high = high, 2.0 * high
+    for _ in range(100):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    if low <= 0.0:
+        raise ConfigurationError(f"the index's budget cannot pay for {uses} answers of {tokens} tokens")
+    return low
+
+
+@dataclass(frozen=True)
+class KNNConfig:
+    """What a release uses and costs.
+
+    Args:
+        k: records used per release (for classify/answer: ``shards`` × demonstrations per shard).
+        shards: LLM calls per classify/answer release (the paper: 10 shards × 4 demonstrations).
+        min_similarity: public cosine threshold τ; every active record at least this similar pays.
+        uses: releases a record can take part in; sets the noise when ``noise_std`` is not given. Each kind
+            is calibrated on its own: ``uses`` votes/classifications, or ``uses`` answers, fill a record's budget.
+        noise_std: σ of the Gaussian noise on vote histograms (default: calibrated from ``uses``).
+        keyword_release: how an answer release picks keywords: ``"threshold"`` (every token whose noisy
+            count passes a threshold; no δ) or ``"ptr"`` (the paper's exact top-``keywords`` set when a
+            propose-test-release stability test passes; needs an approximate-δ share in the budget).
+        keyword_noise_std: σ of the keyword release (threshold counts or the PTR test; default: calibrated
+            from ``uses``).
+        keywords: how many keywords an answer release publishes (``"threshold"``: at most this many).
+        keywords_per_answer: ``"threshold"``: each shard's answer counts its first this many distinct
+            keyword tokens (the ℓ2 sensitivity is √(2·keywords_per_answer) per shard).
+        stopwords: words that are never keywords (a keyword is a token with a letter or digit whose
+            lower-cased text is not one of them); public, default :data:`~dp_icl_plugin.retrieval.prompts.STOPWORDS`.
+        max_answer_tokens: the length limit of every generated answer (a ``decode`` release is charged for it).
+        expert_public_temperature: the temperature T0 of the public zero-shot row in a ``decode`` release
+            (expert decoding, :class:`~dp_icl_plugin.decoding.knn_experts.KNNExpertDecoder`); public, free. The
+            experts' part has the temperature the budget allows (:meth:`PrivateKNN.expert_scale`). Default 0.1,
+            chosen on E2E tune queries (ROUGE-L 39.6 vs 30.4 at 0.5; on held-out queries 0.1 is level with greedy
+            zero-shot, +0.8 [−0.4, +1.9], where 0.5 fell 6.9 points below it). ``inf``
+            drops the public row's preferences (it still sets the support), as with public answer choices.
+        expert_top_k: a ``decode`` release samples among the zero-shot output's this many most likely tokens
+            (public; 0 for the whole vocabulary).
+    """
+
+    k: int = 40
+    shards: int = 10
+    min_similarity: float = 0.3
+    uses: int = 1
+    noise_std: float | None = None
+    keyword_release: str = "threshold"
+    keyword_noise_std: float | None = None
+    keywords: int = 5
+    keywords_per_answer: int = 4
+    stopwords: frozenset[str] = STOPWORDS
+    max_answer_tokens: int = 16
+    expert_public_temperature: float = 0.1
+    expert_top_k: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("k", "shards", "uses", "keywords", "keywords_per_answer", "max_answer_tokens"):
+            object.__setattr__(self, name, check.positive_int(name, getattr(self, name)))
+        if self.k % self.shards:
+            raise ConfigurationError(f"k ({self.k}) must be a multiple of shards ({self.shards})")
+        tau = check.real("min_similarity", self.min_similarity)
+        if not -1.0 <= tau <= 1.0:
+            raise ConfigurationError(f"min_similarity must lie in [-1, 1], got {tau!r}")
+        object.__setattr__(self, "min_similarity", tau)
+        if self.keyword_release not in KEYWORD_RELEASES:
+            raise ConfigurationError(
+                f"keyword_release must be one of {', '.join(KEYWORD_RELEASES)}, got {self.keyword_release!r}"
+            )
+        if isinstance(self.stopwords, str) or not all(isinstance(w, str) for w in self.stopwords):
+            raise ConfigurationError("stopwords must be a collection of strings")
+        object.__setattr__(self, "stopwords", frozenset(w.strip().lower() for w in self.stopwords))
+        for name in ("noise_std", "keyword_noise_std"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, check.positive_finite(name, getattr(self, name)))
+        t0 = check.real("expert_public_temperature", self.expert_public_temperature)
+        if not t0 > 0.0:
+            raise ConfigurationError(f"expert_public_temperature must be positive (inf: no public prior), got {t0!r}")
+        object.__setattr__(self, "expert_public_temperature", t0)
+        object.__setattr__(self, "expert_top_k", check.int_at_least("expert_top_k", self.expert_top_k, 0))
+
+
+class PrivateText:
+    """Private text that will not print: ``str``, ``repr`` and formatting give ``<private text>``.
+
+    Only a DP release step should read it (:meth:`reveal`); putting it into a prompt of a non-private
+    LLM, a log line or a trace is exactly what this wrapper is there to stop.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The raw private text. Anything computed from it must go through a DP release."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "<private text>"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return "<private text>"
+
+    def __reduce__(self):  # never pickled along with a component
+        raise TypeError("private text cannot be pickled")
+
+
+@dataclass(frozen=True)
+class RetrievedRecord:
+    """One retrieved private record; its fields print as ``<private text>``."""
+
+    text: PrivateText
+    label: PrivateText | None
+    answer: PrivateText | None
+    similarity: float
+
+    def __repr__(self) -> str:
+        return "RetrievedRecord(<private>)"
+
+
+class Retrieval(Sequence[RetrievedRecord]):
+    """The records charged for one release, most similar first; consumed by one release step.
+
+    ``complete`` is False when fewer than the configured k records were available: the release then
+    uses fewer (never padded). Both the records and that flag are private: only the release's output is DP.
+    """
+
+    def __init__(
+        self,
+        release: str,
+        query: str,
+        candidates: Candidates,
+        records: list[RetrievedRecord],
+        k: int,
+        entry: int,
+        charged_by: object,
+    ) -> None:
+        self.release = release
+        self.ledger_entry = entry
+        self._query = query
+        self._candidates = candidates
+        self._records = records
+        self.k = k
+        self.complete = len(records) >= k
+        self._used = False
+        self._claim = threading.Lock()  # released once, even by two threads at once
+        self._process = process_mark()  # ... and never by a forked copy (a second release of one charge)
+        self._charged_by = charged_by  # the PrivateKNN whose costs were charged (its release must match them)
+
+    def claim(self) -> None:
+        """Mark this retrieval released; raises ConfigurationError if it already was, or in another process."""
+        if self._process != process_mark():
+            raise ConfigurationError(
+                "a retrieval cannot be released in a process other than the one that charged it "
+                "(a fork would release one charge twice)"
+            )
+        with self._claim:
+            if self._used:
+                raise ConfigurationError("a retrieval can be released once")
+            self._used = True
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._records[i]
+
+    def __iter__(self) -> Iterator[RetrievedRecord]:
+        return iter(self._records)
+
+    def __repr__(self) -> str:
+        return f"Retrieval(release={self.release!r}, <private records>)"
+
+    def __reduce__(self):
+        raise TypeError("a retrieval holds private records and cannot be pickled")
+
+
+@dataclass(frozen=True)
+class Classification:
+    """A DP label: ``label`` is the release; ``ledger_entry`` is the ledger entry that records it."""
+
+    label: str
+    release: str
+    ledger_entry: int
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A DP answer: text generated from released keywords only (or 0-shot when the test failed)."""
+
+    text: str
+    keywords: tuple[str, ...] | None
+    ledger_entry: int
+
+    @property
+    def fell_back(self) -> bool:
+        """Whether no keyword was released (none passed the threshold, or the PTR test failed): the 0-shot answer."""
+        return self.keywords is None
+
+
+def _shard_keys(ids: np.ndarray, salt: int, shards: int) -> np.ndarray:
+    """splitmix64(salt ⊕ id) mod shards: a shard per record that depends on no other record."""
+    with np.errstate(over="ignore"):
+        z = ids.astype(np.uint64) ^ np.uint64(salt)
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(shards)).astype(np.int64)
+
+
+class PrivateKNN:
+    """Private nearest-neighbour DP-ICL over a :class:`PrivateIndex`, charged to one shared ledger.
+
+    Nothing this class returns to callers contains private text except :meth:`retrieve`'s records,
+    which are wrapped in :class:`PrivateText` and meant only for a DP release step
+    (:meth:`vote`, :meth:`classify`, :meth:`answer` accept a :class:`Retrieval`). A RAG pipeline that
+    needs context for a non-private LLM should use :meth:`answer` (keyword-aggregated, DP).
+
+    Args:
+        index: the private records and their filter.
+        budget: the app's ledger. On construction it is charged once with the filter's total (ε, δ)
+            unless an earlier retriever over this index already did; every release is then recorded in it.
+        backend: the language model for :meth:`classify` and :meth:`answer` (not needed for :meth:`vote`).
+        labels: the public label set for :meth:`vote` and :meth:`classify`.
+        config: sizes, threshold and noise (see :class:`KNNConfig`).
+        fixed_latency: hide timing: :meth:`vote`, :meth:`classify` and :meth:`answer` each return this many
+            seconds after they start (seconds or a shared :class:`~dp_icl_plugin.timing.FixedLatency`), and
+            the ledger labels leave out the number of paying records. A :class:`Retrieval` passed to them
+            was timed by its own :meth:`retrieve` call: pass the query text to time the whole release.
+    """
+
+    def __init__(
+        self,
+        index: PrivateIndex,
+        *,
+        budget: BudgetManager,
+        backend: NextTokenBackend | None = None,
+        labels: Sequence[str] | None = None,
+        config: KNNConfig | None = None,
+        classification_prompt: ClassificationPrompt | None = None,
+        answer_prompt: AnswerPrompt | None = None,
+        keyword_prompt: KeywordAnswerPrompt | None = None,
+        fixed_latency: float | FixedLatency | None = None,
+    ) -> None:
+        if not isinstance(index, PrivateIndex):
+            raise ConfigurationError("index must be a PrivateIndex")
+        if not isinstance(budget, BudgetManager):
+            raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
+        self.index = index
+        self.budget = budget
+        self.backend = backend
+        self.config = config if config is not None else KNNConfig()
+        if not isinstance(self.config, KNNConfig):
+            raise ConfigurationError("config must be a KNNConfig")
+        self.labels = None if labels is None else self._check_labels(labels)
+        self.classification_prompt = classification_prompt or ClassificationPrompt()
+        self.answer_prompt = answer_prompt or AnswerPrompt()
+        self.keyword_prompt = keyword_prompt or KeywordAnswerPrompt()
+        self.fixed_latency = as_fixed_latency(fixed_latency)
+        filt = index.filter.budget
+        self.noise_std = self.config.noise_std or noise_for_uses(filt, uses=self.config.uses, sensitivity=SQRT2)
+        self.keyword_sensitivity = (  # one unit changing one shard
+            1.0 if self.config.keyword_release == "ptr" else threshold_sensitivity(self.config.keywords_per_answer)
+        )
+        self.keyword_noise_std = self.config.keyword_noise_std or noise_for_uses(
+            filt, uses=self.config.uses, sensitivity=self.keyword_sensitivity
+        )
+        self.ptr_delta = (
+            float(filt.approximate_delta or 0.0) / self.config.uses if self.config.keyword_release == "ptr" else 0.0
+        )
+        self.expert_epsilon = token_epsilon_for_uses(filt, uses=self.config.uses, tokens=self.config.max_answer_tokens)
+        self._label_tokens: np.ndarray | None = None
+        self.cover_entry = self._cover()
+
+    def __repr__(self) -> str:
+        return f"PrivateKNN(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
+
+    # -- public API -------------------------------------------------------------------------------
+    def retrieve(self, query: str, *, release: str = "vote", k: int | None = None) -> Retrieval:
+        """Charge every candidate's unit for one ``release`` and return the records that release may use.
+
+        Args:
+            query: the public query text.
+            release: the release the records are for (``vote``, ``classify`` or ``answer``); it sets the cost.
+                (Expert decoding charges through :class:`~dp_icl_plugin.retrieval.KNNExpertDecoder`.)
+            k: records to use (default ``config.k``; for classify/answer a multiple of ``config.shards``).
+
+        Raises:
+            ConfigurationError: bad query, k or release kind, or a release this retriever cannot run (no
+                labels / no backend / no approximate δ for answers); nothing is charged then. An empty index
+                is no error: the release is charged and made over zero records, as over any number.
+        """
+        if release not in PUBLIC_RELEASES:
+            raise ConfigurationError(f"release must be one of {', '.join(PUBLIC_RELEASES)}, got {release!r}")
+        admitted, entry, k = self._charge_release(query, release, k, None)
+        # reading the charged records: a failure here is the one fixed error
+        used, records = after_charge(lambda: self._charged_records(admitted, release, k))
+        return Retrieval(release, query, used, records, k, entry.id, charged_by=self)
+
+    def _charge_release(
+        self, query: str, release: str, k: int | None, tokens: int | None
+    ) -> tuple[Candidates, LedgerEntry, int]:
+        """The public checks, then the charge of every candidate's unit and the ledger record (nothing private
+        is read or released here): the admitted candidates, the committed ledger entry and k."""
+        k = self.config.k if k is None else check.positive_int("k", k)
+        if release in ("classify", "answer") and k % self.config.shards:
+            raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
+        tokens = self.config.max_answer_tokens if tokens is None else check.positive_int("tokens", tokens)
+        if tokens > self.config.max_answer_tokens:
+            raise ConfigurationError(
+                f"an answer of {tokens} tokens exceeds the {self.config.max_answer_tokens} "
+                "(config.max_answer_tokens) a unit's budget was divided for"
+            )
+        self._require(release)
+        query_vector = self.index.embed_query(query)
+        if release == "answer":
+            self._check_answer_room(query)
+            if self.config.keyword_release == "threshold":
+                self._check_keywords_can_pass()
+        # No check of the index's size: whether it holds any record is private (add/remove), so an empty index
+        # (or one with no candidate) goes through the same charge and release, over zero records.
+        self.index.refresh()  # records added or removed by other processes or hosts
+        self.index.expect_release(self._cost(release, 1, k, tokens))  # public: the search mask's floor
+        candidates = self.index.within(query_vector, self.config.min_similarity)
+        admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k, tokens))
+        entry = self.budget.spend(
+            ev.FilteredReleaseEvent(
+                self._event(release, 1, k, tokens), covered_by=self.cover_entry, neighbouring=ev.ADD_REMOVE
+            ),
+            label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
+        )
+        return admitted, entry, k
+
+    def _charged_records(self, admitted: Candidates, release: str, k: int) -> tuple[Candidates, list[RetrievedRecord]]:
+        # A record another host removed after this copy's refresh may have paid; it takes no part.
+        still, stored = self.index.present(admitted.ids)
+        admitted = admitted.take(still)
+        top_k = release in ("vote", "decode")  # the k nearest admitted; shards pick their own from all of them
+        used = admitted.take(np.arange(len(admitted)) < k) if top_k else admitted
+        records = [
+            RetrievedRecord(
+                PrivateText(r.text),
+                None if r.label is None else PrivateText(r.label),
+                None if r.answer is None else PrivateText(r.answer),
+                float(s),
+            )
+            for r, s in zip(stored[: len(used)], used.similarities, strict=True)
+        ]
+        return used, records
+
+    def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
+        """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates."""
+        with self._hold():
+            return self._vote(query, rng)
+
+    def _vote(self, query: str | Retrieval, rng: np.random.Generator) -> Classification:
+        retrieval = self._retrieval(query, "vote", rng)  # charged (here or before); public checks only
+        return after_charge(lambda: self._vote_released(retrieval, rng))  # a failure: the one fixed error
+
+    def _vote_released(self, retrieval: Retrieval, rng: np.random.Generator) -> Classification:
+        assert self.labels is not None
+        counts = np.zeros(len(self.labels))
+        position = {label: i for i, label in enumerate(self.labels)}
+        for record in retrieval:
+            if record.label is not None and record.label.reveal() in position:
+                counts[position[record.label.reveal()]] += 1
+        label = self.labels[report_noisy_max(counts, noise_std=self.noise_std, rng=rng)]
+        return Classification(label, "vote", retrieval.ledger_entry)
+
+    def classify(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
+        """Shards of nearest records as demonstrations, one LLM vote per shard, report-noisy-max."""
+        with self._hold():
+            return self._classify(query, rng)
+
+    def _classify(self, query: str | Retrieval, rng: np.random.Generator) -> Classification:
+        retrieval = self._retrieval(query, "classify", rng)  # charged (here or before); public checks only
+        return after_charge(lambda: self._classify_released(retrieval, rng))  # a failure: the one fixed error
+
+    def _classify_released(self, retrieval: Retrieval, rng: np.random.Generator) -> Classification:
+        assert self.labels is not None and self.backend is not None
+        shards = self._shards(retrieval, rng, need="label")
+        counts = np.zeros(len(self.labels))
+        prompts = [
+            self._fit(self.classification_prompt.render(demos, retrieval._query, self.labels), room=1)
+            for demos in shards
+            if demos
+        ]
+        if prompts:
+            scores = self.backend.next_token_logprobs(prompts)[:, self._label_token_ids()]
+            np.add.at(counts, np.argmax(scores, axis=1), 1.0)
+        label = self.labels[report_noisy_max(counts, noise_std=self.noise_std, rng=rng)]
+        return Classification(label, "classify", retrieval.ledger_entry)
+
+    def answer(self, query: str | Retrieval, *, rng: np.random.Generator, keywords: int | None = None) -> Answer:
+        """Keyword-space aggregation: shard answers → keyword histogram → DP keywords → public answer.
+
+        ``keywords`` overrides ``config.keywords`` (how many keywords to release; the cost does not change).
+        """
+        n_keywords = self.config.keywords if keywords is None else check.positive_int("keywords", keywords)
+        with self._hold():
+            return self._answer(query, rng, n_keywords)
+
+    def _answer(self, query: str | Retrieval, rng: np.random.Generator, n_keywords: int) -> Answer:
+        retrieval = self._retrieval(query, "answer", rng)  # charged (here or before); public checks only
+        return after_charge(lambda: self._answer_released(retrieval, rng, n_keywords))  # a failure: the fixed error
+
+    def _answer_released(self, retrieval: Retrieval, rng: np.random.Generator, n_keywords: int) -> Answer:
+        backend = self.backend
+        assert backend is not None
+        shards = [demos for demos in self._shards(retrieval, rng, need="answer") if demos]
+        released = self._release_keywords(self._shard_answers(retrieval._query, shards), n_keywords, rng)
+        # Everything below is post-processing of the release: the query is public, the keywords are DP.
+        words = None if released is None else tuple(backend.decode([t]).strip() for t in released)
+        # Fitted like the shard prompts: a long query or long keywords shorten it rather than fail after the charge.
+        final = self._fit(self.keyword_prompt.render(words, retrieval._query), room=self.config.max_answer_tokens + 1)
+        text = backend.decode(greedy_generate(backend, [final], max_new_tokens=self.config.max_answer_tokens)[0])
+        return Answer(text.strip(), words, retrieval.ledger_entry)
+
+    def _shard_answers(self, query: str, shards: list[list[tuple[str, str]]]) -> list[list[int]]:
+        """Each shard's keyword tokens (non-private until released): alphanumeric tokens of its greedy answer,
+        distinct, in order; with the threshold release only the first ``keywords_per_answer``."""
+        if not shards:
+            return []
+        assert self.backend is not None
+        room = self.config.max_answer_tokens + 1
+        prompts = [self._fit(self.answer_prompt.render(demos, query), room=room) for demos in shards]
+        per_answer = self.config.keywords_per_answer if self.config.keyword_release == "threshold" else None
+        outputs = greedy_generate(self.backend, prompts, max_new_tokens=self.config.max_answer_tokens, public=False)
+        return [answer_keywords(tokens, per_answer=per_answer, is_keyword=self._is_keyword) for tokens in outputs]
+
+    def _is_keyword(self, token: int) -> bool:
+        """A public property of the token: it has a letter or digit and is not a stop word."""
+        assert self.backend is not None
+        text = self.backend.decode([token]).strip()
+        return any(ch.isalnum() for ch in text) and text.lower() not in self.config.stopwords
+
+    def _release_keywords(
+        self, answers: list[list[int]], n_keywords: int, rng: np.random.Generator
+    ) -> tuple[int, ...] | None:
+        """The DP keyword release over the shards' keyword sets: token ids, or None when none is released."""
+        assert self.backend is not None
+        if self.config.keyword_release == "threshold":
+            counts = np.zeros(self.backend.vocab_size, dtype=np.int64)
+            for tokens in answers:
+                counts[tokens] += 1  # distinct within an answer
+            return threshold_keywords(counts, noise_std=self.keyword_noise_std, limit=n_keywords, rng=rng).keywords
+        histogram = Counter(token for tokens in answers for token in tokens)
+        return stable_top_k(
+            np.fromiter(histogram.keys(), dtype=np.int64, count=len(histogram)),
+            np.fromiter(histogram.values(), dtype=np.int64, count=len(histogram)),
+            k=n_keywords,
+            noise_std=self.keyword_noise_std,
+            delta=self.ptr_delta,
+            rng=rng,
+            group_size=1 if not self.index.group_by_user else self.config.shards,
+        ).keywords
+
+    def per_record_epsilon(self) -> float:
+        """The ε each record is protected with over all releases of this index, under add/remove of a record:
+        the filter's budget, or for a per-person index group privacy's 2ε (:meth:`cover_event`)."""
+        return self.cover_event().epsilon
+
+    def per_record_delta(self) -> float:
+        """The δ that goes with :meth:`per_record_epsilon` (per person: (1 + e^ε)δ)."""
+        return self.cover_event().delta
+
+    # -- internals --------------------------------------------------------------------------------
+    def cover_event(self) -> ev.ApproxDPEvent:
+        """What the index's filter costs the ledger, whose unit is a record (add/remove of one record).
+
+        Per record: the filter's own (ε, δ). Per person (``group_by_user``): the filter bounds adding or
+        removing *all* of a person's records, but removing one of them changes that person's charges and so
+        when the filter halts them; D and D minus one record are two person steps apart (through D without
+        that person), so group privacy of size 2 gives (2ε, (1 + e^ε)δ) under add/remove of a record (a
+        replace-one ledger then converts it to (4ε, (1 + e^ε + e^2ε + e^3ε)δ), four person steps).
+
+        Raises:
+            ConfigurationError: that δ reaches 1 (no record-level guarantee follows); checked before any charge.
+        """
+        budget = self.index.filter.budget
+        if not self.index.group_by_user:
+            return budget.as_event()
+        delta = group_of_two_delta(budget.epsilon, budget.delta)  # rounded up
+        if not delta < 1.0:
+            raise ConfigurationError(
+                f"a per-person budget of (epsilon={budget.epsilon}, delta={budget.delta}) gives no guarantee for "
+                f"one record: group privacy turns it into a delta of {delta:.3g} (at least 1); lower epsilon or delta"
+            )
+        return ev.ApproxDPEvent(2.0 * budget.epsilon, delta, neighbouring=ev.ADD_REMOVE)
+
+    def _cover(self) -> int:
+        label = f"knn-filter:{self.index.id}"
+        event = self.cover_event()  # checked before anything is charged
+        for entry in self.budget.history():
+            if entry.label == label:
+                if entry.event == self.index.filter.budget.as_event() and event != entry.event:
+                    raise ConfigurationError(
+                        "the ledger holds this person-grouped index's filter charged as if a person were a record "
+                        "(without group privacy): its total understates what one record lost; use a new ledger"
+                    )
+                if entry.event != event:
+                    raise ConfigurationError("the ledger holds this index's filter charge with another budget")
+                return entry.id
+        return self.budget.spend(event, label=label).id
+
+    def _check_labels(self, labels: Sequence[str]) -> tuple[str, ...]:
+        if isinstance(labels, str) or not isinstance(labels, Sequence) or len(labels) < 2:
+            raise ConfigurationError("labels must be a sequence of at least two label names")
+        out = tuple(labels)
+        if not all(isinstance(x, str) and x.strip() for x in out) or len(set(out)) != len(out):
+            raise ConfigurationError("labels must be distinct non-empty strings")
+        return out
+
+    def _require(self, release: str) -> None:
+        if release in ("vote", "classify") and self.labels is None:
+            raise ConfigurationError(f"a {release} release needs the retriever's labels")
+        if release in ("classify", "answer", "decode") and self.backend is None:
+            raise ConfigurationError(f"a {release} release needs a backend (a language model)")
+        if release == "classify":
+            self._label_token_ids()
+        if release == "answer" and self.config.keyword_release == "ptr" and self.ptr_delta <= 0:
+            raise ConfigurationError("PTR keyword releases need approximate_delta > 0 in the index's IndividualBudget")
+
+    def keyword_outlook(self) -> tuple[float, float]:
+        """The threshold keyword release's threshold T and how often a keyword every shard says passes it,
+        P[shards + N(0, σ²) > T] (public settings only)."""
+        assert self.backend is not None
+        threshold = keyword_threshold(self.keyword_noise_std, self.backend.vocab_size)
+        return threshold, keyword_pass_probability(threshold, self.config.shards, self.keyword_noise_std)
+
+    def _check_keywords_can_pass(self) -> None:
+        """Refuse, before anything is charged, keyword answers that could release no keyword: every candidate
+        would pay for the zero-shot answer."""
+        threshold, passes = self.keyword_outlook()
+        if passes < MIN_KEYWORD_PASS:
+            raise ConfigurationError(
+                f"keyword answers would release nothing: the threshold is {threshold:.3g} noisy votes but at most "
+                f"{self.config.shards} shards vote, so a keyword every shard says passes with probability "
+                f"{passes:.2g}; every candidate would pay for the zero-shot answer. Use more shards (at least "
+                f"{math.ceil(threshold)}), fewer uses ({self.config.uses}) or keywords_per_answer "
+                f"({self.config.keywords_per_answer}), a larger per-record epsilon, or expert decoding "
+                "(KNNExpertDecoder; see `dp-icl plan`)"
+            )
+
+    def _check_answer_room(self, query: str) -> None:
+        """Refuse, before the charge, a (public) query whose answer prompt cannot fit the model: the final
+        keyword prompt with ``config.keywords`` keywords and the answer's tokens (also surfaces text the
+        tokenizer rejects). Otherwise the release would be paid for and then cut the prompt's instruction."""
+        assert self.backend is not None
+        placeholders = ["x"] * self.config.keywords
+        ids = self.backend.encode(self.keyword_prompt.render(placeholders, query), add_special_tokens=True)
+        capacity = context_limit(self.backend)
+        room = self.config.max_answer_tokens
+        if capacity is not None and len(ids) + room > capacity:
+            raise ConfigurationError(
+                f"the query is too long: its answer prompt takes {len(ids)} of the model's "
+                f"{capacity} positions and the answer {room} more"
+            )
+
+    def _label_token_ids(self) -> np.ndarray:
+        if self._label_tokens is None:
+            assert self.backend is not None and self.labels is not None
+            # The first token after the label prefix, as the tokenizer splits "<prefix> <label>" in context.
+            prefix = self.classification_prompt.label_prefix
+            base = self.backend.encode(prefix)
+            first = []
+            for label in self.labels:
+                ids = self.backend.encode(f"{prefix} {label}")
+                if len(ids) <= len(base) or ids[: len(base)] != base:
+                    raise ConfigurationError(f"label {label!r} does not tokenize as a continuation of {prefix!r}")
+                first.append(ids[len(base)])
+            if len(set(first)) != len(first):
+                raise ConfigurationError("labels must start with distinct tokens: each is scored by its first token")
+            self._label_tokens = np.asarray(first, dtype=np.int64)
+        return self._label_tokens
+
+    def _event(self, release: str, c: int, k: int | None = None, tokens: int | None = None) -> ev.DPEvent:
+        """What one release costs a unit with ``c`` candidate records (a function of its own records only)."""
+        if release == "decode":  # min(c, k) experts swapped, each moving ẑ by c_clip/k: ε0 per expert
+            token = ev.ExponentialMechanismEvent(
+                self.expert_epsilon * min(c, k or self.config.k), neighbouring=ev.ADD_REMOVE
+            )
+            return ev.SelfComposedEvent(token, tokens or self.config.max_answer_tokens)
+        cap = (self.config.k if k is None else k) if release == "vote" else self.config.shards
+        if release == "answer" and self.config.keyword_release == "ptr":  # the group is inside the distance
+            return ev.GaussianEvent(self.keyword_noise_std, sensitivity=1.0, neighbouring=ev.ADD_REMOVE)
+        if release == "answer":
+            sensitivity = self.keyword_sensitivity * min(c, cap)
+            noise = self.keyword_noise_std
+        else:
+            sensitivity, noise = SQRT2 * min(c, cap), self.noise_std
+        return ev.GaussianEvent(noise / sensitivity, sensitivity=sensitivity, neighbouring=ev.ADD_REMOVE)
+
+    def _cost(self, release: str, c: int, k: int | None = None, tokens: int | None = None) -> ReleaseCost:
+        delta = self.ptr_delta if release == "answer" else 0.0  # 0 unless the keywords go by PTR
+        return ReleaseCost.of(self._event(release, c, k, tokens), self.index.filter.budget.orders, delta=delta)
+
+    def expert_scale(self, k: int | None = None) -> tuple[float, float]:
+        """The clipping bound c and the experts' temperature τ of a ``decode`` release over ``k`` experts
+        (default ``config.k``): one expert swapped moves the scores by c/(kτ) per token, an exponential mechanism
+        of ε0 = 2c/(kτ) = :attr:`expert_epsilon`; so c = :data:`EXPERT_CLIP` and τ = 2c/(kε0). The experts
+        then add at most c/τ = ε0·k/2 nats to a token's log-odds (public settings only)."""
+        k = self.config.k if k is None else check.positive_int("k", k)
+        return EXPERT_CLIP, 2.0 * EXPERT_CLIP / (k * self.expert_epsilon)
+
+    def _fit(self, text: str, *, room: int) -> list[int]:
+        """A prompt's tokens, oldest cut first so that ``room`` positions stay free: a private demonstration
+        too long for the model shortens the prompt (inside the release) instead of raising an error whose
+        occurrence would depend on private text."""
+        assert self.backend is not None
+        ids = self.backend.encode(text, add_special_tokens=True)
+        capacity = context_limit(self.backend)
+        if capacity is None or len(ids) + room <= capacity:
+            return ids
+        return ids[len(ids) + room - capacity :]
+
+    def _hold(self) -> AbstractContextManager[None]:
+        return nullcontext() if self.fixed_latency is None else self.fixed_latency.hold()
+
+    def _retrieval(self, query: str | Retrieval, release: str, rng: np.random.Generator) -> Retrieval:
+        if not isinstance(rng, np.random.Generator):
+            raise ConfigurationError("rng must be a numpy.random.Generator")
+        if isinstance(query, Retrieval):
+            if query.release != release:
+                raise ConfigurationError(f"this retrieval was charged for a {query.release} release, not {release}")
+            if query._charged_by is not self:  # another retriever's noise, sensitivity or δ was paid for
+                raise ConfigurationError("this retrieval was charged by another retriever: release it there")
+            retrieval = query
+        else:
+            retrieval = self.retrieve(query, release=release)
+        retrieval.claim()
+        return retrieval
+
+    def _shards(self, retrieval: Retrieval, rng: np.random.Generator, *, need: str) -> list[list[tuple[str, str]]]:
+        """Per-query shards: each shard's r most similar candidates; records lacking ``need`` sit idle, as do
+        records the backend's tokenizer cannot encode (their own text decides: a failure after the charge
+        would otherwise depend on them). Either way an idle record keeps its slot, so the others' shards do
+        not change."""
+        cfg = self.config
+        keys = _shard_keys(retrieval._candidates.ids, int(rng.integers(0, 2**63)), cfg.shards)
+        per_shard = retrieval.k // cfg.shards
+        shards: list[list[tuple[str, str]]] = [[] for _ in range(cfg.shards)]
+        taken = np.zeros(cfg.shards, dtype=np.int64)
+        for record, key in zip(retrieval, keys.tolist(), strict=True):  # most similar first
+            if taken[key] >= per_shard:
+                continue
+            taken[key] += 1
+            field = record.label if need == "label" else record.answer
+            if field is not None and self._encodes(record.text.reveal()) and self._encodes(field.reveal()):
+                shards[key].append((record.text.reveal(), field.reveal()))
+        return shards
+
+    def _encodes(self, text: str) -> bool:
+        assert self.backend is not None
+        try:
+            self.backend.encode(text)
+        except Exception:  # tokenizers raise plain Exception for what they cannot encode
+            return False
+        return True

@@ -1,0 +1,257 @@
+"""DPS-MOZO+Off (Flemings et al., App. C, Algorithm 3): DP outputs for public inputs, used as demonstrations.
+
+The caller supplies public, unlabeled inputs (PATE-style, §4.2). For each one, DPS-MOZO (Algorithm 1,
+:mod:`dp_icl_plugin.mechanisms.mozo_mixing`) generates an output token by token: per token, n_shots records are
+drawn uniformly without replacement from the whole private dataset D, each gives a one-shot prompt (the
+record as an input→output example, the public input, the output so far), the zero-shot prompt is the public
+input and the output so far, and the token is sampled from the product of the mixed distributions. The
+pairs (public input, DP output) are the demonstrations; anything done with them afterwards is free
+(post-processing).
+
+Privacy: replace-one neighbours only (|D| is then public; an add/remove ledger refuses it); each token is
+(α, 4βα)-RDP, amplified by sampling n_shots of |D| records
+without replacement (q = n_shots/|D|; Wang, Balle & Kasiviswanathan 2019, Thm 9), composed over every token
+that can be generated, ``len(public_inputs) × max_tokens``
+(:func:`~dp_icl_plugin.accounting.method_events.mozo_event`), converted with Balle et al. 2020; δ defaults to
+1/|D|. Algorithm 3 line 6 divides the budget by n_test·T̃_max, but the tokens generated offline are
+|D_pub|·T̃_max: we charge what is generated. β for a target ε is the largest meeting it
+(:func:`~dp_icl_plugin.accounting.calibration.calibrate_mozo`). Records are drawn from all of D, so labels
+partition nothing here.
+
+The per-token bound is the paper's (Theorem B.3), but its proof does not hold for the published mechanism
+(a one-order Rényi ball and a normalised product; counterexamples in ``tests/test_mozo.py``). This method
+therefore always releases through the *projected* mechanism (:func:`~dp_icl_plugin.mechanisms.mozo_mixing.
+project_output`): the paper's λ_i and product, shrunk towards the public zero-shot centre until Hölder's
+inequality proves D_α ≤ 4βα between any two datasets, so the same event accounts for it soundly. When the
+paper's output already lies in that ball, the two release the same distribution.
+
+Prompt layout (:class:`AnswerTemplate`, input→output, unlike the label→text synthesis templates)::
+
+    {header}                          (instruction; public)
+    {example}  one private record     Text: <record.text>\\nLabel: <record.label>\\n\\n
+    {query}    the public input       Text: <public input>\\nLabel:<output generated so far>
+
+The zero-shot prompt is ``header + query``; a one-shot prompt is ``header + example + query``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.calibration import calibrate_mozo
+from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
+from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
+from dp_icl_plugin.backends.shared_suffix import public_suffix
+from dp_icl_plugin.data.records import Demonstration, PrivateDataset, PrivateRecord
+from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
+from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX
+from dp_icl_plugin.steps.mozo_step import MozoStep
+from dp_icl_plugin.steps.token_step import TokenStep
+from dp_icl_plugin.synthesis.demoset import Provenance
+from dp_icl_plugin.synthesis.method import DemoSlot, Plan, SynthesisMethod, check_privacy_target
+from dp_icl_plugin.templates.answer import AnswerTemplate
+
+__all__ = ["MozoOfflineConfig", "MozoOfflineSynthesizer", "check_public_inputs"]
+
+
+def check_public_inputs(public_inputs: object) -> tuple[str, ...]:
+    """A non-empty sequence of non-empty strings (public inputs; errors give positions only)."""
+    if public_inputs is None:
+        raise ConfigurationError("mozo_offline needs public_inputs=[...] (the public inputs to answer)")
+    if isinstance(public_inputs, (str, bytes)) or not isinstance(public_inputs, Sequence):
+        raise ConfigurationError("public_inputs must be a sequence of strings")
+    result = tuple(public_inputs)
+    if not result:
+        raise ConfigurationError("public_inputs must not be empty")
+    for i, text in enumerate(result):
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigurationError(f"public input {i} is empty or not a string")
+    return result
+
+
+@dataclass(frozen=True)
+class MozoOfflineConfig:
+    """DPS-MOZO+Off's settings (defaults: the paper's Table 4 and §4.1 where it has one).
+
+    Attributes:
+        n_shots: records drawn per token (one one-shot prompt each); q = n_shots/|D|.
+        max_tokens: T̃_max, tokens per output (all charged; generation may stop early).
+        top_k: k of the public top-k support of the zero-shot output.
+        order: the Rényi order α the mixing constraint is fitted at (the paper: 14, 8, 5 for ε = 1, 2, 4).
+        lambda_max: the upper limit of each λ_i.
+        epsilon: target ε of the whole run (β calibrated), or None when ``beta`` is given.
+        beta: target leakage β itself, instead of a target ε.
+        delta: δ of the target (default: the ledger's δ; without a ledger 1/|D|).
+        template: the prompt layout (see ``ANSWER_PRESETS``).
+        demo_label: the ``label`` of every demonstration; None (default) puts the DP output there too,
+            which is what a classification task wants (the output is the label).
+    """
+
+    n_shots: int = 4
+    max_tokens: int = 20
+    top_k: int = 100
+    order: float = 8.0
+    lambda_max: float = LAMBDA_MAX
+    epsilon: float | None = None
+    beta: float | None = None
+    delta: float | None = None
+    template: AnswerTemplate = field(default_factory=AnswerTemplate)
+    demo_label: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_shots", "max_tokens", "top_k"):
+            check.positive_int(name, getattr(self, name))
+        object.__setattr__(self, "order", check.order("order", self.order))
+        object.__setattr__(self, "lambda_max", check.positive_finite("lambda_max", self.lambda_max))
+        check_privacy_target(self.epsilon, self.delta, self.beta, "beta")
+        if not isinstance(self.template, AnswerTemplate):
+            raise ConfigurationError("template must be an AnswerTemplate")
+        if self.demo_label is not None and not isinstance(self.demo_label, str):
+            raise ConfigurationError("demo_label must be a string or None")
+
+
+class MozoOfflineSynthesizer(SynthesisMethod):
+    """DP demonstrations for public inputs by DPS-MOZO (Flemings et al., Algorithm 3); see the module docstring.
+
+    ``plan``, ``event``, ``synthesize`` and ``synthesize_nonprivate`` take the public inputs as the
+    keyword ``public_inputs`` (required; ``labels`` is not used: records are drawn from all of D).
+
+    Example::
+
+        method = MozoOfflineSynthesizer(epsilon=2.0, order=8, max_tokens=5)
+        demos = method.synthesize(dataset, public_inputs=["a public text", ...], backend=backend,
+                                  budget=budget, rng=np.random.default_rng())
+    """
+
+    name: ClassVar[str] = "mozo_offline"
+    config_type: ClassVar[type] = MozoOfflineConfig
+    config: MozoOfflineConfig
+    labels_in_prompts: ClassVar[bool] = True  # a one-shot prompt holds its record's output ({label})
+
+    # -- planning -----------------------------------------------------------------------------------
+    def plan(
+        self,
+        dataset: PrivateDataset,
+        labels: Sequence[str] | None = None,
+        *,
+        public_inputs: Sequence[str] | None = None,
+        neighbouring: str = REPLACE_ONE,
+        ledger_delta: float | None = None,
+    ) -> Plan:
+        """Validated inputs, calibrated β and the event, without touching a backend (replace-one only; a target
+        ε at the config's δ, else ``ledger_delta``, else 1/|D|)."""
+        if not isinstance(dataset, PrivateDataset):
+            raise ConfigurationError("dataset must be a PrivateDataset")
+        if ledger_delta is not None:
+            check.probability_open("ledger_delta", ledger_delta)
+        me.require_replace_one("DPS-MOZO", neighbouring)
+        if labels is not None:
+            raise ConfigurationError("mozo_offline draws records from the whole dataset; do not pass labels")
+        inputs = check_public_inputs(public_inputs)
+        c = self.config
+        size = len(dataset)  # public: replace-one neighbours have the same number of records
+        if c.n_shots > size:
+            raise ConfigurationError(f"n_shots = {c.n_shots} exceeds the {size} records (q = n_shots/|D| ≤ 1)")
+        rate = c.n_shots / size
+        steps = len(inputs) * c.max_tokens  # the tokens generated offline (Algorithm 3 writes n_test·T̃_max)
+        delta = self._target_delta(ledger_delta, 1.0 / size)
+        if c.beta is not None:
+            beta, target = float(c.beta), None
+        else:
+            assert c.epsilon is not None
+            result = calibrate_mozo(epsilon=c.epsilon, delta=delta, sampling_rate=rate, steps=steps, order=c.order)
+            beta, target = result.value, result.epsilon
+        event = me.mozo_event(beta=beta, order=c.order, sampling_rate=rate, steps=steps)
+        params = {
+            "beta": beta,
+            "sampling_rate": rate,
+            "steps": steps,
+            "target_delta": delta,
+            "calibrated_epsilon": target,
+            "public_inputs": inputs,
+            "neighbouring": REPLACE_ONE,
+        }
+        return Plan(dataset.labels, event, params)
+
+    def _plan(
+        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+    ) -> Plan:
+        raise ConfigurationError("mozo_offline needs public inputs: call plan(dataset, public_inputs=[...])")
+
+    def _provenance(
+        self, plan: Plan, backend: NextTokenBackend, epsilon: float, delta: float, entry_id: int | None, label: str
+    ) -> Provenance:
+        provenance = super()._provenance(plan, backend, epsilon, delta, entry_id, label)
+        extra = {k: v for k, v in provenance.extra.items() if k != "public_inputs"}  # they are in the demos
+        extra["n_public_inputs"] = len(plan.params["public_inputs"])
+        return Provenance(**{**provenance.to_dict(), "extra": extra})
+
+    # -- generation ---------------------------------------------------------------------------------
+    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
+        """Public checks: every zero-shot prompt encodes, the model answers the first, top_k fits."""
+        template = self.config.template
+        prompts = [
+            backend.encode(template.zero_shot_prompt(x), add_special_tokens=True) for x in plan.params["public_inputs"]
+        ]
+        for i, ids in enumerate(prompts):
+            if not ids:
+                raise ConfigurationError(f"the zero-shot prompt of public input {i} has no tokens")
+        probe = check_logprobs(backend.next_token_logprobs([prompts[0]]))
+        if probe.shape != (1, backend.vocab_size):
+            raise BackendError(f"the backend returned shape {probe.shape}; expected (1, {backend.vocab_size})")
+        check_top_k(self.config.top_k, backend)
+
+    _stops_at_text: ClassVar[bool] = True
+
+    def _demonstration_count(self, plan: Plan) -> int:
+        return len(plan.params["public_inputs"])
+
+    def _demonstration(self, slot: DemoSlot, text: str, token_ids: tuple[int, ...]) -> Demonstration:
+        label = self.config.demo_label if self.config.demo_label is not None else text
+        return Demonstration(label=label, text=text, token_ids=token_ids, input=slot.input)
+
+    def _demonstrations(
+        self, dataset: PrivateDataset, plan: Plan, backend: NextTokenBackend, rng: np.random.Generator, *, private: bool
+    ) -> Iterator[tuple[DemoSlot, AbstractContextManager[TokenStep]]]:
+        c = self.config
+        records = [r for y in dataset.labels for r in dataset.records(y)]
+        inputs: tuple[str, ...] = plan.params["public_inputs"]
+        for public_input in inputs:
+            zero_shot = backend.encode(c.template.zero_shot_prompt(public_input), add_special_tokens=True)
+
+            def one_shot(record: PrivateRecord, public_input: str = public_input) -> list[int]:
+                return backend.encode(c.template.one_shot_prompt(record, public_input), add_special_tokens=True)
+
+            step = MozoStep(
+                backend,
+                records,
+                n_shots=c.n_shots,
+                zero_shot=zero_shot,
+                one_shot=one_shot,
+                suffix=_public_suffix(backend, c.template, public_input, zero_shot),
+                beta=plan.params["beta"] if private else None,
+                order=c.order,
+                top_k=c.top_k,
+                lambda_max=c.lambda_max,
+            )
+            yield DemoSlot(label="", input=public_input), nullcontext(step)
+
+
+def _public_suffix(
+    backend: NextTokenBackend, template: AnswerTemplate, public_input: str, zero_shot: list[int]
+) -> list[int]:
+    """The query part every row of a step may end with, from public inputs only: the zero-shot prompt against a
+    one-shot prompt whose record is the public input itself (never a private record)."""
+    probe = PrivateRecord(public_input, public_input)  # public text in a record's place
+    try:
+        ids = backend.encode(template.one_shot_prompt(probe, public_input), add_special_tokens=True)
+    except DPICLError:  # the public probe does not encode: every row is sent whole
+        return []
+    return public_suffix(zero_shot, ids)

@@ -1,0 +1,171 @@
+"""Shared pieces of the synthesis loops: prompt token ids, record sampling, decoding a demonstration.
+
+Sampling here is exactly what the accountant assumes:
+
+- :func:`poisson_prompts`: each record joins the token's sample independently with probability q (a fixed
+  rate from a declared size) and is assigned to one of the M prompts uniformly and independently, in an
+  order set by independent uniform keys. Adding a record therefore changes at most one prompt and leaves
+  the others exactly as they were (the coupling behind the √2 sensitivity); replacing one keeps its coin,
+  prompt and place.
+- :func:`slot_placement` and :func:`fixed_size_subsets`: the records of a label are placed uniformly at
+  random into n_y slots (n_y its declared size; slots left over stay empty), and M·N slots are drawn
+  uniformly without replacement and cut into M prompts of N (an empty slot leaves its prompt one example
+  short). A replacement, within a label or across two, changes one slot of each run it touches, and the
+  population n_y never depends on the data (sampling without replacement, replace-one; AdaDPSyn). With
+  n_y = |D_y| every slot holds a record and this is a uniform draw of M·N records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dp_icl_plugin import _validation as check
+from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
+from dp_icl_plugin.backends.shared_suffix import common_prefix_length
+from dp_icl_plugin.data.records import PrivateRecord
+from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.templates.demonstration import PromptTemplate
+
+__all__ = [
+    "PromptIds",
+    "check_records_encode",
+    "demonstration_text",
+    "fixed_size_subsets",
+    "poisson_prompts",
+    "slot_placement",
+]
+
+
+def poisson_prompts(
+    records: Sequence[PrivateRecord], *, sampling_rate: float, n_prompts: int, rng: np.random.Generator
+) -> list[list[PrivateRecord]]:
+    """Poisson-sample ``records`` at ``sampling_rate`` and deal the sample to ``n_prompts`` prompts.
+
+    Prompt sizes vary (a prompt may be empty); the expected total is ``sampling_rate · len(records)``.
+    """
+    n = len(records)
+    chosen = np.flatnonzero(rng.random(n) < sampling_rate)
+    slots = rng.integers(0, n_prompts, size=chosen.size)
+    keys = rng.random(chosen.size)
+    prompts: list[list[PrivateRecord]] = [[] for _ in range(n_prompts)]
+    for position in np.lexsort((keys, slots)):  # by prompt, then by key
+        prompts[int(slots[position])].append(records[int(chosen[position])])
+    return prompts
+
+
+def slot_placement(n_records: int, n_slots: int, rng: np.random.Generator) -> np.ndarray:
+    """The record in each of ``n_slots`` slots (−1 for an empty one): a uniformly random arrangement.
+
+    When the records fit, every record gets a slot. When there are more (the declared size was too small), a
+    uniformly random ``n_slots`` of them get one and the rest take no part. Either way a uniform arrangement
+    admits the coupling the analysis needs, and which case holds is never revealed or branched on outside the
+    mechanism: a replaced record takes the other's slot; an added record takes a uniform slot with probability
+    min(1, n_slots/|D_y ∪ {x}|), moving its occupant (if any) out; a removed record's slot is emptied or taken
+    by a uniformly random record that had none. One slot changes in each case.
+    """
+    n_slots = check.positive_int("n_slots", n_slots)
+    placement = np.full(n_slots, -1, dtype=np.int64)
+    if n_records <= n_slots:
+        placement[rng.permutation(n_slots)[:n_records]] = np.arange(n_records)
+    else:
+        placement[:] = rng.permutation(n_records)[:n_slots]
+    return placement
+
+
+def fixed_size_subsets(
+    records: Sequence[PrivateRecord],
+    *,
+    placement: np.ndarray,
+    n_prompts: int,
+    per_prompt: int,
+    rng: np.random.Generator,
+) -> list[list[PrivateRecord]]:
+    """``n_prompts · per_prompt`` slots of ``placement`` drawn uniformly without replacement, ``per_prompt``
+    per prompt; each prompt gets the records in its slots (empty slots are skipped)."""
+    picked = placement[rng.choice(len(placement), size=n_prompts * per_prompt, replace=False)]
+    return [
+        [records[int(i)] for i in picked[j * per_prompt : (j + 1) * per_prompt] if i >= 0] for j in range(n_prompts)
+    ]
+
+
+class PromptIds:
+    """Token ids of prompts as the backend tokenises a prompt (special tokens included), plus continuations.
+
+    Prompts longer than the model's context (``backend.max_length`` when it has one) keep their last
+    tokens: the generated continuation and the query are never cut, the oldest examples are.
+    """
+
+    def __init__(self, backend: NextTokenBackend, template: PromptTemplate) -> None:
+        self.backend = backend
+        self.template = template
+        self.max_length = context_limit(backend)
+        self._cache: dict[tuple[str, str], list[int]] = {}
+
+    def _prefix(self, kind: str, label: str) -> list[int]:
+        key = (kind, label)
+        if key not in self._cache:
+            text = self.template.public_prompt(label) if kind == "public" else self.template.base_prompt(label)
+            self._cache[key] = self.backend.encode(text, add_special_tokens=True)
+        return self._cache[key]
+
+    def instruction(self, label: str) -> list[int]:
+        """The public start every prompt of ``label`` shares: the instruction's tokens, less the last one (which
+        may merge with what follows it), as the public prompt spells them; from the template only."""
+        key = ("instruction", label)
+        if key not in self._cache:
+            public = self._prefix("public", label)
+            header = self.backend.encode(self.template.header.format(label=label), add_special_tokens=True)
+            self._cache[key] = public[: max(0, common_prefix_length(public, header) - 1)]
+        return self._cache[key]
+
+    def fit(self, ids: list[int]) -> list[int]:
+        if self.max_length is not None and len(ids) > self.max_length:
+            return ids[-self.max_length :]
+        return ids
+
+    def public(self, label: str, generated: Sequence[int]) -> list[int]:
+        return self.fit(self._prefix("public", label) + list(generated))
+
+    def base(self, label: str, generated: Sequence[int]) -> list[int]:
+        return self.fit(self._prefix("base", label) + list(generated))
+
+    def private(self, label: str, records: Sequence[PrivateRecord], generated: Sequence[int]) -> list[int]:
+        text = self.template.private_prompt(label, records)
+        return self.fit(self.backend.encode(text, add_special_tokens=True) + list(generated))
+
+
+def check_records_encode(
+    backend: NextTokenBackend, records: Sequence[PrivateRecord], *, with_labels: bool = False
+) -> None:
+    """Refuse a record the backend's tokenizer cannot encode, before anything is charged.
+
+    A record that fails only when it is drawn would fail after a charge, with a probability that depends on it
+    (an unbounded privacy loss). Each record's text (and its label, with ``with_labels``, for prompts that put
+    a record's label in, as the decoders' do) is encoded once here, when a decoder or a synthesis is set up;
+    prompts put them between public template text, which the caller checks on its own.
+
+    Raises:
+        ConfigurationError: naming the record's label and position within it, never its text.
+    """
+    seen: dict[str, int] = {}
+    for record in records:
+        k = seen[record.label] = seen.get(record.label, -1) + 1
+        for part in (record.text, record.label) if with_labels else (record.text,):
+            try:
+                backend.encode(part)
+            except Exception as exc:  # tokenizers raise plain Exception for what they cannot encode
+                raise ConfigurationError(
+                    f"record {k} of label {record.label!r} cannot be encoded by the tokenizer of {backend.model_id} "
+                    f"({type(exc).__name__}): fix or remove it (a record that fails when drawn would fail after "
+                    "its charge)"
+                ) from None
+
+
+def demonstration_text(backend: NextTokenBackend, token_ids: Sequence[int], stop: str | None) -> str:
+    """The released text: decoded, cut at the template's stop string, stripped (post-processing)."""
+    text = backend.decode(list(token_ids))
+    if stop is not None and stop in text:
+        text = text[: text.index(stop)]
+    return text.strip()
