@@ -1,5 +1,6 @@
-"""What the LangChain and the LlamaIndex adapter tests share, free of both frameworks: a tiny byte-level
-GPT-2 trained here, a private dataset with a canary in every record, a private kNN core and a DemoSet."""
+"""What the adapter distributions' tests share, free of both frameworks: a tiny byte-level GPT-2 trained here, a
+private dataset with a canary in every record, a private kNN core, a DemoSet, and the shared decoders and ledger
+of the LangChain standard suites."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 from tests_support import tiny_text_gpt2
 
-from dp_icl_plugin import BudgetManager, DemoSet, PrivacyBudget, PrivateDataset, PrivateRecord, Provenance
+from dp_icl_plugin import BudgetManager, DemoSet, MozoDecoder, PrivacyBudget, PrivateDataset, PrivateRecord, Provenance
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.data.records import Demonstration
 from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
@@ -125,3 +126,34 @@ class SlowBackend(_ForwardWrapper):
     def _forward(self, found: Any, *args: Any, **kwargs: Any) -> Any:
         time.sleep(self._delay)
         return found(*args, **kwargs)
+
+
+@functools.cache
+def shared_ledger() -> BudgetManager:
+    return BudgetManager(PrivacyBudget(1e6, 1e-3))
+
+
+@functools.cache
+def shared_decoder() -> MozoDecoder:
+    # max_tokens 10: the standard suite builds the model with max_tokens=10 (test_standard_params)
+    return MozoDecoder(
+        dataset(), backend=backend(), budget=shared_ledger(), n_queries=10_000, max_tokens=10, beta=0.5, top_k=20
+    )
+
+
+# LangChain's standard parameters, but temperature: a DP answer's sampling is the mechanism's (refused otherwise),
+# and max_tokens within the decoder's share (above it is refused, not capped)
+STANDARD_PARAMS = {"max_tokens": 8, "timeout": 60, "stop": [], "max_retries": 2}
+
+
+@functools.cache
+def terse_decoder() -> MozoDecoder:
+    return MozoDecoder(
+        dataset(),
+        backend=TerseBackend(backend()),
+        budget=shared_ledger(),
+        n_queries=10_000,
+        max_tokens=48,
+        beta=0.5,
+        top_k=20,
+    )

@@ -1,11 +1,10 @@
-"""LangChain adapters: the standard suites (chat model unit + integration, retriever integration) and our own
-tests of the selector, the DP LLM, charging, streaming and traces, on a tiny byte-level GPT-2 built here."""
+"""LangChain adapters, our own tests: the selector, the DP LLM, charging, streaming and traces, on a tiny byte-level
+GPT-2 built here (no server)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import uuid
@@ -17,7 +16,16 @@ import pytest
 pytest.importorskip("langchain_core")
 pytest.importorskip("torch")
 
-from adapter_fixtures import CANARY, SlowBackend, TerseBackend, backend, dataset, demo_set, knn_core
+from adapter_fixtures import (
+    CANARY,
+    SlowBackend,
+    backend,
+    dataset,
+    demo_set,
+    knn_core,
+    shared_decoder,
+    shared_ledger,
+)
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
@@ -28,8 +36,6 @@ from langchain_core.prompts import (
     PromptTemplate,
 )
 from langchain_dp_icl import DPICLLLM, ChatDPICL, ChatZeroShot, DPICLExampleSelector, DPICLRetriever
-from langchain_tests.integration_tests import ChatModelIntegrationTests, RetrieversIntegrationTests
-from langchain_tests.unit_tests import ChatModelUnitTests
 from pydantic import ValidationError
 
 from dp_icl_plugin import (
@@ -49,24 +55,6 @@ from dp_icl_plugin.data.records import Demonstration
 from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 
 
-@functools.cache
-def shared_ledger() -> BudgetManager:
-    return BudgetManager(PrivacyBudget(1e6, 1e-3))
-
-
-@functools.cache
-def shared_decoder() -> MozoDecoder:
-    # max_tokens 10: the standard suite builds the model with max_tokens=10 (test_standard_params)
-    return MozoDecoder(
-        dataset(), backend=backend(), budget=shared_ledger(), n_queries=10_000, max_tokens=10, beta=0.5, top_k=20
-    )
-
-
-# LangChain's standard parameters, but temperature: a DP answer's sampling is the mechanism's (refused otherwise),
-# and max_tokens within the decoder's share (above it is refused, not capped)
-STANDARD_PARAMS = {"max_tokens": 8, "timeout": 60, "stop": [], "max_retries": 2}
-
-
 def chat_params() -> dict[str, Any]:
     return {"decoder": shared_decoder(), "rng": np.random.default_rng(0), "model": "tiny-gpt2"}
 
@@ -81,130 +69,6 @@ class Recorder(BaseCallbackHandler):
         if name.startswith("on_"):
             return lambda *args, **kwargs: self.seen.append(repr((name, args, kwargs)))
         return super().__getattribute__(name)
-
-
-# ------------------------------------------------------------------------------------------ standard suites
-
-
-class TestDPChatModelUnit(ChatModelUnitTests):
-    @property
-    def chat_model_class(self) -> type[ChatDPICL]:
-        return ChatDPICL
-
-    @property
-    def standard_chat_model_params(self) -> dict[str, Any]:
-        return dict(STANDARD_PARAMS)
-
-    @property
-    def chat_model_params(self) -> dict[str, Any]:
-        return chat_params()
-
-
-STRUCTURED_OUTPUT_TESTS = (
-    "test_structured_output",
-    "test_structured_output_async",
-    "test_structured_output_pydantic_2_v1",
-    "test_structured_output_optional_param",
-    "test_json_mode",
-)
-
-
-class TestDPChatModelIntegration(ChatModelIntegrationTests):
-    standard_tests_elsewhere = STRUCTURED_OUTPUT_TESTS  # in TestDPChatModelStructuredOutput
-
-    @property
-    def chat_model_class(self) -> type[ChatDPICL]:
-        return ChatDPICL
-
-    # Structured output runs in TestDPChatModelStructuredOutput below (a model that ends its strings). The
-    # standard tool-calling tests assert the argument the model picks ({"input": 3} for "magic_function(3)"), a
-    # test of the model's skill, not the adapter's. Tool calls are tested in
-    # tests/test_structured_output.py (the tiny model, and the real model with a routing tool).
-    @property
-    def has_tool_calling(self) -> bool:
-        return False
-
-    @property
-    def has_structured_output(self) -> bool:
-        return False
-
-    @property
-    def standard_chat_model_params(self) -> dict[str, Any]:
-        return dict(STANDARD_PARAMS)
-
-    @property
-    def chat_model_params(self) -> dict[str, Any]:
-        return chat_params()
-
-
-@functools.cache
-def terse_decoder() -> MozoDecoder:
-    return MozoDecoder(
-        dataset(),
-        backend=TerseBackend(backend()),
-        budget=shared_ledger(),
-        n_queries=10_000,
-        max_tokens=48,
-        beta=0.5,
-        top_k=20,
-    )
-
-
-class TestDPChatModelStructuredOutput(ChatModelIntegrationTests):
-    """LangChain's standard structured-output tests (Pydantic v1/v2, TypedDict, JSON schema, json_mode, an
-    optional field; invoke, stream, async), on the tiny model biased to end its strings: a randomly initialised
-    model does not close a free string within its share of tokens. The other standard tests run above."""
-
-    standard_tests_kept = STRUCTURED_OUTPUT_TESTS
-
-    @property
-    def chat_model_class(self) -> type[ChatDPICL]:
-        return ChatDPICL
-
-    @property
-    def has_tool_calling(self) -> bool:
-        return False  # as TestDPChatModelIntegration
-
-    @property
-    def has_structured_output(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
-
-    @property
-    def standard_chat_model_params(self) -> dict[str, Any]:
-        return {**STANDARD_PARAMS, "max_tokens": 48}
-
-    @property
-    def chat_model_params(self) -> dict[str, Any]:
-        return {"decoder": terse_decoder(), "rng": np.random.default_rng(0), "model": "tiny-gpt2-terse"}
-
-
-class TestDPPrivateRetriever(RetrieversIntegrationTests):
-    @property
-    def retriever_constructor(self) -> type[DPICLRetriever]:
-        return DPICLRetriever
-
-    @property
-    def retriever_constructor_params(self) -> dict[str, Any]:
-        return {"knn": knn_core(), "rng": np.random.default_rng(0)}
-
-    @property
-    def retriever_query_example(self) -> str:
-        return "where did the cat sit?"
-
-    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when fewer pass its threshold", strict=True)
-    def test_k_constructor_param(self) -> None:
-        super().test_k_constructor_param()
-
-    @pytest.mark.xfail(reason="a DP release returns fewer than k keywords when fewer pass its threshold", strict=True)
-    def test_invoke_with_k_kwarg(self, retriever: Any) -> None:
-        super().test_invoke_with_k_kwarg(retriever)
-
-
-# ------------------------------------------------------------------------------------------ our own tests
 
 
 def test_selector_serves_a_demoset_in_both_few_shot_templates_for_free() -> None:

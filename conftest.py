@@ -1,4 +1,5 @@
-"""Shared fixtures."""
+"""Shared fixtures and collection rules of every test folder: ``tests/`` (the core) and each adapter distribution's
+``integrations/*/tests/{unit_tests,integration_tests}``."""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``standard_tests_kept`` runs only those of its inherited tests, and one with ``standard_tests_elsewhere`` all
     but those: they run in another class of the same suite, so here they are deselected, not skipped."""
     for item in items:
-        if item.path.name in INTEGRATION_MODULES or getattr(item, "originalname", item.name) in INTEGRATION_TESTS:
+        name = getattr(item, "originalname", item.name)
+        if item.path.name in INTEGRATION_MODULES or name in INTEGRATION_TESTS or "integration_tests" in item.path.parts:
             item.add_marker(pytest.mark.integration)
     kept, dropped = [], []
     for item in items:
