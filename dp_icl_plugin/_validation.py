@@ -6,12 +6,12 @@ import math
 import unicodedata
 from numbers import Integral, Real
 
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
 
 def real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise ConfigurationError(f"{name} must be a real number, got {type(value).__name__}")
+        raise ConfigurationTypeError(f"{name} must be a real number, got {type(value).__name__}")
     result = float(value)
     if math.isnan(result):
         raise ConfigurationError(f"{name} must not be NaN")
@@ -53,7 +53,7 @@ def probability_half_open(name: str, value: object) -> float:
 def int_at_least(name: str, value: object, low: int) -> int:
     """Return ``value`` as an int, requiring value >= low (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ConfigurationError(f"{name} must be an integer, got {type(value).__name__}")
+        raise ConfigurationTypeError(f"{name} must be an integer, got {type(value).__name__}")
     result = int(value)
     if result < low:
         raise ConfigurationError(f"{name} must be at least {low}, got {result}")

@@ -49,6 +49,14 @@ def _show_in_context_learning(n_prompts: int, seed: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the demo: GINC in-context learning, PTA's noise calibration, and one shared ledger charged until it refuses.
+
+    Args:
+        argv: the command-line arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status, 0.
+    """
     parser = argparse.ArgumentParser(prog="python -m dp_icl_plugin.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--ledger", type=Path, default=None, help="ledger file (default: a fresh temporary file)")
     parser.add_argument("--prompts", type=int, default=500, help="GINC test prompts per setting (default 500)")

@@ -36,6 +36,7 @@ __all__ = [
     "BudgetMismatchError",
     "CalibrationError",
     "ConfigurationError",
+    "ConfigurationTypeError",
     "DPICLError",
     "FilterMismatchError",
     "LedgerCorruptError",
@@ -70,6 +71,12 @@ class ConfigurationError(DPICLError, ValueError):
     """A parameter is invalid; raised before any budget is spent."""
 
 
+class ConfigurationTypeError(ConfigurationError, TypeError):
+    """A parameter has the wrong type (a dataset that is not a ``PrivateDataset``, an ``rng`` that is not a
+    ``numpy.random.Generator``, ...); raised before any budget is spent. Caught as a ``ConfigurationError`` or as
+    a ``TypeError``."""
+
+
 class UnsupportedEventError(ConfigurationError):
     """No accountant (or not the requested one) can analyse this privacy event."""
 
@@ -89,6 +96,9 @@ class BudgetExhaustedError(DPICLError):
         requested_epsilon: ε of the refused event on its own, at the budget's δ.
         remaining_epsilon: budget ε minus the ε already spent (at the budget's δ).
         total_epsilon: ε of everything spent plus the refused event.
+
+    Args:
+        message: the explanation (no private text); the keyword arguments set the attributes of the same name.
     """
 
     def __init__(
@@ -114,6 +124,9 @@ class ShareExhaustedError(BudgetExhaustedError):
         remaining_epsilon: 0.0, what the share has left.
         total_epsilon: ``inf``: the share has no room for another answer at any ε.
         n_queries: the answers the share covered.
+
+    Args:
+        message: the explanation (no private text); the keyword arguments set the attributes of the same name.
     """
 
     def __init__(self, message: str, *, requested_epsilon: float, n_queries: int) -> None:
@@ -147,7 +160,17 @@ def after_charge(compute: Callable[[], T]) -> T:
     """Run a private computation whose release is already charged: any exception becomes
     :class:`ReleaseFailedError`, raised outside the handler so that it has no ``__context__`` either (``raise
     ... from None`` would keep the original, with its message, in ``__context__``). ``KeyboardInterrupt`` and
-    other non-``Exception`` signals pass through."""
+    other non-``Exception`` signals pass through.
+
+    Args:
+        compute: the computation, called once with no arguments.
+
+    Returns:
+        What ``compute`` returns.
+
+    Raises:
+        ReleaseFailedError: ``compute`` raised an ``Exception``.
+    """
     failed = False
     try:
         return compute()
@@ -158,7 +181,17 @@ def after_charge(compute: Callable[[], T]) -> T:
 
 
 def iterate_after_charge(pieces: Iterator[T]) -> Iterator[T]:
-    """:func:`after_charge` for a computation that yields its release piece by piece (closing this closes it)."""
+    """:func:`after_charge` for a computation that yields its release piece by piece (closing this closes it).
+
+    Args:
+        pieces: the computation's iterator of pieces.
+
+    Yields:
+        The pieces of ``pieces``, in order.
+
+    Raises:
+        ReleaseFailedError: advancing ``pieces`` raised an ``Exception``.
+    """
     try:
         while True:
             failed = False

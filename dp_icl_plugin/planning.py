@@ -58,13 +58,20 @@ class MethodOutlook:
 
 @dataclass(frozen=True)
 class Plan:
-    """Every method's outlook and the recommendation (see :func:`plan`)."""
+    """Every method's outlook and the recommendation (see :func:`plan`).
+
+    Attributes:
+        inputs: the settings the plan was made for.
+        methods: each method's outlook.
+        recommendation: which method to use, and why.
+    """
 
     inputs: dict[str, Any]
     methods: list[MethodOutlook] = field(default_factory=list)
     recommendation: str = ""
 
     def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: the inputs, each method's figures by name, the recommendation."""
         return {
             "inputs": self.inputs,
             "methods": {
@@ -104,15 +111,18 @@ def plan(
 
     Args:
         records: the number of private records (as the caller knows it; the plan reads no data).
-        epsilon, delta: the ledger's budget for this use.
-        answers, tokens: how many answers the app needs, and the longest one in tokens (with public answer
-            choices, their :attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions`: the tokens a
-            mechanism decides).
+        epsilon: the ε of the ledger's budget for this use.
+        delta: the δ of that budget.
+        answers: how many answers the app needs.
+        tokens: the longest answer in tokens (with public answer choices, their
+            :attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions`: the tokens a mechanism decides).
         relation: the ledger's neighbouring relation (kNN's filter budget is what covers (ε, δ) on it).
         k: kNN experts per answer (expert decoding) and records per vote.
         candidates: records expected to pass ``min_similarity`` per query (default ``k``): they pay each answer.
-        shards, keywords_per_answer: the kNN keyword answer's settings.
-        n_shots, mozo_order: DPS-MOZO's settings.
+        shards: the kNN keyword answer's shards.
+        keywords_per_answer: the keywords each of its shards' answers contributes.
+        n_shots: DPS-MOZO's records per token.
+        mozo_order: DPS-MOZO's Rényi order α.
         subset_size: clip-blend's fixed subset (default min(records, k)).
         clip: clip-blend's clipping bound.
         vocab_size: the model's vocabulary (SmolLM2: 49152), for the keyword threshold.
@@ -273,7 +283,9 @@ def estimate_min_similarity(
 
     Args:
         public: public texts (embedded with ``embedder``, default all-MiniLM-L6-v2) or their unit vectors.
-        k, records: experts per answer and the number of private records (as the caller states it).
+        k: experts per answer.
+        records: the number of private records (as the caller states it).
+        embedder: the embedder of the texts (default all-MiniLM-L6-v2).
 
     Raises:
         ConfigurationError: fewer than two public texts, or bad k / records.

@@ -64,6 +64,12 @@ class FixedLatency:
             is kept because an overrun is the failure the operator must see to raise ``seconds``, and it holds
             no more than the late answer already showed its caller (one bit per release, no duration). Treat
             it like the warning log: for operators, not for publication.
+
+    Args:
+        seconds: the window, positive.
+
+    Raises:
+        ConfigurationError: ``seconds`` is not positive and finite.
     """
 
     def __init__(self, seconds: float) -> None:
@@ -85,6 +91,9 @@ class FixedLatency:
     def hold(self, cancelled: threading.Event | None = None) -> Iterator[None]:
         """Wait for this release's turn (first come, first served), run the block, then sleep until
         ``seconds`` after it started (also when it raises).
+
+        Args:
+            cancelled: set by a caller that gives up while waiting, or None.
 
         Raises:
             ReleaseCancelled: ``cancelled`` was set before the window opened (the block never ran).
@@ -145,7 +154,17 @@ class FixedLatency:
 
 
 def as_fixed_latency(value: float | FixedLatency | None) -> FixedLatency | None:
-    """Accept a number of seconds, a shared :class:`FixedLatency`, or ``None`` (timing not hidden)."""
+    """Accept a number of seconds, a shared :class:`FixedLatency`, or ``None`` (timing not hidden).
+
+    Args:
+        value: seconds, a :class:`FixedLatency`, or None.
+
+    Returns:
+        ``value`` itself, a new :class:`FixedLatency` of that many seconds, or None.
+
+    Raises:
+        ConfigurationError: another type, or seconds that are not positive and finite.
+    """
     if value is None or isinstance(value, FixedLatency):
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -20,7 +20,7 @@ from numbers import Integral
 
 import numpy as np
 
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
 __all__ = ["ForkReseededGenerator", "noise_source"]
 
@@ -54,7 +54,7 @@ def noise_source(rng: object = None, seed: object = None) -> np.random.Generator
         raise ConfigurationError("give rng or seed, not both")
     if rng is not None:
         if not isinstance(rng, np.random.Generator):
-            raise ConfigurationError("rng must be a numpy.random.Generator (or give seed=, an int)")
+            raise ConfigurationTypeError("rng must be a numpy.random.Generator (or give seed=, an int)")
         return rng
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, Integral) or int(seed) < 0:

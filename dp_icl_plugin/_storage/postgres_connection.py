@@ -75,7 +75,8 @@ class PostgresConnection:
         dsn: a libpq connection string or URL.
         what: what the store holds, for messages (e.g. ``"ledger 'default'"``).
         kind: the tables' name in format errors (``"dp-icl ledger"``).
-        connect_timeout, lock_timeout: seconds.
+        connect_timeout: seconds to wait for the server when connecting.
+        lock_timeout: seconds to wait for a lock.
     """
 
     def __init__(self, dsn: str, *, what: str, kind: str, connect_timeout: float, lock_timeout: float) -> None:

@@ -84,11 +84,23 @@ class Accountant(ABC):
         self._cache: _LRU[float] = _LRU()
 
     def supports(self, event: ev.DPEvent) -> bool:
-        """Whether this accountant can analyse ``event``."""
+        """Whether this accountant can analyse ``event``.
+
+        Args:
+            event: the event to analyse.
+        """
         return self.name in event.supported_accountants
 
     def require_supported(self, event: object) -> None:
-        """Raise ConfigurationError / UnsupportedEventError unless ``event`` is an event this accountant takes."""
+        """Raise ConfigurationError / UnsupportedEventError unless ``event`` is an event this accountant takes.
+
+        Args:
+            event: the object to check.
+
+        Raises:
+            ConfigurationError: ``event`` is not a :class:`~dp_icl_plugin.accounting.events.DPEvent`.
+            UnsupportedEventError: this accountant cannot analyse it.
+        """
         if not isinstance(event, ev.DPEvent):
             raise ConfigurationError(f"expected a DPEvent, got {type(event).__name__}")
         if not self.supports(event):
@@ -98,7 +110,16 @@ class Accountant(ABC):
             )
 
     def epsilon(self, event: ev.DPEvent, *, delta: float) -> float:
-        """The ε of ``event`` at ``delta`` (``inf`` when this analysis cannot bound it)."""
+        """The ε of ``event`` at ``delta`` (``inf`` when this analysis cannot bound it).
+
+        Args:
+            event: the event to analyse.
+            delta: the δ, in (0, 1).
+
+        Raises:
+            ConfigurationError: ``delta`` is out of range, or ``event`` is not an event.
+            UnsupportedEventError: this accountant cannot analyse ``event``.
+        """
         delta = check.probability_open("delta", delta)
         self.require_supported(event)
         return self._cached(ev.costly(ev.atoms(event)), delta)
@@ -183,7 +204,14 @@ class BasicAccountant(Accountant):
 
 
 class RDPAccountant(Accountant):
-    """Rényi DP composition over ``orders``, converted with Balle et al. 2020."""
+    """Rényi DP composition over ``orders``, converted with Balle et al. 2020.
+
+    Args:
+        orders: the Rényi orders (each > 1) the curves are evaluated at.
+
+    Raises:
+        ConfigurationError: ``orders`` is empty or holds an invalid order.
+    """
 
     name = ev.RDP
 
@@ -200,7 +228,12 @@ class RDPAccountant(Accountant):
         return rdp.rdp_to_epsilon(self.orders, curve, delta)[0]
 
     def best_order(self, event: ev.DPEvent, *, delta: float) -> float:
-        """The order at which the conversion is tightest for ``event``."""
+        """The order at which the conversion is tightest for ``event``.
+
+        Args:
+            event: the event to analyse.
+            delta: the δ of the conversion.
+        """
         return rdp.rdp_to_epsilon(self.orders, rdp.event_rdp(event, self.orders), delta)[1]
 
 
@@ -209,6 +242,13 @@ class PRVAccountant(Accountant):
 
     :meth:`coarse_bounds` runs the same analysis with a 10× larger ε error (about 10× cheaper): its
     certified lower bound tells :class:`TightestAccountant` when the fine analysis cannot help.
+
+    Args:
+        eps_error: the allowed error on ε.
+        delta_error: the allowed error on δ, in (0, 1).
+
+    Raises:
+        ConfigurationError: an error bound is out of range.
     """
 
     name = ev.PRV
@@ -224,7 +264,12 @@ class PRVAccountant(Accountant):
         return prv.prv_epsilon(atoms, delta, eps_error=self.eps_error, delta_error=self.delta_error)
 
     def coarse_bounds(self, atoms: Counter[ev.DPEvent], delta: float) -> tuple[float, float]:
-        """Certified (lower, upper) ε bounds from a coarse analysis (cached)."""
+        """Certified (lower, upper) ε bounds from a coarse analysis (cached).
+
+        Args:
+            atoms: the atoms with their counts (:func:`~dp_icl_plugin.accounting.events.atoms`).
+            delta: the δ.
+        """
         key = (frozenset(atoms.items()), delta)
         hit = self._coarse.get(key)
         if hit is None:
@@ -236,7 +281,14 @@ class PRVAccountant(Accountant):
 
 
 class PLDAccountant(Accountant):
-    """Privacy loss distributions (Google's ``dp-accounting``, pessimistic); reports an upper bound on ε."""
+    """Privacy loss distributions (Google's ``dp-accounting``, pessimistic); reports an upper bound on ε.
+
+    Args:
+        value_discretization_interval: the PLD's discretisation interval (smaller: tighter and slower).
+
+    Raises:
+        ConfigurationError: the interval is not positive and finite.
+    """
 
     name = ev.PLD
 
@@ -255,7 +307,11 @@ DELTA_SPLITS = (0.5, 0.9, 0.1, 0.99, 0.75, 0.25, 0.01)
 
 
 class TightestAccountant(Accountant):
-    """The smallest valid ε among its members, cheapest first; splits events no single member supports."""
+    """The smallest valid ε among its members, cheapest first; splits events no single member supports.
+
+    Args:
+        members: the accountants to take the smallest ε of (default: basic, RDP and PLD).
+    """
 
     name = "auto"
 
@@ -264,18 +320,49 @@ class TightestAccountant(Accountant):
         self.members = members if members is not None else (BasicAccountant(), RDPAccountant(), PLDAccountant())
 
     def supports(self, event: ev.DPEvent) -> bool:
+        """Whether every atom of ``event`` is taken by some member (then a valid, possibly split, bound exists).
+
+        Args:
+            event: the event to analyse.
+        """
         return all(a.supported_accountants & {m.name for m in self.members} for a in ev.atoms(event))
 
     def epsilons(self, event: ev.DPEvent, *, delta: float) -> dict[str, float]:
-        """ε from every member that supports ``event`` (for reports that show each bound)."""
+        """ε from every member that supports ``event`` (for reports that show each bound).
+
+        Args:
+            event: the event to analyse.
+            delta: the δ, in (0, 1).
+
+        Returns:
+            Member name → ε.
+        """
         return {m.name: m.epsilon(event, delta=delta) for m in self.members if m.supports(event)}
 
     def fits(self, event: ev.DPEvent, *, epsilon: float, delta: float) -> bool:
-        """Whether some valid analysis shows ``event`` is (epsilon, delta)-DP; stops at the first that does."""
+        """Whether some valid analysis shows ``event`` is (epsilon, delta)-DP; stops at the first that does.
+
+        Args:
+            event: the event to analyse.
+            epsilon: the ε to fit in.
+            delta: the δ, in (0, 1).
+
+        Raises:
+            ConfigurationError: ``delta`` is out of range.
+        """
         return self.first_fitting(event, epsilon=epsilon, delta=delta) is not None
 
     def first_fitting(self, event: ev.DPEvent, *, epsilon: float, delta: float) -> float | None:
-        """The first valid ε bound (cheapest first) that is ≤ ``epsilon``, or None if none is."""
+        """The first valid ε bound (cheapest first) that is ≤ ``epsilon``, or None if none is.
+
+        Args:
+            event: the event to analyse.
+            epsilon: the ε to fit in.
+            delta: the δ, in (0, 1).
+
+        Raises:
+            ConfigurationError: ``delta`` is out of range.
+        """
         delta = check.probability_open("delta", delta)
         atoms = ev.costly(ev.atoms(event))
         return next((eps for eps in self._candidates(atoms, delta, target=epsilon) if eps <= epsilon), None)
@@ -354,7 +441,14 @@ _SHARED_LOCK = threading.Lock()
 
 
 def get_accountant(name: str | Accountant = "auto") -> Accountant:
-    """The shared accountant called ``name`` (``auto``, ``basic``, ``rdp``, ``pld`` or ``prv``), or ``name`` itself."""
+    """The shared accountant called ``name`` (``auto``, ``basic``, ``rdp``, ``pld`` or ``prv``), or ``name`` itself.
+
+    Args:
+        name: an accountant's name, or an accountant.
+
+    Raises:
+        ConfigurationError: ``name`` names no accountant.
+    """
     if isinstance(name, Accountant):
         return name
     if name not in _NAMED:

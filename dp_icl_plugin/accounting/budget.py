@@ -61,7 +61,7 @@ from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant,
 from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, LedgerTransaction, PostgresStore, SQLiteStore
-from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError, DPICLError
+from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError, ConfigurationTypeError, DPICLError
 
 __all__ = ["BudgetManager", "LedgerEntry"]
 
@@ -131,7 +131,7 @@ class BudgetManager:
         accountant: str | Accountant = "auto",
     ) -> None:
         if budget is not None and not isinstance(budget, PrivacyBudget):
-            raise ConfigurationError("budget must be a PrivacyBudget")
+            raise ConfigurationTypeError("budget must be a PrivacyBudget")
         if ledger is None:
             store: LedgerStore = InMemoryStore()
         elif isinstance(ledger, LedgerStore):
@@ -152,7 +152,15 @@ class BudgetManager:
 
     @classmethod
     def open(cls, ledger: str | os.PathLike[str], *, accountant: str | Accountant = "auto") -> BudgetManager:
-        """Open an existing ledger (file or ``postgresql://`` URL) with the budget it was created with."""
+        """Open an existing ledger (file or ``postgresql://`` URL) with the budget it was created with.
+
+        Args:
+            ledger: a ledger file or a ``postgresql://`` URL.
+            accountant: as the constructor.
+
+        Raises:
+            LedgerError: the ledger is missing, foreign or damaged.
+        """
         return cls(None, ledger=ledger, accountant=accountant)
 
     @property
@@ -173,6 +181,10 @@ class BudgetManager:
     # -- charging ---------------------------------------------------------------------------------
     def spend(self, event: ev.DPEvent, *, label: str) -> LedgerEntry:
         """Charge ``event``: commit it if everything charged so far plus it fits the budget.
+
+        Args:
+            event: what the release costs (converted to the ledger's relation when it is under another).
+            label: which component and call it is for (printable, at most 200 characters; never private data).
 
         Returns:
             The committed ledger entry. Release the private result only after this returns.
@@ -255,6 +267,14 @@ class BudgetManager:
 
         Raises what :meth:`spend` would raise for a bad event; a filtered release's cover is checked too
         (whether it covers this release's owner only when ``label`` is given).
+
+        Args:
+            event: the event to try.
+            label: the label it would be charged under, or None.
+
+        Raises:
+            UnsupportedEventError: the event has no valid analysis under the ledger's relation.
+            ConfigurationError: a bad event or label, or a filtered release without a valid cover.
         """
         if label is not None:
             label = _check_label(label)

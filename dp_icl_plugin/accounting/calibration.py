@@ -32,7 +32,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CalibrationResult:
-    """A calibrated parameter and the ε it achieves at ``delta`` under ``accountant``."""
+    """A calibrated parameter and the ε it achieves at ``delta`` under ``accountant``.
+
+    Attributes:
+        value: the calibrated parameter.
+        epsilon: the ε it achieves.
+        delta: the δ that ε holds at.
+        accountant: the accountant's name.
+    """
 
     value: float
     epsilon: float
@@ -70,8 +77,20 @@ def calibrate(
     """Search ``[lo, hi]`` for the smallest (``find="smallest"``, e.g. a noise multiplier, ε non-increasing
     in the parameter) or largest (``find="largest"``, e.g. β, ε non-decreasing) parameter meeting ε ≤ target.
 
+    Args:
+        make_event: the event of a parameter value.
+        epsilon: the target ε.
+        delta: the δ the target holds at, in (0, 1).
+        lo: the search range's lower end.
+        hi: the search range's upper end (finite, above ``lo``).
+        find: ``"smallest"`` or ``"largest"``.
+        grid: search the grid ``lo, lo + grid, …`` instead of bisecting.
+        tolerance: the bisection's bracket width (without a grid).
+        accountant: the accountant, or its name.
+
     Raises:
         CalibrationError: no value in range meets the target.
+        ConfigurationError: a parameter is out of range, or the grid holds too many points.
     """
     epsilon = check.positive_finite("epsilon", epsilon)
     delta = check.probability_open("delta", delta)
@@ -141,6 +160,21 @@ def calibrate_subsampled_gaussian(
     The smallest σ on a 0.01 grid in [0.3, 3.0] (PTA's search) under ``neighbouring`` with the tightest
     accountant (what a ledger of that relation admits). ``accountant="prv", neighbouring="add_remove"``
     is PTA's own calibration (PRV, eps_error 0.01, delta_error 1e-10) and reproduces its Table 4.
+
+    Args:
+        epsilon: the target ε.
+        delta: the δ the target holds at, in (0, 1).
+        sampling_rate: q, the Poisson sampling rate, in (0, 1].
+        steps: the aggregations (tokens) composed.
+        grid: the grid step (None: bisection).
+        lo: the search range's lower end.
+        hi: the search range's upper end.
+        accountant: the accountant's name.
+        neighbouring: the ledger's relation.
+
+    Raises:
+        ConfigurationError: a parameter is out of range.
+        CalibrationError: no value in the search range meets the target.
     """
     q = check.probability_half_open("sampling_rate", sampling_rate)
     n = check.positive_int("steps", steps)
@@ -174,6 +208,24 @@ def calibrate_adadpsyn(
     """σ1 of AdaDPSyn's projected means for given σ0, σ2 (Gao et al. 2025, App. B; RDP accounting).
 
     ``labels_touched=1`` is the paper's analysis (a swap within one label); see ``method_events.adadpsyn_event``.
+
+    Args:
+        epsilon: the target ε.
+        delta: the δ the target holds at, in (0, 1).
+        sampling_rate: γ, the rate of the draw without replacement, in (0, 1].
+        steps: the tokens composed.
+        t_hat: T̂, the most radius-reduction rounds per token.
+        sigma0: GoodRadius's noise multiplier.
+        sigma2: the coverage counts' noise std.
+        theta: GoodRadius's tolerance θ.
+        labels_touched: the labels one neighbouring change touches.
+        grid: the grid step (None: bisection).
+        lo: the search range's lower end.
+        hi: the search range's upper end.
+
+    Raises:
+        ConfigurationError: a parameter is out of range.
+        CalibrationError: no value in the search range meets the target.
     """
     q = check.probability_half_open("sampling_rate", sampling_rate)
     n, t = check.positive_int("steps", steps), check.positive_int("t_hat", t_hat)
@@ -207,6 +259,19 @@ def calibrate_mozo(
 
     The paper fixes the order α and solves steps·ε'(α) ≤ ε̃ (``method_events.mozo_rdp_target``); here every
     order ≤ α is tried, which can only allow a larger β, and gives the paper's β when α is the best order.
+
+    Args:
+        epsilon: the target ε.
+        delta: the δ the target holds at, in (0, 1).
+        sampling_rate: q = n_shots/|D|, in (0, 1].
+        steps: the tokens composed.
+        order: the Rényi order α.
+        tolerance: the bisection's bracket width.
+        hi: the largest β searched.
+
+    Raises:
+        ConfigurationError: a parameter is out of range.
+        CalibrationError: no value in the search range meets the target.
     """
     q = check.probability_half_open("sampling_rate", sampling_rate)
     n, a = check.positive_int("steps", steps), check.order("order", order)
@@ -237,6 +302,19 @@ def calibrate_clip_blend_temperature(
 
     Searched as the largest inverse temperature 1/τ; the result's ``value`` is τ. A token's ε0 = c/(sτ)
     above 10ε cannot meet the target, which bounds the search.
+
+    Args:
+        epsilon: the target ε.
+        delta: the δ the target holds at, in (0, 1).
+        clip: the clipping bound c.
+        subset_size: s, the subset's size.
+        steps: the tokens composed.
+        neighbouring: the ledger's relation.
+        tolerance: the bisection's bracket width, relative to the search range.
+
+    Raises:
+        ConfigurationError: a parameter is out of range.
+        CalibrationError: no value in the search range meets the target.
     """
     epsilon = check.positive_finite("epsilon", epsilon)
     hi = 10.0 * epsilon * check.positive_int("subset_size", subset_size) / check.positive_finite("clip", clip)

@@ -39,8 +39,13 @@ __all__ = ["group_of_two_delta", "to_relation"]
 def to_relation(event: ev.DPEvent, relation: str) -> ev.DPEvent:
     """``event`` analysed under ``relation``: itself, or its stated conversion (see the module docstring).
 
+    Args:
+        event: the event.
+        relation: the ledger's relation.
+
     Raises:
         UnsupportedEventError: no valid conversion (replace-one → add/remove, or a useless δ).
+        ConfigurationError: ``relation`` names no relation.
     """
     relation = check_relation(relation)
     if event.neighbouring == relation:
@@ -61,7 +66,12 @@ def to_relation(event: ev.DPEvent, relation: str) -> ev.DPEvent:
 def group_of_two_delta(epsilon: float, delta: float) -> float:
     """δ of group privacy over two steps, (1 + e^ε)·δ, rounded up: ``exp`` (≤ 1 ulp off in IEEE libms), the sum
     and the product (½ ulp each) round to nearest, so three steps up bound the exact value from above. ε ≥ 700
-    (e^ε past the floats) gives inf."""
+    (e^ε past the floats) gives inf.
+
+    Args:
+        epsilon: ε of the add/remove guarantee.
+        delta: δ of the add/remove guarantee.
+    """
     if epsilon >= 700:
         return math.inf
     value = (1.0 + math.exp(epsilon)) * delta

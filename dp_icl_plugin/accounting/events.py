@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, REPLACE_ONE, check_relation
-from dp_icl_plugin.errors import ConfigurationError, UnsupportedEventError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, UnsupportedEventError
 
 __all__ = [
     "ADD_REMOVE",
@@ -99,7 +99,11 @@ class DPEvent:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """Canonical JSON-ready form; :func:`event_from_dict` inverts it exactly."""
+        """Canonical JSON-ready form; :func:`event_from_dict` inverts it exactly.
+
+        Returns:
+            ``{"type": ..., <field>: ...}``, nested events as dicts and tuples as lists.
+        """
         out: dict[str, Any] = {"type": self.type_name}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -112,7 +116,15 @@ class DPEvent:
 
 
 def event_from_dict(data: Mapping[str, Any]) -> DPEvent:
-    """Rebuild an event from :meth:`DPEvent.to_dict` output (validating it again)."""
+    """Rebuild an event from :meth:`DPEvent.to_dict` output (validating it again).
+
+    Args:
+        data: the dict, as :meth:`DPEvent.to_dict` wrote it (nested events as dicts).
+
+    Raises:
+        ConfigurationError: the dict has no ``type`` key, or its fields are malformed.
+        UnsupportedEventError: the ``type`` names no known event.
+    """
     if not isinstance(data, Mapping) or "type" not in data:
         raise ConfigurationError("an event dict needs a 'type' key")
     cls = _REGISTRY.get(str(data["type"]))
@@ -135,13 +147,17 @@ def event_from_dict(data: Mapping[str, Any]) -> DPEvent:
 
 
 def event_key(event: DPEvent) -> str:
-    """Canonical string identity of an event (stable across processes; floats round-trip exactly)."""
+    """Canonical string identity of an event (stable across processes; floats round-trip exactly).
+
+    Args:
+        event: the event to identify.
+    """
     return json.dumps(event.to_dict(), sort_keys=True, separators=(",", ":"))
 
 
 def _require_event(name: str, value: object) -> DPEvent:
     if not isinstance(value, DPEvent):
-        raise ConfigurationError(f"{name} must be a DPEvent, got {type(value).__name__}")
+        raise ConfigurationTypeError(f"{name} must be a DPEvent, got {type(value).__name__}")
     return value
 
 
@@ -172,6 +188,13 @@ class GaussianEvent(DPEvent):
     ``neighbouring`` that the mechanism scales its noise by (e.g. √2 for a sum of probability vectors,
     Tang et al. 2024). RDP: α / (2σ²) (Mironov 2017, Prop. 7). PRV: Gopi et al. 2021, Prop. B.1. PLD:
     ``dp_accounting`` (Doroshenko et al. 2022).
+
+    Attributes:
+        noise_multiplier: σ, the noise std in units of the sensitivity.
+        sensitivity: the query's ℓ2 sensitivity under ``neighbouring``.
+
+    Raises:
+        ConfigurationError: a parameter is not positive and finite, or the relation is unknown.
     """
 
     type_name: ClassVar[str] = "gaussian"
@@ -210,14 +233,29 @@ class _EpsilonEvent(DPEvent):
 
 @dataclass(frozen=True)
 class PureDPEvent(_EpsilonEvent):
-    """A release that is ε-DP (δ = 0), e.g. a Laplace or randomized-response step declared by the caller."""
+    """A release that is ε-DP (δ = 0), e.g. a Laplace or randomized-response step declared by the caller.
+
+    Attributes:
+        epsilon: the ε of the release.
+
+    Raises:
+        ConfigurationError: ``epsilon`` is not positive and finite, or the relation is unknown.
+    """
 
     type_name: ClassVar[str] = "pure_dp"
 
 
 @dataclass(frozen=True)
 class ApproxDPEvent(DPEvent):
-    """A release that is (ε, δ)-DP. No Rényi curve follows from (ε, δ) alone, so RDP cannot take it."""
+    """A release that is (ε, δ)-DP. No Rényi curve follows from (ε, δ) alone, so RDP cannot take it.
+
+    Attributes:
+        epsilon: the ε of the release.
+        delta: the δ of the release, in (0, 1).
+
+    Raises:
+        ConfigurationError: a parameter is out of range, or the relation is unknown.
+    """
 
     type_name: ClassVar[str] = "approx_dp"
     epsilon: float
@@ -239,6 +277,12 @@ class ExponentialMechanismEvent(_EpsilonEvent):
 
     It is ε0-DP, and as a bounded-range mechanism ε0²/8-zCDP (Cesar & Rogers 2021), i.e.
     (α, α·ε0²/8)-RDP: far tighter than advanced composition over many tokens.
+
+    Attributes:
+        epsilon: ε0, the mechanism's pure-DP (bounded-range) parameter.
+
+    Raises:
+        ConfigurationError: ``epsilon`` is not positive and finite, or the relation is unknown.
     """
 
     type_name: ClassVar[str] = "exponential_mechanism"
@@ -250,6 +294,14 @@ class RDPCurveEvent(DPEvent):
 
     At order α the smallest value listed at any order ≥ α is used (Rényi divergence is non-decreasing in
     the order); above the largest listed order the curve is unknown (infinite).
+
+    Attributes:
+        orders: the Rényi orders α (distinct, > 1), stored sorted.
+        epsilons: the RDP ε at each order, aligned with ``orders``.
+        epsilon_inf: a bound on D_∞ (``math.inf`` when unknown; ``None`` in the dict form).
+
+    Raises:
+        ConfigurationError: the curve is empty, misaligned, repeats an order or holds an invalid value.
     """
 
     type_name: ClassVar[str] = "rdp_curve"
@@ -274,6 +326,7 @@ class RDPCurveEvent(DPEvent):
         object.__setattr__(self, "epsilon_inf", inf)
 
     def to_dict(self) -> dict[str, Any]:
+        """As :meth:`DPEvent.to_dict`, with ``epsilon_inf`` None when it is infinite (JSON has no infinity)."""
         out = super().to_dict()
         # JSON has no infinity literal; None stands for "unknown / infinite".
         out["epsilon_inf"] = None if math.isinf(self.epsilon_inf) else self.epsilon_inf
@@ -295,6 +348,14 @@ class MozoTokenEvent(DPEvent):
     Hölder's inequality, Mironov 2017 Prop. 11), at the order α and every order ≤ α (monotonicity of Rényi
     divergence); above α nothing is known. Wrap it in :class:`SampledWithoutReplacementEvent` for the
     per-token sampling of n_shots records.
+
+    Attributes:
+        beta: the β of the token's projection.
+        order: the Rényi order α the bound holds at (and below).
+
+    Raises:
+        ConfigurationError: a parameter is out of range.
+        UnsupportedEventError: tagged with a relation other than replace-one.
     """
 
     type_name: ClassVar[str] = "mozo_token"
@@ -332,6 +393,14 @@ class FilteredReleaseEvent(DPEvent):
     holding the filter's add/remove (ε, δ), that the release is labelled ``<component>-<kind>:<owner>`` with
     the same component and owner, and that ``per_unit`` fits in that (ε, δ) (see
     :mod:`dp_icl_plugin.accounting.budget`).
+
+    Attributes:
+        per_unit: what the release cost each record that took part (not itself a filtered release).
+        covered_by: the id of the ledger entry holding the filter's covering charge.
+
+    Raises:
+        ConfigurationError: ``per_unit`` is not an event or holds a filtered release, or ``covered_by`` is not
+            a positive integer.
     """
 
     type_name: ClassVar[str] = "filtered_release"
@@ -351,7 +420,11 @@ class FilteredReleaseEvent(DPEvent):
 
 
 def costly(counted: Counter[DPEvent]) -> Counter[DPEvent]:
-    """The atoms that cost privacy at the ledger level (drops :class:`FilteredReleaseEvent` records)."""
+    """The atoms that cost privacy at the ledger level (drops :class:`FilteredReleaseEvent` records).
+
+    Args:
+        counted: atoms with their counts, as :func:`atoms` returns them.
+    """
     if not any(isinstance(a, FilteredReleaseEvent) for a in counted):
         return counted
     return Counter({a: n for a, n in counted.items() if not isinstance(a, FilteredReleaseEvent)})
@@ -370,6 +443,14 @@ class PoissonSampledEvent(DPEvent):
       against (1−q)·N(0, σ²) + q·N(1, σ²): PLD (``dp_accounting``'s REPLACE adjacency) and RDP by the
       weak triangle inequality from the add/remove curve (Mironov 2017, Prop. 11). At q = 1 it is a
       Gaussian of twice the sensitivity.
+
+    Attributes:
+        sampling_rate: q, each record's inclusion probability, in (0, 1].
+        event: the inner Gaussian, tagged add/remove.
+
+    Raises:
+        ConfigurationError: ``sampling_rate`` is out of range or the inner Gaussian is not tagged add/remove.
+        UnsupportedEventError: the inner event is not a :class:`GaussianEvent`.
     """
 
     type_name: ClassVar[str] = "poisson_sampled"
@@ -405,6 +486,14 @@ class SampledWithoutReplacementEvent(DPEvent):
     mechanism on the subset, where the swap changes at most one element. RDP amplification by Wang,
     Balle & Kasiviswanathan 2019, Theorem 9 (integer orders ≥ 2). The inner event must itself be
     analysable with RDP.
+
+    Attributes:
+        sampling_rate: γ = m/n, in (0, 1].
+        event: the mechanism run on the subset (replace-one, with an RDP curve).
+
+    Raises:
+        ConfigurationError: ``sampling_rate`` is out of range or the inner event is not replace-one.
+        UnsupportedEventError: the inner event has no RDP analysis, or the relation is not replace-one.
     """
 
     type_name: ClassVar[str] = "sampled_without_replacement"
@@ -427,7 +516,16 @@ class SampledWithoutReplacementEvent(DPEvent):
 
     @classmethod
     def from_sizes(cls, sample_size: int, population_size: int, event: DPEvent) -> SampledWithoutReplacementEvent:
-        """Build the event from the subset size m and the dataset size n (γ = m/n)."""
+        """Build the event from the subset size m and the dataset size n (γ = m/n).
+
+        Args:
+            sample_size: m, the records drawn.
+            population_size: n, the records drawn from.
+            event: the mechanism run on the subset.
+
+        Raises:
+            ConfigurationError: a size is not a positive integer, or m > n.
+        """
         m = check.positive_int("sample_size", sample_size)
         n = check.positive_int("population_size", population_size)
         if m > n:
@@ -441,7 +539,16 @@ class SampledWithoutReplacementEvent(DPEvent):
 
 @dataclass(frozen=True)
 class SelfComposedEvent(DPEvent):
-    """``event`` run ``count`` times (adaptively); its relation is ``event``'s."""
+    """``event`` run ``count`` times (adaptively); its relation is ``event``'s.
+
+    Attributes:
+        event: the event repeated.
+        count: how many times it runs (a positive integer).
+
+    Raises:
+        ConfigurationError: ``event`` is not an event, ``count`` is not positive, or a given tag disagrees
+            with ``event``'s relation.
+    """
 
     type_name: ClassVar[str] = "self_composed"
     event: DPEvent
@@ -459,7 +566,14 @@ class SelfComposedEvent(DPEvent):
 
 @dataclass(frozen=True)
 class ComposedEvent(DPEvent):
-    """Adaptive composition of several events, all analysed under one relation (which it takes)."""
+    """Adaptive composition of several events, all analysed under one relation (which it takes).
+
+    Attributes:
+        events: the events composed (at least one, all of one relation).
+
+    Raises:
+        ConfigurationError: no events, a non-event, or children of different relations.
+    """
 
     type_name: ClassVar[str] = "composed"
     events: tuple[DPEvent, ...] = field(default=())
@@ -483,7 +597,14 @@ class ComposedEvent(DPEvent):
 
 
 def atoms(event: DPEvent) -> Counter[DPEvent]:
-    """Flatten compositions into a multiset of atomic events with their counts."""
+    """Flatten compositions into a multiset of atomic events with their counts.
+
+    Args:
+        event: the event to flatten.
+
+    Returns:
+        Each atomic (non-composite) event with how many times it runs.
+    """
     out: Counter[DPEvent] = Counter()
     stack: list[tuple[DPEvent, int]] = [(event, 1)]
     while stack:
@@ -498,7 +619,17 @@ def atoms(event: DPEvent) -> Counter[DPEvent]:
 
 
 def compose(*events: DPEvent) -> DPEvent:
-    """Compose events of one relation into one canonical event (identical atoms grouped into counts)."""
+    """Compose events of one relation into one canonical event (identical atoms grouped into counts).
+
+    Args:
+        *events: the events to compose, all of one neighbouring relation.
+
+    Returns:
+        The single atom when there is one, else a :class:`ComposedEvent` of :class:`SelfComposedEvent` counts.
+
+    Raises:
+        ConfigurationError: no events, a non-event, or events of different relations.
+    """
     if not events:
         raise ConfigurationError("compose() needs at least one event")
     total: Counter[DPEvent] = Counter()

@@ -70,6 +70,11 @@ def order_caps(epsilon: float, conversion_delta: float, orders: tuple[float, ...
 
     Inverts Balle et al. 2020: ε = B + log((α−1)/α) − (log δ_k + log α)/(α−1). Orders whose conversion
     alone exceeds ε get cap −inf (they can never admit anything).
+
+    Args:
+        epsilon: ε.
+        conversion_delta: δ_conv, split evenly over the orders.
+        orders: the Rényi orders.
     """
     a = np.asarray(orders, dtype=float)
     delta_k = conversion_delta / len(a)
@@ -88,6 +93,9 @@ class IndividualBudget:
         approximate_delta: the part of δ that approximate-RDP releases may use up (default: half of δ;
             0 forbids such releases).
         orders: the Rényi orders tracked (the default is :data:`FILTER_ORDERS`).
+
+    Raises:
+        ConfigurationError: a value out of range, repeated orders, or an ε too small for δ at every order.
     """
 
     epsilon: float
@@ -133,6 +141,7 @@ class IndividualBudget:
         return ev.ApproxDPEvent(self.epsilon, self.delta, neighbouring=ev.ADD_REMOVE)
 
     def to_dict(self) -> dict[str, object]:
+        """The fields as a JSON-ready dict; :meth:`from_dict` inverts it."""
         return {
             "epsilon": self.epsilon,
             "delta": self.delta,
@@ -142,6 +151,14 @@ class IndividualBudget:
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> IndividualBudget:
+        """Rebuild a budget from :meth:`to_dict` output (validating it again).
+
+        Args:
+            data: the dict.
+
+        Raises:
+            ConfigurationError: no list of orders, or an invalid budget.
+        """
         orders = data.get("orders")
         if not isinstance(orders, list):
             raise ConfigurationError("stored individual budget has no list of orders")
@@ -155,14 +172,29 @@ class IndividualBudget:
 
 @dataclass(frozen=True)
 class ReleaseCost:
-    """What one release costs one unit: an RDP curve at the filter's orders plus an approximate δ."""
+    """What one release costs one unit: an RDP curve at the filter's orders plus an approximate δ.
+
+    Attributes:
+        rdp: the RDP cost at each of the filter's orders.
+        delta: the approximate δ cost.
+    """
 
     rdp: np.ndarray
     delta: float = 0.0
 
     @classmethod
     def of(cls, event: ev.DPEvent, orders: tuple[float, ...], *, delta: float = 0.0) -> ReleaseCost:
-        """The cost of an RDP-analysable event (e.g. a Gaussian with the unit's sensitivity)."""
+        """The cost of an RDP-analysable event (e.g. a Gaussian with the unit's sensitivity).
+
+        Args:
+            event: an event with an RDP analysis.
+            orders: the filter's orders.
+            delta: the release's approximate δ.
+
+        Raises:
+            UnsupportedEventError: ``event`` has no RDP analysis.
+            ConfigurationError: ``delta`` is negative or not finite.
+        """
         curve = rdp.event_rdp(event, orders)
         curve.setflags(write=False)
         return cls(curve, check.non_negative_finite("delta", delta))
@@ -178,6 +210,7 @@ def admissible(
     """Which units can pay ``cost`` (one row per unit, or one row for all) and stay within their budget.
 
     Args:
+        budget: each unit's budget.
         spent: accumulated RDP, shape (n_units, n_orders).
         spent_delta: accumulated approximate δ, shape (n_units,).
         cost: the release's RDP per unit, shape (n_orders,) or (n_units, n_orders).

@@ -1,8 +1,10 @@
 """The privacy events of the published DP-ICL methods, built from their parameters.
 
 Each factory states the paper's accounting and the relation it holds under; the methods build their runs
-on these, so that what is charged is exactly what is analysed. See ``../shared/REFERENCE.md`` §1–5 for
-the algorithms and :mod:`~dp_icl_plugin.accounting.neighbouring` for the relations.
+on these, so that what is charged is exactly what is analysed. See the papers for the algorithms (Tang et al.
+2024; Yamasaki et al. (PTA) 2025; Gao et al. (AdaDPSyn) 2025, Algorithm 1; Bhusal et al., Algorithm 1;
+Flemings et al. (DPS-MOZO), Algorithms 1–3) and :mod:`~dp_icl_plugin.accounting.neighbouring` for the
+relations.
 """
 
 from __future__ import annotations
@@ -53,6 +55,15 @@ def tang_event(
       dp-accounting's PLDs, not proven (``tests/test_tang_pta.py``: the charge is never below it by more
       than the 1e-3 discretisation on the grid tested; at q = 1 the pairs are shifts of 2√2 and 2). Every
       label is charged at the largest rate; a smaller one is dominated by it.
+
+    Args:
+        noise_multiplier: σ.
+        sampling_rate: q, in (0, 1].
+        steps: the tokens composed.
+        neighbouring: the ledger's relation.
+
+    Raises:
+        ConfigurationError: a parameter is out of range, or the relation is unknown.
     """
     relation = check_relation(neighbouring)
     gaussian = ev.GaussianEvent(
@@ -63,7 +74,16 @@ def tang_event(
 
 
 def require_replace_one(method: str, neighbouring: str) -> None:
-    """Refuse, before any charge, a method whose only analysis is replace-one under an add/remove ledger."""
+    """Refuse, before any charge, a method whose only analysis is replace-one under an add/remove ledger.
+
+    Args:
+        method: the method's name, for the message.
+        neighbouring: the ledger's relation.
+
+    Raises:
+        UnsupportedEventError: ``neighbouring`` is add/remove.
+        ConfigurationError: ``neighbouring`` names no relation.
+    """
     if check_relation(neighbouring) != REPLACE_ONE:
         raise UnsupportedEventError(
             f"{method} samples records without replacement and has an analysis only for replace-one neighbours; "
@@ -72,7 +92,17 @@ def require_replace_one(method: str, neighbouring: str) -> None:
 
 
 def good_radius_steps(theta: float) -> int:
-    """Number of DP binary-search steps of GoodRadius over [0, √2/2] at tolerance θ: ⌈log2(√2/(2θ))⌉."""
+    """Number of DP binary-search steps of GoodRadius over [0, √2/2] at tolerance θ: ⌈log2(√2/(2θ))⌉.
+
+    Args:
+        theta: the tolerance θ > 0.
+
+    Returns:
+        The number of steps, at least 1.
+
+    Raises:
+        ConfigurationError: ``theta`` is not positive and finite.
+    """
     theta = check.positive_finite("theta", theta)
     return max(1, math.ceil(math.log2(math.sqrt(2.0) / (2.0 * theta))))
 
@@ -97,6 +127,19 @@ def adadpsyn_event(
     per-token RDP is amplified by sampling M·N of n_y slots without replacement (WBK 2019, Thm 9) and
     composed over ``steps`` tokens; ``labels_touched`` such runs (2 when a replacement may change a record's
     label: one slot of each of two labels' runs changes, and the independent runs' RDP adds up).
+
+    Args:
+        sigma0: GoodRadius's noise multiplier σ0.
+        sigma1: the projected means' noise multiplier σ1.
+        sigma2: the coverage counts' noise std σ2.
+        sampling_rate: γ = M·N/n_y, in (0, 1].
+        steps: the tokens composed per label.
+        t_hat: T̂, the most radius-reduction rounds per token.
+        theta: GoodRadius's tolerance θ.
+        labels_touched: the labels' runs one replacement may change (1 or 2).
+
+    Raises:
+        ConfigurationError: a parameter is out of range (a zero noise multiplier included).
     """
     t_hat = check.positive_int("t_hat", t_hat)
     ro = REPLACE_ONE
@@ -117,6 +160,15 @@ def mozo_event(*, beta: float, order: float, sampling_rate: float, steps: int) -
     is (α, 4βα)-RDP (proven for the projected mechanism this library releases through, see
     ``MozoTokenEvent``), amplified by sampling n_shots records without replacement (q = n_shots/|D|),
     composed over every token of every answer.
+
+    Args:
+        beta: β.
+        order: the Rényi order α.
+        sampling_rate: q = n_shots/|D|, in (0, 1].
+        steps: the tokens composed.
+
+    Raises:
+        ConfigurationError: a parameter is out of range.
     """
     per_token = ev.MozoTokenEvent(beta=beta, order=order, neighbouring=REPLACE_ONE)
     token = ev.SampledWithoutReplacementEvent(sampling_rate=sampling_rate, event=per_token)
@@ -124,7 +176,16 @@ def mozo_event(*, beta: float, order: float, sampling_rate: float, steps: int) -
 
 
 def mozo_rdp_target(*, epsilon: float, delta: float, order: float) -> float:
-    """ε̃: the RDP budget at order α that converts to (ε, δ) by Balle et al. 2020 (MOZO Algorithm 2, line 3)."""
+    """ε̃: the RDP budget at order α that converts to (ε, δ) by Balle et al. 2020 (MOZO Algorithm 2, line 3).
+
+    Args:
+        epsilon: the target ε.
+        delta: the target δ, in (0, 1).
+        order: the Rényi order α.
+
+    Raises:
+        ConfigurationError: a parameter is out of range.
+    """
     epsilon = check.positive_finite("epsilon", epsilon)
     delta = check.probability_open("delta", delta)
     a = check.order("order", order)
@@ -142,6 +203,15 @@ def clip_blend_token_epsilon(
       not computed from the data) and the group's members not to depend on other records.
     - replace-one (a prompt's record swapped): an entry can move from −c to c, ẑ by c/s per entry, so
       ε0 = 2c/(sτ): twice the paper's figure.
+
+    Args:
+        clip: the clipping bound c.
+        subset_size: s, the fixed divisor.
+        temperature: τ.
+        neighbouring: the ledger's relation.
+
+    Raises:
+        ConfigurationError: a parameter is out of range, or the relation is unknown.
     """
     c = check.positive_finite("clip", clip)
     s = check.positive_int("subset_size", subset_size)
@@ -157,6 +227,16 @@ def clip_blend_event(
     Each token is ε0-DP and ε0-bounded-range (ε0²/8-zCDP) with ε0 from :func:`clip_blend_token_epsilon`
     for the given neighbouring relation; the accountants compose that far more tightly than advanced
     composition. The prompts are fixed (no sampling), so there is no amplification.
+
+    Args:
+        clip: the clipping bound c.
+        subset_size: s, the fixed divisor.
+        temperature: τ.
+        steps: the tokens composed.
+        neighbouring: the ledger's relation.
+
+    Raises:
+        ConfigurationError: a parameter is out of range, or the relation is unknown.
     """
     eps0 = clip_blend_token_epsilon(
         clip=clip, subset_size=subset_size, temperature=temperature, neighbouring=neighbouring
@@ -168,6 +248,16 @@ def clip_blend_event(
 def clip_blend_paper_epsilon(*, clip: float, subset_size: int, temperature: float, steps: int, delta: float) -> float:
     """The paper's figure c·√(2T ln(1/δ))/(sτ) (add/remove): advanced composition without its
     T·ε0(e^ε0−1) term. Not a valid bound when ε0 is not small: report it only next to the real guarantee.
+
+    Args:
+        clip: the clipping bound c.
+        subset_size: s, the fixed divisor.
+        temperature: τ.
+        steps: T, the tokens composed.
+        delta: the δ of the figure, in (0, 1).
+
+    Raises:
+        ConfigurationError: a parameter is out of range.
     """
     eps0 = clip_blend_token_epsilon(
         clip=clip, subset_size=subset_size, temperature=temperature, neighbouring=ADD_REMOVE

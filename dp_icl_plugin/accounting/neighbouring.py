@@ -27,7 +27,15 @@ DEFAULT_NEIGHBOURING = REPLACE_ONE
 
 
 def check_relation(value: object, name: str = "neighbouring") -> str:
-    """``value`` if it names a relation (``"replace_one"`` or ``"add_remove"``), else ConfigurationError."""
+    """``value`` if it names a relation (``"replace_one"`` or ``"add_remove"``), else ConfigurationError.
+
+    Args:
+        value: the relation's name.
+        name: the parameter's name, for the message.
+
+    Raises:
+        ConfigurationError: ``value`` names no relation.
+    """
     if not isinstance(value, str) or value not in RELATIONS:
         raise ConfigurationError(f"{name} must be one of {', '.join(map(repr, RELATIONS))}, got {value!r}")
     return value

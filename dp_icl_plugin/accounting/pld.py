@@ -87,7 +87,16 @@ def _composed(atoms: Counter[ev.DPEvent], interval: float):
 
 
 def pld_epsilon(atoms: Counter[ev.DPEvent], delta: float, *, interval: float = DEFAULT_DISCRETIZATION) -> float:
-    """An upper bound on ε at ``delta`` for the composition of ``atoms`` (``inf`` if not computable)."""
+    """An upper bound on ε at ``delta`` for the composition of ``atoms`` (``inf`` if not computable).
+
+    Args:
+        atoms: the atoms with their counts (:func:`~dp_icl_plugin.accounting.events.atoms`).
+        delta: the δ.
+        interval: the loss grid's step.
+
+    Raises:
+        UnsupportedEventError: an atom has no PLD here.
+    """
     if not atoms:
         return 0.0
     if sum(atoms.values()) > MAX_TOTAL_COMPOSITIONS:

@@ -15,9 +15,13 @@ class PrivacyBudget:
     """A total (ε, δ) that all charges together may not exceed, under one neighbouring relation.
 
     Attributes:
-        epsilon, delta: the guarantee.
+        epsilon: the guarantee's ε (positive, finite).
+        delta: the guarantee's δ, in (0, 1).
         neighbouring: the pairs of datasets it compares: ``"replace_one"`` (default; see
             :mod:`~dp_icl_plugin.accounting.neighbouring` for why) or ``"add_remove"``.
+
+    Raises:
+        ConfigurationError: a value out of range, or an unknown relation.
     """
 
     epsilon: float
@@ -32,7 +36,12 @@ class PrivacyBudget:
 
 @dataclass(frozen=True)
 class PrivacySpend:
-    """An amount of privacy: ε at the budget's δ."""
+    """An amount of privacy: ε at the budget's δ.
+
+    Attributes:
+        epsilon: the ε.
+        delta: the δ it holds at.
+    """
 
     epsilon: float
     delta: float

@@ -71,7 +71,13 @@ def _domain_rdp(atom: ev.DPEvent, orders: tuple[float, ...]) -> np.ndarray:
 
 def safe_domain(atoms: Counter[ev.DPEvent], *, eps_error: float, delta_error: float) -> float:
     """Half-width L of a truncation domain outside which the composed PRVs have negligible mass
-    (Gopi et al. 2021, Remark 5.6, with correct RDP curves)."""
+    (Gopi et al. 2021, Remark 5.6, with correct RDP curves).
+
+    Args:
+        atoms: the atoms with their counts (:func:`~dp_icl_plugin.accounting.events.atoms`).
+        eps_error: the allowed error on ε.
+        delta_error: the allowed error on δ.
+    """
 
     orders = rdp.DEFAULT_ORDERS
     total = sum(atoms.values())
@@ -94,6 +100,15 @@ def prv_bounds(
 
     ``(0, inf)`` when the numerics cannot certify anything (too large, or floating-point limits).
     The true ε of the composition lies between them; the cost grows as eps_error shrinks.
+
+    Args:
+        atoms: the atoms with their counts (:func:`~dp_icl_plugin.accounting.events.atoms`).
+        delta: the δ.
+        eps_error: the allowed error on ε.
+        delta_error: the allowed error on δ.
+
+    Raises:
+        UnsupportedEventError: an atom has no PRV here.
     """
     from prv_accountant import PRVAccountant
 
@@ -137,5 +152,15 @@ def prv_epsilon(
     eps_error: float = DEFAULT_EPS_ERROR,
     delta_error: float = DEFAULT_DELTA_ERROR,
 ) -> float:
-    """Certified upper bound on ε at ``delta`` for the composition of ``atoms`` (``inf`` if not computable)."""
+    """Certified upper bound on ε at ``delta`` for the composition of ``atoms`` (``inf`` if not computable).
+
+    Args:
+        atoms: the atoms with their counts (:func:`~dp_icl_plugin.accounting.events.atoms`).
+        delta: the δ.
+        eps_error: the allowed error on ε.
+        delta_error: the allowed error on δ.
+
+    Raises:
+        UnsupportedEventError: an atom has no PRV here.
+    """
     return prv_bounds(atoms, delta, eps_error=eps_error, delta_error=delta_error)[1]

@@ -78,7 +78,12 @@ def _log_binom(n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
 
 
 def gaussian_rdp(orders: Orders, noise_multiplier: float) -> np.ndarray:
-    """RDP of the Gaussian mechanism with noise multiplier σ: α / (2σ²)."""
+    """RDP of the Gaussian mechanism with noise multiplier σ: α / (2σ²).
+
+    Args:
+        orders: the Rényi orders α (> 1).
+        noise_multiplier: σ (std over sensitivity).
+    """
     with np.errstate(over="ignore", under="ignore"):  # σ near 0 gives inf (no privacy), σ huge gives 0
         return _as_orders(orders) / 2.0 / noise_multiplier / noise_multiplier
 
@@ -91,6 +96,12 @@ def poisson_subsampled_gaussian_rdp(
     Integer α: ε(α) = log Σ_k C(α,k) (1−q)^(α−k) q^k exp((k²−k)/(2σ²)) / (α−1). Fractional α: the series of
     :func:`_log_a_fractional`, and never more than the next integer order's value (ε is non-decreasing in α);
     at fractional orders ≥ ``series_below`` only the latter (cheaper, and close there).
+
+    Args:
+        orders: the Rényi orders α (> 1).
+        sampling_rate: q, in (0, 1].
+        noise_multiplier: σ.
+        series_below: fractional orders from here on take the next integer order's value only.
     """
     a = _as_orders(orders)
     if sampling_rate >= 1.0:
@@ -171,6 +182,10 @@ def weak_triangle(orders: np.ndarray, curve: Callable[[np.ndarray], np.ndarray])
 
     Mironov 2017, Prop. 11 with P = M(D), Q = M(D∖{x}), R = M(D'): the first term is a removal, the second
     an addition, each bounded by the add/remove curve. The smallest bound over :data:`HOLDER_EXPONENTS`.
+
+    Args:
+        orders: the Rényi orders α (> 1).
+        curve: the add/remove RDP at an array of orders.
     """
     a = np.asarray(orders, dtype=float)
     best = np.full(a.shape, np.inf)
@@ -195,6 +210,11 @@ def replace_one_poisson_subsampled_gaussian_rdp(
     At q = 1 a Gaussian of twice the sensitivity (σ/2); below, the weak triangle inequality (Mironov 2017,
     Prop. 11) through the dataset without the record, on the add/remove curve (orders above
     WEAK_TRIANGLE_MAX_ORDER are not evaluated, which only drops candidate bounds).
+
+    Args:
+        orders: the Rényi orders α (> 1).
+        sampling_rate: q, in (0, 1].
+        noise_multiplier: σ.
     """
     a = _as_orders(orders)
     if sampling_rate >= 1.0:
@@ -210,7 +230,12 @@ def replace_one_poisson_subsampled_gaussian_rdp(
 
 
 def pure_dp_rdp(orders: Orders, epsilon: float) -> np.ndarray:
-    """RDP implied by pure ε-DP: the Rényi divergence of ε-randomized response, capped at ε."""
+    """RDP implied by pure ε-DP: the Rényi divergence of ε-randomized response, capped at ε.
+
+    Args:
+        orders: the Rényi orders α (> 1).
+        epsilon: the pure ε.
+    """
     a = _as_orders(orders)
     log_p = epsilon - np.logaddexp(0.0, epsilon)  # p = e^ε / (1 + e^ε)
     log_q = -np.logaddexp(0.0, epsilon)
@@ -221,7 +246,12 @@ def pure_dp_rdp(orders: Orders, epsilon: float) -> np.ndarray:
 
 
 def bounded_range_rdp(orders: Orders, epsilon: float) -> np.ndarray:
-    """RDP of an ε0-bounded-range mechanism: min(α ε0²/8, pure-DP bound)."""
+    """RDP of an ε0-bounded-range mechanism: min(α ε0²/8, pure-DP bound).
+
+    Args:
+        orders: the Rényi orders α (> 1).
+        epsilon: ε0.
+    """
     a = _as_orders(orders)
     return np.minimum(a * epsilon**2 / 8.0, pure_dp_rdp(a, epsilon))
 
@@ -258,6 +288,12 @@ def without_replacement_rdp(
                          + Σ_{j=3..α} γ^j C(α,j) e^{(j−1)ε(j)} min{2, (e^{ε(∞)}−1)^j}),
     for integer α ≥ 2 (``inf`` at other orders). At integer orders never larger than the inner ε(α):
     replacing one record changes at most one sampled record, so subsampling cannot hurt.
+
+    Args:
+        orders: the Rényi orders α (> 1).
+        sampling_rate: γ = m/n, in (0, 1].
+        inner_rdp: the inner mechanism's RDP at an array of integer orders 2, 3, ….
+        inner_epsilon_inf: a bound on the inner mechanism's D_∞ (``inf`` when unknown).
     """
     a = _as_orders(orders)
     out = np.full(a.shape, np.inf)
@@ -288,7 +324,16 @@ def without_replacement_rdp(
 
 
 def rdp_to_epsilon(orders: Orders, rdp: np.ndarray, delta: float) -> tuple[float, float]:
-    """Convert an RDP curve to (ε, δ)-DP with Balle et al. 2020; returns (ε, best order)."""
+    """Convert an RDP curve to (ε, δ)-DP with Balle et al. 2020; returns (ε, best order).
+
+    Args:
+        orders: the Rényi orders α (> 1).
+        rdp: the RDP ε at each order.
+        delta: the δ, in (0, 1).
+
+    Returns:
+        ``(ε, α)``: the smallest ε (at least 0) over the orders and the order that gives it.
+    """
     a = _as_orders(orders)
     rdp = np.asarray(rdp, dtype=float)
     with np.errstate(invalid="ignore"):
@@ -342,12 +387,28 @@ def _epsilon_inf(event: ev.DPEvent) -> float:
 
 
 def event_rdp_at(event: ev.DPEvent, orders: Orders) -> np.ndarray:
-    """:func:`event_rdp` at any array of orders (e.g. the orders the weak triangle inequality asks for)."""
+    """:func:`event_rdp` at any array of orders (e.g. the orders the weak triangle inequality asks for).
+
+    Args:
+        event: an event with an RDP analysis.
+        orders: the orders, any shape (flattened).
+
+    Raises:
+        UnsupportedEventError: ``event`` has no RDP analysis.
+    """
     return event_rdp(event, tuple(float(x) for x in np.asarray(orders, dtype=float).ravel()))
 
 
 def event_rdp(event: ev.DPEvent, orders: tuple[float, ...] = DEFAULT_ORDERS) -> np.ndarray:
-    """RDP curve of any RDP-analysable event (compositions add up order by order)."""
+    """RDP curve of any RDP-analysable event (compositions add up order by order).
+
+    Args:
+        event: an event with an RDP analysis.
+        orders: the orders.
+
+    Raises:
+        UnsupportedEventError: ``event`` has no RDP analysis.
+    """
     if ev.RDP not in event.supported_accountants:
         raise UnsupportedEventError(f"no RDP analysis for {event.type_name!r} events")
     total = np.zeros(len(orders))

@@ -10,7 +10,9 @@ exactly those that can pay, adds the cost to them and commits; concurrent proces
 serialised by SQLite's write lock, so no unit is ever admitted past its budget. The spend is kept as one
 float64 row per unit (one column per order), read and written only for the units a release touches. On
 PostgreSQL (``path`` a ``postgresql://`` URL) the same transaction locks only the rows of the units it
-charges (:mod:`dp_icl_plugin.accounting.stores.filter_postgres`): hosts serialise per unit.
+charges (:mod:`dp_icl_plugin.accounting.stores.filter_postgres`): hosts serialise per unit. Each place is a
+:class:`~dp_icl_plugin.accounting.stores.filter_base.FilterStore` (memory, SQLite, PostgreSQL); the filter decides,
+the store makes the decision's read and write one transaction.
 
 An in-memory filter belongs to the process that made it: after a ``fork()`` (a pre-forking web server,
 ``multiprocessing``'s ``fork`` start method) every worker would hold its own copy of every unit's spend, so it
@@ -20,38 +22,21 @@ same units). Several workers share an SQLite file or a PostgreSQL database.
 
 from __future__ import annotations
 
-import json
 import os
-import sqlite3
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from dp_icl_plugin._storage.postgres_connection import is_postgres_url, mask_dsn
-from dp_icl_plugin._storage.sqlite_file import SQLiteFile
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
-from dp_icl_plugin.accounting.process_mark import process_mark
+from dp_icl_plugin.accounting.stores.filter_base import FilterStore
+from dp_icl_plugin.accounting.stores.filter_memory import SEVERAL_WORKERS_HINT, MemoryFilterStore
 from dp_icl_plugin.accounting.stores.filter_postgres import PostgresFilterStore
-from dp_icl_plugin.errors import (
-    ConfigurationError,
-    FilterMismatchError,
-    LedgerCorruptError,
-    LedgerError,
-    LedgerFormatError,
-)
+from dp_icl_plugin.accounting.stores.filter_sqlite import SQLiteFilterStore
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, LedgerCorruptError
 
-__all__ = ["RenyiFilter"]
-
-APPLICATION_ID = 0x44504946  # "DPIF"
-SCHEMA_VERSION = 1
-
-SEVERAL_WORKERS_HINT = (
-    "for several worker processes keep the index in a directory (SQLite: PrivateIndex(path='index-dir')) or in "
-    "PostgreSQL (path='postgresql://...'), whose filter every worker shares"
-)
+__all__ = ["SEVERAL_WORKERS_HINT", "RenyiFilter"]
 
 
 class RenyiFilter:
@@ -64,6 +49,11 @@ class RenyiFilter:
         owner: an identifier of what the units belong to (e.g. the private index's id); a file made for
             another owner is refused with :class:`FilterMismatchError`.
         busy_timeout: seconds to wait for another process's charge.
+
+    Raises:
+        ConfigurationError: a bad argument, or an in-memory filter without a budget.
+        LedgerError: the file or database cannot be used (:class:`FilterMismatchError` when it belongs to another
+            owner or budget).
     """
 
     def __init__(
@@ -75,33 +65,23 @@ class RenyiFilter:
         busy_timeout: float = 60.0,
     ) -> None:
         if budget is not None and not isinstance(budget, IndividualBudget):
-            raise ConfigurationError("budget must be an IndividualBudget")
+            raise ConfigurationTypeError("budget must be an IndividualBudget")
         if not isinstance(owner, str):
             raise ConfigurationError("owner must be a string")
         self.owner = owner
-        self._retired: str | None = None  # why this (in-memory) object may no longer be used
-        self._process = process_mark()  # an in-memory filter is refused in any other process
         self.url: str | None = None  # the database, password masked, for a filter on PostgreSQL
-        self._pg: PostgresFilterStore | None = None
-        self._file: SQLiteFile | None = None
+        self.path: Path | None = None  # the file, for a filter in SQLite
+        self._store: FilterStore
         if is_postgres_url(path):
-            self.path = None
             self.url = mask_dsn(str(path))
-            self._pg = PostgresFilterStore(str(path), owner=owner, decode_row=self._row, lock_timeout=busy_timeout)
-            self._lock = self._pg.lock
-            self.budget = self._pg.open(budget)
-            return
-        self.path = None if path is None else Path(path)
-        if path is not None:
-            self._file = SQLiteFile(path, kind="filter", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
-        self._lock = threading.RLock() if self._file is None else self._file.lock
-        if self.path is None:
-            if budget is None:
-                raise ConfigurationError("an in-memory filter needs a budget")
-            self.budget = budget
-            self._memory: dict[int, tuple[np.ndarray, float]] = {}
+            self._store = PostgresFilterStore(str(path), owner=owner, decode_row=self._row, lock_timeout=busy_timeout)
+        elif path is not None:
+            self.path = Path(path)
+            self._store = SQLiteFilterStore(path, owner=owner, decode_row=self._row, busy_timeout=busy_timeout)
         else:
-            self.budget = self._open(budget)
+            self._store = MemoryFilterStore()
+        self._lock = self._store.lock
+        self.budget = self._store.open(budget)
 
     def __repr__(self) -> str:
         where = self.url or ("memory" if self.path is None else str(self.path))
@@ -125,6 +105,11 @@ class RenyiFilter:
         Returns:
             Boolean mask over ``units``: True where the unit was admitted (and charged). Units refused are
             not charged and must not take part in the release.
+
+        Raises:
+            ConfigurationError: bad unit ids or costs, or an in-memory filter used after a move or in another
+                process.
+            LedgerError: the file or database failed.
         """
         ids = self._units(units)
         rdp_cost, delta_cost = self._costs(cost, len(ids))
@@ -136,35 +121,38 @@ class RenyiFilter:
                 write(ids[ok], (spent + rdp_cost)[ok], (spent_delta + delta_cost)[ok])
             return ok
 
-        if self._pg is not None:
-            return self._pg.atomically(len(self.budget.orders), admit)
-        with self._transaction() as (read, write):
-            return admit(read, write)
+        return self._store.atomically(len(self.budget.orders), admit)
 
     # -- reading ----------------------------------------------------------------------------------
     def spent(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Accumulated RDP (n, n_orders) and approximate δ (n,) of ``units`` (zeros for unseen units)."""
+        """Accumulated RDP (n, n_orders) and approximate δ (n,) of ``units`` (zeros for unseen units).
+
+        Args:
+            units: unit ids, shape (n,).
+
+        Raises:
+            ConfigurationError: bad unit ids, or an in-memory filter used after a move or in another process.
+        """
         ids = self._units(units, distinct=False)
-        if self._pg is not None:
-            return self._pg.atomically(len(self.budget.orders), lambda read, _: read(ids), write=False)
-        with self._transaction(write=False) as (read, _):
-            return read(ids)
+        return self._store.atomically(len(self.budget.orders), lambda read, _: read(ids), write=False)
 
     def all_spent(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(unit ids, RDP spend, approximate δ spend) of every unit charged at least once."""
-        if self._pg is not None:
-            return self._decode_rows(self._pg.all_rows())
-        if self.path is None:
-            with self._transaction(write=False):
-                ids = np.array(sorted(self._memory), dtype=np.int64)
-            spent, spent_delta = self.spent(ids)
-            return ids, spent, spent_delta
-        with self._lock:
-            rows = self._sql("SELECT unit, spent, spent_delta FROM units ORDER BY unit").fetchall()
-        return self._decode_rows(rows)
+        """(unit ids, RDP spend, approximate δ spend) of every unit charged at least once.
+
+        Raises:
+            ConfigurationError: an in-memory filter used after a move or in another process.
+        """
+        return self._decode_rows(self._store.all_rows())
 
     def epsilon_spent(self, units: np.ndarray) -> np.ndarray:
-        """The best (ε, δ) guarantee each unit has lost so far, as ε at the budget's δ (0 when unused)."""
+        """The best (ε, δ) guarantee each unit has lost so far, as ε at the budget's δ (0 when unused).
+
+        Args:
+            units: unit ids, shape (n,).
+
+        Raises:
+            ConfigurationError: bad unit ids, or an in-memory filter used after a move or in another process.
+        """
         spent, _ = self.spent(units)
         b = self.budget
         a = np.asarray(b.orders)
@@ -178,6 +166,13 @@ class RenyiFilter:
         Two live filters for one owner would let each unit spend its budget in each (the ledger's cover is
         looked up by owner), so the copy must belong to another owner (which the ledger covers on its own);
         :meth:`move_to` writes an in-memory filter to a file under the same owner.
+
+        Args:
+            path: the new file (must not exist).
+            owner: the copy's owner, not this filter's.
+
+        Raises:
+            ConfigurationError: the same owner, or ``path`` exists.
         """
         if not isinstance(owner, str) or owner == self.owner:
             raise ConfigurationError(
@@ -203,17 +198,20 @@ class RenyiFilter:
             published: after ``publish`` raised, whether the copy was published all the same (a rename that
                 took effect and still reported an error). Only when it says no (given and False) is this
                 object put back in use; otherwise it stays retired (fail closed: never two live filters).
+
+        Raises:
+            ConfigurationError: the filter is not in memory, is no longer usable, or ``path`` exists.
         """
-        self._check_usable()
+        store = self._store
+        if not isinstance(store, MemoryFilterStore):
+            raise ConfigurationError(
+                f"this filter already lives in {self.url or self.path}; only an in-memory filter is moved"
+            )
+        store.check_usable()
         with self._lock:  # no charge between the copy and the retirement
-            self._check_usable()
-            if self.path is not None or self._pg is not None:
-                raise ConfigurationError(
-                    f"this filter already lives in {self.url or self.path}; only an in-memory filter is moved"
-                )
+            store.check_usable()
             moved = self._write_copy(path, self.owner)
-            memory = self._memory
-            self._retire(
+            rows = store.retire(
                 f"this in-memory filter was saved to {path}: use the filter there (the index's save() returned it)"
             )
             if publish is not None:
@@ -222,7 +220,7 @@ class RenyiFilter:
                     publish()
                 except BaseException:
                     if published is not None and not published():
-                        self._retired, self._memory = None, memory  # nothing was published: still the only one
+                        store.reinstate(rows)  # nothing was published: still the only one
                     raise
         return moved
 
@@ -231,35 +229,13 @@ class RenyiFilter:
             raise ConfigurationError(f"{path} exists; a copy is written to a new filter file")
         units, spent, spent_delta = self.all_spent()
         copy = RenyiFilter(self.budget, path=path, owner=owner)
-        with copy._transaction() as (_, write):
-            if len(units):
-                write(units, spent, spent_delta)
+        if len(units):
+            copy._store.atomically(len(self.budget.orders), lambda _, write: write(units, spent, spent_delta))
         return copy
 
-    def _retire(self, why: str) -> None:
-        with self._lock:
-            self._retired = why
-            if self.path is None and self._pg is None:
-                self._memory = {}
-
-    def _check_usable(self) -> None:
-        """Refuse an in-memory filter in another process than its maker's (call before taking ``self._lock``: a
-        lock another thread held at ``fork()`` stays held in the child) or once it was moved (call again under
-        the lock)."""
-        if self._file is None and self._pg is None and self._process != process_mark():
-            raise ConfigurationError(
-                f"this in-memory privacy filter was made in process {self._process[0]} and cannot be used in "
-                f"another ({os.getpid()}): after a fork every worker would hold its own copy of every unit's spend "
-                f"and let each record spend its budget once per worker; {SEVERAL_WORKERS_HINT}"
-            )
-        if self._retired is not None:
-            raise ConfigurationError(self._retired)
-
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        if self._pg is not None:
-            self._pg.close()
+        """Close the file's or database's connection (an in-memory filter has none)."""
+        self._store.close()
 
     # -- internals --------------------------------------------------------------------------------
     def _units(self, units: np.ndarray, *, distinct: bool = True) -> np.ndarray:
@@ -285,64 +261,6 @@ class RenyiFilter:
             raise ConfigurationError("RDP costs must be non-negative numbers")
         return rdp_cost, np.array([c.delta for c in costs], dtype=float)
 
-    @contextmanager
-    def _transaction(self, write: bool = True) -> Iterator[tuple]:
-        if self._file is None:
-            self._check_usable()
-            with self._lock:
-                self._check_usable()
-                yield self._memory_read, self._memory_write
-            return
-        with self._file.transaction(write=write):
-            yield self._sql_read, self._sql_write
-
-    def _memory_read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        m = len(self.budget.orders)
-        spent = np.zeros((len(ids), m))
-        spent_delta = np.zeros(len(ids))
-        for i, unit in enumerate(ids.tolist()):
-            row = self._memory.get(unit)
-            if row is not None:
-                spent[i], spent_delta[i] = row
-        return spent, spent_delta
-
-    def _memory_write(self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
-        for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True):
-            self._memory[unit] = (row.copy(), d)
-
-    _CHUNK = 900  # stays under SQLite's limit on bound parameters
-
-    def _sql_read(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        m = len(self.budget.orders)
-        spent = np.zeros((len(ids), m))
-        spent_delta = np.zeros(len(ids))
-        found: dict[int, tuple[np.ndarray, float]] = {}
-        distinct = np.unique(ids)
-        for start in range(0, len(distinct), self._CHUNK):
-            chunk = distinct[start : start + self._CHUNK].tolist()
-            marks = ",".join("?" * len(chunk))
-            rows = self._sql(f"SELECT unit, spent, spent_delta FROM units WHERE unit IN ({marks})", chunk).fetchall()
-            found.update({unit: (self._row(blob), d) for unit, blob, d in rows})
-        for i, unit in enumerate(ids.tolist()):
-            if unit in found:
-                spent[i], spent_delta[i] = found[unit]
-        return spent, spent_delta
-
-    def _sql_write(self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
-        rows = [
-            (unit, row.astype("<f8").tobytes(), d)
-            for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)
-        ]
-        assert self._file is not None
-        try:
-            self._file.connection().executemany(
-                "INSERT INTO units (unit, spent, spent_delta) VALUES (?, ?, ?) "
-                "ON CONFLICT(unit) DO UPDATE SET spent = excluded.spent, spent_delta = excluded.spent_delta",
-                rows,
-            )
-        except sqlite3.Error as exc:
-            raise self._file.fail(exc) from None
-
     def _row(self, blob: bytes) -> np.ndarray:
         row = np.frombuffer(blob, dtype="<f8")
         if row.shape != (len(self.budget.orders),) or not np.isfinite(row).all() or (row < 0).any():
@@ -354,50 +272,3 @@ class RenyiFilter:
         ids = np.array([r[0] for r in rows], dtype=np.int64)
         spent = np.array([self._row(r[1]) for r in rows]).reshape(len(rows), m)
         return ids, spent, np.array([r[2] for r in rows], dtype=float)
-
-    # -- the file ---------------------------------------------------------------------------------
-    def _sql(self, query: str, params: tuple | list = ()) -> sqlite3.Cursor:
-        assert self._file is not None
-        try:
-            return self._file.connection().execute(query, params)
-        except sqlite3.Error as exc:
-            raise self._file.fail(exc) from None
-
-    def _open(self, budget: IndividualBudget | None) -> IndividualBudget:
-        assert self._file is not None and self.path is not None
-        if not (self.path.exists() and self.path.stat().st_size > 0) and budget is None:
-            raise LedgerError(f"no filter at {self.path}; create one with a budget first")
-        return self._file.open(lambda conn, fresh: self._read_or_create(conn, budget, fresh))
-
-    def _read_or_create(
-        self, conn: sqlite3.Connection, budget: IndividualBudget | None, fresh: bool
-    ) -> IndividualBudget:
-        if fresh:
-            if budget is None:
-                raise LedgerError(f"no filter at {self.path}; create one with a budget first")
-            conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            conn.execute(
-                "CREATE TABLE units (unit INTEGER PRIMARY KEY, spent BLOB NOT NULL, spent_delta REAL NOT NULL)"
-            )
-            conn.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [("budget", json.dumps(budget.to_dict())), ("owner", self.owner)],
-            )
-            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            return budget
-        if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-            raise LedgerFormatError(f"filter {self.path} has a schema this library does not read")
-        meta = dict(conn.execute("SELECT key, value FROM meta"))
-        try:
-            stored = IndividualBudget.from_dict(json.loads(meta["budget"]))
-        except (KeyError, ValueError, TypeError):
-            raise LedgerCorruptError(f"filter {self.path} has no valid budget record") from None
-        if meta.get("owner", "") != self.owner:
-            raise FilterMismatchError(f"filter {self.path} belongs to another index; refusing to use it here")
-        if budget is not None and budget != stored:
-            raise FilterMismatchError(
-                f"filter {self.path} was made with epsilon={stored.epsilon}, delta={stored.delta}; "
-                f"refusing to use it with epsilon={budget.epsilon}, delta={budget.delta}"
-            )
-        return stored

@@ -83,7 +83,11 @@ class AuditCase:
         return tightest().epsilon(self.event, delta=self.claim_delta or self.delta)
 
     def claim(self, broken: bool) -> float:
-        """The ε a variant is judged against: the shipped claim, or the broken accounting's."""
+        """The ε a variant is judged against: the shipped claim, or the broken accounting's.
+
+        Args:
+            broken: judge the broken variant.
+        """
         if broken and self.broken_event is not None:
             return tightest().epsilon(self.broken_event, delta=self.claim_delta or self.delta)
         return self.claimed_epsilon

@@ -87,7 +87,11 @@ def missing_requirements() -> str | None:
 # -- the backends the decoder runs on -----------------------------------------------------------------------
 class RecordingBackend:
     """A backend that passes every call to ``inner`` and keeps the log-probabilities of each row computation
-    (``calls``): what the decoder handed its mechanism. Sessions are not offered (MOZO does not use them)."""
+    (``calls``): what the decoder handed its mechanism. Sessions are not offered (MOZO does not use them).
+
+    Args:
+        inner: the backend that computes.
+    """
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -103,18 +107,46 @@ class RecordingBackend:
         return logprobs
 
     def next_token_logprobs(self, prompts: Any) -> np.ndarray:
+        """``inner``'s rows for ``prompts``, recorded.
+
+        Args:
+            prompts: the prompts.
+        """
         return self._record(prompts, np.asarray(self.inner.next_token_logprobs(prompts)))
 
     def next_token_logprobs_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
+        """``inner``'s rows for ``rows`` with the public ``suffix``, recorded.
+
+        Args:
+            rows: the prompts, as token ids.
+            suffix: public tokens that rows may end with.
+        """
         return self._record(rows, self._shared_suffix(rows, suffix))
 
     def _shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
         return np.asarray(self.inner.next_token_logprobs_shared_suffix(rows, suffix))
 
     def start(self, prompts: Any) -> Any:  # the protocol's; never called by MozoDecoder
+        """Not offered.
+
+        Args:
+            prompts: the prompts.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("the audit records one token step")
 
     def start_shared_suffix(self, rows: Any, suffix: Any) -> Any:
+        """Not offered.
+
+        Args:
+            rows: the prompts.
+            suffix: the public suffix.
+
+        Raises:
+            NotImplementedError: always.
+        """
         raise NotImplementedError("the audit records one token step")
 
 
@@ -130,6 +162,9 @@ class SharedBatchRows(RecordingBackend):
     computes the common suffix for all rows, each row's positions continuing its own part. Rows with
     nothing in common, or too long for the model, went whole through left-padded forwards of up to 32
     rows, grouped by length (the old ``next_token_logprobs``).
+
+    Args:
+        inner: the backend whose model computes.
     """
 
     _OLD_MICRO_BATCH = 32
@@ -263,7 +298,16 @@ def _backend() -> Any:
 def step_rows(backend: RecordingBackend, dataset: Any, query: Any) -> tuple[np.ndarray, list[list[int]]]:
     """The rows (zero-shot first) and prompts the real ``MozoDecoder`` computes for its first token of
     ``query`` (a completion text or a chat) on ``dataset`` (seeded draw), through ``backend``: the zero-shot
-    row's call and the records' call, stacked."""
+    row's call and the records' call, stacked.
+
+    Args:
+        backend: the recording backend.
+        dataset: D or D′.
+        query: the public query.
+
+    Returns:
+        The rows ``[n_shots + 1, V]`` and their prompts' token ids.
+    """
 
     decoder = MozoDecoder(
         dataset,
@@ -340,7 +384,11 @@ def _tuned() -> tuple[int, ...]:
 
 def decoder_pairs(broken: bool) -> list[Any]:
     """One sampler per query: ``(neighbour, n, rng) -> token ids`` drawn from the mechanism's output on the
-    recorded rows of D (``neighbour`` False) or D′, at the tuned ``top_k`` (the broken rows', for both)."""
+    recorded rows of D (``neighbour`` False) or D′, at the tuned ``top_k`` (the broken rows', for both).
+
+    Args:
+        broken: sample the broken variant's rows (else the shipped decoder's).
+    """
     samplers = []
     for rows, k in zip(_rows(broken), _tuned(), strict=True):
         outputs = {nb: _distribution(rows[nb], k) for nb in (False, True)}

@@ -185,10 +185,18 @@ def _samplers(pair: str, broken: bool) -> list[Any]:
 
 
 def replacement_pairs(broken: bool) -> list[Any]:
-    """The replacement pairs' samplers ``(neighbour, n, rng) -> token ids`` (broken: τ halved)."""
+    """The replacement pairs' samplers ``(neighbour, n, rng) -> token ids`` (broken: τ halved).
+
+    Args:
+        broken: sample the broken variant.
+    """
     return _samplers("replacement", broken)
 
 
 def removal_pairs(broken: bool) -> list[Any]:
-    """The removal pairs' samplers (broken: the divisor read from the data)."""
+    """The removal pairs' samplers (broken: the divisor read from the data).
+
+    Args:
+        broken: sample the broken variant.
+    """
     return _samplers("removal", broken)

@@ -23,6 +23,18 @@ class AuditRow:
     """One mechanism, real or broken: the claim, the best empirical lower bound, and the verdict.
 
     ``skipped``: why the case did not run here (empty when it ran); a skipped row proves nothing either way.
+
+    Attributes:
+        mechanism: the case's name.
+        broken: whether this is the broken variant.
+        variant: ``"as shipped"`` or what the broken variant changes.
+        delta: the δ the bound is computed at.
+        claimed_epsilon: the ε the variant is judged against.
+        lower_bound: the largest ε the samples prove.
+        event: the test that proves it.
+        samples: outputs drawn per input and pair.
+        seconds: the case's run time.
+        skipped: why the case did not run (empty when it ran).
     """
 
     mechanism: str
@@ -43,6 +55,8 @@ class AuditRow:
 
     @property
     def verdict(self) -> str:
+        """``"pass"`` or ``"FAIL: claim violated"`` as shipped, ``"caught"`` or ``"MISSED"`` when broken, or why
+        the case was skipped."""
         if self.skipped:
             return f"skipped: {self.skipped}"
         if not self.broken:
@@ -51,7 +65,15 @@ class AuditRow:
 
 
 def audit_case(case: AuditCase, *, broken: bool, samples: int, seed: int, confidence: float = 0.95) -> AuditRow:
-    """Sample the case's pairs and keep the largest lower bound (Bonferroni over the pairs)."""
+    """Sample the case's pairs and keep the largest lower bound (Bonferroni over the pairs).
+
+    Args:
+        case: the case.
+        broken: run the broken variant.
+        samples: outputs per input and pair (scaled by the case's ``sample_share``, at least 4).
+        seed: the seed of every pair's randomness.
+        confidence: the level of the whole bound.
+    """
     variant = case.broken_as if broken else "as shipped"
     reason = case.requires() if case.requires is not None else None
     if reason:
@@ -150,6 +172,11 @@ def _audit_row(key: int | AuditCase, broken: bool, samples: int, seed: int) -> A
 
 
 def to_markdown(rows: list[AuditRow]) -> str:
+    """The rows as a Markdown table.
+
+    Args:
+        rows: the audit's rows.
+    """
     lines = [
         "| mechanism | variant | δ | claimed ε | empirical ε lower bound (95 %) | verdict | strongest test |",
         "|---|---|---:|---:|---:|---|---|",

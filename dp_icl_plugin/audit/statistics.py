@@ -21,7 +21,16 @@ __all__ = ["clopper_pearson", "epsilon_lower_bound"]
 
 
 def clopper_pearson(successes: int, trials: int, *, confidence: float) -> tuple[float, float]:
-    """Two one-sided Clopper–Pearson bounds (lower, upper), each holding with probability ``confidence``."""
+    """Two one-sided Clopper–Pearson bounds (lower, upper), each holding with probability ``confidence``.
+
+    Args:
+        successes: the successes observed.
+        trials: the trials, at least 1.
+        confidence: each bound's confidence level.
+
+    Raises:
+        ConfigurationError: not 0 ≤ successes ≤ trials, or no trials.
+    """
     if trials <= 0 or not 0 <= successes <= trials:
         raise ConfigurationError("need 0 ≤ successes ≤ trials and trials ≥ 1")
     a = 1.0 - confidence
@@ -42,6 +51,15 @@ def epsilon_lower_bound(
     Events: "the output equals v" and "the output does not equal v" for every value v seen, in both
     directions (D against D' and D' against D). ``confidence`` is the level of the whole statement: the
     two Clopper–Pearson bounds of the chosen test each get half of the error.
+
+    Args:
+        on_d: outputs on D (at least 4).
+        on_d_prime: outputs on D′ (at least 4).
+        delta: the δ of the claim tested.
+        confidence: the statement's level.
+
+    Raises:
+        ConfigurationError: fewer than 4 samples on an input, or a bad ``delta``.
     """
     x = np.asarray(on_d).ravel()
     y = np.asarray(on_d_prime).ravel()

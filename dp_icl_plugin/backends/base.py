@@ -58,7 +58,9 @@ class IncrementalSession(Protocol):
     """A fixed batch of prompts that grows by one token per prompt per step, reusing cached state."""
 
     @property
-    def n_prompts(self) -> int: ...
+    def n_prompts(self) -> int:
+        """The number of prompts in the session."""
+        ...
 
     @property
     def lengths(self) -> np.ndarray:
@@ -72,7 +74,14 @@ class IncrementalSession(Protocol):
 
     def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
         """Append one token to every prompt (a single id for all, or one id per prompt); returns the new
-        :attr:`logprobs` (each row as computed, as :meth:`NextTokenBackend.next_token_logprobs` returns it)."""
+        :attr:`logprobs` (each row as computed, as :meth:`NextTokenBackend.next_token_logprobs` returns it).
+
+        Args:
+            token_ids: one id for every prompt, or one id per prompt.
+
+        Returns:
+            The new :attr:`logprobs`, shape (n_prompts, vocab_size).
+        """
         ...
 
     def close(self) -> None:
@@ -89,7 +98,9 @@ class NextTokenBackend(Protocol):
     """Batched next-token distributions, tokenisation and chat formatting of one causal language model."""
 
     @property
-    def model_id(self) -> str: ...
+    def model_id(self) -> str:
+        """A name of the model, for provenance and messages."""
+        ...
 
     @property
     def vocab_size(self) -> int:
@@ -97,20 +108,43 @@ class NextTokenBackend(Protocol):
         ...
 
     @property
-    def eos_token_id(self) -> int | None: ...
+    def eos_token_id(self) -> int | None:
+        """The end-of-sequence token, or None when the tokenizer has none."""
+        ...
 
     @property
-    def has_chat_template(self) -> bool: ...
+    def has_chat_template(self) -> bool:
+        """Whether :meth:`apply_chat_template` works."""
+        ...
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``: without special tokens (the default; for appending to a prompt), or as a
-        prompt is tokenised (``add_special_tokens=True``: e.g. with the BOS a model expects first)."""
+        prompt is tokenised (``add_special_tokens=True``: e.g. with the BOS a model expects first).
+
+        Args:
+            text: the text to tokenise.
+            add_special_tokens: add the special tokens a prompt starts with.
+        """
         ...
 
-    def decode(self, token_ids: Sequence[int] | np.ndarray) -> str: ...
+    def decode(self, token_ids: Sequence[int] | np.ndarray) -> str:
+        """Text of ``token_ids``.
+
+        Args:
+            token_ids: the ids to decode.
+        """
+        ...
 
     def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a chat, formatted by the tokenizer's template; ConfigurationError if it has none."""
+        """Token ids of a chat, formatted by the tokenizer's template; ConfigurationError if it has none.
+
+        Args:
+            messages: the chat, as ``{"role": ..., "content": ...}`` mappings.
+            add_generation_prompt: end with the template's opening of the assistant's turn.
+
+        Raises:
+            ConfigurationError: the tokenizer has no chat template.
+        """
         ...
 
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
@@ -119,11 +153,19 @@ class NextTokenBackend(Protocol):
         Each row as the model computed it: a row the model got wrong (NaN, +inf, nothing finite, e.g. an fp16
         overflow on one input) is returned, never raised on, since whether a call raised would then depend on
         the prompt, a private record's maybe. Callers judge: a public row with :func:`check_logprobs`, a
-        record's row with :func:`~dp_icl_plugin.steps.token_step.public_checked`."""
+        record's row with :func:`~dp_icl_plugin.steps.token_step.public_checked`.
+
+        Args:
+            prompts: the prompts, each text or token ids.
+        """
         ...
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> IncrementalSession:
-        """Encode ``prompts`` once and return a session that appends tokens with cached state."""
+        """Encode ``prompts`` once and return a session that appends tokens with cached state.
+
+        Args:
+            prompts: the prompts, each text or token ids.
+        """
         ...
 
 
@@ -135,7 +177,9 @@ class BoundedContext(Protocol):
     """A backend whose model reads at most :attr:`max_length` positions (None: no limit it knows of)."""
 
     @property
-    def max_length(self) -> int | None: ...
+    def max_length(self) -> int | None:
+        """The most positions the model reads, or None."""
+        ...
 
 
 @runtime_checkable
@@ -144,7 +188,9 @@ class PublicTopK(Protocol):
     server's top-k log-probabilities are); None: every entry exact."""
 
     @property
-    def top_k(self) -> int | None: ...
+    def top_k(self) -> int | None:
+        """How many of a row's likeliest tokens are exact, or None: all."""
+        ...
 
 
 @runtime_checkable
@@ -153,25 +199,61 @@ class PublicRowsBackend(Protocol):
     (:meth:`~dp_icl_plugin.backends.hf.HFBackend.public_rows`: a lone public row is one row, not a micro-batch
     of filler rows). Entered only around the public part of a step."""
 
-    def public_rows(self) -> AbstractContextManager[None]: ...
+    def public_rows(self) -> AbstractContextManager[None]:
+        """A scope inside which this thread's calls hold public rows only."""
+        ...
 
 
 @runtime_checkable
 class SharedSuffixBackend(Protocol):
     """A backend that computes rows ending with a public suffix from cached prefixes."""
 
-    def next_token_logprobs_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray: ...
+    def next_token_logprobs_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
+        """Log-probabilities of the next token after each row, shape (len(rows), vocab_size).
 
-    def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> IncrementalSession: ...
+        The rows that end with ``suffix`` take their part before it from the prefix cache; the others are computed
+        whole. Same distributions as ``next_token_logprobs(rows)``.
+
+        Args:
+            rows: the prompts, as token ids.
+            suffix: public tokens that rows may end with.
+        """
+        ...
+
+    def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> IncrementalSession:
+        """An incremental session over ``rows``, started as :meth:`next_token_logprobs_shared_suffix` computes them.
+
+        Args:
+            rows: the prompts, as token ids.
+            suffix: public tokens that rows may end with.
+        """
+        ...
 
 
 @runtime_checkable
 class SharedPrefixBackend(Protocol):
     """A backend that computes rows starting with a public prefix from its cached keys and values."""
 
-    def next_token_logprobs_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray: ...
+    def next_token_logprobs_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> np.ndarray:
+        """Log-probabilities of the next token after each row, shape (len(rows), vocab_size).
 
-    def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> IncrementalSession: ...
+        The rows that start with ``prefix`` take its cached keys and values; the others are computed whole. Same
+        distributions as ``next_token_logprobs(rows)``.
+
+        Args:
+            prefix: public tokens, fixed by the caller, that rows may start with.
+            rows: the prompts, as token ids.
+        """
+        ...
+
+    def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> IncrementalSession:
+        """An incremental session over ``rows``, started as :meth:`next_token_logprobs_shared_prefix` computes them.
+
+        Args:
+            prefix: public tokens, fixed by the caller, that rows may start with.
+            rows: the prompts, as token ids.
+        """
+        ...
 
 
 @runtime_checkable
@@ -179,7 +261,9 @@ class HFTokenizerBackend(Protocol):
     """A backend with a Hugging Face tokenizer (a fast one has ``backend_tokenizer``), for token grammars."""
 
     @property
-    def tokenizer(self) -> Any: ...
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer."""
+        ...
 
 
 def context_limit(backend: object) -> int | None:
@@ -187,21 +271,37 @@ def context_limit(backend: object) -> int | None:
 
     Read as an attribute, not with ``isinstance``: from Python 3.12 a runtime-checkable protocol ignores
     ``__getattr__``, so a wrapper that forwards to a backend would lose its limit (and a private prompt would go
-    uncut)."""
+    uncut).
+
+    Args:
+        backend: any backend, or a wrapper forwarding to one.
+    """
     value = getattr(backend, "max_length", None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def returned_top_k(backend: object) -> int | None:
     """How many of a row's likeliest tokens ``backend`` returns exactly (:class:`PublicTopK`), or None: all (read
-    as an attribute, as :func:`context_limit`)."""
+    as an attribute, as :func:`context_limit`).
+
+    Args:
+        backend: any backend, or a wrapper forwarding to one.
+    """
     value = getattr(backend, "top_k", None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def check_top_k(top_k: int | None, backend: NextTokenBackend) -> None:
     """A public top-k support cannot be wider than the vocabulary, nor than the top-k a backend returns exactly
-    (:class:`~dp_icl_plugin.backends.server.ServerBackend` with ``top_k``: its other entries are filled)."""
+    (:class:`~dp_icl_plugin.backends.server.ServerBackend` with ``top_k``: its other entries are filled).
+
+    Args:
+        top_k: the top-k the method reads (None: no top-k; nothing to check).
+        backend: the backend the method reads.
+
+    Raises:
+        ConfigurationError: ``top_k`` exceeds the vocabulary or the top-k the backend returns exactly.
+    """
     if top_k is None:
         return
     if top_k > backend.vocab_size:
@@ -228,6 +328,15 @@ def prompt_ids(
 
     Raises ConfigurationError for an empty batch, an empty prompt, an id outside ``[0, vocab_size)`` or a
     prompt longer than ``max_length``; messages give the prompt's position, never its content.
+
+    Args:
+        prompts: the batch, each prompt text or token ids.
+        encode_prompt: tokenises a text prompt (with the special tokens a prompt starts with).
+        vocab_size: the vocabulary's size.
+        max_length: the most tokens a prompt may have (None: no limit).
+
+    Raises:
+        ConfigurationError: the batch or a prompt is invalid (above).
     """
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (Sequence, np.ndarray)):
         raise ConfigurationError("prompts must be a sequence of prompts (pass [prompt] for one prompt)")
@@ -256,7 +365,17 @@ def prompt_ids(
 
 
 def check_logprobs(logprobs: np.ndarray) -> np.ndarray:
-    """Refuse what no language model should return: NaN, +inf, or a row with no finite entry."""
+    """Refuse what no language model should return: NaN, +inf, or a row with no finite entry.
+
+    Args:
+        logprobs: log-probability rows.
+
+    Returns:
+        ``logprobs`` itself.
+
+    Raises:
+        BackendError: an entry is NaN or +inf, or a row has no finite entry.
+    """
     if np.isnan(logprobs).any() or np.isposinf(logprobs).any():
         raise BackendError("the model returned NaN or +inf log-probabilities")
     if not np.isfinite(logprobs).any(axis=-1).all():
@@ -265,7 +384,16 @@ def check_logprobs(logprobs: np.ndarray) -> np.ndarray:
 
 
 def appended_ids(token_ids: int | Sequence[int] | np.ndarray, *, n_prompts: int, vocab_size: int) -> np.ndarray:
-    """One token id per prompt, shape (n_prompts,), from a single id or one id per prompt."""
+    """One token id per prompt, shape (n_prompts,), from a single id or one id per prompt.
+
+    Args:
+        token_ids: one id for all prompts, or one per prompt.
+        n_prompts: the prompts in the session.
+        vocab_size: the vocabulary's size.
+
+    Raises:
+        ConfigurationError: wrong shape, non-integer ids, or an id outside ``[0, vocab_size)``.
+    """
     if isinstance(token_ids, Integral) and not isinstance(token_ids, bool):
         ids = np.full(n_prompts, int(token_ids), dtype=np.int64)
     else:

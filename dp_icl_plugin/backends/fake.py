@@ -26,9 +26,15 @@ class FakeBackend:
     Args:
         vocab: the words; token id = position.
         table: ``{context suffix (token ids): probabilities over vocab}``; zeros are allowed (log 0 = −inf).
-        seed, context_window, scale: the seeded function used where no table key matches.
+        seed: the seed of the function used where no table key matches.
+        context_window: how many last tokens that function reads.
+        scale: the std of its logits.
         eos_token: a word of ``vocab`` used as EOS (default: none).
         chat_template: whether :meth:`apply_chat_template` works (messages' contents joined by EOS).
+        model_id: the name it reports.
+
+    Raises:
+        ConfigurationError: a bad vocabulary, table entry, EOS word or setting.
 
     Attributes:
         forward_tokens: token positions "computed" so far (a prompt costs its length, an appended token 1),
@@ -91,7 +97,15 @@ class FakeBackend:
         return self._chat
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        """Word ids of ``text`` (the fake model has no special tokens to add)."""
+        """Word ids of ``text`` (the fake model has no special tokens to add).
+
+        Args:
+            text: whitespace-separated words of the vocabulary.
+            add_special_tokens: ignored.
+
+        Raises:
+            ConfigurationError: ``text`` is not a string, or holds a word outside the vocabulary.
+        """
         if not isinstance(text, str):
             raise ConfigurationError(f"text must be a str, got {type(text).__name__}")
         ids = []
@@ -102,9 +116,23 @@ class FakeBackend:
         return ids
 
     def decode(self, token_ids: Sequence[int] | np.ndarray) -> str:
+        """The words of ``token_ids``, joined by spaces.
+
+        Args:
+            token_ids: token ids.
+        """
         return " ".join(self.vocab[int(t)] for t in token_ids)
 
     def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
+        """The messages' contents, each followed by EOS (when there is one).
+
+        Args:
+            messages: the chat, ``{"role", "content"}`` mappings.
+            add_generation_prompt: ignored.
+
+        Raises:
+            ConfigurationError: no chat template, malformed messages, or a word outside the vocabulary.
+        """
         if not self._chat:
             raise ConfigurationError(f"{self.model_id} has no chat template")
         if not messages or not all(isinstance(m, Mapping) and "content" in m for m in messages):
@@ -118,7 +146,11 @@ class FakeBackend:
     # ------------------------------------------------------------------ distributions
 
     def logprobs_after(self, context: Sequence[int]) -> np.ndarray:
-        """The (deterministic) next-token log-probabilities after ``context``."""
+        """The (deterministic) next-token log-probabilities after ``context``.
+
+        Args:
+            context: token ids.
+        """
         ctx = tuple(int(t) for t in context)
         for start in range(len(ctx) + 1):
             row = self._table.get(ctx[start:])
@@ -133,11 +165,27 @@ class FakeBackend:
         return prompt_ids(prompts, encode_prompt=self.encode, vocab_size=self.vocab_size, max_length=None)
 
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
+        """Log-probabilities of the next token after each prompt, shape (len(prompts), vocab_size).
+
+        Args:
+            prompts: the prompts, each text or token ids.
+
+        Raises:
+            ConfigurationError: an invalid prompt.
+        """
         ids = self._prompt_ids(prompts)
         self.forward_tokens += sum(len(x) for x in ids)
         return np.stack([self.logprobs_after(x) for x in ids])
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> FakeIncrementalSession:
+        """A session over ``prompts``.
+
+        Args:
+            prompts: the prompts, each text or token ids.
+
+        Raises:
+            ConfigurationError: an invalid prompt.
+        """
         return FakeIncrementalSession(self, self._prompt_ids(prompts))
 
     def __repr__(self) -> str:
@@ -145,7 +193,12 @@ class FakeBackend:
 
 
 class FakeIncrementalSession:
-    """Incremental decoding over a :class:`FakeBackend`: appended tokens cost one position each."""
+    """Incremental decoding over a :class:`FakeBackend`: appended tokens cost one position each.
+
+    Args:
+        backend: the fake model.
+        ids: each prompt's token ids (the session extends these lists).
+    """
 
     def __init__(self, backend: FakeBackend, ids: list[list[int]]) -> None:
         self._backend = backend
@@ -167,6 +220,14 @@ class FakeIncrementalSession:
         return self._logprobs.copy()
 
     def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
+        """Append one token to every prompt; returns the new log-probabilities.
+
+        Args:
+            token_ids: one id for every prompt, or one id per prompt.
+
+        Raises:
+            ConfigurationError: the session is closed, or bad ids.
+        """
         if not self._open:
             raise ConfigurationError("this incremental session is closed")
         new = appended_ids(token_ids, n_prompts=self.n_prompts, vocab_size=self._backend.vocab_size)
@@ -177,6 +238,7 @@ class FakeIncrementalSession:
         return self._logprobs.copy()
 
     def close(self) -> None:
+        """End the session; it takes no more tokens."""
         self._open = False
 
     def __enter__(self) -> FakeIncrementalSession:

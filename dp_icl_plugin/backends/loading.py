@@ -14,7 +14,11 @@ __all__ = ["is_server_url", "load_backend"]
 
 
 def is_server_url(model: str | os.PathLike[str]) -> bool:
-    """True for ``http://...`` or ``https://...`` (an inference server), False for a model path or name."""
+    """True for ``http://...`` or ``https://...`` (an inference server), False for a model path or name.
+
+    Args:
+        model: a model path, name or URL.
+    """
     return isinstance(model, str) and model.strip().lower().startswith(("http://", "https://"))
 
 
@@ -32,7 +36,23 @@ def load_backend(
     ``allow_insecure_http``), else :class:`~dp_icl_plugin.backends.hf.HFBackend` over a local model (a folder,
     a hub id already cached, a ``.gguf`` file or a named model such as ``"smollm2-135m-instruct"``;
     ``micro_batch_size``: its rows per forward, default the backend's; 1 for a model whose forward couples
-    rows)."""
+    rows).
+
+    Args:
+        model: a server URL, or a local model (folder, cached hub id, ``.gguf`` file or named model).
+        tokenizer: the served model's tokenizer (server URLs only; required there).
+        device: the local model's device (default ``"auto"``).
+        dtype: the local model's dtype (default ``"auto"``).
+        micro_batch_size: the local model's rows per forward.
+        **server_settings: further :class:`~dp_icl_plugin.backends.server.ServerBackend` settings (server URLs only).
+
+    Raises:
+        ConfigurationError: a server URL without ``tokenizer``, server settings for a local model, or what the
+            backend refuses.
+        ModelFileError: the local model cannot be read.
+        BackendError: the model could not be loaded.
+        ServerError: the server failed or does not match.
+    """
     if is_server_url(model):
         if tokenizer is None:
             raise ConfigurationError(

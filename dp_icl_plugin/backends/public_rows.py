@@ -86,6 +86,12 @@ def start_apart(
     (:class:`StackedSession`, the public one started in ``backend``'s ``public_rows()`` scope where it has
     one); ``start(rows)`` itself when none are public.
 
+    Args:
+        backend: the backend ``start`` calls.
+        rows: the session's rows, public ones first.
+        public: how many leading rows are public.
+        start: starts one session over the given rows.
+
     Raises:
         ConfigurationError: ``public`` outside ``[0, len(rows)]``.
     """
@@ -107,7 +113,14 @@ def start_apart(
 class StackedSession:
     """Incremental sessions side by side as one :class:`~dp_icl_plugin.backends.base.IncrementalSession`: rows in
     the sessions' order, every append given to each session (one token for all, or each session's share of one
-    token per row). Each session keeps its own forwards."""
+    token per row). Each session keeps its own forwards.
+
+    Args:
+        sessions: the sessions, in row order.
+
+    Raises:
+        ConfigurationError: no sessions.
+    """
 
     def __init__(self, sessions: Sequence[IncrementalSession]) -> None:
         if not sessions:
@@ -129,6 +142,14 @@ class StackedSession:
         return np.vstack([np.asarray(s.logprobs) for s in self._sessions])
 
     def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
+        """Append one token to every row, each session its share; returns the new log-probabilities.
+
+        Args:
+            token_ids: one id for every row, or one id per row.
+
+        Raises:
+            ConfigurationError: bad ids.
+        """
         ids = appended_ids(token_ids, n_prompts=self.n_prompts, vocab_size=self._vocab_size)
         bounds = np.cumsum([0, *self._sizes])
         return np.vstack(
@@ -136,6 +157,7 @@ class StackedSession:
         )
 
     def close(self) -> None:
+        """Close every session (each one, whichever raises)."""
         with ExitStack() as stack:  # every session closed, whichever raises
             for s in self._sessions:
                 stack.callback(s.close)

@@ -18,6 +18,10 @@ class RecomputingSession:
     What a backend without a KV cache of its own does (:class:`~dp_icl_plugin.backends.server.ServerBackend`:
     the server's prefix caching makes the repeated part cheap), and a measure of what an in-process KV cache
     saves (quadratic in T instead of linear). Returns what ``backend.start`` returns, up to float rounding.
+
+    Args:
+        backend: the backend every step's prompts are sent to.
+        prompts: the prompts, each text or token ids.
     """
 
     def __init__(self, backend: NextTokenBackend, prompts: Sequence[Prompt]) -> None:
@@ -39,6 +43,14 @@ class RecomputingSession:
         return self._logprobs.copy()
 
     def append(self, token_ids: int | Sequence[int] | np.ndarray) -> np.ndarray:
+        """Append one token to every prompt and send them all again; returns the new log-probabilities.
+
+        Args:
+            token_ids: one id for every prompt, or one id per prompt.
+
+        Raises:
+            ConfigurationError: the session is closed, or bad ids.
+        """
         if not self._open:
             raise ConfigurationError("this session is closed")
         new = appended_ids(token_ids, n_prompts=self.n_prompts, vocab_size=self._backend.vocab_size)
@@ -48,6 +60,7 @@ class RecomputingSession:
         return self._logprobs.copy()
 
     def close(self) -> None:
+        """End the session; it takes no more tokens."""
         self._open = False
 
     def __enter__(self) -> RecomputingSession:

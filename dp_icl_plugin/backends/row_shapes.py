@@ -54,8 +54,12 @@ class RowShapes:
             ``rows_for(w)`` rows.
         tokens: new tokens a forward aims at: ``rows_for(w)`` = clamp(tokens // w, 1, rows).
         step: new tokens are padded to the next multiple of ``step`` strictly above their count.
-        past_min, past_growth: cached positions are padded to the first of ``past_min·past_growth^k``
-            strictly above their count.
+        past_min: cached positions are padded to the first of ``past_min·past_growth^k`` strictly above
+            their count.
+        past_growth: the ratio of that ladder (at least 2).
+
+    Raises:
+        ConfigurationError: a field is not a positive integer, or ``past_growth`` is below 2.
     """
 
     rows: int = 8
@@ -72,15 +76,27 @@ class RowShapes:
         check.int_at_least("past_growth", self.past_growth, 2)
 
     def rows_for(self, new_width: int) -> int:
-        """Rows in a forward whose new tokens are ``new_width`` wide (public: from the width alone)."""
+        """Rows in a forward whose new tokens are ``new_width`` wide (public: from the width alone).
+
+        Args:
+            new_width: the padded width of the new tokens.
+        """
         return max(1, min(self.rows, self.tokens // new_width))
 
     def new_width(self, n: int) -> int:
-        """Padded width of ``n`` new tokens: the next multiple of ``step`` strictly above ``n``."""
+        """Padded width of ``n`` new tokens: the next multiple of ``step`` strictly above ``n``.
+
+        Args:
+            n: the number of new tokens.
+        """
         return (n // self.step + 1) * self.step
 
     def past_width(self, n: int) -> int:
-        """Padded width of ``n`` cached positions: the first rung of the ladder strictly above ``n``."""
+        """Padded width of ``n`` cached positions: the first rung of the ladder strictly above ``n``.
+
+        Args:
+            n: the number of cached positions.
+        """
         width = self.past_min
         while width <= n:
             width *= self.past_growth
@@ -92,6 +108,13 @@ def micro_batches(keys: Sequence[Key], rows: Callable[[Key], int]) -> list[tuple
 
     Each chunk becomes one forward of exactly ``rows(key)`` rows (the caller adds filler rows), so a row's
     forward has the same shape whichever rows share its key.
+
+    Args:
+        keys: each row's key (its forward shape).
+        rows: the rows of a forward of that key.
+
+    Returns:
+        ``(key, row indices)`` per forward.
     """
     groups: dict[Key, list[int]] = {}
     for i, key in enumerate(keys):

@@ -57,11 +57,20 @@ class ServerBackend(TokenizerBackendBase):
         model: the served model name; default: the only model the server lists.
         top_k: None (default) for full-vocabulary rows, or k for the server's top k completed per row.
         api_key: default: ``DP_ICL_SERVER_API_KEY`` or ``OPENAI_API_KEY`` from the environment.
-        timeout: seconds per request; max_retries: retries of a failed request (connection, timeout, 429,
-            502–504), with exponential back-off from ``backoff`` seconds.
+        timeout: seconds per request.
+        max_retries: retries of a failed request (connection, timeout, 429, 502–504).
+        backoff: the first retry's delay in seconds, doubled at each retry.
         max_concurrency: requests in flight at once.
+        allow_insecure_http: allow plain http to a host other than loopback.
         verify: TLS verification: True, or a CA bundle path.
         transport: an ``httpx`` transport (tests).
+
+    Raises:
+        ConfigurationError: a bad setting or tokenizer, or an insecure URL.
+        ServerMismatchError: the server does not serve the model, splits text differently from ``tokenizer``,
+            or returns fewer log-probabilities than asked for.
+        ServerError: the server failed or could not be reached (:class:`~dp_icl_plugin.errors.ServerError`'s
+            subclasses say which).
     """
 
     def __init__(
@@ -110,7 +119,16 @@ class ServerBackend(TokenizerBackendBase):
     @classmethod
     def from_url(cls, base_url: str, tokenizer: str | os.PathLike[str] | Any, **kwargs: Any) -> ServerBackend:
         """The backend with ``tokenizer`` loaded when it is a path: a model folder, a ``.gguf`` file or a named
-        model such as ``"smollm2-135m-instruct"`` (its cached conversion's tokenizer), from local files only."""
+        model such as ``"smollm2-135m-instruct"`` (its cached conversion's tokenizer), from local files only.
+
+        Args:
+            base_url: the server.
+            tokenizer: a tokenizer, or the path or name to load one from (:func:`load_tokenizer`).
+            **kwargs: the constructor's other arguments.
+
+        Raises:
+            ConfigurationError: no tokenizer could be loaded, or what the constructor raises.
+        """
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = load_tokenizer(tokenizer)
         return cls(base_url, tokenizer, **kwargs)
@@ -177,6 +195,15 @@ class ServerBackend(TokenizerBackendBase):
         return full_row(self._top_logprobs(ids), self.vocab_size, complete=self.top_k is None)
 
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
+        """Log-probabilities of the next token after each prompt, one completion request per prompt (concurrent).
+
+        Args:
+            prompts: the prompts, each text or token ids.
+
+        Raises:
+            ConfigurationError: an invalid prompt (nothing is sent).
+            ServerError: a request failed.
+        """
         ids = self._prompt_ids(prompts)  # every check before anything is sent
         futures = [self._pool.submit(self._row, x) for x in ids]
         try:
@@ -186,7 +213,14 @@ class ServerBackend(TokenizerBackendBase):
                 f.cancel()
 
     def start(self, prompts: Sequence[Prompt] | np.ndarray) -> RecomputingSession:
-        """A session that sends every prompt whole at each step (the server's prefix cache keeps it cheap)."""
+        """A session that sends every prompt whole at each step (the server's prefix cache keeps it cheap).
+
+        Args:
+            prompts: the prompts, each text or token ids.
+
+        Raises:
+            ConfigurationError: an invalid prompt.
+        """
         return RecomputingSession(self, self._prompt_ids(prompts))
 
     def close(self) -> None:
@@ -210,7 +244,14 @@ def _close(pool: ThreadPoolExecutor, client: ServerClient) -> None:
 
 
 def load_tokenizer(path_or_name: str | os.PathLike[str]) -> Any:
-    """A ``transformers`` tokenizer from local files: a model folder, a ``.gguf`` file or a named model."""
+    """A ``transformers`` tokenizer from local files: a model folder, a ``.gguf`` file or a named model.
+
+    Args:
+        path_or_name: a model folder, a ``.gguf`` file or a named model.
+
+    Raises:
+        ConfigurationError: no tokenizer could be loaded from it.
+    """
     from transformers import AutoTokenizer
 
     source: str | os.PathLike[str] = path_or_name

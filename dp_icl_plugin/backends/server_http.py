@@ -54,7 +54,15 @@ def _is_loopback(host: str) -> bool:
 
 def check_base_url(url: str, *, allow_insecure_http: bool) -> str:
     """The server's base URL without a trailing slash (and without a trailing ``/v1``); ConfigurationError for
-    another scheme, or plain http to a non-loopback host without ``allow_insecure_http``."""
+    another scheme, or plain http to a non-loopback host without ``allow_insecure_http``.
+
+    Args:
+        url: the server's URL.
+        allow_insecure_http: allow plain http to a host other than loopback.
+
+    Raises:
+        ConfigurationError: an empty URL, another scheme, credentials in the URL, or insecure http.
+    """
     if not isinstance(url, str) or not url.strip():
         raise ConfigurationError("the server URL must be a non-empty string such as 'http://127.0.0.1:8000'")
     parts = urlsplit(url.strip())
@@ -88,7 +96,22 @@ def _cause(status: int, body: str) -> str:
 
 
 class ServerClient:
-    """Blocking JSON requests to one server, safe to share between threads (one ``httpx.Client``)."""
+    """Blocking JSON requests to one server, safe to share between threads (one ``httpx.Client``).
+
+    Args:
+        base_url: the server's URL (:func:`check_base_url`).
+        api_key: the bearer token (default: ``DP_ICL_SERVER_API_KEY`` or ``OPENAI_API_KEY``).
+        timeout: seconds per request.
+        max_retries: retries of a failed request.
+        backoff: the first retry's delay in seconds, doubled at each retry.
+        allow_insecure_http: allow plain http to a host other than loopback.
+        verify: TLS verification: True, or a CA bundle path.
+        max_connections: connections kept open at once.
+        transport: an ``httpx`` transport (tests).
+
+    Raises:
+        ConfigurationError: a bad URL or setting.
+    """
 
     def __init__(
         self,
@@ -125,12 +148,34 @@ class ServerClient:
         )
 
     def get(self, path: str) -> Any:
+        """The JSON answer to ``GET path``, retried as configured.
+
+        Args:
+            path: the endpoint, e.g. ``"/v1/models"``.
+
+        Raises:
+            ServerError: the answer is an HTTP error or not JSON (:class:`~dp_icl_plugin.errors.ServerRateLimitError`
+                when still rate-limited after the retries).
+            ServerUnavailableError: the server could not be reached through the retries.
+        """
         return self._request("GET", path, None)
 
     def post(self, path: str, payload: dict[str, Any]) -> Any:
+        """The JSON answer to ``POST path`` with ``payload``, retried as configured.
+
+        Args:
+            path: the endpoint, e.g. ``"/v1/completions"``.
+            payload: the JSON body.
+
+        Raises:
+            ServerError: the answer is an HTTP error or not JSON (:class:`~dp_icl_plugin.errors.ServerRateLimitError`
+                when still rate-limited after the retries).
+            ServerUnavailableError: the server could not be reached through the retries.
+        """
         return self._request("POST", path, payload)
 
     def close(self) -> None:
+        """Close the connections."""
         self._client.close()
 
     def _request(self, method: str, path: str, payload: dict[str, Any] | None) -> Any:

@@ -35,7 +35,14 @@ _PREFIX = "token_id:"
 
 
 def token_id(key: str) -> int:
-    """The id in a ``"token_id:N"`` key; ServerError when the server sent token text instead."""
+    """The id in a ``"token_id:N"`` key; ServerError when the server sent token text instead.
+
+    Args:
+        key: a key of the server's top log-probabilities.
+
+    Raises:
+        ServerError: the key is not ``"token_id:N"``.
+    """
     if not isinstance(key, str) or not key.startswith(_PREFIX):
         raise ServerError(
             "the server keyed log-probabilities by token text, not by id: it ignored "
@@ -49,7 +56,20 @@ def token_id(key: str) -> int:
 
 def full_row(top: Mapping[str, float], vocab_size: int, *, complete: bool = False) -> np.ndarray:
     """A normalised float32 row of ``vocab_size`` log-probabilities from a server's top-k mapping; ``complete``:
-    the answer must hold every token (full-vocabulary mode: a short answer is an error, never filled)."""
+    the answer must hold every token (full-vocabulary mode: a short answer is an error, never filled).
+
+    Args:
+        top: the server's ``{"token_id:N": log-probability}`` mapping.
+        vocab_size: the row's width.
+        complete: require every token of the vocabulary.
+
+    Returns:
+        The row; a row of NaN when the server's values are not log-probabilities (the caller judges it).
+
+    Raises:
+        ServerError: no entries, a malformed or repeated key, ids outside the vocabulary, or a short answer
+            with ``complete``.
+    """
     if not top:
         raise ServerError("the server returned no log-probabilities")
     ids = np.fromiter((token_id(k) for k in top), dtype=np.int64, count=len(top))

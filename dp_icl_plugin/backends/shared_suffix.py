@@ -51,7 +51,12 @@ __all__ = [
 
 
 def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many trailing tokens ``a`` and ``b`` share."""
+    """How many trailing tokens ``a`` and ``b`` share.
+
+    Args:
+        a: token ids.
+        b: token ids.
+    """
     n = 0
     while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
         n += 1
@@ -59,7 +64,12 @@ def common_suffix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
+    """How many leading tokens ``a`` and ``b`` share.
+
+    Args:
+        a: token ids.
+        b: token ids.
+    """
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
@@ -71,6 +81,13 @@ def public_suffix(zero_shot: Sequence[int], probe: Sequence[int]) -> list[int]:
     prompt of a public probe record, leaving each of the two at least one token before it.
 
     Both arguments must be public (the query in the template, and a record that is not private data).
+
+    Args:
+        zero_shot: the zero-shot prompt's token ids.
+        probe: the token ids of a one-shot prompt of a public probe record.
+
+    Returns:
+        The shared suffix's token ids (empty when there is none).
     """
     n = min(common_suffix_length(zero_shot, probe), len(zero_shot) - 1, len(probe) - 1)
     return [int(t) for t in zero_shot[len(zero_shot) - n :]] if n > 0 else []
@@ -78,14 +95,24 @@ def public_suffix(zero_shot: Sequence[int], probe: Sequence[int]) -> list[int]:
 
 def suffix_members(rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> list[int]:
     """Indices of the rows that end with ``suffix`` and have tokens before it (none when it is empty): each
-    row's membership is read from that row alone."""
+    row's membership is read from that row alone.
+
+    Args:
+        rows: the prompts, as token ids.
+        suffix: the public suffix.
+    """
     tail = [int(t) for t in suffix]
     n = len(tail)
     return [i for i, r in enumerate(rows) if len(r) > n and [int(t) for t in r[len(r) - n :]] == tail] if n else []
 
 
 def prefix_members(rows: Sequence[Sequence[int]], prefix: Sequence[int]) -> list[int]:
-    """Indices of the rows that start with ``prefix`` and go on past it (none when ``prefix`` is empty)."""
+    """Indices of the rows that start with ``prefix`` and go on past it (none when ``prefix`` is empty).
+
+    Args:
+        rows: the prompts, as token ids.
+        prefix: the public prefix.
+    """
     head = [int(t) for t in prefix]
     n = len(head)
     return [i for i, r in enumerate(rows) if len(r) > n and [int(t) for t in r[:n]] == head] if n else []
@@ -108,7 +135,15 @@ def rows_logprobs(
     end (each row on its own). ``suffix``: public tokens that rows may end with (:func:`public_suffix`); with
     ``generated`` appended, the rows that end with it take their part before it from the backend's prefix cache
     (same distributions). ``public``: how many leading rows are public; they go to the backend in a call of
-    their own (:func:`~dp_icl_plugin.backends.public_rows.public_apart`)."""
+    their own (:func:`~dp_icl_plugin.backends.public_rows.public_apart`).
+
+    Args:
+        backend: the model.
+        rows: the prompts, as token ids.
+        generated: the tokens generated so far, appended to every row.
+        suffix: public tokens that rows may end with.
+        public: how many leading rows are public.
+    """
     capacity = context_limit(backend)
     prompts = [_fit([*r, *generated], capacity) for r in rows]
     tail = [*suffix, *generated]
@@ -127,7 +162,14 @@ def start_rows(
     """An incremental session over ``rows``; the rows that end with the public ``suffix`` take their part before
     it from the backend's prefix cache (``start_shared_suffix``), so a record's part recurring across sessions
     is computed once. The first ``public`` rows run in a session of their own
-    (:func:`~dp_icl_plugin.backends.public_rows.start_apart`)."""
+    (:func:`~dp_icl_plugin.backends.public_rows.start_apart`).
+
+    Args:
+        backend: the model.
+        rows: the prompts, as token ids.
+        suffix: public tokens that rows may end with.
+        public: how many leading rows are public.
+    """
 
     def start(part: list[list[int]]) -> IncrementalSession:
         if isinstance(backend, SharedSuffixBackend) and suffix:
@@ -151,6 +193,15 @@ def prefix_rows_logprobs(
     the timing) what the sampled records have in common. For the same reason the prefix goes through the cache
     whenever the backend has one, even when no row starts with it (a prompt cut to the model's length): what
     the cache holds and when it was used never depend on the private rows.
+
+    Args:
+        backend: the model.
+        rows: the prompts, as token ids.
+        prefix: the public prefix, fixed by the caller.
+        public: how many leading rows are public.
+
+    Raises:
+        BackendError: the backend returned rows of the wrong shape.
     """
 
     def compute(part: list[list[int]]) -> np.ndarray:
@@ -171,7 +222,14 @@ def start_prefix_rows(
 ) -> IncrementalSession:
     """An incremental session over ``rows`` (token ids), started as :func:`prefix_rows_logprobs` computes them
     (``start_shared_prefix``); ``backend.start(rows)`` on a backend without it. ``prefix`` and ``public`` as
-    there."""
+    there.
+
+    Args:
+        backend: the model.
+        rows: the prompts, as token ids.
+        prefix: the public prefix, fixed by the caller.
+        public: how many leading rows are public.
+    """
 
     def start(part: list[list[int]]) -> IncrementalSession:
         if not isinstance(backend, SharedPrefixBackend) or len(prefix) == 0:  # decided on public inputs only

@@ -47,7 +47,19 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
 
 
 def read_rows(path: str | os.PathLike[str], columns: Sequence[str]) -> list[tuple[str, ...]]:
-    """The given string columns of every row of a ``.csv`` or ``.jsonl``/``.json`` file (one object per line)."""
+    """The given string columns of every row of a ``.csv`` or ``.jsonl``/``.json`` file (one object per line).
+
+    Args:
+        path: the file.
+        columns: the columns to read, in order.
+
+    Returns:
+        One tuple of the columns' values per row (numbers read as their text).
+
+    Raises:
+        ConfigurationError: no such file, another format, malformed rows, a missing or non-text column, text that
+            is not UTF-8, or no rows.
+    """
     source = Path(path)
     if not source.is_file():
         raise ConfigurationError(f"no such data file: {source}")
@@ -88,7 +100,18 @@ def load_dataset(
     public_label_counts: Mapping[str, int] | str | None = None,
 ) -> PrivateDataset:
     """A :class:`PrivateDataset` from a CSV/JSONL file; ``labels`` is the public label set (default: the
-    file's labels, sorted); ``public_label_counts`` the label sizes declared public (see ``PrivateDataset``)."""
+    file's labels, sorted); ``public_label_counts`` the label sizes declared public (see ``PrivateDataset``).
+
+    Args:
+        path: a ``.csv`` or ``.jsonl`` file.
+        text_column: the column of the records' texts.
+        label_column: the column of their labels (stripped of surrounding whitespace).
+        labels: the public label set.
+        public_label_counts: the declared public label sizes, or ``"observed"``.
+
+    Raises:
+        ConfigurationError: what :func:`read_rows` or :class:`PrivateDataset` refuses.
+    """
     rows = read_rows(path, [text_column, label_column])
     records = (PrivateRecord(text, label.strip()) for text, label in rows)
     return PrivateDataset(records, labels=labels, public_label_counts=public_label_counts)

@@ -34,7 +34,12 @@ __all__ = ["Demonstration", "PrivateDataset", "PrivateRecord", "check_label_set"
 
 @dataclass(frozen=True, eq=False)
 class PrivateRecord:
-    """One private record: its text and its (public-vocabulary) label. Compared by identity, never by text."""
+    """One private record: its text and its (public-vocabulary) label. Compared by identity, never by text.
+
+    Attributes:
+        text: the private text.
+        label: its label, one of the dataset's public label set.
+    """
 
     text: str = field(repr=False)
     label: str = field(repr=False)
@@ -46,7 +51,14 @@ class PrivateRecord:
 
 
 def check_label_set(labels: object) -> tuple[str, ...]:
-    """A non-empty sequence of distinct, non-empty label names (public: they appear in prompts)."""
+    """A non-empty sequence of distinct, non-empty label names (public: they appear in prompts).
+
+    Args:
+        labels: the label names.
+
+    Raises:
+        ConfigurationError: not a sequence of names, empty, a name empty or not a string, or a repeated name.
+    """
     if isinstance(labels, str) or not isinstance(labels, Iterable):
         raise ConfigurationError("labels must be a sequence of label names")
     result = tuple(labels)
@@ -140,7 +152,17 @@ class PrivateDataset:
         labels: Sequence[str] | None = None,
         public_label_counts: Mapping[str, int] | str | None = None,
     ) -> PrivateDataset:
-        """Records from parallel columns of texts and labels."""
+        """Records from parallel columns of texts and labels.
+
+        Args:
+            texts: the records' texts.
+            record_labels: each record's label, aligned with ``texts``.
+            labels: the public label set (as in the constructor).
+            public_label_counts: the declared public sizes (as in the constructor).
+
+        Raises:
+            ConfigurationError: the columns differ in length, or what the constructor refuses.
+        """
         text_list, label_list = list(texts), list(record_labels)
         if len(text_list) != len(label_list):
             raise ConfigurationError(f"{len(text_list)} texts but {len(label_list)} labels")
@@ -151,7 +173,14 @@ class PrivateDataset:
         )
 
     def with_public_label_counts(self, counts: Mapping[str, int] | str) -> PrivateDataset:
-        """The same records and labels with ``counts`` declared public (a mapping or ``"observed"``)."""
+        """The same records and labels with ``counts`` declared public (a mapping or ``"observed"``).
+
+        Args:
+            counts: ``{label: size}`` over the whole label set, or ``"observed"``.
+
+        Raises:
+            ConfigurationError: a bad declaration.
+        """
         records = [r for y in self._labels for r in self._by_label[y]]
         return PrivateDataset(records, labels=self._labels, public_label_counts=counts)
 
@@ -163,8 +192,13 @@ class PrivateDataset:
     def public_count(self, label: str) -> int:
         """The declared public size n_y of ``label``: the population size its sampling uses.
 
+        Args:
+            label: one of the dataset's labels.
+
         Raises:
             ConfigurationError: no sizes were declared (nothing is read from the data instead).
+            ConfigurationError: no sizes were declared (nothing is read from the data instead), or ``label`` is
+                unknown.
         """
         self.check_labels([label])
         if self._public_counts is None:
@@ -181,17 +215,38 @@ class PrivateDataset:
         return self._labels
 
     def records(self, label: str) -> tuple[PrivateRecord, ...]:
-        """The records of one label (a private view: use only inside a DP mechanism)."""
+        """The records of one label (a private view: use only inside a DP mechanism).
+
+        Args:
+            label: one of the dataset's labels.
+
+        Raises:
+            ConfigurationError: ``label`` is unknown.
+        """
         self.check_labels([label])
         return self._by_label[label]
 
     def count(self, label: str) -> int:
-        """|D_y| as observed: private (use :meth:`public_count` for a size an analysis may rely on)."""
+        """|D_y| as observed: private (use :meth:`public_count` for a size an analysis may rely on).
+
+        Args:
+            label: one of the dataset's labels.
+
+        Raises:
+            ConfigurationError: ``label`` is unknown.
+        """
         self.check_labels([label])
         return len(self._by_label[label])
 
     def check_labels(self, labels: Iterable[str]) -> tuple[str, ...]:
-        """``labels`` as a tuple, each one of this dataset's label set."""
+        """``labels`` as a tuple, each one of this dataset's label set.
+
+        Args:
+            labels: label names.
+
+        Raises:
+            ConfigurationError: a malformed label set (:func:`check_label_set`), or a label outside this dataset's.
+        """
         result = check_label_set(labels)
         unknown = [name for name in result if name not in self._by_label]
         if unknown:
@@ -223,6 +278,7 @@ class Demonstration:
     input: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; ``input`` only when there is one. :meth:`from_dict` inverts it."""
         out: dict[str, Any] = {"label": self.label, "text": self.text, "token_ids": list(self.token_ids)}
         if self.input is not None:
             out["input"] = self.input
@@ -230,6 +286,14 @@ class Demonstration:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Demonstration:
+        """Rebuild a demonstration from :meth:`to_dict` output.
+
+        Args:
+            data: the dict.
+
+        Raises:
+            ConfigurationError: a missing or mistyped field.
+        """
         try:
             label, text = data["label"], data["text"]
             ids = tuple(int(t) for t in data.get("token_ids", ()))

@@ -47,6 +47,14 @@ def draw_among(draw: Callable[[np.ndarray], int], logprobs: np.ndarray, columns:
     record's prompt) would make a mechanism raise, and so make the release fail for that record alone: such a row
     becomes the uniform row (zeros) on those columns, a fixed map of the row itself, under which every mechanism's
     sensitivity holds as before. The public row is treated the same way (public).
+
+    Args:
+        draw: the mechanism: rows restricted to ``columns`` (shape (n, m)) → a column.
+        logprobs: the step's rows, shape (n, V).
+        columns: the allowed token ids, ascending.
+
+    Returns:
+        The token id drawn.
     """
     if columns.size == 1:
         return int(columns[0])
@@ -104,7 +112,15 @@ class AnswerChoices:
     @classmethod
     def of(cls, backend: NextTokenBackend, choices: Sequence[str] | AnswerChoices) -> AnswerChoices:
         """``choices`` encoded by ``backend``'s tokenizer (an :class:`AnswerChoices` built for another model
-        is encoded again from its texts)."""
+        is encoded again from its texts).
+
+        Args:
+            backend: the model whose tokenizer encodes them.
+            choices: the choices' texts, or an :class:`AnswerChoices`.
+
+        Raises:
+            ConfigurationError: as the constructor.
+        """
         return cls(backend, choices.texts if isinstance(choices, AnswerChoices) else choices)
 
     def __repr__(self) -> str:
@@ -112,6 +128,9 @@ class AnswerChoices:
 
     def allowed(self, prefix: Sequence[int]) -> np.ndarray:
         """The token ids that extend ``prefix`` (the answer's tokens so far) towards a choice, ascending.
+
+        Args:
+            prefix: the answer's tokens so far.
 
         Raises:
             ConfigurationError: ``prefix`` is no choice's beginning, or already a whole choice.
@@ -124,11 +143,22 @@ class AnswerChoices:
         return np.asarray(nxt, dtype=np.int64)
 
     def complete(self, prefix: Sequence[int]) -> bool:
-        """Whether ``prefix`` spells a whole choice (the answer ends there)."""
+        """Whether ``prefix`` spells a whole choice (the answer ends there).
+
+        Args:
+            prefix: the answer's tokens so far.
+        """
         return tuple(int(t) for t in prefix) in self.sequences
 
     def forced(self, prefix: Sequence[int]) -> int | None:
-        """The one token that can follow ``prefix`` (public, free), or None where the mechanism decides."""
+        """The one token that can follow ``prefix`` (public, free), or None where the mechanism decides.
+
+        Args:
+            prefix: the answer's tokens so far.
+
+        Raises:
+            ConfigurationError: as :meth:`allowed`.
+        """
         allowed = self.allowed(prefix)
         return int(allowed[0]) if allowed.size == 1 else None
 
@@ -143,11 +173,18 @@ class AnswerChoices:
 
         Returns:
             The token id.
+
+        Raises:
+            ConfigurationError: as :meth:`allowed`.
         """
         return draw_among(draw, logprobs, self.allowed(prefix))
 
     def text_of(self, token_ids: Sequence[int]) -> str | None:
-        """The choice that ``token_ids`` spell, or None."""
+        """The choice that ``token_ids`` spell, or None.
+
+        Args:
+            token_ids: an answer's tokens.
+        """
         at = tuple(int(t) for t in token_ids)
         for text, ids in zip(self.texts, self.sequences, strict=True):
             if ids == at:
@@ -164,6 +201,9 @@ class AnswerChoices:
 
         Returns:
             The choice's text.
+
+        Raises:
+            BackendError: the model returned a bad row.
         """
         tokens: list[int] = []
         while not self.complete(tokens):

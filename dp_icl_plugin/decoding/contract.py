@@ -40,7 +40,17 @@ ROLES = ("system", "user", "assistant")
 
 
 def check_query(query: object) -> str | tuple[dict[str, str], ...]:
-    """A non-empty completion text, or a chat whose last message is the user's (errors never echo text)."""
+    """A non-empty completion text, or a chat whose last message is the user's (errors never echo text).
+
+    Args:
+        query: the query to check.
+
+    Returns:
+        The text, or the chat as a tuple of ``{"role", "content"}`` dicts.
+
+    Raises:
+        ConfigurationError: an empty text, a malformed message, or a chat not ending with a non-empty user message.
+    """
     if isinstance(query, str):
         if not check.has_text(query):
             raise ConfigurationError("the prompt is empty")
@@ -62,7 +72,15 @@ def check_query(query: object) -> str | tuple[dict[str, str], ...]:
 @dataclass(frozen=True)
 class DecodedAnswer:
     """A DP answer: the text (cut before any stop sequence), its tokens, why it ended, and its charge
-    (``ledger_entry`` is the charge's id; ``charge`` the whole committed entry)."""
+    (``ledger_entry`` is the charge's id; ``charge`` the whole committed entry).
+
+    Attributes:
+        text: the answer's text.
+        token_ids: its tokens.
+        finish_reason: ``"stop"`` (EOS or a stop sequence) or ``"length"``.
+        ledger_entry: the id of the charge.
+        charge: the committed ledger entry.
+    """
 
     text: str
     token_ids: tuple[int, ...]
@@ -93,7 +111,13 @@ class AnswerStream(Iterator[str]):
     computed from private data); afterwards :attr:`charge` is the committed ledger entry. ``close()`` stops
     the generation (refunding nothing). A charged stream continues only in the process that charged it: a
     forked copy (a pre-forking server) would draw the rest of the answer again from the same charge, a second
-    release paid once, so it raises ``ConfigurationError`` instead."""
+    release paid once, so it raises ``ConfigurationError`` instead.
+
+    Args:
+        pieces: the generator of the answer's text pieces.
+        state: the answer's bookkeeping, shared with ``pieces``.
+        prompt_tokens: the public prompt's length in tokens.
+    """
 
     def __init__(self, pieces: Generator[str, None, None], state: AnswerState, prompt_tokens: int) -> None:
         self._pieces = pieces
@@ -104,6 +128,13 @@ class AnswerStream(Iterator[str]):
         return self
 
     def __next__(self) -> str:
+        """The next piece of text (charging the answer on the first call).
+
+        Raises:
+            ConfigurationError: the answer was charged in another process.
+            BudgetExhaustedError: the first call's charge was refused; nothing was computed.
+            ReleaseFailedError: the computation failed after the charge.
+        """
         if self._state.charged_in is not None and self._state.charged_in != process_mark():
             raise ConfigurationError(
                 "this answer was charged in another process: a forked copy cannot continue it (one charge pays "
@@ -112,6 +143,7 @@ class AnswerStream(Iterator[str]):
         return next(self._pieces)
 
     def close(self) -> None:
+        """Stop the generation (refunding nothing)."""
         self._pieces.close()
 
     def cancel(self) -> None:
@@ -155,10 +187,14 @@ class Decoder(Protocol):
     max_tokens: int
 
     @property
-    def context_window(self) -> int | None: ...
+    def context_window(self) -> int | None:
+        """The model's positions (None when the backend has no limit)."""
+        ...
 
     @property
-    def has_chat_template(self) -> bool: ...
+    def has_chat_template(self) -> bool:
+        """Whether chats are laid out by the model's chat template."""
+        ...
 
     def check(
         self,
@@ -169,12 +205,24 @@ class Decoder(Protocol):
         schema: object | None = None,
     ) -> None:
         """Raise ``ConfigurationError`` for a query, limit, stop list or schema the decoder would refuse (no
-        charge)."""
+        charge).
+
+        Args:
+            query: the public query (a completion text or a chat).
+            max_tokens: the answer's limit (default: the decoder's).
+            stop: stop sequences.
+            schema: a public JSON schema the answer must follow.
+        """
         ...
 
     def prompt_tokens(self, query: Query, schema: object | None = None) -> int:
         """Tokens of the public prompt (with ``schema``'s instruction when given): never a private record's
-        length."""
+        length.
+
+        Args:
+            query: the public query (a completion text or a chat).
+            schema: a public JSON schema, or None.
+        """
         ...
 
     @property
@@ -183,11 +231,19 @@ class Decoder(Protocol):
         ...
 
     def check_answers_left(self, answers: int) -> None:
-        """Raise ``ShareExhaustedError`` (nothing charged) when a batch asks for more answers than are left."""
+        """Raise ``ShareExhaustedError`` (nothing charged) when a batch asks for more answers than are left.
+
+        Args:
+            answers: the answers a batch asks for.
+        """
         ...
 
     def token_ids(self, text: str) -> list[int]:
-        """``text`` (public: the caller's) in the model's own tokens, without special tokens."""
+        """``text`` (public: the caller's) in the model's own tokens, without special tokens.
+
+        Args:
+            text: public text.
+        """
         ...
 
     def stream(
@@ -200,7 +256,20 @@ class Decoder(Protocol):
         schema: object | None = None,
     ) -> AnswerStream:
         """The answer piece by piece, charged on the first ``next`` (a JSON document valid under ``schema``
-        when one is given: :mod:`~dp_icl_plugin.decoding.structured`)."""
+        when one is given: :mod:`~dp_icl_plugin.decoding.structured`).
+
+        Args:
+            query: the public query (a completion text or a chat).
+            rng: the noise source.
+            max_tokens: the answer's limit (default: the decoder's; charged in full).
+            stop: stop sequences (post-processing: they refund nothing).
+            schema: a public JSON schema the answer must follow.
+
+        Raises:
+            ConfigurationError: at once, for what :meth:`check` refuses or a bad rng (nothing charged).
+            BudgetExhaustedError: on the first ``next``, before anything is computed from private data.
+            ReleaseFailedError: while reading, when the computation failed after the charge.
+        """
         ...
 
     def generate(
@@ -212,7 +281,20 @@ class Decoder(Protocol):
         stop: Sequence[str] | None = None,
         schema: object | None = None,
     ) -> DecodedAnswer:
-        """The whole answer, charged first."""
+        """The whole answer, charged first.
+
+        Args:
+            query: the public query (a completion text or a chat).
+            rng: the noise source.
+            max_tokens: the answer's limit (default: the decoder's; charged in full).
+            stop: stop sequences (post-processing: they refund nothing).
+            schema: a public JSON schema the answer must follow.
+
+        Raises:
+            ConfigurationError: what :meth:`stream` refuses at once (nothing charged).
+            BudgetExhaustedError: the charge was refused; nothing was computed.
+            ReleaseFailedError: the computation failed after the charge.
+        """
         ...
 
 
@@ -230,6 +312,10 @@ def spend_payload(charge: LedgerEntry) -> dict[str, Any]:
 def answer_limit(decoder: Decoder, requested: object | None) -> int:
     """The token limit of one call: ``requested`` (a positive int), or the decoder's own limit when None
     (frameworks pass ``max_tokens`` per call).
+
+    Args:
+        decoder: the decoder that will answer.
+        requested: the call's ``max_tokens``, or None.
 
     Raises:
         ConfigurationError: ``requested`` is not a positive int, or is above what the decoder's share covers (a

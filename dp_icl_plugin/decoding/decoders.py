@@ -1,12 +1,13 @@
 """DP decoding (pay per answer): private records steer each generated token of an answer to a public query.
 
-- :class:`MozoDecoder` (DPS-MOZO "On", Flemings et al., REFERENCE §5): per token, ``n_shots`` records drawn
-  without replacement give one-shot prompts; their next-token distributions are mixed with the zero-shot one
-  (top-k support of the zero-shot output, λ_i by bisection on the symmetric Rényi divergence) and the token is
-  drawn from the product, released through the projected mechanism (see :mod:`dp_icl_plugin.synthesis.mozo_offline`).
+- :class:`MozoDecoder` (DPS-MOZO+On, Flemings et al., Algorithm 2 with Algorithm 1): per token, ``n_shots``
+  records drawn without replacement give one-shot prompts; their next-token distributions are mixed with the
+  zero-shot one (top-k support of the zero-shot output, λ_i by bisection on the symmetric Rényi divergence) and the
+  token is drawn from the product, released through the projected mechanism (see
+  :mod:`dp_icl_plugin.synthesis.mozo_offline`).
   Replace-one neighbours only (|D| public by the relation; an add/remove ledger refuses it); each token
   (α, 4βα)-RDP amplified by sampling without replacement (q = n_shots/|D|).
-- :class:`ClipBlendDecoder` (Bhusal et al., REFERENCE §4, online): a fixed private subset (one record per
+- :class:`ClipBlendDecoder` (Bhusal et al., Algorithm 1, online): a fixed private subset (one record per
   prompt, chosen once: each record joins with probability s/N, N the population size, public), clipped
   logits averaged with the fixed divisor s, blended with the clipped public logits, sampled at temperature
   τ. Under the ledger's relation: replace-one, N = |D| (public by the relation), the replaced record keeps
@@ -66,7 +67,7 @@ from dp_icl_plugin.decoding.contract import (
     check_query,
 )
 from dp_icl_plugin.decoding.structured import JSONSchemaAnswers, json_schema_of, with_instruction
-from dp_icl_plugin.errors import ConfigurationError, ShareExhaustedError, iterate_after_charge
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, ShareExhaustedError, iterate_after_charge
 from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, warn_if_weak
 from dp_icl_plugin.steps.clip_blend_step import ClipBlendStep, assign_groups
@@ -91,7 +92,15 @@ SCHEMA_CACHE_SIZE = 64  # compiled schemas a decoder keeps (least recently used 
 def share_delta(delta: float | None, budget: BudgetManager) -> float:
     """A decoder share's δ: ``delta``, or the ledger's (at which the ledger certifies the charges, so that the
     share costs the ε asked for). A larger one is allowed with a warning: the share then costs the ledger more
-    than its ε."""
+    than its ε.
+
+    Args:
+        delta: the share's δ, or None.
+        budget: the ledger.
+
+    Raises:
+        ConfigurationError: ``delta`` is not in (0, 1).
+    """
     if delta is None:
         return float(budget.budget.delta)
     value = check.probability_open("delta", delta)
@@ -107,7 +116,12 @@ def share_delta(delta: float | None, budget: BudgetManager) -> float:
 def chat_ids(backend: NextTokenBackend, messages: Sequence[dict[str, str]]) -> list[int]:
     """A chat's prompt ids, ready for the assistant's answer: the tokenizer's chat template, or, for a model
     without one, ``role: content`` lines then ``assistant:`` (the layout every decoder and the zero-shot baseline
-    share)."""
+    share).
+
+    Args:
+        backend: the model.
+        messages: the chat, ``{"role", "content"}`` dicts.
+    """
     if backend.has_chat_template:
         return list(backend.apply_chat_template(list(messages), add_generation_prompt=True))
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
@@ -116,7 +130,11 @@ def chat_ids(backend: NextTokenBackend, messages: Sequence[dict[str, str]]) -> l
 
 def query_text(query: str | tuple[dict[str, str], ...]) -> str:
     """A checked query's own text: a completion prompt (without a schema's instruction), or a chat's last (user)
-    message."""
+    message.
+
+    Args:
+        query: a query checked by :func:`~dp_icl_plugin.decoding.contract.check_query`.
+    """
     return str(getattr(query, "query", query)) if isinstance(query, str) else query[-1]["content"]
 
 
@@ -138,9 +156,9 @@ class _Decoder:
     ) -> None:
         """``max_tokens`` None: the longest choice's tokens (``choices`` required)."""
         if not isinstance(budget, BudgetManager):
-            raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
+            raise ConfigurationTypeError("budget must be a BudgetManager (the app's shared ledger)")
         if not isinstance(backend, NextTokenBackend):
-            raise ConfigurationError("backend must be a NextTokenBackend")
+            raise ConfigurationTypeError("backend must be a NextTokenBackend")
         self.backend = backend
         self.budget = budget
         self.choices = None if choices is None else AnswerChoices.of(backend, choices)
@@ -156,7 +174,7 @@ class _Decoder:
             self.max_tokens = self.choices.max_tokens
         self.template = template if template is not None else AnswerTemplate(stop=None)
         if not isinstance(self.template, AnswerTemplate):
-            raise ConfigurationError("template must be an AnswerTemplate")
+            raise ConfigurationTypeError("template must be an AnswerTemplate")
         self.fixed_latency = as_fixed_latency(fixed_latency)
         self._lock = threading.Lock()  # one token step at a time (backend, rng, tokenizer); never held across a yield
         self._schemas: dict[str, JSONSchemaAnswers] = {}  # compiled per schema (public)
@@ -173,7 +191,11 @@ class _Decoder:
 
     # -- what an answer costs -------------------------------------------------------------------------
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
-        """The event one answer of at most ``max_tokens`` tokens is charged (its worst case)."""
+        """The event one answer of at most ``max_tokens`` tokens is charged (its worst case).
+
+        Args:
+            max_tokens: the answer's limit (default: the decoder's).
+        """
         raise NotImplementedError
 
     def _share_noise(
@@ -229,12 +251,27 @@ class _Decoder:
         schema: object | None = None,
     ) -> None:
         """Raise :class:`~dp_icl_plugin.errors.ConfigurationError` for what :meth:`stream` would refuse
-        (a bad query, limit, stop list or schema); nothing is charged."""
+        (a bad query, limit, stop list or schema); nothing is charged.
+
+        Args:
+            query: the public query (a completion text or a chat).
+            max_tokens: the answer's limit (default: the decoder's).
+            stop: stop sequences.
+            schema: a public JSON schema the answer must follow.
+        """
         self._prepare(query, max_tokens, stop, schema)
 
     def prompt_tokens(self, query: Query, schema: object | None = None) -> int:
         """Tokens of the public prompt (the query in the template, with ``schema``'s instruction when given; no
-        record): never a private record's length."""
+        record): never a private record's length.
+
+        Args:
+            query: the public query (a completion text or a chat).
+            schema: a public JSON schema, or None.
+
+        Raises:
+            ConfigurationError: a bad query or schema.
+        """
         prompt = check_query(query)
         rules = None if schema is None else self._rules(schema)
         if isinstance(rules, JSONSchemaAnswers):
@@ -243,7 +280,14 @@ class _Decoder:
 
     def token_ids(self, text: str) -> list[int]:
         """``text`` (public: the caller's) in the model's own tokens, without special tokens: what a framework
-        counts to trim a conversation to the model (its default tokenizer is another model's)."""
+        counts to trim a conversation to the model (its default tokenizer is another model's).
+
+        Args:
+            text: public text.
+
+        Raises:
+            ConfigurationError: ``text`` is not a string.
+        """
         if not isinstance(text, str):
             raise ConfigurationError("text must be a string")
         return list(self.backend.encode(text, add_special_tokens=False))
@@ -270,9 +314,10 @@ class _Decoder:
         Raises:
             ConfigurationError: at once, for a bad query, stop sequences, limits, schema or rng (nothing charged).
             BudgetExhaustedError: on the first ``next``, before anything is computed from private data.
+            ReleaseFailedError: while reading, when the computation failed after the charge.
         """
         if not isinstance(rng, np.random.Generator):
-            raise ConfigurationError("rng must be a numpy.random.Generator")
+            raise ConfigurationTypeError("rng must be a numpy.random.Generator")
         limit, stops, prompt, rules = self._prepare(query, max_tokens, stop, schema)
         state = AnswerState(rule=rules.start() if isinstance(rules, JSONSchemaAnswers) else rules)
         return AnswerStream(self._run(prompt, limit, stops, rng, state), state, len(self._ids(prompt, None)))
@@ -286,7 +331,14 @@ class _Decoder:
         stop: Sequence[str] | None = None,
         schema: object | None = None,
     ) -> DecodedAnswer:
-        """The whole answer (charged first); arguments as :meth:`stream`."""
+        """The whole answer (charged first); arguments as :meth:`stream`.
+
+        Raises:
+            ConfigurationError: what :meth:`stream` refuses at once (nothing charged).
+            BudgetExhaustedError: the charge was refused (``ShareExhaustedError`` past ``n_queries``); nothing was
+                computed.
+            ReleaseFailedError: the computation failed after the charge.
+        """
         pieces = self.stream(query, rng=rng, max_tokens=max_tokens, stop=stop, schema=schema)
         for _ in pieces:
             pass
@@ -420,6 +472,9 @@ class _Decoder:
         """Refuse, before any is charged, ``answers`` answers (a batch) when this decoder's share covers fewer:
         the first ones would be charged and then lost with the batch's error.
 
+        Args:
+            answers: the answers the batch asks for.
+
         Raises:
             ShareExhaustedError: more answers than :attr:`answers_left`; nothing charged.
         """
@@ -524,7 +579,7 @@ class _DatasetDecoder(_Decoder):
         choices: Sequence[str] | AnswerChoices | None,
     ) -> None:
         if not isinstance(dataset, PrivateDataset):
-            raise ConfigurationError("dataset must be a PrivateDataset")
+            raise ConfigurationTypeError("dataset must be a PrivateDataset")
         super().__init__(
             backend=backend,
             budget=budget,
@@ -545,18 +600,28 @@ class MozoDecoder(_DatasetDecoder):
         dataset: the private records (their text and label form each one-shot example).
         backend: the language model.
         budget: the shared ledger; every answer is charged to it before it is computed.
+        n_queries: how many answers the share covers; the decoder refuses the next one
+            (:class:`~dp_icl_plugin.errors.ShareExhaustedError`, nothing charged). Counted per decoder object:
+            the shared ledger is what bounds answers across copies and processes.
+        max_tokens: the most tokens of one answer (charged in full); with ``choices``, the longest choice's.
         epsilon: this decoder's share of the budget, for ``n_queries`` answers (β is calibrated); or give
             ``beta`` directly.
+        beta: the target leakage β per token, instead of ``epsilon``.
         delta: δ of that share (default: the ledger's δ, at which the ledger certifies what it is charged, so
             that the share costs the ``epsilon`` asked for).
-        n_queries: how many answers the share covers; the decoder refuses the next one
-            (:class:`~dp_icl_plugin.errors.BudgetExhaustedError`, nothing charged). Counted per decoder object:
-            the shared ledger is what bounds answers across copies and processes.
-        max_tokens: the most tokens of one answer (charged in full).
-        n_shots, top_k, order, lambda_max: the mechanism's settings (paper defaults 4, 100, 8, 1.5).
+        n_shots: the records drawn per token, one per one-shot prompt (the paper: 4).
+        top_k: the size of the zero-shot output's public top-k support (the paper: 100).
+        order: the Rényi order α (default 8).
+        lambda_max: the upper limit of each mixing weight λ_i (the paper: 1.5).
         template: how a record and a completion query form a prompt (default: ``AnswerTemplate``).
         fixed_latency: hide timing: every answer returns this many seconds after it starts, streams in one
             piece at the end (seconds or a shared :class:`~dp_icl_plugin.timing.FixedLatency`).
+        choices: public answers (:mod:`~dp_icl_plugin.decoding.choices`): every answer is one of them.
+
+    Raises:
+        ConfigurationError: a bad argument, a record the tokenizer cannot encode, an add/remove ledger, both or
+            neither of ``epsilon`` and ``beta``, or ``n_shots`` above the number of records.
+        CalibrationError: no β meets ``epsilon``.
     """
 
     kind = "mozo"
@@ -617,6 +682,14 @@ class MozoDecoder(_DatasetDecoder):
         )
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
+        """The event one answer of at most ``max_tokens`` tokens is charged (its worst case).
+
+        Args:
+            max_tokens: the answer's limit (default: the decoder's).
+
+        Raises:
+            ConfigurationError: ``max_tokens`` is not a positive integer.
+        """
         steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
         return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
 
@@ -650,13 +723,26 @@ class ClipBlendDecoder(_DatasetDecoder):
     Args:
         dataset: the private records; a subset of expected size ``subset_size`` is drawn once (each record
             with probability s/N, ``rng_subset``) and serves every answer.
-        backend, budget, n_queries, max_tokens, template: as :class:`MozoDecoder`.
-        epsilon, delta: this decoder's share (τ is calibrated for the ledger's relation), or give
-            ``temperature`` (τ itself: the mechanism's own, accounted as given). δ defaults to the ledger's δ.
+        backend: as :class:`MozoDecoder`.
+        budget: as :class:`MozoDecoder`.
+        n_queries: as :class:`MozoDecoder`.
+        subset_size: s, the subset's expected size and the fixed divisor of the averaged logits.
+        rng_subset: the randomness of the subset's draw.
+        max_tokens: as :class:`MozoDecoder`.
+        epsilon: this decoder's share (τ is calibrated for the ledger's relation), or give ``temperature``.
+        temperature: τ itself (the mechanism's own, accounted as given), instead of ``epsilon``.
+        delta: δ of the share (default: the ledger's δ).
         clip: the clipping bound c (the paper: 10).
         population_size: N, the public population size the draw uses: required under an add/remove ledger
             (where |D| is private); under replace-one it defaults to |D|, which the relation keeps fixed.
+        template: as :class:`MozoDecoder`.
         fixed_latency: as :class:`MozoDecoder` (hides timing).
+        choices: as :class:`MozoDecoder`.
+
+    Raises:
+        ConfigurationError: a bad argument, a record the tokenizer cannot encode, no ``population_size`` under
+            an add/remove ledger, ``subset_size`` above it, or both or neither of ``epsilon`` and ``temperature``.
+        CalibrationError: no τ meets ``epsilon``.
     """
 
     kind = "clip-blend"
@@ -704,7 +790,7 @@ class ClipBlendDecoder(_DatasetDecoder):
             raise ConfigurationError(f"subset_size {self.subset_size} exceeds population_size {self.population_size}")
         self.clip = check.positive_finite("clip", clip)
         if not isinstance(rng_subset, np.random.Generator):
-            raise ConfigurationError("rng_subset must be a numpy.random.Generator")
+            raise ConfigurationTypeError("rng_subset must be a numpy.random.Generator")
         self.temperature = self._share_noise(
             epsilon,
             delta,
@@ -736,6 +822,14 @@ class ClipBlendDecoder(_DatasetDecoder):
         self._subset = [self._records[int(i)] for i in members]
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
+        """The event one answer of at most ``max_tokens`` tokens is charged (its worst case).
+
+        Args:
+            max_tokens: the answer's limit (default: the decoder's).
+
+        Raises:
+            ConfigurationError: ``max_tokens`` is not a positive integer.
+        """
         steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
         return me.clip_blend_event(
             clip=self.clip,

@@ -32,7 +32,12 @@ def step_rows(method: str, settings: dict[str, Any]) -> int:
     size is private: room for s + 2√s, which holds the draw 97.7 % of the time, the rest taking a second
     forward). The public row (zero-shot or public prompt) goes in a forward of its own
     (:mod:`~dp_icl_plugin.backends.public_rows`). Never the realised number of rows, which would make a row's
-    shape depend on the others."""
+    shape depend on the others.
+
+    Args:
+        method: ``"mozo"``, ``"clip-blend"`` or ``"knn-experts"``.
+        settings: the decoder's settings.
+    """
     if method == "mozo":
         return int(settings.get("n_shots", 4))
     if method == "knn-experts":  # at most k experts, padded to k (how many there are is private)
@@ -87,7 +92,30 @@ def build_decoder(
     :func:`~dp_icl_plugin.decoding.knn_experts.build_expert_decoder`; ``settings`` go to it) over a local model or an
     inference server: ``model_id`` as :func:`~dp_icl_plugin.backends.loading.load_backend` takes it (a URL
     needs ``tokenizer``; ``server`` holds ServerBackend settings such as ``top_k``). A local model's backend
-    computes as many rows per forward as a step of this decoder does (:func:`step_rows`)."""
+    computes as many rows per forward as a step of this decoder does (:func:`step_rows`).
+
+    Args:
+        model_id: a local model or a server URL.
+        dataset: the private records.
+        budget: the shared ledger.
+        method: ``"mozo"``, ``"clip-blend"`` or ``"knn-experts"``.
+        device: the local model's device.
+        dtype: the local model's dtype.
+        tokenizer: the served model's tokenizer (server URLs only).
+        server: :class:`~dp_icl_plugin.backends.server.ServerBackend` settings (server URLs only).
+        **settings: the decoder's settings (``n_queries``, ``epsilon``, ...).
+
+    Returns:
+        A :class:`~dp_icl_plugin.decoding.decoders.MozoDecoder`,
+        :class:`~dp_icl_plugin.decoding.decoders.ClipBlendDecoder` or
+        :class:`~dp_icl_plugin.decoding.knn_experts.KNNExpertDecoder`.
+
+    Raises:
+        ConfigurationError: an unknown method, a setting the decoder does not take or lacks (checked before the
+            model loads), or what the backend or decoder refuses.
+        BudgetExhaustedError: a kNN-experts decoder's filter charge does not fit the ledger.
+        BackendError: the model could not be loaded.
+    """
     if method not in DECODING_METHODS:
         raise ConfigurationError(f"method must be one of {', '.join(DECODING_METHODS)}, got {method!r}")
     _check_settings(method, settings)  # before the model loads

@@ -57,7 +57,7 @@ from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.decoding.choices import AnswerChoices
 from dp_icl_plugin.decoding.contract import DecodedAnswer, Query
 from dp_icl_plugin.decoding.decoders import _Decoder, query_text
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.mechanisms.clip_blend_sampling import clip_logits, exponential_mechanism
 from dp_icl_plugin.mechanisms.mozo_mixing import top_k_support
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
@@ -106,7 +106,7 @@ class KNNExpertDecoder(_Decoder):
         choices: Sequence[str] | AnswerChoices | None = None,
     ) -> None:
         if not isinstance(knn, PrivateKNN):
-            raise ConfigurationError("knn must be a PrivateKNN")
+            raise ConfigurationTypeError("knn must be a PrivateKNN")
         if knn.backend is None:
             raise ConfigurationError("expert decoding needs the PrivateKNN's backend (a language model)")
         # with choices an answer has at most the longest choice's tokens and runs at most `decisions` token
@@ -139,7 +139,17 @@ class KNNExpertDecoder(_Decoder):
 
     def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
         """A DP answer to a public question (a retriever's query): the question as the user's chat turn when
-        the model has a chat template (a record then enters as an earlier exchange), else in the template."""
+        the model has a chat template (a record then enters as an earlier exchange), else in the template.
+
+        Args:
+            question: the public question.
+            rng: the noise source.
+            max_tokens: the answer's limit (default: the decoder's; charged in full).
+
+        Raises:
+            ConfigurationError: a bad question, limit or rng (nothing charged).
+            ReleaseFailedError: the computation failed after the charge.
+        """
         query: Query = [{"role": "user", "content": question}] if self.has_chat_template else question
         return self.generate(query, rng=rng, max_tokens=max_tokens)
 
@@ -156,6 +166,15 @@ class KNNExpertDecoder(_Decoder):
         stop: Sequence[str] | None = None,
         schema: object | None = None,
     ) -> None:
+        """Raise :class:`~dp_icl_plugin.errors.ConfigurationError` for what :meth:`stream` would refuse, the retriever's
+        own requirements included; nothing is charged.
+
+        Args:
+            query: the public query (a completion text or a chat).
+            max_tokens: the answer's limit (default: the decoder's).
+            stop: stop sequences.
+            schema: a public JSON schema the answer must follow.
+        """
         super().check(query, max_tokens=max_tokens, stop=stop, schema=schema)
         self.knn._require("decode")
 
@@ -164,7 +183,14 @@ class KNNExpertDecoder(_Decoder):
 
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
         """What one answer of at most ``max_tokens`` tokens costs a record that is a candidate (its own filter
-        pays it; the ledger records it as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`)."""
+        pays it; the ledger records it as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`).
+
+        Args:
+            max_tokens: the answer's limit (default: the decoder's).
+
+        Raises:
+            ConfigurationError: ``max_tokens`` is not a positive integer.
+        """
         tokens = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
         return self.knn._event("decode", 1, self.k, self._steps(tokens))
 
@@ -235,6 +261,17 @@ def expert_scores(
 
     Sensitivity: one expert swapped moves an entry of Σ_i clip_c(z_i) by at most 2c, so ẑ by at most c/(kτ);
     ℓ0 (public) moves nothing. Sampling softmax(ẑ) is then an exponential mechanism of ε0 = 2c/(kτ).
+
+    Args:
+        private_logprobs: the experts' rows on the support, shape (n, K).
+        public_logprobs: the zero-shot row on the support, shape (K,).
+        clip: c, the clipping bound.
+        divisor: k, fixed in advance.
+        temperature: τ of the experts' part.
+        public_temperature: T0 (``inf``: no prior).
+
+    Returns:
+        The scores ẑ, shape (K,).
     """
     public = public_logprobs - np.logaddexp.reduce(public_logprobs)
     rows = np.asarray(private_logprobs, dtype=np.float64).reshape(-1, public.size)
@@ -262,10 +299,13 @@ def expert_token(
     Args:
         private_logprobs: the experts' rows, shape (n ≤ k, V) (any number, none included).
         public_logprobs: the zero-shot row, shape (V,).
-        clip: c; divisor: k, fixed in advance; temperature: τ of the experts' part (ε0 = 2c/(kτ));
+        clip: c, the clipping bound.
+        divisor: k, fixed in advance.
+        temperature: τ of the experts' part (ε0 = 2c/(kτ)).
         public_temperature: T0, the zero-shot row's temperature (public: no privacy cost).
         top_k: sample among the zero-shot row's this many most likely tokens (0: every token it gives
             probability above 0).
+        rng: the noise source.
 
     Returns:
         The token id.
@@ -285,7 +325,16 @@ def expert_token(
 def filter_budget_for(epsilon: float, delta: float, neighbouring: str) -> IndividualBudget:
     """The per-record filter budget whose cover costs a ledger of this relation (ε, δ): the filter's own
     (ε, δ) under add/remove; under replace-one the cover is (2ε_f, (1 + e^ε_f)δ_f) (group privacy,
-    :meth:`PrivateKNN.cover_event`), so ε_f = ε/2 and δ_f = δ/(1 + e^{ε/2}) (rounded down)."""
+    :meth:`PrivateKNN.cover_event`), so ε_f = ε/2 and δ_f = δ/(1 + e^{ε/2}) (rounded down).
+
+    Args:
+        epsilon: the ledger share's ε.
+        delta: the ledger share's δ, in (0, 1).
+        neighbouring: the ledger's relation.
+
+    Raises:
+        ConfigurationError: ``epsilon`` or ``delta`` is out of range.
+    """
     eps = check.positive_finite("epsilon", epsilon)
     dlt = check.probability_open("delta", delta)
     if neighbouring == ADD_REMOVE:
@@ -320,31 +369,37 @@ def build_expert_decoder(
         backend: the language model.
         dataset: the private records (text, label); a record's label is its demonstration's answer.
         budget: the shared ledger; the filter's total is charged to it once, here.
-        epsilon, delta: this decoder's share of the ledger (δ default: half the ledger's δ).
+        epsilon: this decoder's share of the ledger.
         n_queries: the answers expected; with ``k`` it sets ``uses`` (default ⌈n_queries·k/N⌉ answers per
             record, which holds when queries spread over the records; a record near many queries runs out
             sooner and its next neighbours take over).
-        uses, population_size: give ``uses``, or the public N it is computed from; under a replace-one ledger N
-            defaults to |D| (public by the relation), under add/remove |D| is private and one of them is required
-            (it sets the noise of every answer).
-        max_tokens, k, min_similarity, embedder: the answer limit, experts per answer, the public similarity a
-            record needs to take part (and pay), the embedder (default all-MiniLM-L6-v2).
-        public_temperature, top_k: the zero-shot row's temperature T0 and support. T0 defaults to 0.1 (see
-            :class:`KNNConfig`), or
-            with ``choices`` to ``inf`` (no prior: the row, only a prior over the choices, leans to one of them
-            whatever the question; on 30 TREC tune queries at ε = 4, T0 = 2 gave 63.3 % accuracy and ``inf``
-            73.3 %, ``benchmarks/harness/RESULTS.md``).
-        template, fixed_latency: as :class:`KNNExpertDecoder`.
+        delta: δ of the share (default: half the ledger's δ).
+        max_tokens: the answer limit.
+        k: experts per answer.
+        min_similarity: the public similarity a record needs to take part (and pay).
+        uses: answers per record; or give the public ``population_size`` it is computed from. Under a
+            replace-one ledger N defaults to |D| (public by the relation); under add/remove |D| is private and
+            one of the two is required (it sets the noise of every answer).
+        population_size: N, the public population size ``uses`` is computed from.
+        embedder: the embedder (default all-MiniLM-L6-v2).
+        public_temperature: the zero-shot row's temperature T0. It defaults to 0.1 (see :class:`KNNConfig`),
+            or with ``choices`` to ``inf`` (no prior: the row, only a prior over the choices, leans to one of
+            them whatever the question; on 30 TREC tune queries at ε = 4, T0 = 2 gave 63.3 % accuracy and
+            ``inf`` 73.3 %, ``benchmarks/harness/RESULTS.md``).
+        top_k: the zero-shot row's support: its this many most likely tokens (0: the whole vocabulary).
+        template: as :class:`KNNExpertDecoder`.
+        fixed_latency: as :class:`KNNExpertDecoder`.
         choices: public answers every answer is restricted to (:class:`KNNExpertDecoder`); the budget is then
             calibrated for the choices' token decisions, not ``max_tokens``.
 
     Raises:
         ConfigurationError: a bad setting, ``max_tokens`` below the longest choice (before anything is charged).
+        BudgetExhaustedError: the ledger cannot afford the filter's charge.
     """
     if not isinstance(dataset, PrivateDataset):
-        raise ConfigurationError("dataset must be a PrivateDataset")
+        raise ConfigurationTypeError("dataset must be a PrivateDataset")
     if not isinstance(budget, BudgetManager):
-        raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
+        raise ConfigurationTypeError("budget must be a BudgetManager (the app's shared ledger)")
     n_queries = check.positive_int("n_queries", n_queries)
     k = check.positive_int("k", k)
     answers = None if choices is None else AnswerChoices.of(backend, choices)

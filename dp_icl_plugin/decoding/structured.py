@@ -45,6 +45,9 @@ def json_schema_of(schema: object) -> dict[str, Any]:
     does not say otherwise closed (``additionalProperties: false``): an answer's tokens are few and paid for,
     and keys the schema does not name would only use them up (Pydantic's schemas leave objects open).
 
+    Args:
+        schema: a dict, its JSON text, or a Pydantic model class.
+
     Raises:
         ConfigurationError: anything else, or JSON text that is not an object.
     """
@@ -160,7 +163,12 @@ class InstructedText(str):
 def with_instruction(query: str | tuple[dict[str, str], ...], instruction: str) -> str | tuple[dict[str, str], ...]:
     """``query`` (a completion text or a checked chat) with ``instruction`` added: a chat's system message gets
     it (one is added first where there is none), a completion text begins with it (an :class:`InstructedText`
-    that keeps the query). Public text only."""
+    that keeps the query). Public text only.
+
+    Args:
+        query: a completion text or a checked chat.
+        instruction: the public instruction.
+    """
     if isinstance(query, str):
         text = InstructedText(f"{instruction}\n\n{query}")
         text.query = getattr(query, "query", query)
@@ -175,7 +183,13 @@ def with_instruction(query: str | tuple[dict[str, str], ...], instruction: str) 
 
 class SchemaAnswer:
     """One answer's place in the schema's grammar. Fed the answer's tokens as they are released (``generated``,
-    which only grows); every method reads the state after them. Not shared between answers or threads."""
+    which only grows); every method reads the state after them. Not shared between answers or threads.
+
+    Args:
+        matcher: llguidance's matcher for this answer.
+        vocab_size: the backend's vocabulary size.
+        eos_token_id: the backend's end-of-sequence token.
+    """
 
     def __init__(self, matcher: Any, vocab_size: int, eos_token_id: int) -> None:
         self._matcher = matcher
@@ -191,7 +205,14 @@ class SchemaAnswer:
 
     def allowed(self, generated: Sequence[int]) -> np.ndarray:
         """The token ids that keep the answer a prefix of a valid document (the end-of-sequence token where the
-        document is complete), ascending."""
+        document is complete), ascending.
+
+        Args:
+            generated: the answer's tokens so far.
+
+        Raises:
+            ConfigurationError: a released token the grammar did not allow, or no token allowed.
+        """
         self._sync(generated)
         mask = np.frombuffer(self._matcher.compute_logit_bias(), dtype=np.uint8)[: self._vocab_size]
         allowed = np.flatnonzero(mask).astype(np.int64)
@@ -200,15 +221,38 @@ class SchemaAnswer:
         return allowed
 
     def complete(self, generated: Sequence[int]) -> bool:
-        """Whether the document is complete and nothing else may follow."""
+        """Whether the document is complete and nothing else may follow.
+
+        Args:
+            generated: the answer's tokens so far.
+
+        Raises:
+            ConfigurationError: a released token the grammar did not allow.
+        """
         self._sync(generated)
         return bool(self._matcher.is_stopped())
 
     def forced(self, generated: Sequence[int]) -> int | None:
-        """The one token that can follow (public, free), or None where the mechanism decides."""
+        """The one token that can follow (public, free), or None where the mechanism decides.
+
+        Args:
+            generated: the answer's tokens so far.
+
+        Raises:
+            ConfigurationError: as :meth:`allowed`.
+        """
         allowed = self.allowed(generated)
         return int(allowed[0]) if allowed.size == 1 else None
 
     def restrict(self, draw: Callable[[np.ndarray], int], logprobs: np.ndarray, generated: Sequence[int]) -> int:
-        """Run a token mechanism on the allowed columns only (:func:`~dp_icl_plugin.decoding.choices.draw_among`)."""
+        """Run a token mechanism on the allowed columns only (:func:`~dp_icl_plugin.decoding.choices.draw_among`).
+
+        Args:
+            draw: the mechanism: rows restricted to the allowed columns → a column.
+            logprobs: the step's rows over the vocabulary.
+            generated: the answer's tokens so far.
+
+        Returns:
+            The token id drawn.
+        """
         return draw_among(draw, logprobs, self.allowed(generated))

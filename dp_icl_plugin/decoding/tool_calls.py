@@ -85,7 +85,15 @@ def tool_call_schema(functions: Sequence[Mapping[str, Any]], choice: object = No
 @dataclass(frozen=True)
 class ParsedToolCall:
     """An answer decoded under :func:`tool_call_schema`: a call (``name``, ``arguments``), a plain reply
-    (``content``), or neither, with ``error`` saying why (``text`` keeps the answer)."""
+    (``content``), or neither, with ``error`` saying why (``text`` keeps the answer).
+
+    Attributes:
+        content: the plain reply (empty for a call or an error).
+        name: the called tool's name, or None.
+        arguments: the call's arguments, or None.
+        error: why the answer is neither a call nor a reply, or None.
+        text: the answer as decoded.
+    """
 
     content: str
     name: str | None = None
@@ -133,10 +141,20 @@ def _partial_string(body: str) -> str:
 
 
 def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
-    """An earlier call in a chat history as the model answers calls (the JSON :func:`tool_call_schema` allows)."""
+    """An earlier call in a chat history as the model answers calls (the JSON :func:`tool_call_schema` allows).
+
+    Args:
+        name: the tool's name.
+        arguments: the call's arguments.
+    """
     return json.dumps({"name": name, "arguments": dict(arguments)})
 
 
 def tool_result_text(name: str, result: str) -> str:
-    """A tool's result as the model reads it: the user's next message, naming the tool (the app's, public)."""
+    """A tool's result as the model reads it: the user's next message, naming the tool (the app's, public).
+
+    Args:
+        name: the tool's name (may be empty).
+        result: what it returned (public).
+    """
     return f"Result of the tool call {name}: {result}" if name else f"Result of the tool call: {result}"

@@ -54,7 +54,8 @@ class GincConfig:
     Args:
         n_symbols: vocabulary size including the delimiter (50 and 150 in the papers).
         n_hmms: concepts in total; the first ``n_pretrain_hmms`` make the pretraining data.
-        n_entities, n_properties: the two factors of the hidden state.
+        n_entities: the entity factor of the hidden state.
+        n_properties: the property factor of the hidden state.
         transition_temperature: softmax temperature of the permutation-mixture weights.
         start_temperature: softmax temperature of the start distribution (large = near uniform).
         entity_stay: weight of the identity in the entity transitions.

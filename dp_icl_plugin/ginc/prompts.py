@@ -25,7 +25,9 @@ class IclPrompts:
     """A batch of ICL prompts of one shape (same ``n_shots`` and ``k``), as arrays.
 
     Attributes:
-        concepts, start_properties, labels: shape (n,).
+        concepts: each prompt's concept, shape (n,).
+        start_properties: each prompt's start property, shape (n,).
+        labels: each prompt's label, shape (n,).
         examples: shape (n, n_shots, k).
         queries: shape (n, k − 1).
     """

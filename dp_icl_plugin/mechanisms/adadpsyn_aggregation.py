@@ -1,7 +1,7 @@
 """AdaDPSyn's data-adaptive aggregation of next-token distributions (Gao et al., ICLR 2025, Algorithm 1).
 
 Per token, the M next-token distributions p_1..p_M over the K public candidates are aggregated by
-"Precision-Focused Iterative Radius Reduction" (Algorithm 1, lines 5–23; ``REFERENCE.md`` §3):
+"Precision-Focused Iterative Radius Reduction" (Gao et al., Algorithm 1, lines 5–23):
 
 1. :func:`good_radius`: a target radius r from GoodRadius (Nissim et al. 2016; App. A.2, Algorithms 4–5),
    a DP binary search over [0, √2/2] with tolerance θ;
@@ -116,6 +116,14 @@ def good_radius_score(points: np.ndarray, radius: float, *, t: int) -> float:
 
     Sensitivity 2 under replace-one (Nissim et al. 2016): replacing one point changes every other capped
     count by at most 1 (t terms: ≤ t) and its own term by at most t, so the sum moves by ≤ 2t and L by ≤ 2.
+
+    Args:
+        points: the M points (next-token distributions over K candidates), shape (M, K).
+        radius: r ≥ 0.
+        t: the ball volume, 1 ≤ t ≤ M.
+
+    Raises:
+        ConfigurationError: malformed points, or ``radius`` or ``t`` out of range.
     """
     p = _points(points)
     return _score(_pairwise_distances(p), check.non_negative_finite("radius", radius), _check_volume(t, len(p)))
@@ -128,6 +136,16 @@ def noisy_good_radius_score(
 
     Noise multiplier σ0 on a sensitivity-2 query: (α, α/(2σ0²))-RDP (App. A.2, Theorem 2). One binary-search
     query; :func:`good_radius` makes two per step.
+
+    Args:
+        points: the M points (next-token distributions over K candidates), shape (M, K).
+        radius: r ≥ 0.
+        t: the ball volume, 1 ≤ t ≤ M.
+        sigma0: noise multiplier; 0 switches the noise off (not private).
+        rng: the noise source.
+
+    Raises:
+        ConfigurationError: malformed points, or a parameter out of range.
     """
     score = good_radius_score(points, radius, t=t)
     sigma0 = _noise_multiplier("sigma0", sigma0)
@@ -156,6 +174,9 @@ def good_radius(points: np.ndarray, *, t: int, sigma0: float, theta: float, rng:
 
     Returns:
         A radius in [0, √2/2].
+
+    Raises:
+        ConfigurationError: malformed points, or a parameter out of range.
     """
     p = _points(points)
     volume = _check_volume(t, len(p))
@@ -184,6 +205,12 @@ def to_simplex(vector: np.ndarray) -> np.ndarray:
     Not the Euclidean projection: the paper clips and renormalises. Post-processing (no privacy cost). If no
     entry is positive the result is uniform, whose argmax is the first candidate (the most likely public
     token).
+
+    Args:
+        vector: a finite vector, shape (K,).
+
+    Raises:
+        ConfigurationError: ``vector`` is empty, not one-dimensional or not finite.
     """
     v = np.asarray(vector, dtype=np.float64)
     if v.ndim != 1 or v.size == 0 or not np.all(np.isfinite(v)):
@@ -198,6 +225,14 @@ def project_to_ball(points: np.ndarray, centre: np.ndarray, radius: float) -> np
 
     Points already inside are unchanged; any two results are within 2R, which bounds the sensitivity of
     their sum by 2R under replace-one (App. B).
+
+    Args:
+        points: the M points (next-token distributions over K candidates), shape (M, K).
+        centre: c, shape (K,).
+        radius: R > 0.
+
+    Raises:
+        ConfigurationError: malformed points or centre, or ``radius`` not positive.
     """
     p = _points(points)
     c = _centre(centre, p.shape[1])
@@ -233,6 +268,9 @@ def noisy_mean(
 
     Returns:
         The noisy mean, shape (K,) (not yet mapped back to the simplex).
+
+    Raises:
+        ConfigurationError: a row outside the domain above, malformed inputs, or a parameter out of range.
     """
     r = check.positive_finite("radius", radius)
     sigma1 = _noise_multiplier("sigma1", sigma1)
@@ -255,7 +293,15 @@ def noisy_mean(
 
 
 def coverage_margin(radius: float, *, sigma1: float, lam: float, dim: int, n_points: int) -> float:
-    """2λRσ1√K/M (Algorithm 1, lines 11, 15, 18): room for the mean's noise around the target radius."""
+    """2λRσ1√K/M (Algorithm 1, lines 11, 15, 18): room for the mean's noise around the target radius.
+
+    Args:
+        radius: R.
+        sigma1: the means' noise multiplier σ1.
+        lam: λ.
+        dim: K, the number of candidates.
+        n_points: M.
+    """
     return 2.0 * lam * radius * sigma1 * math.sqrt(dim) / n_points
 
 
@@ -263,6 +309,14 @@ def coverage_count(points: np.ndarray, centre: np.ndarray, radius: float) -> int
     """The number of points within ℓ2 distance ``radius`` of ``centre`` (Algorithm 1, line 11).
 
     Sensitivity 1 under replace-one: each point adds 0 or 1.
+
+    Args:
+        points: the M points (next-token distributions over K candidates), shape (M, K).
+        centre: the ball's centre, shape (K,).
+        radius: the ball's radius, ≥ 0.
+
+    Raises:
+        ConfigurationError: malformed points or centre, or a negative radius.
     """
     p = _points(points)
     c = _centre(centre, p.shape[1])
@@ -273,7 +327,18 @@ def coverage_count(points: np.ndarray, centre: np.ndarray, radius: float) -> int
 def noisy_coverage(
     points: np.ndarray, centre: np.ndarray, radius: float, *, sigma2: float, rng: np.random.Generator
 ) -> float:
-    """count + N(0, σ2²) (Algorithm 1, line 12): the Gaussian mechanism, sensitivity 1, std σ2."""
+    """count + N(0, σ2²) (Algorithm 1, line 12): the Gaussian mechanism, sensitivity 1, std σ2.
+
+    Args:
+        points: the M points (next-token distributions over K candidates), shape (M, K).
+        centre: the ball's centre, shape (K,).
+        radius: the ball's radius, ≥ 0.
+        sigma2: noise std; 0 switches the noise off (not private).
+        rng: the noise source.
+
+    Raises:
+        ConfigurationError: malformed inputs, or a parameter out of range.
+    """
     count = float(coverage_count(points, centre, radius))
     sigma2 = _noise_multiplier("sigma2", sigma2)
     return count + float(rng.normal(0.0, sigma2)) if sigma2 > 0 else count
@@ -304,7 +369,12 @@ class TokenRelease:
 
 
 def ball_volume(rho: float, n_points: int) -> int:
-    """t = ⌈ρM⌉ (at least 1, at most M): GoodRadius's ball volume for a fraction ρ of the M points."""
+    """t = ⌈ρM⌉ (at least 1, at most M): GoodRadius's ball volume for a fraction ρ of the M points.
+
+    Args:
+        rho: the fraction ρ.
+        n_points: M.
+    """
     return min(n_points, max(1, math.ceil(rho * n_points - _TOLERANCE)))
 
 
@@ -330,13 +400,18 @@ def release_token(
 
     Args:
         distributions: p_1..p_M over the K candidates, each a probability vector; shape (M, K).
-        sigma0, sigma1, sigma2: noise multipliers of GoodRadius, the means and the coverage counts.
+        sigma0: the noise multiplier of GoodRadius's scores.
+        sigma1: the noise multiplier of the means.
+        sigma2: the noise std of the coverage counts.
         t_hat: T̂, the maximum number of radius-reduction rounds.
         rng: the noise source.
         theta: GoodRadius's tolerance θ.
         rho: the fraction ρ of points GoodRadius's ball should hold (t = ⌈ρM⌉).
         mu: the coverage threshold μ (a round stops when the noisy count is below μM).
         lam: λ in the margin 2λRσ1√K/M.
+
+    Raises:
+        ConfigurationError: a row is not a probability vector, or a parameter is out of range.
     """
     p = _probability_rows(distributions)
     n_points, dim = p.shape

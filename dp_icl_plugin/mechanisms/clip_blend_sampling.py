@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
 __all__ = ["blended_scores", "clip_blend_token", "clip_logits", "exponential_mechanism"]
 
@@ -60,6 +60,10 @@ def clip_logits(logits: np.ndarray, clip: float) -> np.ndarray:
 
     Returns:
         float64 array of the same shape.
+
+    Raises:
+        ConfigurationError: ``clip`` not positive, an empty last axis, a NaN or +inf, or a row with no finite
+            entry.
     """
     c = check.positive_finite("clip", clip)
     z = np.asarray(logits, dtype=np.float64)
@@ -87,6 +91,9 @@ def blended_scores(
 
     Returns:
         ẑ, float64, shape (V,), entries in [−c·(1 + n_rows/s)/2, c·(1 + n_rows/s)/2].
+
+    Raises:
+        ConfigurationError: mismatched shapes, a bad row, or a bad ``clip`` or ``subset_size``.
     """
     s = check.positive_int("subset_size", subset_size)
     private = np.asarray(private_logits)
@@ -116,10 +123,13 @@ def exponential_mechanism(scores: np.ndarray, *, temperature: float, rng: np.ran
 
     Returns:
         The sampled index.
+
+    Raises:
+        ConfigurationError: a bad ``temperature`` or ``rng``, or scores that are empty or not finite.
     """
     tau = check.positive_finite("temperature", temperature)
     if not isinstance(rng, np.random.Generator):
-        raise ConfigurationError("rng must be a numpy.random.Generator")
+        raise ConfigurationTypeError("rng must be a numpy.random.Generator")
     x = np.asarray(scores, dtype=np.float64)
     if x.ndim != 1 or x.size == 0 or not np.isfinite(x).all():
         raise ConfigurationError(f"scores must be a non-empty finite vector, got shape {x.shape}")
@@ -145,11 +155,20 @@ def clip_blend_token(
     replace-one): :func:`~dp_icl_plugin.accounting.method_events.clip_blend_event` with steps = 1 per call.
 
     Args:
+        private_logits: one row per private prompt, shape (n_rows, V); n_rows may be 0.
+        public_logits: the public prompt's row, shape (V,).
+        clip: c > 0.
+        subset_size: the fixed divisor s ≥ 1.
         temperature: τ; ``None`` switches the noise off and returns argmax ẑ (the τ → 0 limit; lowest index
             on ties). That output is NOT differentially private (ε = ∞ baselines only).
+        rng: the only source of randomness (unused when ``temperature`` is None).
 
     Returns:
         The token index (into the V columns).
+
+    Raises:
+        ConfigurationError: as :func:`blended_scores` and :func:`exponential_mechanism`, or an infinite
+            temperature.
     """
     scores = blended_scores(private_logits, public_logits, clip=clip, subset_size=subset_size)
     if temperature is None:

@@ -48,6 +48,9 @@ def pta_distributions(
 
     Returns:
         Probability vectors, shape (M, V), float64.
+
+    Raises:
+        ConfigurationError: ``alpha`` negative or not finite, or mismatched shapes.
     """
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
         raise ConfigurationError(f"alpha must be a finite number ≥ 0, got {alpha!r}")
@@ -68,6 +71,14 @@ def restrict(probs: np.ndarray, vocabulary: np.ndarray, *, renormalize: bool) ->
     """The columns ``vocabulary`` of probability rows; renormalised to sum 1 (Tang et al.) or not (PTA).
 
     A row with no mass on the vocabulary becomes uniform over it when renormalised.
+
+    Args:
+        probs: probability rows, shape (M, V).
+        vocabulary: the candidate token ids (columns kept, in order).
+        renormalize: renormalise each row over the candidates.
+
+    Returns:
+        Shape (M, K).
     """
     p = np.asarray(probs, dtype=np.float64)[:, vocabulary]
     if not renormalize:
@@ -95,6 +106,9 @@ def noisy_argmax(
 
     Returns:
         The index (into the K candidates) released.
+
+    Raises:
+        ConfigurationError: a row that is not a (sub-)probability vector, or a bad ``noise_multiplier``.
     """
     p = np.asarray(distributions, dtype=np.float64)
     if p.ndim != 2 or p.shape[1] == 0 or p.shape[0] == 0:

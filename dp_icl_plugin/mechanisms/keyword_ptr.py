@@ -21,19 +21,24 @@ import numpy as np
 from scipy.special import ndtri
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
 __all__ = ["StableTopK", "stability_distance", "stable_top_k"]
 
 
 @dataclass(frozen=True)
 class StableTopK:
-    """The outcome: the released keyword ids (None when the test failed)."""
+    """The outcome: the released keyword ids (None when the test failed).
+
+    Attributes:
+        keywords: the released keyword ids, ascending, or None.
+    """
 
     keywords: tuple[int, ...] | None
 
     @property
     def passed(self) -> bool:
+        """Whether the test passed (keywords were released)."""
         return self.keywords is not None
 
 
@@ -43,7 +48,14 @@ def _ranked(keywords: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def stability_distance(keywords: np.ndarray, counts: np.ndarray, *, k: int, group_size: int = 1) -> int:
-    """Unit changes the top-``k`` set survives (0 when one change may alter it); absent keywords count 0."""
+    """Unit changes the top-``k`` set survives (0 when one change may alter it); absent keywords count 0.
+
+    Args:
+        keywords: distinct keyword ids.
+        counts: their counts.
+        k: the size of the top set.
+        group_size: shards one unit can change.
+    """
     _, ranked = _ranked(np.asarray(keywords), np.asarray(counts, dtype=np.int64))
     kth = int(ranked[k - 1]) if len(ranked) >= k else 0
     next_ = int(ranked[k]) if len(ranked) > k else 0
@@ -69,7 +81,11 @@ def stable_top_k(
         k: how many keywords to release.
         noise_std: σ of the test's Gaussian noise.
         delta: δ₀, the probability of passing when the set is unstable.
+        rng: the noise source.
         group_size: shards one unit can change (1 for record-level privacy).
+
+    Raises:
+        ConfigurationError: repeated ids, mismatched or negative counts, or a parameter out of range.
     """
     ids = np.asarray(keywords, dtype=np.int64)
     cnt = np.asarray(counts)
@@ -82,7 +98,7 @@ def stable_top_k(
     delta = check.probability_open("delta", delta)
     group_size = check.positive_int("group_size", group_size)
     if not isinstance(rng, np.random.Generator):
-        raise ConfigurationError("rng must be a numpy.random.Generator")
+        raise ConfigurationTypeError("rng must be a numpy.random.Generator")
     distance = stability_distance(ids, cnt, k=k, group_size=group_size)
     threshold = sigma * float(-ndtri(delta))  # the Gaussian quantile with δ₀ above it (scipy.stats.norm.isf)
     if distance + rng.normal(0.0, sigma) <= threshold:

@@ -33,7 +33,7 @@ import numpy as np
 from scipy.special import ndtri
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
 __all__ = ["ThresholdKeywords", "answer_keywords", "keyword_threshold", "threshold_keywords", "threshold_sensitivity"]
 
@@ -42,24 +42,47 @@ FALSE_KEYWORDS = 0.01  # tokens no shard said that pass, on average per release
 
 @dataclass(frozen=True)
 class ThresholdKeywords:
-    """The outcome: released token ids, highest noisy count first (None when none passed)."""
+    """The outcome: released token ids, highest noisy count first (None when none passed).
+
+    Attributes:
+        keywords: the released token ids, or None.
+        threshold: the threshold T the noisy counts were compared with.
+    """
 
     keywords: tuple[int, ...] | None
     threshold: float
 
     @property
     def passed(self) -> bool:
+        """Whether any keyword was released."""
         return self.keywords is not None
 
 
 def threshold_sensitivity(per_answer: int, shards_changed: int = 1) -> float:
-    """ℓ2 sensitivity of the histogram: √(2m) per shard whose answer can change."""
+    """ℓ2 sensitivity of the histogram: √(2m) per shard whose answer can change.
+
+    Args:
+        per_answer: m, the keywords each answer contributes.
+        shards_changed: g, the shards one unit can change.
+
+    Raises:
+        ConfigurationError: an argument is not a positive integer.
+    """
     m = check.positive_int("per_answer", per_answer)
     return math.sqrt(2.0 * m) * check.positive_int("shards_changed", shards_changed)
 
 
 def answer_keywords(tokens: Iterable[int], *, per_answer: int | None, is_keyword: Callable[[int], bool]) -> list[int]:
-    """The first ``per_answer`` (None: all) distinct tokens of one answer that ``is_keyword`` accepts, in order."""
+    """The first ``per_answer`` (None: all) distinct tokens of one answer that ``is_keyword`` accepts, in order.
+
+    Args:
+        tokens: the answer's token ids.
+        per_answer: how many keywords to keep, or None.
+        is_keyword: whether a token id is a keyword.
+
+    Raises:
+        ConfigurationError: ``per_answer`` is not a positive integer.
+    """
     m = None if per_answer is None else check.positive_int("per_answer", per_answer)
     out: list[int] = []
     seen: set[int] = set()
@@ -75,7 +98,16 @@ def answer_keywords(tokens: Iterable[int], *, per_answer: int | None, is_keyword
 
 
 def keyword_threshold(noise_std: float, vocab_size: int, *, false_keywords: float = FALSE_KEYWORDS) -> float:
-    """T with |V|·P[N(0, σ²) > T] = ``false_keywords``."""
+    """T with |V|·P[N(0, σ²) > T] = ``false_keywords``.
+
+    Args:
+        noise_std: σ.
+        vocab_size: |V|.
+        false_keywords: the expected number of zero-count tokens that pass.
+
+    Raises:
+        ConfigurationError: a parameter is out of range, or ``false_keywords`` ≥ |V|.
+    """
     sigma = check.positive_finite("noise_std", noise_std)
     v = check.positive_int("vocab_size", vocab_size)
     rate = check.positive_finite("false_keywords", false_keywords)
@@ -98,7 +130,11 @@ def threshold_keywords(
         counts: the histogram over the whole vocabulary (index = token id), non-negative integers.
         noise_std: σ of the Gaussian noise added to every count.
         limit: at most this many keywords, the highest noisy counts (post-processing).
+        rng: the noise source.
         false_keywords: the expected number of zero-count tokens that pass (sets the threshold).
+
+    Raises:
+        ConfigurationError: a malformed histogram, a parameter out of range, or a bad ``rng``.
     """
     h = np.asarray(counts)
     if h.ndim != 1 or h.size == 0:
@@ -108,7 +144,7 @@ def threshold_keywords(
     sigma = check.positive_finite("noise_std", noise_std)
     limit = check.positive_int("limit", limit)
     if not isinstance(rng, np.random.Generator):
-        raise ConfigurationError("rng must be a numpy.random.Generator")
+        raise ConfigurationTypeError("rng must be a numpy.random.Generator")
     threshold = keyword_threshold(sigma, h.size, false_keywords=false_keywords)
     noisy = h + rng.normal(0.0, sigma, size=h.size)  # every token, said or not: a plain Gaussian mechanism
     passed = np.flatnonzero(noisy > threshold)

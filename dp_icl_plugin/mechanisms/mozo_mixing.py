@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
 __all__ = [
     "LAMBDA_MAX",
@@ -133,13 +133,16 @@ def renyi_divergence(log_p: np.ndarray, log_q: np.ndarray, order: float) -> floa
     """D_α(P‖Q) = 1/(α−1) · log Σ_x P(x)^α Q(x)^(1−α), computed in log space.
 
     Args:
-        log_p, log_q: log-weights of P and Q over the same support, shape (K,); each is normalised here,
-            so log-probabilities, logits or any per-row shift of them give the same result. −inf means
-            probability 0.
+        log_p: log-weights of P, shape (K,); normalised here, so log-probabilities, logits or any per-row
+            shift of them give the same result. −inf means probability 0.
+        log_q: log-weights of Q over the same support, likewise.
         order: α in (1, ∞).
 
     Returns:
         The divergence (≥ 0; rounding below 0 is clipped), ``inf`` when P puts mass where Q has none.
+
+    Raises:
+        ConfigurationError: ``order`` is not in (1, ∞), or the rows are malformed or of different shapes.
     """
     a = check.order("order", order)
     lp = _log_normalize(_as_logprobs("log_p", log_p, 1))
@@ -157,7 +160,16 @@ def renyi_divergence(log_p: np.ndarray, log_q: np.ndarray, order: float) -> floa
 
 
 def symmetric_renyi_divergence(log_p: np.ndarray, log_q: np.ndarray, order: float) -> float:
-    """D_α^↔(P‖Q) = max(D_α(P‖Q), D_α(Q‖P)) (the paper's eq. 1)."""
+    """D_α^↔(P‖Q) = max(D_α(P‖Q), D_α(Q‖P)) (the paper's eq. 1).
+
+    Args:
+        log_p: log-weights of P, shape (K,) (normalised here).
+        log_q: log-weights of Q over the same support, shape (K,).
+        order: α in (1, ∞).
+
+    Raises:
+        ConfigurationError: as :func:`renyi_divergence`.
+    """
     return max(renyi_divergence(log_p, log_q, order), renyi_divergence(log_q, log_p, order))
 
 
@@ -166,6 +178,16 @@ def top_k_support(zero_shot_logprobs: np.ndarray, k: int) -> np.ndarray:
 
     Tokens of zero zero-shot probability are never in the support: against p0 = 0 no λ > 0 could pass the
     divergence constraint, and the support is public, so leaving them out costs nothing.
+
+    Args:
+        zero_shot_logprobs: ℓ0, shape (V,).
+        k: how many tokens to keep (fewer when fewer have positive probability).
+
+    Returns:
+        The token ids, shape (≤ k,).
+
+    Raises:
+        ConfigurationError: ``k`` is not a positive integer, or the row is malformed.
     """
     lp = _as_logprobs("zero_shot_logprobs", zero_shot_logprobs, 1)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -185,6 +207,9 @@ def mix(one_shot_logprobs: np.ndarray, zero_shot_logprobs: np.ndarray, lambdas: 
 
     Returns:
         Log-probabilities, shape (n, K).
+
+    Raises:
+        ConfigurationError: mismatched shapes, a non-finite ℓ0, or a negative or non-finite λ_i.
     """
     one = _as_logprobs("one_shot_logprobs", one_shot_logprobs, 2)
     zero = _as_logprobs("zero_shot_logprobs", zero_shot_logprobs, 1)
@@ -226,6 +251,9 @@ def fit_lambda(
         order: α in (1, ∞).
         lambda_max: the upper limit (the paper: 1.5).
         tolerance: bisection stops when the bracket is this narrow.
+
+    Raises:
+        ConfigurationError: a parameter is out of range, or the rows are malformed or of different shapes.
     """
     b, a = check.positive_finite("beta", beta), check.order("order", order)
     lam_max = check.positive_finite("lambda_max", lambda_max)
@@ -264,7 +292,14 @@ def _fit_lambdas(
 
 
 def product_logprobs(mixed_logprobs: np.ndarray) -> np.ndarray:
-    """log of the normalised product Π_i p̄_i (ensemble decoding, Algorithm 1 line 16), shape (K,)."""
+    """log of the normalised product Π_i p̄_i (ensemble decoding, Algorithm 1 line 16), shape (K,).
+
+    Args:
+        mixed_logprobs: the rows log p̄_i, shape (n, K).
+
+    Raises:
+        ConfigurationError: the rows are malformed, or their product is zero everywhere.
+    """
     rows = _as_logprobs("mixed_logprobs", mixed_logprobs, 2)
     total = np.sum(rows, axis=0)  # −inf in any factor stays −inf (a product with a zero)
     if not np.isfinite(total).any():
@@ -273,9 +308,17 @@ def product_logprobs(mixed_logprobs: np.ndarray) -> np.ndarray:
 
 
 def sample_logprobs(logprobs: np.ndarray, rng: np.random.Generator) -> int:
-    """An index drawn from the distribution with log-weights ``logprobs`` (shape (K,)), by inverse CDF."""
+    """An index drawn from the distribution with log-weights ``logprobs`` (shape (K,)), by inverse CDF.
+
+    Args:
+        logprobs: log-weights, shape (K,) (normalised here).
+        rng: the randomness.
+
+    Raises:
+        ConfigurationError: ``rng`` is not a ``numpy.random.Generator``, or the row is malformed.
+    """
     if not isinstance(rng, np.random.Generator):
-        raise ConfigurationError("rng must be a numpy.random.Generator")
+        raise ConfigurationTypeError("rng must be a numpy.random.Generator")
     probs = np.exp(_log_normalize(_as_logprobs("logprobs", logprobs, 1)))
     cumulative = np.cumsum(probs)
     index = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
@@ -283,12 +326,28 @@ def sample_logprobs(logprobs: np.ndarray, rng: np.random.Generator) -> int:
 
 
 def sample_product(mixed_logprobs: np.ndarray, rng: np.random.Generator) -> int:
-    """An index drawn from the normalised product Π_i p̄_i (Algorithm 1, line 16), rows log p̄_i of shape (n, K)."""
+    """An index drawn from the normalised product Π_i p̄_i (Algorithm 1, line 16), rows log p̄_i of shape (n, K).
+
+    Args:
+        mixed_logprobs: the rows log p̄_i, shape (n, K).
+        rng: the randomness.
+
+    Raises:
+        ConfigurationError: as :func:`product_logprobs` and :func:`sample_logprobs`.
+    """
     return sample_logprobs(product_logprobs(mixed_logprobs), rng)
 
 
 def holder_radii(beta: float, order: float) -> tuple[float, float]:
-    """Radii (r1, r2) with (α − ½)/(α − 1)·r1 + r2 = 4βα, split evenly: r1 = 2βα(α − 1)/(α − ½), r2 = 2βα."""
+    """Radii (r1, r2) with (α − ½)/(α − 1)·r1 + r2 = 4βα, split evenly: r1 = 2βα(α − 1)/(α − ½), r2 = 2βα.
+
+    Args:
+        beta: the target leakage β > 0.
+        order: α in (1, ∞).
+
+    Raises:
+        ConfigurationError: ``beta`` or ``order`` is out of range.
+    """
     b, a = check.positive_finite("beta", beta), check.order("order", order)
     return 2.0 * b * a * (a - 1.0) / (a - 0.5), 2.0 * b * a
 
@@ -307,9 +366,15 @@ def project_output(
     Args:
         product: log-probabilities of the output, shape (K,), finite wherever ``center`` is.
         center: the public centre log c0, shape (K,), finite.
+        beta: the target leakage β > 0.
+        order: α in (1, ∞).
+        tolerance: the bisection's bracket width on t.
 
     Returns:
         The projected log-probabilities and t.
+
+    Raises:
+        ConfigurationError: a parameter is out of range, or the rows are malformed or of different shapes.
     """
     a = check.order("order", order)
     r1, r2 = holder_radii(beta, a)
@@ -376,6 +441,9 @@ def mozo_distribution(
             :func:`project_output` towards the public centre softmax(n_shots·ℓ0), the output when every
             λ_i = 0; this makes the 4βα per-token bound a theorem, see the module docstring).
         tolerance: the bisections' bracket width.
+
+    Raises:
+        ConfigurationError: a parameter is out of range, or the rows are malformed or of mismatched shapes.
     """
     if variant not in VARIANTS:
         raise ConfigurationError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -410,8 +478,22 @@ def mozo_token(
 ) -> MozoToken:
     """One DPS-MOZO token: a draw from :func:`mozo_distribution` with ``rng``; see the module docstring.
 
+    Args:
+        one_shot_logprobs: log p(·|one private record, query, generated), shape (n_shots, V).
+        zero_shot_logprobs: log p(·|query, generated), shape (V,) (public).
+        beta: target leakage β.
+        order: the Rényi order α.
+        top_k: k of the public top-k support.
+        rng: the randomness.
+        lambda_max: the upper limit of λ_i.
+        variant: ``"paper"`` or ``"projected"`` (as :func:`mozo_distribution`).
+        tolerance: the bisections' bracket width.
+
     Returns:
         The token id (a vocabulary id) and the λ_i (shape (n_shots,)) as diagnostics.
+
+    Raises:
+        ConfigurationError: as :func:`mozo_distribution`, or ``rng`` is not a ``numpy.random.Generator``.
     """
     out = mozo_distribution(
         one_shot_logprobs,
@@ -432,6 +514,16 @@ def nonprivate_token(
     """The ε = ∞ baseline: few-shot ensemble decoding, Π_i p(·|record i, query) on the same top-k support.
 
     λ_i = 1 for every record, no constraint: the paper's "Few-shot" rows (Table 1). NOT differentially private.
+
+    Args:
+        one_shot_logprobs: log p(·|record i, query, generated), shape (n_shots, V).
+        zero_shot_logprobs: log p(·|query, generated), shape (V,); sets the support.
+        top_k: k of the top-k support.
+        rng: the randomness.
+
+    Raises:
+        ConfigurationError: the rows are malformed, ``top_k`` is not positive, or ``rng`` is not a
+            ``numpy.random.Generator``.
     """
     support, one, zero = _support_rows(one_shot_logprobs, zero_shot_logprobs, top_k)
     lambdas = np.ones(one.shape[0])

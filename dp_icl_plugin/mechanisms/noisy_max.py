@@ -11,17 +11,26 @@ from __future__ import annotations
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
 __all__ = ["report_noisy_max"]
 
 
 def report_noisy_max(counts: np.ndarray, *, noise_std: float, rng: np.random.Generator) -> int:
-    """The index of the largest count after independent N(0, noise_std²) noise on each count."""
+    """The index of the largest count after independent N(0, noise_std²) noise on each count.
+
+    Args:
+        counts: the vote counts, shape (L,).
+        noise_std: σ.
+        rng: the noise source.
+
+    Raises:
+        ConfigurationError: empty or non-finite counts, a bad ``noise_std``, or a bad ``rng``.
+    """
     votes = np.asarray(counts, dtype=float)
     if votes.ndim != 1 or votes.size == 0 or not np.isfinite(votes).all():
         raise ConfigurationError("counts must be a non-empty 1-d array of finite numbers")
     sigma = check.positive_finite("noise_std", noise_std)
     if not isinstance(rng, np.random.Generator):
-        raise ConfigurationError("rng must be a numpy.random.Generator")
+        raise ConfigurationTypeError("rng must be a numpy.random.Generator")
     return int(np.argmax(votes + rng.normal(0.0, sigma, size=votes.size)))

@@ -49,7 +49,14 @@ MIN_KEYWORD_PASS = 0.05
 
 
 def log_odds_shift(nats: float) -> float:
-    """The most probability a token can gain when its log-odds over every other token rise by ``nats``: tanh(R/4)."""
+    """The most probability a token can gain when its log-odds over every other token rise by ``nats``: tanh(R/4).
+
+    Args:
+        nats: R ≥ 0, the rise in log-odds.
+
+    Raises:
+        ConfigurationError: ``nats`` is negative or not finite.
+    """
     return math.tanh(check.non_negative_finite("nats", nats) / 4.0)
 
 
@@ -58,7 +65,15 @@ def mozo_shift(beta: float, order: float) -> float:
     projection admits: max p − c over c ∈ (0, 1) and two-point tilts (p on the token, the rest scaled) with
     D_{2α}(out‖c0) ≤ r1 and D_{2α−1}(c0‖out) ≤ r2 (:func:`~dp_icl_plugin.mechanisms.mozo_mixing.holder_radii`).
     Moving mass onto one token and scaling the rest is the cheapest way to gain it in any Rényi divergence
-    (the divergence of the two-point coarsening is at most that of the whole); c runs over a grid."""
+    (the divergence of the two-point coarsening is at most that of the whole); c runs over a grid.
+
+    Args:
+        beta: β.
+        order: the Rényi order α.
+
+    Raises:
+        ConfigurationError: ``beta`` or ``order`` is out of range.
+    """
     r1, r2 = holder_radii(beta, order)
     a = check.order("order", order)
 
@@ -83,18 +98,37 @@ def mozo_shift(beta: float, order: float) -> float:
 
 
 def verdict(shift: float) -> str:
-    """``"useless"``, ``"weak"`` or ``"useful"`` for a token shift (see :data:`USELESS_SHIFT`, :data:`WEAK_SHIFT`)."""
+    """``"useless"``, ``"weak"`` or ``"useful"`` for a token shift (see :data:`USELESS_SHIFT`, :data:`WEAK_SHIFT`).
+
+    Args:
+        shift: a token shift.
+    """
     return "useless" if shift < USELESS_SHIFT else "weak" if shift < WEAK_SHIFT else "useful"
 
 
 def keyword_pass_probability(threshold: float, shards: int, noise_std: float) -> float:
-    """P[shards + N(0, σ²) > T]: how often a keyword that every shard says is released."""
+    """P[shards + N(0, σ²) > T]: how often a keyword that every shard says is released.
+
+    Args:
+        threshold: T.
+        shards: the number of shards (the keyword's count).
+        noise_std: σ.
+
+    Raises:
+        ConfigurationError: ``noise_std`` is not positive and finite.
+    """
     return float(ndtr((shards - threshold) / check.positive_finite("noise_std", noise_std)))  # the normal tail
 
 
 def warn_if_weak(what: str, shift: float, change: str) -> None:
     """Warn (:class:`~dp_icl_plugin.errors.WeakReleaseWarning`) when ``shift`` is below :data:`USELESS_SHIFT`:
-    the answers would be paid for and be the zero-shot ones with high probability."""
+    the answers would be paid for and be the zero-shot ones with high probability.
+
+    Args:
+        what: the release, for the message.
+        shift: its token shift.
+        change: the setting to change, for the message.
+    """
     if shift < USELESS_SHIFT:
         warnings.warn(
             f"{what}: the private records can add at most {shift:.3g} to any token's probability (below "

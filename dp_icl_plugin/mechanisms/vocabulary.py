@@ -23,6 +23,9 @@ def limit_vocabulary(public_probs: np.ndarray, *, top_k: int, top_p: float | Non
         public_probs: p(·|S_pub), shape (V,), non-negative.
         top_k: the static threshold k (clamped to V).
         top_p: the adaptive threshold p in (0, 1], or None for top-k only.
+
+    Raises:
+        ConfigurationError: bad probabilities, ``top_k`` or ``top_p``.
     """
     p = np.asarray(public_probs, dtype=np.float64)
     if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or p.min() < 0:

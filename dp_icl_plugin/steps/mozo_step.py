@@ -72,6 +72,15 @@ class MozoStep(TokenStep):
         self._prompts: dict[int, list[int]] = {}  # record position -> one-shot prompt ids, for this query
 
     def rows(self, generated: Sequence[int], rng: np.random.Generator) -> np.ndarray:
+        """The zero-shot row, then one row per record drawn for this token (``n_shots`` without replacement).
+
+        Args:
+            generated: the tokens released so far.
+            rng: the randomness of the draw.
+
+        Raises:
+            BackendError: the zero-shot row is bad.
+        """
         picked = [int(i) for i in rng.choice(len(self.records), size=self.n_shots, replace=False)]
         for i in picked:
             if i not in self._prompts:
@@ -81,6 +90,12 @@ class MozoStep(TokenStep):
         return public_checked(rows_logprobs(self.backend, rows, list(generated), suffix=self.suffix, public=1))
 
     def release(self, rows: np.ndarray, rng: np.random.Generator) -> int:
+        """The token of the projected mechanism on ``rows`` (or of the noiseless ensemble when ``beta`` is None).
+
+        Args:
+            rows: what :meth:`rows` returned.
+            rng: the noise source.
+        """
         if self.beta is None:
             return nonprivate_token(rows[1:], rows[0], top_k=self.top_k, rng=rng).token_id
         token = mozo_token(

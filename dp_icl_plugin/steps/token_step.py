@@ -74,15 +74,30 @@ class TokenStep(ABC):
     @abstractmethod
     def rows(self, generated: Sequence[int], rng: np.random.Generator) -> np.ndarray:
         """The step's log-probabilities ``[rows, V]`` after ``generated`` (public rows first, records drawn from
-        ``rng`` as accounted), each private row usable (:func:`public_checked`)."""
+        ``rng`` as accounted), each private row usable (:func:`public_checked`).
+
+        Args:
+            generated: the tokens released so far.
+            rng: the randomness of the records' draw.
+        """
 
     @abstractmethod
     def release(self, rows: np.ndarray, rng: np.random.Generator) -> int:
         """The released token: the method's mechanism on ``rows`` (its noise from ``rng``), or the noiseless
-        computation for ε = ∞ baselines."""
+        computation for ε = ∞ baselines.
+
+        Args:
+            rows: what :meth:`rows` returned.
+            rng: the noise source.
+        """
 
     def token(self, generated: Sequence[int], rng: np.random.Generator) -> int:
-        """One released token after ``generated``: :meth:`rows`, then :meth:`release`."""
+        """One released token after ``generated``: :meth:`rows`, then :meth:`release`.
+
+        Args:
+            generated: the tokens released so far.
+            rng: the randomness of the draw and of the noise.
+        """
         return int(self.release(self.rows(generated, rng), rng))
 
 

@@ -1,6 +1,6 @@
 """AdaDPSyn (Gao et al., ICLR 2025): DP synthetic demonstrations with data-adaptive aggregation.
 
-Per generated token, for label y (Algorithm 1 with Algorithm 3; ``REFERENCE.md`` §3): draw M·N of the n_y
+Per generated token, for label y (Gao et al., Algorithm 1 with Algorithm 3): draw M·N of the n_y
 slots the records of D_y were placed in (n_y the declared public size; :func:`~.prompting.slot_placement`)
 uniformly without replacement and cut them into M prompts of N (:func:`~.prompting.fixed_size_subsets`);
 p_i = next-token distribution of prompt i restricted to V_pub = top-K of the public prompt's distribution
@@ -45,7 +45,7 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_adadpsyn
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.mechanisms.adadpsyn_aggregation import release_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import restrict
 from dp_icl_plugin.steps.aggregation_step import AggregationStep
@@ -78,6 +78,10 @@ class AdaDPSynConfig:
         sigma1: the projected means' noise multiplier (std 2Rσ1 on the sum), instead of a target ε.
         delta: δ of the target (default: the ledger's δ; without a ledger 1/|D|, as in the paper).
         template: the prompt layout (public; see ``templates.PRESETS``).
+
+    Raises:
+        ConfigurationError: a setting out of range, both or neither of ``epsilon`` and ``sigma1``, or a
+            bad template.
     """
 
     n_prompts: int = 10
@@ -108,7 +112,7 @@ class AdaDPSynConfig:
         check.non_negative_finite("lam", self.lam)
         check_privacy_target(self.epsilon, self.delta, self.sigma1, "sigma1")
         if not isinstance(self.template, PromptTemplate):
-            raise ConfigurationError("template must be a PromptTemplate")
+            raise ConfigurationTypeError("template must be a PromptTemplate")
 
 
 class AdaDPSynSynthesizer(SynthesisMethod):

@@ -60,7 +60,7 @@ from dp_icl_plugin.backends.base import NextTokenBackend, Prompt, check_logprobs
 from dp_icl_plugin.backends.recompute import RecomputingSession as ReencodingSession
 from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
 from dp_icl_plugin.data.records import PrivateDataset
-from dp_icl_plugin.errors import BackendError, ConfigurationError
+from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.steps.clip_blend_step import ClipBlendStep, assign_groups
 from dp_icl_plugin.steps.token_step import TokenStep
 from dp_icl_plugin.synthesis.method import DemoSlot, Plan, SynthesisMethod, check_privacy_target
@@ -105,6 +105,10 @@ class ClipBlendConfig:
         template: the private prompt layout: ``template.private_prompt(label, [record])``.
         public_prompt: a format string with ``{label}`` for the public prompt (App. F words it differently
             from the private one); None = ``template.public_prompt(label)``.
+
+    Raises:
+        ConfigurationError: a setting out of range, both or neither of ``epsilon`` and ``temperature``, or a
+            bad template or public prompt.
     """
 
     clip: float = 10.0
@@ -125,12 +129,16 @@ class ClipBlendConfig:
             check.positive_int("subset_size", self.subset_size)
         check_privacy_target(self.epsilon, self.delta, self.temperature, "temperature")
         if not isinstance(self.template, PromptTemplate):
-            raise ConfigurationError("template must be a PromptTemplate")
+            raise ConfigurationTypeError("template must be a PromptTemplate")
         if self.public_prompt is not None:
             _label_only("public_prompt", self.public_prompt)
 
     def public_text(self, label: str) -> str:
-        """The public prompt for ``label`` (no private data)."""
+        """The public prompt for ``label`` (no private data).
+
+        Args:
+            label: the demonstration's label.
+        """
         if self.public_prompt is None:
             return self.template.public_prompt(label)
         return self.public_prompt.format(label=label)
@@ -321,6 +329,7 @@ class DecodingSpeedup:
 
     @property
     def speedup(self) -> float:
+        """How many times faster the cached decoding was (``inf`` when it took no measurable time)."""
         return self.reencode_seconds / self.cached_seconds if self.cached_seconds > 0 else math.inf
 
 
@@ -332,6 +341,14 @@ def measure_decoding_speedup(
     The benchmark's measure of §1's efficiency claim: pass the prompts of one clip-blend demonstration
     (public first, then the private ones, e.g. as token ids) and a token sequence (e.g. a released
     demonstration's ``token_ids``). No sampling, no privacy cost by itself (the logits are not returned).
+
+    Args:
+        backend: the model.
+        prompts: the demonstration's prompts, public first.
+        tokens: the tokens to append, one at a time.
+
+    Returns:
+        Both timings and the largest difference of their log-probabilities.
     """
     appended = [int(t) for t in tokens]
     traces: list[list[np.ndarray]] = []

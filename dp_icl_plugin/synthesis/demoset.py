@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from dp_icl_plugin.data.records import Demonstration
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
 __all__ = ["FORMAT", "DemoSet", "Provenance"]
 
@@ -35,9 +35,11 @@ class Provenance:
     Attributes:
         method: the method's name (``"pta"``, ``"tang"``, ``"adadpsyn"``, ``"clip_blend"``, ``"mozo_offline"``).
         config: the method's configuration (JSON-ready; no private data).
-        epsilon, delta: the privacy cost of this synthesis on its own (tightest valid accounting).
+        epsilon: the privacy cost ε of this synthesis on its own (tightest valid accounting).
+        delta: the δ that ε holds at.
         event: the charged privacy event (``DPEvent.to_dict()``).
-        ledger_entry_id, ledger_label: the budget ledger's entry for the charge.
+        ledger_entry_id: the id of the budget ledger's entry for the charge (None: not charged).
+        ledger_label: that entry's label.
         model_id: the backend's model.
         created_at: ISO-8601 UTC time of the synthesis.
         extra: method-specific figures (e.g. the calibrated noise, the paper's ε next to the guarantee).
@@ -55,10 +57,19 @@ class Provenance:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict; :meth:`from_dict` inverts it."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
+        """Rebuild a provenance from :meth:`to_dict` output (unknown keys are ignored).
+
+        Args:
+            data: the dict.
+
+        Raises:
+            ConfigurationError: a required field is missing.
+        """
         try:
             return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
         except TypeError as exc:
@@ -66,14 +77,23 @@ class Provenance:
 
 
 class DemoSet(Sequence[Demonstration]):
-    """DP synthetic demonstrations (public) with their :class:`Provenance`."""
+    """DP synthetic demonstrations (public) with their :class:`Provenance`.
+
+    Args:
+        demonstrations: the demonstrations.
+        provenance: where they came from.
+
+    Raises:
+        ConfigurationError: an item is not a :class:`~dp_icl_plugin.data.records.Demonstration`, or
+            ``provenance`` is not a :class:`Provenance`.
+    """
 
     def __init__(self, demonstrations: Sequence[Demonstration], provenance: Provenance) -> None:
         demos = tuple(demonstrations)
         if not all(isinstance(d, Demonstration) for d in demos):
             raise ConfigurationError("a DemoSet holds Demonstration objects")
         if not isinstance(provenance, Provenance):
-            raise ConfigurationError("provenance must be a Provenance")
+            raise ConfigurationTypeError("provenance must be a Provenance")
         self._demos = demos
         self.provenance = provenance
 
@@ -96,12 +116,23 @@ class DemoSet(Sequence[Demonstration]):
         return tuple(dict.fromkeys(d.label for d in self._demos))
 
     def for_label(self, label: str) -> list[Demonstration]:
+        """The demonstrations of ``label``, in order.
+
+        Args:
+            label: a label.
+        """
         return [d for d in self._demos if d.label == label]
 
     def as_examples(
         self, *, text_key: str = "text", label_key: str = "label", input_key: str = "input"
     ) -> list[dict[str, str]]:
-        """Dicts for example-based prompt templates (e.g. LangChain's ``FewShotPromptTemplate``)."""
+        """Dicts for example-based prompt templates (e.g. LangChain's ``FewShotPromptTemplate``).
+
+        Args:
+            text_key: the key of a demonstration's text.
+            label_key: the key of its label.
+            input_key: the key of its public input (only when it has one).
+        """
         out = []
         for d in self._demos:
             row = {label_key: d.label, text_key: d.text}
@@ -111,7 +142,14 @@ class DemoSet(Sequence[Demonstration]):
         return out
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the set as JSONL (header line first), atomically (temporary file, then rename)."""
+        """Write the set as JSONL (header line first), atomically (temporary file, then rename).
+
+        Args:
+            path: the file (its folder is created).
+
+        Returns:
+            The file's path.
+        """
         target = Path(path)
         header = {"format": FORMAT, "version": VERSION, "provenance": self.provenance.to_dict()}
         lines = [json.dumps(header, ensure_ascii=False)]
@@ -130,6 +168,9 @@ class DemoSet(Sequence[Demonstration]):
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DemoSet:
         """Read a set written by :meth:`save`. Charges nothing and reads no private data.
+
+        Args:
+            path: the file.
 
         Raises:
             ConfigurationError: a missing file, or one that is not a demonstration set.

@@ -37,7 +37,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
 from dp_icl_plugin.data.records import Demonstration, PrivateDataset, PrivateRecord
-from dp_icl_plugin.errors import BackendError, ConfigurationError, after_charge
+from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError, after_charge
 from dp_icl_plugin.steps.token_step import TokenStep, decode_tokens
 from dp_icl_plugin.synthesis.demoset import DemoSet, Provenance
 from dp_icl_plugin.templates.prompting import check_records_encode, demonstration_text
@@ -56,7 +56,12 @@ __all__ = [
 @dataclass(frozen=True)
 class DemoSlot:
     """What a demonstration is generated for: a label (label-conditioned synthesis) or a public input (DPS-MOZO
-    offline, whose label comes from its output unless configured)."""
+    offline, whose label comes from its output unless configured).
+
+    Attributes:
+        label: the demonstration's label.
+        input: the public input it answers, if any.
+    """
 
     label: str
     input: str | None = None
@@ -64,7 +69,13 @@ class DemoSlot:
 
 @dataclass(frozen=True)
 class Plan:
-    """A run's resolved parameters: the labels, the calibrated values, the event it charges."""
+    """A run's resolved parameters: the labels, the calibrated values, the event it charges.
+
+    Attributes:
+        labels: the labels of the run.
+        event: the privacy event the run charges.
+        params: the calibrated parameters (recorded in the provenance).
+    """
 
     labels: tuple[str, ...]
     event: ev.DPEvent
@@ -72,7 +83,17 @@ class Plan:
 
 
 def check_privacy_target(epsilon: float | None, delta: float | None, noise: float | None, noise_name: str) -> None:
-    """Exactly one of a target ``epsilon`` or an explicit noise parameter; δ in (0, 1) when given."""
+    """Exactly one of a target ``epsilon`` or an explicit noise parameter; δ in (0, 1) when given.
+
+    Args:
+        epsilon: the target ε, or None.
+        delta: the target δ, or None.
+        noise: the explicit noise parameter, or None.
+        noise_name: the noise parameter's name, for the message.
+
+    Raises:
+        ConfigurationError: both or neither of ``epsilon`` and ``noise`` are given, or a value is out of range.
+    """
     if (epsilon is None) == (noise is None):
         raise ConfigurationError(f"give either epsilon (the noise is calibrated) or {noise_name}, not both or neither")
     if epsilon is not None:
@@ -84,19 +105,42 @@ def check_privacy_target(epsilon: float | None, delta: float | None, noise: floa
 
 
 def check_rng(rng: object) -> np.random.Generator:
+    """``rng``, checked to be a ``numpy.random.Generator``.
+
+    Args:
+        rng: the object to check.
+
+    Raises:
+        ConfigurationError: it is not one.
+    """
     if not isinstance(rng, np.random.Generator):
-        raise ConfigurationError("rng must be a numpy.random.Generator (e.g. numpy.random.default_rng())")
+        raise ConfigurationTypeError("rng must be a numpy.random.Generator (e.g. numpy.random.default_rng())")
     return rng
 
 
 def check_backend(backend: object) -> NextTokenBackend:
+    """``backend``, checked to implement :class:`~dp_icl_plugin.backends.base.NextTokenBackend`.
+
+    Args:
+        backend: the object to check.
+
+    Raises:
+        ConfigurationError: it does not.
+    """
     if not isinstance(backend, NextTokenBackend):
-        raise ConfigurationError(f"backend must implement NextTokenBackend, got {type(backend).__name__}")
+        raise ConfigurationTypeError(f"backend must implement NextTokenBackend, got {type(backend).__name__}")
     return backend
 
 
 def config_dict(config: object) -> dict[str, Any]:
-    """A JSON-ready view of a config dataclass (nested dataclasses become dicts)."""
+    """A JSON-ready view of a config dataclass (nested dataclasses become dicts).
+
+    Args:
+        config: a dataclass instance.
+
+    Raises:
+        TypeError: ``config`` is not a dataclass instance.
+    """
     if not is_dataclass(config) or isinstance(config, type):
         raise TypeError("config_dict needs a dataclass instance")
     out = {}
@@ -116,7 +160,15 @@ class SynthesisMethod(ABC):
     labels_in_prompts: ClassVar[bool] = False  # whether a record's label enters its prompts (checked then too)
 
     def __init__(self, config: Any = None, **overrides: Any) -> None:
-        """Take a config object, or its fields as keywords (validated by the config)."""
+        """Take a config object, or its fields as keywords (validated by the config).
+
+        Args:
+            config: the method's config object.
+            **overrides: the config's fields, when no ``config`` is given.
+
+        Raises:
+            ConfigurationError: both are given, ``config`` is of the wrong type, or the config refuses a field.
+        """
         if config is not None and overrides:
             raise ConfigurationError("pass a config or keyword settings, not both")
         self.config = config if config is not None else self.config_type(**overrides)
@@ -226,7 +278,18 @@ class SynthesisMethod(ABC):
         ledger_delta: float | None = None,
     ) -> ev.DPEvent:
         """The privacy event a run on ``dataset`` (for ``labels``, default all) charges under ``neighbouring``
-        (calibrated at ``ledger_delta`` when the config names no δ: see :meth:`plan`)."""
+        (calibrated at ``ledger_delta`` when the config names no δ: see :meth:`plan`).
+
+        Args:
+            dataset: the private records.
+            labels: the labels to synthesize for (default all).
+            public_inputs: for methods that answer public inputs (MOZO offline); the others refuse it.
+            neighbouring: the ledger's relation.
+            ledger_delta: the ledger's δ (see :meth:`plan`).
+
+        Raises:
+            ConfigurationError: bad data, labels or parameters.
+        """
         return self.plan(
             dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring, ledger_delta=ledger_delta
         ).event
@@ -256,7 +319,7 @@ class SynthesisMethod(ABC):
             ConfigurationError: bad data, labels or parameters.
         """
         if not isinstance(dataset, PrivateDataset):
-            raise ConfigurationError("dataset must be a PrivateDataset")
+            raise ConfigurationTypeError("dataset must be a PrivateDataset")
         relation = check_relation(neighbouring)
         if public_inputs is not None:
             raise ConfigurationError(f"{self.name} does not take public_inputs")
@@ -281,6 +344,14 @@ class SynthesisMethod(ABC):
         Call it when the synthesis itself runs later, on someone's request (a lazy example selector): a record
         that cannot be encoded is then refused at set-up, in front of the data holder, not in front of
         whoever made the request, whose answer would otherwise depend on it without a charge.
+
+        Args:
+            dataset: the private records.
+            backend: the model the synthesis will read.
+            labels: the labels to synthesize for (default all).
+            public_inputs: for methods that answer public inputs (MOZO offline); the others refuse it.
+            neighbouring: the ledger's relation.
+            ledger_delta: the ledger's δ (see :meth:`plan`).
 
         Raises:
             ConfigurationError: what :meth:`synthesize` would refuse before its charge.
@@ -308,6 +379,19 @@ class SynthesisMethod(ABC):
     ) -> DemoSet:
         """Charge ``event`` to ``budget``, then generate the demonstrations.
 
+        Args:
+            dataset: the private records.
+            labels: the labels to synthesize for (default all).
+            public_inputs: for methods that answer public inputs (MOZO offline); the others refuse it.
+            backend: the model.
+            budget: the ledger the run is charged to.
+            rng: the randomness (sampling and noise).
+            ledger_label: the ledger entry's label (default ``"<method>:synthesize"``).
+            progress: show a progress bar (None: only when stderr is a terminal).
+
+        Returns:
+            The demonstrations and their provenance.
+
         Raises:
             ConfigurationError: bad data, labels, backend or parameters (nothing charged).
             BudgetExhaustedError: the budget cannot afford the run (nothing charged).
@@ -316,7 +400,7 @@ class SynthesisMethod(ABC):
                 fixed error whatever failed, since its cause could depend on the private records).
         """
         if not isinstance(budget, BudgetManager):
-            raise ConfigurationError("budget must be a BudgetManager (every synthesis is charged to one)")
+            raise ConfigurationTypeError("budget must be a BudgetManager (every synthesis is charged to one)")
         check_rng(rng)
         plan = self.check(
             dataset,
@@ -346,6 +430,18 @@ class SynthesisMethod(ABC):
         """The same algorithm without noise and without a charge: ε = ∞, NOT differentially private.
 
         For the ε = ∞ rows of benchmarks and for tests. Never release its output.
+
+        Args:
+            dataset: the private records.
+            labels: the labels to synthesize for (default all).
+            public_inputs: for methods that answer public inputs (MOZO offline); the others refuse it.
+            backend: the model.
+            rng: the randomness.
+            progress: show a progress bar (None: only when stderr is a terminal).
+
+        Raises:
+            ConfigurationError: bad data, labels, backend, rng or parameters.
+            BackendError: the model failed.
         """
         check_rng(rng)
         plan = self.plan(dataset, labels, public_inputs=public_inputs)

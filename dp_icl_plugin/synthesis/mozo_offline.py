@@ -50,7 +50,7 @@ from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
 from dp_icl_plugin.backends.shared_suffix import public_suffix
 from dp_icl_plugin.data.records import Demonstration, PrivateDataset, PrivateRecord
-from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
+from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError, DPICLError
 from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX
 from dp_icl_plugin.steps.mozo_step import MozoStep
 from dp_icl_plugin.steps.token_step import TokenStep
@@ -62,7 +62,14 @@ __all__ = ["MozoOfflineConfig", "MozoOfflineSynthesizer", "check_public_inputs"]
 
 
 def check_public_inputs(public_inputs: object) -> tuple[str, ...]:
-    """A non-empty sequence of non-empty strings (public inputs; errors give positions only)."""
+    """A non-empty sequence of non-empty strings (public inputs; errors give positions only).
+
+    Args:
+        public_inputs: the public inputs.
+
+    Raises:
+        ConfigurationError: None, not a sequence of strings, empty, or an empty input.
+    """
     if public_inputs is None:
         raise ConfigurationError("mozo_offline needs public_inputs=[...] (the public inputs to answer)")
     if isinstance(public_inputs, (str, bytes)) or not isinstance(public_inputs, Sequence):
@@ -92,6 +99,10 @@ class MozoOfflineConfig:
         template: the prompt layout (see ``ANSWER_PRESETS``).
         demo_label: the ``label`` of every demonstration; None (default) puts the DP output there too,
             which is what a classification task wants (the output is the label).
+
+    Raises:
+        ConfigurationError: a setting out of range, both or neither of ``epsilon`` and ``beta``, or a bad
+            template or ``demo_label``.
     """
 
     n_shots: int = 4
@@ -112,7 +123,7 @@ class MozoOfflineConfig:
         object.__setattr__(self, "lambda_max", check.positive_finite("lambda_max", self.lambda_max))
         check_privacy_target(self.epsilon, self.delta, self.beta, "beta")
         if not isinstance(self.template, AnswerTemplate):
-            raise ConfigurationError("template must be an AnswerTemplate")
+            raise ConfigurationTypeError("template must be an AnswerTemplate")
         if self.demo_label is not None and not isinstance(self.demo_label, str):
             raise ConfigurationError("demo_label must be a string or None")
 
@@ -146,9 +157,22 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         ledger_delta: float | None = None,
     ) -> Plan:
         """Validated inputs, calibrated β and the event, without touching a backend (replace-one only; a target
-        ε at the config's δ, else ``ledger_delta``, else 1/|D|)."""
+        ε at the config's δ, else ``ledger_delta``, else 1/|D|).
+
+        Args:
+            dataset: the private records (only their number is read, public under replace-one).
+            labels: must be None.
+            public_inputs: the public inputs to answer (required).
+            neighbouring: the ledger's relation (replace-one only).
+            ledger_delta: the ledger's δ.
+
+        Raises:
+            ConfigurationError: bad data or inputs, labels given, ``n_shots`` above |D|, or an add/remove relation
+                (:class:`~dp_icl_plugin.errors.UnsupportedEventError`).
+            CalibrationError: no β meets the target ε.
+        """
         if not isinstance(dataset, PrivateDataset):
-            raise ConfigurationError("dataset must be a PrivateDataset")
+            raise ConfigurationTypeError("dataset must be a PrivateDataset")
         if ledger_delta is not None:
             check.probability_open("ledger_delta", ledger_delta)
         me.require_replace_one("DPS-MOZO", neighbouring)

@@ -38,6 +38,10 @@ class PTAConfig(TangConfig):
     Attributes:
         alpha: amplification strength α ≥ 0 (the paper searches {1, 1.5, 2} and {1, 1.5, 2, 5} on GINC).
         use_base: multiply by p_base ("P1", "PA2"); False gives "PA3".
+
+    Raises:
+        ConfigurationError: a setting out of range (those of
+            :class:`~dp_icl_plugin.synthesis.tang.TangConfig` included).
     """
 
     alpha: float = 1.0

@@ -4,7 +4,8 @@ Per generated token, for label y: Poisson-sample D_y at rate q_y = M·N/n_y (n_y
 public size, ``PrivateDataset(public_label_counts=...)``; never the observed count) and deal the sample to M
 prompts S_priv^(i) (instruction, the records as examples, the label and the tokens generated so far); take
 each prompt's next-token distribution restricted to V_pub = top-k (∩ top-p) of the public prompt's
-distribution, renormalised; release argmax over V_pub of Σ_i p_i + N(0, 2σ²) (``REFERENCE.md`` §1).
+distribution, renormalised; release argmax over V_pub of Σ_i p_i + N(0, 2σ²) (Tang et al. 2024;
+Gao et al., Algorithms 2 and 3, restate it).
 
 Privacy: each token is a Poisson-subsampled Gaussian mechanism (one record's presence moves one p_i: ℓ2
 contribution √2, noise multiplier σ) at a fixed rate, and T × shots-per-label of them are composed
@@ -36,7 +37,7 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_subsampled_gaussian
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
-from dp_icl_plugin.errors import CalibrationError, ConfigurationError
+from dp_icl_plugin.errors import CalibrationError, ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, restrict
 from dp_icl_plugin.steps.aggregation_step import AggregationStep
 from dp_icl_plugin.steps.token_step import TokenStep
@@ -64,6 +65,10 @@ class TangConfig:
             the papers).
         noise_multiplier: σ itself, instead of a target ε.
         template: the prompt layout (public; see ``templates.PRESETS``).
+
+    Raises:
+        ConfigurationError: a setting out of range, both or neither of ``epsilon`` and ``noise_multiplier``, or a
+            bad template.
     """
 
     n_prompts: int = 10
@@ -84,7 +89,7 @@ class TangConfig:
             raise ConfigurationError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         check_privacy_target(self.epsilon, self.delta, self.noise_multiplier, "noise_multiplier")
         if not isinstance(self.template, PromptTemplate):
-            raise ConfigurationError("template must be a PromptTemplate")
+            raise ConfigurationTypeError("template must be a PromptTemplate")
 
 
 class TangSynthesizer(SynthesisMethod):

@@ -26,6 +26,9 @@ class AnswerTemplate:
         query: the public input, using ``{input}``; the output is generated right after it.
         stop: text that ends an output once generated (generation stops; the text is cut there).
         stop_at_eos: end an output at the model's EOS token (off for GINC, whose delimiter is EOS).
+
+    Raises:
+        ConfigurationError: a field is not of its type, or a format string uses fields it may not.
     """
 
     header: str = ""
@@ -51,11 +54,20 @@ class AnswerTemplate:
             raise ConfigurationError("template.query must use {input} and nothing else")
 
     def zero_shot_prompt(self, public_input: str) -> str:
-        """The public prompt: header, then the public input."""
+        """The public prompt: header, then the public input.
+
+        Args:
+            public_input: the query.
+        """
         return self.header + self.query.format(input=public_input)
 
     def one_shot_prompt(self, record: PrivateRecord, public_input: str) -> str:
-        """A private prompt: header, one record as an example, then the public input."""
+        """A private prompt: header, one record as an example, then the public input.
+
+        Args:
+            record: the private record shown as the example.
+            public_input: the query.
+        """
         return (
             self.header
             + self.example.format(text=record.text, label=record.label)

@@ -28,7 +28,14 @@ __all__ = ["PRESETS", "PromptTemplate", "format_fields"]
 
 
 def format_fields(fmt: str) -> set[str]:
-    """The ``{field}`` names of a format string; ConfigurationError if it is malformed."""
+    """The ``{field}`` names of a format string; ConfigurationError if it is malformed.
+
+    Args:
+        fmt: a ``str.format`` string.
+
+    Raises:
+        ConfigurationError: ``fmt`` is malformed.
+    """
     try:
         return {name for _, name, _, _ in string.Formatter().parse(fmt) if name is not None}
     except ValueError as exc:
@@ -48,6 +55,9 @@ class PromptTemplate:
         stop: text that ends a demonstration once generated (post-processing; e.g. the blank line).
         stop_at_eos: end a demonstration at the model's EOS token (off for GINC, whose delimiter is EOS
             and may occur inside an example).
+
+    Raises:
+        ConfigurationError: a field is not a string, uses a field it may not, or leaves a required prompt empty.
     """
 
     header: str = ""
@@ -75,21 +85,42 @@ class PromptTemplate:
             raise ConfigurationError("the public prompt (header + query) must not be empty")
 
     def public_prompt(self, label: str) -> str:
-        """S_pub: instruction and label, no private record."""
+        """S_pub: instruction and label, no private record.
+
+        Args:
+            label: the demonstration's label.
+        """
         return self.header.format(label=label) + self.query.format(label=label)
 
     def private_prompt(self, label: str, records: Sequence[PrivateRecord]) -> str:
-        """S_priv: instruction, the records as examples, then the query (a private string)."""
+        """S_priv: instruction, the records as examples, then the query (a private string).
+
+        Args:
+            label: the demonstration's label.
+            records: the records shown as examples.
+        """
         examples = "".join(self.example.format(label=label, text=r.text) for r in records)
         return self.header.format(label=label) + examples + self.query.format(label=label)
 
     def base_prompt(self, label: str) -> str:
-        """PTA's base prompt: what precedes the generated tokens without instruction or private data."""
+        """PTA's base prompt: what precedes the generated tokens without instruction or private data.
+
+        Args:
+            label: the demonstration's label.
+        """
         return self.base.format(label=label)
 
     @classmethod
     def tang(cls, instruction: str, label_name: str) -> PromptTemplate:
-        """The layout of Tang et al. 2024, Table 5: ``{label_name}: {label}`` then ``Text: ...``."""
+        """The layout of Tang et al. 2024, Table 5: ``{label_name}: {label}`` then ``Text: ...``.
+
+        Args:
+            instruction: the instruction printed first (may be empty; no braces).
+            label_name: what a label is called, e.g. ``"News Type"`` (no braces).
+
+        Raises:
+            ConfigurationError: an argument is empty or contains braces.
+        """
         if not isinstance(label_name, str) or not label_name.strip() or "{" in label_name:
             raise ConfigurationError("label_name must be a non-empty string without braces")
         if not isinstance(instruction, str) or "{" in instruction or "}" in instruction:

@@ -44,6 +44,15 @@ def poisson_prompts(
     """Poisson-sample ``records`` at ``sampling_rate`` and deal the sample to ``n_prompts`` prompts.
 
     Prompt sizes vary (a prompt may be empty); the expected total is ``sampling_rate · len(records)``.
+
+    Args:
+        records: the records to sample from.
+        sampling_rate: q, each record's probability of joining the sample.
+        n_prompts: M, the prompts the sample is dealt to.
+        rng: the randomness.
+
+    Returns:
+        The records of each prompt, in their prompt order.
     """
     n = len(records)
     chosen = np.flatnonzero(rng.random(n) < sampling_rate)
@@ -64,6 +73,17 @@ def slot_placement(n_records: int, n_slots: int, rng: np.random.Generator) -> np
     mechanism: a replaced record takes the other's slot; an added record takes a uniform slot with probability
     min(1, n_slots/|D_y ∪ {x}|), moving its occupant (if any) out; a removed record's slot is emptied or taken
     by a uniformly random record that had none. One slot changes in each case.
+
+    Args:
+        n_records: the records of the label.
+        n_slots: n_y, the label's declared size.
+        rng: the randomness.
+
+    Returns:
+        Shape (n_slots,): a record's index, or −1.
+
+    Raises:
+        ConfigurationError: ``n_slots`` is not a positive integer.
     """
     n_slots = check.positive_int("n_slots", n_slots)
     placement = np.full(n_slots, -1, dtype=np.int64)
@@ -83,7 +103,15 @@ def fixed_size_subsets(
     rng: np.random.Generator,
 ) -> list[list[PrivateRecord]]:
     """``n_prompts · per_prompt`` slots of ``placement`` drawn uniformly without replacement, ``per_prompt``
-    per prompt; each prompt gets the records in its slots (empty slots are skipped)."""
+    per prompt; each prompt gets the records in its slots (empty slots are skipped).
+
+    Args:
+        records: the records that ``placement`` indexes.
+        placement: the slots, from :func:`slot_placement`.
+        n_prompts: M, the prompts.
+        per_prompt: N, the slots per prompt (M·N at most ``len(placement)``).
+        rng: the randomness.
+    """
     picked = placement[rng.choice(len(placement), size=n_prompts * per_prompt, replace=False)]
     return [
         [records[int(i)] for i in picked[j * per_prompt : (j + 1) * per_prompt] if i >= 0] for j in range(n_prompts)
@@ -95,6 +123,10 @@ class PromptIds:
 
     Prompts longer than the model's context (``backend.max_length`` when it has one) keep their last
     tokens: the generated continuation and the query are never cut, the oldest examples are.
+
+    Args:
+        backend: the model whose tokenizer is used.
+        template: the prompt layout.
     """
 
     def __init__(self, backend: NextTokenBackend, template: PromptTemplate) -> None:
@@ -112,7 +144,11 @@ class PromptIds:
 
     def instruction(self, label: str) -> list[int]:
         """The public start every prompt of ``label`` shares: the instruction's tokens, less the last one (which
-        may merge with what follows it), as the public prompt spells them; from the template only."""
+        may merge with what follows it), as the public prompt spells them; from the template only.
+
+        Args:
+            label: the label whose prompts are meant.
+        """
         key = ("instruction", label)
         if key not in self._cache:
             public = self._prefix("public", label)
@@ -121,17 +157,41 @@ class PromptIds:
         return self._cache[key]
 
     def fit(self, ids: list[int]) -> list[int]:
+        """``ids`` cut to the model's context, keeping their end.
+
+        Args:
+            ids: a prompt's token ids.
+        """
         if self.max_length is not None and len(ids) > self.max_length:
             return ids[-self.max_length :]
         return ids
 
     def public(self, label: str, generated: Sequence[int]) -> list[int]:
+        """Token ids of the public prompt S_pub of ``label`` followed by ``generated``.
+
+        Args:
+            label: the demonstration's label.
+            generated: the tokens generated so far.
+        """
         return self.fit(self._prefix("public", label) + list(generated))
 
     def base(self, label: str, generated: Sequence[int]) -> list[int]:
+        """Token ids of PTA's base prompt of ``label`` followed by ``generated``.
+
+        Args:
+            label: the demonstration's label.
+            generated: the tokens generated so far.
+        """
         return self.fit(self._prefix("base", label) + list(generated))
 
     def private(self, label: str, records: Sequence[PrivateRecord], generated: Sequence[int]) -> list[int]:
+        """Token ids of the private prompt S_priv of ``label`` with ``records`` followed by ``generated``.
+
+        Args:
+            label: the demonstration's label.
+            records: the records shown as examples.
+            generated: the tokens generated so far.
+        """
         text = self.template.private_prompt(label, records)
         return self.fit(self.backend.encode(text, add_special_tokens=True) + list(generated))
 
@@ -145,6 +205,11 @@ def check_records_encode(
     (an unbounded privacy loss). Each record's text (and its label, with ``with_labels``, for prompts that put
     a record's label in, as the decoders' do) is encoded once here, when a decoder or a synthesis is set up;
     prompts put them between public template text, which the caller checks on its own.
+
+    Args:
+        backend: the model whose tokenizer will encode the prompts.
+        records: the private records.
+        with_labels: check each record's label too.
 
     Raises:
         ConfigurationError: naming the record's label and position within it, never its text.
@@ -164,7 +229,13 @@ def check_records_encode(
 
 
 def demonstration_text(backend: NextTokenBackend, token_ids: Sequence[int], stop: str | None) -> str:
-    """The released text: decoded, cut at the template's stop string, stripped (post-processing)."""
+    """The released text: decoded, cut at the template's stop string, stripped (post-processing).
+
+    Args:
+        backend: the model whose tokenizer decodes.
+        token_ids: the generated tokens.
+        stop: the template's stop string, or None.
+    """
     text = backend.decode(list(token_ids))
     if stop is not None and stop in text:
         text = text[: text.index(stop)]

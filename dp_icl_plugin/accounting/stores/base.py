@@ -34,6 +34,13 @@ def stored_budget(
 ) -> PrivacyBudget:
     """The budget a ledger holds (``epsilon``, ``delta``, ``neighbouring`` as read back), checked against ``given``.
 
+    Args:
+        epsilon: the stored ε.
+        delta: the stored δ.
+        neighbouring: the stored relation.
+        given: the budget the caller expects, or None.
+        where: the ledger, for messages.
+
     Raises:
         LedgerCorruptError: the stored values are not a valid budget.
         BudgetMismatchError: ``given`` is not the stored budget (a ledger keeps the budget it was made with).
@@ -53,7 +60,15 @@ def stored_budget(
 
 @dataclass(frozen=True)
 class LedgerRow:
-    """One committed charge as stored: the event in canonical JSON (``events.event_key``)."""
+    """One committed charge as stored: the event in canonical JSON (``events.event_key``).
+
+    Attributes:
+        id: the entry's id (increasing in commit order).
+        timestamp: commit time, seconds since the epoch (UTC).
+        label: which component and call it was for.
+        event_key: the event's canonical JSON.
+        certified_epsilon: the ε bound on the whole ledger that admitted it.
+    """
 
     id: int
     timestamp: float
@@ -73,6 +88,12 @@ class LedgerTransaction(ABC):
         """The committed entry ``entry_id`` of this ledger, or None (e.g. the cover a filtered release names).
 
         Stores written before filtered releases existed may not override it: such a store cannot hold them.
+
+        Args:
+            entry_id: an entry's id.
+
+        Raises:
+            LedgerError: this store cannot look up entries.
         """
         raise LedgerError(
             f"{type(self).__name__} cannot look up an entry, so it cannot check a filtered release's cover"
@@ -80,7 +101,14 @@ class LedgerTransaction(ABC):
 
     @abstractmethod
     def append(self, *, timestamp: float, label: str, event_key: str, certified_epsilon: float) -> int:
-        """Record a charge; returns its id. Durable once the transaction commits."""
+        """Record a charge; returns its id. Durable once the transaction commits.
+
+        Args:
+            timestamp: commit time, seconds since the epoch.
+            label: which component and call it is for.
+            event_key: the event's canonical JSON.
+            certified_epsilon: the ε bound on the whole ledger after it.
+        """
 
 
 class LedgerStore(ABC):
@@ -89,6 +117,12 @@ class LedgerStore(ABC):
     @abstractmethod
     def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
         """Create the ledger with ``budget`` or open the existing one and check that ``budget`` matches.
+
+        Args:
+            budget: the budget, or None to open an existing ledger.
+
+        Returns:
+            The ledger's budget.
 
         Raises:
             BudgetMismatchError: the ledger exists with another budget.

@@ -43,6 +43,8 @@ class PostgresFilterStore:
         dsn: the database (the same one as the index's records and, usually, the ledger).
         owner: the filter's owner (the private index's id).
         decode_row: checks and decodes one stored spend row (the filter's own rule).
+        connect_timeout: seconds to wait for the server when connecting.
+        lock_timeout: seconds to wait for another host's lock before giving up.
     """
 
     def __init__(
@@ -69,7 +71,19 @@ class PostgresFilterStore:
         return f"PostgresFilterStore({mask_dsn(self._db.dsn)!r}, owner={self.owner!r})"
 
     def open(self, budget: IndividualBudget | None) -> IndividualBudget:
-        """Create the filter with ``budget``, or read the stored one (checked against ``budget`` when given)."""
+        """Create the filter with ``budget``, or read the stored one (checked against ``budget`` when given).
+
+        Args:
+            budget: the filter's budget, or None to read the stored one.
+
+        Returns:
+            The filter's budget.
+
+        Raises:
+            LedgerError: no filter and no budget given, or the database cannot be used.
+            LedgerCorruptError: the stored budget is invalid.
+            FilterMismatchError: the stored budget is not ``budget``.
+        """
         with self.lock:
             conn = self._db.get()
             try:
@@ -102,7 +116,19 @@ class PostgresFilterStore:
     def atomically(self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True) -> T:
         """``work(read, write)`` inside one transaction; in a write transaction ``read`` locks the rows it reads
         (creating missing ones at zero), so nothing else changes them before the commit. A deadlock or
-        serialisation failure (rolled back whole by the server) is retried."""
+        serialisation failure (rolled back whole by the server) is retried.
+
+        Args:
+            orders: the number of Rényi orders in a spend row.
+            work: the transaction's body, given ``read(ids)`` and ``write(ids, spent, spent_delta)``.
+            write: a write transaction (``read`` locks its rows).
+
+        Returns:
+            What ``work`` returns.
+
+        Raises:
+            LedgerError: the database failed (a deadlock or serialisation failure after the retries included).
+        """
         with self.lock:
             conn = self._db.get()
             for attempt in range(_RETRIES):
@@ -117,6 +143,11 @@ class PostgresFilterStore:
             raise AssertionError("unreachable")
 
     def all_rows(self) -> list[tuple[int, bytes, float]]:
+        """Every unit's stored spend: ``(unit, encoded RDP spend, spent δ)``, by unit.
+
+        Raises:
+            LedgerError: the database failed.
+        """
         with self.lock:
             try:
                 return [
@@ -132,6 +163,7 @@ class PostgresFilterStore:
                 raise self._db.fail(exc) from None
 
     def close(self) -> None:
+        """Close this process's connection."""
         self._db.close()
 
     def _reader(self, conn: Any, orders: int, *, lock: bool) -> Read:

@@ -75,6 +75,18 @@ class InMemoryStore(LedgerStore):
             )
 
     def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
+        """Create the ledger with ``budget`` or open the existing one and check that ``budget`` matches.
+
+        Args:
+            budget: the budget, or None to open an existing ledger.
+
+        Returns:
+            The ledger's budget.
+
+        Raises:
+            BudgetMismatchError: the ledger exists with another budget.
+            LedgerError: no budget was given for a new ledger, or this is another process.
+        """
         self._check_process()
         with self._lock:
             if self._budget is None:
@@ -87,6 +99,7 @@ class InMemoryStore(LedgerStore):
 
     @contextmanager
     def transaction(self) -> Iterator[LedgerTransaction]:
+        """An exclusive check-and-commit section (commit on exit, roll back on exception)."""
         self._check_process()
         with self._lock:
             tx = _MemoryTransaction(self)
@@ -96,11 +109,13 @@ class InMemoryStore(LedgerStore):
                 self._counts[row.event_key] += 1
 
     def rows(self) -> Iterator[LedgerRow]:
+        """All committed charges in commit order."""
         self._check_process()
         with self._lock:
             return iter(list(self._rows))
 
     def event_counts(self) -> Counter[str]:
+        """Committed charges per distinct event key (a consistent snapshot)."""
         self._check_process()
         with self._lock:
             return self._counts.copy()

@@ -106,6 +106,9 @@ class PostgresStore(LedgerStore):
         ledger: the ledger's name; several ledgers may share one database.
         connect_timeout: seconds to wait for the server when connecting.
         lock_timeout: seconds to wait for another host's check-and-commit before giving up.
+
+    Raises:
+        ConfigurationError: ``ledger`` is empty, too long or not printable.
     """
 
     def __init__(
@@ -141,10 +144,23 @@ class PostgresStore(LedgerStore):
         return self._db.get()
 
     def close(self) -> None:
+        """Close this process's connection (idempotent)."""
         self._db.close()
 
     # -- set-up -----------------------------------------------------------------------------------
     def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
+        """Create the ledger with ``budget`` or open the existing one and check that ``budget`` matches.
+
+        Args:
+            budget: the budget, or None to open an existing ledger.
+
+        Returns:
+            The ledger's budget.
+
+        Raises:
+            BudgetMismatchError: the ledger exists with another budget.
+            LedgerError: no ledger of that name and no budget given, or the database cannot be used.
+        """
         with self._lock:
             conn = self._connection()
             try:
@@ -226,6 +242,7 @@ class PostgresStore(LedgerStore):
 
     @contextmanager
     def transaction(self) -> Iterator[LedgerTransaction]:
+        """An exclusive check-and-commit section (commit on exit, roll back on exception)."""
         ledger_id = self._opened()
         with self._lock:
             conn = self._connection()
@@ -238,6 +255,7 @@ class PostgresStore(LedgerStore):
                 raise self._fail(exc) from None
 
     def rows(self) -> Iterator[LedgerRow]:
+        """All committed charges in commit order."""
         ledger_id = self._opened()
         with self._lock:
             try:
@@ -247,6 +265,7 @@ class PostgresStore(LedgerStore):
         return iter([_row(r) for r in result])
 
     def event_counts(self) -> Counter[str]:
+        """Committed charges per distinct event key (a consistent snapshot)."""
         ledger_id = self._opened()
         with self._lock:
             try:

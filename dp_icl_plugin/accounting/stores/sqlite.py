@@ -101,6 +101,7 @@ class SQLiteStore(LedgerStore):
         return self._file.connection()
 
     def close(self) -> None:
+        """Close this process's connection (idempotent)."""
         self._file.close()
 
     def _fail(self, exc: sqlite3.Error) -> LedgerError:
@@ -108,6 +109,18 @@ class SQLiteStore(LedgerStore):
 
     # -- set-up -----------------------------------------------------------------------------------
     def initialize(self, budget: PrivacyBudget | None) -> PrivacyBudget:
+        """Create the ledger with ``budget`` or open the existing one and check that ``budget`` matches.
+
+        Args:
+            budget: the budget, or None to open an existing ledger.
+
+        Returns:
+            The ledger's budget.
+
+        Raises:
+            BudgetMismatchError: the ledger exists with another budget.
+            LedgerError: no ledger there and no budget given, a missing directory, or a file that cannot be used.
+        """
         with self._lock:
             existed = self.path.exists() and self.path.stat().st_size > 0
             if not existed and budget is None:
@@ -168,10 +181,12 @@ class SQLiteStore(LedgerStore):
     # -- use --------------------------------------------------------------------------------------
     @contextmanager
     def transaction(self) -> Iterator[LedgerTransaction]:
+        """An exclusive check-and-commit section (commit on exit, roll back on exception)."""
         with self._file.transaction() as conn:
             yield _SQLiteTransaction(conn)
 
     def rows(self) -> Iterator[LedgerRow]:
+        """All committed charges in commit order."""
         with self._lock:
             try:
                 result = self._connection().execute(_ROW_QUERY + " ORDER BY e.id").fetchall()
@@ -180,6 +195,7 @@ class SQLiteStore(LedgerStore):
         return iter([LedgerRow(*row) for row in result])
 
     def event_counts(self) -> Counter[str]:
+        """Committed charges per distinct event key (a consistent snapshot)."""
         with self._lock:
             try:
                 return _SQLiteTransaction(self._connection()).event_counts()

@@ -21,7 +21,14 @@ __all__ = ["Changes", "IndexMeta", "RecordStore", "StoredRecord", "changes_from_
 
 @dataclass(frozen=True)
 class StoredRecord:
-    """One private record as stored (internal: the private text never leaves through a repr)."""
+    """One private record as stored (internal: the private text never leaves through a repr).
+
+    Attributes:
+        id: the record's id in the index.
+        text: its text.
+        label: its label, if any.
+        answer: its answer, if any.
+    """
 
     id: int
     text: str
@@ -34,7 +41,16 @@ class StoredRecord:
 
 @dataclass(frozen=True)
 class IndexMeta:
-    """What an index is: its id (the filter's owner), unit kind, embedder, dimension and search-mask floor."""
+    """What an index is: its id (the filter's owner), unit kind, embedder, dimension and search-mask floor.
+
+    Attributes:
+        id: the index's id, the owner of its filter.
+        group_by_user: whether a unit is a user (else a record).
+        embedder: the embedder's name.
+        fingerprint: JSON of the embedder's vectors of public probe texts (None for indexes written before).
+        dim: the embedding dimension (None before the first record).
+        floor: JSON of the search mask's floor (None before the first release).
+    """
 
     id: str
     group_by_user: bool
@@ -46,7 +62,15 @@ class IndexMeta:
 
 @dataclass(frozen=True)
 class Changes:
-    """Records added (id, unit, embedding rows) and ids removed after some version, up to ``version``."""
+    """Records added (id, unit, embedding rows) and ids removed after some version, up to ``version``.
+
+    Attributes:
+        version: the store version the change brings a copy to.
+        ids: the ids of the records added.
+        units: their privacy units.
+        vectors: their embeddings, float32 [len(ids), dim].
+        removed: the ids of the records removed.
+    """
 
     version: int
     ids: np.ndarray
@@ -65,17 +89,33 @@ class RecordStore(ABC):
 
     @abstractmethod
     def create(self, meta: IndexMeta) -> None:
-        """Make the index (refused where one exists)."""
+        """Make the index (refused where one exists).
+
+        Args:
+            meta: the new index's metadata.
+        """
 
     @abstractmethod
-    def meta(self) -> IndexMeta: ...
+    def meta(self) -> IndexMeta:
+        """The index's metadata."""
+        ...
 
     @abstractmethod
     def set_dim(self, dim: int) -> None:
-        """Record the embedding dimension (once, with the first records)."""
+        """Record the embedding dimension (once, with the first records).
+
+        Args:
+            dim: the embedding dimension.
+        """
 
     @abstractmethod
-    def set_floor(self, floor: str) -> None: ...
+    def set_floor(self, floor: str) -> None:
+        """Record the search mask's floor.
+
+        Args:
+            floor: its JSON.
+        """
+        ...
 
     @abstractmethod
     def insert(
@@ -87,35 +127,76 @@ class RecordStore(ABC):
         vectors: np.ndarray,
     ) -> Changes:
         """Add records (a unit per record, or the user's unit when ``users`` are given); returns them as the
-        change they make (their ids and units, the new version)."""
+        change they make (their ids and units, the new version).
+
+        Args:
+            texts: the records' texts.
+            labels: a label (or None) per record.
+            answers: an answer (or None) per record.
+            users: a user id (or None) per record.
+            vectors: the embeddings, float32 [len(texts), dim].
+        """
 
     @abstractmethod
     def delete(self, ids: np.ndarray) -> Changes:
-        """Delete records (text and embedding); ``removed`` holds those that existed."""
+        """Delete records (text and embedding); ``removed`` holds those that existed.
+
+        Args:
+            ids: the record ids to delete.
+        """
 
     @abstractmethod
     def fetch(self, ids: Sequence[int]) -> dict[int, StoredRecord]:
-        """The stored records among ``ids`` (removed ones are absent)."""
+        """The stored records among ``ids`` (removed ones are absent).
+
+        Args:
+            ids: record ids.
+
+        Returns:
+            Id → record, for the ids still stored.
+        """
 
     @abstractmethod
-    def version(self) -> int: ...
+    def version(self) -> int:
+        """The current version (the number of changes made)."""
+        ...
 
     @abstractmethod
     def changes(self, since: int) -> Changes:
-        """Every change after version ``since`` (all records when ``since`` is 0)."""
+        """Every change after version ``since`` (all records when ``since`` is 0).
+
+        Args:
+            since: a version this host saw.
+        """
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Close the store's connection."""
+        ...
 
 
 def removal(version: int, removed: Sequence[int]) -> Changes:
-    """The change a deletion makes."""
+    """The change a deletion makes.
+
+    Args:
+        version: the version after the deletion.
+        removed: the ids that existed and were deleted.
+    """
     empty = np.zeros(0, dtype=np.int64)
     return Changes(version, empty, empty, np.zeros((0, 0), dtype=np.float32), np.asarray(removed, dtype=np.int64))
 
 
 def changes_from_rows(version: int, rows: Sequence[tuple[int, int, bytes]], removed: Sequence[int]) -> Changes:
-    """Changes from rows of (id, unit, embedding bytes); vectors [n, dim] (dim read from the bytes)."""
+    """Changes from rows of (id, unit, embedding bytes); vectors [n, dim] (dim read from the bytes).
+
+    Args:
+        version: the version the change brings a copy to.
+        rows: the records added, as (id, unit, embedding bytes).
+        removed: the ids removed.
+
+    Raises:
+        LedgerCorruptError: the embedding bytes do not divide into equal rows.
+    """
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     units = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
     blob = b"".join(bytes(r[2]) for r in rows)

@@ -59,7 +59,17 @@ _TABLES = (
 
 
 class PostgresRecordStore(RecordStore):
-    """The records of the index ``name`` in the database ``dsn``; :meth:`create` or :meth:`open` it first."""
+    """The records of the index ``name`` in the database ``dsn``; :meth:`create` or :meth:`open` it first.
+
+    Args:
+        dsn: a ``postgresql://`` URL.
+        name: the index's name in the database.
+        connect_timeout: seconds to wait for a connection.
+        lock_timeout: seconds to wait for a lock.
+
+    Raises:
+        ConfigurationError: ``name`` is empty, too long or not printable.
+    """
 
     def __init__(self, dsn: str, *, name: str, connect_timeout: float = 10.0, lock_timeout: float = 60.0) -> None:
         if not isinstance(name, str) or not name.strip() or len(name) > 200 or not name.isprintable():
@@ -81,6 +91,15 @@ class PostgresRecordStore(RecordStore):
 
     # -- creating and opening ----------------------------------------------------------------------
     def create(self, meta: IndexMeta) -> None:
+        """Make the index (refused where one exists).
+
+        Args:
+            meta: the new index's metadata.
+
+        Raises:
+            ConfigurationError: an index of that name exists.
+        """
+
         def work(conn: Any) -> None:
             if conn.execute("SELECT 1 FROM dp_icl_indexes WHERE name = %s", (self.name,)).fetchone():
                 raise ConfigurationError(f"{self.where} exists already; use PrivateIndex.open")
@@ -94,6 +113,15 @@ class PostgresRecordStore(RecordStore):
         self._id = meta.id
 
     def open(self) -> IndexMeta:
+        """Open the existing index ``name`` (creating the tables if missing).
+
+        Returns:
+            Its metadata.
+
+        Raises:
+            LedgerError: no index of that name.
+        """
+
         def work(conn: Any) -> None:
             if conn.execute("SELECT 1 FROM dp_icl_indexes WHERE name = %s", (self.name,)).fetchone() is None:
                 raise LedgerError(f"no {self.where}")
@@ -105,6 +133,11 @@ class PostgresRecordStore(RecordStore):
 
     # -- RecordStore ---------------------------------------------------------------------------------
     def meta(self) -> IndexMeta:
+        """The index's metadata.
+
+        Raises:
+            LedgerError: the index does not exist.
+        """
         row = self._run(
             lambda c: c.execute(
                 "SELECT id, group_by_user, embedder, fingerprint, dim, floor FROM dp_icl_indexes WHERE name = %s",
@@ -116,6 +149,11 @@ class PostgresRecordStore(RecordStore):
         return IndexMeta(row[0], bool(row[1]), row[2], row[3], None if row[4] is None else int(row[4]), row[5])
 
     def set_dim(self, dim: int) -> None:
+        """Record the embedding dimension (once, with the first records).
+
+        Args:
+            dim: the embedding dimension.
+        """
         self._run(
             lambda c: c.execute(
                 "UPDATE dp_icl_indexes SET dim = %s WHERE id = %s AND dim IS NULL", (dim, self._opened())
@@ -123,9 +161,23 @@ class PostgresRecordStore(RecordStore):
         )
 
     def set_floor(self, floor: str) -> None:
+        """Record the search mask's floor.
+
+        Args:
+            floor: its JSON.
+        """
         self._run(lambda c: c.execute("UPDATE dp_icl_indexes SET floor = %s WHERE id = %s", (floor, self._opened())))
 
     def insert(self, texts, labels, answers, users, vectors) -> Changes:
+        """Add records; returns them as the change they make (:meth:`RecordStore.insert`).
+
+        Args:
+            texts: the records' texts.
+            labels: a label (or None) per record.
+            answers: an answer (or None) per record.
+            users: a user id (or None) per record.
+            vectors: the embeddings, float32 [len(texts), dim].
+        """
         index_id, n = self._opened(), len(texts)
 
         def work(conn: Any) -> Changes:
@@ -158,6 +210,11 @@ class PostgresRecordStore(RecordStore):
         return self._run(work, what="cannot store records")
 
     def delete(self, ids: np.ndarray) -> Changes:
+        """Delete records (text and embedding); ``removed`` holds those that existed.
+
+        Args:
+            ids: the record ids to delete.
+        """
         index_id, wanted = self._opened(), sorted({int(i) for i in ids.tolist()})
 
         def work(conn: Any) -> Changes:
@@ -182,6 +239,11 @@ class PostgresRecordStore(RecordStore):
         return self._run(work, what="cannot remove records")
 
     def fetch(self, ids: Sequence[int]) -> dict[int, StoredRecord]:
+        """The stored records among ``ids`` (removed ones are absent).
+
+        Args:
+            ids: record ids.
+        """
         index_id, wanted = self._opened(), [int(i) for i in ids]
         rows = self._run(
             lambda c: c.execute(
@@ -193,6 +255,11 @@ class PostgresRecordStore(RecordStore):
         return {int(r[0]): StoredRecord(int(r[0]), r[1], r[2], r[3]) for r in rows}
 
     def version(self) -> int:
+        """The current version (the number of changes made).
+
+        Raises:
+            LedgerError: the index was dropped.
+        """
         row = self._run(
             lambda c: c.execute("SELECT version FROM dp_icl_indexes WHERE id = %s", (self._opened(),)).fetchone(),
             single=True,
@@ -202,6 +269,11 @@ class PostgresRecordStore(RecordStore):
         return int(row[0])
 
     def changes(self, since: int) -> Changes:
+        """Every change after version ``since`` (all records when ``since`` is 0).
+
+        Args:
+            since: a version this host saw.
+        """
         index_id = self._opened()
 
         def work(conn: Any) -> Changes:
@@ -223,6 +295,7 @@ class PostgresRecordStore(RecordStore):
         return self._run(work)
 
     def close(self) -> None:
+        """Close the store's connection."""
         self._db.close()
 
     # -- internals --------------------------------------------------------------------------------

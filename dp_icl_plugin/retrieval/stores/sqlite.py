@@ -53,7 +53,12 @@ _CHUNK = 900  # under SQLite's limit on bound parameters
 
 
 class SQLiteRecordStore(RecordStore):
-    """The records of one index in ``path`` (a new or existing ``records.sqlite``), or in memory (None)."""
+    """The records of one index in ``path`` (a new or existing ``records.sqlite``), or in memory (None).
+
+    Args:
+        path: the file, or None for memory.
+        busy_timeout: seconds to wait for another connection's lock.
+    """
 
     def __init__(self, path: Path | None, *, busy_timeout: float = 60.0) -> None:
         self.path = path
@@ -70,6 +75,15 @@ class SQLiteRecordStore(RecordStore):
 
     # -- creating and opening ----------------------------------------------------------------------
     def create(self, meta: IndexMeta) -> None:
+        """Make the index (refused where one exists).
+
+        Args:
+            meta: the new index's metadata.
+
+        Raises:
+            LedgerFormatError: the file holds an index already.
+        """
+
         def make(conn: sqlite3.Connection, fresh: bool) -> None:
             if not fresh:
                 raise LedgerFormatError(f"{self.where} holds a private index already")
@@ -92,7 +106,11 @@ class SQLiteRecordStore(RecordStore):
 
     def check(self) -> None:
         """Refuse a file that is not an index of a schema this library reads; upgrade schema 1 in place (in
-        the same write transaction: another opener waits, a crash undoes it)."""
+        the same write transaction: another opener waits, a crash undoes it).
+
+        Raises:
+            LedgerFormatError: not a private index, or one of an unknown schema.
+        """
 
         def upgrade(conn: sqlite3.Connection, fresh: bool) -> None:
             schema = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -107,6 +125,11 @@ class SQLiteRecordStore(RecordStore):
         self._file.open(upgrade)
 
     def backup_to(self, path: Path) -> None:
+        """Copy the whole file (a consistent snapshot) to ``path``.
+
+        Args:
+            path: the new file.
+        """
         target = sqlite3.connect(path)
         try:
             with self._file.lock:
@@ -116,6 +139,11 @@ class SQLiteRecordStore(RecordStore):
 
     # -- RecordStore ---------------------------------------------------------------------------------
     def meta(self) -> IndexMeta:
+        """The index's metadata.
+
+        Raises:
+            LedgerCorruptError: the meta table is incomplete.
+        """
         with self._file.transaction(write=False) as conn:
             meta = dict(conn.execute("SELECT key, value FROM meta"))
         if not {"id", "group_by_user", "embedder", "dim"} <= meta.keys():
@@ -130,14 +158,33 @@ class SQLiteRecordStore(RecordStore):
         )
 
     def set_dim(self, dim: int) -> None:
+        """Record the embedding dimension (once, with the first records).
+
+        Args:
+            dim: the embedding dimension.
+        """
         with self._file.transaction() as conn:
             conn.execute("UPDATE meta SET value = ? WHERE key = 'dim'", (str(dim),))
 
     def set_floor(self, floor: str) -> None:
+        """Record the search mask's floor.
+
+        Args:
+            floor: its JSON.
+        """
         with self._file.transaction() as conn:
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('floor', ?)", (floor,))
 
     def insert(self, texts, labels, answers, users, vectors) -> Changes:
+        """Add records; returns them as the change they make (:meth:`RecordStore.insert`).
+
+        Args:
+            texts: the records' texts.
+            labels: a label (or None) per record.
+            answers: an answer (or None) per record.
+            users: a user id (or None) per record.
+            vectors: the embeddings, float32 [len(texts), dim].
+        """
         with self._file.transaction() as conn:
             version = _next_version(conn)
             units: list[int | None] = [None] * len(texts)
@@ -165,6 +212,11 @@ class SQLiteRecordStore(RecordStore):
         )
 
     def delete(self, ids: np.ndarray) -> Changes:
+        """Delete records (text and embedding); ``removed`` holds those that existed.
+
+        Args:
+            ids: the record ids to delete.
+        """
         with self._file.transaction() as conn:
             version = _next_version(conn)  # the write lock first, then what is present under it
             present = sorted(_present(conn, [int(i) for i in ids.tolist()]))
@@ -197,6 +249,11 @@ class SQLiteRecordStore(RecordStore):
             )
 
     def fetch(self, ids: Sequence[int]) -> dict[int, StoredRecord]:
+        """The stored records among ``ids`` (removed ones are absent).
+
+        Args:
+            ids: record ids.
+        """
         out: dict[int, StoredRecord] = {}
         with self._file.transaction(write=False) as conn:
             for chunk in _chunks([int(i) for i in ids]):
@@ -206,10 +263,16 @@ class SQLiteRecordStore(RecordStore):
         return out
 
     def version(self) -> int:
+        """The current version (the number of changes made)."""
         with self._file.transaction(write=False) as conn:
             return _version(conn)
 
     def changes(self, since: int) -> Changes:
+        """Every change after version ``since`` (all records when ``since`` is 0).
+
+        Args:
+            since: a version this host saw.
+        """
         with self._file.transaction(write=False) as conn:  # one snapshot: the version and the rows it covers
             version = _version(conn)
             rows = conn.execute(
@@ -223,6 +286,7 @@ class SQLiteRecordStore(RecordStore):
         return changes_from_rows(version, rows, removed)
 
     def close(self) -> None:
+        """Close the store's connection."""
         self._file.close()
 
 

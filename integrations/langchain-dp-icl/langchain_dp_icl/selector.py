@@ -27,7 +27,15 @@ from langchain_core.prompts.chat import BaseChatPromptTemplate
 from langchain_core.prompts.string import StringPromptTemplate
 from langchain_core.vectorstores import InMemoryVectorStore
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, Demonstration, DemoSet, PrivateDataset, SynthesisMethod
+from dp_icl_plugin import (
+    BudgetManager,
+    ConfigurationError,
+    ConfigurationTypeError,
+    Demonstration,
+    DemoSet,
+    PrivateDataset,
+    SynthesisMethod,
+)
 from dp_icl_plugin.adapters import embed_texts, noise_source
 
 __all__ = ["DPICLExampleSelector"]
@@ -174,7 +182,7 @@ class DPICLExampleSelector(BaseExampleSelector):
         self._lock = threading.Lock()
         if demos is not None:
             if not isinstance(demos, DemoSet):
-                raise ConfigurationError("demos must be a DemoSet")
+                raise ConfigurationTypeError("demos must be a DemoSet")
             self._demos: DemoSet | None = demos
         elif save_to is not None and Path(save_to).exists():
             self._demos = _saved(Path(save_to), synthesizer, budget)  # a restart: DP output already paid for
@@ -183,7 +191,7 @@ class DPICLExampleSelector(BaseExampleSelector):
             if synthesizer is None or dataset is None or backend is None:
                 raise ConfigurationError("without demos, give synthesizer, dataset and backend to synthesize once")
             if not isinstance(synthesizer, SynthesisMethod):
-                raise ConfigurationError("synthesizer must be a SynthesisMethod (e.g. TangSynthesizer)")
+                raise ConfigurationTypeError("synthesizer must be a SynthesisMethod (e.g. TangSynthesizer)")
             if not isinstance(budget, BudgetManager):
                 raise ConfigurationError("lazy synthesis needs budget=BudgetManager (the app's shared ledger)")
             # everything the synthesis checks before its charge, now: a bad record is refused here, at set-up,

@@ -35,7 +35,15 @@ from llama_index.core.types import PydanticProgramMode
 from llama_index.llms.dp_icl.events import DPSpendEvent
 from pydantic import BaseModel, Field, PrivateAttr
 
-from dp_icl_plugin import AnswerStream, BudgetManager, ConfigurationError, Decoder, PrivateDataset, build_decoder
+from dp_icl_plugin import (
+    AnswerStream,
+    BudgetManager,
+    ConfigurationError,
+    ConfigurationTypeError,
+    Decoder,
+    PrivateDataset,
+    build_decoder,
+)
 from dp_icl_plugin.adapters import (
     Query,
     answer_limit,
@@ -288,7 +296,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         (:mod:`dp_icl_plugin.decoding.structured`; a public support), so LlamaIndex's parser gets valid JSON. In
         another ``pydantic_program_mode`` LlamaIndex asks for a tool call instead, whose schema does the same."""
         if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
-            raise ConfigurationError("output_cls must be a Pydantic model class")
+            raise ConfigurationTypeError("output_cls must be a Pydantic model class")
         if self.pydantic_program_mode != PydanticProgramMode.LLM:
             return dict(llm_kwargs or {})
         return {**(llm_kwargs or {}), "json_schema": output_cls.model_json_schema()}

@@ -1,0 +1,90 @@
+"""Where an individual Rényi filter keeps each unit's spend: the :class:`FilterStore` interface beside the ledger's
+:class:`~dp_icl_plugin.accounting.stores.base.LedgerStore`.
+
+A store keeps one row per charged unit: its accumulated RDP at the filter's orders (encoded as little-endian
+float64) and its spent approximate δ. The filter (:class:`~dp_icl_plugin.accounting.renyi_filter.RenyiFilter`) owns
+the privacy decision, which units a release admits; a store only makes its read-decide-write atomic: in memory
+(:mod:`~dp_icl_plugin.accounting.stores.filter_memory`), in an SQLite file shared by the processes of one host
+(:mod:`~dp_icl_plugin.accounting.stores.filter_sqlite`) or in PostgreSQL shared by hosts
+(:mod:`~dp_icl_plugin.accounting.stores.filter_postgres`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget
+
+__all__ = ["FilterStore", "Read", "Write", "encode_spend"]
+
+T = TypeVar("T")
+Read = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+"""``read(ids) -> (spent (n, orders), spent_delta (n,))``: zeros for a unit never charged."""
+Write = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+"""``write(ids, spent, spent_delta)``: the units' new totals."""
+
+
+def encode_spend(row: np.ndarray) -> bytes:
+    """A unit's RDP spend as stored: little-endian float64 at the filter's orders."""
+    return np.asarray(row).astype("<f8").tobytes()
+
+
+@runtime_checkable
+class FilterStore(Protocol):
+    """The spend rows of one filter; see the module docstring."""
+
+    @property
+    def lock(self) -> AbstractContextManager[object]:
+        """Held around every transaction of this process (a re-entrant lock)."""
+        ...
+
+    def open(self, budget: IndividualBudget | None) -> IndividualBudget:
+        """Create the filter with ``budget``, or read the stored one (checked against ``budget`` when given).
+
+        Args:
+            budget: the filter's budget, or None to read a stored one.
+
+        Returns:
+            The filter's budget.
+
+        Raises:
+            ConfigurationError: an in-memory store without a budget.
+            LedgerError: nothing stored and no budget given, or the store cannot be used
+                (:class:`~dp_icl_plugin.errors.FilterMismatchError` when it belongs to another owner or budget).
+        """
+        ...
+
+    def atomically(self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True) -> T:
+        """``work(read, write)`` as one transaction: nothing else reads or changes the rows it reads before it
+        returns.
+
+        Args:
+            orders: the number of Rényi orders in a spend row.
+            work: the transaction's body.
+            write: whether ``work`` may write.
+
+        Returns:
+            What ``work`` returns.
+
+        Raises:
+            ConfigurationError: the store may no longer be used (an in-memory one after a move or a fork).
+            LedgerError: the file or database failed.
+        """
+        ...
+
+    def all_rows(self) -> list[tuple[int, bytes, float]]:
+        """Every charged unit's row, by unit: ``(unit, encoded RDP spend, spent δ)``.
+
+        Raises:
+            ConfigurationError: the store may no longer be used.
+            LedgerError: the file or database failed.
+        """
+        ...
+
+    def close(self) -> None:
+        """Close this process's connection (an in-memory store has none)."""
+        ...

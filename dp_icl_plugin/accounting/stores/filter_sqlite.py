@@ -1,0 +1,139 @@
+"""An individual Rényi filter's spend in an SQLite file (:class:`SQLiteFilterStore`), shared by the processes of
+one host: a charge is one ``BEGIN IMMEDIATE`` transaction (:class:`~dp_icl_plugin._storage.sqlite_file.SQLiteFile`),
+so two processes never admit a unit past its budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+from dp_icl_plugin._storage.sqlite_file import SQLiteFile
+from dp_icl_plugin.accounting.individual_filter import IndividualBudget
+from dp_icl_plugin.accounting.stores.filter_base import Read, Write, encode_spend
+from dp_icl_plugin.errors import FilterMismatchError, LedgerCorruptError, LedgerError, LedgerFormatError
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SQLiteFilterStore"]
+
+T = TypeVar("T")
+APPLICATION_ID = 0x44504946  # "DPIF"
+SCHEMA_VERSION = 1
+_CHUNK = 900  # stays under SQLite's limit on bound parameters
+
+
+class SQLiteFilterStore:
+    """Spend rows of one filter (``owner``) in an SQLite file; see the module docstring.
+
+    Args:
+        path: the file (created when missing and :meth:`open` is given a budget).
+        owner: what the units belong to (the private index's id); a file made for another owner is refused.
+        decode_row: checks and decodes one stored spend row (the filter's own rule).
+        busy_timeout: seconds to wait for another process's charge.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        owner: str,
+        decode_row: Callable[[bytes], np.ndarray],
+        busy_timeout: float = 60.0,
+    ) -> None:
+        self.path = Path(path)
+        self.owner = owner
+        self._decode = decode_row
+        self._file = SQLiteFile(path, kind="filter", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
+
+    @property
+    def lock(self):
+        return self._file.lock
+
+    def open(self, budget: IndividualBudget | None) -> IndividualBudget:
+        if not (self.path.exists() and self.path.stat().st_size > 0) and budget is None:
+            raise LedgerError(f"no filter at {self.path}; create one with a budget first")
+        return self._file.open(lambda conn, fresh: self._read_or_create(conn, budget, fresh))
+
+    def atomically(self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True) -> T:
+        with self._file.transaction(write=write):
+            return work(lambda ids: self._read(ids, orders), self._write)
+
+    def all_rows(self) -> list[tuple[int, bytes, float]]:
+        with self._file.lock:
+            rows = self._sql("SELECT unit, spent, spent_delta FROM units ORDER BY unit").fetchall()
+        return [(int(u), bytes(b), float(d)) for u, b, d in rows]
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _read(self, ids: np.ndarray, orders: int) -> tuple[np.ndarray, np.ndarray]:
+        spent = np.zeros((len(ids), orders))
+        spent_delta = np.zeros(len(ids))
+        found: dict[int, tuple[np.ndarray, float]] = {}
+        distinct = np.unique(ids)
+        for start in range(0, len(distinct), _CHUNK):
+            chunk = distinct[start : start + _CHUNK].tolist()
+            marks = ",".join("?" * len(chunk))
+            rows = self._sql(f"SELECT unit, spent, spent_delta FROM units WHERE unit IN ({marks})", chunk).fetchall()
+            found.update({unit: (self._decode(blob), d) for unit, blob, d in rows})
+        for i, unit in enumerate(ids.tolist()):
+            if unit in found:
+                spent[i], spent_delta[i] = found[unit]
+        return spent, spent_delta
+
+    def _write(self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
+        rows = [
+            (unit, encode_spend(row), d) for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)
+        ]
+        try:
+            self._file.connection().executemany(
+                "INSERT INTO units (unit, spent, spent_delta) VALUES (?, ?, ?) "
+                "ON CONFLICT(unit) DO UPDATE SET spent = excluded.spent, spent_delta = excluded.spent_delta",
+                rows,
+            )
+        except sqlite3.Error as exc:
+            raise self._file.fail(exc) from None
+
+    def _sql(self, query: str, params: tuple | list = ()) -> sqlite3.Cursor:
+        try:
+            return self._file.connection().execute(query, params)
+        except sqlite3.Error as exc:
+            raise self._file.fail(exc) from None
+
+    def _read_or_create(
+        self, conn: sqlite3.Connection, budget: IndividualBudget | None, fresh: bool
+    ) -> IndividualBudget:
+        if fresh:
+            if budget is None:
+                raise LedgerError(f"no filter at {self.path}; create one with a budget first")
+            conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            conn.execute(
+                "CREATE TABLE units (unit INTEGER PRIMARY KEY, spent BLOB NOT NULL, spent_delta REAL NOT NULL)"
+            )
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("budget", json.dumps(budget.to_dict())), ("owner", self.owner)],
+            )
+            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            return budget
+        if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+            raise LedgerFormatError(f"filter {self.path} has a schema this library does not read")
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        try:
+            stored = IndividualBudget.from_dict(json.loads(meta["budget"]))
+        except (KeyError, ValueError, TypeError):
+            raise LedgerCorruptError(f"filter {self.path} has no valid budget record") from None
+        if meta.get("owner", "") != self.owner:
+            raise FilterMismatchError(f"filter {self.path} belongs to another index; refusing to use it here")
+        if budget is not None and budget != stored:
+            raise FilterMismatchError(
+                f"filter {self.path} was made with epsilon={stored.epsilon}, delta={stored.delta}; "
+                f"refusing to use it with epsilon={budget.epsilon}, delta={budget.delta}"
+            )
+        return stored
