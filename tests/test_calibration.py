@@ -256,6 +256,7 @@ def test_calibrate_accepts_an_accountant_instance() -> None:
     assert by_name == by_instance
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_a_tolerance_below_float_resolution_still_terminates() -> None:
     result = calibrate(_noise_event(0.01, 10), **{**GOOD, "tolerance": 1e-300})
     assert result.epsilon <= GOOD["epsilon"]

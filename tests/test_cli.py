@@ -22,6 +22,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
     return code, json.loads(out)
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_calibrate_subsampled_gaussian_matches_pta_table4(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run(
         capsys,

@@ -56,6 +56,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict
     return status, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_synthesize_charges_then_writes_demonstrations(data_file: Path, tmp_path: Path, capsys) -> None:
     ledger, out = tmp_path / "l.db", tmp_path / "demos.jsonl"
     status, result = _run(
@@ -413,6 +414,7 @@ def test_server_options_are_checked_before_anything_is_charged(
         budget.close()
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_progress_off_a_terminal_and_an_interrupt_after_the_charge_are_reported(
     data_file: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:

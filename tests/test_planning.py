@@ -47,6 +47,7 @@ def test_no_distribution_in_mozos_ball_gains_more_than_the_mozo_shift() -> None:
     assert mozo_shift(0.0018, 8.0) < mozo_shift(0.01, 8.0) < mozo_shift(0.1, 8.0) <= 1.0
 
 
+@pytest.mark.slow  # over 1 s: the full suite, not the unit layer
 def test_the_decoders_warn_when_the_records_cannot_change_an_answer() -> None:
     from test_decoding import backend, data
 
@@ -104,6 +105,7 @@ def test_the_plan_reproduces_the_issue_and_recommends_synthesis_when_nothing_per
         plan(records=0, epsilon=1.0, delta=1e-5, answers=1, tokens=1)
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -> None:
     assert (
         main(["plan", "--records", "1000", "--epsilon", "4", "--delta", "1e-5", "--answers", "100", "--tokens", "16"])

@@ -180,6 +180,7 @@ def test_without_replacement_never_exceeds_inner(inner, gamma: float) -> None:
     assert np.all(got >= 0)
 
 
+@pytest.mark.slow  # over 1 s: the full suite, not the unit layer
 @settings(max_examples=80, deadline=None)
 @given(_inner_curves(), rates, rates)
 def test_without_replacement_monotone_in_sampling_rate(inner, g1: float, g2: float) -> None:

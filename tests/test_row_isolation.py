@@ -90,6 +90,7 @@ def test_the_harness_passes_on_tiny_models(architecture: str, dtype: torch.dtype
     assert len(report.cases) == 13  # the prefix-cache cases ran too
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_the_harness_passes_with_two_threads(dtype: torch.dtype) -> None:
     """The suite pins one thread; deployments run torch's default (one per core), whose kernels split work by

@@ -152,6 +152,7 @@ def test_an_answer_cut_by_max_tokens_is_not_a_document() -> None:
 # ------------------------------------------------------------------------------------------ the adapters
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_langchain_structured_output_and_tools_on_the_tiny_model() -> None:
     ledger = BudgetManager(PrivacyBudget(1e5, 1e-3))
     chat = ChatDPICL(decoder=tiny_decoder(ledger, max_tokens=96), seed=0)  # byte-level: a token per character
@@ -215,6 +216,7 @@ def test_llamaindex_structured_predict() -> None:
 
 # LlamaIndex's workflow engine (FunctionAgent) lists a Pydantic model's members with inspect.getmembers, which
 # touches Pydantic's deprecated attributes (warnings raised from inspect): not ours to fix
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 @pytest.mark.filterwarnings("ignore::DeprecationWarning:inspect")
 def test_llamaindex_tool_calls_programs_and_agents() -> None:
     import asyncio

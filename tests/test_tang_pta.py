@@ -82,6 +82,7 @@ class RecordingBackend(FakeBackend):
 # ---------------------------------------------------------------------------- accounting
 
 
+@pytest.mark.slow  # over 1 s: the full suite, not the unit layer
 def test_charged_event_is_the_planned_event_and_provenance_says_so() -> None:
     data, budget = _dataset(), _budget()
     method = _pta()
@@ -110,6 +111,7 @@ def test_charged_event_is_the_planned_event_and_provenance_says_so() -> None:
         lambda: ClipBlendSynthesizer(max_tokens=4, shots_per_label=1, epsilon=2.0, template=TEMPLATE),
     ],
 )
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_a_target_epsilon_without_delta_is_met_at_the_ledgers_delta(make: Any) -> None:
     # PTASynthesizer(epsilon=2.0) charged 3.84 on a ledger with δ 1e-4: its target δ defaulted to 1/min_y n_y
     data, budget = _dataset(), BudgetManager(PrivacyBudget(epsilon=10.0, delta=1e-4))
@@ -120,6 +122,7 @@ def test_a_target_epsilon_without_delta_is_met_at_the_ledgers_delta(make: Any) -
     assert 1.9 < budget.spent().epsilon <= 2.0 + 1e-9
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_sigma_is_what_the_calibrate_command_returns() -> None:
     """σ for a target ε is `dp-icl calibrate subsampled-gaussian` at q = M·N/min|D_y|, steps = shots × T."""
     data = _dataset(n_per_label=80)
@@ -164,6 +167,7 @@ def test_sampling_rate_comes_from_the_declared_size_not_the_records() -> None:
         method.plan(PrivateDataset(base))
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_a_rate_beyond_ptas_grid_calibrates_above_it() -> None:
     """q = 12/30 over 12 steps at ε = 1 needs σ > 3 (the top of PTA's grid): the search goes on in [3, 100]
     rather than refusing a small label, and the σ found meets the target while 0.01 less does not."""
@@ -242,6 +246,7 @@ def test_noiseless_pta_with_alpha_zero_follows_the_base_prompt() -> None:
     assert list(demos[0].token_ids) == _replay(first_demo, pick)
 
 
+@pytest.mark.slow  # over 1 s: the full suite, not the unit layer
 def test_pta3_drops_the_base_prompt() -> None:
     backend = RecordingBackend(VOCAB, seed=9)
     _pta(use_base=False, max_tokens=2, shots_per_label=1).synthesize_nonprivate(
@@ -402,6 +407,7 @@ def test_presets_render_the_papers_layout() -> None:
 # ---------------------------------------------------------------------------- a tiny real GPT-2
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from transformers import GPT2Config, GPT2LMHeadModel

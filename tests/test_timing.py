@@ -195,6 +195,7 @@ def test_real_clock_padding_and_bad_settings() -> None:
             as_fixed_latency(bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 @pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
 def test_concurrent_answers_each_keep_their_own_window(kind: str) -> None:
     """Real clock: one answer alone takes ~0.32 s (8 backend calls of ≥ 40 ms: a step's public row and its

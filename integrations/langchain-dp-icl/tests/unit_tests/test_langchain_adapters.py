@@ -452,6 +452,7 @@ async def test_callers_that_give_up_while_queued_for_a_fixed_latency_window_are_
     assert len(ledger.history()) == 1  # only the first began its window; the three queued left uncharged
 
 
+@pytest.mark.slow  # over 1 s: the full suite, not the unit layer
 async def test_a_cancellation_during_the_spend_event_neither_repeats_nor_drops_it() -> None:
     from langchain_core.callbacks import AsyncCallbackHandler
 

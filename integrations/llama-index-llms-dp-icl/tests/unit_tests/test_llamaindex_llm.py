@@ -268,6 +268,7 @@ async def test_more_concurrent_async_streams_than_worker_threads_all_finish() ->
     assert len(answers) == n and len(ledger.history()) == n
 
 
+@pytest.mark.slow  # over 1 s: the full suite, not the unit layer
 async def test_a_stream_cancelled_twice_ends_cancelled_after_its_step() -> None:
     """A second cancellation while the first waits for the step in flight: still no close under a running
     worker (that raised ValueError 'generator already executing'); the task ends cancelled."""
