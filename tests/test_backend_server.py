@@ -329,8 +329,8 @@ def test_a_short_answer_in_full_vocabulary_mode_is_an_error_never_filled(hf: HFB
         full_row({"token_id:5": -1.0, "token_id:05": -1.0}, 10)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), 0.5])
-def test_a_row_that_is_not_log_probabilities_comes_back_as_nan_for_the_caller_to_judge(bad: float) -> None:
+@pytest.mark.parametrize("bad", [float("nan"), 0.5, None, "x"])
+def test_a_row_that_is_not_log_probabilities_comes_back_as_nan_for_the_caller_to_judge(bad: object) -> None:
     """The server's numbers for one prompt are NaN or positive: a NaN row, not a ServerError, whose raising would
     depend on the prompt (a record's maybe); a public caller refuses it, a method stands in for a record's."""
     row = full_row({"token_id:1": -0.1, "token_id:2": bad}, 10)

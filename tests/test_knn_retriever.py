@@ -557,3 +557,23 @@ def test_the_threshold_release_puts_noise_on_every_token_of_the_vocabulary(monke
     assert retriever.backend is not None
     (counts,) = seen
     assert counts.shape == (retriever.backend.vocab_size,) and counts.sum() > 0
+
+
+def test_a_shard_whose_row_the_model_got_wrong_abstains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN row voted for the first label (argmax returns the first NaN's index): still one shard's vote, but a
+    bias towards labels[0]. It now abstains (review of issue 30)."""
+    from dp_icl_plugin.retrieval import retriever as retriever_module
+
+    _, _, retriever = setup()
+    real = retriever.backend.next_token_logprobs
+    monkeypatch.setattr(retriever.backend, "next_token_logprobs", lambda prompts: real(prompts) * np.nan)
+    seen: list[np.ndarray] = []
+    noisy_max = retriever_module.report_noisy_max
+
+    def spy(counts: np.ndarray, **kwargs: object) -> int:
+        seen.append(np.array(counts, copy=True))
+        return noisy_max(counts, **kwargs)
+
+    monkeypatch.setattr(retriever_module, "report_noisy_max", spy)
+    retriever.classify("red thing number1", rng=np.random.default_rng(0))
+    assert len(seen) == 1 and seen[0].sum() == 0  # every shard abstained: no vote for labels[0]

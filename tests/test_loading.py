@@ -77,3 +77,24 @@ def test_any_bytes_end_in_a_dataset_or_a_configuration_error(
         path = _write(directory / name, blob)
         with contextlib.suppress(ConfigurationError):
             load_dataset(path, text_column="t", label_column="y")
+
+
+def test_small_refusals_are_typed_errors_not_crashes_or_silence() -> None:
+    """Found by the review of issue 30: each was a KeyError, an IndexError, an endless loop or a setting ignored."""
+    import numpy as np
+
+    from dp_icl_plugin import ConfigurationError, ModelFileError
+    from dp_icl_plugin.backends.gguf import named_model_file
+    from dp_icl_plugin.backends.loading import load_backend
+    from dp_icl_plugin.backends.public_rows import public_apart
+    from dp_icl_plugin.mechanisms.mozo_mixing import project_output
+
+    with pytest.raises(ModelFileError, match="no named model"):
+        named_model_file("no-such-model")
+    with pytest.raises(ConfigurationError, match="at least one row"):
+        public_apart(None, [], 0, lambda part: np.zeros((len(part), 3)))
+    uniform = np.log(np.full(3, 1 / 3))
+    with pytest.raises(ConfigurationError, match="tolerance"):
+        project_output(uniform, uniform, beta=0.5, order=8.0, tolerance=0.0)
+    with pytest.raises(ConfigurationError, match="local model only"):
+        load_backend("http://127.0.0.1:8000/v1", tokenizer="smollm2-135m-instruct", device="cpu")

@@ -191,3 +191,30 @@ def test_a_spend_a_rounding_step_past_the_cap_is_refused() -> None:
     under = np.full(len(caps), np.inf)
     under[best] = caps[best] * (1 - 2e-9)  # what noise_for_uses leaves: still fits
     assert admissible(budget, spent, np.zeros(1), under, 0.0)[0]
+
+
+def test_a_move_that_fails_half_way_leaves_no_second_filter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writing the units' spend into the new file failed after its budget was written: that file (same owner, zero
+    spend) stayed at the path beside the live in-memory filter, two live filters for the same units (review of
+    issue 30). The copy is now written under a private name and renamed into place only when whole."""
+    from dp_icl_plugin.accounting.stores import filter_sqlite
+
+    b = IndividualBudget(epsilon=1.0, delta=1e-5)
+    f = RenyiFilter(b, owner="index-a")
+    cost = gaussian_cost(10.0, b, delta=0.0)
+    charges = 0
+    while f.charge(np.array([1]), cost)[0]:  # unit 1 spends its whole budget
+        charges += 1
+    assert charges > 1
+
+    def broken(self: object, *args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(filter_sqlite.SQLiteFilterStore, "_write", broken)
+    with pytest.raises(OSError, match="disk full"):
+        f.move_to(tmp_path / "moved.sqlite")
+    assert list(tmp_path.iterdir()) == []  # no file, no partial file, no journal
+    assert not f.charge(np.array([1]), cost)[0]  # the in-memory filter is still the only one, and still refuses 1
+    monkeypatch.undo()
+    moved = f.move_to(tmp_path / "moved.sqlite")
+    assert not moved.charge(np.array([1]), cost)[0] and moved.charge(np.array([2]), cost)[0]

@@ -142,6 +142,8 @@ def event_from_dict(data: Mapping[str, Any]) -> DPEvent:
         kwargs[f.name] = value
     try:
         return cls(**kwargs)
+    except ConfigurationError:
+        raise
     except TypeError as exc:
         raise ConfigurationError(f"malformed {cls.type_name!r} event: {exc}") from None
 

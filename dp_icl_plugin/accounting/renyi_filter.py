@@ -23,6 +23,7 @@ same units). Several workers share an SQLite file or a PostgreSQL database.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -67,7 +68,7 @@ class RenyiFilter:
         if budget is not None and not isinstance(budget, IndividualBudget):
             raise ConfigurationTypeError("budget must be an IndividualBudget")
         if not isinstance(owner, str):
-            raise ConfigurationError("owner must be a string")
+            raise ConfigurationTypeError("owner must be a string")
         self.owner = owner
         self.url: str | None = None  # the database, password masked, for a filter on PostgreSQL
         self.path: Path | None = None  # the file, for a filter in SQLite
@@ -228,10 +229,25 @@ class RenyiFilter:
         if Path(path).exists():
             raise ConfigurationError(f"{path} exists; a copy is written to a new filter file")
         units, spent, spent_delta = self.all_spent()
-        copy = RenyiFilter(self.budget, path=path, owner=owner)
-        if len(units):
-            copy._store.atomically(len(self.budget.orders), lambda _, write: write(units, spent, spent_delta))
-        return copy
+        # written whole under a private name and renamed into place: a copy that failed half-way (its budget
+        # written, its units' spend not) must never be found at ``path`` as a second live filter at zero spend
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.partial-{os.getpid()}-{threading.get_ident()}")
+        try:
+            copy = RenyiFilter(self.budget, path=partial, owner=owner)
+            try:
+                if len(units):
+                    copy._store.atomically(len(self.budget.orders), lambda _, write: write(units, spent, spent_delta))
+            finally:
+                copy.close()
+            if target.exists():
+                raise ConfigurationError(f"{path} exists; a copy is written to a new filter file")
+            os.replace(partial, target)
+        except BaseException:
+            for leftover in (partial, *(partial.with_name(partial.name + end) for end in ("-wal", "-shm", "-journal"))):
+                leftover.unlink(missing_ok=True)
+            raise
+        return RenyiFilter(self.budget, path=target, owner=owner)
 
     def close(self) -> None:
         """Close the file's or database's connection (an in-memory filter has none)."""

@@ -88,7 +88,9 @@ def named_model_file(name: str) -> Path:
     Raises:
         ModelFileError: the package is not installed.
     """
-    model = MODELS[name]
+    model = MODELS.get(name)
+    if model is None:
+        raise ModelFileError(f"no named model {name!r}; known: {', '.join(sorted(MODELS))}")
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelFileError(

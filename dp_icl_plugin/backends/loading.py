@@ -47,13 +47,16 @@ def load_backend(
         **server_settings: further :class:`~dp_icl_plugin.backends.server.ServerBackend` settings (server URLs only).
 
     Raises:
-        ConfigurationError: a server URL without ``tokenizer``, server settings for a local model, or what the
-            backend refuses.
+        ConfigurationError: a server URL without ``tokenizer`` or with a local model's ``device`` or ``dtype``,
+            server settings for a local model, or what the backend refuses.
         ModelFileError: the local model cannot be read.
         BackendError: the model could not be loaded.
         ServerError: the server failed or does not match.
     """
     if is_server_url(model):
+        local = [name for name, value in (("device", device), ("dtype", dtype)) if value is not None]
+        if local:  # the server chose them: refused, never silently ignored
+            raise ConfigurationError(f"{', '.join(local)} apply to a local model only, not to a server URL")
         if tokenizer is None:
             raise ConfigurationError(
                 "a server URL needs tokenizer= (the served model's folder, .gguf file or name): "

@@ -64,6 +64,8 @@ def public_apart(
         ConfigurationError: ``public`` outside ``[0, len(rows)]``.
         BackendError: a call returned another number of rows than it was given.
     """
+    if len(rows) == 0:
+        raise ConfigurationError("a step needs at least one row")
     public = _check_public(public, len(rows))
     parts = [list(rows[:public]), list(rows[public:])]
     outputs = []

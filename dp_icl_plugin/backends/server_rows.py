@@ -75,9 +75,13 @@ def full_row(top: Mapping[str, float], vocab_size: int, *, complete: bool = Fals
     ids = np.fromiter((token_id(k) for k in top), dtype=np.int64, count=len(top))
     if len(np.unique(ids)) < len(ids):
         raise ServerError("the server returned a token id twice")
-    values = np.fromiter((float(v) for v in top.values()), dtype=np.float64, count=len(top))
+    values = np.fromiter(
+        (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan for v in top.values()),
+        dtype=np.float64,
+        count=len(top),
+    )
     if np.isnan(values).any() or (values > 1e-3).any():
-        # the model's numerics failed on this prompt (NaN, or not a log-probability): a row of NaN, which the
+        # the model's numerics failed on this prompt (NaN, null, or not a log-probability): a row of NaN, which the
         # caller judges (a public row is refused, a record's row stood in for); never an error of its own, whose
         # raising would depend on the prompt, a record's maybe
         return np.full(vocab_size, np.nan, dtype=np.float32)

@@ -120,7 +120,12 @@ class JSONSchemaAnswers:
     """
 
     def __init__(self, backend: NextTokenBackend, schema: object) -> None:
-        from llguidance import LLMatcher
+        try:
+            from llguidance import LLMatcher
+        except ImportError as exc:
+            raise ConfigurationError(
+                "structured answers need llguidance: pip install 'dp-icl-plugin[structured]'"
+            ) from exc
 
         self.schema = json_schema_of(schema)
         if backend.eos_token_id is None:

@@ -377,6 +377,7 @@ def project_output(
         ConfigurationError: a parameter is out of range, or the rows are malformed or of different shapes.
     """
     a = check.order("order", order)
+    tolerance = check.positive_finite("tolerance", tolerance)  # a bracket of width 0 would never close
     r1, r2 = holder_radii(beta, a)
     out = _log_normalize(_as_logprobs("product", product, 1))
     c0 = _log_normalize(_as_logprobs("center", center, 1))

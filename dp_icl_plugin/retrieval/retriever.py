@@ -597,7 +597,10 @@ class PrivateKNN:
         ]
         if prompts:
             scores = self.backend.next_token_logprobs(prompts)[:, self._label_token_ids()]
-            np.add.at(counts, np.argmax(scores, axis=1), 1.0)
+            # a shard whose row the model got wrong (NaN, +inf, nothing finite) abstains: its vote is still a
+            # function of that shard alone, and one vote fewer moves the histogram less than a changed vote
+            usable = ~np.isnan(scores).any(axis=1) & ~np.isposinf(scores).any(axis=1) & np.isfinite(scores).any(axis=1)
+            np.add.at(counts, np.argmax(scores[usable], axis=1), 1.0)
         label = self.labels[report_noisy_max(counts, noise_std=self.noise_std, rng=rng)]
         return Classification(label, "classify", retrieval.ledger_entry)
 

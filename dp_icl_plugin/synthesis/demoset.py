@@ -72,6 +72,8 @@ class Provenance:
         """
         try:
             return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        except ConfigurationError:
+            raise
         except TypeError as exc:
             raise ConfigurationError(f"bad demonstration-set provenance: {exc}") from None
 
