@@ -65,7 +65,7 @@ def _cached_prefix(model, prefix: list[int], rows: int):
 def _split(backend: HFBackend, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     """A chat prompt's ids cut into the reusable prefix and the query part: what it shares at its end with the
     zero-shot prompt (the query turn and the generation prompt), as the decoder cuts it."""
-    from dp_icl_plugin.backends.shared_suffix import common_suffix_length
+    from dp_icl_plugin.backends.shared_rows import common_suffix_length
 
     full = backend.apply_chat_template(messages)
     zero = backend.apply_chat_template(QUERY)

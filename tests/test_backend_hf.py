@@ -695,7 +695,7 @@ def test_mozo_steps_through_prefix_caches_give_the_full_prompts_distributions(ba
         top_k=20,
         template=ANSWER_PRESETS["ginc"],
     )
-    from dp_icl_plugin.backends.shared_suffix import rows_logprobs
+    from dp_icl_plugin.backends.shared_rows import rows_logprobs
 
     query = " ".join(names[20:26])
     zero = decoder._ids(query, None)
@@ -734,7 +734,7 @@ def test_mozo_offline_synthesis_through_prefix_caches_equals_full_prompts(backen
 
 
 def test_a_session_started_from_prefix_caches_grows_like_a_fresh_one(backend: HFBackend) -> None:
-    from dp_icl_plugin.backends.shared_suffix import start_rows
+    from dp_icl_plugin.backends.shared_rows import start_rows
 
     prefixes = [[5, 9, 11], [5, 17, 4, 22, 8], [5, 30]]
     suffix = [40, 41, 42]
@@ -804,7 +804,7 @@ def test_a_copied_backend_carries_no_cached_private_prefix(backend: HFBackend) -
 
 
 def test_prefix_cache_tokens_zero_computes_every_prompt_whole(model_dir: Path) -> None:
-    from dp_icl_plugin.backends.shared_suffix import rows_logprobs, start_rows
+    from dp_icl_plugin.backends.shared_rows import rows_logprobs, start_rows
 
     plain = HFBackend.from_pretrained(model_dir, prefix_cache_tokens=0)
     rows = [[5, 9, 11, 40, 41], [5, 30, 40, 41]]
@@ -830,7 +830,7 @@ def test_sliding_window_models_do_not_use_the_prefix_cache() -> None:
 
 
 def test_rows_sharing_a_prefix_give_the_full_prompts_distributions(backend: HFBackend) -> None:
-    from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs
+    from dp_icl_plugin.backends.shared_rows import prefix_rows_logprobs
 
     header = [5, 9, 11, 13, 17, 19]
     rows = [[*header, 40, 41], [*header, 23, 24, 25, 40, 41], [*header, 30, 40, 41], [60, 61, 40], [*header, 7]]
@@ -902,7 +902,7 @@ def _tiny_llama() -> object:  # rotary positions: the shared prefix's positions 
 
 @pytest.mark.parametrize("architecture", ["gpt2", "llama"])
 def test_a_session_started_after_a_shared_prefix_grows_like_a_fresh_one(model_dir: Path, architecture: str) -> None:
-    from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
+    from dp_icl_plugin.backends.shared_rows import start_prefix_rows
 
     if architecture == "gpt2":  # several micro-batches, one with no row that starts with the prefix
         small = HFBackend.from_pretrained(model_dir, micro_batch_size=2)
@@ -931,7 +931,7 @@ def test_a_session_started_after_a_shared_prefix_grows_like_a_fresh_one(model_di
 
 
 def test_the_shared_prefix_is_cached_whether_or_not_the_rows_start_with_it(backend: HFBackend) -> None:
-    from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs, start_prefix_rows
+    from dp_icl_plugin.backends.shared_rows import prefix_rows_logprobs, start_prefix_rows
 
     header = [5, 9, 11, 13]
     for rows in ([[*header, 40, 41], [60, 61]], [[60, 61, 62], [70, 71]]):  # what the cache holds is public

@@ -7,7 +7,7 @@ a per-batch scale does (measured by the review: a tiny Llama under ``torch.ao`` 
 zero-shot row by 6.1e-3 when one drawn record was long instead of short). Here a backend that couples every
 row of a call to the call's longest prompt stands in for any such model or server: the public rows must not
 move, on every method, because they never share a call with a record's row. Each test failed before the
-methods sent the public rows on their own (``public=`` in :mod:`dp_icl_plugin.backends.shared_suffix`).
+methods sent the public rows on their own (``public=`` in :mod:`dp_icl_plugin.backends.shared_rows`).
 """
 
 from __future__ import annotations

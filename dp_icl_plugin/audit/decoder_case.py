@@ -58,7 +58,7 @@ import numpy as np
 from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.backends.hf_rows import cache_from_layers, cache_layers
-from dp_icl_plugin.backends.shared_suffix import common_suffix_length
+from dp_icl_plugin.backends.shared_rows import common_suffix_length
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.decoding.decoders import MozoDecoder
 from dp_icl_plugin.ginc.language import symbol_names

@@ -34,7 +34,7 @@ from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.backends.fake import FakeBackend
-from dp_icl_plugin.backends.shared_suffix import start_rows
+from dp_icl_plugin.backends.shared_rows import start_rows
 from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder, expert_scores, expert_token
 from dp_icl_plugin.retrieval.index import PrivateIndex
 from dp_icl_plugin.retrieval.retriever import KNNConfig, PrivateKNN

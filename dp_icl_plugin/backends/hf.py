@@ -33,7 +33,7 @@ from dp_icl_plugin.backends.hf_rows import IsolatedForward, RowKV, RowState, Row
 from dp_icl_plugin.backends.hf_tokenizer import TokenizerBackendBase
 from dp_icl_plugin.backends.model_reference import check_model_reference
 from dp_icl_plugin.backends.row_shapes import RowShapes
-from dp_icl_plugin.backends.shared_suffix import prefix_members, suffix_members
+from dp_icl_plugin.backends.shared_rows import prefix_members, suffix_members
 from dp_icl_plugin.errors import BackendError, ConfigurationError, DPICLError
 
 __all__ = ["HFBackend", "HFIncrementalSession"]

@@ -56,7 +56,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k, context_limit
-from dp_icl_plugin.backends.shared_suffix import public_suffix, start_rows
+from dp_icl_plugin.backends.shared_rows import public_suffix, start_rows
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.decoding.choices import AnswerChoices
 from dp_icl_plugin.decoding.contract import (

@@ -52,7 +52,7 @@ from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k
-from dp_icl_plugin.backends.shared_suffix import start_rows
+from dp_icl_plugin.backends.shared_rows import start_rows
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.decoding.choices import AnswerChoices
 from dp_icl_plugin.decoding.contract import DecodedAnswer, Query

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from dp_icl_plugin.backends.base import NextTokenBackend
-from dp_icl_plugin.backends.shared_suffix import prefix_rows_logprobs
+from dp_icl_plugin.backends.shared_rows import prefix_rows_logprobs
 from dp_icl_plugin.data.records import PrivateRecord
 from dp_icl_plugin.mechanisms.vocabulary import limit_vocabulary
 from dp_icl_plugin.steps.token_step import TokenStep, public_checked

@@ -6,7 +6,7 @@ Per token: ``n_shots`` records drawn uniformly without replacement from the whol
 sampling of Wang, Balle & Kasiviswanathan 2019, Thm 9, that the accounting amplifies by, q = n_shots/|D|); each
 gives a one-shot prompt ``record + query + answer so far``; the zero-shot prompt ``query + answer so far`` is
 public and computed in a backend call of its own. The rows that end with the public query suffix take their
-record part from the backend's prefix cache (:func:`~dp_icl_plugin.backends.shared_suffix.rows_logprobs`). The
+record part from the backend's prefix cache (:func:`~dp_icl_plugin.backends.shared_rows.rows_logprobs`). The
 release is the projected mechanism (:func:`~dp_icl_plugin.mechanisms.mozo_mixing.mozo_token`, ``variant="projected"``):
 (α, 4βα)-RDP per token under replace-one neighbours, whatever the records
 (:func:`~dp_icl_plugin.accounting.method_events.mozo_event` composes it). ``beta=None`` is the ε = ∞ few-shot
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from dp_icl_plugin.backends.base import NextTokenBackend
-from dp_icl_plugin.backends.shared_suffix import rows_logprobs
+from dp_icl_plugin.backends.shared_rows import rows_logprobs
 from dp_icl_plugin.data.records import PrivateRecord
 from dp_icl_plugin.mechanisms.mozo_mixing import mozo_token, nonprivate_token
 from dp_icl_plugin.steps.token_step import TokenStep, public_checked
@@ -38,7 +38,7 @@ class MozoStep(TokenStep):
         zero_shot: the public prompt's ids (the query, no record).
         one_shot: a record's one-shot prompt ids for this query (computed once per record drawn).
         suffix: the public query tokens every row may end with
-            (:func:`~dp_icl_plugin.backends.shared_suffix.public_suffix`), or ``()``.
+            (:func:`~dp_icl_plugin.backends.shared_rows.public_suffix`), or ``()``.
         beta: the target leakage β of each token, or None for the noiseless ε = ∞ ensemble.
         order: the Rényi order α the mixing is fitted at.
         top_k: the public top-k support of the zero-shot row.

@@ -58,7 +58,7 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
 from dp_icl_plugin.backends.base import NextTokenBackend, Prompt, check_logprobs, context_limit
 from dp_icl_plugin.backends.recompute import RecomputingSession as ReencodingSession
-from dp_icl_plugin.backends.shared_suffix import start_prefix_rows
+from dp_icl_plugin.backends.shared_rows import start_prefix_rows
 from dp_icl_plugin.data.records import PrivateDataset
 from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.steps.clip_blend_step import ClipBlendStep, assign_groups

@@ -48,7 +48,7 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
-from dp_icl_plugin.backends.shared_suffix import public_suffix
+from dp_icl_plugin.backends.shared_rows import public_suffix
 from dp_icl_plugin.data.records import Demonstration, PrivateDataset, PrivateRecord
 from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError, DPICLError
 from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX

@@ -23,7 +23,7 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
-from dp_icl_plugin.backends.shared_suffix import common_prefix_length
+from dp_icl_plugin.backends.shared_rows import common_prefix_length
 from dp_icl_plugin.data.records import PrivateRecord
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.templates.demonstration import PromptTemplate

@@ -4,7 +4,6 @@ cancellation, metadata; on a tiny byte-level GPT-2 built here (no server)."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 from typing import Any
 
@@ -18,30 +17,12 @@ from adapter_fixtures import CANARY, SlowBackend, backend, dataset
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.llms.dp_icl import DPICL, DPSpendEvent
+from llama_index.llms.dp_icl import DPICL
 from llama_index.retrievers.dp_icl import DPICLRetriever
+from llamaindex_fixtures import llm_and_ledger
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget, PrivateDataset
 from dp_icl_plugin.decoding.decoders import MozoDecoder
-
-
-class Spends(BaseEventHandler):
-    events: list[Any] = []  # noqa: RUF012  (a pydantic field: copied per instance)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Spends"
-
-    def handle(self, event: Any, **kwargs: Any) -> None:
-        if isinstance(event, DPSpendEvent):
-            self.events.append(event)
-
-
-@functools.cache
-def llm_and_ledger() -> tuple[DPICL, BudgetManager]:
-    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=6, beta=0.5, top_k=20)
-    return DPICL(decoder, rng=np.random.default_rng(0)), ledger
 
 
 def test_llm_complete_stream_chat_each_charged_and_private_data_not_serialised() -> None:

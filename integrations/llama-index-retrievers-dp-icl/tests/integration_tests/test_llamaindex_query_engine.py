@@ -4,8 +4,6 @@ reported, no record text in the answer's sources (a tiny byte-level GPT-2 built 
 from __future__ import annotations
 
 import asyncio
-import functools
-from typing import Any
 
 import numpy as np
 import pytest
@@ -13,34 +11,11 @@ import pytest
 pytest.importorskip("llama_index.core")
 pytest.importorskip("torch")
 
-from adapter_fixtures import CANARY, backend, dataset, knn_core
+from adapter_fixtures import CANARY, knn_core
 from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.query_engine import RetrieverQueryEngine
-from llama_index.llms.dp_icl import DPICL, DPSpendEvent
 from llama_index.retrievers.dp_icl import DPICLRetriever
-
-from dp_icl_plugin import BudgetManager, PrivacyBudget
-from dp_icl_plugin.decoding.decoders import MozoDecoder
-
-
-class Spends(BaseEventHandler):
-    events: list[Any] = []  # noqa: RUF012  (a pydantic field: copied per instance)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Spends"
-
-    def handle(self, event: Any, **kwargs: Any) -> None:
-        if isinstance(event, DPSpendEvent):
-            self.events.append(event)
-
-
-@functools.cache
-def llm_and_ledger() -> tuple[DPICL, BudgetManager]:
-    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = MozoDecoder(dataset(), backend=backend(), budget=ledger, n_queries=100, max_tokens=6, beta=0.5, top_k=20)
-    return DPICL(decoder, rng=np.random.default_rng(0)), ledger
+from llamaindex_fixtures import Spends, llm_and_ledger
 
 
 def test_query_engine_with_the_dp_retriever_and_llm_sync_and_async() -> None:
