@@ -146,6 +146,17 @@ def test_error_tree() -> None:
     )
     assert issubclass(errors.ServerMismatchError, errors.ConfigurationError)  # raised before anything is charged
     assert issubclass(errors.ShareExhaustedError, errors.BudgetExhaustedError)  # a refusal: nothing committed
+    # a wrong type: caught as either a ConfigurationError or a TypeError
+    assert issubclass(errors.ConfigurationTypeError, errors.ConfigurationError)
+    assert issubclass(errors.ConfigurationTypeError, TypeError)
+    for wrong in (
+        lambda: dp_icl_plugin.TangSynthesizer(noise_multiplier=1.0).plan("not a dataset"),
+        lambda: dp_icl_plugin.PrivateKNN("not an index", budget=None),
+        lambda: dp_icl_plugin.accounting.RenyiFilter(dp_icl_plugin.IndividualBudget(1.0, 1e-5), owner=3),
+        lambda: dp_icl_plugin.TangConfig(n_prompts=2.5),
+    ):
+        with pytest.raises(TypeError):
+            wrong()
 
 
 def test_core_import_loads_no_heavy_framework() -> None:
