@@ -253,3 +253,91 @@ def test_many_interleaved_streams_all_finish_as_if_alone(make) -> None:
     alone = make(BudgetManager(PrivacyBudget(100.0, 1e-2)), max_tokens=4, n_queries=8)
     assert texts == [alone.generate("a b", rng=np.random.default_rng(i)).text for i in range(8)]
     assert len(ledger.history()) == 8
+
+
+def test_named_constructors_build_the_decoder_the_keywords_build() -> None:
+    """Config objects: a budget share and the mechanism's settings, through with_epsilon beside an explicit β or τ
+    (with_beta, with_temperature); the same decoder, the same answers for the same rng."""
+    from dp_icl_plugin import BudgetShare, ClipBlendSettings, MozoSettings
+
+    share = BudgetShare(epsilon=2.0, n_queries=5, max_tokens=4)
+    built = [
+        (
+            MozoDecoder.with_epsilon(
+                data(),
+                share,
+                backend=backend(),
+                budget=BudgetManager(PrivacyBudget(1e4, 1e-3)),
+                settings=MozoSettings(top_k=6),
+            ),
+            mozo(BudgetManager(PrivacyBudget(1e4, 1e-3))),
+        ),
+        (
+            MozoDecoder.with_beta(
+                data(),
+                0.3,
+                n_queries=5,
+                max_tokens=4,
+                backend=backend(),
+                budget=BudgetManager(PrivacyBudget(1e4, 1e-3)),
+                settings=MozoSettings(top_k=6),
+            ),
+            mozo(BudgetManager(PrivacyBudget(1e4, 1e-3)), epsilon=None, beta=0.3),
+        ),
+        (
+            ClipBlendDecoder.with_epsilon(
+                data(),
+                share,
+                settings=ClipBlendSettings(subset_size=10),
+                rng_subset=np.random.default_rng(1),
+                backend=backend(),
+                budget=BudgetManager(PrivacyBudget(1e4, 1e-3)),
+            ),
+            clip(BudgetManager(PrivacyBudget(1e4, 1e-3))),
+        ),
+        (
+            ClipBlendDecoder.with_temperature(
+                data(),
+                3.0,
+                n_queries=5,
+                max_tokens=4,
+                settings=ClipBlendSettings(subset_size=10),
+                rng_subset=np.random.default_rng(1),
+                backend=backend(),
+                budget=BudgetManager(PrivacyBudget(1e4, 1e-3)),
+            ),
+            clip(BudgetManager(PrivacyBudget(1e4, 1e-3)), epsilon=None, temperature=3.0),
+        ),
+    ]
+    for named, keywords in built:
+        assert named.answer_event() == keywords.answer_event() and named.n_queries == keywords.n_queries
+        a = named.generate("a b", rng=np.random.default_rng(7))
+        b = keywords.generate("a b", rng=np.random.default_rng(7))
+        assert a.token_ids == b.token_ids
+
+
+def test_config_objects_refuse_wrong_types_and_values_before_anything_is_charged() -> None:
+    from dp_icl_plugin import BudgetShare, ClipBlendSettings, ConfigurationTypeError, MozoSettings
+
+    with pytest.raises(TypeError):
+        BudgetShare(epsilon="2", n_queries=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError) as caught:
+        BudgetShare(epsilon=-1.0, n_queries=5)
+    assert not isinstance(caught.value, TypeError)  # a wrong value, not a wrong type
+    with pytest.raises(ConfigurationError, match="exceeds population_size"):
+        ClipBlendSettings(subset_size=20, population_size=10)
+    with pytest.raises(ConfigurationTypeError):
+        MozoSettings(n_shots=2.5)  # type: ignore[arg-type]
+    ledger = BudgetManager(PrivacyBudget(10.0, 1e-3))
+    with pytest.raises(ConfigurationTypeError, match="BudgetShare"):
+        MozoDecoder.with_epsilon(data(), (2.0, 5), backend=backend(), budget=ledger)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationTypeError, match="ClipBlendSettings"):
+        ClipBlendDecoder.with_epsilon(
+            data(),
+            BudgetShare(2.0, 5),
+            settings={"subset_size": 10},
+            rng_subset=np.random.default_rng(1),  # type: ignore[arg-type]
+            backend=backend(),
+            budget=ledger,
+        )
+    assert ledger.history() == []

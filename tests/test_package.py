@@ -18,6 +18,9 @@ import dp_icl_plugin
 from dp_icl_plugin import accounting
 
 PUBLIC_API = {  # what a user imports: ``from dp_icl_plugin import ...``
+    "MozoSettings",
+    "ClipBlendSettings",
+    "BudgetShare",
     "ADD_REMOVE",
     "ANSWER_PRESETS",
     "AdaDPSynConfig",

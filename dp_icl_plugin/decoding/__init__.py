@@ -7,16 +7,20 @@ from dp_icl_plugin.decoding.contract import AnswerStream, DecodedAnswer, Decoder
 from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 from dp_icl_plugin.decoding.factory import DECODING_METHODS, build_decoder
 from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder
+from dp_icl_plugin.decoding.shares import BudgetShare, ClipBlendSettings, MozoSettings
 
 __all__ = [
     "DECODING_METHODS",
     "AnswerChoices",
     "AnswerStream",
+    "BudgetShare",
     "ClipBlendDecoder",
+    "ClipBlendSettings",
     "DecodedAnswer",
     "Decoder",
     "KNNExpertDecoder",
     "MozoDecoder",
+    "MozoSettings",
     "Query",
     "build_decoder",
 ]

@@ -44,6 +44,7 @@ import json
 import threading
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,7 @@ from dp_icl_plugin.decoding.contract import (
     Query,
     check_query,
 )
+from dp_icl_plugin.decoding.shares import BudgetShare, ClipBlendSettings, MozoSettings
 from dp_icl_plugin.decoding.structured import JSONSchemaAnswers, json_schema_of, with_instruction
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, ShareExhaustedError, iterate_after_charge
 from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX
@@ -681,6 +683,103 @@ class MozoDecoder(_DatasetDecoder):
             "raise epsilon, or lower n_queries or max_tokens (beta is spread over every token)",
         )
 
+    @classmethod
+    def with_epsilon(
+        cls,
+        dataset: PrivateDataset,
+        share: BudgetShare,
+        *,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        settings: MozoSettings | None = None,
+        template: AnswerTemplate | None = None,
+        fixed_latency: float | FixedLatency | None = None,
+        choices: Sequence[str] | AnswerChoices | None = None,
+    ) -> MozoDecoder:
+        """A decoder whose β is calibrated so that ``share``'s answers together meet its ε.
+
+        Args:
+            dataset: the private records.
+            share: this decoder's share of ``budget``.
+            backend: the language model.
+            budget: the shared ledger.
+            settings: the mechanism's settings (default: the paper's).
+            template: as the constructor.
+            fixed_latency: as the constructor.
+            choices: as the constructor.
+
+        Returns:
+            The decoder.
+
+        Raises:
+            ConfigurationTypeError: an argument of the wrong type.
+            ConfigurationError: what the constructor refuses (nothing is charged).
+        """
+        if not isinstance(share, BudgetShare):
+            raise ConfigurationTypeError("share must be a BudgetShare")
+        return cls(
+            dataset,
+            backend=backend,
+            budget=budget,
+            n_queries=share.n_queries,
+            max_tokens=share.max_tokens,
+            epsilon=share.epsilon,
+            delta=share.delta,
+            **_mozo_settings(settings),
+            template=template,
+            fixed_latency=fixed_latency,
+            choices=choices,
+        )
+
+    @classmethod
+    def with_beta(
+        cls,
+        dataset: PrivateDataset,
+        beta: float,
+        *,
+        n_queries: int,
+        max_tokens: int = 32,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        settings: MozoSettings | None = None,
+        template: AnswerTemplate | None = None,
+        fixed_latency: float | FixedLatency | None = None,
+        choices: Sequence[str] | AnswerChoices | None = None,
+    ) -> MozoDecoder:
+        """A decoder at the target leakage β itself (accounted as given; each answer is charged its tokens).
+
+        Args:
+            dataset: the private records.
+            beta: β of every token.
+            n_queries: the answers this decoder gives.
+            max_tokens: the most tokens of one answer.
+            backend: the language model.
+            budget: the shared ledger.
+            settings: the mechanism's settings (default: the paper's).
+            template: as the constructor.
+            fixed_latency: as the constructor.
+            choices: as the constructor.
+
+        Returns:
+            The decoder.
+
+        Raises:
+            ConfigurationTypeError: an argument of the wrong type.
+            ConfigurationError: what the constructor refuses (nothing is charged).
+        """
+        return cls(
+            dataset,
+            backend=backend,
+            budget=budget,
+            n_queries=n_queries,
+            max_tokens=max_tokens,
+            beta=beta,
+            **_mozo_settings(settings),
+            template=template,
+            fixed_latency=fixed_latency,
+            choices=choices,
+        )
+
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
         """The event one answer of at most ``max_tokens`` tokens is charged (its worst case).
 
@@ -821,6 +920,110 @@ class ClipBlendDecoder(_DatasetDecoder):
         )
         self._subset = [self._records[int(i)] for i in members]
 
+    @classmethod
+    def with_epsilon(
+        cls,
+        dataset: PrivateDataset,
+        share: BudgetShare,
+        *,
+        settings: ClipBlendSettings,
+        rng_subset: np.random.Generator,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        template: AnswerTemplate | None = None,
+        fixed_latency: float | FixedLatency | None = None,
+        choices: Sequence[str] | AnswerChoices | None = None,
+    ) -> ClipBlendDecoder:
+        """A decoder whose τ is calibrated so that ``share``'s answers together meet its ε under the ledger's
+        relation.
+
+        Args:
+            dataset: the private records.
+            share: this decoder's share of ``budget``.
+            settings: the mechanism's settings (the subset size is required).
+            rng_subset: the draw of the fixed subset.
+            backend: the language model.
+            budget: the shared ledger.
+            template: as the constructor.
+            fixed_latency: as the constructor.
+            choices: as the constructor.
+
+        Returns:
+            The decoder.
+
+        Raises:
+            ConfigurationTypeError: an argument of the wrong type.
+            ConfigurationError: what the constructor refuses (nothing is charged).
+        """
+        if not isinstance(share, BudgetShare):
+            raise ConfigurationTypeError("share must be a BudgetShare")
+        return cls(
+            dataset,
+            backend=backend,
+            budget=budget,
+            n_queries=share.n_queries,
+            max_tokens=share.max_tokens,
+            epsilon=share.epsilon,
+            delta=share.delta,
+            **_clip_blend_settings(settings),
+            rng_subset=rng_subset,
+            template=template,
+            fixed_latency=fixed_latency,
+            choices=choices,
+        )
+
+    @classmethod
+    def with_temperature(
+        cls,
+        dataset: PrivateDataset,
+        temperature: float,
+        *,
+        n_queries: int,
+        max_tokens: int = 32,
+        settings: ClipBlendSettings,
+        rng_subset: np.random.Generator,
+        backend: NextTokenBackend,
+        budget: BudgetManager,
+        template: AnswerTemplate | None = None,
+        fixed_latency: float | FixedLatency | None = None,
+        choices: Sequence[str] | AnswerChoices | None = None,
+    ) -> ClipBlendDecoder:
+        """A decoder at the temperature τ itself (the mechanism's own, accounted as given).
+
+        Args:
+            dataset: the private records.
+            temperature: τ.
+            n_queries: the answers this decoder gives.
+            max_tokens: the most tokens of one answer.
+            settings: the mechanism's settings (the subset size is required).
+            rng_subset: the draw of the fixed subset.
+            backend: the language model.
+            budget: the shared ledger.
+            template: as the constructor.
+            fixed_latency: as the constructor.
+            choices: as the constructor.
+
+        Returns:
+            The decoder.
+
+        Raises:
+            ConfigurationTypeError: an argument of the wrong type.
+            ConfigurationError: what the constructor refuses (nothing is charged).
+        """
+        return cls(
+            dataset,
+            backend=backend,
+            budget=budget,
+            n_queries=n_queries,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            **_clip_blend_settings(settings),
+            rng_subset=rng_subset,
+            template=template,
+            fixed_latency=fixed_latency,
+            choices=choices,
+        )
+
     def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
         """The event one answer of at most ``max_tokens`` tokens is charged (its worst case).
 
@@ -855,3 +1058,17 @@ class ClipBlendDecoder(_DatasetDecoder):
                 token = self._draw(lambda rows: step.release(rows, rng), step.rows(generated, rng), generated, rule)
                 generated.append(token)
                 yield token
+
+
+def _mozo_settings(settings: MozoSettings | None) -> dict[str, Any]:
+    if settings is None:
+        settings = MozoSettings()
+    if not isinstance(settings, MozoSettings):
+        raise ConfigurationTypeError("settings must be a MozoSettings")
+    return {f.name: getattr(settings, f.name) for f in fields(settings)}
+
+
+def _clip_blend_settings(settings: ClipBlendSettings) -> dict[str, Any]:
+    if not isinstance(settings, ClipBlendSettings):
+        raise ConfigurationTypeError("settings must be a ClipBlendSettings")
+    return {f.name: getattr(settings, f.name) for f in fields(settings)}
