@@ -36,7 +36,14 @@ from dp_icl_plugin.accounting import (
     get_accountant,
     to_relation,
 )
-from dp_icl_plugin.backends import FakeBackend, HFBackend, IncrementalSession, NextTokenBackend, ServerBackend
+from dp_icl_plugin.backends import (
+    FakeBackend,
+    HFBackend,
+    IncrementalSession,
+    NextTokenBackend,
+    ServerBackend,
+    ServerSettings,
+)
 from dp_icl_plugin.data import Demonstration, PrivateDataset, PrivateRecord, load_dataset
 from dp_icl_plugin.decoding import (
     AnswerChoices,
@@ -164,6 +171,7 @@ __all__ = [
     "ServerError",
     "ServerMismatchError",
     "ServerRateLimitError",
+    "ServerSettings",
     "ServerUnavailableError",
     "ShareExhaustedError",
     "SynthesisMethod",

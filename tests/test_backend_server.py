@@ -335,3 +335,23 @@ def test_a_row_that_is_not_log_probabilities_comes_back_as_nan_for_the_caller_to
     depend on the prompt (a record's maybe); a public caller refuses it, a method stands in for a record's."""
     row = full_row({"token_id:1": -0.1, "token_id:2": bad}, 10)
     assert row.shape == (10,) and row.dtype == np.float32 and np.isnan(row).all()
+
+
+def test_server_settings_as_one_config_object(hf: HFBackend) -> None:
+    from dp_icl_plugin import ConfigurationTypeError, ServerSettings
+
+    fake = FakeVLLM(hf)
+    settings = ServerSettings(api_key="secret-key", timeout=30.0, max_retries=0, backoff=0.0, max_concurrency=4)
+    assert "secret-key" not in repr(settings)
+    backend = ServerBackend.with_settings(
+        "http://127.0.0.1:8000", hf.tokenizer, settings, top_k=None, transport=httpx.MockTransport(fake)
+    )
+    assert backend.max_concurrency == 4
+    prompts = [hf.encode("The cat sat", add_special_tokens=True)]
+    np.testing.assert_allclose(backend.next_token_logprobs(prompts), hf.next_token_logprobs(prompts), atol=1e-4)
+    with pytest.raises(ConfigurationTypeError):
+        ServerSettings(timeout="30")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="max_retries"):
+        ServerSettings(max_retries=-1)
+    with pytest.raises(ConfigurationTypeError, match="ServerSettings"):
+        ServerBackend.with_settings("http://127.0.0.1:8000", hf.tokenizer, {"timeout": 30.0})  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ import dp_icl_plugin
 from dp_icl_plugin import accounting
 
 PUBLIC_API = {  # what a user imports: ``from dp_icl_plugin import ...``
+    "ServerSettings",
     "MozoSettings",
     "ClipBlendSettings",
     "BudgetShare",

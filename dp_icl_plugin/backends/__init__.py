@@ -10,6 +10,7 @@ from dp_icl_plugin.backends.base import ChatMessage, IncrementalSession, NextTok
 from dp_icl_plugin.backends.fake import FakeBackend
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.backends.server import ServerBackend
+from dp_icl_plugin.backends.server_settings import ServerSettings
 
 __all__ = [
     "ChatMessage",
@@ -19,4 +20,5 @@ __all__ = [
     "NextTokenBackend",
     "Prompt",
     "ServerBackend",
+    "ServerSettings",
 ]

@@ -39,7 +39,8 @@ from dp_icl_plugin.backends.hf_tokenizer import TokenizerBackendBase
 from dp_icl_plugin.backends.recompute import RecomputingSession
 from dp_icl_plugin.backends.server_http import ServerClient
 from dp_icl_plugin.backends.server_rows import full_row
-from dp_icl_plugin.errors import ConfigurationError, ServerError, ServerMismatchError
+from dp_icl_plugin.backends.server_settings import ServerSettings
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, ServerError, ServerMismatchError
 
 __all__ = ["ServerBackend", "load_tokenizer"]
 
@@ -115,6 +116,41 @@ class ServerBackend(TokenizerBackendBase):
         self._closer = weakref.finalize(self, _close, self._pool, self._client)  # connections go with the backend
         self._check_tokenizer()
         self._check_logprobs()
+
+    @classmethod
+    def with_settings(
+        cls,
+        base_url: str,
+        tokenizer: str | os.PathLike[str] | Any,
+        settings: ServerSettings,
+        *,
+        model: str | None = None,
+        top_k: int | None = None,
+        transport: Any = None,
+    ) -> ServerBackend:
+        """The backend with its connection settings as one config object.
+
+        Args:
+            base_url: the server.
+            tokenizer: a tokenizer, or the path or name to load one from (as :meth:`from_url`).
+            settings: how to talk to the server.
+            model: the served model name; default: the only model the server lists.
+            top_k: None (default) for full-vocabulary rows, or k for the server's top k completed per row.
+            transport: an ``httpx`` transport (tests).
+
+        Returns:
+            The backend.
+
+        Raises:
+            ConfigurationTypeError: ``settings`` is not a :class:`ServerSettings`.
+            ConfigurationError: what :meth:`from_url` refuses.
+            ServerError: the server failed, could not be reached or does not match.
+        """
+        if not isinstance(settings, ServerSettings):
+            raise ConfigurationTypeError("settings must be a ServerSettings")
+        return cls.from_url(
+            base_url, tokenizer, model=model, top_k=top_k, transport=transport, **settings.as_keywords()
+        )
 
     @classmethod
     def from_url(cls, base_url: str, tokenizer: str | os.PathLike[str] | Any, **kwargs: Any) -> ServerBackend:
