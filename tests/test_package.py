@@ -177,7 +177,7 @@ def test_core_import_loads_no_heavy_framework() -> None:
 ADAPTERS = {  # import name -> (distribution, exactly its public names)
     "langchain_dp_icl": (
         "langchain-dp-icl",
-        {"ChatDPICL", "ChatZeroShot", "DPICLLLM", "DPICLRetriever", "DPICLExampleSelector"},
+        {"ChatDPICL", "ChatZeroShot", "DPICLLLM", "DPICLRetriever", "DPICLExampleSelector", "LazySynthesis"},
     ),
     "llama_index.llms.dp_icl": ("llama-index-llms-dp-icl", {"DPICL", "DPSpendEvent"}),
     "llama_index.retrievers.dp_icl": ("llama-index-retrievers-dp-icl", {"DPICLRetriever"}),

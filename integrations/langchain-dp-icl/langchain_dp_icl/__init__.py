@@ -9,7 +9,7 @@ the baseline). Thin translations between LangChain's types and ``dp_icl_plugin``
 from langchain_dp_icl import _deps  # noqa: F401  (a clear ImportError without langchain-core)
 from langchain_dp_icl.chat_model import DPICLLLM, ChatDPICL
 from langchain_dp_icl.retriever import DPICLRetriever
-from langchain_dp_icl.selector import DPICLExampleSelector
+from langchain_dp_icl.selector import DPICLExampleSelector, LazySynthesis
 from langchain_dp_icl.zero_shot import ChatZeroShot
 
-__all__ = ["DPICLLLM", "ChatDPICL", "ChatZeroShot", "DPICLExampleSelector", "DPICLRetriever"]
+__all__ = ["DPICLLLM", "ChatDPICL", "ChatZeroShot", "DPICLExampleSelector", "DPICLRetriever", "LazySynthesis"]

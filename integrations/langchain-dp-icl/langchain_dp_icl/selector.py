@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,7 +39,7 @@ from dp_icl_plugin import (
 )
 from dp_icl_plugin.adapters import embed_texts, noise_source
 
-__all__ = ["DPICLExampleSelector"]
+__all__ = ["DPICLExampleSelector", "LazySynthesis"]
 
 DEMO_FIELDS = ("text", "label", "input")
 TEMPLATE_FORMATS = ("f-string", "jinja2")
@@ -75,6 +76,33 @@ def _escaped(value: str, template_format: str | None) -> str:
     if template_format == "jinja2":
         return value.translate(_JINJA2_LITERAL)
     return value
+
+
+_LAZY = ("synthesizer", "dataset", "backend", "budget", "rng", "seed", "save_to")
+
+
+@dataclass(frozen=True)
+class LazySynthesis:
+    """What a selector synthesizes its demonstrations from on its first selection: charged once to ``budget`` by
+    ``synthesizer``, then reused (and saved to ``save_to`` when given, reused on restart without a second charge).
+
+    Attributes:
+        synthesizer: the DP synthesis method.
+        dataset: the private records.
+        backend: the language model.
+        budget: the shared ledger.
+        rng: the synthesis's noise source (default a fresh OS-seeded Generator).
+        seed: a seed instead of ``rng`` (tests and benchmarks only).
+        save_to: a file the demonstrations are saved to and reloaded from.
+    """
+
+    synthesizer: SynthesisMethod
+    dataset: PrivateDataset
+    backend: Any
+    budget: BudgetManager
+    rng: Any = None
+    seed: int | None = None
+    save_to: str | None = None
 
 
 class DPICLExampleSelector(BaseExampleSelector):
@@ -123,6 +151,48 @@ class DPICLExampleSelector(BaseExampleSelector):
                                        suffix="Text: {input}\nLabel:", input_variables=["input"])
         ```
     """
+
+    @classmethod
+    def from_demos(cls, demos: DemoSet, **selection: Any) -> DPICLExampleSelector:
+        """A selector over ready demonstrations (DP already: nothing is ever charged).
+
+        Args:
+            demos: the demonstrations.
+            **selection: how examples are chosen and laid out (``k``, ``embeddings``, ``selection``, ``fields``,
+                ``example_prompt``, ...; as the constructor).
+
+        Returns:
+            The selector.
+
+        Raises:
+            ConfigurationTypeError: ``demos`` is not a :class:`~dp_icl_plugin.DemoSet`.
+            ConfigurationError: a lazy synthesis setting among ``selection``, or what the constructor refuses.
+        """
+        if not isinstance(demos, DemoSet):
+            raise ConfigurationTypeError("demos must be a DemoSet")
+        _selection_only(selection)
+        return cls(demos, **selection)
+
+    @classmethod
+    def synthesizing(cls, lazy: LazySynthesis, **selection: Any) -> DPICLExampleSelector:
+        """A selector that synthesizes its demonstrations on its first selection (checked now, charged then).
+
+        Args:
+            lazy: what to synthesize from.
+            **selection: how examples are chosen and laid out (as :meth:`from_demos`).
+
+        Returns:
+            The selector.
+
+        Raises:
+            ConfigurationTypeError: ``lazy`` is not a :class:`LazySynthesis`.
+            ConfigurationError: a lazy synthesis setting among ``selection``, or what the constructor refuses
+                (nothing is charged).
+        """
+        if not isinstance(lazy, LazySynthesis):
+            raise ConfigurationTypeError("lazy must be a LazySynthesis")
+        _selection_only(selection)
+        return cls(**{name: getattr(lazy, name) for name in _LAZY}, **selection)
 
     def __init__(
         self,
@@ -366,3 +436,9 @@ def _round_robin(demos: Sequence[Demonstration]) -> list[Demonstration]:
             if by_label[label]:
                 out.append(by_label[label].pop(0))
     return out
+
+
+def _selection_only(selection: Mapping[str, Any]) -> None:
+    given = sorted(set(selection) & {*_LAZY, "demos"})
+    if given:
+        raise ConfigurationError(f"{', '.join(given)}: give them in the LazySynthesis (or the DemoSet), not here")

@@ -656,3 +656,27 @@ def test_the_zero_shot_baseline_is_the_same_model_greedy_and_charges_nothing() -
         baseline.invoke("hi", temperature=0.3)
     with pytest.raises(ValidationError):
         ChatZeroShot(backend="not a backend")
+
+
+def test_selector_named_constructors_take_the_demos_or_a_lazy_synthesis() -> None:
+    from langchain_dp_icl import LazySynthesis
+
+    from dp_icl_plugin import ConfigurationTypeError
+
+    ready = DPICLExampleSelector.from_demos(demo_set(), k=2, embeddings=WordEmbeddings())
+    assert ready.select_examples({"input": "a b"}) == DPICLExampleSelector(
+        demo_set(), k=2, embeddings=WordEmbeddings()
+    ).select_examples({"input": "a b"})
+    ledger = BudgetManager(PrivacyBudget(5.0, 1e-3))
+    method = TangSynthesizer(
+        epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3, shots_per_label=1, top_k=5
+    )
+    lazy = LazySynthesis(method, dataset().with_public_label_counts("observed"), backend(), ledger, seed=0)
+    selector = DPICLExampleSelector.synthesizing(lazy)
+    assert ledger.history() == []  # checked at set-up, charged on the first selection
+    assert len(selector.select_examples({"input": "q"})) == 3 and len(ledger.history()) == 1
+    with pytest.raises(ConfigurationTypeError):
+        DPICLExampleSelector.synthesizing({"synthesizer": method})  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="LazySynthesis"):
+        DPICLExampleSelector.synthesizing(lazy, budget=ledger)
+    assert len(ledger.history()) == 1
