@@ -715,16 +715,11 @@ class MozoDecoder(_DatasetDecoder):
             ConfigurationTypeError: an argument of the wrong type.
             ConfigurationError: what the constructor refuses (nothing is charged).
         """
-        if not isinstance(share, BudgetShare):
-            raise ConfigurationTypeError("share must be a BudgetShare")
         return cls(
             dataset,
             backend=backend,
             budget=budget,
-            n_queries=share.n_queries,
-            max_tokens=share.max_tokens,
-            epsilon=share.epsilon,
-            delta=share.delta,
+            **_share_keywords(share),
             **_mozo_settings(settings),
             template=template,
             fixed_latency=fixed_latency,
@@ -955,16 +950,11 @@ class ClipBlendDecoder(_DatasetDecoder):
             ConfigurationTypeError: an argument of the wrong type.
             ConfigurationError: what the constructor refuses (nothing is charged).
         """
-        if not isinstance(share, BudgetShare):
-            raise ConfigurationTypeError("share must be a BudgetShare")
         return cls(
             dataset,
             backend=backend,
             budget=budget,
-            n_queries=share.n_queries,
-            max_tokens=share.max_tokens,
-            epsilon=share.epsilon,
-            delta=share.delta,
+            **_share_keywords(share),
             **_clip_blend_settings(settings),
             rng_subset=rng_subset,
             template=template,
@@ -1072,3 +1062,14 @@ def _clip_blend_settings(settings: ClipBlendSettings) -> dict[str, Any]:
     if not isinstance(settings, ClipBlendSettings):
         raise ConfigurationTypeError("settings must be a ClipBlendSettings")
     return {f.name: getattr(settings, f.name) for f in fields(settings)}
+
+
+def _share_keywords(share: BudgetShare) -> dict[str, Any]:
+    if not isinstance(share, BudgetShare):
+        raise ConfigurationTypeError("share must be a BudgetShare")
+    return {
+        "n_queries": share.n_queries,
+        "max_tokens": share.max_tokens,
+        "epsilon": share.epsilon,
+        "delta": share.delta,
+    }
