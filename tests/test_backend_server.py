@@ -355,3 +355,11 @@ def test_server_settings_as_one_config_object(hf: HFBackend) -> None:
         ServerSettings(max_retries=-1)
     with pytest.raises(ConfigurationTypeError, match="ServerSettings"):
         ServerBackend.with_settings("http://127.0.0.1:8000", hf.tokenizer, {"timeout": 30.0})  # type: ignore[arg-type]
+
+
+def test_any_value_that_is_not_a_real_number_is_a_nan_row() -> None:
+    """An integer too large for a float raised OverflowError (an error depending on the prompt); a numpy float was
+    read as NaN (review of issue 30)."""
+    assert np.isnan(full_row({"token_id:1": -0.1, "token_id:2": 10**400}, 10)).all()
+    row = full_row({"token_id:1": np.float32(-0.1), "token_id:2": -3.0}, 10)
+    assert np.isfinite(row).all()

@@ -218,3 +218,10 @@ def test_a_move_that_fails_half_way_leaves_no_second_filter(tmp_path: Path, monk
     monkeypatch.undo()
     moved = f.move_to(tmp_path / "moved.sqlite")
     assert not moved.charge(np.array([1]), cost)[0] and moved.charge(np.array([2]), cost)[0]
+
+
+def test_move_to_writes_a_file_never_a_database(tmp_path: Path) -> None:
+    f = RenyiFilter(IndividualBudget(epsilon=1.0, delta=1e-5), owner="index-a")
+    with pytest.raises(ConfigurationError, match="filter file") as caught:
+        f.move_to("postgresql://user:s3cret@db.example/dp")
+    assert "s3cret" not in str(caught.value)

@@ -23,7 +23,6 @@ same units). Several workers share an SQLite file or a PostgreSQL database.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -203,6 +202,11 @@ class RenyiFilter:
         Raises:
             ConfigurationError: the filter is not in memory, is no longer usable, or ``path`` exists.
         """
+        if is_postgres_url(path):
+            raise ConfigurationError(
+                f"move_to writes a filter file, not {mask_dsn(str(path))}: open a filter on PostgreSQL with a budget "
+                "instead"
+            )
         store = self._store
         if not isinstance(store, MemoryFilterStore):
             raise ConfigurationError(
@@ -229,25 +233,20 @@ class RenyiFilter:
         if Path(path).exists():
             raise ConfigurationError(f"{path} exists; a copy is written to a new filter file")
         units, spent, spent_delta = self.all_spent()
-        # written whole under a private name and renamed into place: a copy that failed half-way (its budget
-        # written, its units' spend not) must never be found at ``path`` as a second live filter at zero spend
-        target = Path(path)
-        partial = target.with_name(f".{target.name}.partial-{os.getpid()}-{threading.get_ident()}")
+        copy = RenyiFilter(self.budget, path=path, owner=owner)
         try:
-            copy = RenyiFilter(self.budget, path=partial, owner=owner)
-            try:
-                if len(units):
-                    copy._store.atomically(len(self.budget.orders), lambda _, write: write(units, spent, spent_delta))
-            finally:
-                copy.close()
-            if target.exists():
-                raise ConfigurationError(f"{path} exists; a copy is written to a new filter file")
-            os.replace(partial, target)
+            if len(units):
+                copy._store.atomically(len(self.budget.orders), lambda _, write: write(units, spent, spent_delta))
         except BaseException:
-            for leftover in (partial, *(partial.with_name(partial.name + end) for end in ("-wal", "-shm", "-journal"))):
-                leftover.unlink(missing_ok=True)
+            # a copy that failed half-way (its budget written, its units' spend not) must not stay behind as a
+            # second live filter at zero spend: the new file goes (on PostgreSQL a copy's owner is another index's,
+            # whose zero-spend rows no one holds: move_to, which keeps the owner, writes files only)
+            copy.close()
+            if copy.path is not None:
+                for leftover in (copy.path, *(copy.path.with_name(copy.path.name + e) for e in ("-wal", "-shm"))):
+                    leftover.unlink(missing_ok=True)
             raise
-        return RenyiFilter(self.budget, path=target, owner=owner)
+        return copy
 
     def close(self) -> None:
         """Close the file's or database's connection (an in-memory filter has none)."""

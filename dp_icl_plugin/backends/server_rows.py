@@ -20,6 +20,7 @@ Token ids the local tokenizer does not have (a padded embedding) are dropped bef
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 
 import numpy as np
@@ -75,11 +76,7 @@ def full_row(top: Mapping[str, float], vocab_size: int, *, complete: bool = Fals
     ids = np.fromiter((token_id(k) for k in top), dtype=np.int64, count=len(top))
     if len(np.unique(ids)) < len(ids):
         raise ServerError("the server returned a token id twice")
-    values = np.fromiter(
-        (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan for v in top.values()),
-        dtype=np.float64,
-        count=len(top),
-    )
+    values = np.fromiter((_number(v) for v in top.values()), dtype=np.float64, count=len(top))
     if np.isnan(values).any() or (values > 1e-3).any():
         # the model's numerics failed on this prompt (NaN, null, or not a log-probability): a row of NaN, which the
         # caller judges (a public row is refused, a record's row stood in for); never an error of its own, whose
@@ -104,3 +101,14 @@ def full_row(top: Mapping[str, float], vocab_size: int, *, complete: bool = Fals
         row[missing] = min(math.log(residual / n_missing), bound) if residual > 0 else FLOOR_LOGPROB
     top_value = float(row.max())
     return (row - (top_value + math.log(float(np.exp(row - top_value).sum())))).astype(np.float32)
+
+
+def _number(value: object) -> float:
+    """A returned log-probability as a float; NaN for anything that is not a real number (null, text, a bool, an
+    integer too large for a float): the row is then judged by the caller, never raised on here."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return math.nan
+    try:
+        return float(value)
+    except (OverflowError, ValueError):
+        return math.nan
