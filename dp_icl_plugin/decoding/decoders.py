@@ -44,7 +44,6 @@ import json
 import threading
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -720,7 +719,7 @@ class MozoDecoder(_DatasetDecoder):
             backend=backend,
             budget=budget,
             **_share_keywords(share),
-            **_mozo_settings(settings),
+            **_keywords(MozoSettings() if settings is None else settings, MozoSettings),
             template=template,
             fixed_latency=fixed_latency,
             choices=choices,
@@ -769,7 +768,7 @@ class MozoDecoder(_DatasetDecoder):
             n_queries=n_queries,
             max_tokens=max_tokens,
             beta=beta,
-            **_mozo_settings(settings),
+            **_keywords(MozoSettings() if settings is None else settings, MozoSettings),
             template=template,
             fixed_latency=fixed_latency,
             choices=choices,
@@ -955,7 +954,7 @@ class ClipBlendDecoder(_DatasetDecoder):
             backend=backend,
             budget=budget,
             **_share_keywords(share),
-            **_clip_blend_settings(settings),
+            **_keywords(settings, ClipBlendSettings),
             rng_subset=rng_subset,
             template=template,
             fixed_latency=fixed_latency,
@@ -1007,7 +1006,7 @@ class ClipBlendDecoder(_DatasetDecoder):
             n_queries=n_queries,
             max_tokens=max_tokens,
             temperature=temperature,
-            **_clip_blend_settings(settings),
+            **_keywords(settings, ClipBlendSettings),
             rng_subset=rng_subset,
             template=template,
             fixed_latency=fixed_latency,
@@ -1050,26 +1049,12 @@ class ClipBlendDecoder(_DatasetDecoder):
                 yield token
 
 
-def _mozo_settings(settings: MozoSettings | None) -> dict[str, Any]:
-    if settings is None:
-        settings = MozoSettings()
-    if not isinstance(settings, MozoSettings):
-        raise ConfigurationTypeError("settings must be a MozoSettings")
-    return {f.name: getattr(settings, f.name) for f in fields(settings)}
-
-
-def _clip_blend_settings(settings: ClipBlendSettings) -> dict[str, Any]:
-    if not isinstance(settings, ClipBlendSettings):
-        raise ConfigurationTypeError("settings must be a ClipBlendSettings")
-    return {f.name: getattr(settings, f.name) for f in fields(settings)}
+def _keywords(config: Any, kind: type) -> dict[str, Any]:
+    """A config object's fields as the constructor's keywords (refused unless it is a ``kind``)."""
+    if not isinstance(config, kind):
+        raise ConfigurationTypeError(f"expected a {kind.__name__}, got {type(config).__name__}")
+    return dict(vars(config))  # a frozen dataclass: its fields
 
 
 def _share_keywords(share: BudgetShare) -> dict[str, Any]:
-    if not isinstance(share, BudgetShare):
-        raise ConfigurationTypeError("share must be a BudgetShare")
-    return {
-        "n_queries": share.n_queries,
-        "max_tokens": share.max_tokens,
-        "epsilon": share.epsilon,
-        "delta": share.delta,
-    }
+    return _keywords(share, BudgetShare)

@@ -18,6 +18,7 @@ import numpy as np
 
 from dp_icl_plugin._storage.postgres_connection import PostgresConnection, mask_dsn
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
+from dp_icl_plugin.accounting.stores.filter_base import Read, Write, encode_spend
 from dp_icl_plugin.errors import FilterMismatchError, LedgerCorruptError, LedgerError
 
 __all__ = ["FILTER_SCHEMA", "PostgresFilterStore"]
@@ -31,9 +32,6 @@ FILTER_SCHEMA = (
 T = TypeVar("T")
 _CREATE_LOCK = 0x44504946  # pg_advisory_xact_lock key ("DPIF"): one creator of the tables at a time
 _RETRIES = 5  # a deadlock or serialisation failure (rolled back by the server) is retried this many times
-
-Read = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
-Write = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
 
 
 class PostgresFilterStore:
@@ -195,7 +193,7 @@ class PostgresFilterStore:
     def _writer(self, conn: Any) -> Write:
         def write(ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
             units = [int(u) for u in ids.tolist()]
-            rows = [row.astype("<f8").tobytes() for row in spent]
+            rows = [encode_spend(row) for row in spent]
             conn.execute(  # one statement for every unit
                 "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta)"
                 " SELECT %s, v.unit, v.spent, v.spent_delta"

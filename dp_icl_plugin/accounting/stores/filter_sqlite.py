@@ -9,6 +9,7 @@ import json
 import os
 import sqlite3
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TypeVar
 
@@ -51,7 +52,8 @@ class SQLiteFilterStore:
         self._file = SQLiteFile(path, kind="filter", application_id=APPLICATION_ID, busy_timeout=busy_timeout)
 
     @property
-    def lock(self):
+    def lock(self) -> AbstractContextManager[object]:
+        """The file's re-entrant lock, held around every transaction of this process."""
         return self._file.lock
 
     def open(self, budget: IndividualBudget | None) -> IndividualBudget:
