@@ -383,7 +383,7 @@ def test_clip_blend_other_prompts_do_not_move_with_a_neighbouring_record(monkeyp
             max_tokens=3,
             template=ANSWER_PRESETS["ginc"],
         )
-        members = [records.index(r) for r in decoder._subset]
+        members = [records.index(r) for (r,) in decoder._subset]
         decoder.generate(" ".join(names[120:126]), rng=np.random.default_rng(1))
         answers.append((members, [s.copy() for s in seen]))
     (members, steps), (members2, steps2) = answers

@@ -59,9 +59,16 @@ from dp_icl_plugin._storage.postgres_connection import POSTGRES_SCHEMES
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant, left_over
 from dp_icl_plugin.accounting.conversion import to_relation
+from dp_icl_plugin.accounting.neighbouring import PER_RECORD
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, LedgerTransaction, PostgresStore, SQLiteStore
-from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError, ConfigurationTypeError, DPICLError
+from dp_icl_plugin.errors import (
+    BudgetExhaustedError,
+    ConfigurationError,
+    ConfigurationTypeError,
+    DPICLError,
+    UnsupportedEventError,
+)
 
 __all__ = ["BudgetManager", "LedgerEntry"]
 
@@ -173,9 +180,16 @@ class BudgetManager:
         """The ledger's neighbouring relation: every total it reports is a guarantee under it."""
         return self._budget.neighbouring
 
+    @property
+    def privacy_unit(self) -> str:
+        """What the ledger's relation changes: one ``"record"`` or all records of one ``"unit"`` (a person)."""
+        return self._budget.privacy_unit
+
     def __repr__(self) -> str:
         b = self._budget
         relation = f"neighbouring={b.neighbouring!r}"
+        if b.privacy_unit != PER_RECORD:
+            relation += f", privacy_unit={b.privacy_unit!r}"
         return f"BudgetManager(epsilon={b.epsilon}, delta={b.delta}, {relation}, ledger={self._store!r})"
 
     # -- charging ---------------------------------------------------------------------------------
@@ -317,6 +331,17 @@ class BudgetManager:
         """``event`` as charged (validated: it converts to the ledger's relation and can be analysed)."""
         if not isinstance(event, ev.DPEvent):
             raise ConfigurationError(f"expected a DPEvent, got {type(event).__name__}")
+        unit = self._budget.privacy_unit
+        if event.privacy_unit != unit:
+            raise UnsupportedEventError(
+                f"a {event.privacy_unit}-level event cannot be charged to this {unit}-level ledger: "
+                + (
+                    "a guarantee for one record says nothing of a unit with many records (run the method with the "
+                    "ledger's privacy_unit, on records that name their unit)"
+                    if unit != PER_RECORD
+                    else "this ledger certifies record-level totals; open a ledger with privacy_unit='unit' for it"
+                )
+            )
         self._accountant.require_supported(self._converted(event))
         return event
 

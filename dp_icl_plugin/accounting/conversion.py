@@ -20,6 +20,9 @@ replace-one then adds them up):
   D_α(P‖R) ≤ (α − 1/p)/(α − 1) · D_{pα}(P‖Q) + D_{q(α−1/p)}(Q‖R) for 1/p + 1/q = 1, minimised over a grid
   of p (:func:`~dp_icl_plugin.accounting.rdp.weak_triangle`), and D_∞ doubled.
 - A filtered-release record costs nothing; it is retagged (its covering charge converts on its own).
+
+An event's privacy unit (``events.DPEvent.privacy_unit``) is kept: replacing all of one unit's records is removing
+that unit and adding another, so the same conversions hold per unit.
 """
 
 from __future__ import annotations
@@ -60,7 +63,8 @@ def to_relation(event: ev.DPEvent, relation: str) -> ev.DPEvent:
         return ev.SelfComposedEvent(to_relation(event.event, relation), event.count)
     if isinstance(event, ev.ComposedEvent):
         return ev.ComposedEvent(tuple(to_relation(e, relation) for e in event.events))
-    return _atom_to_replace_one(event)
+    converted = _atom_to_replace_one(event)  # the same math per unit: replacing a unit is removing it, adding another
+    return ev.with_privacy_unit(converted, event.privacy_unit)
 
 
 def group_of_two_delta(epsilon: float, delta: float) -> float:

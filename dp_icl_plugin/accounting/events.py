@@ -14,6 +14,12 @@ Poisson subsampling has an analysis under both (its inner Gaussian's sensitivity
 contribution, an add/remove quantity); sampling without replacement (Wang, Balle & Kasiviswanathan 2019)
 and the DPS-MOZO token only under replace-one. A composition takes its children's relation and refuses to
 mix two; a ledger converts a charge to its own relation (``conversion.py``) or refuses it.
+
+Privacy units: every event also names the unit its relation counts in (``privacy_unit``: ``"record"``, the
+default and left out of the canonical form, or ``"unit"``: all of one person's records; ``neighbouring.py``).
+The analysis of an event does not depend on it (a unit-level mechanism is the record-level one with a unit's
+bounded contribution as its element); compositions take their children's unit and refuse to mix two, and a ledger
+refuses every charge made for another unit than its own. :func:`with_privacy_unit` tags a whole event tree.
 """
 
 from __future__ import annotations
@@ -22,11 +28,17 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, REPLACE_ONE, check_relation
+from dp_icl_plugin.accounting.neighbouring import (
+    ADD_REMOVE,
+    PER_RECORD,
+    REPLACE_ONE,
+    check_privacy_unit,
+    check_relation,
+)
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, UnsupportedEventError
 
 __all__ = [
@@ -53,6 +65,7 @@ __all__ = [
     "costly",
     "event_from_dict",
     "event_key",
+    "with_privacy_unit",
 ]
 
 PRV = "prv"
@@ -76,10 +89,13 @@ class DPEvent:
     Attributes:
         neighbouring: the relation the event's analysis assumed (``"replace_one"`` or ``"add_remove"``);
             a keyword every atomic event requires, derived from the children for compositions.
+        privacy_unit: what one step of that relation changes: ``"record"`` (default) or ``"unit"`` (all of one
+            privacy unit's records); derived from the children for compositions and sampled events.
     """
 
     type_name: ClassVar[str] = ""
     neighbouring: str = field(kw_only=True)
+    privacy_unit: str = field(default=PER_RECORD, kw_only=True)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -92,6 +108,7 @@ class DPEvent:
         raise NotImplementedError
 
     def _tag(self, allowed: tuple[str, ...] = (REPLACE_ONE, ADD_REMOVE)) -> None:
+        check_privacy_unit(self.privacy_unit)
         relation = check_relation(self.neighbouring)
         if relation not in allowed:
             raise UnsupportedEventError(
@@ -107,6 +124,8 @@ class DPEvent:
         out: dict[str, Any] = {"type": self.type_name}
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "privacy_unit" and value == PER_RECORD:
+                continue  # the default: left out, so record-level events keep the keys ledgers stored before units
             if isinstance(value, DPEvent):
                 value = value.to_dict()
             elif isinstance(value, tuple):
@@ -175,11 +194,29 @@ def _merge_relations(children: Iterable[DPEvent]) -> str:
 
 
 def _derive_relation(event: DPEvent, children: Iterable[DPEvent]) -> None:
-    """Set a composition's relation from its children's (one relation; a given tag must agree)."""
+    """Set a composition's relation and privacy unit from its children's (one of each; a given tag must agree)."""
+    children = tuple(children)
     relation = _merge_relations(children)
     if event.neighbouring and event.neighbouring != relation:
         raise ConfigurationError(f"a composition of {relation} events cannot be tagged {event.neighbouring!r}")
     object.__setattr__(event, "neighbouring", relation)
+    _derive_unit(event, children)
+
+
+def _derive_unit(event: DPEvent, children: Iterable[DPEvent]) -> None:
+    """Set ``event``'s privacy unit from its children's: one unit, never a mix (a record-level guarantee says
+    nothing of a unit, and a ledger holds one unit). A composite tagged ``"unit"`` over record-level children is
+    refused (it would claim what they do not hold)."""
+    units = {c.privacy_unit for c in children}
+    if len(units) != 1:
+        raise ConfigurationError(
+            "cannot compose events of different privacy units (record and unit) into one guarantee: a record-level "
+            "charge says nothing of a unit with many records"
+        )
+    unit = units.pop()
+    if event.privacy_unit != PER_RECORD and event.privacy_unit != unit:
+        raise ConfigurationError(f"an event over {unit}-level events cannot be tagged {event.privacy_unit!r}")
+    object.__setattr__(event, "privacy_unit", unit)
 
 
 @dataclass(frozen=True)
@@ -410,8 +447,8 @@ class FilteredReleaseEvent(DPEvent):
     covered_by: int
 
     def __post_init__(self) -> None:
+        _derive_unit(self, [_require_event("per_unit", self.per_unit)])
         self._tag()
-        _require_event("per_unit", self.per_unit)
         if any(isinstance(a, FilteredReleaseEvent) for a in atoms(self.per_unit)):
             raise ConfigurationError("per_unit is what one release costs one unit, not another filtered release")
         object.__setattr__(self, "covered_by", check.positive_int("covered_by", self.covered_by))
@@ -460,9 +497,10 @@ class PoissonSampledEvent(DPEvent):
     event: DPEvent
 
     def __post_init__(self) -> None:
+        inner = _require_event("event", self.event)
+        _derive_unit(self, [inner])
         self._tag()
         object.__setattr__(self, "sampling_rate", check.probability_half_open("sampling_rate", self.sampling_rate))
-        inner = _require_event("event", self.event)
         if not isinstance(inner, GaussianEvent):
             raise UnsupportedEventError(
                 f"Poisson subsampling is analysed only for a Gaussian event, not {inner.type_name!r}"
@@ -504,9 +542,10 @@ class SampledWithoutReplacementEvent(DPEvent):
     neighbouring: str = field(default=REPLACE_ONE, kw_only=True)
 
     def __post_init__(self) -> None:
+        inner = _require_event("event", self.event)
+        _derive_unit(self, [inner])
         self._tag((REPLACE_ONE,))
         object.__setattr__(self, "sampling_rate", check.probability_half_open("sampling_rate", self.sampling_rate))
-        inner = _require_event("event", self.event)
         if RDP not in inner.supported_accountants:
             raise UnsupportedEventError(
                 f"sampling without replacement needs an inner event with an RDP curve, not {inner.type_name!r}"
@@ -640,3 +679,29 @@ def compose(*events: DPEvent) -> DPEvent:
     ordered = sorted(total.items(), key=lambda kv: event_key(kv[0]))
     parts = [e if n == 1 else SelfComposedEvent(e, n) for e, n in ordered]
     return parts[0] if len(parts) == 1 else ComposedEvent(tuple(parts))
+
+
+def with_privacy_unit(event: DPEvent, privacy_unit: str) -> DPEvent:
+    """``event`` with every node of its tree tagged ``privacy_unit``: the same analysis, stated per unit.
+
+    Only a method whose analysis holds with a privacy unit as its element may tag its event ``"unit"`` (it
+    draws units and bounds each unit's contribution as its records' were bounded; see its docstring).
+
+    Args:
+        event: the event.
+        privacy_unit: ``"record"`` or ``"unit"``.
+
+    Raises:
+        ConfigurationError: ``privacy_unit`` names no unit.
+    """
+    unit = check_privacy_unit(privacy_unit)
+    if event.privacy_unit == unit and all(a.privacy_unit == unit for a in atoms(event)):
+        return event
+    changes: dict[str, Any] = {}
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, DPEvent):
+            changes[f.name] = with_privacy_unit(value, unit)
+        elif isinstance(value, tuple) and value and all(isinstance(v, DPEvent) for v in value):
+            changes[f.name] = tuple(with_privacy_unit(v, unit) for v in value)
+    return replace(event, **changes, privacy_unit=unit)

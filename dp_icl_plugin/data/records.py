@@ -18,15 +18,23 @@ with probability ≈ 0.63). So those methods take the per-label sizes the caller
 (``public_label_counts``): fixed numbers, published with the output, used as the population sizes of the
 sampling and never recomputed from the records. ``public_label_counts="observed"`` declares the observed
 counts public (the caller accepts that they are released).
+
+**Privacy units.** A record may name its unit (``PrivateRecord(text, label, unit="patient-17")``): the person
+whose data it is. Under a unit-level ledger (``PrivacyBudget(..., privacy_unit="unit")``) every method protects
+all of a unit's records together (:mod:`~dp_icl_plugin.data.units`); it then samples units, not records, and
+sizes its sampling by the number of units of each label the caller declares public (``public_unit_counts``),
+letting a drawn unit put at most ``records_per_unit`` of its records into a prompt and take part in at most
+``labels_per_unit`` labels' generation. Under a record-level ledger the units are ignored.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any
 
+from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["Demonstration", "PrivateDataset", "PrivateRecord", "check_label_set"]
@@ -39,10 +47,13 @@ class PrivateRecord:
     Attributes:
         text: the private text.
         label: its label, one of the dataset's public label set.
+        unit: the privacy unit it belongs to (a person, a patient: a string or an integer id), or None. Private
+            like the text; a unit-level ledger protects all records of one unit together.
     """
 
     text: str = field(repr=False)
     label: str = field(repr=False)
+    unit: str | int | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         return "PrivateRecord(<private>)"
@@ -87,10 +98,19 @@ class PrivateDataset:
             a mapping ``{label: size}`` over the whole label set, or ``"observed"`` to declare the observed
             counts public. Label-conditioned methods (Tang, PTA, AdaDPSyn, clip-blend) refuse to run
             without it. ``None`` (default): nothing declared.
+        public_unit_counts: under a unit-level ledger, the number of units with records of each label the
+            caller declares public (the population the label-conditioned methods sample units from): a mapping
+            over the whole label set, or ``"observed"``. ``None`` (default): nothing declared.
+        records_per_unit: at most this many of one unit's records go into one prompt at one step (a public
+            contribution bound; default 1). Used under a unit-level ledger only.
+        labels_per_unit: a unit takes part in the generation of at most this many labels (a uniformly random
+            choice among its labels, made per run; the run is charged for this many labels). ``None``
+            (default): as many as the run generates. Used under a unit-level ledger only.
 
     Raises:
-        ConfigurationError: no records, an empty or non-string text, a label outside ``labels``, a bad
-            declaration. Messages give a record's position, never its content.
+        ConfigurationError: no records, an empty or non-string text, a label outside ``labels``, a unit that is
+            not a string or an integer, a bad declaration or bound. Messages give a record's position, never its
+            content.
     """
 
     def __init__(
@@ -99,6 +119,9 @@ class PrivateDataset:
         *,
         labels: Sequence[str] | None = None,
         public_label_counts: Mapping[str, int] | str | None = None,
+        public_unit_counts: Mapping[str, int] | str | None = None,
+        records_per_unit: int = 1,
+        labels_per_unit: int | None = None,
     ) -> None:
         items = list(records) if not isinstance(records, (str, bytes)) else None
         if items is None:
@@ -112,6 +135,9 @@ class PrivateDataset:
                 raise ConfigurationError(f"record {i} has an empty or non-string text")
             if not isinstance(record.label, str):
                 raise ConfigurationError(f"record {i} has a non-string label")
+            unit = record.unit
+            if unit is not None and (isinstance(unit, bool) or not isinstance(unit, (str, Integral))):
+                raise ConfigurationError(f"record {i} has a unit that is neither a string nor an integer")
         if labels is None and isinstance(public_label_counts, Mapping):
             labels = list(public_label_counts)
         label_set = check_label_set(labels if labels is not None else sorted({r.label for r in items}))
@@ -124,24 +150,75 @@ class PrivateDataset:
             name: tuple(r for r in items if r.label == name) for name in label_set
         }
         self._size = len(items)
-        self._public_counts = self._declared(public_label_counts)
+        self._public_counts = self._declared(public_label_counts, "public_label_counts", self._observed_sizes)
+        self._public_unit_counts = self._declared(public_unit_counts, "public_unit_counts", self._observed_units)
+        self.records_per_unit = check.positive_int("records_per_unit", records_per_unit)
+        self.labels_per_unit = (
+            None if labels_per_unit is None else check.positive_int("labels_per_unit", labels_per_unit)
+        )
 
-    def _declared(self, counts: Mapping[str, int] | str | None) -> dict[str, int] | None:
+    def _observed_sizes(self) -> dict[str, int]:
+        return {y: len(rs) for y, rs in self._by_label.items()}
+
+    def _observed_units(self) -> dict[str, int]:
+        self.check_units()
+        return {y: len({r.unit for r in rs}) for y, rs in self._by_label.items()}
+
+    def _declared(
+        self, counts: Mapping[str, int] | str | None, name: str, observed: Callable[[], dict[str, int]]
+    ) -> dict[str, int] | None:
         if counts is None:
             return None
         if counts == OBSERVED:
-            return {y: len(rs) for y, rs in self._by_label.items()}
+            return observed()
         if isinstance(counts, str) or not isinstance(counts, Mapping):
-            raise ConfigurationError('public_label_counts must be a mapping {label: size} or "observed"')
+            raise ConfigurationError(f'{name} must be a mapping {{label: size}} or "observed"')
         if set(counts) != set(self._labels):
-            raise ConfigurationError(f"public_label_counts must give a size for each label of {list(self._labels)}")
+            raise ConfigurationError(f"{name} must give a size for each label of {list(self._labels)}")
         out: dict[str, int] = {}
         for y in self._labels:
             n = counts[y]
             if isinstance(n, bool) or not isinstance(n, Integral) or int(n) < 0:
-                raise ConfigurationError(f"the declared size of label {y!r} must be a non-negative integer")
+                raise ConfigurationError(f"the declared size of label {y!r} in {name} must be a non-negative integer")
             out[y] = int(n)
         return out
+
+    def check_units(self) -> None:
+        """Refuse a dataset with a record that names no unit (a unit-level run needs every record's unit).
+
+        Raises:
+            ConfigurationError: a record has no unit (its position is given, never its content).
+        """
+        for i, record in enumerate(r for y in self._labels for r in self._by_label[y]):
+            if record.unit is None:
+                raise ConfigurationError(
+                    f"record {i} (in label order) names no unit: under a unit-level ledger every record needs "
+                    "PrivateRecord(..., unit=...) (or a unit column)"
+                )
+
+    @property
+    def public_unit_counts(self) -> dict[str, int] | None:
+        """The declared public number of units of each label, or None when nothing was declared."""
+        return None if self._public_unit_counts is None else dict(self._public_unit_counts)
+
+    def public_unit_count(self, label: str) -> int:
+        """The declared public number of units with records of ``label``: the population a unit-level method's
+        sampling for that label uses.
+
+        Args:
+            label: one of the dataset's labels.
+
+        Raises:
+            ConfigurationError: no unit counts were declared, or ``label`` is unknown.
+        """
+        self.check_labels([label])
+        if self._public_unit_counts is None:
+            raise ConfigurationError(
+                "under a unit-level ledger this method samples each label's units, whose number is private unless "
+                'declared: build the dataset with public_unit_counts={label: units, ...}, or "observed" to '
+                "publish the observed numbers"
+            )
+        return self._public_unit_counts[label]
 
     @classmethod
     def from_pairs(
@@ -151,25 +228,34 @@ class PrivateDataset:
         *,
         labels: Sequence[str] | None = None,
         public_label_counts: Mapping[str, int] | str | None = None,
+        units: Iterable[str | int] | None = None,
+        **unit_settings: Any,
     ) -> PrivateDataset:
-        """Records from parallel columns of texts and labels.
+        """Records from parallel columns of texts and labels (and units).
 
         Args:
             texts: the records' texts.
             record_labels: each record's label, aligned with ``texts``.
             labels: the public label set (as in the constructor).
             public_label_counts: the declared public sizes (as in the constructor).
+            units: each record's privacy unit, aligned with ``texts``, or None.
+            **unit_settings: ``public_unit_counts``, ``records_per_unit``, ``labels_per_unit`` (as in the
+                constructor).
 
         Raises:
             ConfigurationError: the columns differ in length, or what the constructor refuses.
         """
         text_list, label_list = list(texts), list(record_labels)
+        unit_list: list[Any] = [None] * len(text_list) if units is None else list(units)
         if len(text_list) != len(label_list):
             raise ConfigurationError(f"{len(text_list)} texts but {len(label_list)} labels")
+        if len(unit_list) != len(text_list):
+            raise ConfigurationError(f"{len(text_list)} texts but {len(unit_list)} units")
         return cls(
-            (PrivateRecord(t, y) for t, y in zip(text_list, label_list, strict=True)),
+            (PrivateRecord(t, y, u) for t, y, u in zip(text_list, label_list, unit_list, strict=True)),
             labels=labels,
             public_label_counts=public_label_counts,
+            **unit_settings,
         )
 
     def with_public_label_counts(self, counts: Mapping[str, int] | str) -> PrivateDataset:
@@ -181,8 +267,44 @@ class PrivateDataset:
         Raises:
             ConfigurationError: a bad declaration.
         """
+        return self._with(public_label_counts=counts)
+
+    def with_units(
+        self,
+        *,
+        public_unit_counts: Mapping[str, int] | str | None = None,
+        records_per_unit: int | None = None,
+        labels_per_unit: int | None = None,
+    ) -> PrivateDataset:
+        """The same records with unit counts declared or contribution bounds set (the rest kept).
+
+        Args:
+            public_unit_counts: the declared public number of units per label, or ``"observed"``.
+            records_per_unit: the records one unit may put into a prompt at one step.
+            labels_per_unit: the labels one unit may take part in.
+
+        Raises:
+            ConfigurationError: a bad declaration or bound.
+        """
+        changes: dict[str, Any] = {}
+        if public_unit_counts is not None:
+            changes["public_unit_counts"] = public_unit_counts
+        if records_per_unit is not None:
+            changes["records_per_unit"] = records_per_unit
+        if labels_per_unit is not None:
+            changes["labels_per_unit"] = labels_per_unit
+        return self._with(**changes)
+
+    def _with(self, **changes: Any) -> PrivateDataset:
+        settings: dict[str, Any] = {
+            "public_label_counts": self._public_counts,
+            "public_unit_counts": self._public_unit_counts,
+            "records_per_unit": self.records_per_unit,
+            "labels_per_unit": self.labels_per_unit,
+        }
+        settings.update(changes)
         records = [r for y in self._labels for r in self._by_label[y]]
-        return PrivateDataset(records, labels=self._labels, public_label_counts=counts)
+        return PrivateDataset(records, labels=self._labels, **settings)
 
     @property
     def public_label_counts(self) -> dict[str, int] | None:
@@ -258,6 +380,8 @@ class PrivateDataset:
 
     def __repr__(self) -> str:
         declared = "" if self._public_counts is None else f", public_label_counts={self._public_counts}"
+        if self._public_unit_counts is not None:
+            declared += f", public_unit_counts={self._public_unit_counts}"
         return f"PrivateDataset(labels={list(self._labels)}{declared})"  # |D| is private under add/remove
 
 

@@ -54,10 +54,11 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
-from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
+from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, PER_RECORD
 from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k, context_limit
 from dp_icl_plugin.backends.shared_rows import public_suffix, start_rows
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
+from dp_icl_plugin.data.units import all_elements, records_of, require_units
 from dp_icl_plugin.decoding.choices import AnswerChoices
 from dp_icl_plugin.decoding.contract import (
     AnswerState,
@@ -402,18 +403,28 @@ class _Decoder:
         return 0
 
     def _ids(
-        self, query: str | tuple[dict[str, str], ...], record: PrivateRecord | None, *, reserve: int = 0
+        self,
+        query: str | tuple[dict[str, str], ...],
+        record: PrivateRecord | Sequence[PrivateRecord] | None,
+        *,
+        reserve: int = 0,
     ) -> list[int]:
+        """The prompt ids of ``query`` with no example (public), or with ``record`` (one record, or one unit's
+        records) as its examples, cut to the model's length less ``reserve``."""
         b, t = self.backend, self.template
+        examples = [] if record is None else [record] if isinstance(record, PrivateRecord) else list(record)
         if isinstance(query, str):
-            text = t.zero_shot_prompt(query) if record is None else t.one_shot_prompt(record, query)
+            text = t.zero_shot_prompt(query) if record is None else t.one_shot_prompt(examples, query)
             ids = b.encode(text, add_special_tokens=True)
         else:
             messages = list(query)
             if record is not None:
                 at = 1 if messages[0]["role"] == "system" else 0
-                example = [{"role": "user", "content": record.text}, {"role": "assistant", "content": record.label}]
-                messages[at:at] = example
+                messages[at:at] = [
+                    {"role": role, "content": content}
+                    for r in examples
+                    for role, content in (("user", r.text), ("assistant", r.label))
+                ]
             ids = chat_ids(b, messages)
         capacity = context_limit(b)
         room = None if capacity is None else capacity - 1 - reserve  # one position left for the next token
@@ -590,8 +601,15 @@ class _DatasetDecoder(_Decoder):
             choices=choices,
         )
         self.dataset = dataset
+        self.privacy_unit = require_units(dataset, budget.privacy_unit)
         self._records = [r for y in dataset.labels for r in dataset.records(y)]
+        # what the draws sample: each record alone, or per unit each unit's records (data.units)
+        self._elements = all_elements(dataset, self.privacy_unit)
         check_records_encode(backend, self._records, with_labels=True)
+
+    def _per_unit(self, event: ev.DPEvent) -> ev.DPEvent:
+        """``event`` stated for the ledger's privacy unit (the analysis is the same per unit: data.units)."""
+        return ev.with_privacy_unit(event, self.privacy_unit)
 
 
 class MozoDecoder(_DatasetDecoder):
@@ -662,9 +680,11 @@ class MozoDecoder(_DatasetDecoder):
         check_top_k(self.top_k, backend)
         self.order = check.order("order", order)
         self.lambda_max = check.positive_finite("lambda_max", lambda_max)
-        if self.n_shots > len(self._records):
-            raise ConfigurationError(f"n_shots = {self.n_shots} exceeds the {len(self._records)} records")
-        self.sampling_rate = self.n_shots / len(self._records)
+        # public: replace-one neighbours have the same number of records (per unit: of units)
+        what = "records" if self.privacy_unit == PER_RECORD else "units"
+        if self.n_shots > len(self._elements):
+            raise ConfigurationError(f"n_shots = {self.n_shots} exceeds the {len(self._elements)} {what}")
+        self.sampling_rate = self.n_shots / len(self._elements)
         self.beta = self._share_noise(
             epsilon,
             delta,
@@ -784,15 +804,18 @@ class MozoDecoder(_DatasetDecoder):
             ConfigurationError: ``max_tokens`` is not a positive integer.
         """
         steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
-        return me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
+        return self._per_unit(
+            me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
+        )
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
         step = MozoStep(
             self.backend,
-            self._records,
+            self._elements,
+            records_per_element=self.dataset.records_per_unit,
             n_shots=self.n_shots,
             zero_shot=self._ids(prompt, None),
-            one_shot=lambda record: self._ids(prompt, record),
+            one_shot=lambda records: self._ids(prompt, records),
             suffix=self._public_suffix(prompt),
             beta=self.beta,
             order=self.order,
@@ -871,11 +894,11 @@ class ClipBlendDecoder(_DatasetDecoder):
         self.neighbouring = budget.neighbouring
         if population_size is None and self.neighbouring == ADD_REMOVE:
             raise ConfigurationError(
-                "under an add/remove ledger |D| is private: declare the public population_size the subset is "
-                "drawn from (the paper's relation needs it fixed)"
+                "under an add/remove ledger |D| (per unit: the number of units) is private: declare the public "
+                "population_size the subset is drawn from (the paper's relation needs it fixed)"
             )
-        self.population_size = (
-            len(self._records) if population_size is None else check.positive_int("population_size", population_size)
+        self.population_size = (  # replace-one keeps the number of records (per unit: of units) fixed
+            len(self._elements) if population_size is None else check.positive_int("population_size", population_size)
         )
         self.n_queries = check.positive_int("n_queries", n_queries)
         self.subset_size = check.positive_int("subset_size", subset_size)
@@ -906,13 +929,14 @@ class ClipBlendDecoder(_DatasetDecoder):
             "raise epsilon or subset_size, or lower n_queries or max_tokens",
         )
         (members,) = assign_groups(
-            len(self._records),
+            len(self._elements),
             population=self.population_size,
             n_groups=1,
             subset_size=self.subset_size,
             rng=rng_subset,
         )
-        self._subset = [self._records[int(i)] for i in members]
+        # one prompt per element of the subset: a record, or a unit's (at most records_per_unit) records
+        self._subset = [records_of(self._elements[int(i)], dataset.records_per_unit, rng_subset) for i in members]
 
     @classmethod
     def with_epsilon(
@@ -1023,12 +1047,14 @@ class ClipBlendDecoder(_DatasetDecoder):
             ConfigurationError: ``max_tokens`` is not a positive integer.
         """
         steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
-        return me.clip_blend_event(
-            clip=self.clip,
-            subset_size=self.subset_size,
-            temperature=self.temperature,
-            steps=steps,
-            neighbouring=self.neighbouring,
+        return self._per_unit(
+            me.clip_blend_event(
+                clip=self.clip,
+                subset_size=self.subset_size,
+                temperature=self.temperature,
+                steps=steps,
+                neighbouring=self.neighbouring,
+            )
         )
 
     def _reserve(self, limit: int) -> int:

@@ -4,10 +4,13 @@
 
 Per token: ``n_shots`` records drawn uniformly without replacement from the whole dataset (fresh per token: the
 sampling of Wang, Balle & Kasiviswanathan 2019, Thm 9, that the accounting amplifies by, q = n_shots/|D|); each
-gives a one-shot prompt ``record + query + answer so far``; the zero-shot prompt ``query + answer so far`` is
-public and computed in a backend call of its own. The rows that end with the public query suffix take their
-record part from the backend's prefix cache (:func:`~dp_icl_plugin.backends.shared_rows.rows_logprobs`). The
-release is the projected mechanism (:func:`~dp_icl_plugin.mechanisms.mozo_mixing.mozo_token`, ``variant="projected"``):
+gives a one-shot prompt ``record + query + answer so far``. Under a unit-level ledger units are drawn instead
+(q = n_shots/|U|, the number of units, which unit replace-one keeps fixed), and a drawn unit's prompt shows at
+most ``records_per_unit`` of its records (:mod:`~dp_icl_plugin.data.units`): one unit still moves one row. The
+zero-shot prompt ``query + answer so far`` is public and computed in a backend call of its own. The rows that end
+with the public query suffix take their record part from the backend's prefix cache
+(:func:`~dp_icl_plugin.backends.shared_rows.rows_logprobs`). The release is the projected mechanism
+(:func:`~dp_icl_plugin.mechanisms.mozo_mixing.mozo_token`, ``variant="projected"``):
 (α, 4βα)-RDP per token under replace-one neighbours, whatever the records
 (:func:`~dp_icl_plugin.accounting.method_events.mozo_event` composes it). ``beta=None`` is the ε = ∞ few-shot
 ensemble (:func:`~dp_icl_plugin.mechanisms.mozo_mixing.nonprivate_token`): not private, for baselines only.
@@ -22,6 +25,7 @@ import numpy as np
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.shared_rows import rows_logprobs
 from dp_icl_plugin.data.records import PrivateRecord
+from dp_icl_plugin.data.units import Element, records_of
 from dp_icl_plugin.mechanisms.mozo_mixing import mozo_token, nonprivate_token
 from dp_icl_plugin.steps.token_step import TokenStep, public_checked
 
@@ -33,34 +37,38 @@ class MozoStep(TokenStep):
 
     Args:
         backend: the language model.
-        records: the whole private dataset, in a fixed order (records are drawn by position).
-        n_shots: records per token.
+        elements: the whole private dataset's elements in a fixed order (drawn by position): each record alone,
+            or under a unit-level ledger each unit's records (:mod:`~dp_icl_plugin.data.units`).
+        n_shots: elements per token.
         zero_shot: the public prompt's ids (the query, no record).
-        one_shot: a record's one-shot prompt ids for this query (computed once per record drawn).
+        one_shot: the one-shot prompt ids of an element's records for this query (computed once per draw seen).
         suffix: the public query tokens every row may end with
             (:func:`~dp_icl_plugin.backends.shared_rows.public_suffix`), or ``()``.
         beta: the target leakage β of each token, or None for the noiseless ε = ∞ ensemble.
         order: the Rényi order α the mixing is fitted at.
         top_k: the public top-k support of the zero-shot row.
         lambda_max: the upper limit of each λ_i.
+        records_per_element: k, the most records a drawn element puts into its one prompt (a unit's uniformly
+            random k, drawn afresh per token: :func:`~dp_icl_plugin.data.units.records_of`).
     """
 
     def __init__(
         self,
         backend: NextTokenBackend,
-        records: Sequence[PrivateRecord],
+        elements: Sequence[Element],
         *,
         n_shots: int,
         zero_shot: list[int],
-        one_shot: Callable[[PrivateRecord], list[int]],
+        one_shot: Callable[[list[PrivateRecord]], list[int]],
         suffix: Sequence[int],
         beta: float | None,
         order: float,
         top_k: int,
         lambda_max: float,
+        records_per_element: int = 1,
     ) -> None:
         self.backend = backend
-        self.records = records
+        self.elements = elements
         self.n_shots = n_shots
         self.zero_shot = zero_shot
         self.one_shot = one_shot
@@ -69,10 +77,11 @@ class MozoStep(TokenStep):
         self.order = order
         self.top_k = top_k
         self.lambda_max = lambda_max
-        self._prompts: dict[int, list[int]] = {}  # record position -> one-shot prompt ids, for this query
+        self.records_per_element = records_per_element
+        self._prompts: dict[tuple[int, ...], list[int]] = {}  # the records drawn -> their prompt ids, for this query
 
     def rows(self, generated: Sequence[int], rng: np.random.Generator) -> np.ndarray:
-        """The zero-shot row, then one row per record drawn for this token (``n_shots`` without replacement).
+        """The zero-shot row, then one row per element drawn for this token (``n_shots`` without replacement).
 
         Args:
             generated: the tokens released so far.
@@ -81,11 +90,15 @@ class MozoStep(TokenStep):
         Raises:
             BackendError: the zero-shot row is bad.
         """
-        picked = [int(i) for i in rng.choice(len(self.records), size=self.n_shots, replace=False)]
+        picked = [int(i) for i in rng.choice(len(self.elements), size=self.n_shots, replace=False)]
+        prompts = []
         for i in picked:
-            if i not in self._prompts:
-                self._prompts[i] = self.one_shot(self.records[i])
-        rows = [self.zero_shot, *(self._prompts[i] for i in picked)]
+            records = records_of(self.elements[i], self.records_per_element, rng)
+            key = (i, *(id(r) for r in records))
+            if key not in self._prompts:
+                self._prompts[key] = self.one_shot(records)
+            prompts.append(self._prompts[key])
+        rows = [self.zero_shot, *prompts]
         # the zero-shot row is public: computed in a call of its own, never beside the records' rows
         return public_checked(rows_logprobs(self.backend, rows, list(generated), suffix=self.suffix, public=1))
 

@@ -43,8 +43,10 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_adadpsyn
+from dp_icl_plugin.accounting.neighbouring import PER_RECORD
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
+from dp_icl_plugin.data.units import Element, label_elements, labels_charged, population
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.mechanisms.adadpsyn_aggregation import release_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import restrict
@@ -129,13 +131,21 @@ class AdaDPSynSynthesizer(SynthesisMethod):
     config: AdaDPSynConfig
 
     def _plan(
-        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+        self,
+        dataset: PrivateDataset,
+        labels: tuple[str, ...],
+        neighbouring: str,
+        ledger_delta: float | None,
+        privacy_unit: str,
     ) -> Plan:
         c = self.config
         me.require_replace_one("AdaDPSyn", neighbouring)
-        rate, _, steps = self._sampling(dataset, labels, drawn="are drawn without replacement per token")
-        touched = min(2, len(labels))
-        delta = self._target_delta(ledger_delta, 1.0 / len(dataset))
+        rate, _, steps = self._sampling(dataset, labels, privacy_unit, drawn="are drawn without replacement per token")
+        # a replacement empties one slot in each label the old record (unit) had and fills one in each the new has
+        touched = min(2 * labels_charged(dataset, labels, privacy_unit), len(labels))
+        # δ's default 1/|D| (the paper); per unit 1/(the declared units), |D| being no public count then
+        size = len(dataset) if privacy_unit == PER_RECORD else sum(dataset.public_unit_count(y) for y in labels)
+        delta = self._target_delta(ledger_delta, 1.0 / max(size, 1))
         if c.sigma1 is not None:
             sigma1, target = float(c.sigma1), None
         else:
@@ -173,6 +183,7 @@ class AdaDPSynSynthesizer(SynthesisMethod):
             "labels_touched": touched,
             "neighbouring": neighbouring,
             "public_label_counts": {y: dataset.public_count(y) for y in labels},
+            **self._unit_params(dataset, labels, privacy_unit),
         }
         return Plan(labels, event, params)
 
@@ -192,15 +203,23 @@ class AdaDPSynSynthesizer(SynthesisMethod):
             )
             return int(release.index)
 
+        unit = plan.params["privacy_unit"]
+        elements = label_elements(dataset, plan.labels, unit, rng)  # records, or units' records (data.units)
         for label in plan.labels:
-            records = dataset.records(label)
-            placement = slot_placement(len(records), dataset.public_count(label), rng)
+            placement = slot_placement(len(elements[label]), population(dataset, label, unit), rng)
 
             def draw(
-                rng: np.random.Generator, records: Sequence[PrivateRecord] = records, placement: np.ndarray = placement
+                rng: np.random.Generator,
+                elements: Sequence[Element] = elements[label],
+                placement: np.ndarray = placement,
             ) -> list[list[PrivateRecord]]:
                 return fixed_size_subsets(
-                    records, placement=placement, n_prompts=c.n_prompts, per_prompt=c.records_per_prompt, rng=rng
+                    elements,
+                    placement=placement,
+                    n_prompts=c.n_prompts,
+                    per_prompt=c.records_per_prompt,
+                    rng=rng,
+                    records_per_element=dataset.records_per_unit,
                 )
 
             step = AggregationStep(

@@ -56,10 +56,12 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature
+from dp_icl_plugin.accounting.neighbouring import PER_RECORD
 from dp_icl_plugin.backends.base import NextTokenBackend, Prompt, check_logprobs, context_limit
 from dp_icl_plugin.backends.recompute import RecomputingSession as ReencodingSession
 from dp_icl_plugin.backends.shared_rows import start_prefix_rows
 from dp_icl_plugin.data.records import PrivateDataset
+from dp_icl_plugin.data.units import label_elements, labels_charged, population, records_of
 from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.steps.clip_blend_step import ClipBlendStep, assign_groups
 from dp_icl_plugin.steps.token_step import TokenStep
@@ -194,24 +196,33 @@ class ClipBlendSynthesizer(SynthesisMethod):
 
     # -- planning -----------------------------------------------------------------------------------
     def _plan(
-        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+        self,
+        dataset: PrivateDataset,
+        labels: tuple[str, ...],
+        neighbouring: str,
+        ledger_delta: float | None,
+        privacy_unit: str,
     ) -> Plan:
         c = self.config
         k = c.shots_per_label
-        label = min(labels, key=dataset.public_count)  # declared sizes (public): never the observed counts
-        smallest = dataset.public_count(label)
+        size = {y: population(dataset, y, privacy_unit) for y in labels}  # declared (public): never observed counts
+        label = min(labels, key=size.__getitem__)
+        smallest = size[label]
+        what = "size" if privacy_unit == PER_RECORD else "number of units"
         if smallest < k:
             raise ConfigurationError(
-                f"label {label!r} has declared size {smallest}; shots_per_label = {k} "
-                "demonstrations need at least one record each"
+                f"label {label!r} has declared {what} {smallest}; shots_per_label = {k} "
+                "demonstrations need at least one element each"
             )
         s = c.subset_size if c.subset_size is not None else smallest // k
         if k * s > smallest:
             raise ConfigurationError(
-                f"label {label!r} has declared size {smallest}; shots_per_label × subset_size = {k * s} need at "
+                f"label {label!r} has declared {what} {smallest}; shots_per_label × subset_size = {k * s} need at "
                 "least as many"
             )
-        steps = c.max_tokens  # each record sits in one group: it takes part in T tokens (parallel composition)
+        # each element sits in one group: it takes part in T tokens (parallel composition); a unit in one group of
+        # each of the labels it keeps, T tokens in each
+        steps = c.max_tokens * labels_charged(dataset, labels, privacy_unit)
         delta = self._target_delta(ledger_delta, 1.0 / smallest)
         if c.temperature is not None:
             tau, target = float(c.temperature), None
@@ -238,6 +249,7 @@ class ClipBlendSynthesizer(SynthesisMethod):
             "paper_epsilon": paper,
             "neighbouring": neighbouring,
             "public_label_counts": {y: dataset.public_count(y) for y in labels},
+            **self._unit_params(dataset, labels, privacy_unit),
         }
         return Plan(labels, event, params)
 
@@ -273,16 +285,26 @@ class ClipBlendSynthesizer(SynthesisMethod):
         s = plan.params["subset_size"]
         tau = plan.params["temperature"] if private else None
         capacity = self._capacity(backend)
+        unit = plan.params["privacy_unit"]
+        elements = label_elements(dataset, plan.labels, unit, rng)  # records, or units' records (data.units)
         for label in plan.labels:
-            records = dataset.records(label)
+            members = elements[label]
             public = _fit(backend.encode(c.public_text(label), add_special_tokens=True), capacity)
             instruction = PromptIds(backend, c.template).instruction(label)  # public: computed once per label
             groups = assign_groups(
-                len(records), population=dataset.public_count(label), n_groups=c.shots_per_label, subset_size=s, rng=rng
+                len(members),
+                population=population(dataset, label, unit),
+                n_groups=c.shots_per_label,
+                subset_size=s,
+                rng=rng,
             )
             for group in groups:
+                # one prompt per element: a record, or a unit's (at most records_per_unit) records, fixed for the run
                 private_prompts = [
-                    backend.encode(c.template.private_prompt(label, [records[int(i)]]), add_special_tokens=True)
+                    backend.encode(
+                        c.template.private_prompt(label, records_of(members[int(i)], dataset.records_per_unit, rng)),
+                        add_special_tokens=True,
+                    )
                     for i in group
                 ]
                 prompts = [public] + [_fit(ids, capacity) for ids in private_prompts]

@@ -16,6 +16,13 @@ Labels partition the private data (each record has one label, generation for lab
 run over several labels costs what the costliest label costs (parallel composition): ``event`` is the
 event of the label with the smallest declared size. Label-conditioned methods size their sampling by the
 sizes the caller declares public (``PrivateDataset(public_label_counts=...)``), never by the records.
+
+Privacy units (``privacy_unit``, the ledger's: :mod:`~dp_icl_plugin.data.units`): under ``"unit"`` every method
+samples units where it sampled records, sized by the declared unit counts (``public_unit_counts``), each drawn
+unit putting at most ``records_per_unit`` of its records into one prompt; one unit then moves a step as one
+record did. Labels no longer partition the units: a unit takes part in at most ``labels_per_unit`` = c labels'
+generation, and the event composes c labels' runs (the label-conditioned methods' steps are multiplied by c).
+The event is tagged ``privacy_unit="unit"``, and only a unit-level ledger holds it.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager
-from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
+from dp_icl_plugin.accounting.neighbouring import PER_RECORD, REPLACE_ONE, check_relation
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
 from dp_icl_plugin.data.records import Demonstration, PrivateDataset, PrivateRecord
+from dp_icl_plugin.data.units import labels_charged, population, require_units
 from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError, after_charge
 from dp_icl_plugin.steps.token_step import TokenStep, decode_tokens
 from dp_icl_plugin.synthesis.demoset import DemoSet, Provenance
@@ -178,10 +186,17 @@ class SynthesisMethod(ABC):
     # -- what subclasses provide ------------------------------------------------------------------
     @abstractmethod
     def _plan(
-        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+        self,
+        dataset: PrivateDataset,
+        labels: tuple[str, ...],
+        neighbouring: str,
+        ledger_delta: float | None,
+        privacy_unit: str,
     ) -> Plan:
-        """Check the data against the config and calibrate for ``neighbouring`` (at the config's δ, else
-        ``ledger_delta``, else the paper's default: :meth:`_target_delta`); raise before any charge."""
+        """Check the data against the config and calibrate for ``neighbouring`` per ``privacy_unit`` (at the
+        config's δ, else ``ledger_delta``, else the paper's default: :meth:`_target_delta`); raise before any
+        charge. The event is built record-level (:meth:`plan` tags it); a unit-level plan samples units
+        (:meth:`_sampling`) and composes :func:`~dp_icl_plugin.data.units.labels_charged` labels' runs."""
 
     def _target_delta(self, ledger_delta: float | None, paper_default: float) -> float:
         """The δ a target ε is calibrated at: the config's, else the ledger's (the δ at which the ledger certifies
@@ -246,19 +261,36 @@ class SynthesisMethod(ABC):
             raise BackendError(f"the backend returned shape {probe.shape}; expected (1, {backend.vocab_size})")
         check_top_k(getattr(self.config, "top_k", None), backend)
 
-    def _sampling(self, dataset: PrivateDataset, labels: tuple[str, ...], *, drawn: str) -> tuple[float, int, int]:
+    def _sampling(
+        self, dataset: PrivateDataset, labels: tuple[str, ...], privacy_unit: str, *, drawn: str
+    ) -> tuple[float, int, int]:
         """(q = M·N/n_y at the smallest declared size n_y, that size, steps = shots × tokens) for methods that
-        draw M·N records per token; ``drawn`` says how, for the error when a label is too small."""
+        draw M·N elements (records, or units: :func:`~dp_icl_plugin.data.units.population`) per token; ``drawn``
+        says how, for the error when a label is too small."""
         c = self.config
         per_token = c.n_prompts * c.records_per_prompt
-        label = min(labels, key=dataset.public_count)  # label names and declared sizes are public
-        smallest = dataset.public_count(label)
+        size = {y: population(dataset, y, privacy_unit) for y in labels}  # declared sizes: public
+        label = min(labels, key=size.__getitem__)
+        smallest = size[label]
+        what = "size" if privacy_unit == PER_RECORD else "number of units"
         if smallest < per_token:
             raise ConfigurationError(
-                f"label {label!r} has declared size {smallest}; M·N = n_prompts × "
+                f"label {label!r} has declared {what} {smallest}; M·N = n_prompts × "
                 f"records_per_prompt = {per_token} {drawn}"
             )
         return per_token / smallest, smallest, c.shots_per_label * c.max_tokens
+
+    @staticmethod
+    def _unit_params(dataset: PrivateDataset, labels: tuple[str, ...], privacy_unit: str) -> dict[str, Any]:
+        """The plan parameters that state the privacy unit (and, per unit, the declared counts and the bounds)."""
+        if privacy_unit == PER_RECORD:
+            return {"privacy_unit": PER_RECORD}
+        return {
+            "privacy_unit": privacy_unit,
+            "public_unit_counts": {y: dataset.public_unit_count(y) for y in labels},
+            "records_per_unit": dataset.records_per_unit,
+            "labels_charged": labels_charged(dataset, labels, privacy_unit),
+        }
 
     def _records_read(self, dataset: PrivateDataset, plan: Plan) -> list[PrivateRecord]:
         """The records a run may put in a prompt: those of the planned labels (MOZO offline: all of them)."""
@@ -276,6 +308,7 @@ class SynthesisMethod(ABC):
         public_inputs: Sequence[str] | None = None,
         neighbouring: str = REPLACE_ONE,
         ledger_delta: float | None = None,
+        privacy_unit: str = PER_RECORD,
     ) -> ev.DPEvent:
         """The privacy event a run on ``dataset`` (for ``labels``, default all) charges under ``neighbouring``
         (calibrated at ``ledger_delta`` when the config names no δ: see :meth:`plan`).
@@ -286,12 +319,18 @@ class SynthesisMethod(ABC):
             public_inputs: for methods that answer public inputs (MOZO offline); the others refuse it.
             neighbouring: the ledger's relation.
             ledger_delta: the ledger's δ (see :meth:`plan`).
+            privacy_unit: the ledger's privacy unit (see :meth:`plan`).
 
         Raises:
             ConfigurationError: bad data, labels or parameters.
         """
         return self.plan(
-            dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring, ledger_delta=ledger_delta
+            dataset,
+            labels,
+            public_inputs=public_inputs,
+            neighbouring=neighbouring,
+            ledger_delta=ledger_delta,
+            privacy_unit=privacy_unit,
         ).event
 
     def plan(
@@ -302,9 +341,10 @@ class SynthesisMethod(ABC):
         public_inputs: Sequence[str] | None = None,
         neighbouring: str = REPLACE_ONE,
         ledger_delta: float | None = None,
+        privacy_unit: str = PER_RECORD,
     ) -> Plan:
-        """Validated labels, calibrated parameters and the event under ``neighbouring`` (the relation of the
-        ledger it will be charged to), without touching a backend.
+        """Validated labels, calibrated parameters and the event under ``neighbouring`` per ``privacy_unit`` (the
+        relation of the ledger it will be charged to), without touching a backend.
 
         Args:
             dataset: the private records (only declared, public sizes are read).
@@ -314,6 +354,8 @@ class SynthesisMethod(ABC):
             ledger_delta: the ledger's δ: a target ε is calibrated at it when the config names no δ, so that the
                 charge the ledger certifies is the ε asked for (:meth:`synthesize` passes it; without it the
                 paper's default δ, e.g. 1/min_y n_y, is used).
+            privacy_unit: the ledger's privacy unit: ``"record"`` (default) or ``"unit"`` (every record names its
+                unit; units are sampled and bounded, see the module docstring).
 
         Raises:
             ConfigurationError: bad data, labels or parameters.
@@ -321,12 +363,20 @@ class SynthesisMethod(ABC):
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationTypeError("dataset must be a PrivateDataset")
         relation = check_relation(neighbouring)
+        unit = require_units(dataset, privacy_unit)
         if public_inputs is not None:
             raise ConfigurationError(f"{self.name} does not take public_inputs")
         if ledger_delta is not None:
             check.probability_open("ledger_delta", ledger_delta)
         chosen = dataset.labels if labels is None else dataset.check_labels(labels)
-        return self._plan(dataset, chosen, relation, ledger_delta)
+        return self._tagged(self._plan(dataset, chosen, relation, ledger_delta, unit), unit)
+
+    @staticmethod
+    def _tagged(plan: Plan, privacy_unit: str) -> Plan:
+        """``plan`` with its event stated per ``privacy_unit`` (the analysis is the same; see the module)."""
+        if privacy_unit == PER_RECORD:
+            return plan
+        return Plan(plan.labels, ev.with_privacy_unit(plan.event, privacy_unit), plan.params)
 
     def check(
         self,
@@ -337,6 +387,7 @@ class SynthesisMethod(ABC):
         public_inputs: Sequence[str] | None = None,
         neighbouring: str = REPLACE_ONE,
         ledger_delta: float | None = None,
+        privacy_unit: str = PER_RECORD,
     ) -> Plan:
         """Everything :meth:`synthesize` checks before its charge, charging nothing: the plan, the backend's
         public pre-flight and every record it may read encoded by the backend's tokenizer.
@@ -352,13 +403,19 @@ class SynthesisMethod(ABC):
             public_inputs: for methods that answer public inputs (MOZO offline); the others refuse it.
             neighbouring: the ledger's relation.
             ledger_delta: the ledger's δ (see :meth:`plan`).
+            privacy_unit: the ledger's privacy unit (see :meth:`plan`).
 
         Raises:
             ConfigurationError: what :meth:`synthesize` would refuse before its charge.
             BackendError: the public pre-flight failed.
         """
         plan = self.plan(
-            dataset, labels, public_inputs=public_inputs, neighbouring=neighbouring, ledger_delta=ledger_delta
+            dataset,
+            labels,
+            public_inputs=public_inputs,
+            neighbouring=neighbouring,
+            ledger_delta=ledger_delta,
+            privacy_unit=privacy_unit,
         )
         check_backend(backend)
         self._preflight(plan, backend)
@@ -409,6 +466,7 @@ class SynthesisMethod(ABC):
             public_inputs=public_inputs,
             neighbouring=budget.neighbouring,
             ledger_delta=budget.budget.delta,
+            privacy_unit=budget.privacy_unit,
         )
         label = ledger_label or f"{self.name}:synthesize"
         entry = budget.spend(plan.event, label=label)
@@ -426,6 +484,7 @@ class SynthesisMethod(ABC):
         backend: NextTokenBackend,
         rng: np.random.Generator,
         progress: bool | None = None,
+        privacy_unit: str = PER_RECORD,
     ) -> DemoSet:
         """The same algorithm without noise and without a charge: ε = ∞, NOT differentially private.
 
@@ -438,13 +497,15 @@ class SynthesisMethod(ABC):
             backend: the model.
             rng: the randomness.
             progress: show a progress bar (None: only when stderr is a terminal).
+            privacy_unit: ``"unit"`` runs the unit-level computation (units sampled and bounded) without noise:
+                the ceiling of a unit-level run, and what contribution bounding alone costs.
 
         Raises:
             ConfigurationError: bad data, labels, backend, rng or parameters.
             BackendError: the model failed.
         """
         check_rng(rng)
-        plan = self.plan(dataset, labels, public_inputs=public_inputs)
+        plan = self.plan(dataset, labels, public_inputs=public_inputs, privacy_unit=privacy_unit)
         check_backend(backend)
         self._preflight(plan, backend)
         demos = self._generate(dataset, plan, backend, rng, private=False, progress=progress)

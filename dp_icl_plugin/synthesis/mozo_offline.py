@@ -46,10 +46,11 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_mozo
-from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE
+from dp_icl_plugin.accounting.neighbouring import PER_RECORD, REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
 from dp_icl_plugin.backends.shared_rows import public_suffix
 from dp_icl_plugin.data.records import Demonstration, PrivateDataset, PrivateRecord
+from dp_icl_plugin.data.units import all_elements, require_units
 from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError, DPICLError
 from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX
 from dp_icl_plugin.steps.mozo_step import MozoStep
@@ -155,16 +156,20 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         public_inputs: Sequence[str] | None = None,
         neighbouring: str = REPLACE_ONE,
         ledger_delta: float | None = None,
+        privacy_unit: str = PER_RECORD,
     ) -> Plan:
         """Validated inputs, calibrated β and the event, without touching a backend (replace-one only; a target
         ε at the config's δ, else ``ledger_delta``, else 1/|D|).
 
         Args:
-            dataset: the private records (only their number is read, public under replace-one).
+            dataset: the private records (only their number is read, public under replace-one; per unit, the
+                number of units, which unit replace-one keeps fixed).
             labels: must be None.
             public_inputs: the public inputs to answer (required).
             neighbouring: the ledger's relation (replace-one only).
             ledger_delta: the ledger's δ.
+            privacy_unit: the ledger's privacy unit: ``"unit"`` draws units (at most ``records_per_unit`` of a
+                drawn unit's records in its prompt) at q = n_shots/|U|.
 
         Raises:
             ConfigurationError: bad data or inputs, labels given, ``n_shots`` above |D|, or an add/remove relation
@@ -179,10 +184,13 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         if labels is not None:
             raise ConfigurationError("mozo_offline draws records from the whole dataset; do not pass labels")
         inputs = check_public_inputs(public_inputs)
+        unit = require_units(dataset, privacy_unit)
         c = self.config
-        size = len(dataset)  # public: replace-one neighbours have the same number of records
+        # public: replace-one neighbours have the same number of records (per unit: of units)
+        size = len(all_elements(dataset, unit))
         if c.n_shots > size:
-            raise ConfigurationError(f"n_shots = {c.n_shots} exceeds the {size} records (q = n_shots/|D| ≤ 1)")
+            what = "records (q = n_shots/|D|" if unit == PER_RECORD else "units (q = n_shots/|U|"
+            raise ConfigurationError(f"n_shots = {c.n_shots} exceeds the {size} {what} ≤ 1)")
         rate = c.n_shots / size
         steps = len(inputs) * c.max_tokens  # the tokens generated offline (Algorithm 3 writes n_test·T̃_max)
         delta = self._target_delta(ledger_delta, 1.0 / size)
@@ -201,11 +209,19 @@ class MozoOfflineSynthesizer(SynthesisMethod):
             "calibrated_epsilon": target,
             "public_inputs": inputs,
             "neighbouring": REPLACE_ONE,
+            "privacy_unit": unit,
         }
-        return Plan(dataset.labels, event, params)
+        if unit != PER_RECORD:
+            params["records_per_unit"] = dataset.records_per_unit
+        return self._tagged(Plan(dataset.labels, event, params), unit)
 
     def _plan(
-        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+        self,
+        dataset: PrivateDataset,
+        labels: tuple[str, ...],
+        neighbouring: str,
+        ledger_delta: float | None,
+        privacy_unit: str,
     ) -> Plan:
         raise ConfigurationError("mozo_offline needs public inputs: call plan(dataset, public_inputs=[...])")
 
@@ -245,17 +261,18 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         self, dataset: PrivateDataset, plan: Plan, backend: NextTokenBackend, rng: np.random.Generator, *, private: bool
     ) -> Iterator[tuple[DemoSlot, AbstractContextManager[TokenStep]]]:
         c = self.config
-        records = [r for y in dataset.labels for r in dataset.records(y)]
+        elements = all_elements(dataset, plan.params["privacy_unit"])  # records, or units' records (data.units)
         inputs: tuple[str, ...] = plan.params["public_inputs"]
         for public_input in inputs:
             zero_shot = backend.encode(c.template.zero_shot_prompt(public_input), add_special_tokens=True)
 
-            def one_shot(record: PrivateRecord, public_input: str = public_input) -> list[int]:
-                return backend.encode(c.template.one_shot_prompt(record, public_input), add_special_tokens=True)
+            def one_shot(records: list[PrivateRecord], public_input: str = public_input) -> list[int]:
+                return backend.encode(c.template.one_shot_prompt(records, public_input), add_special_tokens=True)
 
             step = MozoStep(
                 backend,
-                records,
+                elements,
+                records_per_element=dataset.records_per_unit,
                 n_shots=c.n_shots,
                 zero_shot=zero_shot,
                 one_shot=one_shot,

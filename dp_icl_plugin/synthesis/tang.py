@@ -37,6 +37,7 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_subsampled_gaussian
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
+from dp_icl_plugin.data.units import Element, label_elements, labels_charged, population
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax, restrict
 from dp_icl_plugin.steps.aggregation_step import AggregationStep
@@ -100,10 +101,18 @@ class TangSynthesizer(SynthesisMethod):
     config: TangConfig
 
     def _plan(
-        self, dataset: PrivateDataset, labels: tuple[str, ...], neighbouring: str, ledger_delta: float | None
+        self,
+        dataset: PrivateDataset,
+        labels: tuple[str, ...],
+        neighbouring: str,
+        ledger_delta: float | None,
+        privacy_unit: str,
     ) -> Plan:
         c = self.config
-        rate, smallest, steps = self._sampling(dataset, labels, drawn="need at least as many (q = M·N/n_y ≤ 1)")
+        rate, smallest, steps = self._sampling(
+            dataset, labels, privacy_unit, drawn="need at least as many (q = M·N/n_y ≤ 1)"
+        )
+        steps *= labels_charged(dataset, labels, privacy_unit)  # a unit may take part in that many labels' runs
         delta = self._target_delta(ledger_delta, 1.0 / smallest)
         if c.noise_multiplier is not None:
             sigma, target = float(c.noise_multiplier), None
@@ -137,6 +146,7 @@ class TangSynthesizer(SynthesisMethod):
             "calibrated_epsilon": target,
             "neighbouring": neighbouring,
             "public_label_counts": {y: dataset.public_count(y) for y in labels},
+            **self._unit_params(dataset, labels, privacy_unit),
         }
         return Plan(labels, event, params)
 
@@ -163,14 +173,21 @@ class TangSynthesizer(SynthesisMethod):
             candidates = self._candidate_distributions(rows, vocabulary, base)
             return noisy_argmax(candidates, noise_multiplier=sigma, rng=rng, clip_negative=self._clip_negative)
 
+        unit = plan.params["privacy_unit"]
+        elements = label_elements(dataset, plan.labels, unit, rng)  # records, or units' records (data.units)
         for label in plan.labels:
-            records = dataset.records(label)
-            rate = c.n_prompts * c.records_per_prompt / dataset.public_count(label)  # a fixed, declared size
+            rate = c.n_prompts * c.records_per_prompt / population(dataset, label, unit)  # a fixed, declared size
 
             def draw(
-                rng: np.random.Generator, records: Sequence[PrivateRecord] = records, rate: float = rate
+                rng: np.random.Generator, elements: Sequence[Element] = elements[label], rate: float = rate
             ) -> list[list[PrivateRecord]]:
-                return poisson_prompts(records, sampling_rate=rate, n_prompts=c.n_prompts, rng=rng)
+                return poisson_prompts(
+                    elements,
+                    sampling_rate=rate,
+                    n_prompts=c.n_prompts,
+                    rng=rng,
+                    records_per_element=dataset.records_per_unit,
+                )
 
             step = AggregationStep(
                 backend, ids, label, draw=draw, base=base, top_k=c.top_k, top_p=c.top_p, aggregate=aggregate

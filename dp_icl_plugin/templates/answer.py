@@ -6,6 +6,7 @@ Public text only: a template must not contain private data; a record enters a pr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dp_icl_plugin.data.records import PrivateRecord
@@ -61,18 +62,16 @@ class AnswerTemplate:
         """
         return self.header + self.query.format(input=public_input)
 
-    def one_shot_prompt(self, record: PrivateRecord, public_input: str) -> str:
-        """A private prompt: header, one record as an example, then the public input.
+    def one_shot_prompt(self, record: PrivateRecord | Sequence[PrivateRecord], public_input: str) -> str:
+        """A private prompt: header, one record (or one unit's few records) as the example, then the public input.
 
         Args:
-            record: the private record shown as the example.
+            record: the private record shown as the example, or one unit's records (each an example, in order).
             public_input: the query.
         """
-        return (
-            self.header
-            + self.example.format(text=record.text, label=record.label)
-            + self.query.format(input=public_input)
-        )
+        records = [record] if isinstance(record, PrivateRecord) else list(record)
+        examples = "".join(self.example.format(text=r.text, label=r.label) for r in records)
+        return self.header + examples + self.query.format(input=public_input)
 
 
 ANSWER_PRESETS: dict[str, AnswerTemplate] = {

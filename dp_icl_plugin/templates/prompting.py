@@ -13,6 +13,10 @@ Sampling here is exactly what the accountant assumes:
   short). A replacement, within a label or across two, changes one slot of each run it touches, and the
   population n_y never depends on the data (sampling without replacement, replace-one; AdaDPSyn). With
   n_y = |D_y| every slot holds a record and this is a uniform draw of M·N records.
+
+Both sample *elements* (:mod:`~dp_icl_plugin.data.units`): a record alone, or under a unit-level ledger one
+unit's records, which go into one prompt together (at most ``records_per_element`` of them); the arguments above
+then hold for a unit in place of a record, with the units' declared count as n_y.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
 from dp_icl_plugin.backends.shared_rows import common_prefix_length
 from dp_icl_plugin.data.records import PrivateRecord
+from dp_icl_plugin.data.units import Element, records_of
 from dp_icl_plugin.errors import ConfigurationError
 from dp_icl_plugin.templates.demonstration import PromptTemplate
 
@@ -39,28 +44,37 @@ __all__ = [
 
 
 def poisson_prompts(
-    records: Sequence[PrivateRecord], *, sampling_rate: float, n_prompts: int, rng: np.random.Generator
+    elements: Sequence[Element],
+    *,
+    sampling_rate: float,
+    n_prompts: int,
+    rng: np.random.Generator,
+    records_per_element: int = 1,
 ) -> list[list[PrivateRecord]]:
-    """Poisson-sample ``records`` at ``sampling_rate`` and deal the sample to ``n_prompts`` prompts.
+    """Poisson-sample ``elements`` at ``sampling_rate`` and deal the sample to ``n_prompts`` prompts, each
+    drawn element putting its records (at most ``records_per_element``, :func:`~dp_icl_plugin.data.units.records_of`)
+    into one prompt.
 
-    Prompt sizes vary (a prompt may be empty); the expected total is ``sampling_rate · len(records)``.
+    Prompt sizes vary (a prompt may be empty); the expected number of elements is ``sampling_rate · len(elements)``.
 
     Args:
-        records: the records to sample from.
-        sampling_rate: q, each record's probability of joining the sample.
+        elements: the elements to sample from (records alone, or units' records: :mod:`~dp_icl_plugin.data.units`).
+        sampling_rate: q, each element's probability of joining the sample.
         n_prompts: M, the prompts the sample is dealt to.
         rng: the randomness.
+        records_per_element: k, the most records one element puts into its prompt.
 
     Returns:
         The records of each prompt, in their prompt order.
     """
-    n = len(records)
+    n = len(elements)
     chosen = np.flatnonzero(rng.random(n) < sampling_rate)
     slots = rng.integers(0, n_prompts, size=chosen.size)
     keys = rng.random(chosen.size)
     prompts: list[list[PrivateRecord]] = [[] for _ in range(n_prompts)]
     for position in np.lexsort((keys, slots)):  # by prompt, then by key
-        prompts[int(slots[position])].append(records[int(chosen[position])])
+        element = elements[int(chosen[position])]
+        prompts[int(slots[position])].extend(records_of(element, records_per_element, rng))
     return prompts
 
 
@@ -95,27 +109,35 @@ def slot_placement(n_records: int, n_slots: int, rng: np.random.Generator) -> np
 
 
 def fixed_size_subsets(
-    records: Sequence[PrivateRecord],
+    elements: Sequence[Element],
     *,
     placement: np.ndarray,
     n_prompts: int,
     per_prompt: int,
     rng: np.random.Generator,
+    records_per_element: int = 1,
 ) -> list[list[PrivateRecord]]:
     """``n_prompts · per_prompt`` slots of ``placement`` drawn uniformly without replacement, ``per_prompt``
-    per prompt; each prompt gets the records in its slots (empty slots are skipped).
+    per prompt; each prompt gets the records of the elements in its slots (empty slots are skipped; at most
+    ``records_per_element`` records each, :func:`~dp_icl_plugin.data.units.records_of`).
 
     Args:
-        records: the records that ``placement`` indexes.
+        elements: the elements that ``placement`` indexes (records alone, or units' records).
         placement: the slots, from :func:`slot_placement`.
         n_prompts: M, the prompts.
         per_prompt: N, the slots per prompt (M·N at most ``len(placement)``).
         rng: the randomness.
+        records_per_element: k, the most records one element puts into its prompt.
     """
     picked = placement[rng.choice(len(placement), size=n_prompts * per_prompt, replace=False)]
-    return [
-        [records[int(i)] for i in picked[j * per_prompt : (j + 1) * per_prompt] if i >= 0] for j in range(n_prompts)
-    ]
+    prompts: list[list[PrivateRecord]] = []
+    for j in range(n_prompts):
+        prompt: list[PrivateRecord] = []
+        for i in picked[j * per_prompt : (j + 1) * per_prompt]:
+            if i >= 0:
+                prompt.extend(records_of(elements[int(i)], records_per_element, rng))
+        prompts.append(prompt)
+    return prompts
 
 
 class PromptIds:

@@ -37,7 +37,7 @@ def stored_budget(
     Args:
         epsilon: the stored ε.
         delta: the stored δ.
-        neighbouring: the stored relation.
+        neighbouring: the stored relation (with its privacy unit: :attr:`PrivacyBudget.stored_relation`).
         given: the budget the caller expects, or None.
         where: the ledger, for messages.
 
@@ -46,14 +46,14 @@ def stored_budget(
         BudgetMismatchError: ``given`` is not the stored budget (a ledger keeps the budget it was made with).
     """
     try:
-        stored = PrivacyBudget(epsilon=float(epsilon), delta=float(delta), neighbouring=neighbouring)  # type: ignore[arg-type]
+        stored = PrivacyBudget.from_stored(float(epsilon), float(delta), neighbouring)  # type: ignore[arg-type]
     except (TypeError, ValueError):  # ConfigurationError is a ValueError: an invalid stored budget
         raise LedgerCorruptError(f"{where} has no valid budget record") from None
     if given is not None and given != stored:
         raise BudgetMismatchError(
             f"{where} was created with epsilon={stored.epsilon}, delta={stored.delta} under "
-            f"{stored.neighbouring}; refusing to use it with epsilon={given.epsilon}, delta={given.delta} "
-            f"under {given.neighbouring}"
+            f"{stored.describe()}; refusing to use it with epsilon={given.epsilon}, delta={given.delta} "
+            f"under {given.describe()}"
         )
     return stored
 

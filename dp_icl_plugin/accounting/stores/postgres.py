@@ -217,7 +217,7 @@ class PostgresStore(LedgerStore):
             (self._ledger_id,) = conn.execute(
                 "INSERT INTO dp_icl_ledgers (name, epsilon, delta, neighbouring, created)"
                 " VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                (self.ledger, budget.epsilon, budget.delta, budget.neighbouring, time.time()),
+                (self.ledger, budget.epsilon, budget.delta, budget.stored_relation, time.time()),
             ).fetchone()
             return budget
         self._ledger_id = int(row[0])

@@ -144,7 +144,7 @@ class SQLiteStore(LedgerStore):
                 [
                     ("epsilon", repr(budget.epsilon)),
                     ("delta", repr(budget.delta)),
-                    ("neighbouring", budget.neighbouring),
+                    ("neighbouring", budget.stored_relation),
                     ("created", repr(time.time())),
                 ],
             )
