@@ -11,7 +11,8 @@ a ledger that ignored neighbouring relations composed them. The decoder case (:m
 real ``MozoDecoder`` on a real model in bfloat16 and breaks the backend instead: the public zero-shot row
 computed in the shared, padded batch of the private rows, as before row isolation. The expert-decoding
 cases (:mod:`.expert_case`) run the real kNN retrieval and expert token step, broken with the temperature
-halved and with the divisor read from the data.
+halved and with the divisor read from the data. The privacy-unit cases (:mod:`.unit_case`) draw units as the
+library does, D against D minus a whole unit, broken by sampling that unit's records as if independent.
 Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
 for the claimed noise and for half of it.
 """
@@ -31,7 +32,7 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
-from dp_icl_plugin.audit import decoder_case, expert_case
+from dp_icl_plugin.audit import decoder_case, expert_case, unit_case
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.mechanisms.adadpsyn_aggregation import release_token
 from dp_icl_plugin.mechanisms.clip_blend_sampling import blended_scores, clip_blend_token
@@ -504,6 +505,20 @@ CASES: tuple[AuditCase, ...] = (
         expert_case.DELTA,
         expert_case.removal_pairs,
         broken_as="divisor read from the data (experts present)",
+    ),
+    AuditCase(
+        f"Tang synthesis token per unit (D vs D minus a unit of {unit_case.CANARY_RECORDS} records)",
+        unit_case.tang_synthesis_event(),
+        unit_case.DELTA,
+        unit_case.tang_synthesis_pairs,
+        broken_as="records sampled as if independent",
+    ),
+    AuditCase(
+        f"clip-blend decoder token per unit (D vs D minus a unit of {unit_case.CANARY_RECORDS} records)",
+        unit_case.clip_blend_decoder_event(),
+        unit_case.DELTA,
+        unit_case.clip_blend_decoder_pairs,
+        broken_as="records sampled as if independent",
     ),
     AuditCase(
         "DPS-MOZO decoding, bfloat16 SmolLM2 (one record short vs long)",

@@ -138,6 +138,8 @@ class PrivateDataset:
             unit = record.unit
             if unit is not None and (isinstance(unit, bool) or not isinstance(unit, (str, Integral))):
                 raise ConfigurationError(f"record {i} has a unit that is neither a string nor an integer")
+            if isinstance(unit, str) and not unit.strip():
+                raise ConfigurationError(f"record {i} has an empty unit")
         if labels is None and isinstance(public_label_counts, Mapping):
             labels = list(public_label_counts)
         label_set = check_label_set(labels if labels is not None else sorted({r.label for r in items}))

@@ -44,6 +44,7 @@ __all__ = [
     "population",
     "records_of",
     "require_units",
+    "unit_user_id",
 ]
 
 Element = tuple[PrivateRecord, ...]
@@ -164,3 +165,19 @@ def records_of(element: Element, limit: int, rng: np.random.Generator) -> list[P
     if len(element) <= limit:
         return list(element)
     return [element[int(i)] for i in sorted(rng.choice(len(element), size=limit, replace=False))]
+
+
+def unit_user_id(unit: str | int | None) -> str:
+    """A record's unit as a private index's user id (a non-empty string): a string as is, an integer in decimal.
+    (A string unit that spells an integer unit then shares its filter: two units merged into one, protected
+    together, never split.)
+
+    Args:
+        unit: the record's unit.
+
+    Raises:
+        ConfigurationError: the record has no unit.
+    """
+    if unit is None:
+        raise ConfigurationError("a record in a unit-level run names no unit")
+    return unit if isinstance(unit, str) else str(int(unit))

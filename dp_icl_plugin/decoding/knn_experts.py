@@ -50,10 +50,11 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
-from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE
+from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, PER_RECORD
 from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k
 from dp_icl_plugin.backends.shared_rows import start_rows
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
+from dp_icl_plugin.data.units import require_units, unit_user_id
 from dp_icl_plugin.decoding.choices import AnswerChoices
 from dp_icl_plugin.decoding.contract import DecodedAnswer, Query
 from dp_icl_plugin.decoding.decoders import _Decoder, query_text
@@ -367,7 +368,8 @@ def build_expert_decoder(
 
     Args:
         backend: the language model.
-        dataset: the private records (text, label); a record's label is its demonstration's answer.
+        dataset: the private records (text, label); a record's label is its demonstration's answer. Under a
+            unit-level ledger the index is grouped by user, each record's unit its user id: one filter per unit.
         budget: the shared ledger; the filter's total is charged to it once, here.
         epsilon: this decoder's share of the ledger.
         n_queries: the answers expected; with ``k`` it sets ``uses`` (default ⌈n_queries·k/N⌉ answers per
@@ -411,13 +413,16 @@ def build_expert_decoder(
         max_tokens = answers.decisions
     if public_temperature is None:
         public_temperature = PUBLIC_TEMPERATURE if answers is None else CHOICES_PUBLIC_TEMPERATURE
+    per_unit = require_units(dataset, budget.privacy_unit) != PER_RECORD
     records = [r for y in dataset.labels for r in dataset.records(y)]
     if uses is None and population_size is None and budget.neighbouring == ADD_REMOVE:
         raise ConfigurationError(
-            "under an add/remove ledger |D| is private: give uses (answers per record) or the public "
-            "population_size it is computed from"
+            "under an add/remove ledger |D| (per unit: the number of units) is private: give uses (answers per "
+            "record) or the public population_size it is computed from"
         )
-    population = len(records) if population_size is None else check.positive_int("population_size", population_size)
+    # replace-one keeps the number of records (per unit: of units) fixed: public by the relation
+    observed = len({r.unit for r in records}) if per_unit else len(records)
+    population = observed if population_size is None else check.positive_int("population_size", population_size)
     per_record_uses = max(1, math.ceil(n_queries * k / population)) if uses is None else uses
     config = KNNConfig(
         k=k,
@@ -429,8 +434,12 @@ def build_expert_decoder(
         expert_top_k=top_k,
     )
     share = budget.budget.delta / 2.0 if delta is None else delta
-    index = PrivateIndex(budget=filter_budget_for(epsilon, share, budget.neighbouring), embedder=embedder)
-    index.add([r.text for r in records], labels=[r.label for r in records])
+    # per unit: one filter per unit (the index grouped by user, a record's unit its user id), covered as is
+    index = PrivateIndex(
+        budget=filter_budget_for(epsilon, share, budget.neighbouring), embedder=embedder, group_by_user=per_unit
+    )
+    users = [unit_user_id(r.unit) for r in records] if per_unit else None
+    index.add([r.text for r in records], labels=[r.label for r in records], user_ids=users)
     return KNNExpertDecoder(
         PrivateKNN(index, budget=budget, backend=backend, config=config),
         template=template,

@@ -38,7 +38,9 @@ index's :class:`~dp_icl_plugin.accounting.RenyiFilter`; the ledger is charged on
 group privacy; for a per-person filter first (2ε, (1 + e^ε)δ) per record, :meth:`PrivateKNN.cover_event`)
 and records every release as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`. Ledger
 labels name the release kind and the index, never a count computed from the records (how many were near
-the query).
+the query). A unit-level ledger (``PrivacyBudget(..., privacy_unit="unit")``) takes a per-person index (its
+user ids the records' units) and is charged the filter's own (ε, δ) under add/remove of one unit, with no
+group-privacy factor: the filter bounds exactly that (:meth:`PrivateKNN.cover_event`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from dp_icl_plugin.accounting import rdp
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.conversion import group_of_two_delta
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
+from dp_icl_plugin.accounting.neighbouring import PER_RECORD
 from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
 from dp_icl_plugin.backends.generation import greedy_generate
@@ -514,8 +517,11 @@ class PrivateKNN:
         candidates = self.index.within(query_vector, self.config.min_similarity)
         admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k, tokens))
         entry = self.budget.spend(
-            ev.FilteredReleaseEvent(
-                self._event(release, 1, k, tokens), covered_by=self.cover_entry, neighbouring=ev.ADD_REMOVE
+            ev.with_privacy_unit(  # stated per the ledger's unit, the filter's (cover_event)
+                ev.FilteredReleaseEvent(
+                    self._event(release, 1, k, tokens), covered_by=self.cover_entry, neighbouring=ev.ADD_REMOVE
+                ),
+                self.budget.privacy_unit,
             ),
             label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
         )
@@ -689,18 +695,32 @@ class PrivateKNN:
 
     # -- internals --------------------------------------------------------------------------------
     def cover_event(self) -> ev.ApproxDPEvent:
-        """What the index's filter costs the ledger, whose unit is a record (add/remove of one record).
+        """What the index's filter costs the ledger, under add/remove of the ledger's privacy unit.
 
-        Per record: the filter's own (ε, δ). Per person (``group_by_user``): the filter bounds adding or
-        removing *all* of a person's records, but removing one of them changes that person's charges and so
-        when the filter halts them; D and D minus one record are two person steps apart (through D without
-        that person), so group privacy of size 2 gives (2ε, (1 + e^ε)δ) under add/remove of a record (a
+        Record-level ledger. Per record: the filter's own (ε, δ). Per person (``group_by_user``): the filter
+        bounds adding or removing *all* of a person's records, but removing one of them changes that person's
+        charges and so when the filter halts them; D and D minus one record are two person steps apart (through D
+        without that person), so group privacy of size 2 gives (2ε, (1 + e^ε)δ) under add/remove of a record (a
         replace-one ledger then converts it to (4ε, (1 + e^ε + e^2ε + e^3ε)δ), four person steps).
 
+        Unit-level ledger (``privacy_unit="unit"``, the index grouped by user with each record's unit as its
+        user id): the filter's own (ε, δ), under add/remove of one unit, which is what the filter bounds (a
+        replace-one ledger converts it to (2ε, (1 + e^ε)δ): remove the unit, add another). A per-record index
+        cannot cover a unit-level ledger: its filter bounds one record, and a unit with many records is charged
+        many budgets.
+
         Raises:
-            ConfigurationError: that δ reaches 1 (no record-level guarantee follows); checked before any charge.
+            ConfigurationError: that δ reaches 1 (no record-level guarantee follows), or a per-record index on a
+                unit-level ledger; checked before any charge.
         """
         budget = self.index.filter.budget
+        if self.budget.privacy_unit != PER_RECORD:
+            if not self.index.group_by_user:
+                raise ConfigurationError(
+                    "a unit-level ledger needs an index grouped by user (PrivateIndex(..., group_by_user=True), each "
+                    "record's unit as its user id): this index's filter bounds one record, not one unit"
+                )
+            return ev.with_privacy_unit(budget.as_event(), self.budget.privacy_unit)  # type: ignore[return-value]
         if not self.index.group_by_user:
             return budget.as_event()
         delta = group_of_two_delta(budget.epsilon, budget.delta)  # rounded up

@@ -267,7 +267,11 @@ class DPICLExampleSelector(BaseExampleSelector):
             # everything the synthesis checks before its charge, now: a bad record is refused here, at set-up,
             # not on a user's first request (whose answer would then depend on it, uncharged)
             synthesizer.check(
-                dataset, backend=backend, neighbouring=budget.neighbouring, ledger_delta=budget.budget.delta
+                dataset,
+                backend=backend,
+                neighbouring=budget.neighbouring,
+                ledger_delta=budget.budget.delta,
+                privacy_unit=budget.privacy_unit,
             )
             rng = noise_source(rng, seed)
             self._demos = None
