@@ -182,7 +182,6 @@ class AdaDPSynSynthesizer(SynthesisMethod):
             "calibrated_epsilon": target,
             "labels_touched": touched,
             "neighbouring": neighbouring,
-            "public_label_counts": {y: dataset.public_count(y) for y in labels},
             **self._unit_params(dataset, labels, privacy_unit),
         }
         return Plan(labels, event, params)

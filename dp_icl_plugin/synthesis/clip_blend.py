@@ -248,7 +248,6 @@ class ClipBlendSynthesizer(SynthesisMethod):
             "epsilon": tightest().epsilon(event, delta=delta),
             "paper_epsilon": paper,
             "neighbouring": neighbouring,
-            "public_label_counts": {y: dataset.public_count(y) for y in labels},
             **self._unit_params(dataset, labels, privacy_unit),
         }
         return Plan(labels, event, params)

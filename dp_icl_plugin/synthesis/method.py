@@ -282,9 +282,10 @@ class SynthesisMethod(ABC):
 
     @staticmethod
     def _unit_params(dataset: PrivateDataset, labels: tuple[str, ...], privacy_unit: str) -> dict[str, Any]:
-        """The plan parameters that state the privacy unit (and, per unit, the declared counts and the bounds)."""
+        """The plan parameters that state the privacy unit and the declared counts the sampling used (per unit,
+        with the contribution bounds)."""
         if privacy_unit == PER_RECORD:
-            return {"privacy_unit": PER_RECORD}
+            return {"public_label_counts": {y: dataset.public_count(y) for y in labels}, "privacy_unit": PER_RECORD}
         return {
             "privacy_unit": privacy_unit,
             "public_unit_counts": {y: dataset.public_unit_count(y) for y in labels},

@@ -145,7 +145,6 @@ class TangSynthesizer(SynthesisMethod):
             "target_delta": delta,
             "calibrated_epsilon": target,
             "neighbouring": neighbouring,
-            "public_label_counts": {y: dataset.public_count(y) for y in labels},
             **self._unit_params(dataset, labels, privacy_unit),
         }
         return Plan(labels, event, params)
