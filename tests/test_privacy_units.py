@@ -154,7 +154,7 @@ def test_a_unit_level_run_refuses_a_record_without_a_unit_before_any_charge() ->
         public_unit_counts={"a": 2},
     )
     ledger = unit_ledger()
-    with pytest.raises(ConfigurationError, match="record 1 .*names no unit"):
+    with pytest.raises(ConfigurationError, match=r"record 1 .*names no unit"):
         _tang().synthesize(data, backend=backend(), budget=ledger, rng=np.random.default_rng(0))
     assert ledger.history() == []
 
@@ -178,7 +178,7 @@ def test_a_unit_enters_one_prompt_of_a_step_with_at_most_k_records_in_at_most_c_
             labels_of.setdefault(element[0].unit, set()).add(label)
         assert len({e[0].unit for e in members}) == len(members)  # one element per unit and label
     assert max(len(v) for v in labels_of.values()) <= labels_charged(data, data.labels, "unit")
-    for label, members in elements.items():
+    for members in elements.values():
         for prompts in (
             poisson_prompts(members, sampling_rate=0.7, n_prompts=4, rng=rng, records_per_element=k),
             fixed_size_subsets(
