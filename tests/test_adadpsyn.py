@@ -431,7 +431,12 @@ def test_slots_hold_a_uniform_arrangement_of_the_records() -> None:
     placement = slot_placement(40, 50, rng)
     assert sorted(placement[placement >= 0].tolist()) == list(range(40)) and (placement < 0).sum() == 10
     sizes = [
-        sum(len(p) for p in fixed_size_subsets([(r,) for r in records], placement=placement, n_prompts=5, per_prompt=2, rng=rng))
+        sum(
+            len(p)
+            for p in fixed_size_subsets(
+                [(r,) for r in records], placement=placement, n_prompts=5, per_prompt=2, rng=rng
+            )
+        )
         for _ in range(2000)
     ]
     assert np.mean(sizes) == pytest.approx(10 * 40 / 50, abs=0.1)  # a hypergeometric share of the 10 slots

@@ -457,3 +457,25 @@ def test_progress_off_a_terminal_and_an_interrupt_after_the_charge_are_reported(
     err = capsys.readouterr().err
     assert f"interrupted after the charge: ledger entry {entry.id} (pta:synthesize) stands, never refunded" in err
     assert not out.exists()
+
+
+@pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
+def test_a_unit_column_makes_a_unit_level_ledger_and_run(data_file: Path, tmp_path: Path, capsys) -> None:
+    rows = data_file.read_text().splitlines()
+    with_units = tmp_path / "units.csv"
+    # 200 records, 40 units of 5 (each unit's records in one concept)
+    with_units.write_text("\n".join([rows[0] + ",person"] + [f"{r},p{i // 5}" for i, r in enumerate(rows[1:])]) + "\n")
+    ledger, out = tmp_path / "u.db", tmp_path / "demos.jsonl"
+    common = ["synthesize", *ARGS, "--data", str(with_units), "--epsilon", "4", "--ledger", str(ledger), "--out"]
+    budget = ["--budget-epsilon", "5", "--budget-delta", "0.01"]
+    code = main([*common, str(out), *budget, "--unit-column", "person"])  # a unit-level run needs unit counts
+    assert code != 0 and "--public-unit-counts" in capsys.readouterr().err and not ledger.exists()
+    units = ["--unit-column", "person", "--public-unit-counts", "observed", "--labels-per-unit", "1"]
+    status, result = _run([*common, str(out), *budget, *units], capsys)
+    assert status == 0 and result["parameters"]["privacy_unit"] == "unit"
+    assert result["parameters"]["labels_charged"] == 1
+    opened = BudgetManager.open(ledger)
+    assert opened.privacy_unit == "unit" and opened.history()[0].event.privacy_unit == "unit"
+    opened.close()
+    code = main([*common, str(tmp_path / "again.jsonl")])  # the unit-level ledger refuses a run without units
+    assert code != 0 and "--unit-column" in capsys.readouterr().err

@@ -158,8 +158,12 @@ def test_sampling_rate_comes_from_the_declared_size_not_the_records() -> None:
     assert method.plan(d).params["sampling_rate"] == method.plan(d_plus).params["sampling_rate"] == 1.0
     # Coupled draws (same seed): the records of D are dealt exactly as before; only the new one can differ.
     for seed in range(50):
-        on_d = poisson_prompts([(r,) for r in d.records("a")], sampling_rate=1.0, n_prompts=4, rng=np.random.default_rng(seed))
-        on_plus = poisson_prompts([(r,) for r in d_plus.records("a")], sampling_rate=1.0, n_prompts=4, rng=np.random.default_rng(seed))
+        on_d = poisson_prompts(
+            [(r,) for r in d.records("a")], sampling_rate=1.0, n_prompts=4, rng=np.random.default_rng(seed)
+        )
+        on_plus = poisson_prompts(
+            [(r,) for r in d_plus.records("a")], sampling_rate=1.0, n_prompts=4, rng=np.random.default_rng(seed)
+        )
         kept = sum(r is not d_plus.records("a")[-1] for p in on_plus for r in p)
         assert kept == sum(len(p) for p in on_d) == per_token  # no record of D dropped
     # Undeclared sizes are refused before anything runs: nothing is read from the records instead.
@@ -267,7 +271,9 @@ def test_poisson_prompts_sample_each_record_at_the_rate_and_deal_uniformly() -> 
     per_prompt = np.zeros(4)
     index = {id(r): i for i, r in enumerate(records)}
     for _ in range(2000):
-        for slot, prompt in enumerate(poisson_prompts([(r,) for r in records], sampling_rate=0.2, n_prompts=4, rng=rng)):
+        for slot, prompt in enumerate(
+            poisson_prompts([(r,) for r in records], sampling_rate=0.2, n_prompts=4, rng=rng)
+        ):
             per_prompt[slot] += len(prompt)
             for record in prompt:
                 included[index[id(record)]] += 1

@@ -68,8 +68,10 @@ def _datasets(n_units: int, *, records_per_other: int) -> dict[bool, PrivateData
     others = [
         PrivateRecord(f"plain {u} {j}", "a", unit=f"u{u}") for u in range(n_units - 1) for j in range(records_per_other)
     ]
-    declared = {"public_unit_counts": {"a": n_units}, "public_label_counts": {"a": n_units * CANARY_RECORDS}}
-    return {False: PrivateDataset(canary + others, **declared), True: PrivateDataset(others, **declared)}
+    return {
+        False: PrivateDataset(canary + others, public_unit_counts={"a": n_units}),
+        True: PrivateDataset(others, public_unit_counts={"a": n_units}),
+    }
 
 
 def _has_canary(records: list[PrivateRecord]) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dp_icl_plugin.accounting.neighbouring import DEFAULT_NEIGHBOURING, RELATIONS
+from dp_icl_plugin.accounting.neighbouring import DEFAULT_NEIGHBOURING, PER_RECORD, PRIVACY_UNITS, RELATIONS
 from dp_icl_plugin.cli import audit, bench, commands, isolation, plan, synthesize
 from dp_icl_plugin.errors import BudgetExhaustedError, DPICLError
 
@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", required=True)
     _privacy_target(p)
     _relation(p, "the ledger's one relation; every charge is converted to it or refused")
+    p.add_argument(
+        "--privacy-unit",
+        default=PER_RECORD,
+        choices=list(PRIVACY_UNITS),
+        help="what the relation changes: one record (default) or all records of one unit (a person); every charge "
+        "must be made for it",
+    )
     p.set_defaults(handler=commands.budget_init)
 
     p = bud.add_parser("spend", parents=[common], help="charge one pure-DP or (ε, δ)-DP event")
@@ -136,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--neighbouring",
         default=None,
         choices=list(RELATIONS),
-        help="the relation the event's ε holds under (default: the ledger's)",
+        help="the relation the event's ε holds under (default: the ledger's; stated per the ledger's privacy unit)",
     )
     p.set_defaults(handler=commands.budget_spend)
 

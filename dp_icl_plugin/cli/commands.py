@@ -135,7 +135,8 @@ def epsilon_subsampled_gaussian(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def budget_init(a: argparse.Namespace) -> dict[str, Any]:
-    manager = BudgetManager(PrivacyBudget(a.epsilon, a.delta, neighbouring=a.neighbouring), ledger=a.ledger)
+    budget = PrivacyBudget(a.epsilon, a.delta, neighbouring=a.neighbouring, privacy_unit=a.privacy_unit)
+    manager = BudgetManager(budget, ledger=a.ledger)
     try:
         return {"ledger": a.ledger, **_summary(manager)}
     finally:
@@ -145,7 +146,8 @@ def budget_init(a: argparse.Namespace) -> dict[str, Any]:
 def budget_spend(a: argparse.Namespace) -> dict[str, Any]:
     manager = BudgetManager.open(a.ledger)
     try:
-        tag = {"neighbouring": a.neighbouring or manager.neighbouring}
+        # a declared charge holds for the ledger's privacy unit (the caller declares it so)
+        tag = {"neighbouring": a.neighbouring or manager.neighbouring, "privacy_unit": manager.privacy_unit}
         event: events.DPEvent = (
             events.PureDPEvent(a.pure_epsilon, **tag)
             if a.delta is None
@@ -178,6 +180,7 @@ def _summary(manager: BudgetManager) -> dict[str, Any]:
     return {
         "budget": {"epsilon": manager.budget.epsilon, "delta": manager.budget.delta},
         "neighbouring": manager.neighbouring,
+        "privacy_unit": manager.privacy_unit,
         # ε is certified at the ledger's one δ: there is no "δ spent" or "δ remaining" apart from it
         "spent": {"epsilon": spent.epsilon, "at_delta": spent.delta},
         "remaining": {"epsilon": remaining.epsilon, "at_delta": remaining.delta},

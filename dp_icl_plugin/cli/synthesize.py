@@ -72,6 +72,27 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
         "counts); tang, pta, adadpsyn and clip-blend size their sampling by them",
     )
     p.add_argument(
+        "--unit-column",
+        default=None,
+        help="the column of each record's privacy unit (a person): with a unit-level ledger every method samples "
+        "units and bounds each unit's contribution",
+    )
+    p.add_argument(
+        "--public-unit-counts",
+        default=None,
+        help="units per label declared public, 'label=units,...' or 'observed' (publishes the file's counts); "
+        "unit-level tang, pta, adadpsyn and clip-blend sample units by them",
+    )
+    p.add_argument(
+        "--records-per-unit", type=integer, default=1, help="the most records of one unit in one prompt (default 1)"
+    )
+    p.add_argument(
+        "--labels-per-unit",
+        type=integer,
+        default=None,
+        help="the most labels one unit takes part in (default: every label generated; each costs a label's run)",
+    )
+    p.add_argument(
         "--public-inputs",
         default=None,
         help="mozo-offline: public inputs (.txt, one per line, or .csv/.jsonl with --input-column)",
@@ -110,6 +131,12 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
         default=None,
         choices=["replace_one", "add_remove"],
         help="the relation of a ledger created here (default replace_one)",
+    )
+    p.add_argument(
+        "--privacy-unit",
+        default=None,
+        choices=["record", "unit"],
+        help="the privacy unit of a ledger created here (default: unit with --unit-column, else record)",
     )
     p.add_argument("--out", required=True, help="where the demonstrations go (JSONL)")
     p.add_argument(
@@ -150,7 +177,7 @@ def _labels(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
 
-def _label_counts(text: str | None) -> dict[str, int] | str | None:
+def _label_counts(text: str | None, flag: str) -> dict[str, int] | str | None:
 
     if text is None or text.strip() == "observed":
         return None if text is None else "observed"
@@ -158,7 +185,7 @@ def _label_counts(text: str | None) -> dict[str, int] | str | None:
     for part in text.split(","):
         name, sep, size = part.rpartition("=")
         if not sep or not name.strip() or not size.strip().isdigit():
-            raise ConfigurationError("--public-label-counts takes 'label=size,...' or 'observed'")
+            raise ConfigurationError(f"{flag} takes 'label=size,...' or 'observed'")
         counts[name.strip()] = int(size)
     return counts
 
@@ -242,21 +269,31 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
     ledger = Path(a.ledger)
     if a.budget_epsilon is None and not ledger.exists():
         raise ConfigurationError(f"no ledger at {ledger}: create it with `dp-icl budget init` or --budget-epsilon")
-    if a.budget_epsilon is None and a.neighbouring is not None:
-        raise ConfigurationError("--neighbouring sets the relation of a ledger created with --budget-epsilon")
+    if a.budget_epsilon is None and (a.neighbouring is not None or a.privacy_unit is not None):
+        raise ConfigurationError(
+            "--neighbouring and --privacy-unit set the relation of a ledger created with --budget-epsilon"
+        )
     relation = a.neighbouring or "replace_one"
+    unit = a.privacy_unit or ("unit" if a.unit_column is not None else "record")
     budget_arg = (
         None
         if a.budget_epsilon is None
-        else PrivacyBudget(epsilon=a.budget_epsilon, delta=a.budget_delta, neighbouring=relation)
+        else PrivacyBudget(epsilon=a.budget_epsilon, delta=a.budget_delta, neighbouring=relation, privacy_unit=unit)
     )
     if ledger.exists():  # its own relation and δ (a different --budget-* is refused when it is opened below)
         existing = BudgetManager.open(ledger)
-        relation, delta = existing.neighbouring, existing.budget.delta
+        relation, delta, unit = existing.neighbouring, existing.budget.delta, existing.privacy_unit
         existing.close()
     else:
         assert budget_arg is not None
         delta = budget_arg.delta
+    if (unit == "unit") != (a.unit_column is not None):
+        raise ConfigurationError(
+            "a unit-level ledger needs --unit-column (each record's unit)"
+            if unit == "unit"
+            else f"--unit-column is for a unit-level ledger; the ledger {ledger} is record-level (its units would be "
+            "ignored): create a ledger with --privacy-unit unit"
+        )
     delta = a.delta if a.delta is not None else delta
     if (a.server is None) != (a.tokenizer is None and a.server_top_k is None and not a.allow_insecure_http):
         raise ConfigurationError(
@@ -264,15 +301,19 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
         )
     method = _method(a, delta)  # config errors before any private record is read, nothing charged
     inputs = _public_inputs(a)
-    counts = _label_counts(a.public_label_counts)
+    counts = _label_counts(a.public_label_counts, "--public-label-counts")
     data = load_dataset(
         a.data,
         text_column=a.text_column,
         label_column=a.label_column,
+        unit_column=a.unit_column,
         labels=_labels(a.labels),
         public_label_counts=counts,
+        public_unit_counts=_label_counts(a.public_unit_counts, "--public-unit-counts"),
+        records_per_unit=a.records_per_unit,
+        labels_per_unit=a.labels_per_unit,
     )
-    plan = method.plan(data, _labels(a.generate_for), public_inputs=inputs, neighbouring=relation)
+    plan = method.plan(data, _labels(a.generate_for), public_inputs=inputs, neighbouring=relation, privacy_unit=unit)
     backend: NextTokenBackend
     if a.model == "ginc":
         backend, _ = load_model(device=a.device)

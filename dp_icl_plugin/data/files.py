@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.errors import ConfigurationError
@@ -98,6 +99,8 @@ def load_dataset(
     label_column: str,
     labels: Sequence[str] | None = None,
     public_label_counts: Mapping[str, int] | str | None = None,
+    unit_column: str | None = None,
+    **unit_settings: Any,
 ) -> PrivateDataset:
     """A :class:`PrivateDataset` from a CSV/JSONL file; ``labels`` is the public label set (default: the
     file's labels, sorted); ``public_label_counts`` the label sizes declared public (see ``PrivateDataset``).
@@ -108,10 +111,15 @@ def load_dataset(
         label_column: the column of their labels (stripped of surrounding whitespace).
         labels: the public label set.
         public_label_counts: the declared public label sizes, or ``"observed"``.
+        unit_column: the column of each record's privacy unit (stripped; numbers read as their text), or None.
+        **unit_settings: ``public_unit_counts``, ``records_per_unit``, ``labels_per_unit`` (see ``PrivateDataset``).
 
     Raises:
         ConfigurationError: what :func:`read_rows` or :class:`PrivateDataset` refuses.
     """
-    rows = read_rows(path, [text_column, label_column])
-    records = (PrivateRecord(text, label.strip()) for text, label in rows)
-    return PrivateDataset(records, labels=labels, public_label_counts=public_label_counts)
+    columns = [text_column, label_column] + ([unit_column] if unit_column is not None else [])
+    rows = read_rows(path, columns)
+    records = (
+        PrivateRecord(row[0], row[1].strip(), row[2].strip() if unit_column is not None else None) for row in rows
+    )
+    return PrivateDataset(records, labels=labels, public_label_counts=public_label_counts, **unit_settings)
