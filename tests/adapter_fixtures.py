@@ -44,6 +44,36 @@ def dataset(n: int = 24) -> PrivateDataset:
     return PrivateDataset([PrivateRecord(f"{CANARY}{i} likes {fruit[i % 3]}", fruit[i % 3]) for i in range(n)])
 
 
+def unit_dataset(n: int = 24) -> PrivateDataset:
+    """:func:`dataset` with its records in 8 units (people) of 3, unit counts declared as observed."""
+    fruit = ["apples", "oranges", "bananas"]
+    records = [
+        PrivateRecord(f"{CANARY}{i} likes {fruit[i % 3]}", fruit[i % 3], unit=f"person-{i % 8}") for i in range(n)
+    ]
+    return PrivateDataset(records, public_label_counts="observed", public_unit_counts="observed")
+
+
+def unit_ledger() -> BudgetManager:
+    """A unit-level ledger: every charge holds for all records of one person."""
+    return BudgetManager(PrivacyBudget(1e3, 1e-3, privacy_unit="unit"))
+
+
+def unit_knn_core() -> PrivateKNN:
+    """:func:`knn_core` per person: the index grouped by user (10 people of 4 records) on a unit-level ledger."""
+    texts = [f"{CANARY} the cat sat on the mat number {i % 4}" for i in range(40)]
+
+    def embed(batch: list[str]) -> np.ndarray:
+        return np.array([[t.count("cat") + 1.0, t.count("mat"), t.count("number") * 0.5] for t in batch])
+
+    index = PrivateIndex(budget=IndividualBudget(epsilon=1e4, delta=1e-5), embedder=embed, group_by_user=True)
+    index.add(texts, answers=["the cat"] * 40, user_ids=[f"person-{i % 10}" for i in range(40)])
+    ledger = BudgetManager(PrivacyBudget(1e6, 1e-3, neighbouring="add_remove", privacy_unit="unit"))
+    config = KNNConfig(
+        k=8, shards=4, min_similarity=0.5, uses=1, keywords=3, max_answer_tokens=4, keyword_noise_std=0.05
+    )
+    return PrivateKNN(index, budget=ledger, backend=backend(), config=config)
+
+
 def knn_core() -> PrivateKNN:
     texts = [f"{CANARY} the cat sat on the mat number {i % 4}" for i in range(40)]
 

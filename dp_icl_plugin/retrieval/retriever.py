@@ -686,12 +686,20 @@ class PrivateKNN:
 
     def per_record_epsilon(self) -> float:
         """The ε each record is protected with over all releases of this index, under add/remove of a record:
-        the filter's budget, or for a per-person index group privacy's 2ε (:meth:`cover_event`)."""
-        return self.cover_event().epsilon
+        the filter's budget, or for a per-person index group privacy's 2ε (:meth:`cover_event`), whatever the
+        ledger's unit (on a unit-level ledger each unit has the filter's own ε: :attr:`IndividualBudget.epsilon`).
+        ``inf`` when group privacy gives a per-person budget no record-level guarantee (δ would reach 1)."""
+        try:
+            return self._record_cover().epsilon
+        except ConfigurationError:
+            return math.inf
 
     def per_record_delta(self) -> float:
-        """The δ that goes with :meth:`per_record_epsilon` (per person: (1 + e^ε)δ)."""
-        return self.cover_event().delta
+        """The δ that goes with :meth:`per_record_epsilon` (per person: (1 + e^ε)δ; 1.0 with an ``inf`` ε)."""
+        try:
+            return self._record_cover().delta
+        except ConfigurationError:
+            return 1.0
 
     # -- internals --------------------------------------------------------------------------------
     def cover_event(self) -> ev.ApproxDPEvent:
@@ -721,6 +729,11 @@ class PrivateKNN:
                     "record's unit as its user id): this index's filter bounds one record, not one unit"
                 )
             return ev.with_privacy_unit(budget.as_event(), self.budget.privacy_unit)  # type: ignore[return-value]
+        return self._record_cover()
+
+    def _record_cover(self) -> ev.ApproxDPEvent:
+        """The filter's total under add/remove of one record (see :meth:`cover_event`)."""
+        budget = self.index.filter.budget
         if not self.index.group_by_user:
             return budget.as_event()
         delta = group_of_two_delta(budget.epsilon, budget.delta)  # rounded up

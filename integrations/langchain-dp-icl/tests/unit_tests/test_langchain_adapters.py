@@ -25,6 +25,9 @@ from adapter_fixtures import (
     knn_core,
     shared_decoder,
     shared_ledger,
+    unit_dataset,
+    unit_knn_core,
+    unit_ledger,
 )
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.embeddings import Embeddings
@@ -680,3 +683,22 @@ def test_selector_named_constructors_take_the_demos_or_a_lazy_synthesis() -> Non
     with pytest.raises(ConfigurationError, match="LazySynthesis"):
         DPICLExampleSelector.synthesizing(lazy, budget=ledger)
     assert len(ledger.history()) == 1
+
+
+def test_every_adapter_accepts_units_and_charges_per_unit() -> None:
+    """Records that name their person, a unit-level ledger: the chat model, the LLM, the lazy selector and the
+    retriever each charge events that hold for all of one person's records."""
+    ledger = unit_ledger()
+    decoder = MozoDecoder(unit_dataset(), backend=backend(), budget=ledger, n_queries=4, max_tokens=2, epsilon=8.0)
+    assert decoder.sampling_rate == 4 / 8  # four of the eight people per token
+    ChatDPICL(decoder=decoder, seed=0).invoke("hello")
+    DPICLLLM(decoder=decoder, seed=0).invoke("hello")
+    method = TangSynthesizer(epsilon=4.0, n_prompts=2, records_per_prompt=1, max_tokens=2, top_k=5)
+    selector = DPICLExampleSelector(
+        synthesizer=method, dataset=unit_dataset(), backend=backend(), budget=ledger, rng=np.random.default_rng(0)
+    )
+    assert len(selector.select_examples({"input": "q"})) == 3
+    assert [e.event.privacy_unit for e in ledger.history()] == ["unit"] * 3
+    knn = unit_knn_core()
+    DPICLRetriever(knn=knn, rng=np.random.default_rng(0), mode="answer").invoke("where did the cat sit?")
+    assert {e.event.privacy_unit for e in knn.budget.history()} == {"unit"}

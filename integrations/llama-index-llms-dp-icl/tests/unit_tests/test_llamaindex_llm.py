@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("llama_index.core")
 pytest.importorskip("torch")
 
-from adapter_fixtures import CANARY, SlowBackend, backend, dataset
+from adapter_fixtures import CANARY, SlowBackend, backend, dataset, unit_dataset, unit_knn_core, unit_ledger
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -269,3 +269,14 @@ async def test_a_stream_cancelled_twice_ends_cancelled_after_its_step() -> None:
         await task
     answer = await asyncio.wait_for(llm.acomplete("where is the mat?", max_tokens=1), timeout=30)
     assert isinstance(answer.text, str) and len(ledger.history()) == 2
+
+
+def test_the_llm_and_the_retriever_accept_units_and_charge_per_unit() -> None:
+    ledger = unit_ledger()
+    decoder = MozoDecoder(unit_dataset(), backend=backend(), budget=ledger, n_queries=2, max_tokens=2, epsilon=8.0)
+    llm = DPICL(decoder=decoder, seed=0)
+    assert isinstance(llm.complete("Hello").text, str)
+    assert [e.event.privacy_unit for e in ledger.history()] == ["unit"]
+    knn = unit_knn_core()
+    DPICLRetriever(knn, rng=np.random.default_rng(0), mode="keywords").retrieve("where did the cat sit?")
+    assert {e.event.privacy_unit for e in knn.budget.history()} == {"unit"}
