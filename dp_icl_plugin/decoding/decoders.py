@@ -16,6 +16,13 @@
   appears or goes, ε0 = c/(sτ). Either way pure and bounded-range, over every token of every answer (the
   subset serves them all). The prompts stay fixed while decoding, so decoding runs on the backend's KV cache.
 
+**Per unit** (a unit-level ledger, :mod:`~dp_icl_plugin.data.units`): both decoders draw units where they drew
+records, and a drawn unit's prompt shows at most ``records_per_unit`` of its records (MOZO: drawn afresh per
+token; clip-blend: chosen once with the subset). MOZO: q = n_shots/|U| (the number of units, fixed by unit
+replace-one), one unit one row. Clip-blend: each unit joins the subset with probability s/N, N the number of units
+(declared under add/remove), one unit one prompt, ε0 as above. Each answer's event is tagged
+``privacy_unit="unit"``.
+
 **Budget.** The caller assigns each decoder a share of the ledger: ``epsilon`` (and δ) for ``n_queries``
 answers of at most ``max_tokens`` tokens each; β (MOZO) or τ (clip-blend) is calibrated so that all of them
 together meet it. Every answer is charged *before its first token is computed*, for its worst case (every

@@ -29,6 +29,14 @@ only, ``labels_touched=1``, what reproduces its σ1) omits. T tokens are charged
 early at EOS. σ1 for a target ε is the smallest on a 0.01 grid (``calibrate_adadpsyn``, what ``dp-icl calibrate
 adadpsyn`` prints); δ defaults to 1/|D| (the paper; public under replace-one). There is no add/remove analysis: an
 add/remove ledger refuses it.
+
+Per unit (a unit-level ledger, :mod:`~dp_icl_plugin.data.units`). Relation: replace all records of one unit (the
+number of units fixed). The *units* of D_y are placed in u_y slots (u_y the declared number of units of y,
+``public_unit_counts``), M·N slots are drawn per token at γ_y = M·N/u_y, and a drawn unit puts at most
+``records_per_unit`` of its records (drawn afresh) into its slot's prompt: a replacement changes one slot of each
+run it touches, one p_i, with the sensitivities above. A unit takes part in at most c = ``labels_per_unit``
+labels' runs, so a replacement touches at most min(2c, labels) runs (``labels_touched``) and δ's default is 1/Σ_y
+u_y. The event is tagged ``privacy_unit="unit"``.
 """
 
 from __future__ import annotations

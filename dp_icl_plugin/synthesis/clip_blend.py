@@ -39,6 +39,13 @@ The paper composes T tokens with advanced composition and keeps only its leading
 (Theorem 1): not a valid bound when ε0 is not small. It is reported in the provenance as ``paper_epsilon``,
 next to the guarantee (``epsilon``, the tightest valid accounting of the same event), never instead of it.
 τ for a target ε is :func:`~dp_icl_plugin.accounting.calibration.calibrate_clip_blend_temperature`.
+
+Per unit (a unit-level ledger, :mod:`~dp_icl_plugin.data.units`). Relation: the ledger's, over all records of one
+unit. The *units* of D_y are dealt to the groups (each unit its own draw over [0, u_y), u_y the declared number of
+units of y, ``public_unit_counts``), and a unit's prompt shows at most ``records_per_unit`` of its records, chosen
+once for the run: one unit is one private prompt of one group, so ε0 = c/(sτ) (2c/(sτ) replace-one) per token as
+for a record, whatever its size. A unit takes part in at most c_u = ``labels_per_unit`` labels' runs, so the event
+is ``clip_blend_event`` over c_u × T tokens, tagged ``privacy_unit="unit"``.
 """
 
 from __future__ import annotations

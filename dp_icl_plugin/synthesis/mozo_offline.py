@@ -18,6 +18,12 @@ that can be generated, ``len(public_inputs) × max_tokens``
 (:func:`~dp_icl_plugin.accounting.calibration.calibrate_mozo`). Records are drawn from all of D, so labels
 partition nothing here.
 
+Per unit (a unit-level ledger, :mod:`~dp_icl_plugin.data.units`): replace all records of one unit (the number of
+units |U| fixed, so public). Per token n_shots *units* are drawn without replacement (q = n_shots/|U|), and each
+drawn unit's one-shot prompt shows at most ``records_per_unit`` of its records (drawn afresh) as its examples:
+one unit is one row, and the per-token bound holds whatever the row, so the event is ``mozo_event`` at that q,
+tagged ``privacy_unit="unit"``; δ defaults to 1/|U|.
+
 The per-token bound is the paper's (Theorem B.3), but its proof does not hold for the published mechanism
 (a one-order Rényi ball and a normalised product; counterexamples in ``tests/test_mozo.py``). This method
 therefore always releases through the *projected* mechanism (:func:`~dp_icl_plugin.mechanisms.mozo_mixing.

@@ -21,6 +21,15 @@ Table 4). The rate must not come from the observed counts: with |D_y| = M·N, ad
 M·N/(M·N+1) and drop another record with probability ≈ 0.63, changing two rows. Unlike the public code of the
 baseline (fixed-size subsets accounted as Poisson), records are Poisson-sampled here, the way they are accounted.
 Noise is added only on V_pub's coordinates: the argmax over V_pub does not depend on the others (post-processing).
+
+Per unit (a unit-level ledger, :mod:`~dp_icl_plugin.data.units`). Relation: add/remove or replace all records of
+one unit (the ledger's). Per token the *units* of D_y are Poisson-sampled at q_y = M·N/u_y (u_y the declared
+number of units of y, ``public_unit_counts``) and dealt to the M prompts; a drawn unit puts at most
+``records_per_unit`` of its records, drawn afresh, into its one prompt. One unit then moves one p_i: ℓ2
+sensitivity √2 as for a record, whatever its size. A unit takes part in at most c = ``labels_per_unit`` labels'
+runs (default: every label generated), so the event is ``tang_event`` at q = M·N/min_y u_y over c × T ×
+shots-per-label steps (c runs composed; replace-one pairs each removal with an addition, as across labels above),
+tagged ``privacy_unit="unit"``; σ is calibrated for it.
 """
 
 from __future__ import annotations
