@@ -409,3 +409,12 @@ def test_expert_decoding_over_a_unit_dataset_groups_its_index_by_unit() -> None:
     assert decoder.knn.index.group_by_user
     assert decoder.knn.config.uses == math.ceil(4 * 40 / 4)  # answers per unit: n_queries·k over 4 units
     assert ledger.history()[0].event.privacy_unit == "unit"
+
+
+def test_a_unit_spelled_as_text_and_as_a_number_is_one_unit() -> None:
+    data = PrivateDataset(
+        [PrivateRecord("w1", "a", 7), PrivateRecord("w2", "a", "7"), PrivateRecord("w3", "a", 8)],
+        public_unit_counts="observed",
+    )
+    assert data.public_unit_counts == {"a": 2}
+    assert sorted(len(e) for e in all_elements(data, "unit")) == [1, 2]

@@ -164,7 +164,7 @@ class PrivateDataset:
 
     def _observed_units(self) -> dict[str, int]:
         self.check_units()
-        return {y: len({r.unit for r in rs}) for y, rs in self._by_label.items()}
+        return {y: len({str(r.unit) for r in rs}) for y, rs in self._by_label.items()}  # as data.units keys them
 
     def _declared(
         self, counts: Mapping[str, int] | str | None, name: str, observed: Callable[[], dict[str, int]]

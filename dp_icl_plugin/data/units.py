@@ -116,10 +116,10 @@ def label_elements(
     """
     if check_privacy_unit(privacy_unit) == PER_RECORD:
         return {y: tuple((r,) for r in dataset.records(y)) for y in labels}
-    by_unit: dict[object, dict[str, list[PrivateRecord]]] = {}
+    by_unit: dict[str, dict[str, list[PrivateRecord]]] = {}
     for y in labels:
         for record in dataset.records(y):
-            by_unit.setdefault(record.unit, {}).setdefault(y, []).append(record)
+            by_unit.setdefault(unit_user_id(record.unit), {}).setdefault(y, []).append(record)
     bound = labels_charged(dataset, labels, privacy_unit)
     out: dict[str, list[Element]] = {y: [] for y in labels}
     for per_label in by_unit.values():
@@ -142,9 +142,9 @@ def all_elements(dataset: PrivateDataset, privacy_unit: str) -> tuple[Element, .
     records = [r for y in dataset.labels for r in dataset.records(y)]
     if check_privacy_unit(privacy_unit) == PER_RECORD:
         return tuple((r,) for r in records)
-    by_unit: dict[object, list[PrivateRecord]] = {}
+    by_unit: dict[str, list[PrivateRecord]] = {}
     for record in records:
-        by_unit.setdefault(record.unit, []).append(record)
+        by_unit.setdefault(unit_user_id(record.unit), []).append(record)
     return tuple(tuple(rs) for rs in by_unit.values())
 
 
@@ -168,9 +168,9 @@ def records_of(element: Element, limit: int, rng: np.random.Generator) -> list[P
 
 
 def unit_user_id(unit: str | int | None) -> str:
-    """A record's unit as a private index's user id (a non-empty string): a string as is, an integer in decimal.
-    (A string unit that spells an integer unit then shares its filter: two units merged into one, protected
-    together, never split.)
+    """A record's unit as the key every method groups by (and a private index's user id): a string as is, an
+    integer in decimal. A string unit that spells an integer unit is the same unit (two ids merged into one are
+    protected together; one person split into two would not be).
 
     Args:
         unit: the record's unit.

@@ -421,7 +421,7 @@ def build_expert_decoder(
             "record) or the public population_size it is computed from"
         )
     # replace-one keeps the number of records (per unit: of units) fixed: public by the relation
-    observed = len({r.unit for r in records}) if per_unit else len(records)
+    observed = len({unit_user_id(r.unit) for r in records}) if per_unit else len(records)
     population = observed if population_size is None else check.positive_int("population_size", population_size)
     per_record_uses = max(1, math.ceil(n_queries * k / population)) if uses is None else uses
     config = KNNConfig(
