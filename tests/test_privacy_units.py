@@ -74,7 +74,8 @@ def test_record_events_keep_their_stored_keys_and_unit_events_round_trip() -> No
     assert unit != record and all(a.privacy_unit == "unit" for a in ev.atoms(unit))
     assert ev.event_from_dict(unit.to_dict()) == unit
     assert tightest().epsilon(unit, delta=1e-5) == tightest().epsilon(record, delta=1e-5)  # the same analysis
-    assert ev.with_privacy_unit(unit, "record") == record
+    with pytest.raises(UnsupportedEventError, match="per record"):
+        ev.with_privacy_unit(unit, "record")  # removing one record of a unit changes its element: no conversion
 
 
 def test_record_and_unit_events_never_compose_into_one_guarantee() -> None:
@@ -419,3 +420,45 @@ def test_a_unit_spelled_as_text_and_as_a_number_is_one_unit() -> None:
     )
     assert data.public_unit_counts == {"a": 2}
     assert sorted(len(e) for e in all_elements(data, "unit")) == [1, 2]
+
+
+def test_a_method_that_does_not_sample_units_is_refused_a_unit_ledger() -> None:
+    class RecordsOnly(TangSynthesizer):
+        supports_privacy_units = False
+
+    ledger = unit_ledger()
+    with pytest.raises(ConfigurationError, match="does not sample privacy units"):
+        RecordsOnly(**_tang().config.__dict__).synthesize(
+            units_dataset(), backend=backend(), budget=ledger, rng=np.random.default_rng(0)
+        )
+    assert ledger.history() == []
+
+
+def test_the_contribution_bounds_are_fixed_once_the_dataset_is_made() -> None:
+    data = units_dataset(records_per_unit=2, labels_per_unit=1)
+    with pytest.raises(AttributeError):
+        data.records_per_unit = 0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        data.labels_per_unit = 2  # type: ignore[misc]
+
+
+def test_a_stored_relation_reads_back_strictly() -> None:
+    assert PrivacyBudget.from_stored(1.0, 1e-5, "add_remove/unit").privacy_unit == "unit"
+    for foreign in ("replace_one/", "replace_one/record", "replace_one/person"):
+        with pytest.raises(ConfigurationError):
+            PrivacyBudget.from_stored(1.0, 1e-5, foreign)
+
+
+def test_the_cli_declares_a_spend_per_record_unless_told_per_unit(tmp_path: Any, capsys: Any) -> None:
+    from dp_icl_plugin.cli import main
+
+    ledger = str(tmp_path / "people.db")
+    assert (
+        main(["budget", "init", "--ledger", ledger, "--epsilon", "4", "--delta", "1e-6", "--privacy-unit", "unit"]) == 0
+    )
+    spend = ["budget", "spend", "--ledger", ledger, "--epsilon", "0.5", "--label", "outside"]
+    assert main(spend) == 2 and "unit-level ledger" in capsys.readouterr().err
+    assert main([*spend, "--privacy-unit", "unit"]) == 0
+    capsys.readouterr()
+    assert main(["budget", "show", "--ledger", ledger]) == 0
+    assert '"privacy_unit": "unit"' in capsys.readouterr().out and BudgetManager.open(ledger).history()[0].id == 1

@@ -693,10 +693,15 @@ def with_privacy_unit(event: DPEvent, privacy_unit: str) -> DPEvent:
 
     Raises:
         ConfigurationError: ``privacy_unit`` names no unit.
+        UnsupportedEventError: a unit-level event restated per record (no record-level guarantee follows).
     """
     unit = check_privacy_unit(privacy_unit)
     if event.privacy_unit == unit and all(a.privacy_unit == unit for a in atoms(event)):
         return event
+    if unit == PER_RECORD:
+        # removing one record of a unit changes that unit's element (a replacement, not a removal): a unit-level
+        # event holds no record-level guarantee as it stands
+        raise UnsupportedEventError("a unit-level event cannot be restated per record")
     changes: dict[str, Any] = {}
     for f in fields(event):
         value = getattr(event, f.name)

@@ -136,7 +136,8 @@ def adadpsyn_event(
         steps: the tokens composed per label.
         t_hat: T̂, the most radius-reduction rounds per token.
         theta: GoodRadius's tolerance θ.
-        labels_touched: the labels' runs one replacement may change (1 or 2).
+        labels_touched: the labels' runs one replacement may change (1 or 2 per record; up to 2c per unit that
+            takes part in c labels).
 
     Raises:
         ConfigurationError: a parameter is out of range (a zero noise multiplier included).

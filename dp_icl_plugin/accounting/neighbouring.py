@@ -17,8 +17,9 @@ created with one relation and converts (``conversion.py``) or refuses every char
 - :data:`PER_RECORD` (the default): the unit is one record, as above.
 - :data:`PER_UNIT`: the unit is everything one privacy unit holds (a person, a patient, a customer: the
   ``unit`` of :class:`~dp_icl_plugin.data.records.PrivateRecord`). Replace-one: all of one unit's records are
-  replaced by any other records of one unit (the number of units stays the same; the number of records need
-  not). Add/remove: all of one unit's records are added or removed. A method earns such a guarantee by
+  replaced by one or more records of one unit that is not otherwise in the dataset (the number of units stays the
+  same, so it is public; the number of records need not; merging two units or emptying one is not a step).
+  Add/remove: all of one unit's records are added or removed. A method earns such a guarantee by
   contribution bounding: it draws units, never records, and lets a drawn unit put at most a public number of
   its records into a prompt (:mod:`~dp_icl_plugin.data.units`), so one unit moves what one record moved in the
   record-level analysis.

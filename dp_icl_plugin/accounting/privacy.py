@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting.neighbouring import DEFAULT_NEIGHBOURING, PER_RECORD, check_privacy_unit, check_relation
+from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["PrivacyBudget", "PrivacySpend"]
 
@@ -55,8 +56,10 @@ class PrivacyBudget:
         Raises:
             ConfigurationError: the values are no valid budget.
         """
-        relation, _, unit = str(stored_relation).partition("/")
-        return cls(epsilon, delta, relation, unit or PER_RECORD)
+        relation, slash, unit = str(stored_relation).partition("/")
+        if slash and unit == PER_RECORD:  # a record-level ledger is stored without its unit: anything else is foreign
+            raise ConfigurationError(f"not a stored relation: {stored_relation!r}")
+        return cls(epsilon, delta, relation, unit if slash else PER_RECORD)
 
     def describe(self) -> str:
         """The relation in words, for messages: ``replace_one`` or ``replace_one per unit``."""

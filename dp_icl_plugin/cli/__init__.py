@@ -143,7 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--neighbouring",
         default=None,
         choices=list(RELATIONS),
-        help="the relation the event's ε holds under (default: the ledger's; stated per the ledger's privacy unit)",
+        help="the relation the event's ε holds under (default: the ledger's)",
+    )
+    p.add_argument(
+        "--privacy-unit",
+        default=PER_RECORD,
+        choices=list(PRIVACY_UNITS),
+        help="what the event's ε protects: one record (default) or all records of one unit; a ledger refuses "
+        "another unit than its own",
     )
     p.set_defaults(handler=commands.budget_spend)
 

@@ -146,8 +146,7 @@ def budget_init(a: argparse.Namespace) -> dict[str, Any]:
 def budget_spend(a: argparse.Namespace) -> dict[str, Any]:
     manager = BudgetManager.open(a.ledger)
     try:
-        # a declared charge holds for the ledger's privacy unit (the caller declares it so)
-        tag = {"neighbouring": a.neighbouring or manager.neighbouring, "privacy_unit": manager.privacy_unit}
+        tag = {"neighbouring": a.neighbouring or manager.neighbouring, "privacy_unit": a.privacy_unit}
         event: events.DPEvent = (
             events.PureDPEvent(a.pure_epsilon, **tag)
             if a.delta is None

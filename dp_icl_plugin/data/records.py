@@ -154,17 +154,28 @@ class PrivateDataset:
         self._size = len(items)
         self._public_counts = self._declared(public_label_counts, "public_label_counts", self._observed_sizes)
         self._public_unit_counts = self._declared(public_unit_counts, "public_unit_counts", self._observed_units)
-        self.records_per_unit = check.positive_int("records_per_unit", records_per_unit)
-        self.labels_per_unit = (
+        self._records_per_unit = check.positive_int("records_per_unit", records_per_unit)
+        self._labels_per_unit = (
             None if labels_per_unit is None else check.positive_int("labels_per_unit", labels_per_unit)
         )
+
+    @property
+    def records_per_unit(self) -> int:
+        """k: the most records of one unit in one prompt at one step (public; fixed when the dataset is made)."""
+        return self._records_per_unit
+
+    @property
+    def labels_per_unit(self) -> int | None:
+        """c: the most labels one unit takes part in, or None for every label a run generates (public; fixed)."""
+        return self._labels_per_unit
 
     def _observed_sizes(self) -> dict[str, int]:
         return {y: len(rs) for y, rs in self._by_label.items()}
 
     def _observed_units(self) -> dict[str, int]:
         self.check_units()
-        return {y: len({str(r.unit) for r in rs}) for y, rs in self._by_label.items()}  # as data.units keys them
+        # keyed as data.units keys units (an integer and its decimal text are one unit)
+        return {y: len({str(r.unit) for r in rs}) for y, rs in self._by_label.items()}
 
     def _declared(
         self, counts: Mapping[str, int] | str | None, name: str, observed: Callable[[], dict[str, int]]

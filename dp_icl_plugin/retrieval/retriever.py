@@ -713,9 +713,10 @@ class PrivateKNN:
 
         Unit-level ledger (``privacy_unit="unit"``, the index grouped by user with each record's unit as its
         user id): the filter's own (ε, δ), under add/remove of one unit, which is what the filter bounds (a
-        replace-one ledger converts it to (2ε, (1 + e^ε)δ): remove the unit, add another). A per-record index
-        cannot cover a unit-level ledger: its filter bounds one record, and a unit with many records is charged
-        many budgets.
+        replace-one ledger converts it to (2ε, (1 + e^ε)δ): remove the unit, add another). The index's user ids
+        must be the ledger's units, or coarser (the ledger composes every charge over one partition into people;
+        nothing here can check that). A per-record index cannot cover a unit-level ledger: its filter bounds one
+        record, and a unit with many records is charged many budgets.
 
         Raises:
             ConfigurationError: that δ reaches 1 (no record-level guarantee follows), or a per-record index on a

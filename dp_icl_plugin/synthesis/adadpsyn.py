@@ -134,6 +134,7 @@ class AdaDPSynSynthesizer(SynthesisMethod):
         demos = method.synthesize(dataset, backend=backend, budget=budget, rng=np.random.default_rng())
     """
 
+    supports_privacy_units: ClassVar[bool] = True  # samples units per the ledger (module docstring)
     name: ClassVar[str] = "adadpsyn"
     config_type: ClassVar[type] = AdaDPSynConfig
     config: AdaDPSynConfig

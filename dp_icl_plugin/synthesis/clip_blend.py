@@ -197,6 +197,7 @@ class ClipBlendSynthesizer(SynthesisMethod):
     ``synthesize_nonprivate`` decodes greedily (argmax ẑ, the τ → 0 limit) from the same groups: ε = ∞.
     """
 
+    supports_privacy_units: ClassVar[bool] = True  # samples units per the ledger (module docstring)
     name: ClassVar[str] = "clip_blend"
     config_type: ClassVar[type] = ClipBlendConfig
     config: ClipBlendConfig

@@ -21,8 +21,10 @@ Privacy units (``privacy_unit``, the ledger's: :mod:`~dp_icl_plugin.data.units`)
 samples units where it sampled records, sized by the declared unit counts (``public_unit_counts``), each drawn
 unit putting at most ``records_per_unit`` of its records into one prompt; one unit then moves a step as one
 record did. Labels no longer partition the units: a unit takes part in at most ``labels_per_unit`` = c labels'
-generation, and the event composes c labels' runs (the label-conditioned methods' steps are multiplied by c).
-The event is tagged ``privacy_unit="unit"``, and only a unit-level ledger holds it.
+generation, and the event composes c labels' runs (Tang, PTA and clip-blend multiply their steps by c; AdaDPSyn
+counts the runs a replacement touches, min(2c, labels)).
+The event is tagged ``privacy_unit="unit"``, and only a unit-level ledger holds it. A method opts in with
+``supports_privacy_units``; one that does not is refused a unit-level ledger.
 """
 
 from __future__ import annotations
@@ -166,6 +168,9 @@ class SynthesisMethod(ABC):
     config_type: ClassVar[type]
     config: Any
     labels_in_prompts: ClassVar[bool] = False  # whether a record's label enters its prompts (checked then too)
+    #: whether the method samples units under a unit-level ledger (its ``_plan`` and ``_demonstrations`` honour
+    #: ``privacy_unit``); a method that does not is refused one, never certified per unit on trust
+    supports_privacy_units: ClassVar[bool] = False
 
     def __init__(self, config: Any = None, **overrides: Any) -> None:
         """Take a config object, or its fields as keywords (validated by the config).
@@ -364,13 +369,20 @@ class SynthesisMethod(ABC):
         if not isinstance(dataset, PrivateDataset):
             raise ConfigurationTypeError("dataset must be a PrivateDataset")
         relation = check_relation(neighbouring)
-        unit = require_units(dataset, privacy_unit)
+        unit = self._check_privacy_unit(dataset, privacy_unit)
         if public_inputs is not None:
             raise ConfigurationError(f"{self.name} does not take public_inputs")
         if ledger_delta is not None:
             check.probability_open("ledger_delta", ledger_delta)
         chosen = dataset.labels if labels is None else dataset.check_labels(labels)
         return self._tagged(self._plan(dataset, chosen, relation, ledger_delta, unit), unit)
+
+    def _check_privacy_unit(self, dataset: PrivateDataset, privacy_unit: str) -> str:
+        """``privacy_unit``, checked: a method that samples units, and every record naming its unit."""
+        unit = require_units(dataset, privacy_unit)
+        if unit != PER_RECORD and not self.supports_privacy_units:
+            raise ConfigurationError(f"{self.name} does not sample privacy units: use a record-level ledger")
+        return unit
 
     @staticmethod
     def _tagged(plan: Plan, privacy_unit: str) -> Plan:

@@ -56,7 +56,7 @@ from dp_icl_plugin.accounting.neighbouring import PER_RECORD, REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
 from dp_icl_plugin.backends.shared_rows import public_suffix
 from dp_icl_plugin.data.records import Demonstration, PrivateDataset, PrivateRecord
-from dp_icl_plugin.data.units import all_elements, require_units
+from dp_icl_plugin.data.units import all_elements
 from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError, DPICLError
 from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX
 from dp_icl_plugin.steps.mozo_step import MozoStep
@@ -148,6 +148,7 @@ class MozoOfflineSynthesizer(SynthesisMethod):
                                   budget=budget, rng=np.random.default_rng())
     """
 
+    supports_privacy_units: ClassVar[bool] = True  # samples units per the ledger (module docstring)
     name: ClassVar[str] = "mozo_offline"
     config_type: ClassVar[type] = MozoOfflineConfig
     config: MozoOfflineConfig
@@ -190,7 +191,7 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         if labels is not None:
             raise ConfigurationError("mozo_offline draws records from the whole dataset; do not pass labels")
         inputs = check_public_inputs(public_inputs)
-        unit = require_units(dataset, privacy_unit)
+        unit = self._check_privacy_unit(dataset, privacy_unit)
         c = self.config
         # public: replace-one neighbours have the same number of records (per unit: of units)
         size = len(all_elements(dataset, unit))

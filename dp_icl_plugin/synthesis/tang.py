@@ -105,6 +105,7 @@ class TangConfig:
 class TangSynthesizer(SynthesisMethod):
     """DP synthetic demonstrations by Gaussian aggregation (Tang et al. 2024); see the module docstring."""
 
+    supports_privacy_units: ClassVar[bool] = True  # samples units per the ledger (module docstring)
     name: ClassVar[str] = "tang"
     config_type: ClassVar[type] = TangConfig
     config: TangConfig
