@@ -521,6 +521,15 @@ CASES: tuple[AuditCase, ...] = (
         broken_as="records sampled as if independent",
     ),
     AuditCase(
+        f"Tang synthesis per unit across {unit_case.LABELS} labels (k = 3 of a unit's records per prompt)",
+        unit_case.tang_across_labels_event(),
+        unit_case.DELTA,
+        unit_case.tang_across_labels_pairs,
+        broken_as="one label's run charged (labels taken to partition units)",
+        broken_event=unit_case.tang_across_labels_event(1),
+        sample_share=0.25,
+    ),
+    AuditCase(
         "DPS-MOZO decoding, bfloat16 SmolLM2 (one record short vs long)",
         ev.MozoTokenEvent(beta=decoder_case.BETA, order=decoder_case.ORDER),
         decoder_case.DELTA,

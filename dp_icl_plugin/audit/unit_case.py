@@ -21,10 +21,17 @@ unit, what the library charges per token:
   clip; the public row makes token 0 rare without it. One unit moves one prompt: ε0 = c/(sτ). Claim:
   ``clip_blend_event(steps=1)`` per unit.
 
+- **Tang synthesis across labels**: the canary unit holds 4 records in each of :data:`LABELS` labels, k = 3 of them
+  enter its one prompt per label and token; every label's token is released as above, and the output is whether at
+  least :data:`_ACROSS_THRESHOLD` labels released the canary's token (post-processing: a threshold on the
+  likelihood ratio, which grows with that count). Claim: the unit takes part in every label's run, c = labels, so
+  ``tang_event`` over c steps.
+
 **The broken variant: records sampled as if independent.** The same code with every record its own element
 (``privacy_unit="record"`` for the draw) while the unit-level claim stands: the canary unit's records then enter
 up to :data:`CANARY_RECORDS` prompts, and its influence is that many records' (group privacy the charge does not
-pay for), which the audit must catch.
+pay for), which the audit must catch. Across labels, the broken claim is one label's run: labels taken to partition
+units as they partition records, the c-label charge left out.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ __all__ = [
     "DELTA",
     "clip_blend_decoder_event",
     "clip_blend_decoder_pairs",
+    "tang_across_labels_event",
+    "tang_across_labels_pairs",
     "tang_synthesis_event",
     "tang_synthesis_pairs",
 ]
@@ -150,4 +159,57 @@ def clip_blend_decoder_pairs(broken: bool) -> list[Sampler]:
         return clip_blend_token(private, public, clip=_CLIP, subset_size=_S, temperature=_TAU, rng=rng)
 
     sampler: Any = lambda nb, n, rng: _loop(lambda g: token(nb, g))(n, rng)  # noqa: E731
+    return [sampler]
+
+
+# -- Tang synthesis across labels: one unit in every label's run --------------------------------------------------
+LABELS, _ACROSS_SIGMA, _ACROSS_PROMPTS, _ACROSS_K, _ACROSS_THRESHOLD = 12, 2.0, 6, 3, 4
+
+
+def tang_across_labels_event(labels_charged: int = LABELS) -> ev.DPEvent:
+    """The claim: one token in each of ``labels_charged`` labels' runs per unit at q = 1 (the shipped charge is every
+    label, c = :data:`LABELS`; the broken one a single label's run).
+
+    Args:
+        labels_charged: the label runs the claim composes.
+    """
+    event = me.tang_event(
+        noise_multiplier=_ACROSS_SIGMA, sampling_rate=1.0, steps=labels_charged, neighbouring=ADD_REMOVE
+    )
+    return ev.with_privacy_unit(event, PER_UNIT)
+
+
+def tang_across_labels_pairs(broken: bool) -> list[Sampler]:
+    """One pair: D against D minus the canary unit (4 records in each label, k = 3); the mechanism as shipped (the
+    broken variant changes the claim, :func:`tang_across_labels_event` with one label).
+
+    Args:
+        broken: unused (the claim is what breaks).
+    """
+    labels = [f"y{i}" for i in range(LABELS)]
+    canary = [PrivateRecord(f"{_CANARY} {y} {j}", y, unit="canary") for y in labels for j in range(4)]
+    others = [PrivateRecord(f"plain {u} {y}", y, unit=f"u{u}") for u in range(2 * _ACROSS_PROMPTS - 1) for y in labels]
+    declared = {y: 2 * _ACROSS_PROMPTS for y in labels}  # q = M·N/u_y = 6·2/12 = 1
+    data = {
+        nb: PrivateDataset(records, public_unit_counts=declared, records_per_unit=_ACROSS_K)
+        for nb, records in ((False, canary + others), (True, others))
+    }
+    # labels_per_unit is every label: no choice to draw, the elements are the same for every sample
+    elements = {nb: label_elements(data[nb], labels, PER_UNIT, np.random.default_rng(0)) for nb in (False, True)}
+
+    def output(neighbour: bool, rng: np.random.Generator) -> int:
+        released = 0
+        for label in labels:
+            prompts = poisson_prompts(
+                elements[neighbour][label],
+                sampling_rate=1.0,
+                n_prompts=_ACROSS_PROMPTS,
+                rng=rng,
+                records_per_element=_ACROSS_K,
+            )
+            rows = np.array([[1.0, 0.0] if _has_canary(p) else [0.0, 1.0] for p in prompts])
+            released += noisy_argmax(rows, noise_multiplier=_ACROSS_SIGMA, rng=rng) == 0
+        return int(released >= _ACROSS_THRESHOLD)
+
+    sampler: Any = lambda nb, n, rng: _loop(lambda g: output(nb, g))(n, rng)  # noqa: E731
     return [sampler]
