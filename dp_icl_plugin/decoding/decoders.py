@@ -635,7 +635,8 @@ class MozoDecoder(_DatasetDecoder):
         beta: the target leakage β per token, instead of ``epsilon``.
         delta: δ of that share (default: the ledger's δ, at which the ledger certifies what it is charged, so
             that the share costs the ``epsilon`` asked for).
-        n_shots: the records drawn per token, one per one-shot prompt (the paper: 4).
+        n_shots: the records drawn per token, one per one-shot prompt (the paper: 4); under a unit-level ledger,
+            units (each prompt then shows at most ``dataset.records_per_unit`` of the unit's records).
         top_k: the size of the zero-shot output's public top-k support (the paper: 100).
         order: the Rényi order α (default 8).
         lambda_max: the upper limit of each mixing weight λ_i (the paper: 1.5).
@@ -845,7 +846,8 @@ class ClipBlendDecoder(_DatasetDecoder):
 
     Args:
         dataset: the private records; a subset of expected size ``subset_size`` is drawn once (each record
-            with probability s/N, ``rng_subset``) and serves every answer.
+            with probability s/N, ``rng_subset``; under a unit-level ledger each unit, its prompt showing at most
+            ``dataset.records_per_unit`` of its records) and serves every answer.
         backend: as :class:`MozoDecoder`.
         budget: as :class:`MozoDecoder`.
         n_queries: as :class:`MozoDecoder`.
@@ -857,7 +859,8 @@ class ClipBlendDecoder(_DatasetDecoder):
         delta: δ of the share (default: the ledger's δ).
         clip: the clipping bound c (the paper: 10).
         population_size: N, the public population size the draw uses: required under an add/remove ledger
-            (where |D| is private); under replace-one it defaults to |D|, which the relation keeps fixed.
+            (where |D| is private); under replace-one it defaults to |D|, which the relation keeps fixed. Under a
+            unit-level ledger N counts units.
         template: as :class:`MozoDecoder`.
         fixed_latency: as :class:`MozoDecoder` (hides timing).
         choices: as :class:`MozoDecoder`.
