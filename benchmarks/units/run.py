@@ -19,14 +19,20 @@ Two parts (``--parts trec,e2e``):
 2. **E2E, DPS-MOZO online decoding** (:class:`MozoDecoder` on SmolLM2-135M-Instruct, the layout, scorer and
    query sampling of ``benchmarks/e2e/run.py``). Private records: the 4,672 E2E dev pairs; unit: the
    restaurant (``name[...]`` of the MR; 20 units of 18 to 679 records). δ = 1/4,672 for both ledgers,
-   replace-one. Rows: zero-shot greedy and zero-shot sampled (no private data), DPS-MOZO+On on a record-level
+   replace-one. Rows: zero-shot greedy, zero-shot sampled and zero-shot at temperature 1/4 (DPS-MOZO's public
+   centre softmax(4·ℓ0), where its output goes as β → 0; no private data), DPS-MOZO+On on a record-level
    ledger (q = 4/4,672) and on a unit-level ledger with ``records_per_unit = 1`` (q = 4/20) at each ε, and the
    ε = ∞ ensemble (no noise, NOT private) drawing records (record level) or units with one random record each
    (unit level: :meth:`MozoOfflineSynthesizer.synthesize_nonprivate` with ``privacy_unit="unit"``), which
    measures what contribution bounding alone costs.
 
-    .venv/bin/python benchmarks/units/run.py            # the committed table (see RESULTS.md for time)
-    .venv/bin/python benchmarks/units/run.py --quick    # every row, tiny: about 2 minutes
+    .venv/bin/python benchmarks/units/run.py                 # the full table (see RESULTS.md for time)
+    .venv/bin/python benchmarks/units/run.py --quick         # every row, tiny: under 2 minutes
+    .venv/bin/python benchmarks/units/run.py --rebuild benchmarks/units/results/units.json
+        # a run stopped between E2E seeds (its rows are saved after each seed): its tables from the seeds done
+
+Writes ``results/units.json`` (every number and answer, the command, machine and settings) and
+``results/units.md`` (the tables); ``--quick`` writes to ``results-quick/`` instead.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ TREC_DELTA = 1e-5
 K, SHARDS, TAU, USES = 40, 10, 0.3, 4  # benchmarks/knn/accuracy.py's table row (τ = 0.3, uses = 4)
 E2E_EPSILONS = (2.0, 4.0)
 N_SHOTS, TOP_K = 4, 100  # DPS-MOZO Table 4 (E2E), as benchmarks/e2e
+CENTRE = "zero-shot at temperature 1/4 (DPS-MOZO's β → 0 limit)"
 ORDERS = {1.0: 14.0, 2.0: 8.0, 4.0: 5.0}  # benchmarks/e2e: DPS-MOZO §5.1, α with ε(α) ≈ ε/2
 
 
@@ -353,6 +360,7 @@ def run_e2e(args, log: Callable[[str], None]) -> dict:
             **extra,
         ) -> None:
             rouge, cosine = scorer(queries, outputs)
+            each = score_each(scorer, queries, outputs)
             rows.append(
                 {
                     "seed": seed,
@@ -364,6 +372,8 @@ def run_e2e(args, log: Callable[[str], None]) -> dict:
                     "seconds": time.perf_counter() - start,
                     "queries": queries,
                     "outputs": outputs,
+                    "rouge_each": each[0],
+                    "cosine_each": each[1],
                     **extra,
                 }
             )
@@ -383,6 +393,10 @@ def run_e2e(args, log: Callable[[str], None]) -> dict:
         t = time.perf_counter()
         sampled = zero_shot_sampled(backend, prompts, tokens, rng_for(1))
         row("zero-shot sampled (top-100)", None, 0.0, sampled, t)
+
+        t = time.perf_counter()
+        centre = zero_shot_sampled(backend, prompts, tokens, rng_for(4), scale=N_SHOTS)
+        row(CENTRE, None, 0.0, centre, t)
 
         for eps in args.e2e_epsilons:
             for level, dataset in (("record", by_record), ("unit", by_unit)):
@@ -443,21 +457,15 @@ def run_e2e(args, log: Callable[[str], None]) -> dict:
                 t,
             )
         args.save_partial(rows)
-    return {
-        "records": len(dev),
-        "unit_sizes": unit_sizes,
-        "delta": delta,
-        "n_test": args.n_test,
-        "seeds": args.e2e_seeds,
-        "max_tokens": tokens,
-        "rows": rows,
-        "summary": summarise(rows),
-    }
+    return e2e_part(rows, len(dev), unit_sizes, args)
 
 
-def zero_shot_sampled(backend, prompts: list[list[int]], tokens: int, rng: np.random.Generator) -> list[str]:
-    """Sampled from the zero-shot distribution restricted to its top 100, renormalised (benchmarks/e2e's ε = 0
-    row, the distribution DPS-MOZO falls back to as β → 0)."""
+def zero_shot_sampled(
+    backend, prompts: list[list[int]], tokens: int, rng: np.random.Generator, *, scale: float = 1.0
+) -> list[str]:
+    """Sampled from the zero-shot distribution restricted to its top 100, renormalised, its log-probabilities
+    times ``scale``: 1 is benchmarks/e2e's ε = 0 row; ``N_SHOTS`` is DPS-MOZO's public centre softmax(n_shots·ℓ0)
+    (the output when every λ_i = 0, what the projected mechanism shrinks towards: its β → 0 limit)."""
     outputs: list[list[int]] = [[] for _ in prompts]
     done = np.zeros(len(prompts), dtype=bool)
     with backend.start(prompts) as session:
@@ -466,7 +474,7 @@ def zero_shot_sampled(backend, prompts: list[list[int]], tokens: int, rng: np.ra
             chosen = []
             for i, row in enumerate(logprobs):
                 top = np.argpartition(row, -TOP_K)[-TOP_K:]
-                p = np.exp(row[top] - row[top].max())
+                p = np.exp(scale * (row[top] - row[top].max()))
                 token = int(top[rng.choice(TOP_K, p=p / p.sum())])
                 chosen.append(token)
                 if not done[i]:
@@ -480,13 +488,26 @@ def zero_shot_sampled(backend, prompts: list[list[int]], tokens: int, rng: np.ra
     return [backend.decode(o).strip() for o in outputs]
 
 
+def score_each(scorer, queries: list[str], outputs: list[str]) -> tuple[list[float], list[float]]:
+    """Each answer's ROUGE-L F1 and MiniLM cosine (×100, best reference)."""
+    pairs = [scorer([q], [o]) for q, o in zip(queries, outputs, strict=True)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _se(values: np.ndarray) -> float:
+    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan
+
+
 def summarise(rows: list[dict]) -> list[dict]:
-    """Mean and standard error over seeds per (method, ε); n = answers in all."""
+    """Per (method, ε): the mean over every answer, its standard error over answers (n = 8 per seed, all seeds
+    pooled) and over seed means; for a unit-level row, the paired difference to the record-level row of the
+    same ε on the same queries."""
     groups: dict[tuple[str, float], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["method"], r["epsilon"]), []).append(r)
     out = []
     for (method, eps), rs in groups.items():
+        rs = sorted(rs, key=lambda r: r["seed"])
         entry = {
             "method": method,
             "level": rs[0]["level"],
@@ -499,9 +520,18 @@ def summarise(rows: list[dict]) -> list[dict]:
             entry["beta"] = rs[0]["beta"]
             entry["sampling_rate"] = rs[0]["sampling_rate"]
         for key in ("rouge_l", "cosine"):
-            values = np.array([r[key] for r in rs])
-            entry[key] = float(values.mean())
-            entry[key + "_se"] = float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else math.nan
+            each = np.concatenate([r[key.split("_")[0] + "_each"] for r in rs])
+            entry[key] = float(each.mean())
+            entry[key + "_se"] = _se(each)
+            entry[key + "_se_seeds"] = _se(np.array([r[key] for r in rs]))
+        twin = [r for r in rows if r["epsilon"] == eps and r["level"] == "record" and r["method"] != method]
+        if rs[0]["level"] == "unit" and twin:
+            twin = sorted(twin, key=lambda r: r["seed"])
+            diff = np.concatenate(
+                [np.array(u["rouge_each"]) - np.array(t["rouge_each"]) for u, t in zip(rs, twin, strict=True)]
+            )
+            entry["rouge_l_minus_record"] = float(diff.mean())
+            entry["rouge_l_minus_record_se"] = _se(diff)
         out.append(entry)
     return out
 
@@ -511,20 +541,105 @@ def e2e_table(part: dict) -> str:
         return "∞" if math.isinf(e) else f"{e:g}"
 
     lines = [
-        f"E2E, SmolLM2-135M-Instruct, {part['n_test']} test MRs × {part['seeds']} seeds; ROUGE-L F1 and MiniLM cosine "
-        "×100 against the best reference, mean ± s.e. over seeds:",
+        f"E2E, SmolLM2-135M-Instruct, {part['n_test']} test MRs × {part['seeds']} seed(s), at most "
+        f"{part['max_tokens']} tokens an answer; ROUGE-L F1 and MiniLM cosine ×100 against the best reference, mean "
+        "± standard error over the n answers; unit − record: the paired ROUGE-L difference on the same queries:",
         "",
-        "| ε | method | q | β | ROUGE-L F1 | MiniLM cosine | n answers | s per seed |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| ε | method | q | β | ROUGE-L F1 | unit − record | MiniLM cosine | n answers | s per seed |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for s in part["summary"]:
+
+    def position(s: dict) -> tuple[float, int, str]:
+        kind = ("zero-shot greedy", "zero-shot sampled", CENTRE[:20], "record", "unit")
+        rank = next((i for i, k in enumerate(kind) if k in s["method"] or k == s["level"]), len(kind))
+        return (1e9 if math.isinf(s["epsilon"]) else s["epsilon"], rank, s["method"])
+
+    for s in sorted(part["summary"], key=position):
         q = f"{s['sampling_rate']:.2g}" if "sampling_rate" in s else ""
         beta = f"{s['beta']:.3g}" if "beta" in s else ""
+        diff = (
+            f"{s['rouge_l_minus_record']:+.1f} ± {s['rouge_l_minus_record_se']:.1f}"
+            if "rouge_l_minus_record" in s
+            else ""
+        )
         lines.append(
             f"| {eps_text(s['epsilon'])} | {s['method']} | {q} | {beta} | {s['rouge_l']:.1f} ± {s['rouge_l_se']:.1f} | "
-            f"{s['cosine']:.1f} ± {s['cosine_se']:.1f} | {s['answers']} | {s['seconds_per_seed']:.0f} |"
+            f"{diff} | {s['cosine']:.1f} ± {s['cosine_se']:.1f} | {s['answers']} | {s['seconds_per_seed']:.0f} |"
         )
     return "\n".join(lines)
+
+
+def e2e_part(rows: list[dict], dev_size: int, unit_sizes: list[int], args) -> dict:
+    return {
+        "records": dev_size,
+        "unit_sizes": unit_sizes,
+        "delta": 1.0 / dev_size,
+        "n_test": args.n_test,
+        "seeds": len({r["seed"] for r in rows}),
+        "max_tokens": args.max_tokens,
+        "rows": rows,
+        "summary": summarise(rows),
+    }
+
+
+def centre_row(seed: int, queries: list[str], scorer, results: dict, log: Callable[[str], None]) -> dict:
+    """The public-centre row of ``seed`` as :func:`run_e2e` computes it (same queries, same random stream), for
+    a results file written before that row existed."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from dp_icl_plugin.backends.hf import HFBackend
+
+    tokens = results["meta"]["settings"]["max_tokens"]
+    backend = HFBackend.from_pretrained("smollm2-135m-instruct")
+    template = e2e_bench().chat_layout(backend)
+    t = time.perf_counter()
+    prompts = [backend.encode(template.zero_shot_prompt(m), add_special_tokens=True) for m in queries]
+    outputs = zero_shot_sampled(backend, prompts, tokens, np.random.default_rng([seed, 4]), scale=N_SHOTS)
+    rouge, cosine = scorer(queries, outputs)
+    log(f"  e2e seed {seed} {CENTRE}: ROUGE-L {rouge:5.1f} cos {cosine:5.1f} (added by --rebuild)")
+    return {
+        "seed": seed,
+        "method": CENTRE,
+        "level": None,
+        "epsilon": 0.0,
+        "rouge_l": rouge,
+        "cosine": cosine,
+        "seconds": time.perf_counter() - t,
+        "queries": queries,
+        "outputs": outputs,
+    }
+
+
+def rebuild(path: Path, log: Callable[[str], None]) -> dict:
+    """The results file of a run stopped after some E2E seeds (``e2e_partial_rows``, saved after each seed),
+    completed: per-answer scores added where missing, the E2E part and its summary built from the seeds done."""
+    results = json.loads(path.read_text())
+    rows = results.pop("e2e_partial_rows", None) or results.get("e2e", {}).get("rows")
+    if not rows:
+        raise SystemExit(f"{path} holds no E2E rows")
+    e2e = e2e_bench()
+    dev, test = e2e.load()
+    scorer = e2e.Scorer(test)
+    added = []
+    for seed in sorted({r["seed"] for r in rows}):
+        if not any(r["seed"] == seed and r["method"] == CENTRE for r in rows):
+            added.append(centre_row(seed, next(r for r in rows if r["seed"] == seed)["queries"], scorer, results, log))
+    if added:
+        rows.extend(added)
+        results["meta"]["added_by_rebuild"] = [CENTRE]
+    for r in rows:
+        if "rouge_each" not in r:
+            r["rouge_each"], r["cosine_each"] = score_each(scorer, r["queries"], r["outputs"])
+    settings = argparse.Namespace(**results["meta"]["settings"])
+    sizes = sorted(np.unique([restaurant(mr) for mr, _ in dev], return_counts=True)[1].tolist())
+    results["e2e"] = e2e_part(rows, len(dev), sizes, settings)
+    seeds = results["e2e"]["seeds"]
+    if seeds < settings.e2e_seeds:
+        results["meta"]["stopped"] = (
+            f"stopped after {seeds} of {settings.e2e_seeds} E2E seeds; every row of a seed depends on that seed "
+            f"alone, so these rows are what --e2e-seeds {seeds} gives"
+        )
+    log(f"rebuilt the E2E part from {len(rows)} rows ({seeds} seed(s))")
+    return results
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -547,6 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--e2e-epsilons", type=float, nargs="+", default=list(E2E_EPSILONS))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument(
+        "--rebuild", type=Path, default=None, help="complete a stopped run's results file (tables from its seeds)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.queries, args.pool, args.users, args.trec_seeds, args.trec_epsilons = 30, 600, 60, 1, [1.0, 8.0]
@@ -583,6 +701,15 @@ def main(argv: list[str] | None = None) -> int:
     args.save_partial = save_partial
     parts = args.parts.split(",")
     tables = []
+    if args.rebuild is not None:
+        results = rebuild(args.rebuild, log)
+        tables = [trec_table(results["trec"])] if "trec" in results else []
+        tables.append(e2e_table(results["e2e"]))
+        args.rebuild.write_text(json.dumps(results, indent=1, ensure_ascii=False, default=str) + "\n")
+        command = results["meta"]["command"] + f" (rebuilt: {command})"
+        (args.rebuild.parent / "units.md").write_text(f"Command: `{command}`\n\n" + "\n\n".join(tables) + "\n")
+        log("\n" + "\n\n".join(tables))
+        return 0
     if "trec" in parts:
         t = time.monotonic()
         results["trec"] = run_trec(args, log)
