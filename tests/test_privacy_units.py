@@ -462,3 +462,29 @@ def test_the_cli_declares_a_spend_per_record_unless_told_per_unit(tmp_path: Any,
     capsys.readouterr()
     assert main(["budget", "show", "--ledger", ledger]) == 0
     assert '"privacy_unit": "unit"' in capsys.readouterr().out and BudgetManager.open(ledger).history()[0].id == 1
+
+
+def test_knn_records_per_unit_makes_a_person_pay_for_its_nearest_record_only() -> None:
+    from dp_icl_plugin.retrieval import KNNConfig, PrivateKNN
+
+    spent = {}
+    for limit in (None, 1):
+        index = _knn_index(True)  # 3 people of 3 records, all equally near the query
+        ledger = unit_ledger()
+        config = KNNConfig(k=6, shards=1, min_similarity=0.1, records_per_unit=limit)
+        PrivateKNN(index, budget=ledger, labels=["a", "b"], config=config).vote("q w1", rng=np.random.default_rng(0))
+        people = np.unique(index.units_of(np.arange(10)))  # record ids 1..9 (0 is never a record)
+        spent[limit] = index.filter.epsilon_spent(people[people >= 0])
+    # uses = 1: a person's budget pays one single-record release; with 3 near records a person cannot pay and is
+    # refused, bounded to its nearest record each person pays (and votes)
+    assert np.all(spent[None] == 0) and np.all(spent[1] > 0)
+    with pytest.raises(ConfigurationError, match="records_per_unit"):
+        KNNConfig(records_per_unit=0)
+
+
+def test_nearest_per_unit_keeps_each_units_first_candidates_in_order() -> None:
+    from dp_icl_plugin.retrieval.index import Candidates
+
+    candidates = Candidates(np.array([5, 3, 9, 1, 7]), np.array([0.9, 0.8, 0.7, 0.6, 0.5]))
+    kept = candidates.nearest_per_unit(np.array([2, 1, 2, 2, 1]), 2)
+    assert kept.ids.tolist() == [5, 3, 9, 7]

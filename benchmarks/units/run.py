@@ -187,19 +187,18 @@ def run_trec(args, log: Callable[[str], None]) -> dict:
     log(f"trec: records with cosine ≥ τ = {TAU} per query on the fresh pool: {candidates_fresh:.1f}")
 
     for epsilon in args.trec_epsilons:
-        for level in ("record", "unit"):
+        # (row, the ledger's unit, KNNConfig.records_per_unit: a user's nearest records only, or all of them)
+        for level, unit, per_user in (("record", "record", None), ("unit", "unit", None), ("unit-1", "unit", 1)):
             accs, charged, charged_users, refused, used, short, secs = [], [], [], [], [], [], []
             for seed in range(args.trec_seeds):
                 t = time.perf_counter()
-                grouped = level == "unit"
+                grouped = unit == "unit"
                 index = PrivateIndex(
                     budget=IndividualBudget(epsilon=epsilon, delta=TREC_DELTA), embedder=lookup, group_by_user=grouped
                 )
                 index.add(pool_x, labels=pool_y, user_ids=users if grouped else None)
-                ledger = BudgetManager(
-                    PrivacyBudget(epsilon, TREC_DELTA, neighbouring="add_remove", privacy_unit=level)
-                )
-                config = KNNConfig(k=K, shards=SHARDS, min_similarity=TAU, uses=USES)
+                ledger = BudgetManager(PrivacyBudget(epsilon, TREC_DELTA, neighbouring="add_remove", privacy_unit=unit))
+                config = KNNConfig(k=K, shards=SHARDS, min_similarity=TAU, uses=USES, records_per_unit=per_user)
                 retriever = PrivateKNN(index, budget=ledger, labels=names, config=config)
                 rng = np.random.default_rng(seed)
                 tally = {"records": 0, "units": 0, "refused": 0}
@@ -231,8 +230,9 @@ def run_trec(args, log: Callable[[str], None]) -> dict:
                 short.append(n_short / n)
                 secs.append(time.perf_counter() - t)
             row = {
-                "method": f"{level}-level DP vote",
+                "method": f"{unit}-level DP vote" + (f", {per_user} nearest record per user" if per_user else ""),
                 "level": level,
+                "records_per_unit": per_user,
                 "epsilon": epsilon,
                 "delta": TREC_DELTA,
                 "runs": accs,
@@ -248,7 +248,7 @@ def run_trec(args, log: Callable[[str], None]) -> dict:
             }
             rows.append(row)
             log(
-                f"trec {level}-level ε = {epsilon:g}: {100 * row['mean']:.1f} ± {100 * row['std']:.1f} "
+                f"trec {row['method']} ε = {epsilon:g}: {100 * row['mean']:.1f} ± {100 * row['std']:.1f} "
                 f"({args.trec_seeds} seeds; charged {row['records_charged_per_query']:.1f} records / "
                 f"{row['units_charged_per_query']:.1f} units per query, refused "
                 f"{row['candidates_refused_per_query']:.1f}, voting {row['records_voting_per_query']:.1f}, "
@@ -284,10 +284,17 @@ def trec_table(part: dict) -> str:
         if not 0 < r["epsilon"] < math.inf:
             value = f"{100 * r['mean']:.1f}"
             lines.append(f"| {r['method']} | none | " + " | ".join([value] * len(eps)) + " |")
-    for level, what in (("record", "(ε, δ) per record"), ("unit", "(ε, δ) per user")):
+    variants = (
+        ("record", "record-level DP vote", "(ε, δ) per record"),
+        ("unit", "unit-level DP vote, every near record of a user", "(ε, δ) per user"),
+        ("unit-1", "unit-level DP vote, each user's nearest record (`records_per_unit=1`)", "(ε, δ) per user"),
+    )
+    for level, name, what in variants:
         cells = {r["epsilon"]: r for r in part["rows"] if r.get("level") == level}
+        if not cells:
+            continue  # a run from before the variant
         lines.append(
-            f"| {level}-level DP vote | {what} | "
+            f"| {name} | {what} | "
             + " | ".join(f"{100 * cells[e]['mean']:.1f} ± {100 * cells[e]['std']:.1f}" for e in eps)
             + " |"
         )

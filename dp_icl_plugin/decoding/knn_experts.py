@@ -432,6 +432,7 @@ def build_expert_decoder(
         max_answer_tokens=max_tokens,
         expert_public_temperature=public_temperature,
         expert_top_k=top_k,
+        records_per_unit=dataset.records_per_unit if per_unit else None,  # contribution bounding per unit
     )
     share = budget.budget.delta / 2.0 if delta is None else delta
     # per unit: one filter per unit (the index grouped by user, a record's unit its user id), covered as is

@@ -103,6 +103,21 @@ class Candidates:
         """
         return Candidates(self.ids[mask], self.similarities[mask])
 
+    def nearest_per_unit(self, units: np.ndarray, limit: int) -> Candidates:
+        """Each unit's ``limit`` most similar candidates, in order (contribution bounding: which of a unit's
+        records stay depends on that unit's records and the query alone, never on another unit's).
+
+        Args:
+            units: each candidate's unit (:meth:`PrivateIndex.units_of`).
+            limit: the most candidates one unit keeps (a positive integer).
+        """
+        seen: dict[int, int] = {}
+        keep = np.zeros(len(self.ids), dtype=bool)
+        for i, unit in enumerate(np.asarray(units).tolist()):  # most similar first: a unit's first ones stay
+            seen[unit] = seen.get(unit, 0) + 1
+            keep[i] = seen[unit] <= limit
+        return self.take(keep)
+
 
 def _storable(name: str, text: str) -> None:
     """Refuse text every store cannot keep as it is (a NUL byte, a lone surrogate), without echoing it."""

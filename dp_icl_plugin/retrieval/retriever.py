@@ -21,7 +21,9 @@ the k used: that keeps each unit's charge a function of its own records and the 
 condition under which Feldman & Zrnic's individual filter is valid (charging only the records actually
 used would let one record's presence change which *other* records pay, and so the later retrievals).
 ``min_similarity`` therefore sets how many records pay per query; the paper charges only the k used,
-which has no such guarantee.
+which has no such guarantee. ``KNNConfig.records_per_unit`` bounds a person's contribution: only that many of
+each person's most similar records are candidates (a choice made from that person's records and the query
+alone), so a person pays for at most that many records per release.
 
 **Sensitivity.** Shards are assigned by a keyed hash of each record's id with a fresh random key per
 query, and each shard takes its r = k / shards most similar candidates: removing one candidate changes
@@ -182,6 +184,9 @@ class KNNConfig:
             drops the public row's preferences (it still sets the support), as with public answer choices.
         expert_top_k: a ``decode`` release samples among the zero-shot output's this many most likely tokens
             (public; 0 for the whole vocabulary).
+        records_per_unit: contribution bounding for a per-person index: only each person's this many most
+            similar records are candidates of a release (each pays, and a person with c of them pays for c), or
+            None (default) for every record above ``min_similarity``. A per-record index has one record per unit.
 
     Raises:
         ConfigurationError: a field is out of range, or ``k`` is not a multiple of ``shards``.
@@ -200,6 +205,7 @@ class KNNConfig:
     max_answer_tokens: int = 16
     expert_public_temperature: float = 0.1
     expert_top_k: int = 100
+    records_per_unit: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("k", "shards", "uses", "keywords", "keywords_per_answer", "max_answer_tokens"):
@@ -225,6 +231,8 @@ class KNNConfig:
             raise ConfigurationError(f"expert_public_temperature must be positive (inf: no public prior), got {t0!r}")
         object.__setattr__(self, "expert_public_temperature", t0)
         object.__setattr__(self, "expert_top_k", check.int_at_least("expert_top_k", self.expert_top_k, 0))
+        if self.records_per_unit is not None:
+            object.__setattr__(self, "records_per_unit", check.positive_int("records_per_unit", self.records_per_unit))
 
 
 class PrivateText:
@@ -515,6 +523,8 @@ class PrivateKNN:
         self.index.refresh()  # records added or removed by other processes or hosts
         self.index.expect_release(self._cost(release, 1, k, tokens))  # public: the search mask's floor
         candidates = self.index.within(query_vector, self.config.min_similarity)
+        if self.config.records_per_unit is not None:  # each unit's nearest records only: its own records decide
+            candidates = candidates.nearest_per_unit(self.index.units_of(candidates.ids), self.config.records_per_unit)
         admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k, tokens))
         entry = self.budget.spend(
             ev.with_privacy_unit(  # stated per the ledger's unit, the filter's (cover_event)
