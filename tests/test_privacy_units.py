@@ -408,7 +408,7 @@ def test_expert_decoding_over_a_unit_dataset_groups_its_index_by_unit() -> None:
     decoder = build_expert_decoder(
         backend(), data, budget=ledger, epsilon=2.0, n_queries=4, embedder=BagEmbedder(), template=ANSWERS
     )
-    assert decoder.knn.index.group_by_user
+    assert decoder.knn.index.group_by_user and decoder.knn.config.records_per_unit == data.records_per_unit
     assert decoder.knn.config.uses == math.ceil(4 * 40 / 4)  # answers per unit: n_queries·k over 4 units
     assert ledger.history()[0].event.privacy_unit == "unit"
 
@@ -488,3 +488,34 @@ def test_nearest_per_unit_keeps_each_units_first_candidates_in_order() -> None:
     candidates = Candidates(np.array([5, 3, 9, 1, 7]), np.array([0.9, 0.8, 0.7, 0.6, 0.5]))
     kept = candidates.nearest_per_unit(np.array([2, 1, 2, 2, 1]), 2)
     assert kept.ids.tolist() == [5, 3, 9, 7]
+    shuffled = Candidates(np.array([7, 1, 3, 9, 5]), np.array([0.5, 0.6, 0.8, 0.7, 0.9]))  # any order: sorted inside
+    assert shuffled.nearest_per_unit(np.array([1, 2, 1, 2, 2]), 2).ids.tolist() == [7, 3, 9, 5]
+    removed = candidates.nearest_per_unit(np.array([-1, 1, -1, 2, 1]), 2)  # a record no longer stored is dropped
+    assert removed.ids.tolist() == [3, 1, 7]
+
+
+def test_knn_records_per_unit_lets_no_person_change_anothers_candidates_or_charge() -> None:
+    """Person A's kept record and spend are the same with and without a person B whose records are nearer the
+    query and interleave A's ids."""
+    from test_knn_retriever import BagEmbedder
+
+    from dp_icl_plugin.accounting import IndividualBudget
+    from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+
+    outcome = []
+    for with_b in (False, True):
+        index = PrivateIndex(
+            budget=IndividualBudget(epsilon=4.0, delta=1e-6), embedder=BagEmbedder(), group_by_user=True
+        )
+        texts, users = ["q w1 w2 w3", "q w1 w2"], ["A", "A"]
+        if with_b:
+            texts, users = ["q w1", "q w1 w2 w3", "q w1", "q w1 w2"], ["B", "A", "B", "A"]
+        ids = index.add(texts, labels=["a"] * len(texts), user_ids=users)
+        config = KNNConfig(k=4, shards=1, min_similarity=0.1, uses=2, records_per_unit=1)
+        knn = PrivateKNN(index, budget=unit_ledger(neighbouring="add_remove"), labels=["a", "b"], config=config)
+        retrieval = knn.retrieve("q w1", release="vote")
+        a_ids = [int(i) for i, u in zip(ids, users, strict=True) if u == "A"]
+        a_unit = index.units_of(np.array(a_ids[:1]))
+        kept = [a_ids.index(int(i)) for i in retrieval._candidates.ids if int(i) in a_ids]  # the charged set
+        outcome.append((kept, float(index.filter.epsilon_spent(a_unit)[0])))
+    assert outcome[0] == outcome[1] and len(outcome[0][0]) == 1

@@ -362,6 +362,7 @@ def build_expert_decoder(
     template: AnswerTemplate | None = None,
     fixed_latency: float | FixedLatency | None = None,
     choices: Sequence[str] | None = None,
+    experts_per_unit: int | None = None,
 ) -> KNNExpertDecoder:
     """Expert decoding over a dataset held in memory: its records go into a new in-memory
     :class:`PrivateIndex` whose per-record filter is covered by ``epsilon`` (and δ) on the ledger.
@@ -393,6 +394,9 @@ def build_expert_decoder(
         fixed_latency: as :class:`KNNExpertDecoder`.
         choices: public answers every answer is restricted to (:class:`KNNExpertDecoder`); the budget is then
             calibrated for the choices' token decisions, not ``max_tokens``.
+        experts_per_unit: under a unit-level ledger, the most experts (one record each) one person gives an answer:
+            its most similar records (``KNNConfig.records_per_unit``; default ``dataset.records_per_unit``). A
+            person pays for each.
 
     Raises:
         ConfigurationError: a bad setting, ``max_tokens`` below the longest choice (before anything is charged).
@@ -432,7 +436,10 @@ def build_expert_decoder(
         max_answer_tokens=max_tokens,
         expert_public_temperature=public_temperature,
         expert_top_k=top_k,
-        records_per_unit=dataset.records_per_unit if per_unit else None,  # contribution bounding per unit
+        # contribution bounding per unit: a person's most similar records only, each an expert it pays for
+        records_per_unit=(dataset.records_per_unit if experts_per_unit is None else experts_per_unit)
+        if per_unit
+        else None,
     )
     share = budget.budget.delta / 2.0 if delta is None else delta
     # per unit: one filter per unit (the index grouped by user, a record's unit its user id), covered as is

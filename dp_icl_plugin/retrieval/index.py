@@ -104,18 +104,21 @@ class Candidates:
         return Candidates(self.ids[mask], self.similarities[mask])
 
     def nearest_per_unit(self, units: np.ndarray, limit: int) -> Candidates:
-        """Each unit's ``limit`` most similar candidates, in order (contribution bounding: which of a unit's
-        records stay depends on that unit's records and the query alone, never on another unit's).
+        """Each unit's ``limit`` most similar candidates, in their order (contribution bounding: which of a unit's
+        records stay depends on that unit's records and the query alone, never on another unit's). Ties go to the
+        lower record id; a record no longer stored (unit −1) is dropped.
 
         Args:
             units: each candidate's unit (:meth:`PrivateIndex.units_of`).
             limit: the most candidates one unit keeps (a positive integer).
         """
+        unit_of = np.asarray(units).tolist()
         seen: dict[int, int] = {}
         keep = np.zeros(len(self.ids), dtype=bool)
-        for i, unit in enumerate(np.asarray(units).tolist()):  # most similar first: a unit's first ones stay
+        for i in np.lexsort((self.ids, -self.similarities)).tolist():  # most similar first, then by id
+            unit = unit_of[i]
             seen[unit] = seen.get(unit, 0) + 1
-            keep[i] = seen[unit] <= limit
+            keep[i] = unit >= 0 and seen[unit] <= limit
         return self.take(keep)
 
 
