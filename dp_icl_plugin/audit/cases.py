@@ -33,6 +33,7 @@ from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
 from dp_icl_plugin.audit import decoder_case, expert_case, unit_case
+from dp_icl_plugin.audit.sampling import loop, rare_token_public_row
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.mechanisms.adadpsyn_aggregation import release_token
 from dp_icl_plugin.mechanisms.clip_blend_sampling import blended_scores, clip_blend_token
@@ -94,10 +95,6 @@ class AuditCase:
         return self.claimed_epsilon
 
 
-def _loop(draw: Callable[[np.random.Generator], int]) -> Callable[[int, np.random.Generator], np.ndarray]:
-    return lambda n, rng: np.fromiter((draw(rng) for _ in range(n)), dtype=np.int64, count=n)
-
-
 # -- report-noisy-max (kNN votes): one vote moves between two labels -------------------------------------------
 _RNM_STD = 3.0
 
@@ -109,7 +106,7 @@ def _rnm_pairs(broken: bool) -> list[Sampler]:
         gap = max(2, round(2.5 * tuned * math.sqrt(2)))  # label 0 trails by ≈ 2.5 noise sds on D'
         counts = {False: np.array([1.0, gap - 1.0]), True: np.array([0.0, float(gap)])}
         samplers.append(
-            lambda nb, n, rng, c=counts: _loop(lambda r: report_noisy_max(c[nb], noise_std=std, rng=r))(n, rng)
+            lambda nb, n, rng, c=counts: loop(lambda r: report_noisy_max(c[nb], noise_std=std, rng=r))(n, rng)
         )
     return samplers
 
@@ -126,7 +123,7 @@ def _tang_pairs(broken: bool) -> list[Sampler]:
         others = np.tile([0.0, 1.0], (m - 1, 1))
         rows = {False: np.vstack([[1.0, 0.0], others]), True: np.vstack([[0.0, 1.0], others])}
         samplers.append(
-            lambda nb, n, rng, r=rows: _loop(lambda g: noisy_argmax(r[nb], noise_multiplier=sigma, rng=g))(n, rng)
+            lambda nb, n, rng, r=rows: loop(lambda g: noisy_argmax(r[nb], noise_multiplier=sigma, rng=g))(n, rng)
         )
     return samplers
 
@@ -154,7 +151,7 @@ def _pta_pairs(broken: bool) -> list[Sampler]:
         m = max(2, round(3.0 * 2 * tuned))
         rows = {False: _pta_rows(m, 0), True: _pta_rows(m, 1)}
         samplers.append(
-            lambda nb, n, rng, r=rows: _loop(
+            lambda nb, n, rng, r=rows: loop(
                 lambda g: noisy_argmax(r[nb], noise_multiplier=sigma, rng=g, clip_negative=True)
             )(n, rng)
         )
@@ -202,7 +199,7 @@ def _keyword_threshold_pairs(broken: bool) -> list[Sampler]:
             out = threshold_keywords(h[said], noise_std=_KW_STD, limit=_KW_VOCAB, rng=g).keywords or ()
             return sum(1 << int(said[t]) for t in out)
 
-        samplers.append(lambda nb, n, rng, c=counts, d=draw: _loop(lambda g: d(g, c[nb]))(n, rng))
+        samplers.append(lambda nb, n, rng, c=counts, d=draw: loop(lambda g: d(g, c[nb]))(n, rng))
     return samplers
 
 
@@ -216,15 +213,10 @@ def _clip_pairs(broken: bool) -> list[Sampler]:
     for tuned in (_TAU, _TAU / 2):
         # neutral private rows; the public row pushes token 0 down until it is rare (P ≈ 0.02) at the tuned τ
         rows = np.zeros((_S - 1, 2))
-        push = 0.0
-        for push in np.linspace(0, 2 * _CLIP, 401):
-            z = blended_scores(rows, np.array([0.0, push]), clip=_CLIP, subset_size=_S)
-            if z[1] - z[0] >= math.log(50.0) * tuned:
-                break
-        public = np.array([0.0, push])
+        public = rare_token_public_row(rows, clip=_CLIP, subset_size=_S, temperature=tuned)
         private = {False: np.vstack([[2 * _CLIP, 0.0], rows]), True: rows}  # D has one more prompt, for token 0
         samplers.append(
-            lambda nb, n, rng, p=private, u=public: _loop(
+            lambda nb, n, rng, p=private, u=public: loop(
                 lambda g: clip_blend_token(p[nb], u, clip=_CLIP, subset_size=_S, temperature=tau, rng=g)
             )(n, rng)
         )
@@ -282,7 +274,7 @@ def _adadpsyn_pairs(broken: bool) -> list[Sampler]:
     rows = {False: np.vstack([[1.0, 0.0], others]), True: np.vstack([[0.0, 1.0], others])}
 
     def sampler(nb: bool, n: int, rng: np.random.Generator) -> np.ndarray:
-        return _loop(
+        return loop(
             lambda r: release_token(rows[nb], sigma0=s0, sigma1=s1, sigma2=s2, t_hat=1, lam=_ADA_LAMBDA, rng=r).index
         )(n, rng)
 
@@ -374,7 +366,7 @@ def _clip_blend_synthesis_pairs(broken: bool) -> list[Sampler]:
 
     def sampler(nb: bool, n: int, rng: np.random.Generator) -> np.ndarray:
         p = plans[nb]
-        return _loop(
+        return loop(
             lambda g: clip_blend_token(
                 rows[nb], public, clip=10.0, subset_size=p["subset_size"], temperature=p["temperature"], rng=g
             )
@@ -429,13 +421,13 @@ def _mixed_pairs(broken: bool) -> list[Sampler]:
         out = mozo_distribution(mozo[nb], zero, beta=_MIX_BETA, order=_ORDER, top_k=4, variant="projected")
         probs = np.exp(out.logprobs - out.logprobs.max())
         m = out.support[rng.choice(len(probs), size=n, p=probs / probs.sum())]
-        t = _loop(lambda g: noisy_argmax(tang[nb], noise_multiplier=_MIX_TANG, rng=g))(n, rng)
-        c = _loop(
+        t = loop(lambda g: noisy_argmax(tang[nb], noise_multiplier=_MIX_TANG, rng=g))(n, rng)
+        c = loop(
             lambda g: clip_blend_token(
                 clip[nb], public, clip=_MIX_CLIP, subset_size=_MIX_S, temperature=_MIX_TAU, rng=g
             )
         )(n, rng)
-        v = _loop(lambda g: report_noisy_max(votes[nb], noise_std=_MIX_VOTE, rng=g))(n, rng)
+        v = loop(lambda g: report_noisy_max(votes[nb], noise_std=_MIX_VOTE, rng=g))(n, rng)
         return t + 2 * c + 4 * v + 8 * m
 
     return [sampler]

@@ -36,7 +36,6 @@ units as they partition records, the c-label charge left out.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -45,9 +44,10 @@ import numpy as np
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, PER_RECORD, PER_UNIT
+from dp_icl_plugin.audit.sampling import loop, rare_token_public_row
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.data.units import all_elements, label_elements, records_of
-from dp_icl_plugin.mechanisms.clip_blend_sampling import blended_scores, clip_blend_token
+from dp_icl_plugin.mechanisms.clip_blend_sampling import clip_blend_token
 from dp_icl_plugin.mechanisms.gaussian_aggregation import noisy_argmax
 from dp_icl_plugin.steps.clip_blend_step import assign_groups
 from dp_icl_plugin.templates.prompting import poisson_prompts
@@ -87,10 +87,6 @@ def _has_canary(records: list[PrivateRecord]) -> bool:
     return any(r.text.startswith(_CANARY) for r in records)
 
 
-def _loop(draw: Callable[[np.random.Generator], int]) -> Callable[[int, np.random.Generator], np.ndarray]:
-    return lambda n, rng: np.fromiter((draw(rng) for _ in range(n)), dtype=np.int64, count=n)
-
-
 # -- Tang synthesis: units Poisson-sampled and dealt to prompts ------------------------------------------------
 _TANG_SIGMA, _TANG_PROMPTS, _TANG_UNITS = 1.0, 6, 12  # q = M·N/n_units = 6·2/12 = 1
 
@@ -116,7 +112,7 @@ def tang_synthesis_pairs(broken: bool) -> list[Sampler]:
         rows = np.array([[1.0, 0.0] if _has_canary(p) else [0.0, 1.0] for p in prompts])
         return noisy_argmax(rows, noise_multiplier=_TANG_SIGMA, rng=rng)
 
-    sampler: Any = lambda nb, n, rng: _loop(lambda g: token(nb, g))(n, rng)  # noqa: E731
+    sampler: Any = lambda nb, n, rng: loop(lambda g: token(nb, g))(n, rng)  # noqa: E731
     return [sampler]
 
 
@@ -130,17 +126,6 @@ def clip_blend_decoder_event() -> ev.DPEvent:
     return ev.with_privacy_unit(event, PER_UNIT)
 
 
-def _public_push() -> np.ndarray:
-    """The public row that makes token 0 rare (P ≈ 0.02) when no canary prompt is in the subset."""
-    rows = np.zeros((_S - 1, 2))
-    push = 0.0
-    for push in np.linspace(0, 2 * _CLIP, 401):
-        z = blended_scores(rows, np.array([0.0, push]), clip=_CLIP, subset_size=_S)
-        if z[1] - z[0] >= math.log(50.0) * _TAU:
-            break
-    return np.array([0.0, push])
-
-
 def clip_blend_decoder_pairs(broken: bool) -> list[Sampler]:
     """One pair: D against D minus the canary unit; ``broken`` draws records as if independent.
 
@@ -149,7 +134,8 @@ def clip_blend_decoder_pairs(broken: bool) -> list[Sampler]:
     """
     data = _datasets(_S, records_per_other=1)
     drawn = PER_RECORD if broken else PER_UNIT
-    public = _public_push()
+    # the public row that makes token 0 rare (P ≈ 0.02) when no canary prompt is in the subset
+    public = rare_token_public_row(np.zeros((_S - 1, 2)), clip=_CLIP, subset_size=_S, temperature=_TAU)
 
     def token(neighbour: bool, rng: np.random.Generator) -> int:
         elements = all_elements(data[neighbour], drawn)
@@ -158,7 +144,7 @@ def clip_blend_decoder_pairs(broken: bool) -> list[Sampler]:
         private = np.array([[2 * _CLIP, 0.0] if _has_canary(p) else [0.0, 0.0] for p in subset]).reshape(-1, 2)
         return clip_blend_token(private, public, clip=_CLIP, subset_size=_S, temperature=_TAU, rng=rng)
 
-    sampler: Any = lambda nb, n, rng: _loop(lambda g: token(nb, g))(n, rng)  # noqa: E731
+    sampler: Any = lambda nb, n, rng: loop(lambda g: token(nb, g))(n, rng)  # noqa: E731
     return [sampler]
 
 
@@ -211,5 +197,5 @@ def tang_across_labels_pairs(broken: bool) -> list[Sampler]:
             released += noisy_argmax(rows, noise_multiplier=_ACROSS_SIGMA, rng=rng) == 0
         return int(released >= _ACROSS_THRESHOLD)
 
-    sampler: Any = lambda nb, n, rng: _loop(lambda g: output(nb, g))(n, rng)  # noqa: E731
+    sampler: Any = lambda nb, n, rng: loop(lambda g: output(nb, g))(n, rng)  # noqa: E731
     return [sampler]
