@@ -138,25 +138,33 @@ def zero_shot(backend, template, mrs: list[str], rng: np.random.Generator, *, gr
     prompts = [backend.encode(template.zero_shot_prompt(m), add_special_tokens=True) for m in mrs]
     if greedy:
         return [backend.decode(o).strip() for o in greedy_generate(backend, prompts, max_new_tokens=T_MAX)]
-    outputs: list[list[int]] = [[] for _ in mrs]
-    done = np.zeros(len(mrs), dtype=bool)
+    return sample_top_k(backend, prompts, T_MAX, rng)
+
+
+def sample_top_k(
+    backend, prompts: list[list[int]], tokens: int, rng: np.random.Generator, *, scale: float = 1.0
+) -> list[str]:
+    """Each prompt's continuation sampled from its top-``TOP_K`` distribution, renormalised, its log-probabilities
+    times ``scale`` (1: the model's own), ended at EOS or a newline, at most ``tokens`` tokens."""
+    outputs: list[list[int]] = [[] for _ in prompts]
+    done = np.zeros(len(prompts), dtype=bool)
     with backend.start(prompts) as session:
         logprobs = session.logprobs
-        for step in range(T_MAX):
-            tokens = []
+        for step in range(tokens):
+            chosen = []
             for i, row in enumerate(logprobs):
                 top = np.argpartition(row, -TOP_K)[-TOP_K:]
-                p = np.exp(row[top] - row[top].max())
+                p = np.exp(scale * (row[top] - row[top].max()))
                 token = int(top[rng.choice(TOP_K, p=p / p.sum())])
-                tokens.append(token)
+                chosen.append(token)
                 if not done[i]:
                     if token == backend.eos_token_id or "\n" in backend.decode([token]):
                         done[i] = True
                     else:
                         outputs[i].append(token)
-            if done.all() or step == T_MAX - 1:
+            if done.all() or step == tokens - 1:
                 break
-            logprobs = session.append(tokens)
+            logprobs = session.append(chosen)
     return [backend.decode(o).strip() for o in outputs]
 
 

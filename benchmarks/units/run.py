@@ -38,6 +38,7 @@ Writes ``results/units.json`` (every number and answer, the command, machine and
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -65,6 +66,7 @@ CENTRE = "zero-shot at temperature 1/4 (DPS-MOZO's β → 0 limit)"
 ORDERS = {1.0: 14.0, 2.0: 8.0, 4.0: 5.0}  # benchmarks/e2e: DPS-MOZO §5.1, α with ε(α) ≈ ε/2
 
 
+@functools.cache
 def _module(name: str, path: Path):
     """Import a sibling benchmark's file under its own name (both it and this file are called run.py)."""
     spec = importlib.util.spec_from_file_location(name, path)
@@ -473,26 +475,7 @@ def zero_shot_sampled(
     """Sampled from the zero-shot distribution restricted to its top 100, renormalised, its log-probabilities
     times ``scale``: 1 is benchmarks/e2e's ε = 0 row; ``N_SHOTS`` is DPS-MOZO's public centre softmax(n_shots·ℓ0)
     (the output when every λ_i = 0, what the projected mechanism shrinks towards: its β → 0 limit)."""
-    outputs: list[list[int]] = [[] for _ in prompts]
-    done = np.zeros(len(prompts), dtype=bool)
-    with backend.start(prompts) as session:
-        logprobs = session.logprobs
-        for step in range(tokens):
-            chosen = []
-            for i, row in enumerate(logprobs):
-                top = np.argpartition(row, -TOP_K)[-TOP_K:]
-                p = np.exp(scale * (row[top] - row[top].max()))
-                token = int(top[rng.choice(TOP_K, p=p / p.sum())])
-                chosen.append(token)
-                if not done[i]:
-                    if token == backend.eos_token_id or "\n" in backend.decode([token]):
-                        done[i] = True
-                    else:
-                        outputs[i].append(token)
-            if done.all() or step == tokens - 1:
-                break
-            logprobs = session.append(chosen)
-    return [backend.decode(o).strip() for o in outputs]
+    return e2e_bench().sample_top_k(backend, prompts, tokens, rng, scale=scale)
 
 
 def score_each(scorer, queries: list[str], outputs: list[str]) -> tuple[list[float], list[float]]:
