@@ -14,6 +14,7 @@
     │   ├── LedgerFormatError                     not a dp-icl ledger (foreign or newer schema)
     │   │   └── FilterMismatchError               a privacy filter file of another index or budget
     │   └── LedgerCorruptError                    torn, truncated or inconsistent
+    │       └── FilterRolledBackError             a privacy filter restored from a backup (spend given back)
     └── BackendError                              a model backend failed
         ├── ModelFileError (also ConfigurationError)  a model file that cannot be used (named in the message)
         └── ServerError                           an inference server failed (HTTP status and cause named)
@@ -39,6 +40,7 @@ __all__ = [
     "ConfigurationTypeError",
     "DPICLError",
     "FilterMismatchError",
+    "FilterRolledBackError",
     "LedgerCorruptError",
     "LedgerError",
     "LedgerFormatError",
@@ -224,6 +226,11 @@ class FilterMismatchError(LedgerFormatError):
 
 class LedgerCorruptError(LedgerError):
     """The ledger file is damaged (torn write, truncation, foreign edits)."""
+
+
+class FilterRolledBackError(LedgerCorruptError):
+    """A per-record privacy filter that counts fewer releases than a ledger records under its cover: restored from
+    a backup or rolled back, it would give its records back budget they spent."""
 
 
 class BackendError(DPICLError):

@@ -50,6 +50,7 @@ PUBLIC_API = {  # what a user imports: ``from dp_icl_plugin import ...``
     "ExponentialMechanismEvent",
     "FakeBackend",
     "FilterMismatchError",
+    "FilterRolledBackError",
     "FixedLatency",
     "GaussianEvent",
     "HFBackend",

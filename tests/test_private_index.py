@@ -224,8 +224,8 @@ def test_a_save_that_fails_midway_leaves_no_index_and_the_original_in_use(
     if fails == "filter copy":
         real = RenyiFilter._write_copy
 
-        def write_copy(self: RenyiFilter, path: object, owner: str) -> RenyiFilter:
-            real(self, path, owner)
+        def write_copy(self: RenyiFilter, path: object, owner: str, **kwargs: object) -> RenyiFilter:
+            real(self, path, owner, **kwargs)
             raise OSError("disk full (injected)")  # the file exists by now: as a full disk mid-write leaves it
 
         monkeypatch.setattr(RenyiFilter, "_write_copy", write_copy)

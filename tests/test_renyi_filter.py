@@ -207,7 +207,7 @@ def test_a_move_that_fails_half_way_leaves_no_second_filter(tmp_path: Path, monk
         charges += 1
     assert charges > 1
 
-    def broken(self: object, *args: object) -> None:
+    def broken(self: object, *args: object, **kwargs: object) -> None:
         raise OSError("disk full")
 
     monkeypatch.setattr(filter_sqlite.SQLiteFilterStore, "_write", broken)

@@ -318,6 +318,30 @@ class BudgetManager:
             for r in self._store.rows()
         ]
 
+    def covered_releases(self, cover_id: int) -> int:
+        """How many filtered releases this ledger holds under the cover entry ``cover_id`` (its filter's releases
+        recorded here; a filter that counts fewer was rolled back: ``RenyiFilter.check_releases``).
+
+        Args:
+            cover_id: a cover entry's id.
+
+        Raises:
+            ConfigurationError: ``cover_id`` is not an entry labelled as a filter's cover.
+        """
+        rows = list(self._store.rows())
+        cover = next((r for r in rows if r.id == cover_id), None)
+        owner = None if cover is None else _cover_owner(cover.label)
+        if owner is None:
+            raise ConfigurationError(f"entry {cover_id} of this ledger is not a filter's cover")
+        component, name = owner
+        return sum(
+            1
+            for r in rows
+            if r.id > cover_id
+            and _release_owner(r.label, component) == name
+            and any(f.covered_by == cover_id for f in _filtered(ev.event_from_dict(json.loads(r.event_key))))
+        )
+
     def label_counts(self) -> dict[str, int]:
         """Number of committed charges per label."""
         return dict(Counter(r.label for r in self._store.rows()))

@@ -34,7 +34,12 @@ from dp_icl_plugin.accounting.stores.filter_base import FilterStore
 from dp_icl_plugin.accounting.stores.filter_memory import SEVERAL_WORKERS_HINT, MemoryFilterStore
 from dp_icl_plugin.accounting.stores.filter_postgres import PostgresFilterStore
 from dp_icl_plugin.accounting.stores.filter_sqlite import SQLiteFilterStore
-from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, LedgerCorruptError
+from dp_icl_plugin.errors import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    FilterRolledBackError,
+    LedgerCorruptError,
+)
 
 __all__ = ["SEVERAL_WORKERS_HINT", "RenyiFilter"]
 
@@ -68,6 +73,11 @@ class RenyiFilter:
             raise ConfigurationTypeError("budget must be an IndividualBudget")
         if not isinstance(owner, str):
             raise ConfigurationTypeError("owner must be a string")
+        self._place(path, owner, busy_timeout)
+        self.budget = self._store.open(budget)
+
+    def _place(self, path: str | os.PathLike[str] | None, owner: str, busy_timeout: float) -> None:
+        """Set the owner and the store for ``path`` (nothing is read or written yet)."""
         self.owner = owner
         self.url: str | None = None  # the database, password masked, for a filter on PostgreSQL
         self.path: Path | None = None  # the file, for a filter in SQLite
@@ -81,7 +91,6 @@ class RenyiFilter:
         else:
             self._store = MemoryFilterStore()
         self._lock = self._store.lock
-        self.budget = self._store.open(budget)
 
     def __repr__(self) -> str:
         where = self.url or ("memory" if self.path is None else str(self.path))
@@ -106,6 +115,9 @@ class RenyiFilter:
             Boolean mask over ``units``: True where the unit was admitted (and charged). Units refused are
             not charged and must not take part in the release.
 
+        Every call counts one release (:meth:`releases`), in the same transaction, whether or not any unit is
+        admitted (a release over no unit included): call it once per release.
+
         Raises:
             ConfigurationError: bad unit ids or costs, or an in-memory filter used after a move or in another
                 process.
@@ -121,7 +133,7 @@ class RenyiFilter:
                 write(ids[ok], (spent + rdp_cost)[ok], (spent_delta + delta_cost)[ok])
             return ok
 
-        return self._store.atomically(len(self.budget.orders), admit)
+        return self._store.atomically(len(self.budget.orders), admit, count_release=True)
 
     # -- reading ----------------------------------------------------------------------------------
     def spent(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -160,19 +172,64 @@ class RenyiFilter:
         eps = spent + np.log1p(-1.0 / a) - (np.log(delta_k) + np.log(a)) / (a - 1)
         return np.where(spent.sum(axis=1) > 0, np.maximum(eps.min(axis=1), 0.0), 0.0)
 
+    def releases(self) -> int | None:
+        """How many releases were charged through this filter (:meth:`charge` calls), or None for a file or
+        database written before releases were counted.
+
+        Raises:
+            ConfigurationError: an in-memory filter used after a move or in another process.
+            LedgerError: the file or database failed.
+        """
+        return self._store.releases()
+
+    def check_releases(self, recorded: int, *, ledger: str = "the ledger") -> None:
+        """Refuse a filter rolled back: one that counts fewer releases than ``recorded``, the releases a ledger
+        holds under this filter's cover.
+
+        Each release is charged here before the ledger records it, and the count only grows, so a live filter
+        always counts at least as many. Fewer means its spend was put back (a backup of the file or a dump of
+        the database restored in place): its units would get budget back that they spent under the same cover.
+        A filter written before releases were counted starts counting at ``recorded`` (trusted once).
+
+        Args:
+            recorded: the filtered releases a ledger records under this filter's cover.
+            ledger: the ledger, for the message.
+
+        Raises:
+            FilterRolledBackError: the filter counts fewer releases than ``recorded``.
+            ConfigurationError: ``recorded`` is not a non-negative integer.
+            LedgerError: the file or database failed.
+        """
+        if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 0:
+            raise ConfigurationError("recorded must be a non-negative integer")
+        counted = self._store.releases()
+        if counted is None:
+            counted = self._store.adopt_releases(recorded)
+        if counted < recorded:
+            raise FilterRolledBackError(
+                f"the privacy filter of index {self.owner} at {self.url or self.path or 'memory'} counts {counted} "
+                f"releases but {ledger} records {recorded} under its cover: it was restored from a backup or rolled "
+                "back, and its records would get back budget they spent. Refusing to use it. Restore the filter as "
+                "it was last written (with every later release), or build a new index over the records, which the "
+                "ledger covers anew"
+            )
+
     def copy_to(self, path: str | os.PathLike[str], *, owner: str) -> RenyiFilter:
-        """A new filter file at ``path`` for another ``owner``, starting from this filter's budget and spend.
+        """A new filter at ``path`` (a file, or a ``postgresql://`` URL) for another ``owner``, starting from this
+        filter's budget and spend.
 
         Two live filters for one owner would let each unit spend its budget in each (the ledger's cover is
         looked up by owner), so the copy must belong to another owner (which the ledger covers on its own);
-        :meth:`move_to` writes an in-memory filter to a file under the same owner.
+        :meth:`move_to` writes an in-memory filter to a file under the same owner. The copy is created
+        exclusively, its budget and every unit's spend in one transaction: an existing file, or an owner that
+        already has a filter in the database, is refused and left as it was, and a copy that fails leaves nothing.
 
         Args:
-            path: the new file (must not exist).
+            path: the new file (must not exist), or a database where ``owner`` has no filter yet.
             owner: the copy's owner, not this filter's.
 
         Raises:
-            ConfigurationError: the same owner, or ``path`` exists.
+            ConfigurationError: the same owner, ``path`` exists, or ``owner`` has a filter in that database.
         """
         if not isinstance(owner, str) or owner == self.owner:
             raise ConfigurationError(
@@ -215,7 +272,7 @@ class RenyiFilter:
         store.check_usable()
         with self._lock:  # no charge between the copy and the retirement
             store.check_usable()
-            moved = self._write_copy(path, self.owner)
+            moved = self._write_copy(path, self.owner, releases=store.releases())
             rows = store.retire(
                 f"this in-memory filter was saved to {path}: use the filter there (the index's save() returned it)"
             )
@@ -229,22 +286,19 @@ class RenyiFilter:
                     raise
         return moved
 
-    def _write_copy(self, path: str | os.PathLike[str], owner: str) -> RenyiFilter:
-        if Path(path).exists():
+    def _write_copy(self, path: str | os.PathLike[str], owner: str, *, releases: int = 0) -> RenyiFilter:
+        """A new filter at ``path`` with this one's budget and spend, created exclusively and whole (the store's
+        ``create``: one transaction, or a complete file linked into place): never merged into a live filter,
+        never left half-written (a budget without its units' spend would be a second filter at zero spend)."""
+        if not is_postgres_url(path) and Path(path).exists():  # a fast refusal; create() refuses it atomically
             raise ConfigurationError(f"{path} exists; a copy is written to a new filter file")
         units, spent, spent_delta = self.all_spent()
-        copy = RenyiFilter(self.budget, path=path, owner=owner)
+        copy = RenyiFilter.__new__(RenyiFilter)
+        copy._place(path, owner, 60.0)
         try:
-            if len(units):
-                copy._store.atomically(len(self.budget.orders), lambda _, write: write(units, spent, spent_delta))
+            copy.budget = copy._store.create(self.budget, units, spent, spent_delta, releases=releases)
         except BaseException:
-            # a copy that failed half-way (its budget written, its units' spend not) must not stay behind as a
-            # second live filter at zero spend: the new file goes (on PostgreSQL a copy's owner is another index's,
-            # whose zero-spend rows no one holds: move_to, which keeps the owner, writes files only)
             copy.close()
-            if copy.path is not None:
-                for leftover in (copy.path, *(copy.path.with_name(copy.path.name + e) for e in ("-wal", "-shm"))):
-                    leftover.unlink(missing_ok=True)
             raise
         return copy
 

@@ -612,6 +612,8 @@ class PrivateIndex:
         Returns:
             The candidates whose unit was admitted (and is still stored).
 
+        One call is one release: the filter counts it (:meth:`RenyiFilter.releases`) even over no candidate.
+
         Raises:
             ConfigurationError: ``cost_of`` falls as ``c`` grows.
         """
@@ -619,6 +621,7 @@ class PrivateIndex:
         cheapest = cost_of(1)
         self.expect_release(cheapest)  # for the next searches (a direct caller declares before its search)
         if not len(candidates):
+            self.filter.charge(np.zeros(0, dtype=np.int64), [])  # charges no unit; counts the release
             return candidates
         units = self.units_of(candidates.ids)
         present = units >= 0  # a record removed meanwhile takes no part and pays nothing

@@ -756,6 +756,8 @@ class PrivateKNN:
         return ev.ApproxDPEvent(2.0 * budget.epsilon, delta, neighbouring=ev.ADD_REMOVE)
 
     def _cover(self) -> int:
+        """The ledger entry covering the index's filter: found (after checking the filter was not rolled back
+        below the releases recorded under it) or charged now."""
         label = f"knn-filter:{self.index.id}"
         event = self.cover_event()  # checked before anything is charged
         for entry in self.budget.history():
@@ -767,6 +769,11 @@ class PrivateKNN:
                     )
                 if entry.event != event:
                     raise ConfigurationError("the ledger holds this index's filter charge with another budget")
+                # the ledger first, then the filter: every release is counted by the filter before the ledger
+                # records it, so a live filter never counts fewer
+                self.index.filter.check_releases(
+                    self.budget.covered_releases(entry.id), ledger=f"the ledger (cover entry {entry.id})"
+                )
                 return entry.id
         return self.budget.spend(event, label=label).id
 

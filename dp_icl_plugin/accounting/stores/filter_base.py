@@ -7,6 +7,11 @@ the privacy decision, which units a release admits; a store only makes its read-
 (:mod:`~dp_icl_plugin.accounting.stores.filter_memory`), in an SQLite file shared by the processes of one host
 (:mod:`~dp_icl_plugin.accounting.stores.filter_sqlite`) or in PostgreSQL shared by hosts
 (:mod:`~dp_icl_plugin.accounting.stores.filter_postgres`).
+
+A store also counts the releases charged through it (:meth:`FilterStore.releases`), in the transaction of each
+charge. The count only grows, and every release a ledger records under the filter's cover was counted first, so a
+count below the ledger's is a filter rolled back (a backup restored in place): its units would get spent budget
+back. The filter checks it when it is covered (:meth:`~dp_icl_plugin.accounting.renyi_filter.RenyiFilter.check_releases`).
 """
 
 from __future__ import annotations
@@ -58,7 +63,37 @@ class FilterStore(Protocol):
         """
         ...
 
-    def atomically(self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True) -> T:
+    def create(
+        self,
+        budget: IndividualBudget,
+        units: np.ndarray,
+        spent: np.ndarray,
+        spent_delta: np.ndarray,
+        *,
+        releases: int = 0,
+    ) -> IndividualBudget:
+        """Create the filter with ``budget`` and these units' spend in one transaction, exclusively: refused when
+        the file or the owner exists already (never merged into a live filter, never left half-written).
+
+        Args:
+            budget: the filter's budget.
+            units: unit ids, shape (n,).
+            spent: their RDP spend, shape (n, orders).
+            spent_delta: their approximate δ spend, shape (n,).
+            releases: the release count to start from (a moved filter's; 0 for a copy under a new owner).
+
+        Returns:
+            The filter's budget.
+
+        Raises:
+            ConfigurationError: the file or the owner exists already.
+            LedgerError: the store cannot be written (nothing is left behind).
+        """
+        ...
+
+    def atomically(
+        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: bool = False
+    ) -> T:
         """``work(read, write)`` as one transaction: nothing else reads or changes the rows it reads before it
         returns.
 
@@ -66,12 +101,35 @@ class FilterStore(Protocol):
             orders: the number of Rényi orders in a spend row.
             work: the transaction's body.
             write: whether ``work`` may write.
+            count_release: add one to the release count in the same transaction (a write transaction).
 
         Returns:
             What ``work`` returns.
 
         Raises:
             ConfigurationError: the store may no longer be used (an in-memory one after a move or a fork).
+            LedgerError: the file or database failed.
+        """
+        ...
+
+    def releases(self) -> int | None:
+        """The releases charged through this filter so far, or None for a filter written before they were counted.
+
+        Raises:
+            ConfigurationError: the store may no longer be used.
+            LedgerError: the file or database failed.
+        """
+        ...
+
+    def adopt_releases(self, count: int) -> int:
+        """Start counting at ``count`` when the filter has no count yet (one written before releases were
+        counted); returns the count it has now.
+
+        Args:
+            count: the releases recorded elsewhere (the ledger's) so far.
+
+        Raises:
+            ConfigurationError: the store may no longer be used.
             LedgerError: the file or database failed.
         """
         ...

@@ -41,6 +41,7 @@ class MemoryFilterStore:
         self._lock = threading.RLock()
         self._process = process_mark()  # refused in any other process
         self._retired: str | None = None  # why it may no longer be used
+        self._releases = 0
 
     @property
     def lock(self) -> threading.RLock:
@@ -67,11 +68,41 @@ class MemoryFilterStore:
         if self._retired is not None:
             raise ConfigurationError(self._retired)
 
-    def atomically(self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True) -> T:
+    def create(
+        self,
+        budget: IndividualBudget,
+        units: np.ndarray,
+        spent: np.ndarray,
+        spent_delta: np.ndarray,
+        *,
+        releases: int = 0,
+    ) -> IndividualBudget:
         self.check_usable()
         with self._lock:
             self.check_usable()
-            return work(lambda ids: self._read(ids, orders), self._write)
+            if self._rows or self._releases:
+                raise ConfigurationError("this in-memory filter exists already")
+            self._write(units, spent, spent_delta)
+            self._releases = releases
+        return budget
+
+    def atomically(
+        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: bool = False
+    ) -> T:
+        self.check_usable()
+        with self._lock:
+            self.check_usable()
+            result = work(lambda ids: self._read(ids, orders), self._write)
+            if count_release:
+                self._releases += 1
+            return result
+
+    def releases(self) -> int:
+        self.check_usable()
+        return self._releases
+
+    def adopt_releases(self, count: int) -> int:
+        return self.releases()
 
     def all_rows(self) -> list[tuple[int, bytes, float]]:
         self.check_usable()
@@ -79,17 +110,18 @@ class MemoryFilterStore:
             self.check_usable()
             return [(unit, encode_spend(row), d) for unit, (row, d) in sorted(self._rows.items())]
 
-    def retire(self, why: str) -> Rows:
-        """Refuse every use from now on, with ``why`` as the error; returns the rows it held (for
-        :meth:`reinstate` when the move they went to did not happen)."""
+    def retire(self, why: str) -> tuple[Rows, int]:
+        """Refuse every use from now on, with ``why`` as the error; returns the rows and the release count it held
+        (for :meth:`reinstate` when the move they went to did not happen)."""
         with self._lock:
-            rows, self._rows, self._retired = self._rows, {}, why
-        return rows
+            held = (self._rows, self._releases)
+            self._rows, self._retired = {}, why
+        return held
 
-    def reinstate(self, rows: Rows) -> None:
-        """Undo :meth:`retire`: the move did not happen, so this is again the only copy of ``rows``."""
+    def reinstate(self, held: tuple[Rows, int]) -> None:
+        """Undo :meth:`retire`: the move did not happen, so this is again the only copy of ``held``."""
         with self._lock:
-            self._rows, self._retired = rows, None
+            (self._rows, self._releases), self._retired = held, None
 
     def close(self) -> None:
         return None

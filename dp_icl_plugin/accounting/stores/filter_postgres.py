@@ -6,6 +6,12 @@ hosts charging overlapping units never deadlock), reads their spend, and writes 
 spend before it commits. Hosts therefore serialise per unit, not per index: charges of disjoint units run
 in parallel, and no unit is ever admitted past its budget. The spend rows are keyed by the filter's owner
 (the private index's id); the budget is stored once per owner and checked on every open.
+
+A filter made from another's spend (a copy) is created exclusively: its owner row and every spend row are inserted
+in one transaction that fails, leaving nothing, when the owner exists; a charge only ever writes the rows it locked,
+each its own spend plus the release's cost, so no stored spend is ever lowered. The owner row also counts the
+releases charged (``releases``, raised as the last statement of each charge's transaction, so the owner row is held
+only for its commit; NULL for an owner written before releases were counted).
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import numpy as np
 from dp_icl_plugin._storage.postgres_connection import PostgresConnection, mask_dsn
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.accounting.stores.filter_base import Read, Write, encode_spend
-from dp_icl_plugin.errors import FilterMismatchError, LedgerCorruptError, LedgerError
+from dp_icl_plugin.errors import ConfigurationError, FilterMismatchError, LedgerCorruptError, LedgerError
 
 __all__ = ["FILTER_SCHEMA", "PostgresFilterStore"]
 
 FILTER_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS dp_icl_filters (owner text PRIMARY KEY, budget text NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS dp_icl_filters (owner text PRIMARY KEY, budget text NOT NULL,"
+    " releases bigint CHECK (releases >= 0))",
     "CREATE TABLE IF NOT EXISTS dp_icl_filter_units (owner text NOT NULL REFERENCES dp_icl_filters(owner),"
     " unit bigint NOT NULL CHECK (unit >= 0), spent bytea NOT NULL, spent_delta double precision NOT NULL"
     " CHECK (spent_delta >= 0), PRIMARY KEY (owner, unit))",
@@ -32,6 +39,8 @@ FILTER_SCHEMA = (
 T = TypeVar("T")
 _CREATE_LOCK = 0x44504946  # pg_advisory_xact_lock key ("DPIF"): one creator of the tables at a time
 _RETRIES = 5  # a deadlock or serialisation failure (rolled back by the server) is retried this many times
+_RELEASES_COLUMN = "ALTER TABLE dp_icl_filters ADD COLUMN releases bigint CHECK (releases >= 0)"
+"""Added to a table made before releases were counted (only when missing: ALTER takes an exclusive lock)."""
 
 
 class PostgresFilterStore:
@@ -86,22 +95,135 @@ class PostgresFilterStore:
             conn = self._db.get()
             try:
                 with conn.transaction():
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
-                    for statement in FILTER_SCHEMA:
-                        conn.execute(statement)
+                    self._create_tables(conn)
                     row = conn.execute("SELECT budget FROM dp_icl_filters WHERE owner = %s", (self.owner,)).fetchone()
                     if row is None:
                         if budget is None:
                             raise LedgerError(f"no {self._db.where()}; create one with a budget first")
-                        conn.execute(
-                            "INSERT INTO dp_icl_filters (owner, budget) VALUES (%s, %s)",
-                            (self.owner, json.dumps(budget.to_dict())),
-                        )
+                        self._insert_owner(conn, budget)
                         return budget
             except self._db.pg.Error as exc:
                 raise self._db.fail(exc) from None
+        return self._check_budget(row[0], budget)
+
+    def create(
+        self,
+        budget: IndividualBudget,
+        units: np.ndarray,
+        spent: np.ndarray,
+        spent_delta: np.ndarray,
+        *,
+        releases: int = 0,
+    ) -> IndividualBudget:
+        """Create the filter with ``budget`` and these units' spend in one transaction, refused when the owner exists.
+
+        Args:
+            budget: the filter's budget.
+            units: unit ids, shape (n,).
+            spent: their RDP spend, shape (n, orders).
+            spent_delta: their approximate δ spend, shape (n,).
+            releases: the release count to start from (a moved filter's; 0 for a copy under a new owner).
+
+        Returns:
+            The filter's budget.
+
+        Raises:
+            ConfigurationError: the owner has a filter in this database already (nothing was written).
+            LedgerError: the database failed (nothing was written).
+        """
+        with self.lock:
+            conn = self._db.get()
+            try:
+                with conn.transaction():
+                    self._create_tables(conn)
+                    if not self._insert_owner(conn, budget, releases=releases):
+                        raise ConfigurationError(
+                            f"{self._db.where()} exists; a filter made from another's spend needs an owner with no "
+                            "filter yet (it is never merged into a live one)"
+                        )
+                    if len(units):
+                        conn.execute(
+                            "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta)"
+                            " SELECT %s, v.unit, v.spent, v.spent_delta"
+                            " FROM unnest(%s::bigint[], %s::bytea[], %s::float8[]) AS v(unit, spent, spent_delta)",
+                            (
+                                self.owner,
+                                [int(u) for u in units.tolist()],
+                                [encode_spend(row) for row in spent],
+                                [float(d) for d in spent_delta.tolist()],
+                            ),
+                        )
+            except self._db.pg.Error as exc:
+                raise self._db.fail(exc) from None
+        return budget
+
+    def releases(self) -> int | None:
+        """The releases charged through this filter, or None for an owner written before they were counted.
+
+        Raises:
+            LedgerError: the database failed, or the owner has no filter.
+        """
+        with self.lock:
+            try:
+                row = (
+                    self._db.get()
+                    .execute("SELECT releases FROM dp_icl_filters WHERE owner = %s", (self.owner,))
+                    .fetchone()
+                )
+            except self._db.pg.Error as exc:
+                raise self._db.fail(exc) from None
+        if row is None:
+            raise LedgerCorruptError(f"{self._db.where()} has no owner row")
+        return None if row[0] is None else int(row[0])
+
+    def adopt_releases(self, count: int) -> int:
+        """Start counting at ``count`` when the owner has no count yet; returns the count it has now.
+
+        Args:
+            count: the releases the ledger recorded so far.
+
+        Raises:
+            LedgerError: the database failed.
+        """
+        with self.lock:
+            conn = self._db.get()
+            try:
+                with conn.transaction():
+                    conn.execute(
+                        "UPDATE dp_icl_filters SET releases = %s WHERE owner = %s AND releases IS NULL",
+                        (int(count), self.owner),
+                    )
+            except self._db.pg.Error as exc:
+                raise self._db.fail(exc) from None
+        found = self.releases()
+        assert found is not None
+        return found
+
+    def _create_tables(self, conn: Any) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
+        for statement in FILTER_SCHEMA:
+            conn.execute(statement)
+        counted = conn.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = 'dp_icl_filters' AND column_name = 'releases'"
+        ).fetchone()
+        if counted is None:
+            conn.execute(_RELEASES_COLUMN)
+
+    def _insert_owner(self, conn: Any, budget: IndividualBudget, *, releases: int = 0) -> bool:
+        """Insert the owner row with its release count; False when the owner exists."""
+        return (
+            conn.execute(
+                "INSERT INTO dp_icl_filters (owner, budget, releases) VALUES (%s, %s, %s)"
+                " ON CONFLICT (owner) DO NOTHING RETURNING owner",
+                (self.owner, json.dumps(budget.to_dict()), int(releases)),
+            ).fetchone()
+            is not None
+        )
+
+    def _check_budget(self, stored_text: str, budget: IndividualBudget | None) -> IndividualBudget:
         try:
-            stored = IndividualBudget.from_dict(json.loads(row[0]))
+            stored = IndividualBudget.from_dict(json.loads(stored_text))
         except (KeyError, ValueError, TypeError):
             raise LedgerCorruptError(f"{self._db.where()} has no valid budget record") from None
         if budget is not None and budget != stored:
@@ -111,7 +233,9 @@ class PostgresFilterStore:
             )
         return stored
 
-    def atomically(self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True) -> T:
+    def atomically(
+        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: bool = False
+    ) -> T:
         """``work(read, write)`` inside one transaction; in a write transaction ``read`` locks the rows it reads
         (creating missing ones at zero), so nothing else changes them before the commit. A deadlock or
         serialisation failure (rolled back whole by the server) is retried.
@@ -120,6 +244,7 @@ class PostgresFilterStore:
             orders: the number of Rényi orders in a spend row.
             work: the transaction's body, given ``read(ids)`` and ``write(ids, spent, spent_delta)``.
             write: a write transaction (``read`` locks its rows).
+            count_release: add one to the owner's release count, the transaction's last statement.
 
         Returns:
             What ``work`` returns.
@@ -132,7 +257,12 @@ class PostgresFilterStore:
             for attempt in range(_RETRIES):
                 try:
                     with conn.transaction():
-                        return work(self._reader(conn, orders, lock=write), self._writer(conn))
+                        result = work(self._reader(conn, orders, lock=write or count_release), self._writer(conn))
+                        if count_release:  # last: the owner row is held only until the commit
+                            conn.execute(
+                                "UPDATE dp_icl_filters SET releases = releases + 1 WHERE owner = %s", (self.owner,)
+                            )
+                        return result
                 except (self._db.pg.errors.DeadlockDetected, self._db.pg.errors.SerializationFailure) as exc:
                     if attempt + 1 == _RETRIES:
                         raise self._db.fail(exc) from None
@@ -194,12 +324,13 @@ class PostgresFilterStore:
         def write(ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
             units = [int(u) for u in ids.tolist()]
             rows = [encode_spend(row) for row in spent]
-            conn.execute(  # one statement for every unit
-                "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta)"
-                " SELECT %s, v.unit, v.spent, v.spent_delta"
-                " FROM unnest(%s::bigint[], %s::bytea[], %s::float8[]) AS v(unit, spent, spent_delta) ORDER BY v.unit"
-                " ON CONFLICT (owner, unit) DO UPDATE SET spent = excluded.spent, spent_delta = excluded.spent_delta",
-                (self.owner, units, rows, [float(d) for d in spent_delta.tolist()]),
+            # one statement for every unit; only rows the transaction's read created and locked (never an upsert,
+            # which could overwrite a row another writer holds)
+            conn.execute(
+                "UPDATE dp_icl_filter_units AS t SET spent = v.spent, spent_delta = v.spent_delta"
+                " FROM unnest(%s::bigint[], %s::bytea[], %s::float8[]) AS v(unit, spent, spent_delta)"
+                " WHERE t.owner = %s AND t.unit = v.unit",
+                (units, rows, [float(d) for d in spent_delta.tolist()], self.owner),
             )
 
         return write

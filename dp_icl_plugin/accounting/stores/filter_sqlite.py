@@ -1,6 +1,11 @@
 """An individual Rényi filter's spend in an SQLite file (:class:`SQLiteFilterStore`), shared by the processes of
 one host: a charge is one ``BEGIN IMMEDIATE`` transaction (:class:`~dp_icl_plugin._storage.sqlite_file.SQLiteFile`),
 so two processes never admit a unit past its budget.
+
+A filter made from another's spend (a copy, a move) is written whole under a hidden name beside its path and then
+hard-linked to the path, which fails if anything is there: no check-then-act race with another process creating
+the same file, and nothing at the path until every row is in it. The release count is the ``releases`` row of the
+``meta`` table, raised in the transaction of every charge (a file written before releases were counted has none).
 """
 
 from __future__ import annotations
@@ -8,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -18,7 +24,13 @@ import numpy as np
 from dp_icl_plugin._storage.sqlite_file import SQLiteFile
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.accounting.stores.filter_base import Read, Write, encode_spend
-from dp_icl_plugin.errors import FilterMismatchError, LedgerCorruptError, LedgerError, LedgerFormatError
+from dp_icl_plugin.errors import (
+    ConfigurationError,
+    FilterMismatchError,
+    LedgerCorruptError,
+    LedgerError,
+    LedgerFormatError,
+)
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SQLiteFilterStore"]
 
@@ -61,9 +73,64 @@ class SQLiteFilterStore:
             raise LedgerError(f"no filter at {self.path}; create one with a budget first")
         return self._file.open(lambda conn, fresh: self._read_or_create(conn, budget, fresh))
 
-    def atomically(self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True) -> T:
-        with self._file.transaction(write=write):
-            return work(lambda ids: self._read(ids, orders), self._write)
+    def create(
+        self,
+        budget: IndividualBudget,
+        units: np.ndarray,
+        spent: np.ndarray,
+        spent_delta: np.ndarray,
+        *,
+        releases: int = 0,
+    ) -> IndividualBudget:
+        staging = self.path.with_name(f".{self.path.name}.creating-{uuid.uuid4().hex[:12]}")
+        leftovers = (staging, *(staging.with_name(staging.name + e) for e in ("-wal", "-shm", "-journal")))
+        draft = SQLiteFile(staging, kind="filter", application_id=APPLICATION_ID, busy_timeout=self._file.busy_timeout)
+        try:
+
+            def fill(conn: sqlite3.Connection, fresh: bool) -> None:  # one transaction: schema, budget, every row
+                self._create_schema(conn, budget, releases=releases)
+                self._write(units, spent, spent_delta, conn=conn)
+
+            draft.open(fill)
+            draft.connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            draft.close()  # everything in the main file, which alone is linked
+            try:
+                os.link(staging, self.path)  # atomic, and fails if anything is at the path
+            except FileExistsError:
+                raise ConfigurationError(
+                    f"{self.path} exists; a filter made from another's spend is written to a new file"
+                ) from None
+            except OSError as exc:
+                raise LedgerError(f"cannot create filter {self.path}: {exc}") from None
+        except sqlite3.Error as exc:
+            raise draft.fail(exc) from None
+        finally:
+            draft.close()
+            for leftover in leftovers:
+                leftover.unlink(missing_ok=True)
+        return self.open(budget)
+
+    def atomically(
+        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: bool = False
+    ) -> T:
+        with self._file.transaction(write=write or count_release):
+            result = work(lambda ids: self._read(ids, orders), self._write)
+            if count_release:
+                self._sql(
+                    "UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'releases'"
+                )
+            return result
+
+    def releases(self) -> int | None:
+        with self._file.lock:
+            row = self._sql("SELECT value FROM meta WHERE key = 'releases'").fetchone()
+        return None if row is None else self._count(row[0])
+
+    def adopt_releases(self, count: int) -> int:
+        with self._file.transaction():
+            self._sql("INSERT INTO meta (key, value) VALUES ('releases', ?) ON CONFLICT (key) DO NOTHING", (str(count),))
+            value = self._sql("SELECT value FROM meta WHERE key = 'releases'").fetchone()[0]
+        return self._count(value)
 
     def all_rows(self) -> list[tuple[int, bytes, float]]:
         with self._file.lock:
@@ -88,12 +155,23 @@ class SQLiteFilterStore:
                 spent[i], spent_delta[i] = found[unit]
         return spent, spent_delta
 
-    def _write(self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray) -> None:
+    def _count(self, value: object) -> int:
+        try:
+            count = int(str(value))
+        except ValueError:
+            count = -1
+        if count < 0:
+            raise LedgerCorruptError(f"filter {self.path} holds a damaged release count")
+        return count
+
+    def _write(
+        self, ids: np.ndarray, spent: np.ndarray, spent_delta: np.ndarray, *, conn: sqlite3.Connection | None = None
+    ) -> None:
         rows = [
             (unit, encode_spend(row), d) for unit, row, d in zip(ids.tolist(), spent, spent_delta.tolist(), strict=True)
         ]
         try:
-            self._file.connection().executemany(
+            (conn or self._file.connection()).executemany(
                 "INSERT INTO units (unit, spent, spent_delta) VALUES (?, ?, ?) "
                 "ON CONFLICT(unit) DO UPDATE SET spent = excluded.spent, spent_delta = excluded.spent_delta",
                 rows,
@@ -113,17 +191,7 @@ class SQLiteFilterStore:
         if fresh:
             if budget is None:
                 raise LedgerError(f"no filter at {self.path}; create one with a budget first")
-            conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            conn.execute(
-                "CREATE TABLE units (unit INTEGER PRIMARY KEY, spent BLOB NOT NULL, spent_delta REAL NOT NULL)"
-            )
-            conn.executemany(
-                "INSERT INTO meta (key, value) VALUES (?, ?)",
-                [("budget", json.dumps(budget.to_dict())), ("owner", self.owner)],
-            )
-            conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            return budget
+            return self._create_schema(conn, budget)
         if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
             raise LedgerFormatError(f"filter {self.path} has a schema this library does not read")
         meta = dict(conn.execute("SELECT key, value FROM meta"))
@@ -139,3 +207,18 @@ class SQLiteFilterStore:
                 f"refusing to use it with epsilon={budget.epsilon}, delta={budget.delta}"
             )
         return stored
+
+    def _create_schema(
+        self, conn: sqlite3.Connection, budget: IndividualBudget, *, releases: int = 0
+    ) -> IndividualBudget:
+        if conn.execute("PRAGMA application_id").fetchone()[0] != 0:
+            raise ConfigurationError(f"{self.path} exists; a new filter is written to a new file")
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute("CREATE TABLE units (unit INTEGER PRIMARY KEY, spent BLOB NOT NULL, spent_delta REAL NOT NULL)")
+        conn.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)",
+            [("budget", json.dumps(budget.to_dict())), ("owner", self.owner), ("releases", str(int(releases)))],
+        )
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return budget
