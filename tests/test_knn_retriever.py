@@ -226,6 +226,26 @@ def test_ptr_answers_need_an_approximate_delta_share_and_threshold_answers_spend
     assert spent_delta.max() == 0.0 and spent.max() > 0
 
 
+@pytest.mark.parametrize("uses", [1, 2, 3])
+def test_a_record_joins_exactly_uses_ptr_answers(uses: int) -> None:
+    """Issue 40, item 3: δ0 = approximate_delta / uses filled the δ share exactly, while the filter keeps 1e-9 of
+    room below it: a record joined uses − 1 PTR answers (none at the default uses=1, every answer a paid zero-shot
+    one). δ0 now leaves that room, as the calibrated noise does below the RDP caps."""
+    texts, labels, answers = records(6)
+    index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-5), embedder=BagEmbedder())
+    index.add(texts, labels=labels, answers=answers)
+    knn = PrivateKNN(
+        index,
+        budget=BudgetManager(PrivacyBudget(1e6, 1e-3)),
+        backend=fake_backend(texts),
+        config=KNNConfig(k=6, shards=2, min_similarity=-1.0, uses=uses, keyword_release="ptr"),
+    )
+    joined = [len(knn.retrieve("red thing", release="answer")) for _ in range(uses + 2)]
+    assert joined == [6] * uses + [0, 0]
+    _, _, spent_delta = index.filter.all_spent()
+    assert (spent_delta <= index.filter.budget.approximate_delta).all()
+
+
 @pytest.mark.usefixtures("weak_keywords_allowed")
 def test_a_threshold_answer_charges_the_gaussian_of_its_histogram_sensitivity() -> None:
     """Each shard adds its first m keyword tokens: √(2m) per shard, RDP α·Δ²/(2σ²), σ the release's noise."""

@@ -122,6 +122,22 @@ def noise_for_uses(budget: IndividualBudget, *, uses: int, sensitivity: float) -
     return math.sqrt(uses * delta_sens**2 * ratio / 2.0) * (1 + 1e-9)
 
 
+def ptr_delta_for_uses(budget: IndividualBudget, *, uses: int) -> float:
+    """The δ0 of one PTR keyword test such that a unit can pay for exactly ``uses`` of them from its
+    approximate-δ share: ``uses``·δ0 stays below the room the filter keeps under the share (it admits while
+    spent δ + δ0 ≤ share·(1 − 1e-9)), as the calibrated noise does below the RDP caps (:func:`noise_for_uses`).
+
+    Args:
+        budget: a unit's lifetime budget.
+        uses: the releases a unit must afford.
+
+    Raises:
+        ConfigurationError: ``uses`` is not positive.
+    """
+    uses = check.positive_int("uses", uses)
+    return float(budget.approximate_delta or 0.0) * (1 - 2e-9) / uses
+
+
 def token_epsilon_for_uses(budget: IndividualBudget, *, uses: int, tokens: int) -> float:
     """The largest per-token ε0 of a bounded-range mechanism (the expert-decoding token, one expert changed)
     such that a unit can pay for ``uses`` answers of ``tokens`` tokens each: uses·tokens·min(αε0²/8, pure(ε0))
@@ -467,7 +483,7 @@ class PrivateKNN:
             filt, uses=self.config.uses, sensitivity=self.keyword_sensitivity
         )
         self.ptr_delta = (
-            float(filt.approximate_delta or 0.0) / self.config.uses if self.config.keyword_release == "ptr" else 0.0
+            ptr_delta_for_uses(filt, uses=self.config.uses) if self.config.keyword_release == "ptr" else 0.0
         )
         self.expert_epsilon = token_epsilon_for_uses(filt, uses=self.config.uses, tokens=self.config.max_answer_tokens)
         self._label_tokens: np.ndarray | None = None
