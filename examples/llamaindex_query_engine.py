@@ -71,7 +71,13 @@ def main() -> None:
     index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))
     index.add(questions, answers=classes)
     retriever = DPICLRetriever(
-        PrivateKNN(index, budget=budget, backend=backend, config=KNNConfig(k=40, uses=2, max_answer_tokens=4)),
+        PrivateKNN(
+            index,
+            budget=budget,
+            backend=backend,
+            config=KNNConfig(k=40, uses=2, max_answer_tokens=4),
+            releases=("decode",),
+        ),
         rng=np.random.default_rng(),
     )
     decoder = MozoDecoder(records, backend=backend, budget=budget, n_queries=50, epsilon=2.0, max_tokens=8)

@@ -51,7 +51,11 @@ def main() -> None:
     index.add(texts, answers=answers)
     budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1e-4), ledger=ledger)
     core = PrivateKNN(
-        index, budget=budget, backend=backend, config=KNNConfig(k=40, min_similarity=0.3, uses=2, max_answer_tokens=4)
+        index,
+        budget=budget,
+        backend=backend,
+        config=KNNConfig(k=40, min_similarity=0.3, uses=2, max_answer_tokens=4),
+        releases=("decode",),  # expert decoding (checked before the filter's cover is charged)
     )  # a record joins 2 answers of at most 4 tokens
     retriever = DPICLRetriever(knn=core, rng=np.random.default_rng())  # mode="experts"
     prompt = PromptTemplate.from_template("Answer briefly. The answer type: {context}\nQuestion: {question}")

@@ -45,7 +45,7 @@ def build(labels: list[str], *, texts: list[str] | None = None, config: KNNConfi
     index.add(texts or ["q"] * len(labels), labels=labels)
     ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
     cfg = config or KNNConfig(k=8, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=3)
-    knn = PrivateKNN(index, budget=ledger, backend=backend(), config=cfg)
+    knn = PrivateKNN(index, budget=ledger, backend=backend(), config=cfg, releases=("decode",))
     return index, ledger, KNNExpertDecoder(knn, template=TEMPLATE)
 
 
@@ -163,7 +163,12 @@ def test_no_record_can_fail_an_answer_after_its_charge() -> None:
 def test_the_decoder_keeps_the_retrievers_fixed_latency_and_add_remove_needs_public_uses() -> None:
     index, _, decoder = build(["rare"])
     timed = PrivateKNN(
-        index, budget=decoder.knn.budget, backend=decoder.backend, config=decoder.knn.config, fixed_latency=0.01
+        index,
+        budget=decoder.knn.budget,
+        backend=decoder.backend,
+        config=decoder.knn.config,
+        fixed_latency=0.01,
+        releases=("decode",),
     )
     assert KNNExpertDecoder(timed).fixed_latency is not None
     from dp_icl_plugin import PrivateDataset
@@ -202,9 +207,11 @@ def test_bad_input_is_refused_before_any_charge() -> None:
         decoder.check("")
     with pytest.raises(ConfigurationError, match="release must be one of vote, classify, answer"):
         decoder.knn.retrieve("q", release="decode")  # expert decoding charges through its decoder only
-    no_backend = PrivateKNN(decoder.knn.index, budget=ledger, config=decoder.knn.config)
+    with pytest.raises(ConfigurationError, match="nor a backend"):  # it could release nothing
+        PrivateKNN(decoder.knn.index, budget=ledger, config=decoder.knn.config)
+    votes_only = PrivateKNN(decoder.knn.index, budget=ledger, config=decoder.knn.config, labels=["a", "b"])
     with pytest.raises(ConfigurationError, match="backend"):
-        KNNExpertDecoder(no_backend)
+        KNNExpertDecoder(votes_only)
     assert len(ledger.history()) == n
     assert math.isfinite(decoder.token_epsilon)
 

@@ -13,6 +13,7 @@ import pytest
 from tests_support import SHARED, tiny_text_gpt2
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
+from dp_icl_plugin.errors import WeakReleaseWarning
 from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.retrieval import (
@@ -217,13 +218,65 @@ def test_ptr_answers_need_an_approximate_delta_share_and_threshold_answers_spend
     )
     index.add(texts, labels=labels, answers=answers)
     ledger = BudgetManager(PrivacyBudget(5.0, 1e-4))
-    ptr = PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=KNNConfig(keyword_release="ptr"))
+    with pytest.raises(ConfigurationError, match="approximate_delta"):  # refused before the cover
+        PrivateKNN(
+            index, budget=ledger, backend=fake_backend(texts), config=KNNConfig(keyword_release="ptr"), releases=["answer"]
+        )
+    assert ledger.history() == []
+    ptr = PrivateKNN(
+        index, budget=ledger, backend=fake_backend(texts), labels=LABELS, config=KNNConfig(keyword_release="ptr")
+    )
     with pytest.raises(ConfigurationError, match="approximate_delta"):
         ptr.answer("red thing", rng=np.random.default_rng(0))
     threshold = PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=KNNConfig(k=8, shards=4))
     threshold.answer("red thing", rng=np.random.default_rng(0))
     _, spent, spent_delta = index.filter.all_spent()
     assert spent_delta.max() == 0.0 and spent.max() > 0
+
+
+def _refusing(ledger: BudgetManager) -> BudgetManager:
+    class Refusing(BudgetManager):
+        def spend(self, event, *, label):  # type: ignore[no-untyped-def]
+            raise ValueError("halt: the test stops at the cover")
+
+    refusing = Refusing.__new__(Refusing)
+    refusing.__dict__.update(ledger.__dict__)
+    return refusing
+
+
+def test_a_retriever_that_could_release_nothing_is_refused_before_its_cover() -> None:
+    """Issue 40, item 4: keyword answers whose threshold no keyword can pass were refused at every answer(), after
+    the filter's cover had been charged at construction. What decides it is public: now refused before the cover."""
+    texts, labels, answers = records(60)
+    index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-5), embedder=BagEmbedder())
+    index.add(texts, labels=labels, answers=answers)
+    ledger = BudgetManager(PrivacyBudget(5.0, 1e-4))
+    hopeless = KNNConfig(k=20, shards=5, uses=4)
+    with pytest.warns(WeakReleaseWarning, match="Only expert decoding"), pytest.raises(ValueError, match="halt"):
+        # the issue's retriever: warned before the cover (expert decoding could use it); the ledger is made to
+        # refuse the cover so that nothing is charged here
+        PrivateKNN(index, budget=_refusing(ledger), backend=fake_backend(texts), config=hopeless)
+    with pytest.raises(ConfigurationError, match=r"keyword answers would release nothing: .* nothing was charged"):
+        PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=hopeless, releases=("answer",))
+    with pytest.raises(ConfigurationError, match=r"the threshold is [\d.]+ noisy votes but at most 5 shards"):
+        PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=hopeless, labels=LABELS, releases=["answer"])
+    with pytest.raises(ConfigurationError, match="needs the retriever's labels"):
+        PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=hopeless, releases=("vote",))
+    with pytest.raises(ConfigurationError, match="releases must name"):
+        PrivateKNN(index, budget=ledger, labels=LABELS, releases=("votes",))
+    assert ledger.history() == []  # nothing paid for nothing
+    # votes are useful with these settings: the cover is paid for them, and an answer is refused before its charge
+    knn = PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=hopeless, labels=LABELS)
+    assert knn.releases == ("vote", "classify", "answer", "decode")
+    with pytest.raises(ConfigurationError, match="would release nothing"):
+        knn.answer("red thing", rng=np.random.default_rng(0))
+    votes_only = PrivateKNN(
+        index, budget=ledger, backend=fake_backend(texts), config=hopeless, labels=LABELS, releases=("vote",)
+    )
+    votes_only.vote("red thing", rng=np.random.default_rng(0))
+    with pytest.raises(ConfigurationError, match="built for releases"):
+        votes_only.retrieve("red thing", release="classify")
+    assert [e.label.split(":")[0] for e in ledger.history()] == ["knn-filter", "knn-vote"]
 
 
 @pytest.mark.parametrize("uses", [1, 2, 3])
@@ -270,7 +323,7 @@ def test_a_person_grouped_filter_is_charged_to_the_record_ledger_by_group_privac
     steps apart (through D without that person), so the record ledger holds (2ε, (1 + e^ε)δ) under add/remove,
     and 4 person steps, (4ε, (1 + e^ε + e^2ε + e^3ε)δ), under replace-one."""
     from dp_icl_plugin.accounting.conversion import to_relation
-    from dp_icl_plugin.errors import BudgetExhaustedError
+    from dp_icl_plugin.errors import WeakReleaseWarning, BudgetExhaustedError
 
     eps, delta = 1.5, 1e-7
 
@@ -546,6 +599,7 @@ def test_keywords_are_tokens_with_a_letter_or_digit_that_are_not_stop_words() ->
     assert not custom._is_keyword(token["red"]) and custom._is_keyword(token["the"])
 
 
+@pytest.mark.usefixtures("weak_keywords_allowed")
 def test_a_retrieval_is_released_only_by_the_retriever_that_charged_it() -> None:
     """A PTR retriever's charge (sensitivity 1) must not pay for another retriever's threshold release."""
     index, ledger, _ = setup()

@@ -130,6 +130,7 @@ def _knn(records: list[tuple[str, str]], rare_share: float) -> PrivateKNN:
         budget=BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")),
         backend=_backend(rare_share),
         config=_CONFIG,
+        releases=("decode",),
     )
 
 

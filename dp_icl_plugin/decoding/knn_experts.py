@@ -449,7 +449,7 @@ def build_expert_decoder(
     users = [unit_user_id(r.unit) for r in records] if per_unit else None
     index.add([r.text for r in records], labels=[r.label for r in records], user_ids=users)
     return KNNExpertDecoder(
-        PrivateKNN(index, budget=budget, backend=backend, config=config),
+        PrivateKNN(index, budget=budget, backend=backend, config=config, releases=("decode",)),
         template=template,
         fixed_latency=fixed_latency,
         choices=answers,

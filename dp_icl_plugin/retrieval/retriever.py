@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -64,9 +65,9 @@ from dp_icl_plugin.accounting.conversion import group_of_two_delta
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.neighbouring import PER_RECORD
 from dp_icl_plugin.accounting.process_mark import process_mark
-from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
+from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k, context_limit
 from dp_icl_plugin.backends.generation import greedy_generate
-from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, after_charge
+from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, WeakReleaseWarning, after_charge
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import (
     answer_keywords,
@@ -440,9 +441,21 @@ class PrivateKNN:
             seconds after they start (seconds or a shared :class:`~dp_icl_plugin.timing.FixedLatency`), and
             the ledger labels leave out the number of paying records. A :class:`Retrieval` passed to them
             was timed by its own :meth:`retrieve` call: pass the query text to time the whole release.
+        releases: the releases this retriever is for, of ``"vote"``, ``"classify"``, ``"answer"`` and ``"decode"``
+            (expert decoding, :class:`~dp_icl_plugin.decoding.knn_experts.KNNExpertDecoder`). Each is checked
+            against the public settings before the filter's cover is charged, and one that could release nothing
+            (no labels or backend, labels the backend cannot score, a keyword threshold no keyword can pass, PTR
+            without a δ share, a top-k wider than the backend returns) is refused with the deciding figure; a
+            release not named is refused later. Default: every release the arguments allow (vote with labels,
+            classify with labels and a backend, answer and decode with a backend): refused when none of them could
+            release anything, warned about (:class:`~dp_icl_plugin.errors.WeakReleaseWarning`) when only expert
+            decoding could; a useless release is refused when it is called, before its own charge.
 
     Raises:
-        ConfigurationError: a bad argument, or the ledger holds this index's filter charged otherwise.
+        ConfigurationError: a bad argument, a release that could release nothing (before any charge), or the ledger
+            holds this index's filter charged otherwise.
+        FilterRolledBackError: the index's filter counts fewer releases than the ledger records under its cover (it
+            was restored from a backup).
         BudgetExhaustedError: the ledger cannot afford the filter's charge.
     """
 
@@ -458,6 +471,7 @@ class PrivateKNN:
         answer_prompt: AnswerPrompt | None = None,
         keyword_prompt: KeywordAnswerPrompt | None = None,
         fixed_latency: float | FixedLatency | None = None,
+        releases: Collection[str] | None = None,
     ) -> None:
         if not isinstance(index, PrivateIndex):
             raise ConfigurationTypeError("index must be a PrivateIndex")
@@ -487,6 +501,7 @@ class PrivateKNN:
         )
         self.expert_epsilon = token_epsilon_for_uses(filt, uses=self.config.uses, tokens=self.config.max_answer_tokens)
         self._label_tokens: np.ndarray | None = None
+        self.releases = self._plan_releases(releases)  # nothing paid for nothing: before the cover
         self.cover_entry = self._cover()
 
     def __repr__(self) -> str:
@@ -793,6 +808,61 @@ class PrivateKNN:
                 return entry.id
         return self.budget.spend(event, label=label).id
 
+    def _plan_releases(self, releases: Collection[str] | None) -> tuple[str, ...]:
+        """The releases this retriever makes, checked against the public settings (the constructor's
+        ``releases``): each one asked for must be useful, and of those only allowed by default at least one."""
+        if releases is not None:
+            if isinstance(releases, str) or not all(isinstance(r, str) for r in releases):
+                raise ConfigurationError(f"releases must be a collection of {', '.join(RELEASES)}")
+            asked = tuple(dict.fromkeys(releases))
+            unknown = [r for r in asked if r not in RELEASES]
+            if unknown or not asked:
+                raise ConfigurationError(f"releases must name some of {', '.join(RELEASES)}, got {list(releases)!r}")
+            for release in asked:
+                why = self._unreleasable(release)
+                if why is not None:
+                    raise ConfigurationError(f"{why}; nothing was charged")
+            return asked
+        labels, backend = self.labels is not None, self.backend is not None
+        possible = {"vote": labels, "classify": labels and backend, "answer": backend, "decode": backend}
+        allowed = tuple(r for r in RELEASES if possible[r])
+        reasons = {r: why for r in allowed if (why := self._unreleasable(r)) is not None}
+        useful = [r for r in allowed if r not in reasons]
+        if not useful:
+            found = "; ".join(reasons.values()) or (
+                "it has neither labels (vote, classify) nor a backend (classify, answer, decode)"
+            )
+            raise ConfigurationError(f"this retriever could release nothing: {found}; nothing was charged")
+        if useful == ["decode"]:  # its own releases are useless: meant for expert decoding, or a mistake
+            warnings.warn(
+                f"{'; '.join(reasons.values())}. Only expert decoding (KNNExpertDecoder) could use this retriever: "
+                "pass releases=('decode',) to say that is what it is for, or name the releases it is for to be "
+                "refused before the filter's cover is charged",
+                WeakReleaseWarning,
+                stacklevel=3,
+            )
+        return allowed
+
+    def _unreleasable(self, release: str) -> str | None:
+        """Why the public settings alone make ``release`` impossible or useless, or None."""
+        if release in ("vote", "classify") and self.labels is None:
+            return f"a {release} release needs the retriever's labels"
+        if release in ("classify", "answer", "decode") and self.backend is None:
+            return f"a {release} release needs a backend (a language model)"
+        try:
+            if release == "classify":
+                self._label_token_ids()
+            elif release == "decode" and self.config.expert_top_k:
+                assert self.backend is not None
+                check_top_k(min(self.config.expert_top_k, self.backend.vocab_size), self.backend)
+        except ConfigurationError as exc:
+            return f"a {release} release cannot be made: {exc}"
+        if release == "answer" and self.config.keyword_release == "ptr" and self.ptr_delta <= 0:
+            return "PTR keyword answers need approximate_delta > 0 in the index's IndividualBudget"
+        if release == "answer" and self.config.keyword_release == "threshold":
+            return self._keywords_cannot_pass()
+        return None
+
     def _check_labels(self, labels: Sequence[str]) -> tuple[str, ...]:
         if isinstance(labels, str) or not isinstance(labels, Sequence) or len(labels) < 2:
             raise ConfigurationError("labels must be a sequence of at least two label names")
@@ -810,6 +880,10 @@ class PrivateKNN:
             self._label_token_ids()
         if release == "answer" and self.config.keyword_release == "ptr" and self.ptr_delta <= 0:
             raise ConfigurationError("PTR keyword releases need approximate_delta > 0 in the index's IndividualBudget")
+        if release not in self.releases:
+            raise ConfigurationError(
+                f"this retriever was built for releases={self.releases!r}, not {release!r} (PrivateKNN(releases=...))"
+            )
 
     def keyword_outlook(self) -> tuple[float, float]:
         """The threshold keyword release's threshold T and how often a keyword every shard says passes it,
@@ -825,16 +899,23 @@ class PrivateKNN:
     def _check_keywords_can_pass(self) -> None:
         """Refuse, before anything is charged, keyword answers that could release no keyword: every candidate
         would pay for the zero-shot answer."""
+        why = self._keywords_cannot_pass()
+        if why is not None:
+            raise ConfigurationError(why)
+
+    def _keywords_cannot_pass(self) -> str | None:
+        """Why threshold keyword answers could release no keyword (public settings only), or None."""
         threshold, passes = self.keyword_outlook()
-        if passes < MIN_KEYWORD_PASS:
-            raise ConfigurationError(
-                f"keyword answers would release nothing: the threshold is {threshold:.3g} noisy votes but at most "
-                f"{self.config.shards} shards vote, so a keyword every shard says passes with probability "
-                f"{passes:.2g}; every candidate would pay for the zero-shot answer. Use more shards (at least "
-                f"{math.ceil(threshold)}), fewer uses ({self.config.uses}) or keywords_per_answer "
-                f"({self.config.keywords_per_answer}), a larger per-record epsilon, or expert decoding "
-                "(KNNExpertDecoder; see `dp-icl plan`)"
-            )
+        if passes >= MIN_KEYWORD_PASS:
+            return None
+        return (
+            f"keyword answers would release nothing: the threshold is {threshold:.3g} noisy votes but at most "
+            f"{self.config.shards} shards vote, so a keyword every shard says passes with probability "
+            f"{passes:.2g}; every candidate would pay for the zero-shot answer. Use more shards (at least "
+            f"{math.ceil(threshold)}), fewer uses ({self.config.uses}) or keywords_per_answer "
+            f"({self.config.keywords_per_answer}), a larger per-record epsilon, or expert decoding "
+            "(KNNExpertDecoder; see `dp-icl plan`)"
+        )
 
     def _check_answer_room(self, query: str) -> None:
         """Refuse, before the charge, a (public) query whose answer prompt cannot fit the model: the final

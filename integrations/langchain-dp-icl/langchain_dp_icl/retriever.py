@@ -42,7 +42,9 @@ class DPICLRetriever(BaseRetriever):
             own budget; the records' answers, or labels, are what they teach), ``"keywords"`` (one Document
             per released keyword, at most ``k``; none when no keyword is released) or ``"answer"`` (one
             Document: the DP answer generated from the keywords, or the 0-shot answer when none is released).
-            Keyword modes are refused before any charge when the budget lets no keyword pass.
+            Keyword modes are refused before any charge when the budget lets no keyword pass (build the core with
+            ``releases=("answer",)`` for that to be checked before its filter's cover is charged; ``("decode",)``
+            for experts).
         k: keywords to release (default: the core's ``config.keywords``); a call's ``k`` overrides it. The
             ``"experts"`` mode returns one Document whatever ``k`` (its experts are the core's ``config.k``).
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
@@ -52,7 +54,7 @@ class DPICLRetriever(BaseRetriever):
         ```python
         from langchain_dp_icl import DPICLRetriever
 
-        retriever = DPICLRetriever(knn=PrivateKNN(index, budget=ledger, backend=backend), k=5)
+        retriever = DPICLRetriever(knn=PrivateKNN(index, budget=ledger, backend=backend, releases=("decode",)))
         ```
 
     Invoke:

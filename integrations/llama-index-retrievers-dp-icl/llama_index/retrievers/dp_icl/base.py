@@ -42,7 +42,9 @@ class DPICLRetriever(BaseRetriever):
         mode: ``"experts"`` (default: one node, the answer the nearest records decode, each paying its own
             budget), ``"answer"`` (one node with the DP answer built from released keywords, or the 0-shot
             answer when no keyword is released) or ``"keywords"`` (one node per released keyword). Keyword
-            modes are refused before any charge when the budget lets no keyword pass.
+            modes are refused before any charge when the budget lets no keyword pass (build the core with
+            ``releases=("answer",)`` for that to be checked before its filter's cover is charged; ``("decode",)``
+            for experts).
         similarity_top_k: how many keywords to release (default: the core's ``config.keywords``); the
             ``"experts"`` mode returns one node whatever it is (its experts are the core's ``config.k``).
         rng: the noise source (a ``numpy.random.Generator``); default a fresh OS-seeded one.
@@ -52,7 +54,7 @@ class DPICLRetriever(BaseRetriever):
         ```python
         from llama_index.retrievers.dp_icl import DPICLRetriever
 
-        retriever = DPICLRetriever(PrivateKNN(index, budget=ledger, backend=backend))
+        retriever = DPICLRetriever(PrivateKNN(index, budget=ledger, backend=backend, releases=("decode",)))
         ```
 
     Invoke:
