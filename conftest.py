@@ -3,9 +3,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# ATEN_CPU_CAPABILITY=avx2 runs torch's own kernels as on an AVX2-only CPU, but oneDNN still finds this machine's
+# AVX-512 and packs bfloat16 weights for it, which ATen then refuses ("pack_vnni2 is only supported when avx512 is
+# supported"): no real AVX2 machine does that. Cap oneDNN to the same ISA before torch is imported (subprocesses
+# inherit it), so that the emulation is one machine.
+if os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() == "avx2":
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 
 @pytest.fixture

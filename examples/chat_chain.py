@@ -66,7 +66,10 @@ def main() -> None:
         print(repr(piece), end=" ")
     # --8<-- [end:chat]
 
-    # What the app has without the records: the same model (loaded once), greedy, restricted and free.
+    # What the app has without the records: the same model (loaded once), greedy, restricted and free. Sharing the
+    # DP decoder's backend is right here, where only this script calls it; a zero-shot model that the app's users
+    # can call and time needs a backend of its own (docs/audit.md: the shared lock and cache show the DP releases'
+    # durations, which fixed_latency does not hide from another caller).
     restricted = ChatZeroShot(backend=chat.decoder.backend, choices=list(TYPES.values()))
     free = ChatZeroShot(backend=chat.decoder.backend, max_tokens=8)
     print("\nwithout the private records (greedy zero-shot):")

@@ -65,7 +65,9 @@ def main() -> None:
             "question": RunnablePassthrough(),
         }
         | prompt
-        | ChatZeroShot(backend=backend, max_tokens=16)  # the same model, greedy: it reads only the DP context
+        # the same model, greedy: it reads only the DP context. It shares the DP core's backend because only this
+        # chain calls it; a model that others can call and time needs its own (docs/audit.md, side channels)
+        | ChatZeroShot(backend=backend, max_tokens=16)
         | StrOutputParser()
     )
     for question in ["Who wrote Hamlet ?", "How far is the Moon from the Earth ?"]:

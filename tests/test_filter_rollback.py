@@ -150,7 +150,7 @@ def test_a_filter_file_restored_from_a_backup_is_refused(tmp_path: Path) -> None
     for suffix in ("-wal", "-shm"):
         Path(str(filter_file) + suffix).unlink(missing_ok=True)
     reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
-    with pytest.raises(FilterRolledBackError, match="counts 0 releases but the ledger .* records 3"):
+    with pytest.raises(FilterRolledBackError, match=r"counts 0 releases but the ledger .* records 3"):
         PrivateKNN(reopened, budget=budget, labels=LABELS, config=CONFIG)
     assert budget.label_counts()[f"knn-filter:{reopened.id}"] == 1  # nothing more was charged
 
@@ -199,7 +199,9 @@ def test_a_postgres_filter_restored_from_a_dump_is_refused(pg_dsn: str, tmp_path
         for row in owners:
             conn.execute("INSERT INTO dp_icl_filters (owner, budget, releases) VALUES (%s, %s, %s)", row)
         for row in units:
-            conn.execute("INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta) VALUES (%s, %s, %s, %s)", row)
+            conn.execute(
+                "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta) VALUES (%s, %s, %s, %s)", row
+            )
     reopened = PrivateIndex.open(pg_dsn, embedder=BagEmbedder())
     with pytest.raises(FilterRolledBackError, match="counts 0 releases"):
         PrivateKNN(reopened, budget=budget, labels=LABELS, config=CONFIG)

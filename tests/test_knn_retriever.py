@@ -13,9 +13,9 @@ import pytest
 from tests_support import SHARED, tiny_text_gpt2
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
-from dp_icl_plugin.errors import WeakReleaseWarning
 from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget
 from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.errors import WeakReleaseWarning
 from dp_icl_plugin.retrieval import (
     AnswerPrompt,
     ClassificationPrompt,
@@ -220,7 +220,11 @@ def test_ptr_answers_need_an_approximate_delta_share_and_threshold_answers_spend
     ledger = BudgetManager(PrivacyBudget(5.0, 1e-4))
     with pytest.raises(ConfigurationError, match="approximate_delta"):  # refused before the cover
         PrivateKNN(
-            index, budget=ledger, backend=fake_backend(texts), config=KNNConfig(keyword_release="ptr"), releases=["answer"]
+            index,
+            budget=ledger,
+            backend=fake_backend(texts),
+            config=KNNConfig(keyword_release="ptr"),
+            releases=["answer"],
         )
     assert ledger.history() == []
     ptr = PrivateKNN(
@@ -259,7 +263,9 @@ def test_a_retriever_that_could_release_nothing_is_refused_before_its_cover() ->
     with pytest.raises(ConfigurationError, match=r"keyword answers would release nothing: .* nothing was charged"):
         PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=hopeless, releases=("answer",))
     with pytest.raises(ConfigurationError, match=r"the threshold is [\d.]+ noisy votes but at most 5 shards"):
-        PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=hopeless, labels=LABELS, releases=["answer"])
+        PrivateKNN(
+            index, budget=ledger, backend=fake_backend(texts), config=hopeless, labels=LABELS, releases=["answer"]
+        )
     with pytest.raises(ConfigurationError, match="needs the retriever's labels"):
         PrivateKNN(index, budget=ledger, backend=fake_backend(texts), config=hopeless, releases=("vote",))
     with pytest.raises(ConfigurationError, match="releases must name"):
@@ -323,7 +329,7 @@ def test_a_person_grouped_filter_is_charged_to_the_record_ledger_by_group_privac
     steps apart (through D without that person), so the record ledger holds (2ε, (1 + e^ε)δ) under add/remove,
     and 4 person steps, (4ε, (1 + e^ε + e^2ε + e^3ε)δ), under replace-one."""
     from dp_icl_plugin.accounting.conversion import to_relation
-    from dp_icl_plugin.errors import WeakReleaseWarning, BudgetExhaustedError
+    from dp_icl_plugin.errors import BudgetExhaustedError
 
     eps, delta = 1.5, 1e-7
 

@@ -7,34 +7,38 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    reaches the public ``min_similarity``) is charged through its unit's Rényi filter, inside the filter's
    transaction; the ``k`` most similar admitted candidates are the answer's *experts* (exact search: stable,
    :mod:`dp_icl_plugin.retrieval.index`). A unit's charge depends on its own records and the public query
-   alone (its number c of candidate records), the condition under which the filter is valid.
+   alone (its number m of candidate records), the condition under which the filter is valid.
 2. **Tokens.** Each expert gives a one-shot prompt (its text and answer, or label, as one demonstration
    before the query); the prompts stay fixed for the whole answer. Per token: the zero-shot row ℓ0 (query and
    tokens so far, no record; public) and each expert's row z_i are restricted to ℓ0's ``expert_top_k`` most
-   likely tokens (public), the experts' rows clipped to [−c, c] (eq. 2) and averaged with the **fixed**
-   divisor k (never the number of experts present), and the token drawn from softmax(ẑ),
-   ẑ = ℓ0/T0 + z̄/(2τ), z̄ = (1/k)·Σ_i clip_c(z_i). Unlike the paper's blend, the public row is not clipped:
-   it is public, so its log-probabilities at a public temperature T0 (``expert_public_temperature``) cost
-   nothing and keep the zero-shot answer's fluency; the experts tilt it by at most c/τ nats of log-odds.
+   likely tokens (public), the experts' rows clipped to [−C, C] (eq. 2; the clip bound C is
+   :data:`~dp_icl_plugin.retrieval.retriever.EXPERT_CLIP`) and averaged with the **fixed** divisor k (never the
+   number of experts present), and the token drawn from softmax(ẑ), ẑ = ℓ0/T0 + z̄/(2τ),
+   z̄ = (1/k)·Σ_i clip_C(z_i). Unlike the paper's blend, the public row is not clipped: it is public, so its
+   log-probabilities at a public temperature T0 (``expert_public_temperature``) cost nothing and keep the
+   zero-shot answer's fluency; the experts tilt it by at most C/τ nats of log-odds.
 3. **Neighbouring relation and sensitivity.** Add/remove one unit (a record, or all of one person's records
-   with ``group_by_user``). Removing a unit with c candidate records swaps at most min(c, k) experts (the next
-   candidates move up; with fewer than k left, rows go): each swap moves every entry of Σ_i clip_c(z_i) by at
-   most 2c, so every score ẑ by at most c/(kτ), and a token is an exponential mechanism with ε0·min(c, k),
-   ε0 = 2c/(kτ): ε0-DP and ε0-bounded-range, ε0²/8-zCDP (Cesar & Rogers 2021). The per-token bound is that of
-   one replaced prompt and does not grow with k, while the experts' agreement does: c/τ = ε0·k/2
-   (:meth:`PrivateKNN.expert_scale`). "Pure" holds up to the float64 rounding of the inverse-CDF sampler, as
-   for every sampler in this library.
+   with ``group_by_user``). Removing a unit with m candidate records swaps at most min(m, k) experts (the next
+   candidates move up; with fewer than k left, rows go): each swap moves every entry of Σ_i clip_C(z_i) by at
+   most 2C, so every score ẑ by at most C/(kτ), and a token is an exponential mechanism with ε0·min(m, k),
+   ε0 = 2C/(kτ): ε0·min(m, k)-DP and -bounded-range, (ε0·min(m, k))²/8-zCDP (Cesar & Rogers 2021).
+   The per-swap bound is that of one replaced prompt and does not grow with k, while the experts' agreement
+   does: C/τ = ε0·k/2 (:meth:`PrivateKNN.expert_scale`). "Pure" holds up to the float64 rounding of the
+   inverse-CDF sampler, as for every sampler in this library.
 4. **Accounting.** The answer's T tokens compose adaptively (each token's distribution depends on the
-   released tokens before it, which are public): a unit pays T·min(αε0²/8, pure(ε0)) per candidate record
-   group at every filter order (``uses`` answers of ``max_answer_tokens`` tokens fill one unit's budget,
-   :func:`~dp_icl_plugin.retrieval.retriever.token_epsilon_for_uses`). Every answer is charged for its
+   released tokens before it, which are public): a unit with m candidate records is charged T tokens of
+   ``ExponentialMechanismEvent(ε0·min(m, k))`` (``PrivateKNN._event("decode", m)``), i.e. at each filter order α
+   the bounded-range RDP T·min(α·ε²/8, pure(ε)) with ε = ε0·min(m, k) (``rdp.bounded_range_rdp``). ε0 is
+   calibrated for a unit with one candidate record: ``uses`` answers of ``max_answer_tokens`` tokens at ε0 fill
+   its budget (:func:`~dp_icl_plugin.retrieval.retriever.token_epsilon_for_uses`); a unit with more candidates
+   pays more per answer and joins fewer. Every answer is charged for its
    worst case (all ``max_tokens`` tokens) before the first token is computed; stopping early refunds nothing.
    The ledger holds the filter's total once (:meth:`PrivateKNN.cover_event`) and records each answer as a
    :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`.
 
 Records with neither an answer nor a label, whose prompt the tokenizer cannot build, or whose row has no
 finite entry on the support sit idle: they paid, they keep their slot (so the others' do not change), and their
-row adds nothing, a value inside [−c, c]; whether one is idle depends on that record alone, and nothing that a
+row adds nothing, a value inside [−C, C]; whether one is idle depends on that record alone, and nothing that a
 record holds can fail the answer after its charge. Generated tokens and the public row are post-processing.
 """
 

@@ -11,7 +11,8 @@ the privacy decision, which units a release admits; a store only makes its read-
 A store also counts the releases charged through it (:meth:`FilterStore.releases`), in the transaction of each
 charge. The count only grows, and every release a ledger records under the filter's cover was counted first, so a
 count below the ledger's is a filter rolled back (a backup restored in place): its units would get spent budget
-back. The filter checks it when it is covered (:meth:`~dp_icl_plugin.accounting.renyi_filter.RenyiFilter.check_releases`).
+back. The filter checks it when it is covered
+(:meth:`~dp_icl_plugin.accounting.renyi_filter.RenyiFilter.check_releases`).
 """
 
 from __future__ import annotations

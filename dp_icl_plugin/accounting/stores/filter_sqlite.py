@@ -116,9 +116,7 @@ class SQLiteFilterStore:
         with self._file.transaction(write=write or count_release):
             result = work(lambda ids: self._read(ids, orders), self._write)
             if count_release:
-                self._sql(
-                    "UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'releases'"
-                )
+                self._sql("UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'releases'")
             return result
 
     def releases(self) -> int | None:
@@ -128,7 +126,9 @@ class SQLiteFilterStore:
 
     def adopt_releases(self, count: int) -> int:
         with self._file.transaction():
-            self._sql("INSERT INTO meta (key, value) VALUES ('releases', ?) ON CONFLICT (key) DO NOTHING", (str(count),))
+            self._sql(
+                "INSERT INTO meta (key, value) VALUES ('releases', ?) ON CONFLICT (key) DO NOTHING", (str(count),)
+            )
             value = self._sql("SELECT value FROM meta WHERE key = 'releases'").fetchone()[0]
         return self._count(value)
 
