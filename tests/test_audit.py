@@ -69,15 +69,18 @@ def test_decoder_case_passes_the_isolated_backend_and_catches_the_shared_batch()
     # The real MozoDecoder's first token on SmolLM2 in bfloat16, one record short (D) against long (D′).
     shipped = audit_case(DECODER_CASE, broken=False, samples=2_000, seed=0)
     broken = audit_case(DECODER_CASE, broken=True, samples=2_000, seed=0)
-    assert shipped.verdict == "pass" and broken.verdict == "caught", to_markdown([shipped, broken])
-    assert broken.lower_bound > DECODER_CASE.claimed_epsilon + 1.0  # with margin, at 1,000 samples a half
-    # Why: the shipped rows are the same bits on D and D′ (but the replaced record's, row 2 of the draw) ...
+    assert shipped.verdict == "pass", to_markdown([shipped, broken])
+    # The shipped rows are the same bits on D and D′ (but the replaced record's, row 2 of the draw), on every CPU.
     for rows_d, rows_d_prime in decoder_case._rows(False):
         assert np.array_equal(np.delete(rows_d, 2, axis=0), np.delete(rows_d_prime, 2, axis=0))
-    # ... and in the old shared batch the public zero-shot row moves, and the top-k support with it.
-    moved = [np.abs(d[0] - d_prime[0]).max() for d, d_prime in decoder_case._rows(True)]
-    assert min(moved) > 0.05, moved
-    assert max(decoder_case.telling_top_k(*rows)[1] for rows in decoder_case._rows(True)) > 0.1
+    # Whether the old shared batch moves the public zero-shot row is this CPU's kernels' doing (it does on AVX-512
+    # and under ATEN_CPU_CAPABILITY=avx2 here): measured, and judged only where it does.
+    telling = max(decoder_case.telling_top_k(*rows)[1] for rows in decoder_case._rows(True))
+    if telling >= decoder_case.MIN_TELLING:
+        assert broken.verdict == "caught", to_markdown([shipped, broken])
+        assert broken.lower_bound > DECODER_CASE.claimed_epsilon + 1.0  # with margin, at 1,000 samples a half
+    else:
+        assert broken.skipped.startswith("on this CPU the shared batch moves the zero-shot row"), broken.verdict
 
 
 @pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
@@ -110,3 +113,21 @@ def test_worker_processes_give_the_same_rows_in_the_same_order() -> None:
     ] == [dataclasses.replace(r, seconds=0.0) for r in alone]
     with pytest.raises(ConfigurationError, match="jobs"):
         run_audit(samples=2_000, cases=chosen, jobs=0)
+
+
+def test_a_broken_variant_this_cpus_kernels_do_not_show_is_listed_not_judged(monkeypatch) -> None:
+    """Issue 40, item 5: whether a padded batch moves a bfloat16 row depends on the CPU's kernels. Where the old
+    shared batch leaves the zero-shot row's support unchanged, the broken row is skipped with that measurement
+    (it would read MISSED, failing the audit on a CPU that simply does not have the defect)."""
+    monkeypatch.setattr(decoder_case, "missing_requirements", lambda: None)
+    same = np.log(np.full((4, 10), 0.1))
+    moved = same.copy()
+    moved[1:] -= 0.3  # the records' rows differ; the public zero-shot row (row 0) keeps its bits
+    monkeypatch.setattr(decoder_case, "_rows", lambda broken: ((same, moved),))
+    row = audit_case(DECODER_CASE, broken=True, samples=100, seed=0)
+    assert row.skipped.startswith("on this CPU the shared batch moves the zero-shot row by at most 0 nats")
+    assert row.verdict.startswith("skipped: on this CPU") and row.samples == 0
+    shifted = same.copy()
+    shifted[0, 3] += 2.0  # the zero-shot row's support changes: shown, so judged
+    monkeypatch.setattr(decoder_case, "_rows", lambda broken: ((same, shifted),))
+    assert decoder_case.defect_not_shown() is None

@@ -68,6 +68,10 @@ class AuditCase:
             (wrong) claim instead.
         requires: when set, says why the case cannot run here (a sentence naming what to install), or None
             when it can; a case that cannot run is reported as skipped.
+        broken_shows: when set, says why the broken variant's defect does not show on this machine (measured
+            before any sample, e.g. kernels that keep padded rows bit-identical), or None when it does; such a
+            broken row is reported as skipped with that measurement, not judged (it would read MISSED whatever
+            the audit's power, and the shipped row still runs).
     """
 
     name: str
@@ -79,6 +83,7 @@ class AuditCase:
     sample_share: float = 1.0
     broken_event: ev.DPEvent | None = None
     requires: Callable[[], str | None] | None = None
+    broken_shows: Callable[[], str | None] | None = None
 
     @property
     def claimed_epsilon(self) -> float:
@@ -528,6 +533,7 @@ CASES: tuple[AuditCase, ...] = (
         decoder_case.decoder_pairs,
         broken_as="zero-shot row in the shared batch",
         requires=decoder_case.missing_requirements,
+        broken_shows=decoder_case.defect_not_shown,
     ),
 )
 """The mechanisms audited; their claims are the per-call events the library charges."""
