@@ -19,9 +19,10 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
 :func:`~dp_icl_plugin.decoding.knn_experts.filter_budget_for`):
 
 - ``expert decoding``: :class:`~dp_icl_plugin.retrieval.KNNExpertDecoder` (``build_expert_decoder``), the
-  k nearest records with budget left as experts of every token; ``min_similarity`` and ``uses`` chosen on the
-  tune split (:meth:`Harness.threshold`; public query-to-query similarity is no proxy on E2E, whose test MRs
-  name other restaurants than the records: it gave 0.99, where no record passes).
+  k nearest records with budget left as experts of every token; ``min_similarity`` and ``uses`` chosen on public
+  data only (:meth:`Harness.threshold`): the tune queries against public stand-ins for the records (TREC: the other
+  tune questions; triage: 2,000 AG News items that are neither records nor queries; E2E: the tune MRs of other
+  restaurants than the query's, as the records name other restaurants than the test MRs), never the records.
 - ``DPS-MOZO decoding``: :class:`MozoDecoder` (ε for the run's answers, β calibrated).
 - ``clip-blend decoding``: :class:`ClipBlendDecoder` (a fixed subset of 40 records, τ calibrated).
 - ``kNN vote`` (classification): :meth:`PrivateKNN.vote`, report-noisy-max over the k nearest labels (no LLM).
@@ -97,6 +98,10 @@ class Task:
     score: Callable[[int, str], float]
     labels: list[str] | None = None
     truth: list[str] = field(default_factory=list)
+    # public stand-ins for the records when settings are chosen (never a record, never a held-out query), and for
+    # each tune query the stand-ins it may not be compared with (itself; on E2E its own restaurant's MRs)
+    proxy: list[str] = field(default_factory=list)
+    proxy_excluded: Callable[[int, int], bool] = lambda query, item: False
 
 
 def _clean(text: str) -> str:
@@ -130,6 +135,9 @@ def e2e_task(n: int, split: str, quick: bool) -> Task:
     def score(i: int, out: str) -> float:
         return 100 * max(rouge.score(ref, _clean(out))["rougeL"].fmeasure for ref in refs[queries[i]])
 
+    def restaurant(mr: str) -> str:
+        return mr.split("name[", 1)[1].split("]", 1)[0] if "name[" in mr else mr
+
     return Task(
         "e2e",
         "ROUGE-L",
@@ -143,6 +151,10 @@ def e2e_task(n: int, split: str, quick: bool) -> Task:
         16,
         4,
         score,
+        # the tune MRs stand in for the records; the dev records name other restaurants than the test MRs, so a
+        # tune query is compared with the MRs of other restaurants only
+        proxy=tune,
+        proxy_excluded=lambda query, item: restaurant(tune[query]) == restaurant(tune[item]),
     )
 
 
@@ -156,6 +168,7 @@ def classification_task(name: str, n: int, split: str) -> Task:
         pool_x, pool_y = read(DATA / "trec" / "train.txt")
         test_x, test_y = read(DATA / "trec" / "test.txt")
         labels, item = sorted(TREC_NAMES.values()), "question"
+        proxy_items = None  # the tune questions themselves (no TREC pool is public beside the records)
     else:
         with open(DATA / "agnews" / "test.csv", newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))
@@ -164,6 +177,7 @@ def classification_task(name: str, n: int, split: str) -> Task:
         order = np.random.default_rng(7).permutation(len(texts))
         pool_x, pool_y = [texts[i] for i in order[:2000]], [ys[i] for i in order[:2000]]
         test_x, test_y = [texts[i] for i in order[2000:3000]], [ys[i] for i in order[2000:3000]]
+        proxy_items = [texts[i] for i in order[3000:5000]]  # public items, neither records nor queries
         labels, item = list(DESKS.values()), "news item"
     order = np.random.default_rng(2026).permutation(len(test_x))
     tune_idx, held_idx = order[:200], order[200:]
@@ -190,6 +204,8 @@ def classification_task(name: str, n: int, split: str) -> Task:
         score,
         labels,
         truth,
+        proxy=[test_x[i] for i in tune_idx] if proxy_items is None else proxy_items,
+        proxy_excluded=(lambda query, item: query == item) if proxy_items is None else (lambda query, item: False),
     )
 
 
@@ -211,12 +227,14 @@ class Harness:
             self.record_vectors = np.stack([table[t] for t in texts])
             self.query_vectors = np.stack([table[t] for t in task.queries])
             self.tune_vectors = np.stack([table[t] for t in task.tune_queries])
+            self.proxy_vectors = np.stack([table[t] for t in task.proxy])
             self.embedder = TableEmbedder(table)
         else:
             model = default_embedder()
             self.record_vectors = embed_texts(model, texts, batch_size=128)
             self.query_vectors = embed_texts(model, task.queries, batch_size=128)
             self.tune_vectors = embed_texts(model, task.tune_queries, batch_size=128)
+            self.proxy_vectors = embed_texts(model, task.proxy, batch_size=128)
             self.embedder = Lookup(
                 texts + task.queries + task.tune_queries,
                 np.vstack([self.record_vectors, self.query_vectors, self.tune_vectors]),
@@ -323,10 +341,17 @@ class Harness:
         return [decoder.generate(q, rng=rng).text.strip() for q in self.task.queries]
 
     def threshold(self, k: int) -> tuple[float, int]:
-        """``min_similarity`` and ``uses`` for k experts, chosen on the tune split: the median similarity of the
-        k-th nearest record to a tune query, and enough uses for the held-out queries at the tune queries' mean
-        number of candidates (×1.5). A setting the data holder picks on its own data, disclosed and not
-        accounted, as every benchmark's settings; the held-out queries never enter it."""
+        """``min_similarity`` and ``uses`` for k experts, chosen on public data only: the tune queries against the
+        task's public stand-ins for the records (:attr:`Task.proxy`; no record, no held-out query). τ is the median
+        over tune queries of the similarity at the stand-ins' rank that matches the k-th nearest of the N records
+        (rank k·M/N among M stand-ins; N is public under the replace-one ledger, as ``build_expert_decoder`` reads
+        it); ``uses`` covers the held-out queries at the tune queries' mean share of stand-ins above τ (×1.5).
+        Nothing private is read, so the benchmark's ε is the whole cost (before issue 40 both were chosen from
+        the tune queries' similarities to the private records, outside the accounting)."""
+        return public_threshold(self.task, self.tune_vectors, self.proxy_vectors, k)
+
+    def private_threshold(self, k: int) -> tuple[float, int]:
+        """What :meth:`threshold` chose before issue 40, from the private records (for the record only)."""
         sims = self.tune_vectors @ self.record_vectors.T
         tau = float(np.median(-np.sort(-sims, axis=1)[:, k - 1]))
         mean_candidates = float((sims >= tau).sum(axis=1).mean())
@@ -365,6 +390,7 @@ class Harness:
             time.perf_counter() - started,
             min_similarity=round(tau, 3),
             uses=uses,
+            settings_from=SETTINGS_FROM,
             token_epsilon=decoder.token_epsilon,
             log_odds_range=decoder.clip / decoder.temperature,
             warned=[str(w.message)[:120] for w in caught],
@@ -453,7 +479,13 @@ class Harness:
         rng = np.random.default_rng(15)
         outs = [knn.vote(q, rng=rng).label for q in t.queries]
         self.add(
-            "kNN vote (no LLM)", epsilon, outs, time.perf_counter() - started, min_similarity=round(tau, 3), uses=uses
+            "kNN vote (no LLM)",
+            epsilon,
+            outs,
+            time.perf_counter() - started,
+            min_similarity=round(tau, 3),
+            uses=uses,
+            settings_from=SETTINGS_FROM,
         )
 
     def keywords(self, epsilon: float) -> None:
@@ -474,7 +506,8 @@ class Harness:
         except ConfigurationError as exc:
             self.add("kNN keyword answer", epsilon, None, time.perf_counter() - started, refused=str(exc)[:300])
             return
-        self.add("kNN keyword answer", epsilon, outs, time.perf_counter() - started, uses=uses)
+        seconds = time.perf_counter() - started
+        self.add("kNN keyword answer", epsilon, outs, seconds, uses=uses, settings_from=SETTINGS_FROM)
 
 
 class TableEmbedder:
@@ -494,6 +527,31 @@ def load_table(path: str) -> dict[str, np.ndarray]:
     return dict(zip(data["texts"].tolist(), data["vectors"].astype(np.float32), strict=True))
 
 
+SETTINGS_FROM = "public stand-ins for the records (Task.proxy), never the records"
+
+
+def public_threshold(task: Task, tune_vectors: np.ndarray, proxy_vectors: np.ndarray, k: int) -> tuple[float, int]:
+    """``(min_similarity, uses)`` for k experts from public vectors only (:meth:`Harness.threshold`).
+
+    Args:
+        task: the task (its record count N, public under replace-one, its queries and stand-ins' exclusions).
+        tune_vectors: the tune queries' embeddings.
+        proxy_vectors: the public stand-ins' embeddings.
+        k: the experts per answer.
+    """
+    sims = tune_vectors @ proxy_vectors.T
+    allowed = np.array(
+        [[not task.proxy_excluded(q, i) for i in range(len(task.proxy))] for q in range(len(tune_vectors))]
+    )
+    sims = np.where(allowed, sims, -np.inf)
+    n_records, pool = len(task.records), allowed.sum(axis=1)
+    ranks = np.maximum(1, np.rint(k * pool / n_records).astype(int))
+    ordered = -np.sort(-sims, axis=1)
+    tau = float(np.median(ordered[np.arange(len(ordered)), ranks - 1]))
+    share = float(((sims >= tau).sum(axis=1) / pool).mean())  # of the stand-ins: of the records, on average
+    return tau, max(1, math.ceil(1.5 * len(task.queries) * share))
+
+
 def save_table(path: str, tasks: list[Task]) -> None:
     """MiniLM vectors of every text the tasks embed (and the index's probe texts), for ``--embeddings``."""
     from dp_icl_plugin.retrieval import default_embedder
@@ -504,7 +562,7 @@ def save_table(path: str, tasks: list[Task]) -> None:
             [
                 *PROBE_TEXTS,
                 *(x for t in tasks for x, _ in t.records),
-                *(q for t in tasks for q in t.queries + t.tune_queries),
+                *(q for t in tasks for q in t.queries + t.tune_queries + t.proxy),
             ]
         )
     )
@@ -606,6 +664,12 @@ def main() -> None:
     parser.add_argument("--model", default=MODEL, help="the model (a name, folder or .gguf file)")
     parser.add_argument("--embeddings", default=None, help="precomputed MiniLM vectors (.npz from --save-embeddings)")
     parser.add_argument("--save-embeddings", default=None, help="write the vectors every task needs, then exit")
+    parser.add_argument(
+        "--settings",
+        action="store_true",
+        help="print each task's min_similarity and uses, chosen on public stand-ins (and, for the record, what the "
+        "private records would have chosen), then exit",
+    )
     parser.add_argument("--expert-t0", type=float, default=None, help="expert decoding's public temperature")
     parser.add_argument("--expert-top-k", type=int, default=None, help="expert decoding's support (0: all)")
     parser.add_argument(
@@ -634,6 +698,22 @@ def main() -> None:
     ]
     if args.save_embeddings:
         save_table(args.save_embeddings, tasks)
+        return
+    if args.settings:
+        for task in tasks:
+            harness = Harness(task, args)
+            print(
+                json.dumps(
+                    {
+                        "task": task.name,
+                        "k": task.k,
+                        "queries": len(task.queries),
+                        "public (used)": harness.threshold(task.k),
+                        "from the private records (before issue 40)": harness.private_threshold(task.k),
+                    }
+                ),
+                flush=True,
+            )
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
