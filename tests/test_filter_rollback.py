@@ -5,7 +5,8 @@
    releases was admitted again. A copy is now created exclusively, owner and rows in one transaction, and a
    failed one leaves nothing; an SQLite file is linked into place (no check-then-act race).
 2. A filter restored from a backup: the records joined their releases again under the same cover. The filter now
-   counts its releases, and a retriever covering it compares that count with the ledger's releases under the cover.
+   counts its releases per cover, and a retriever covering it compares that count with the ledger's releases under
+   the cover; a filter from before the counting is refused until its owner says it was never restored.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def test_a_copy_to_postgres_carries_the_spend_and_a_failed_one_leaves_nothing(
     assert units.tolist() == [3, 5]
     np.testing.assert_array_equal(spent, source.all_spent()[1])
     assert not copy.charge(np.array([3]), cost())[0]
-    assert copy.releases() == 1  # a copy under a new owner counts its own releases
+    assert copy.releases() == 1  # a copy under a new owner counts its own releases (none carried over)
 
     from dp_icl_plugin.accounting.stores import filter_postgres
 
@@ -121,9 +122,13 @@ def _index_and_ledger(path: str | Path, ledger: Path) -> tuple[PrivateIndex, Bud
 CONFIG = KNNConfig(k=6, shards=2, min_similarity=-1.0, uses=USES)  # every record is a candidate and pays
 
 
+def _knn(index: PrivateIndex, budget: BudgetManager) -> PrivateKNN:
+    return PrivateKNN(index, budget=budget, labels=LABELS, config=CONFIG)
+
+
 def _votes(index: PrivateIndex, budget: BudgetManager, n: int) -> int:
-    """Votes over ``n`` queries; how many of them the first record took part in."""
-    knn = PrivateKNN(index, budget=budget, labels=LABELS, config=CONFIG)
+    """Votes over ``n`` queries; how many of them the records took part in."""
+    knn = _knn(index, budget)
     joined = 0
     for _ in range(n):
         retrieval = knn.retrieve("a question about billing", release="vote")
@@ -132,26 +137,39 @@ def _votes(index: PrivateIndex, budget: BudgetManager, n: int) -> int:
     return joined
 
 
-def test_a_filter_file_restored_from_a_backup_is_refused(tmp_path: Path) -> None:
-    """Before: a routine sqlite3 backup of the index's filter, restored in place, let every record join 2 + 2
-    votes with uses=2 under one cover."""
-    index, budget, _ = _index_and_ledger(tmp_path / "index", tmp_path / "ledger.db")
-    filter_file = index.filter.path
-    assert filter_file is not None
-    backup = tmp_path / "backup.sqlite"
-    live, copy = sqlite3.connect(filter_file), sqlite3.connect(backup)
+def _backup(path: Path, to: Path) -> None:
+    live, copy = sqlite3.connect(path), sqlite3.connect(to)
     live.backup(copy)
     live.close()
     copy.close()
-    assert _votes(index, budget, 3) == USES  # the third vote finds every record exhausted
-    assert index.filter.releases() == 3
+
+
+def _restore(index: PrivateIndex, backup: Path) -> None:
+    filter_file = index.filter.path
+    assert filter_file is not None
     index.filter.close()
     shutil.copyfile(backup, filter_file)  # restored in place
     for suffix in ("-wal", "-shm"):
         Path(str(filter_file) + suffix).unlink(missing_ok=True)
+
+
+def _cover_tag(budget: BudgetManager, index: PrivateIndex) -> str:
+    (cover,) = [e for e in budget.history() if e.label == f"knn-filter:{index.id}"]
+    return f"knn-filter:{cover.id}@{cover.timestamp!r}"
+
+
+def test_a_filter_file_restored_from_a_backup_is_refused(tmp_path: Path) -> None:
+    """Before: a routine sqlite3 backup of the index's filter, restored in place, let every record join 2 + 2
+    votes with uses=2 under one cover."""
+    index, budget, _ = _index_and_ledger(tmp_path / "index", tmp_path / "ledger.db")
+    assert index.filter.path is not None
+    _backup(index.filter.path, tmp_path / "backup.sqlite")
+    assert _votes(index, budget, 3) == USES  # the third vote finds every record exhausted
+    assert index.filter.releases(_cover_tag(budget, index)) == 3
+    _restore(index, tmp_path / "backup.sqlite")
     reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
     with pytest.raises(FilterRolledBackError, match=r"counts 0 releases but the ledger .* records 3"):
-        PrivateKNN(reopened, budget=budget, labels=LABELS, config=CONFIG)
+        _knn(reopened, budget)
     assert budget.label_counts()[f"knn-filter:{reopened.id}"] == 1  # nothing more was charged
 
 
@@ -159,49 +177,99 @@ def test_an_index_reopened_as_it_was_left_is_accepted(tmp_path: Path) -> None:
     index, budget, _ = _index_and_ledger(tmp_path / "index", tmp_path / "ledger.db")
     assert _votes(index, budget, 1) == 1
     reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
-    assert _votes(reopened, budget, 2) == 1  # one more vote each, then exhausted: 2 in all
-    assert reopened.filter.releases() == 3
+    again = BudgetManager(ledger=tmp_path / "ledger.db")  # the app restarted: its ledger read back from the file
+    assert _votes(reopened, again, 2) == 1  # one more vote each, then exhausted: 2 in all
+    assert reopened.filter.releases(_cover_tag(again, reopened)) == 3
 
 
 def test_a_release_over_no_candidate_is_counted(tmp_path: Path) -> None:
     index = PrivateIndex(budget=BUDGET, embedder=BagEmbedder(), path=tmp_path / "index")
     budget = BudgetManager(PrivacyBudget(1e6, 1e-3), ledger=tmp_path / "ledger.db")
     _votes(index, budget, 2)  # an empty index: both releases are recorded in the ledger
-    assert index.filter.releases() == 2
+    assert index.filter.releases(_cover_tag(budget, index)) == 2
     reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
-    PrivateKNN(reopened, budget=budget, labels=LABELS, config=CONFIG)  # 2 counted, 2 recorded: accepted
+    _knn(reopened, budget)  # 2 counted, 2 recorded: accepted
 
 
-def test_a_filter_written_before_releases_were_counted_starts_from_the_ledger(tmp_path: Path) -> None:
+def test_releases_recorded_by_another_ledger_hide_no_rollback(tmp_path: Path) -> None:
+    """Cold review: with one count per filter, releases another ledger recorded over the same index made room for a
+    restore to pass (3 empty releases through ledger B, a backup, 3 votes through A, the backup restored: 3 ≥ 3).
+    Each cover's releases are now counted apart."""
+    index, a, _ = _index_and_ledger(tmp_path / "index", tmp_path / "a.db")
+    b = BudgetManager(PrivacyBudget(1e6, 1e-3), ledger=tmp_path / "b.db")
+    knn_b = PrivateKNN(index, budget=b, labels=LABELS, config=KNNConfig(k=6, shards=2, min_similarity=0.99))
+    for _ in range(3):
+        knn_b.vote("zzz unrelated", rng=np.random.default_rng(0))  # no candidate: releases counted, nobody pays
+    assert index.filter.path is not None
+    _backup(index.filter.path, tmp_path / "backup.sqlite")
+    assert _votes(index, a, 3) == USES
+    _restore(index, tmp_path / "backup.sqlite")
+    reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
+    with pytest.raises(FilterRolledBackError, match="counts 0 releases"):
+        _knn(reopened, a)
+    PrivateKNN(reopened, budget=b, labels=LABELS, config=KNNConfig(k=6, shards=2, min_similarity=0.99))  # B's 3: kept
+
+
+def _as_before_counting(filter_file: Path) -> None:
+    conn = sqlite3.connect(filter_file)  # as an older version wrote it: no counts, no mark
+    with conn:
+        conn.execute("DROP TABLE releases")
+        conn.execute("DELETE FROM meta WHERE key = 'counting'")
+    conn.close()
+
+
+def test_a_filter_from_before_the_counting_is_refused_until_its_owner_vouches_for_it(tmp_path: Path) -> None:
     index, budget, _ = _index_and_ledger(tmp_path / "index", tmp_path / "ledger.db")
     _votes(index, budget, 1)
     index.filter.close()
-    conn = sqlite3.connect(index.filter.path)  # as an older version wrote it
-    with conn:
-        conn.execute("DELETE FROM meta WHERE key = 'releases'")
-    conn.close()
+    assert index.filter.path is not None
+    _as_before_counting(index.filter.path)
     reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
-    assert reopened.filter.releases() is None
-    PrivateKNN(reopened, budget=budget, labels=LABELS, config=CONFIG)
-    assert reopened.filter.releases() == 1  # adopted from the ledger, counted from there on
+    tag = _cover_tag(budget, reopened)
+    with pytest.raises(FilterRolledBackError, match=r"before releases were counted.*adopt_releases\(1, "):
+        _knn(reopened, budget)
+    reopened.filter.adopt_releases(1, release_tag=tag)  # the owner's statement: never restored
+    assert _votes(reopened, budget, 2) == 1  # then counted from there on
+    assert reopened.filter.releases(tag) == 3
+
+
+def test_a_backup_from_before_the_counting_is_refused_after_the_upgrade(tmp_path: Path) -> None:
+    """Cold review: a backup without counts, restored after the upgrade, was adopted at the ledger's figure and
+    gave the records 2 + 2 votes with uses=2. A filter without counts is never trusted silently."""
+    index, budget, _ = _index_and_ledger(tmp_path / "index", tmp_path / "ledger.db")
+    assert index.filter.path is not None
+    _backup(index.filter.path, tmp_path / "backup.sqlite")
+    _as_before_counting(tmp_path / "backup.sqlite")
+    assert _votes(index, budget, 3) == USES
+    _restore(index, tmp_path / "backup.sqlite")
+    reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
+    with pytest.raises(FilterRolledBackError, match="before releases were counted"):
+        _knn(reopened, budget)
+
+
+def test_a_copy_onto_a_path_with_a_leftover_journal_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    """Cold review: a deleted filter's -wal left at the path was replayed over the new copy (another owner's filter
+    appeared at the path, and stayed after the copy failed)."""
+    target = tmp_path / "f.sqlite"
+    Path(str(target) + "-wal").write_bytes(b"left by a crashed process")
+    with pytest.raises(ConfigurationError, match="leftover journal"):
+        RenyiFilter(BUDGET, owner="source").copy_to(target, owner="copy")
+    assert not target.exists()
 
 
 def test_a_postgres_filter_restored_from_a_dump_is_refused(pg_dsn: str, tmp_path: Path) -> None:
     psycopg = pytest.importorskip("psycopg")
     index, budget, _ = _index_and_ledger(pg_dsn, tmp_path / "ledger.db")
+    tables = ("dp_icl_filters", "dp_icl_filter_units", "dp_icl_filter_releases")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the dump: the filter's tables as they are now
-        owners = conn.execute("SELECT owner, budget, releases FROM dp_icl_filters").fetchall()
-        units = conn.execute("SELECT owner, unit, spent, spent_delta FROM dp_icl_filter_units").fetchall()
+        dump = {t: conn.execute(f"SELECT * FROM {t}").fetchall() for t in tables}
     assert _votes(index, budget, 3) == USES
     with psycopg.connect(pg_dsn, autocommit=True) as conn, conn.transaction():  # restored
-        conn.execute("DELETE FROM dp_icl_filter_units")
-        conn.execute("DELETE FROM dp_icl_filters")
-        for row in owners:
-            conn.execute("INSERT INTO dp_icl_filters (owner, budget, releases) VALUES (%s, %s, %s)", row)
-        for row in units:
-            conn.execute(
-                "INSERT INTO dp_icl_filter_units (owner, unit, spent, spent_delta) VALUES (%s, %s, %s, %s)", row
-            )
+        for t in reversed(tables):
+            conn.execute(f"DELETE FROM {t}")
+        for t in tables:
+            for row in dump[t]:
+                conn.execute(f"INSERT INTO {t} VALUES ({', '.join(['%s'] * len(row))})", row)
     reopened = PrivateIndex.open(pg_dsn, embedder=BagEmbedder())
     with pytest.raises(FilterRolledBackError, match="counts 0 releases"):
-        PrivateKNN(reopened, budget=budget, labels=LABELS, config=CONFIG)
+        _knn(reopened, budget)

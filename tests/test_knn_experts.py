@@ -4,6 +4,7 @@ filling after ``uses`` answers, the signal the experts carry, bad input before a
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -179,6 +180,50 @@ def test_the_decoder_keeps_the_retrievers_fixed_latency_and_add_remove_needs_pub
     with pytest.raises(ConfigurationError, match="population_size"):
         build_expert_decoder(backend(), data, budget=ledger, epsilon=2.0, n_queries=10, embedder=BagEmbedder())
     assert ledger.history() == []
+
+
+@pytest.mark.parametrize(
+    "bad", [{"fixed_latency": -1.0}, {"fixed_latency": "x"}, {"template": "not a template"}], ids=str
+)
+def test_the_decoders_own_settings_are_refused_before_the_filters_cover(bad: dict) -> None:
+    """Cold review of issue 40: these were refused by KNNExpertDecoder after PrivateKNN had charged the cover."""
+    from dp_icl_plugin import PrivateDataset
+    from dp_icl_plugin.decoding.knn_experts import build_expert_decoder
+
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    data = PrivateDataset.from_pairs(["q"] * 4, ["rare"] * 4)
+    with pytest.raises(ConfigurationError):
+        build_expert_decoder(
+            backend(), data, budget=ledger, epsilon=2.0, n_queries=10, uses=2, embedder=BagEmbedder(), **bad
+        )
+    assert ledger.history() == []
+
+
+def test_weak_experts_are_warned_about_before_the_cover_and_once() -> None:
+    from dp_icl_plugin import PrivateDataset
+    from dp_icl_plugin.decoding.knn_experts import build_expert_decoder
+    from dp_icl_plugin.errors import WeakReleaseWarning
+
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    seen: list[int] = []  # the ledger's length when each warning was given
+    original = warnings.showwarning
+
+    def show(message, category, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if category is WeakReleaseWarning:
+            seen.append(len(ledger.history()))
+
+    data = PrivateDataset.from_pairs(["q"] * 4, ["rare"] * 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        try:
+            build_expert_decoder(
+                backend(), data, budget=ledger, epsilon=0.05, n_queries=1000, uses=50, embedder=BagEmbedder()
+            )
+        finally:
+            warnings.showwarning = original
+    assert seen == [0]  # once, with nothing charged yet
+    assert [e.label.split(":")[0] for e in ledger.history()] == ["knn-filter"]
 
 
 def test_experts_that_agree_move_the_answer_where_zero_shot_would_not_go() -> None:

@@ -382,7 +382,6 @@ class Harness:
                 **self.expert_settings,
             )
         outs = self._answer_all(decoder, 11)
-        paid = len(decoder.knn.index.filter.all_spent()[0])  # records charged at least once
         self.add(
             f"expert decoding (k = {t.k})",
             epsilon,
@@ -394,7 +393,6 @@ class Harness:
             token_epsilon=decoder.token_epsilon,
             log_odds_range=decoder.clip / decoder.temperature,
             warned=[str(w.message)[:120] for w in caught],
-            records_paid=paid,
         )
 
     def mozo(self, epsilon: float) -> None:

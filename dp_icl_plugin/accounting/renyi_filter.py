@@ -79,6 +79,7 @@ class RenyiFilter:
     def _place(self, path: str | os.PathLike[str] | None, owner: str, busy_timeout: float) -> None:
         """Set the owner and the store for ``path`` (nothing is read or written yet)."""
         self.owner = owner
+        self._busy_timeout = busy_timeout
         self.url: str | None = None  # the database, password masked, for a filter on PostgreSQL
         self.path: Path | None = None  # the file, for a filter in SQLite
         self._store: FilterStore
@@ -103,20 +104,22 @@ class RenyiFilter:
         )
 
     # -- charging ---------------------------------------------------------------------------------
-    def charge(self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost]) -> np.ndarray:
+    def charge(self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost], *, release_tag: str = "") -> np.ndarray:
         """Admit the units that can pay ``cost`` and charge them, atomically.
 
         Args:
             units: distinct unit ids, shape (n,).
             cost: one cost for every unit, or one per unit (e.g. a person with several records in the
                 release pays for all of them).
+            release_tag: what the release is recorded under elsewhere (a ledger cover: ``PrivateKNN`` passes its
+                own), counted apart so that :meth:`check_releases` compares like with like.
 
         Returns:
             Boolean mask over ``units``: True where the unit was admitted (and charged). Units refused are
             not charged and must not take part in the release.
 
-        Every call counts one release (:meth:`releases`), in the same transaction, whether or not any unit is
-        admitted (a release over no unit included): call it once per release.
+        Every call counts one release under ``release_tag`` (:meth:`releases`), in the same transaction, whether or
+        not any unit is admitted (a release over no unit included): call it once per release.
 
         Raises:
             ConfigurationError: bad unit ids or costs, or an in-memory filter used after a move or in another
@@ -133,7 +136,9 @@ class RenyiFilter:
                 write(ids[ok], (spent + rdp_cost)[ok], (spent_delta + delta_cost)[ok])
             return ok
 
-        return self._store.atomically(len(self.budget.orders), admit, count_release=True)
+        if not isinstance(release_tag, str):
+            raise ConfigurationError("release_tag must be a string")
+        return self._store.atomically(len(self.budget.orders), admit, count_release=release_tag)
 
     # -- reading ----------------------------------------------------------------------------------
     def spent(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -172,27 +177,28 @@ class RenyiFilter:
         eps = spent + np.log1p(-1.0 / a) - (np.log(delta_k) + np.log(a)) / (a - 1)
         return np.where(spent.sum(axis=1) > 0, np.maximum(eps.min(axis=1), 0.0), 0.0)
 
-    def releases(self) -> int | None:
-        """How many releases were charged through this filter (:meth:`charge` calls), or None for a file or
-        database written before releases were counted.
+    def releases(self, release_tag: str = "") -> int:
+        """How many releases were charged through this filter under ``release_tag`` (:meth:`charge` calls).
 
         Raises:
             ConfigurationError: an in-memory filter used after a move or in another process.
             LedgerError: the file or database failed.
         """
-        return self._store.releases()
+        return self._store.release_counts()[0].get(release_tag, 0)
 
-    def check_releases(self, recorded: int, *, ledger: str = "the ledger") -> None:
-        """Refuse a filter rolled back: one that counts fewer releases than ``recorded``, the releases a ledger
-        holds under this filter's cover.
+    def check_releases(self, recorded: int, *, release_tag: str, ledger: str = "the ledger") -> None:
+        """Refuse a filter rolled back: one that counts fewer releases under ``release_tag`` than ``recorded``, the
+        releases a ledger holds under the cover that tag names.
 
-        Each release is charged here before the ledger records it, and the count only grows, so a live filter
-        always counts at least as many. Fewer means its spend was put back (a backup of the file or a dump of
-        the database restored in place): its units would get budget back that they spent under the same cover.
-        A filter written before releases were counted starts counting at ``recorded`` (trusted once).
+        Each release is counted here, under its cover's tag, before the ledger records it, and a count only grows,
+        so a live filter always counts at least as many; releases recorded elsewhere (another ledger) count under
+        other tags. Fewer means the spend was put back (a backup of the file or a dump of the database restored in
+        place): its units would get back budget they spent under the same cover. A filter written before releases
+        were counted cannot tell: it is refused too, until :meth:`adopt_releases` says it was never restored.
 
         Args:
-            recorded: the filtered releases a ledger records under this filter's cover.
+            recorded: the filtered releases a ledger records under the cover.
+            release_tag: the cover's tag (the one its releases were charged under).
             ledger: the ledger, for the message.
 
         Raises:
@@ -202,17 +208,43 @@ class RenyiFilter:
         """
         if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 0:
             raise ConfigurationError("recorded must be a non-negative integer")
-        counted = self._store.releases()
-        if counted is None:
-            counted = self._store.adopt_releases(recorded)
-        if counted < recorded:
+        counts, counting = self._store.release_counts()
+        counted = counts.get(release_tag, 0)
+        if counted >= recorded:
+            return
+        where = self.url or self.path or "memory"
+        if not counting:
             raise FilterRolledBackError(
-                f"the privacy filter of index {self.owner} at {self.url or self.path or 'memory'} counts {counted} "
-                f"releases but {ledger} records {recorded} under its cover: it was restored from a backup or rolled "
-                "back, and its records would get back budget they spent. Refusing to use it. Restore the filter as "
-                "it was last written (with every later release), or build a new index over the records, which the "
-                "ledger covers anew"
+                f"the privacy filter of index {self.owner} at {where} was written before releases were counted: it "
+                f"counts {counted} of the {recorded} releases {ledger} records under its cover, and cannot tell "
+                "whether it was restored from a backup. If it never was, say so once: "
+                f"index.filter.adopt_releases({recorded}, release_tag={release_tag!r}); otherwise build a new "
+                "index, which the ledger covers anew"
             )
+        raise FilterRolledBackError(
+            f"the privacy filter of index {self.owner} at {where} counts {counted} releases but {ledger} records "
+            f"{recorded} under its cover: it was restored from a backup or rolled back, and its records would get "
+            "back budget they spent. Refusing to use it. Restore the filter as it was last written (with every "
+            "later release), or build a new index over the records, which the ledger covers anew"
+        )
+
+    def adopt_releases(self, recorded: int, *, release_tag: str) -> None:
+        """Say that a filter written before releases were counted was never restored from a backup: take
+        ``recorded`` as its count under ``release_tag`` and count from here on (the message of
+        :meth:`check_releases` gives the call). Nothing can check this statement: make it only for a filter whose
+        file or rows were never put back.
+
+        Args:
+            recorded: the releases the ledger records under the cover.
+            release_tag: the cover's tag.
+
+        Raises:
+            ConfigurationError: ``recorded`` is not a non-negative integer.
+            LedgerError: the file or database failed.
+        """
+        if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 0:
+            raise ConfigurationError("recorded must be a non-negative integer")
+        self._store.adopt_releases(release_tag, recorded)
 
     def copy_to(self, path: str | os.PathLike[str], *, owner: str) -> RenyiFilter:
         """A new filter at ``path`` (a file, or a ``postgresql://`` URL) for another ``owner``, starting from this
@@ -272,7 +304,7 @@ class RenyiFilter:
         store.check_usable()
         with self._lock:  # no charge between the copy and the retirement
             store.check_usable()
-            moved = self._write_copy(path, self.owner, releases=store.releases())
+            moved = self._write_copy(path, self.owner, releases=store.release_counts()[0])
             rows = store.retire(
                 f"this in-memory filter was saved to {path}: use the filter there (the index's save() returned it)"
             )
@@ -286,7 +318,9 @@ class RenyiFilter:
                     raise
         return moved
 
-    def _write_copy(self, path: str | os.PathLike[str], owner: str, *, releases: int = 0) -> RenyiFilter:
+    def _write_copy(
+        self, path: str | os.PathLike[str], owner: str, *, releases: dict[str, int] | None = None
+    ) -> RenyiFilter:
         """A new filter at ``path`` with this one's budget and spend, created exclusively and whole (the store's
         ``create``: one transaction, or a complete file linked into place): never merged into a live filter,
         never left half-written (a budget without its units' spend would be a second filter at zero spend)."""
@@ -294,7 +328,7 @@ class RenyiFilter:
             raise ConfigurationError(f"{path} exists; a copy is written to a new filter file")
         units, spent, spent_delta = self.all_spent()
         copy = RenyiFilter.__new__(RenyiFilter)
-        copy._place(path, owner, 60.0)
+        copy._place(path, owner, self._busy_timeout)
         try:
             copy.budget = copy._store.create(self.budget, units, spent, spent_delta, releases=releases)
         except BaseException:

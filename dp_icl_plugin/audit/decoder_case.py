@@ -406,10 +406,17 @@ def telling_top_k(rows_d: np.ndarray, rows_d_prime: np.ndarray) -> tuple[int, fl
     return best_k, best_p
 
 
+FALLBACK_TOP_K = 10
+"""The ``top_k`` of a query whose broken rows tell nothing (this CPU's kernels hide the defect): a support of
+several tokens, so that the shipped row still tests the mechanism (at k = 1 its output would be fixed)."""
+
+
 @functools.cache
 def _tuned() -> tuple[int, ...]:
-    """Per query, the ``top_k`` both variants run at: the broken rows' telling one."""
-    return tuple(telling_top_k(*rows)[0] for rows in _rows(True))
+    """Per query, the ``top_k`` both variants run at: the broken rows' telling one, or :data:`FALLBACK_TOP_K`
+    where they tell nothing."""
+    found = [telling_top_k(*rows) for rows in _rows(True)]
+    return tuple(k if telling > 0.0 else FALLBACK_TOP_K for k, telling in found)
 
 
 def decoder_pairs(broken: bool) -> list[Any]:

@@ -70,7 +70,7 @@ from dp_icl_plugin.retrieval.index import Candidates, PrivateIndex
 from dp_icl_plugin.retrieval.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.steps.token_step import public_checked
 from dp_icl_plugin.templates.answer import AnswerTemplate
-from dp_icl_plugin.timing import FixedLatency
+from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 
 __all__ = ["KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token", "filter_budget_for"]
 
@@ -136,11 +136,12 @@ class KNNExpertDecoder(_Decoder):
         self.top_k = knn.config.expert_top_k
         if self.top_k:
             check_top_k(min(self.top_k, self.backend.vocab_size), self.backend)
-        warn_if_weak(
-            f"expert decoding over k = {self.k} records",
-            log_odds_shift(self.clip / self.temperature),
-            "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
-        )
+        if "decode" not in knn.asked_releases:  # a retriever built for decoding warned before its cover
+            warn_if_weak(
+                f"expert decoding over k = {self.k} records",
+                log_odds_shift(self.clip / self.temperature),
+                "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
+            )
 
     def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
         """A DP answer to a public question (a retriever's query): the question as the user's chat turn when
@@ -445,6 +446,10 @@ def build_expert_decoder(
         if per_unit
         else None,
     )
+    # the decoder's own settings, checked before the retriever charges the filter's cover (nothing paid for nothing)
+    if template is not None and not isinstance(template, AnswerTemplate):
+        raise ConfigurationTypeError("template must be an AnswerTemplate")
+    fixed_latency = as_fixed_latency(fixed_latency)
     share = budget.budget.delta / 2.0 if delta is None else delta
     # per unit: one filter per unit (the index grouped by user, a record's unit its user id), covered as is
     index = PrivateIndex(

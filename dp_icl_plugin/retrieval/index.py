@@ -601,13 +601,16 @@ class PrivateIndex:
             self._check_usable()
             self._lower_floor(cheapest)
 
-    def charge(self, candidates: Candidates, cost_of: Callable[[int], ReleaseCost]) -> Candidates:
+    def charge(
+        self, candidates: Candidates, cost_of: Callable[[int], ReleaseCost], *, release_tag: str = ""
+    ) -> Candidates:
         """Charge the units behind ``candidates`` and return the candidates whose unit was admitted.
 
         Args:
             candidates: records that may take part in a release (all are charged if their unit fits).
             cost_of: the cost of the release to a unit with ``c`` records among the candidates; it must not
                 fall as ``c`` grows (checked), which the mask relies on.
+            release_tag: what the release is recorded under (its ledger cover), counted by the filter.
 
         Returns:
             The candidates whose unit was admitted (and is still stored).
@@ -621,7 +624,7 @@ class PrivateIndex:
         cheapest = cost_of(1)
         self.expect_release(cheapest)  # for the next searches (a direct caller declares before its search)
         if not len(candidates):
-            self.filter.charge(np.zeros(0, dtype=np.int64), [])  # charges no unit; counts the release
+            self.filter.charge(np.zeros(0, dtype=np.int64), [], release_tag=release_tag)  # counts the release
             return candidates
         units = self.units_of(candidates.ids)
         present = units >= 0  # a record removed meanwhile takes no part and pays nothing
@@ -632,7 +635,7 @@ class PrivateIndex:
         costs = [by_count[int(c)] for c in counts]
         if any((c.rdp < cheapest.rdp).any() or c.delta < cheapest.delta for c in by_count.values()):
             raise ConfigurationError("a release's cost must not fall as a unit's candidate count grows")
-        admitted_units = uniq[self.filter.charge(uniq, costs)]
+        admitted_units = uniq[self.filter.charge(uniq, costs, release_tag=release_tag)]
         with self._lock:
             self._update_mask(uniq)
         return candidates.take(present & np.isin(units, admitted_units))

@@ -76,7 +76,12 @@ from dp_icl_plugin.mechanisms.keyword_threshold import (
     threshold_sensitivity,
 )
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
-from dp_icl_plugin.mechanisms.token_shift import MIN_KEYWORD_PASS, keyword_pass_probability
+from dp_icl_plugin.mechanisms.token_shift import (
+    MIN_KEYWORD_PASS,
+    keyword_pass_probability,
+    log_odds_shift,
+    warn_if_weak,
+)
 from dp_icl_plugin.retrieval.index import Candidates, PrivateIndex
 from dp_icl_plugin.retrieval.prompts import STOPWORDS, AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
@@ -501,8 +506,11 @@ class PrivateKNN:
         )
         self.expert_epsilon = token_epsilon_for_uses(filt, uses=self.config.uses, tokens=self.config.max_answer_tokens)
         self._label_tokens: np.ndarray | None = None
+        self.asked_releases: tuple[str, ...] = ()  # the releases named (none: the arguments decide)
         self.releases = self._plan_releases(releases)  # nothing paid for nothing: before the cover
-        self.cover_entry = self._cover()
+        cover = self._cover()
+        self.cover_entry = cover.id
+        self._release_tag = f"knn-filter:{cover.id}@{cover.timestamp!r}"  # this ledger's cover, counted apart
 
     def __repr__(self) -> str:
         return f"PrivateKNN(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
@@ -556,7 +564,9 @@ class PrivateKNN:
         candidates = self.index.within(query_vector, self.config.min_similarity)
         if self.config.records_per_unit is not None:  # each unit's nearest records only: its own records decide
             candidates = candidates.nearest_per_unit(self.index.units_of(candidates.ids), self.config.records_per_unit)
-        admitted = self.index.charge(candidates, lambda c: self._cost(release, c, k, tokens))
+        admitted = self.index.charge(
+            candidates, lambda c: self._cost(release, c, k, tokens), release_tag=self._release_tag
+        )
         entry = self.budget.spend(
             ev.with_privacy_unit(  # stated per the ledger's unit, the filter's (cover_event)
                 ev.FilteredReleaseEvent(
@@ -786,7 +796,7 @@ class PrivateKNN:
             )
         return ev.ApproxDPEvent(2.0 * budget.epsilon, delta, neighbouring=ev.ADD_REMOVE)
 
-    def _cover(self) -> int:
+    def _cover(self) -> LedgerEntry:
         """The ledger entry covering the index's filter: found (after checking the filter was not rolled back
         below the releases recorded under it) or charged now."""
         label = f"knn-filter:{self.index.id}"
@@ -800,13 +810,15 @@ class PrivateKNN:
                     )
                 if entry.event != event:
                     raise ConfigurationError("the ledger holds this index's filter charge with another budget")
-                # the ledger first, then the filter: every release is counted by the filter before the ledger
-                # records it, so a live filter never counts fewer
+                # the ledger first, then the filter: every release is counted by the filter (under this cover's
+                # tag) before the ledger records it, so a live filter never counts fewer
                 self.index.filter.check_releases(
-                    self.budget.covered_releases(entry.id), ledger=f"the ledger (cover entry {entry.id})"
+                    self.budget.covered_releases(entry.id),
+                    release_tag=f"knn-filter:{entry.id}@{entry.timestamp!r}",
+                    ledger=f"the ledger (cover entry {entry.id})",
                 )
-                return entry.id
-        return self.budget.spend(event, label=label).id
+                return entry
+        return self.budget.spend(event, label=label)
 
     def _plan_releases(self, releases: Collection[str] | None) -> tuple[str, ...]:
         """The releases this retriever makes, checked against the public settings (the constructor's
@@ -822,6 +834,9 @@ class PrivateKNN:
                 why = self._unreleasable(release)
                 if why is not None:
                     raise ConfigurationError(f"{why}; nothing was charged")
+            self.asked_releases = asked
+            if "decode" in asked:  # said before the cover (KNNExpertDecoder then says nothing more)
+                self._warn_if_weak_experts()
             return asked
         labels, backend = self.labels is not None, self.backend is not None
         possible = {"vote": labels, "classify": labels and backend, "answer": backend, "decode": backend}
@@ -842,6 +857,16 @@ class PrivateKNN:
                 stacklevel=3,
             )
         return allowed
+
+    def _warn_if_weak_experts(self) -> None:
+        """Warn (:class:`~dp_icl_plugin.errors.WeakReleaseWarning`) when the experts of a ``decode`` release can
+        barely move a token (public settings only)."""
+        clip, temperature = self.expert_scale()
+        warn_if_weak(
+            f"expert decoding over k = {self.config.k} records",
+            log_odds_shift(clip / temperature),
+            "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
+        )
 
     def _unreleasable(self, release: str) -> str | None:
         """Why the public settings alone make ``release`` impossible or useless, or None."""

@@ -8,11 +8,12 @@ the privacy decision, which units a release admits; a store only makes its read-
 (:mod:`~dp_icl_plugin.accounting.stores.filter_sqlite`) or in PostgreSQL shared by hosts
 (:mod:`~dp_icl_plugin.accounting.stores.filter_postgres`).
 
-A store also counts the releases charged through it (:meth:`FilterStore.releases`), in the transaction of each
-charge. The count only grows, and every release a ledger records under the filter's cover was counted first, so a
-count below the ledger's is a filter rolled back (a backup restored in place): its units would get spent budget
-back. The filter checks it when it is covered
-(:meth:`~dp_icl_plugin.accounting.renyi_filter.RenyiFilter.check_releases`).
+A store also counts the releases charged through it, per *release tag* (the ledger cover a release is recorded
+under), in the transaction of each charge (:meth:`FilterStore.release_counts`). A count only grows, and every
+release a ledger records under a cover was counted under that cover's tag first, so a count below the ledger's is
+a filter rolled back (a backup restored in place): its units would get spent budget back. Counting per cover keeps
+releases recorded elsewhere (another ledger, a ledger write that failed) from hiding a rollback. The filter checks
+it when it is covered (:meth:`~dp_icl_plugin.accounting.renyi_filter.RenyiFilter.check_releases`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class FilterStore(Protocol):
         spent: np.ndarray,
         spent_delta: np.ndarray,
         *,
-        releases: int = 0,
+        releases: dict[str, int] | None = None,
     ) -> IndividualBudget:
         """Create the filter with ``budget`` and these units' spend in one transaction, exclusively: refused when
         the file or the owner exists already (never merged into a live filter, never left half-written).
@@ -81,7 +82,8 @@ class FilterStore(Protocol):
             units: unit ids, shape (n,).
             spent: their RDP spend, shape (n, orders).
             spent_delta: their approximate δ spend, shape (n,).
-            releases: the release count to start from (a moved filter's; 0 for a copy under a new owner).
+            releases: the release counts to start from, per tag (a moved filter's; none for a copy under a new
+                owner). The new filter counts from its creation.
 
         Returns:
             The filter's budget.
@@ -93,7 +95,7 @@ class FilterStore(Protocol):
         ...
 
     def atomically(
-        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: bool = False
+        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: str | None = None
     ) -> T:
         """``work(read, write)`` as one transaction: nothing else reads or changes the rows it reads before it
         returns.
@@ -102,7 +104,7 @@ class FilterStore(Protocol):
             orders: the number of Rényi orders in a spend row.
             work: the transaction's body.
             write: whether ``work`` may write.
-            count_release: add one to the release count in the same transaction (a write transaction).
+            count_release: a release tag: add one to its count in the same transaction (a write transaction).
 
         Returns:
             What ``work`` returns.
@@ -113,8 +115,10 @@ class FilterStore(Protocol):
         """
         ...
 
-    def releases(self) -> int | None:
-        """The releases charged through this filter so far, or None for a filter written before they were counted.
+    def release_counts(self) -> tuple[dict[str, int], bool]:
+        """The releases charged through this filter per release tag, and whether it has counted every release
+        since it was made (False for a filter written before releases were counted, until
+        :meth:`adopt_releases`).
 
         Raises:
             ConfigurationError: the store may no longer be used.
@@ -122,12 +126,13 @@ class FilterStore(Protocol):
         """
         ...
 
-    def adopt_releases(self, count: int) -> int:
-        """Start counting at ``count`` when the filter has no count yet (one written before releases were
-        counted); returns the count it has now.
+    def adopt_releases(self, tag: str, count: int) -> None:
+        """Take ``count`` as ``tag``'s count (when larger) and mark the filter as counting: an operator's statement
+        that a filter written before releases were counted was never restored from a backup.
 
         Args:
-            count: the releases recorded elsewhere (the ledger's) so far.
+            tag: the release tag.
+            count: the releases recorded under it elsewhere (the ledger's).
 
         Raises:
             ConfigurationError: the store may no longer be used.

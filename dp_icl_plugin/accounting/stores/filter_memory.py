@@ -41,7 +41,7 @@ class MemoryFilterStore:
         self._lock = threading.RLock()
         self._process = process_mark()  # refused in any other process
         self._retired: str | None = None  # why it may no longer be used
-        self._releases = 0
+        self._releases: dict[str, int] = {}  # per release tag (the cover a release is recorded under)
 
     @property
     def lock(self) -> threading.RLock:
@@ -75,7 +75,7 @@ class MemoryFilterStore:
         spent: np.ndarray,
         spent_delta: np.ndarray,
         *,
-        releases: int = 0,
+        releases: dict[str, int] | None = None,
     ) -> IndividualBudget:
         self.check_usable()
         with self._lock:
@@ -83,26 +83,29 @@ class MemoryFilterStore:
             if self._rows or self._releases:
                 raise ConfigurationError("this in-memory filter exists already")
             self._write(units, spent, spent_delta)
-            self._releases = releases
+            self._releases = dict(releases or {})
         return budget
 
     def atomically(
-        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: bool = False
+        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: str | None = None
     ) -> T:
         self.check_usable()
         with self._lock:
             self.check_usable()
             result = work(lambda ids: self._read(ids, orders), self._write)
-            if count_release:
-                self._releases += 1
+            if count_release is not None:
+                self._releases[count_release] = self._releases.get(count_release, 0) + 1
             return result
 
-    def releases(self) -> int:
+    def release_counts(self) -> tuple[dict[str, int], bool]:
         self.check_usable()
-        return self._releases
+        with self._lock:
+            return dict(self._releases), True
 
-    def adopt_releases(self, count: int) -> int:
-        return self.releases()
+    def adopt_releases(self, tag: str, count: int) -> None:
+        self.check_usable()
+        with self._lock:
+            self._releases[tag] = max(self._releases.get(tag, 0), count)
 
     def all_rows(self) -> list[tuple[int, bytes, float]]:
         self.check_usable()
@@ -110,7 +113,7 @@ class MemoryFilterStore:
             self.check_usable()
             return [(unit, encode_spend(row), d) for unit, (row, d) in sorted(self._rows.items())]
 
-    def retire(self, why: str) -> tuple[Rows, int]:
+    def retire(self, why: str) -> tuple[Rows, dict[str, int]]:
         """Refuse every use from now on, with ``why`` as the error; returns the rows and the release count it held
         (for :meth:`reinstate` when the move they went to did not happen)."""
         with self._lock:
@@ -118,7 +121,7 @@ class MemoryFilterStore:
             self._rows, self._retired = {}, why
         return held
 
-    def reinstate(self, held: tuple[Rows, int]) -> None:
+    def reinstate(self, held: tuple[Rows, dict[str, int]]) -> None:
         """Undo :meth:`retire`: the move did not happen, so this is again the only copy of ``held``."""
         with self._lock:
             (self._rows, self._releases), self._retired = held, None

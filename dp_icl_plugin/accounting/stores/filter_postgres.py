@@ -3,15 +3,19 @@
 A charge is one READ COMMITTED transaction: it makes sure every unit it touches has a row (inserted at zero
 spend, ``ON CONFLICT DO NOTHING``), locks those rows (``SELECT ... FOR UPDATE``, in unit order so that two
 hosts charging overlapping units never deadlock), reads their spend, and writes the admitted units' new
-spend before it commits. Hosts therefore serialise per unit, not per index: charges of disjoint units run
-in parallel, and no unit is ever admitted past its budget. The spend rows are keyed by the filter's owner
-(the private index's id); the budget is stored once per owner and checked on every open.
+spend before it commits. Hosts therefore serialise per unit while they read and decide: no unit is ever
+admitted past its budget, and charges of disjoint units do that part in parallel (they then queue briefly on the
+release count, the transaction's last statement, below). The spend rows are keyed by the filter's owner (the
+private index's id); the budget is stored once per owner and checked on every open.
 
 A filter made from another's spend (a copy) is created exclusively: its owner row and every spend row are inserted
 in one transaction that fails, leaving nothing, when the owner exists; a charge only ever writes the rows it locked,
-each its own spend plus the release's cost, so no stored spend is ever lowered. The owner row also counts the
-releases charged (``releases``, raised as the last statement of each charge's transaction, so the owner row is held
-only for its commit; NULL for an owner written before releases were counted).
+each its own spend plus the release's cost, so no stored spend is ever lowered. The releases charged are
+counted per release tag (``dp_icl_filter_releases``: one row per owner and tag, raised as the last statement of
+each charge's transaction): charges of one index under one cover therefore queue on that row from the count to the
+commit. The owner row's ``counting`` says the owner has counted since it was made (false for an owner written
+before releases were counted). The column is added to an older table when missing (``ALTER TABLE``, which waits
+for the charges in flight): upgrade every host together.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ __all__ = ["FILTER_SCHEMA", "PostgresFilterStore"]
 
 FILTER_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS dp_icl_filters (owner text PRIMARY KEY, budget text NOT NULL,"
-    " releases bigint CHECK (releases >= 0))",
+    " counting boolean NOT NULL DEFAULT false)",
+    "CREATE TABLE IF NOT EXISTS dp_icl_filter_releases (owner text NOT NULL REFERENCES dp_icl_filters(owner),"
+    " tag text NOT NULL, releases bigint NOT NULL CHECK (releases >= 0), PRIMARY KEY (owner, tag))",
     "CREATE TABLE IF NOT EXISTS dp_icl_filter_units (owner text NOT NULL REFERENCES dp_icl_filters(owner),"
     " unit bigint NOT NULL CHECK (unit >= 0), spent bytea NOT NULL, spent_delta double precision NOT NULL"
     " CHECK (spent_delta >= 0), PRIMARY KEY (owner, unit))",
@@ -39,7 +45,7 @@ FILTER_SCHEMA = (
 T = TypeVar("T")
 _CREATE_LOCK = 0x44504946  # pg_advisory_xact_lock key ("DPIF"): one creator of the tables at a time
 _RETRIES = 5  # a deadlock or serialisation failure (rolled back by the server) is retried this many times
-_RELEASES_COLUMN = "ALTER TABLE dp_icl_filters ADD COLUMN releases bigint CHECK (releases >= 0)"
+_COUNTING_COLUMN = "ALTER TABLE dp_icl_filters ADD COLUMN counting boolean NOT NULL DEFAULT false"
 """Added to a table made before releases were counted (only when missing: ALTER takes an exclusive lock)."""
 
 
@@ -113,7 +119,7 @@ class PostgresFilterStore:
         spent: np.ndarray,
         spent_delta: np.ndarray,
         *,
-        releases: int = 0,
+        releases: dict[str, int] | None = None,
     ) -> IndividualBudget:
         """Create the filter with ``budget`` and these units' spend in one transaction, refused when the owner exists.
 
@@ -122,7 +128,7 @@ class PostgresFilterStore:
             units: unit ids, shape (n,).
             spent: their RDP spend, shape (n, orders).
             spent_delta: their approximate δ spend, shape (n,).
-            releases: the release count to start from (a moved filter's; 0 for a copy under a new owner).
+            releases: the release counts to start from, per tag (a moved filter's; none for a copy).
 
         Returns:
             The filter's budget.
@@ -136,7 +142,7 @@ class PostgresFilterStore:
             try:
                 with conn.transaction():
                     self._create_tables(conn)
-                    if not self._insert_owner(conn, budget, releases=releases):
+                    if not self._insert_owner(conn, budget):
                         raise ConfigurationError(
                             f"{self._db.where()} exists; a filter made from another's spend needs an owner with no "
                             "filter yet (it is never merged into a live one)"
@@ -153,34 +159,41 @@ class PostgresFilterStore:
                                 [float(d) for d in spent_delta.tolist()],
                             ),
                         )
+                    for tag, count in sorted((releases or {}).items()):
+                        conn.execute(
+                            "INSERT INTO dp_icl_filter_releases (owner, tag, releases) VALUES (%s, %s, %s)",
+                            (self.owner, tag, int(count)),
+                        )
             except self._db.pg.Error as exc:
                 raise self._db.fail(exc) from None
         return budget
 
-    def releases(self) -> int | None:
-        """The releases charged through this filter, or None for an owner written before they were counted.
+    def release_counts(self) -> tuple[dict[str, int], bool]:
+        """The releases charged per release tag, and whether the owner has counted since it was made.
 
         Raises:
             LedgerError: the database failed, or the owner has no filter.
         """
         with self.lock:
+            conn = self._db.get()
             try:
-                row = (
-                    self._db.get()
-                    .execute("SELECT releases FROM dp_icl_filters WHERE owner = %s", (self.owner,))
-                    .fetchone()
-                )
+                with conn.transaction():
+                    row = conn.execute("SELECT counting FROM dp_icl_filters WHERE owner = %s", (self.owner,)).fetchone()
+                    rows = conn.execute(
+                        "SELECT tag, releases FROM dp_icl_filter_releases WHERE owner = %s", (self.owner,)
+                    ).fetchall()
             except self._db.pg.Error as exc:
                 raise self._db.fail(exc) from None
         if row is None:
             raise LedgerCorruptError(f"{self._db.where()} has no owner row")
-        return None if row[0] is None else int(row[0])
+        return {str(t): int(n) for t, n in rows}, bool(row[0])
 
-    def adopt_releases(self, count: int) -> int:
-        """Start counting at ``count`` when the owner has no count yet; returns the count it has now.
+    def adopt_releases(self, tag: str, count: int) -> None:
+        """Take ``count`` as ``tag``'s count (when larger) and mark the owner as counting.
 
         Args:
-            count: the releases the ledger recorded so far.
+            tag: the release tag.
+            count: the releases the ledger recorded under it.
 
         Raises:
             LedgerError: the database failed.
@@ -190,14 +203,14 @@ class PostgresFilterStore:
             try:
                 with conn.transaction():
                     conn.execute(
-                        "UPDATE dp_icl_filters SET releases = %s WHERE owner = %s AND releases IS NULL",
-                        (int(count), self.owner),
+                        "INSERT INTO dp_icl_filter_releases (owner, tag, releases) VALUES (%s, %s, %s)"
+                        " ON CONFLICT (owner, tag) DO UPDATE"
+                        " SET releases = greatest(dp_icl_filter_releases.releases, excluded.releases)",
+                        (self.owner, tag, int(count)),
                     )
+                    conn.execute("UPDATE dp_icl_filters SET counting = true WHERE owner = %s", (self.owner,))
             except self._db.pg.Error as exc:
                 raise self._db.fail(exc) from None
-        found = self.releases()
-        assert found is not None
-        return found
 
     def _create_tables(self, conn: Any) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,))
@@ -205,18 +218,18 @@ class PostgresFilterStore:
             conn.execute(statement)
         counted = conn.execute(
             "SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
-            " AND table_name = 'dp_icl_filters' AND column_name = 'releases'"
+            " AND table_name = 'dp_icl_filters' AND column_name = 'counting'"
         ).fetchone()
         if counted is None:
-            conn.execute(_RELEASES_COLUMN)
+            conn.execute(_COUNTING_COLUMN)
 
-    def _insert_owner(self, conn: Any, budget: IndividualBudget, *, releases: int = 0) -> bool:
-        """Insert the owner row with its release count; False when the owner exists."""
+    def _insert_owner(self, conn: Any, budget: IndividualBudget) -> bool:
+        """Insert the owner row (counting from now on); False when the owner exists."""
         return (
             conn.execute(
-                "INSERT INTO dp_icl_filters (owner, budget, releases) VALUES (%s, %s, %s)"
+                "INSERT INTO dp_icl_filters (owner, budget, counting) VALUES (%s, %s, true)"
                 " ON CONFLICT (owner) DO NOTHING RETURNING owner",
-                (self.owner, json.dumps(budget.to_dict()), int(releases)),
+                (self.owner, json.dumps(budget.to_dict())),
             ).fetchone()
             is not None
         )
@@ -234,7 +247,7 @@ class PostgresFilterStore:
         return stored
 
     def atomically(
-        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: bool = False
+        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: str | None = None
     ) -> T:
         """``work(read, write)`` inside one transaction; in a write transaction ``read`` locks the rows it reads
         (creating missing ones at zero), so nothing else changes them before the commit. A deadlock or
@@ -244,7 +257,7 @@ class PostgresFilterStore:
             orders: the number of Rényi orders in a spend row.
             work: the transaction's body, given ``read(ids)`` and ``write(ids, spent, spent_delta)``.
             write: a write transaction (``read`` locks its rows).
-            count_release: add one to the owner's release count, the transaction's last statement.
+            count_release: a release tag: add one to its count, the transaction's last statement.
 
         Returns:
             What ``work`` returns.
@@ -257,10 +270,14 @@ class PostgresFilterStore:
             for attempt in range(_RETRIES):
                 try:
                     with conn.transaction():
-                        result = work(self._reader(conn, orders, lock=write or count_release), self._writer(conn))
-                        if count_release:  # last: the owner row is held only until the commit
+                        counting = count_release is not None
+                        result = work(self._reader(conn, orders, lock=write or counting), self._writer(conn))
+                        if counting:  # last: the count's row is held only until the commit
                             conn.execute(
-                                "UPDATE dp_icl_filters SET releases = releases + 1 WHERE owner = %s", (self.owner,)
+                                "INSERT INTO dp_icl_filter_releases (owner, tag, releases) VALUES (%s, %s, 1)"
+                                " ON CONFLICT (owner, tag) DO UPDATE"
+                                " SET releases = dp_icl_filter_releases.releases + 1",
+                                (self.owner, count_release),
                             )
                         return result
                 except (self._db.pg.errors.DeadlockDetected, self._db.pg.errors.SerializationFailure) as exc:

@@ -4,8 +4,10 @@ so two processes never admit a unit past its budget.
 
 A filter made from another's spend (a copy, a move) is written whole under a hidden name beside its path and then
 hard-linked to the path, which fails if anything is there: no check-then-act race with another process creating
-the same file, and nothing at the path until every row is in it. The release count is the ``releases`` row of the
-``meta`` table, raised in the transaction of every charge (a file written before releases were counted has none).
+the same file, and nothing at the path until every row is in it (a leftover journal of an earlier file at that
+path is refused: SQLite would replay it over the new one). The release counts are the ``releases`` table (one row
+per release tag), raised in the transaction of every charge; ``meta`` says ``counting`` when the file has counted
+from its creation (a file written before releases were counted gets the table when opened, without the mark).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ T = TypeVar("T")
 APPLICATION_ID = 0x44504946  # "DPIF"
 SCHEMA_VERSION = 1
 _CHUNK = 900  # stays under SQLite's limit on bound parameters
+_RELEASES_TABLE = "CREATE TABLE releases (tag TEXT PRIMARY KEY, count INTEGER NOT NULL CHECK (count >= 0))"
 
 
 class SQLiteFilterStore:
@@ -80,20 +83,27 @@ class SQLiteFilterStore:
         spent: np.ndarray,
         spent_delta: np.ndarray,
         *,
-        releases: int = 0,
+        releases: dict[str, int] | None = None,
     ) -> IndividualBudget:
+        journals = [self.path.with_name(self.path.name + e) for e in ("-wal", "-shm", "-journal")]
+        if any(j.exists() for j in journals):  # SQLite would replay an earlier file's journal over the new one
+            raise ConfigurationError(
+                f"{self.path} has a leftover journal ({', '.join(j.name for j in journals if j.exists())}) of an "
+                "earlier filter: a filter made from another's spend is written to a new path"
+            )
         staging = self.path.with_name(f".{self.path.name}.creating-{uuid.uuid4().hex[:12]}")
         leftovers = (staging, *(staging.with_name(staging.name + e) for e in ("-wal", "-shm", "-journal")))
         draft = SQLiteFile(staging, kind="filter", application_id=APPLICATION_ID, busy_timeout=self._file.busy_timeout)
         try:
 
             def fill(conn: sqlite3.Connection, fresh: bool) -> None:  # one transaction: schema, budget, every row
-                self._create_schema(conn, budget, releases=releases)
+                self._create_schema(conn, budget, releases=releases or {})
                 self._write(units, spent, spent_delta, conn=conn)
 
             draft.open(fill)
             draft.connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
             draft.close()  # everything in the main file, which alone is linked
+            made = os.stat(staging)
             try:
                 os.link(staging, self.path)  # atomic, and fails if anything is at the path
             except FileExistsError:
@@ -108,29 +118,42 @@ class SQLiteFilterStore:
             draft.close()
             for leftover in leftovers:
                 leftover.unlink(missing_ok=True)
-        return self.open(budget)
+        try:
+            return self.open(budget)
+        except BaseException:  # nothing left behind: the linked file goes while it is still the one made here
+            self._file.close()
+            try:
+                if os.path.samestat(os.stat(self.path), made):
+                    self.path.unlink()
+            except OSError:
+                pass
+            raise
 
     def atomically(
-        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: bool = False
+        self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: str | None = None
     ) -> T:
-        with self._file.transaction(write=write or count_release):
+        with self._file.transaction(write=write or count_release is not None):
             result = work(lambda ids: self._read(ids, orders), self._write)
-            if count_release:
-                self._sql("UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT) WHERE key = 'releases'")
+            if count_release is not None:
+                self._sql(
+                    "INSERT INTO releases (tag, count) VALUES (?, 1) ON CONFLICT (tag) DO UPDATE SET count = count + 1",
+                    (count_release,),
+                )
             return result
 
-    def releases(self) -> int | None:
-        with self._file.lock:
-            row = self._sql("SELECT value FROM meta WHERE key = 'releases'").fetchone()
-        return None if row is None else self._count(row[0])
+    def release_counts(self) -> tuple[dict[str, int], bool]:
+        with self._file.transaction(write=False):
+            rows = self._sql("SELECT tag, count FROM releases").fetchall()
+            counting = self._sql("SELECT value FROM meta WHERE key = 'counting'").fetchone()
+        return {str(t): self._count(c) for t, c in rows}, counting is not None
 
-    def adopt_releases(self, count: int) -> int:
+    def adopt_releases(self, tag: str, count: int) -> None:
         with self._file.transaction():
             self._sql(
-                "INSERT INTO meta (key, value) VALUES ('releases', ?) ON CONFLICT (key) DO NOTHING", (str(count),)
+                "INSERT INTO releases (tag, count) VALUES (?, ?) ON CONFLICT (tag) DO UPDATE SET count = max(count, ?)",
+                (tag, int(count), int(count)),
             )
-            value = self._sql("SELECT value FROM meta WHERE key = 'releases'").fetchone()[0]
-        return self._count(value)
+            self._sql("INSERT INTO meta (key, value) VALUES ('counting', '1') ON CONFLICT (key) DO NOTHING")
 
     def all_rows(self) -> list[tuple[int, bytes, float]]:
         with self._file.lock:
@@ -194,6 +217,7 @@ class SQLiteFilterStore:
             return self._create_schema(conn, budget)
         if conn.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
             raise LedgerFormatError(f"filter {self.path} has a schema this library does not read")
+        conn.execute(_RELEASES_TABLE.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS"))  # a file made before
         meta = dict(conn.execute("SELECT key, value FROM meta"))
         try:
             stored = IndividualBudget.from_dict(json.loads(meta["budget"]))
@@ -209,16 +233,18 @@ class SQLiteFilterStore:
         return stored
 
     def _create_schema(
-        self, conn: sqlite3.Connection, budget: IndividualBudget, *, releases: int = 0
+        self, conn: sqlite3.Connection, budget: IndividualBudget, *, releases: dict[str, int] | None = None
     ) -> IndividualBudget:
         if conn.execute("PRAGMA application_id").fetchone()[0] != 0:
             raise ConfigurationError(f"{self.path} exists; a new filter is written to a new file")
         conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
         conn.execute("CREATE TABLE units (unit INTEGER PRIMARY KEY, spent BLOB NOT NULL, spent_delta REAL NOT NULL)")
+        conn.execute(_RELEASES_TABLE)
         conn.executemany(
             "INSERT INTO meta (key, value) VALUES (?, ?)",
-            [("budget", json.dumps(budget.to_dict())), ("owner", self.owner), ("releases", str(int(releases)))],
+            [("budget", json.dumps(budget.to_dict())), ("owner", self.owner), ("counting", "1")],
         )
+        conn.executemany("INSERT INTO releases (tag, count) VALUES (?, ?)", sorted((releases or {}).items()))
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         return budget
