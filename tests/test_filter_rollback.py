@@ -273,3 +273,17 @@ def test_a_postgres_filter_restored_from_a_dump_is_refused(pg_dsn: str, tmp_path
     reopened = PrivateIndex.open(pg_dsn, embedder=BagEmbedder())
     with pytest.raises(FilterRolledBackError, match="counts 0 releases"):
         _knn(reopened, budget)
+
+
+def test_an_index_and_ledger_on_postgres_reopened_as_they_were_left_are_accepted(pg_dsn: str) -> None:
+    """The cover's tag names its timestamp: it must read back from a PostgreSQL ledger as it was written."""
+    pytest.importorskip("psycopg")
+    texts, labels, _ = records(6)
+    index = PrivateIndex(budget=BUDGET, embedder=BagEmbedder(), path=pg_dsn, name="left")
+    index.add(texts, labels=labels)
+    budget = BudgetManager(PrivacyBudget(1e6, 1e-3), ledger=pg_dsn)
+    assert _votes(index, budget, 1) == 1
+    reopened = PrivateIndex.open(pg_dsn, embedder=BagEmbedder(), name="left")
+    again = BudgetManager(ledger=pg_dsn)  # another host: the ledger read back from the database
+    assert _votes(reopened, again, 2) == 1
+    assert reopened.filter.releases(_cover_tag(again, reopened)) == 3
