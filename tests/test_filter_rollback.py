@@ -287,3 +287,68 @@ def test_an_index_and_ledger_on_postgres_reopened_as_they_were_left_are_accepted
     again = BudgetManager(ledger=pg_dsn)  # another host: the ledger read back from the database
     assert _votes(reopened, again, 2) == 1
     assert reopened.filter.releases(_cover_tag(again, reopened)) == 3
+
+
+def test_releases_the_ledger_never_recorded_leave_no_room_for_a_rollback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Second review: releases counted by the filter whose ledger write then failed (a busy timeout, a crash) made
+    room for as many rolled-back ones. Each release's number under its cover is now recorded with it, and the filter
+    must count up to the highest."""
+    from dp_icl_plugin.errors import LedgerError
+
+    index, budget, _ = _index_and_ledger(tmp_path / "index", tmp_path / "ledger.db")
+    knn = PrivateKNN(index, budget=budget, labels=LABELS, config=KNNConfig(k=6, shards=2, min_similarity=0.99))
+    real_spend = BudgetManager.spend
+
+    def failing(self: BudgetManager, event: object, *, label: str) -> object:
+        raise LedgerError("the ledger stayed locked (injected)")
+
+    monkeypatch.setattr(BudgetManager, "spend", failing)
+    for _ in range(3):
+        with pytest.raises(LedgerError):
+            knn.vote("zzz unrelated", rng=np.random.default_rng(0))  # counted by the filter, not recorded
+    monkeypatch.setattr(BudgetManager, "spend", real_spend)
+    assert index.filter.path is not None
+    _backup(index.filter.path, tmp_path / "backup.sqlite")
+    assert _votes(index, budget, 3) == USES
+    assert [e.label.rpartition("#")[2] for e in budget.history()][1:] == ["4", "5", "6"]  # gaps, not slack
+    _restore(index, tmp_path / "backup.sqlite")
+    reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
+    with pytest.raises(FilterRolledBackError, match=r"counts 3 releases but the ledger .* records 6"):
+        _knn(reopened, budget)
+    assert budget.label_counts() == {f"knn-filter:{index.id}": 1, f"knn-vote:{index.id}": 3}
+
+
+def test_every_cover_of_an_index_is_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Second review: two hosts starting together may both charge a cover; only the first was checked."""
+    index, budget, _ = _index_and_ledger(tmp_path / "index", tmp_path / "ledger.db")
+    _knn(index, budget)  # the first cover
+    real_history = BudgetManager.history
+    monkeypatch.setattr(BudgetManager, "history", lambda self: [])  # the race: the second host saw none yet
+    second = _knn(index, budget)
+    monkeypatch.setattr(BudgetManager, "history", real_history)
+    assert [e.label.split(":")[0] for e in budget.history()] == ["knn-filter", "knn-filter"]
+    assert index.filter.path is not None
+    _backup(index.filter.path, tmp_path / "backup.sqlite")
+    for _ in range(2):
+        second.vote("a question about billing", rng=np.random.default_rng(0))
+    _restore(index, tmp_path / "backup.sqlite")
+    reopened = PrivateIndex.open(tmp_path / "index", embedder=BagEmbedder())
+    with pytest.raises(FilterRolledBackError, match="cover entry 2"):
+        _knn(reopened, budget)
+
+
+def test_a_cover_read_back_from_postgres_with_short_floats_is_the_same_cover(pg_dsn: str) -> None:
+    """Second review: with extra_float_digits = 0 (a database or role setting) the cover's time read back shortened,
+    named another tag, and every restart was refused. Connections now ask for exact floats."""
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {conn.info.dbname} SET extra_float_digits = 0")
+    texts, labels, _ = records(6)
+    index = PrivateIndex(budget=BUDGET, embedder=BagEmbedder(), path=pg_dsn, name="short")
+    index.add(texts, labels=labels)
+    budget = BudgetManager(PrivacyBudget(1e6, 1e-3), ledger=pg_dsn)
+    assert _votes(index, budget, 1) == 1
+    again = BudgetManager(ledger=pg_dsn)
+    assert _votes(PrivateIndex.open(pg_dsn, embedder=BagEmbedder(), name="short"), again, 1) == 1

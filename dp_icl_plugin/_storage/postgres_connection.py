@@ -133,6 +133,9 @@ class PostgresConnection:
                 conn.execute("SELECT set_config('lock_timeout', %s, false)", (ms,))
                 # a host that stalls inside a transaction (frozen, partitioned) loses it, and its row locks
                 conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (ms,))
+                # floats read back exactly as written, whatever the server's or role's setting (a ledger entry's
+                # time names its filter cover's release counts: RenyiFilter.check_releases)
+                conn.execute("SELECT set_config('extra_float_digits', '3', false)")
             except self.pg.Error as exc:
                 if conn is not None:
                     conn.close()

@@ -75,6 +75,8 @@ __all__ = ["BudgetManager", "LedgerEntry"]
 MAX_LABEL_LENGTH = 200
 FILTER_COVER_SUFFIX = "-filter"
 """A filter's cover is labelled ``<component>-filter:<owner>``; its releases ``<component>-<kind>:<owner>``."""
+RELEASE_NUMBER = "#"
+"""A filtered release's label may end with ``#<n>``: its number under its cover, as its filter counted it."""
 _POSTGRES_SCHEMES = POSTGRES_SCHEMES
 _log = logging.getLogger(__name__)
 
@@ -319,8 +321,9 @@ class BudgetManager:
         ]
 
     def covered_releases(self, cover_id: int) -> int:
-        """How many filtered releases this ledger holds under the cover entry ``cover_id`` (its filter's releases
-        recorded here; a filter that counts fewer was rolled back: ``RenyiFilter.check_releases``).
+        """How many releases the filter under the cover entry ``cover_id`` must have counted, by this ledger: the
+        highest release number recorded under it (``#<n>`` ending a release's label), and at least the number of
+        releases recorded (a filter that counts fewer was rolled back: ``RenyiFilter.check_releases``).
 
         Args:
             cover_id: a cover entry's id.
@@ -334,17 +337,19 @@ class BudgetManager:
         if owner is None:
             raise ConfigurationError(f"entry {cover_id} of this ledger is not a filter's cover")
         component, name = owner
-        return sum(
-            1
+        covered = [
+            r
             for r in rows
             if r.id > cover_id
             and _release_owner(r.label, component) == name
             and any(f.covered_by == cover_id for f in _filtered(ev.event_from_dict(json.loads(r.event_key))))
-        )
+        ]
+        numbers = [n for r in covered if (n := _release_number(r.label)[1]) is not None]
+        return max([len(covered), *numbers])
 
     def label_counts(self) -> dict[str, int]:
-        """Number of committed charges per label."""
-        return dict(Counter(r.label for r in self._store.rows()))
+        """Number of committed charges per label (a filtered release's without its release number ``#<n>``)."""
+        return dict(Counter(_release_number(r.label)[0] for r in self._store.rows()))
 
     def close(self) -> None:
         """Close the ledger store."""
@@ -483,9 +488,17 @@ def _cover_owner(label: str) -> tuple[str, str] | None:
     return component, owner
 
 
+def _release_number(label: str) -> tuple[str, int | None]:
+    """A label without its release number ``#<n>``, and the number (None when it has none)."""
+    base, mark, number = label.rpartition(RELEASE_NUMBER)
+    if mark and number.isdigit() and number.isascii():
+        return base, int(number)
+    return label, None
+
+
 def _release_owner(label: str, component: str) -> str | None:
-    """The owner of a release label ``<component>-<kind>:<owner>`` (not a cover's), or None."""
-    head, colon, owner = label.partition(":")
+    """The owner of a release label ``<component>-<kind>:<owner>[#<n>]`` (not a cover's), or None."""
+    head, colon, owner = _release_number(label)[0].partition(":")
     kind = head.removeprefix(component + "-")
     if not colon or kind == head or not kind or head == component + FILTER_COVER_SUFFIX:
         return None

@@ -105,7 +105,14 @@ class RenyiFilter:
 
     # -- charging ---------------------------------------------------------------------------------
     def charge(self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost], *, release_tag: str = "") -> np.ndarray:
-        """Admit the units that can pay ``cost`` and charge them, atomically.
+        """Admit the units that can pay ``cost`` and charge them, atomically: :meth:`charge_release` without its
+        release number."""
+        return self.charge_release(units, cost, release_tag=release_tag)[0]
+
+    def charge_release(
+        self, units: np.ndarray, cost: ReleaseCost | list[ReleaseCost], *, release_tag: str = ""
+    ) -> tuple[np.ndarray, int]:
+        """Admit the units that can pay ``cost`` and charge them, atomically, counting one release.
 
         Args:
             units: distinct unit ids, shape (n,).
@@ -115,8 +122,9 @@ class RenyiFilter:
                 own), counted apart so that :meth:`check_releases` compares like with like.
 
         Returns:
-            Boolean mask over ``units``: True where the unit was admitted (and charged). Units refused are
-            not charged and must not take part in the release.
+            Boolean mask over ``units``: True where the unit was admitted (and charged; units refused are not
+            charged and must not take part in the release), and the release's number under ``release_tag`` (its
+            count after this release: record it with the release, :meth:`check_releases`).
 
         Every call counts one release under ``release_tag`` (:meth:`releases`), in the same transaction, whether or
         not any unit is admitted (a release over no unit included): call it once per release.
@@ -138,7 +146,9 @@ class RenyiFilter:
 
         if not isinstance(release_tag, str):
             raise ConfigurationError("release_tag must be a string")
-        return self._store.atomically(len(self.budget.orders), admit, count_release=release_tag)
+        found = self._store.atomically(len(self.budget.orders), admit, count_release=release_tag)
+        mask, number = found  # with count_release: (result, count)
+        return mask, number
 
     # -- reading ----------------------------------------------------------------------------------
     def spent(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -604,7 +604,14 @@ class PrivateIndex:
     def charge(
         self, candidates: Candidates, cost_of: Callable[[int], ReleaseCost], *, release_tag: str = ""
     ) -> Candidates:
-        """Charge the units behind ``candidates`` and return the candidates whose unit was admitted.
+        """Charge the units behind ``candidates`` and return the candidates whose unit was admitted:
+        :meth:`charge_release` without the release's number."""
+        return self.charge_release(candidates, cost_of, release_tag=release_tag)[0]
+
+    def charge_release(
+        self, candidates: Candidates, cost_of: Callable[[int], ReleaseCost], *, release_tag: str = ""
+    ) -> tuple[Candidates, int]:
+        """Charge the units behind ``candidates``: the candidates whose unit was admitted, and the release's number.
 
         Args:
             candidates: records that may take part in a release (all are charged if their unit fits).
@@ -613,7 +620,8 @@ class PrivateIndex:
             release_tag: what the release is recorded under (its ledger cover), counted by the filter.
 
         Returns:
-            The candidates whose unit was admitted (and is still stored).
+            The candidates whose unit was admitted (and is still stored), and the release's number under
+            ``release_tag`` (:meth:`RenyiFilter.charge_release`; the ledger records it with the release).
 
         One call is one release: the filter counts it (:meth:`RenyiFilter.releases`) even over no candidate.
 
@@ -623,9 +631,8 @@ class PrivateIndex:
         self._check_usable()
         cheapest = cost_of(1)
         self.expect_release(cheapest)  # for the next searches (a direct caller declares before its search)
-        if not len(candidates):
-            self.filter.charge(np.zeros(0, dtype=np.int64), [], release_tag=release_tag)  # counts the release
-            return candidates
+        if not len(candidates):  # charges no unit; counts the release
+            return candidates, self.filter.charge_release(np.zeros(0, dtype=np.int64), [], release_tag=release_tag)[1]
         units = self.units_of(candidates.ids)
         present = units >= 0  # a record removed meanwhile takes no part and pays nothing
         uniq, counts = np.unique(units[present], return_counts=True)
@@ -635,10 +642,11 @@ class PrivateIndex:
         costs = [by_count[int(c)] for c in counts]
         if any((c.rdp < cheapest.rdp).any() or c.delta < cheapest.delta for c in by_count.values()):
             raise ConfigurationError("a release's cost must not fall as a unit's candidate count grows")
-        admitted_units = uniq[self.filter.charge(uniq, costs, release_tag=release_tag)]
+        mask, number = self.filter.charge_release(uniq, costs, release_tag=release_tag)
+        admitted_units = uniq[mask]
         with self._lock:
             self._update_mask(uniq)
-        return candidates.take(present & np.isin(units, admitted_units))
+        return candidates.take(present & np.isin(units, admitted_units)), number
 
     # -- internals --------------------------------------------------------------------------------
     def _check_usable(self) -> None:

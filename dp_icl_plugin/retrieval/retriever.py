@@ -60,7 +60,7 @@ import numpy as np
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import rdp
-from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
+from dp_icl_plugin.accounting.budget import RELEASE_NUMBER, BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.conversion import group_of_two_delta
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.neighbouring import PER_RECORD
@@ -564,7 +564,7 @@ class PrivateKNN:
         candidates = self.index.within(query_vector, self.config.min_similarity)
         if self.config.records_per_unit is not None:  # each unit's nearest records only: its own records decide
             candidates = candidates.nearest_per_unit(self.index.units_of(candidates.ids), self.config.records_per_unit)
-        admitted = self.index.charge(
+        admitted, number = self.index.charge_release(
             candidates, lambda c: self._cost(release, c, k, tokens), release_tag=self._release_tag
         )
         entry = self.budget.spend(
@@ -574,7 +574,9 @@ class PrivateKNN:
                 ),
                 self.budget.privacy_unit,
             ),
-            label=f"knn-{release}:{self.index.id}",  # no data-dependent count, whatever fixed_latency is
+            # the release's number under this cover (public: every release counts, whatever it used), so that a
+            # filter rolled back below it is caught even where earlier ledger writes failed; no data-dependent count
+            label=f"knn-{release}:{self.index.id}{RELEASE_NUMBER}{number}",
         )
         return admitted, entry, k
 
@@ -801,24 +803,23 @@ class PrivateKNN:
         below the releases recorded under it) or charged now."""
         label = f"knn-filter:{self.index.id}"
         event = self.cover_event()  # checked before anything is charged
-        for entry in self.budget.history():
-            if entry.label == label:
-                if entry.event == self.index.filter.budget.as_event() and event != entry.event:
-                    raise ConfigurationError(
-                        "the ledger holds this person-grouped index's filter charged as if a person were a record "
-                        "(without group privacy): its total understates what one record lost; use a new ledger"
-                    )
-                if entry.event != event:
-                    raise ConfigurationError("the ledger holds this index's filter charge with another budget")
-                # the ledger first, then the filter: every release is counted by the filter (under this cover's
-                # tag) before the ledger records it, so a live filter never counts fewer
-                self.index.filter.check_releases(
-                    self.budget.covered_releases(entry.id),
-                    release_tag=f"knn-filter:{entry.id}@{entry.timestamp!r}",
-                    ledger=f"the ledger (cover entry {entry.id})",
+        covers = [entry for entry in self.budget.history() if entry.label == label]
+        for entry in covers:  # every one: two hosts starting together may both have charged one
+            if entry.event == self.index.filter.budget.as_event() and event != entry.event:
+                raise ConfigurationError(
+                    "the ledger holds this person-grouped index's filter charged as if a person were a record "
+                    "(without group privacy): its total understates what one record lost; use a new ledger"
                 )
-                return entry
-        return self.budget.spend(event, label=label)
+            if entry.event != event:
+                raise ConfigurationError("the ledger holds this index's filter charge with another budget")
+            # the ledger first, then the filter: every release is counted by the filter (under this cover's tag)
+            # before the ledger records it, so a live filter never counts fewer
+            self.index.filter.check_releases(
+                self.budget.covered_releases(entry.id),
+                release_tag=f"knn-filter:{entry.id}@{entry.timestamp!r}",
+                ledger=f"the ledger (cover entry {entry.id})",
+            )
+        return covers[0] if covers else self.budget.spend(event, label=label)
 
     def _plan_releases(self, releases: Collection[str] | None) -> tuple[str, ...]:
         """The releases this retriever makes, checked against the public settings (the constructor's

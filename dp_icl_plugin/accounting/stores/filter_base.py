@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -96,7 +96,7 @@ class FilterStore(Protocol):
 
     def atomically(
         self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: str | None = None
-    ) -> T:
+    ) -> Any:  # T, or (T, count) with count_release
         """``work(read, write)`` as one transaction: nothing else reads or changes the rows it reads before it
         returns.
 
@@ -104,10 +104,11 @@ class FilterStore(Protocol):
             orders: the number of Rényi orders in a spend row.
             work: the transaction's body.
             write: whether ``work`` may write.
-            count_release: a release tag: add one to its count in the same transaction (a write transaction).
+            count_release: a release tag: add one to its count in the same transaction (a write transaction), and
+                return ``(result, count)``, the count after this release (its release number under the tag).
 
         Returns:
-            What ``work`` returns.
+            What ``work`` returns (with the release number when ``count_release`` is given).
 
         Raises:
             ConfigurationError: the store may no longer be used (an in-memory one after a move or a fork).

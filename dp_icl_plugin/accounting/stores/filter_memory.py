@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -88,14 +88,15 @@ class MemoryFilterStore:
 
     def atomically(
         self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: str | None = None
-    ) -> T:
+    ) -> Any:  # T, or (T, count) with count_release
         self.check_usable()
         with self._lock:
             self.check_usable()
             result = work(lambda ids: self._read(ids, orders), self._write)
-            if count_release is not None:
-                self._releases[count_release] = self._releases.get(count_release, 0) + 1
-            return result
+            if count_release is None:
+                return result
+            self._releases[count_release] = self._releases.get(count_release, 0) + 1
+            return result, self._releases[count_release]
 
     def release_counts(self) -> tuple[dict[str, int], bool]:
         self.check_usable()

@@ -248,7 +248,7 @@ class PostgresFilterStore:
 
     def atomically(
         self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: str | None = None
-    ) -> T:
+    ) -> Any:  # T, or (T, count) with count_release
         """``work(read, write)`` inside one transaction; in a write transaction ``read`` locks the rows it reads
         (creating missing ones at zero), so nothing else changes them before the commit. A deadlock or
         serialisation failure (rolled back whole by the server) is retried.
@@ -257,7 +257,8 @@ class PostgresFilterStore:
             orders: the number of Rényi orders in a spend row.
             work: the transaction's body, given ``read(ids)`` and ``write(ids, spent, spent_delta)``.
             write: a write transaction (``read`` locks its rows).
-            count_release: a release tag: add one to its count, the transaction's last statement.
+            count_release: a release tag: add one to its count, the transaction's last statement, and return
+                ``(result, count)``.
 
         Returns:
             What ``work`` returns.
@@ -272,14 +273,15 @@ class PostgresFilterStore:
                     with conn.transaction():
                         counting = count_release is not None
                         result = work(self._reader(conn, orders, lock=write or counting), self._writer(conn))
-                        if counting:  # last: the count's row is held only until the commit
-                            conn.execute(
-                                "INSERT INTO dp_icl_filter_releases (owner, tag, releases) VALUES (%s, %s, 1)"
-                                " ON CONFLICT (owner, tag) DO UPDATE"
-                                " SET releases = dp_icl_filter_releases.releases + 1",
-                                (self.owner, count_release),
-                            )
-                        return result
+                        if not counting:
+                            return result
+                        (count,) = conn.execute(  # last: the count's row is held only until the commit
+                            "INSERT INTO dp_icl_filter_releases (owner, tag, releases) VALUES (%s, %s, 1)"
+                            " ON CONFLICT (owner, tag) DO UPDATE"
+                            " SET releases = dp_icl_filter_releases.releases + 1 RETURNING releases",
+                            (self.owner, count_release),
+                        ).fetchone()
+                        return result, int(count)
                 except (self._db.pg.errors.DeadlockDetected, self._db.pg.errors.SerializationFailure) as exc:
                     if attempt + 1 == _RETRIES:
                         raise self._db.fail(exc) from None

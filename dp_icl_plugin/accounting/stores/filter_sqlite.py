@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -131,15 +131,17 @@ class SQLiteFilterStore:
 
     def atomically(
         self, orders: int, work: Callable[[Read, Write], T], *, write: bool = True, count_release: str | None = None
-    ) -> T:
+    ) -> Any:  # T, or (T, count) with count_release
         with self._file.transaction(write=write or count_release is not None):
             result = work(lambda ids: self._read(ids, orders), self._write)
-            if count_release is not None:
-                self._sql(
-                    "INSERT INTO releases (tag, count) VALUES (?, 1) ON CONFLICT (tag) DO UPDATE SET count = count + 1",
-                    (count_release,),
-                )
-            return result
+            if count_release is None:
+                return result
+            (count,) = self._sql(
+                "INSERT INTO releases (tag, count) VALUES (?, 1) ON CONFLICT (tag) DO UPDATE SET count = count + 1"
+                " RETURNING count",
+                (count_release,),
+            ).fetchone()
+            return result, self._count(count)
 
     def release_counts(self) -> tuple[dict[str, int], bool]:
         with self._file.transaction(write=False):
