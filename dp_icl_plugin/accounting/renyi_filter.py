@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dp_icl_plugin import _validation as check
 from dp_icl_plugin._storage.postgres_connection import is_postgres_url, mask_dsn
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
 from dp_icl_plugin.accounting.stores.filter_base import FilterStore
@@ -216,8 +217,7 @@ class RenyiFilter:
             ConfigurationError: ``recorded`` is not a non-negative integer.
             LedgerError: the file or database failed.
         """
-        if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 0:
-            raise ConfigurationError("recorded must be a non-negative integer")
+        recorded = check.int_at_least("recorded", recorded, 0)
         counts, counting = self._store.release_counts()
         counted = counts.get(release_tag, 0)
         if counted >= recorded:
@@ -252,8 +252,7 @@ class RenyiFilter:
             ConfigurationError: ``recorded`` is not a non-negative integer.
             LedgerError: the file or database failed.
         """
-        if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 0:
-            raise ConfigurationError("recorded must be a non-negative integer")
+        recorded = check.int_at_least("recorded", recorded, 0)
         self._store.adopt_releases(release_tag, recorded)
 
     def copy_to(self, path: str | os.PathLike[str], *, owner: str) -> RenyiFilter:

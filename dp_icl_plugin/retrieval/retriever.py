@@ -413,6 +413,12 @@ class Answer:
         return self.keywords is None
 
 
+def _release_tag(cover: LedgerEntry) -> str:
+    """What a cover's releases are counted under in the filter: this ledger's cover (its id and commit time), so
+    that releases another ledger records count apart."""
+    return f"knn-filter:{cover.id}@{cover.timestamp!r}"
+
+
 def _shard_keys(ids: np.ndarray, salt: int, shards: int) -> np.ndarray:
     """splitmix64(salt ⊕ id) mod shards: a shard per record that depends on no other record."""
     with np.errstate(over="ignore"):
@@ -510,7 +516,7 @@ class PrivateKNN:
         self.releases = self._plan_releases(releases)  # nothing paid for nothing: before the cover
         cover = self._cover()
         self.cover_entry = cover.id
-        self._release_tag = f"knn-filter:{cover.id}@{cover.timestamp!r}"  # this ledger's cover, counted apart
+        self._release_tag = _release_tag(cover)
 
     def __repr__(self) -> str:
         return f"PrivateKNN(index={self.index!r}, k={self.config.k}, shards={self.config.shards})"
@@ -555,8 +561,6 @@ class PrivateKNN:
         query_vector = self.index.embed_query(query)
         if release == "answer":
             self._check_answer_room(query)
-            if self.config.keyword_release == "threshold":
-                self._check_keywords_can_pass()
         # No check of the index's size: whether it holds any record is private (add/remove), so an empty index
         # (or one with no candidate) goes through the same charge and release, over zero records.
         self.index.refresh()  # records added or removed by other processes or hosts
@@ -816,7 +820,7 @@ class PrivateKNN:
             # before the ledger records it, so a live filter never counts fewer
             self.index.filter.check_releases(
                 self.budget.covered_releases(entry.id),
-                release_tag=f"knn-filter:{entry.id}@{entry.timestamp!r}",
+                release_tag=_release_tag(entry),
                 ledger=f"the ledger (cover entry {entry.id})",
             )
         return covers[0] if covers else self.budget.spend(event, label=label)
@@ -898,14 +902,11 @@ class PrivateKNN:
         return out
 
     def _require(self, release: str) -> None:
-        if release in ("vote", "classify") and self.labels is None:
-            raise ConfigurationError(f"a {release} release needs the retriever's labels")
-        if release in ("classify", "answer", "decode") and self.backend is None:
-            raise ConfigurationError(f"a {release} release needs a backend (a language model)")
-        if release == "classify":
-            self._label_token_ids()
-        if release == "answer" and self.config.keyword_release == "ptr" and self.ptr_delta <= 0:
-            raise ConfigurationError("PTR keyword releases need approximate_delta > 0 in the index's IndividualBudget")
+        """Refuse, before anything is charged, a release the public settings make useless or that this retriever
+        was not built for."""
+        why = self._unreleasable(release)
+        if why is not None:
+            raise ConfigurationError(why)
         if release not in self.releases:
             raise ConfigurationError(
                 f"this retriever was built for releases={self.releases!r}, not {release!r} (PrivateKNN(releases=...))"
@@ -921,13 +922,6 @@ class PrivateKNN:
         assert self.backend is not None
         threshold = keyword_threshold(self.keyword_noise_std, self.backend.vocab_size)
         return threshold, keyword_pass_probability(threshold, self.config.shards, self.keyword_noise_std)
-
-    def _check_keywords_can_pass(self) -> None:
-        """Refuse, before anything is charged, keyword answers that could release no keyword: every candidate
-        would pay for the zero-shot answer."""
-        why = self._keywords_cannot_pass()
-        if why is not None:
-            raise ConfigurationError(why)
 
     def _keywords_cannot_pass(self) -> str | None:
         """Why threshold keyword answers could release no keyword (public settings only), or None."""
