@@ -57,6 +57,7 @@ from dp_icl_plugin.decoding import (
     MozoDecoder,
     MozoSettings,
     build_decoder,
+    build_expert_decoder,
 )
 from dp_icl_plugin.errors import (
     BackendError,
@@ -72,6 +73,7 @@ from dp_icl_plugin.errors import (
     LedgerError,
     LedgerFormatError,
     ModelFileError,
+    NothingStoredError,
     ReleaseFailedError,
     ServerError,
     ServerMismatchError,
@@ -80,7 +82,7 @@ from dp_icl_plugin.errors import (
     ShareExhaustedError,
     UnsupportedEventError,
 )
-from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN, kept_index
 from dp_icl_plugin.synthesis import (
     AdaDPSynConfig,
     AdaDPSynSynthesizer,
@@ -153,6 +155,7 @@ __all__ = [
     "MozoSettings",
     "MozoTokenEvent",
     "NextTokenBackend",
+    "NothingStoredError",
     "PTAConfig",
     "PTASynthesizer",
     "PoissonSampledEvent",
@@ -182,9 +185,11 @@ __all__ = [
     "UnsupportedEventError",
     "__version__",
     "build_decoder",
+    "build_expert_decoder",
     "calibrate",
     "compose",
     "get_accountant",
+    "kept_index",
     "load_dataset",
     "to_relation",
 ]

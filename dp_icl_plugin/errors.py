@@ -45,6 +45,7 @@ __all__ = [
     "LedgerError",
     "LedgerFormatError",
     "ModelFileError",
+    "NothingStoredError",
     "ReleaseFailedError",
     "ServerError",
     "ServerMismatchError",
@@ -214,6 +215,10 @@ def iterate_after_charge(pieces: Iterator[T]) -> Iterator[T]:
 
 class LedgerError(DPICLError):
     """A ledger store cannot be opened or used."""
+
+
+class NothingStoredError(LedgerError):
+    """Nothing is stored at the place given (no ledger file, no index of that name) yet."""
 
 
 class LedgerFormatError(LedgerError):

@@ -187,6 +187,17 @@ class BudgetManager:
         """What the ledger's relation changes: one ``"record"`` or all records of one ``"unit"`` (a person)."""
         return self._budget.privacy_unit
 
+    @property
+    def location(self) -> str | os.PathLike[str] | None:
+        """Where the ledger lives (an SQLite file's path, a PostgreSQL URL as given), so that private state
+        whose cover it holds can be kept beside it and reopened; None for an in-memory ledger."""
+        return self._store.location
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the ledger lives in this process's memory only (gone at exit)."""
+        return isinstance(self._store, InMemoryStore)
+
     def __repr__(self) -> str:
         b = self._budget
         relation = f"neighbouring={b.neighbouring!r}"

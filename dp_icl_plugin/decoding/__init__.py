@@ -6,7 +6,7 @@ from dp_icl_plugin.decoding.choices import AnswerChoices
 from dp_icl_plugin.decoding.contract import AnswerStream, DecodedAnswer, Decoder, Query
 from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 from dp_icl_plugin.decoding.factory import DECODING_METHODS, build_decoder
-from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder
+from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder, build_expert_decoder
 from dp_icl_plugin.decoding.shares import BudgetShare, ClipBlendSettings, MozoSettings
 
 __all__ = [
@@ -23,4 +23,5 @@ __all__ = [
     "MozoSettings",
     "Query",
     "build_decoder",
+    "build_expert_decoder",
 ]

@@ -45,6 +45,7 @@ record holds can fail the answer after its charge. Generated tokens and the publ
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Generator, Sequence
 from typing import Any
 
@@ -66,7 +67,8 @@ from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.mechanisms.clip_blend_sampling import clip_logits, exponential_mechanism
 from dp_icl_plugin.mechanisms.mozo_mixing import top_k_support
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
-from dp_icl_plugin.retrieval.index import Candidates, PrivateIndex
+from dp_icl_plugin.retrieval.durable import DEFAULT_INDEX_NAME, index_beside, kept_index
+from dp_icl_plugin.retrieval.index import Candidates
 from dp_icl_plugin.retrieval.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.steps.token_step import public_checked
 from dp_icl_plugin.templates.answer import AnswerTemplate
@@ -368,9 +370,13 @@ def build_expert_decoder(
     fixed_latency: float | FixedLatency | None = None,
     choices: Sequence[str] | None = None,
     experts_per_unit: int | None = None,
+    index_path: str | os.PathLike[str] | None = None,
+    index_name: str = DEFAULT_INDEX_NAME,
 ) -> KNNExpertDecoder:
-    """Expert decoding over a dataset held in memory: its records go into a new in-memory
-    :class:`PrivateIndex` whose per-record filter is covered by ``epsilon`` (and δ) on the ledger.
+    """Expert decoding over a dataset: its records go into a :class:`PrivateIndex` whose per-record filter is
+    covered by ``epsilon`` (and δ) on the ledger once. The index is kept beside a durable ledger
+    (:func:`~dp_icl_plugin.retrieval.kept_index`), so an app that starts again with the same records and ledger
+    reopens it, with its records' spend, and charges no second cover; only its answers are charged.
 
     Args:
         backend: the language model.
@@ -402,9 +408,16 @@ def build_expert_decoder(
         experts_per_unit: under a unit-level ledger, the most experts (one record each) one person gives an answer:
             its most similar records (``KNNConfig.records_per_unit``; default ``dataset.records_per_unit``). A
             person pays for each.
+        index_path: where the index (records, vectors, each record's spend) is kept: a directory or a
+            ``postgresql://`` URL. Default: beside the ledger (:func:`~dp_icl_plugin.retrieval.index_beside`):
+            ``<ledger file>.indexes/<index_name>``, the ledger's PostgreSQL database, or memory beside an
+            in-memory ledger.
+        index_name: the kept index's name (one per set of records covered on one ledger; default
+            ``"knn-experts"``).
 
     Raises:
-        ConfigurationError: a bad setting, ``max_tokens`` below the longest choice (before anything is charged).
+        ConfigurationError: a bad setting, ``max_tokens`` below the longest choice, or a kept index with other
+            records or another budget (before anything is charged; the message names the fix).
         BudgetExhaustedError: the ledger cannot afford the filter's charge.
     """
     if not isinstance(dataset, PrivateDataset):
@@ -452,11 +465,16 @@ def build_expert_decoder(
     fixed_latency = as_fixed_latency(fixed_latency)
     share = budget.budget.delta / 2.0 if delta is None else delta
     # per unit: one filter per unit (the index grouped by user, a record's unit its user id), covered as is
-    index = PrivateIndex(
-        budget=filter_budget_for(epsilon, share, budget.neighbouring), embedder=embedder, group_by_user=per_unit
+    index = kept_index(
+        index_beside(budget, index_name) if index_path is None else index_path,
+        budget=filter_budget_for(epsilon, share, budget.neighbouring),
+        texts=[r.text for r in records],
+        labels=[r.label for r in records],
+        user_ids=[unit_user_id(r.unit) for r in records] if per_unit else None,
+        embedder=embedder,
+        group_by_user=per_unit,
+        name=index_name,
     )
-    users = [unit_user_id(r.unit) for r in records] if per_unit else None
-    index.add([r.text for r in records], labels=[r.label for r in records], user_ids=users)
     return KNNExpertDecoder(
         PrivateKNN(index, budget=budget, backend=backend, config=config, releases=("decode",)),
         template=template,

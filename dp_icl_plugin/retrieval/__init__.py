@@ -6,6 +6,7 @@ See :mod:`dp_icl_plugin.retrieval.retriever` for the privacy argument. Needs the
 (faiss, sentence-transformers) for the index; the releases need a backend only for LLM steps.
 """
 
+from dp_icl_plugin.retrieval.durable import DEFAULT_INDEX_NAME, index_beside, kept_index
 from dp_icl_plugin.retrieval.embedding import DEFAULT_EMBEDDER_NAME, default_embedder
 from dp_icl_plugin.retrieval.index import PrivateIndex
 from dp_icl_plugin.retrieval.prompts import AnswerPrompt, ClassificationPrompt, KeywordAnswerPrompt
@@ -23,6 +24,7 @@ from dp_icl_plugin.retrieval.retriever import (
 
 __all__ = [
     "DEFAULT_EMBEDDER_NAME",
+    "DEFAULT_INDEX_NAME",
     "Answer",
     "AnswerPrompt",
     "Classification",
@@ -35,6 +37,8 @@ __all__ = [
     "Retrieval",
     "RetrievedRecord",
     "default_embedder",
+    "index_beside",
+    "kept_index",
     "noise_for_uses",
     "token_epsilon_for_uses",
 ]

@@ -50,7 +50,13 @@ from dp_icl_plugin._storage.postgres_connection import is_postgres_url
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost, admissible
 from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.accounting.renyi_filter import SEVERAL_WORKERS_HINT, RenyiFilter
-from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, LedgerCorruptError, LedgerError
+from dp_icl_plugin.errors import (
+    ConfigurationError,
+    ConfigurationTypeError,
+    LedgerCorruptError,
+    LedgerError,
+    NothingStoredError,
+)
 from dp_icl_plugin.retrieval.embedding import (
     default_embedder,
     embed_records,
@@ -229,7 +235,7 @@ class PrivateIndex:
             name: the index's name in a PostgreSQL database.
 
         Raises:
-            LedgerError: no index there.
+            NothingStoredError: no index there (a :class:`~dp_icl_plugin.errors.LedgerError`).
             LedgerFormatError: not an index.
             FilterMismatchError: its filter belongs to another index.
             ConfigurationError: the embedder differs from the index's.
@@ -245,7 +251,7 @@ class PrivateIndex:
         else:
             root = Path(path)
             if not (root / RECORDS_FILE).is_file():
-                raise LedgerError(f"no private index at {root} (missing {RECORDS_FILE})")
+                raise NothingStoredError(f"no private index at {root} (missing {RECORDS_FILE})")
             self.path = root
             sqlite_store = SQLiteRecordStore(root / RECORDS_FILE)
             sqlite_store.check()
@@ -490,6 +496,21 @@ class PrivateIndex:
         if missing:
             raise ConfigurationError(f"{len(missing)} record ids are not in this index")
         return [out[i] for i in id_list]
+
+    def all_records(self) -> tuple[list[StoredRecord], np.ndarray]:
+        """Every stored record (as the store holds them now) and its privacy unit, in id order: the data
+        holder's own view, to check what an index reopened at a restart holds (never log or release them).
+
+        Raises:
+            ConfigurationError: this object is no longer usable.
+        """
+        self.refresh()
+        with self._lock:
+            ids = np.flatnonzero(self._unit_of >= 0)
+        found = self._store.fetch([int(i) for i in ids.tolist()])
+        kept = np.array([int(i) in found for i in ids.tolist()], dtype=bool)
+        ids = ids[kept]
+        return [found[int(i)] for i in ids.tolist()], self.units_of(ids)
 
     def units_of(self, ids: np.ndarray) -> np.ndarray:
         """The privacy unit (record or person) of each record id.

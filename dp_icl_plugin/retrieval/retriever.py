@@ -67,7 +67,13 @@ from dp_icl_plugin.accounting.neighbouring import PER_RECORD
 from dp_icl_plugin.accounting.process_mark import process_mark
 from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k, context_limit
 from dp_icl_plugin.backends.generation import greedy_generate
-from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, WeakReleaseWarning, after_charge
+from dp_icl_plugin.errors import (
+    BudgetExhaustedError,
+    ConfigurationError,
+    ConfigurationTypeError,
+    WeakReleaseWarning,
+    after_charge,
+)
 from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import (
     answer_keywords,
@@ -411,6 +417,24 @@ class Answer:
     def fell_back(self) -> bool:
         """Whether no keyword was released (none passed the threshold, or the PTR test failed): the 0-shot answer."""
         return self.keywords is None
+
+
+def _second_cover_refused(exc: BudgetExhaustedError, history: Sequence[LedgerEntry]) -> BudgetExhaustedError:
+    """The refusal of a new index's cover, saying so when the ledger already covers other indexes: most often the
+    same records indexed again in memory at an app's restart, which pays their cover twice."""
+    others = sorted({entry.label for entry in history if entry.label.startswith("knn-filter:")})
+    if not others:
+        return exc
+    return BudgetExhaustedError(
+        f"{exc}. The refused charge is the cover of a new private index (its records' whole filter budget), and "
+        f"this ledger already covers {len(others)} other index(es): if they hold the same records (an app "
+        "started again builds a new in-memory index each time), reopen the kept one instead: "
+        "PrivateIndex.open(directory or postgresql:// URL), or build_expert_decoder / from_model_id(..., "
+        "method='knn-experts'), which keep their index beside a file or PostgreSQL ledger",
+        requested_epsilon=exc.requested_epsilon,
+        remaining_epsilon=exc.remaining_epsilon,
+        total_epsilon=exc.total_epsilon,
+    )
 
 
 def _release_tag(cover: LedgerEntry) -> str:
@@ -823,7 +847,12 @@ class PrivateKNN:
                 release_tag=_release_tag(entry),
                 ledger=f"the ledger (cover entry {entry.id})",
             )
-        return covers[0] if covers else self.budget.spend(event, label=label)
+        if covers:
+            return covers[0]
+        try:
+            return self.budget.spend(event, label=label)
+        except BudgetExhaustedError as exc:
+            raise _second_cover_refused(exc, self.budget.history()) from None
 
     def _plan_releases(self, releases: Collection[str] | None) -> tuple[str, ...]:
         """The releases this retriever makes, checked against the public settings (the constructor's

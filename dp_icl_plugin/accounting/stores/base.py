@@ -11,6 +11,7 @@ to the manager.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Iterator
@@ -140,6 +141,12 @@ class LedgerStore(ABC):
     @abstractmethod
     def event_counts(self) -> Counter[str]:
         """Committed charges per distinct event key (a consistent snapshot)."""
+
+    @property
+    def location(self) -> str | os.PathLike[str] | None:
+        """Where the ledger lives, for state kept beside it (a file's path, a ``postgresql://`` URL); None when
+        it has no place another process could reopen (memory, or a store that does not say)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook; stores without resources need not override it
         """Release resources (idempotent)."""

@@ -134,6 +134,11 @@ class PostgresStore(LedgerStore):
     def __repr__(self) -> str:
         return f"PostgresStore({mask_dsn(self._dsn)!r}, ledger={self.ledger!r})"
 
+    @property
+    def location(self) -> str:
+        """The database's ``postgresql://`` URL (as given: it may hold a password; never print it)."""
+        return self._dsn
+
     def _where(self) -> str:
         return self._db.where()
 

@@ -97,6 +97,11 @@ class SQLiteStore(LedgerStore):
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
 
+    @property
+    def location(self) -> Path:
+        """The ledger file."""
+        return self.path
+
     def _connection(self) -> sqlite3.Connection:
         return self._file.connection()
 

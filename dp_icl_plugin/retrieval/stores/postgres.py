@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin._storage.postgres_connection import PostgresConnection, mask_dsn
-from dp_icl_plugin.errors import ConfigurationError, LedgerError, LedgerFormatError
+from dp_icl_plugin.errors import ConfigurationError, LedgerError, LedgerFormatError, NothingStoredError
 from dp_icl_plugin.retrieval.stores.base import (
     Changes,
     IndexMeta,
@@ -119,12 +119,12 @@ class PostgresRecordStore(RecordStore):
             Its metadata.
 
         Raises:
-            LedgerError: no index of that name.
+            NothingStoredError: no index of that name (a LedgerError).
         """
 
         def work(conn: Any) -> None:
             if conn.execute("SELECT 1 FROM dp_icl_indexes WHERE name = %s", (self.name,)).fetchone() is None:
-                raise LedgerError(f"no {self.where}")
+                raise NothingStoredError(f"no {self.where}")
 
         self._schema_then(work)
         meta = self.meta()
