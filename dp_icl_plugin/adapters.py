@@ -26,6 +26,7 @@ from dp_icl_plugin.decoding.tool_calls import (
     tool_result_text,
 )
 from dp_icl_plugin.retrieval.embedding import embed_texts
+from dp_icl_plugin.synthesis.method import load_saved
 
 __all__ = [
     "ANSWER_KEY",
@@ -38,6 +39,7 @@ __all__ = [
     "embed_texts",
     "greedy_generate",
     "iterate_in_threads",
+    "load_saved",
     "noise_source",
     "parse_tool_call",
     "spend_payload",

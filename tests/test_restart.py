@@ -288,3 +288,33 @@ def test_a_retriever_over_a_kept_index_restarts_without_a_second_cover(
 
     start_and_retrieve().close()
     assert kinds(start_and_retrieve()) == ["knn-filter", "knn-decode", "knn-decode"]
+
+
+def test_synthesis_saved_to_a_file_is_served_at_the_next_start_without_a_charge(tmp_path: Path) -> None:
+    from adapter_fixtures import backend as tiny_backend
+    from adapter_fixtures import dataset as canary_dataset
+
+    from dp_icl_plugin import TangSynthesizer
+
+    ledger = tmp_path / "ledger.db"
+    saved = tmp_path / "demos.jsonl"
+
+    def start_and_synthesize():  # type: ignore[no-untyped-def]
+        budget = BudgetManager(LEDGER_BUDGET, ledger=ledger)
+        method = TangSynthesizer(
+            epsilon=2.0, delta=1e-5, n_prompts=2, records_per_prompt=2, max_tokens=3, shots_per_label=1, top_k=5
+        )
+        demos = method.synthesize(
+            canary_dataset().with_public_label_counts("observed"),
+            backend=tiny_backend(),
+            budget=budget,
+            rng=np.random.default_rng(0),
+            save_to=saved,
+        )
+        return budget, demos
+
+    budget, first = start_and_synthesize()
+    assert saved.is_file() and kinds(budget) == ["tang"]
+    budget.close()
+    again, second = start_and_synthesize()
+    assert kinds(again) == ["tang"] and [d.text for d in second] == [d.text for d in first]

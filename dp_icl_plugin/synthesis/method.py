@@ -29,11 +29,14 @@ The event is tagged ``privacy_unit="unit"``, and only a unit-level ledger holds 
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, fields, is_dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -60,7 +63,10 @@ __all__ = [
     "check_privacy_target",
     "check_rng",
     "config_dict",
+    "load_saved",
 ]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -446,8 +452,10 @@ class SynthesisMethod(ABC):
         rng: np.random.Generator,
         ledger_label: str | None = None,
         progress: bool | None = None,
+        save_to: str | os.PathLike[str] | None = None,
     ) -> DemoSet:
-        """Charge ``event`` to ``budget``, then generate the demonstrations.
+        """Charge ``event`` to ``budget``, then generate the demonstrations; or, when ``save_to`` holds the set a
+        previous run saved, serve it (DP output, paid for once: nothing is read or charged).
 
         Args:
             dataset: the private records.
@@ -458,6 +466,8 @@ class SynthesisMethod(ABC):
             rng: the randomness (sampling and noise).
             ledger_label: the ledger entry's label (default ``"<method>:synthesize"``).
             progress: show a progress bar (None: only when stderr is a terminal).
+            save_to: a JSONL file (:meth:`DemoSet.save`) that keeps the set across restarts: read when it exists
+                (it must come from this method), written after a synthesis.
 
         Returns:
             The demonstrations and their provenance.
@@ -471,6 +481,8 @@ class SynthesisMethod(ABC):
         """
         if not isinstance(budget, BudgetManager):
             raise ConfigurationTypeError("budget must be a BudgetManager (every synthesis is charged to one)")
+        if save_to is not None and Path(save_to).exists():
+            return load_saved(Path(save_to), self, budget)
         check_rng(rng)
         plan = self.check(
             dataset,
@@ -486,7 +498,13 @@ class SynthesisMethod(ABC):
         # anything failing from here on read private records: one fixed error
         demos = after_charge(lambda: self._generate(dataset, plan, backend, rng, private=True, progress=progress))
         epsilon = tightest().epsilon(plan.event, delta=budget.budget.delta)  # the event is under the ledger's relation
-        return DemoSet(demos, self._provenance(plan, backend, epsilon, budget.budget.delta, entry.id, label))
+        made = DemoSet(demos, self._provenance(plan, backend, epsilon, budget.budget.delta, entry.id, label))
+        if save_to is not None:
+            try:
+                made.save(save_to)
+            except OSError as exc:  # DP output already paid for: returned, never lost to a full disk
+                _log.warning("the DP demonstrations could not be saved to %s (%s); keep the returned set", save_to, exc)
+        return made
 
     def synthesize_nonprivate(
         self,
@@ -541,3 +559,37 @@ class SynthesisMethod(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config!r})"
+
+
+def load_saved(path: Path, synthesizer: SynthesisMethod | None, budget: BudgetManager | None) -> DemoSet:
+    """The DemoSet a previous run saved at ``path``: DP output, served without a charge.
+
+    Args:
+        path: the file :meth:`DemoSet.save` wrote.
+        synthesizer: the method it must come from (None: any).
+        budget: the app's ledger; a warning when it holds no charge for the set (DP output may be served anywhere,
+            but a file paid for elsewhere, or stale, is worth a word).
+
+    Raises:
+        ConfigurationError: the file is not a demonstration set, or comes from another method.
+    """
+    demos = DemoSet.load(path)
+    entry = demos.provenance.ledger_entry_id
+    if isinstance(budget, BudgetManager) and not any(
+        e.id == entry and e.label == demos.provenance.ledger_label for e in budget.history()
+    ):
+        _log.warning(
+            "save_to %s holds demonstrations whose charge (ledger entry %s, %r) is not in this app's "
+            "ledger: served as saved (DP output), but check it is the set you meant",
+            path,
+            entry,
+            demos.provenance.ledger_label,
+        )
+    method = getattr(synthesizer, "name", None)
+    if method is not None and demos.provenance.method != method:
+        raise ConfigurationError(
+            f"save_to {path} holds demonstrations from {demos.provenance.method!r}, not from this synthesizer "
+            f"({method!r}); remove the file or point save_to elsewhere"
+        )
+    _log.info("serving the %d DP demonstrations saved at %s (nothing synthesized or charged)", len(demos), path)
+    return demos

@@ -10,7 +10,6 @@ store of the demonstrations), post-processing of DP output like any other.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from dp_icl_plugin import (
     PrivateDataset,
     SynthesisMethod,
 )
-from dp_icl_plugin.adapters import embed_texts, noise_source
+from dp_icl_plugin.adapters import embed_texts, load_saved, noise_source
 
 __all__ = ["DPICLExampleSelector", "LazySynthesis"]
 
@@ -45,7 +44,6 @@ DEMO_FIELDS = ("text", "label", "input")
 TEMPLATE_FORMATS = ("f-string", "jinja2")
 _LABEL = "_dp_icl_label"  # the vector store's label metadata, apart from the example's own variables
 _JINJA2_LITERAL = {ord("{"): "{{ '{' }}", ord("}"): "{{ '}' }}"}
-_log = logging.getLogger(__name__)
 
 
 def _template_format(explicit: str | None, example_prompt: Any) -> str | None:
@@ -255,7 +253,7 @@ class DPICLExampleSelector(BaseExampleSelector):
                 raise ConfigurationTypeError("demos must be a DemoSet")
             self._demos: DemoSet | None = demos
         elif save_to is not None and Path(save_to).exists():
-            self._demos = _saved(Path(save_to), synthesizer, budget)  # a restart: DP output already paid for
+            self._demos = load_saved(Path(save_to), synthesizer, budget)  # a restart: DP output already paid for
             synthesizer = dataset = backend = budget = rng = None
         else:
             if synthesizer is None or dataset is None or backend is None:
@@ -402,32 +400,6 @@ class _AnyEmbeddings(Embeddings):
 
     def embed_query(self, text: str) -> list[float]:
         return self.embed_documents([text])[0]
-
-
-def _saved(path: Path, synthesizer: SynthesisMethod | None, budget: BudgetManager | None) -> DemoSet:
-    """The DemoSet a previous run saved at ``path`` (typed errors for a file that is not one, or one made by
-    another method than ``synthesizer``; a warning when ``budget`` holds no charge for it: DP output may be
-    served anywhere, but a file paid for elsewhere, or stale, is worth a word)."""
-    demos = DemoSet.load(path)
-    entry = demos.provenance.ledger_entry_id
-    if isinstance(budget, BudgetManager) and not any(
-        e.id == entry and e.label == demos.provenance.ledger_label for e in budget.history()
-    ):
-        _log.warning(
-            "save_to %s holds demonstrations whose charge (ledger entry %s, %r) is not in this app's "
-            "ledger: served as saved (DP output), but check it is the set you meant",
-            path,
-            entry,
-            demos.provenance.ledger_label,
-        )
-    method = getattr(synthesizer, "name", None)
-    if method is not None and demos.provenance.method != method:
-        raise ConfigurationError(
-            f"save_to {path} holds demonstrations from {demos.provenance.method!r}, not from this synthesizer "
-            f"({method!r}); remove the file or point save_to elsewhere"
-        )
-    _log.info("serving the %d DP demonstrations saved at %s (nothing synthesized or charged)", len(demos), path)
-    return demos
 
 
 def _round_robin(demos: Sequence[Demonstration]) -> list[Demonstration]:

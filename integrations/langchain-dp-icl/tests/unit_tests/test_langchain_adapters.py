@@ -206,7 +206,7 @@ def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path:
     assert restarted._lazy == (None, None, None, None, None)
     assert restarted.select_examples({"input": "q"}) == first and len(ledger.history()) == 1
     elsewhere = BudgetManager(PrivacyBudget(5.0, 1e-3))  # a ledger that never paid for the file: served, with a word
-    with caplog.at_level(logging.WARNING, logger="langchain_dp_icl.selector"):
+    with caplog.at_level(logging.WARNING, logger="dp_icl_plugin.synthesis.method"):
         DPICLExampleSelector(
             synthesizer=TangSynthesizer(epsilon=2.0, delta=1e-3),
             dataset=dataset(),
