@@ -11,12 +11,15 @@ The script then prints what the app has without the records (the same model's gr
 restricted to the same types) beside the DP answers.
 
     python examples/chat_chain.py [LEDGER]
+
+LEDGER defaults to ``examples-ledgers/chat_chain.db`` (in the working directory), with the private index beside it
+(``chat_chain.db.indexes/``): run the script again and the second start reopens both, charging only its answers.
+Delete both to start over.
 """
 
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +42,8 @@ QUESTIONS = ["Who wrote Hamlet ?", "How far is the Moon from the Earth ?", "What
 
 
 def main() -> None:
-    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
+    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("examples-ledgers") / "chat_chain.db"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
     lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:2000]
     questions = [ln.split(" ", 1)[1] for ln in lines]
     types = [TYPES[ln.split(":", 1)[0]] for ln in lines]

@@ -15,12 +15,14 @@ and the 135M model's plain-text demonstrations drift off topic; the DPS-MOZO ans
 pair a question with its answer type. The chat and RAG examples show what this model does well.
 
     python examples/llamaindex_query_engine.py [LEDGER]
+
+LEDGER defaults to ``examples-ledgers/llamaindex_query_engine.db``. The PTA demonstrations (``save_to``) and the
+private index (``kept_index``) are kept beside it: a second run reopens them and charges only its answers.
 """
 
 from __future__ import annotations
 
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -35,13 +37,14 @@ from dp_icl_plugin import PromptTemplate as DemoTemplate
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.decoding.decoders import MozoDecoder
-from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval import KNNConfig, PrivateKNN, index_beside, kept_index
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 
 
 def main() -> None:
-    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
+    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("examples-ledgers") / "llamaindex_query_engine.db"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
     lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:1000]
     questions = [ln.split(" ", 1)[1] for ln in lines]
     classes = [ln.split(":", 1)[0] for ln in lines]
@@ -67,9 +70,14 @@ def main() -> None:
         backend=backend,
         budget=budget,
         rng=np.random.default_rng(),
+        save_to=f"{ledger}.demos.jsonl",  # paid once: served from the file at every later start
     )
-    index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))
-    index.add(questions, answers=classes)
+    index = kept_index(
+        index_beside(budget, "trec"),  # beside the ledger: its cover is charged once, not at every start
+        budget=IndividualBudget(epsilon=2.0, delta=1e-6),
+        texts=questions,
+        answers=classes,
+    )
     retriever = DPICLRetriever(
         PrivateKNN(
             index,

@@ -12,7 +12,6 @@ records every release.
 from __future__ import annotations
 
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
-from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval import KNNConfig, PrivateKNN, index_beside, kept_index
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 
@@ -31,15 +30,20 @@ def read(path: Path, limit: int) -> tuple[list[str], list[str]]:
 
 
 def main() -> None:
-    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
+    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("examples-ledgers") / "private_knn_classification.db"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
     texts, labels = read(DATA / "train.txt", 2000)
     queries, truth = read(DATA / "test.txt", 50)
 
     # --8<-- [start:knn]
-    index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))  # per record, over all releases
-    index.add(texts, labels=labels)
     # replace-one ledger: the filter's add/remove (2, 1e-6) is charged as (4, (1 + e²)·1e-6) by group privacy
     budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1e-4), ledger=ledger)
+    index = kept_index(  # beside the ledger: a second run reopens it (and its spend) instead of paying again
+        index_beside(budget, "trec"),
+        budget=IndividualBudget(epsilon=2.0, delta=1e-6),  # per record, over all releases
+        texts=texts,
+        labels=labels,
+    )
     retriever = PrivateKNN(
         index, budget=budget, labels=sorted(set(labels)), config=KNNConfig(k=40, min_similarity=0.35, uses=4)
     )

@@ -8,12 +8,14 @@ puts into the chat prompt of a local model: the pretrained SmolLM2-135M-Instruct
 which also decodes the experts' answer.
 
     python examples/rag_chain.py [LEDGER]
+
+LEDGER defaults to ``examples-ledgers/rag_chain.db``; the private index is kept beside it (``kept_index``), so a
+second run reopens both and charges only its answers.
 """
 
 from __future__ import annotations
 
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from langchain_dp_icl import ChatZeroShot, DPICLRetriever
 from dp_icl_plugin import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.backends.hf import HFBackend
-from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval import KNNConfig, PrivateKNN, index_beside, kept_index
 
 DATA = Path(__file__).resolve().parent / "data" / "trec"  # shipped with the examples (data/README.md)
 NAMES = {
@@ -40,16 +42,21 @@ NAMES = {
 
 
 def main() -> None:
-    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
+    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("examples-ledgers") / "rag_chain.db"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
     lines = (DATA / "train.txt").read_text(encoding="latin-1").splitlines()[:1000]
     texts = [ln.split(" ", 1)[1] for ln in lines]
     answers = [NAMES[ln.split(":", 1)[0]] for ln in lines]
     backend = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")  # the set-up's pretrained model
 
     # --8<-- [start:rag]
-    index = PrivateIndex(budget=IndividualBudget(epsilon=2.0, delta=1e-6))  # per record; (4, 8.4e-6) on the ledger
-    index.add(texts, answers=answers)
     budget = BudgetManager(PrivacyBudget(epsilon=5.0, delta=1e-4), ledger=ledger)
+    index = kept_index(  # built beside the ledger once; reopened with its records' spend at every later start
+        index_beside(budget, "trec"),
+        budget=IndividualBudget(epsilon=2.0, delta=1e-6),  # per record; (4, 8.4e-6) on the ledger
+        texts=texts,
+        answers=answers,
+    )
     core = PrivateKNN(
         index,
         budget=budget,

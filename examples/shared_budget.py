@@ -20,7 +20,8 @@ from dp_icl_plugin.accounting import method_events as me
 
 
 def main() -> None:
-    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "app-ledger.db"
+    scratch = None if len(sys.argv) > 1 else tempfile.TemporaryDirectory()  # removed at exit
+    ledger = Path(sys.argv[1]) if scratch is None else Path(scratch.name) / "app-ledger.db"
     budget = BudgetManager(PrivacyBudget(epsilon=4.0, delta=1e-5), ledger=ledger)
 
     # Offline: synthesize demonstrations once (Poisson rate 20/5000, 4 labels × 1 demo × 50 tokens).

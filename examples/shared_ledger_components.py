@@ -28,7 +28,8 @@ from dp_icl_plugin.ginc.prompts import pta_split
 
 
 def main() -> None:
-    ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp()) / "ledger.db"
+    scratch = None if len(sys.argv) > 1 else tempfile.TemporaryDirectory()  # removed at exit
+    ledger = Path(sys.argv[1]) if scratch is None else Path(scratch.name) / "ledger.db"
     backend, language = load_model(device="cpu")
     split = pta_split(language, n_train=1600, n_test=20, rng=np.random.default_rng(0))
     train, test = split[0]

@@ -10,7 +10,6 @@ PTA at ε = 1 (δ = 1/1,600) charged to a ledger file, four demonstrations per c
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,8 @@ from dp_icl_plugin.ginc.prompts import pta_split
 
 
 def main() -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="dp-icl-example-"))
+    workdir = Path("examples-ledgers") / "synthesize_demonstrations"  # in the working directory, not /tmp
+    workdir.mkdir(parents=True, exist_ok=True)
     ledger = Path(sys.argv[1]) if len(sys.argv) > 1 else workdir / "ledger.db"
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else workdir / "demos.jsonl"
 

@@ -137,3 +137,30 @@ def test_a_schema_1_ledger_from_before_relations_is_refused_with_the_reason(ledg
     _set_schema_version(ledger_path, 1)
     with pytest.raises(LedgerFormatError, match="predates neighbouring relations"):
         BudgetManager.open(ledger_path)
+
+
+def test_a_ledger_in_a_read_only_directory_is_no_damaged_ledger(
+    ledger_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: an existing ledger in a directory the app cannot write was reported as "damaged or unreadable"
+    (LedgerCorruptError). It is a plain LedgerError that says what to fix. Root ignores permissions, so the
+    directory's mode is simulated where the test runs as root."""
+    import os
+
+    from dp_icl_plugin._storage.sqlite_file import SQLiteFile
+
+    BudgetManager(PrivacyBudget(1.0, 1e-5), ledger=ledger_path).close()
+    if os.geteuid() == 0:
+        monkeypatch.setattr(SQLiteFile, "_writable", lambda self: False)
+        error = SQLiteFile(ledger_path, kind="ledger", application_id=1, busy_timeout=1.0).fail(
+            sqlite3.OperationalError("attempt to write a readonly database")
+        )
+        assert type(error) is LedgerError and "read-only" in str(error)
+        return
+    ledger_path.parent.chmod(0o555)
+    try:
+        with pytest.raises(LedgerError, match="read-only") as caught:
+            BudgetManager.open(ledger_path).spend(PureDPEvent(0.1), label="x")
+        assert not isinstance(caught.value, LedgerCorruptError)
+    finally:
+        ledger_path.parent.chmod(0o755)

@@ -85,7 +85,19 @@ class SQLiteFile:
             return LedgerError(f"{self.kind} {self.path} stayed locked for {self.busy_timeout:g}s: {text}")
         if "not a database" in text:
             return LedgerFormatError(f"{self.path} is not a dp-icl {self.kind} (not an SQLite database)")
+        if self.path is not None and ("readonly" in text or "unable to open" in text) and not self._writable():
+            return LedgerError(
+                f"cannot write {self.kind} {self.path}: the file or its directory is read-only to this process, and "
+                "every charge writes it (SQLite's write-ahead log also creates -wal and -shm files beside it); "
+                f"give the process write access to {self.path.parent} ({text})"
+            )
         return LedgerCorruptError(f"{self.kind} {self.path} is damaged or unreadable: {text}")
+
+    def _writable(self) -> bool:
+        """Whether this process may write the file and create files beside it."""
+        assert self.path is not None
+        parent = self.path.parent
+        return os.access(parent, os.W_OK | os.X_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))
 
     def check_header(self) -> None:
         """Refuse a file that is not SQLite (or a truncated one) before sqlite3 touches it."""
