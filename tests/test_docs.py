@@ -87,3 +87,20 @@ def test_docs_use_the_current_names() -> None:
             if page.name == "integrations.md" and line.startswith("| "):
                 continue  # the table of renamed names lists the old ones on purpose
             assert not OLD_NAMES.search(line), f"{page.relative_to(REPO_ROOT)}:{number} uses an old name: {line}"
+
+
+def test_every_synthesizers_signature_lists_its_settings() -> None:
+    """Issue 41: help(PTASynthesizer) showed ``(config=None, **overrides)``, no setting."""
+    import inspect
+    from dataclasses import fields
+
+    from dp_icl_plugin.synthesis import SynthesisMethod
+
+    methods = [m for m in dir(__import__("dp_icl_plugin")) if m.endswith("Synthesizer")]
+    assert len(methods) == 5
+    for name in methods:
+        method = getattr(__import__("dp_icl_plugin"), name)
+        assert issubclass(method, SynthesisMethod)
+        shown = inspect.signature(method).parameters
+        assert [f.name for f in fields(method.config_type)] == list(shown)[1:], name
+        assert method.config_type.__name__ in (method.__doc__ or "")

@@ -29,13 +29,14 @@ The event is tagged ``privacy_unit="unit"``, and only a unit-level ledger holds 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -177,6 +178,23 @@ class SynthesisMethod(ABC):
     #: whether the method samples units under a unit-level ledger (its ``_plan`` and ``_demonstrations`` honour
     #: ``privacy_unit``); a method that does not is refused one, never certified per unit on trust
     supports_privacy_units: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give each method a signature and docstring that list its settings (its config's fields), so that
+        ``help(PTASynthesizer)`` and editors show them instead of ``**overrides``."""
+        super().__init_subclass__(**kwargs)
+        config_type = cls.__dict__.get("config_type")
+        if config_type is None or not is_dataclass(config_type):
+            return
+        params = [inspect.Parameter("config", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
+        for f in fields(config_type):
+            default = f.default if f.default is not MISSING else inspect.Parameter.empty
+            if f.default_factory is not MISSING:  # type: ignore[misc]
+                default = f.default_factory()  # type: ignore[misc]
+            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default))
+        cls.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        settings = f"Settings: a ``{config_type.__name__}`` as ``config``, or its fields as keywords"
+        cls.__doc__ = f"{cls.__doc__ or ''}\n\n    {settings} (see :class:`{config_type.__name__}`)."
 
     def __init__(self, config: Any = None, **overrides: Any) -> None:
         """Take a config object, or its fields as keywords (validated by the config).

@@ -28,8 +28,11 @@ __all__ = ["DPICLRetriever"]
 class DPICLRetriever(BaseRetriever):
     """DP context for RAG from a :class:`~dp_icl_plugin.retrieval.PrivateKNN` (private kNN over records).
 
-    Each query is one DP release: keyword-space aggregation over the nearest private records, charged to
-    each record's own filter and recorded in the shared ledger. Documents hold only what was released.
+    Each query is one DP release over the nearest private records, charged to each record's own filter and
+    recorded in the shared ledger. By default (``mode="experts"``) it is expert decoding: the k nearest records
+    steer every token of one answer, returned as one ``Document``; the keyword modes release keyword-space
+    aggregation instead. Documents hold only what was released. Build the core over an index kept beside the
+    ledger (:func:`~dp_icl_plugin.retrieval.kept_index`) so that a restarted app does not pay its cover again.
 
     Setup:
         ```bash
