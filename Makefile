@@ -11,9 +11,12 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 ADAPTERS := -e integrations/langchain-dp-icl -e integrations/llama-index-llms-dp-icl \
 	-e integrations/llama-index-retrievers-dp-icl
 
-.PHONY: demo test test-fast setup lint clean
+.PHONY: demo test test-fast setup setup-vllm dist lint clean
 
-setup: $(STAMP) $(VLLM_STAMP)
+# The library, its extras and the three adapters; the vLLM environment (3.4 GB) only for the tests that need it.
+setup: $(STAMP)
+
+setup-vllm: $(VLLM_STAMP)
 
 $(STAMP): pyproject.toml integrations/*/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +40,11 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# Installable wheels of the core and the three adapters into dist/ (nothing is published on PyPI):
+# pip install dist/*.whl
+dist: $(STAMP)
+	$(PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist . $(subst -e ,,$(ADAPTERS))
+
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) examples/few_shot_chain.py
 
@@ -56,4 +64,4 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) dist .pytest_cache .mypy_cache .ruff_cache

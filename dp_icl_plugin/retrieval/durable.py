@@ -86,7 +86,10 @@ def kept_index(
     Args:
         location: a directory, a ``postgresql://`` URL, or None for a new in-memory index (gone at exit).
         budget: every unit's lifetime budget; a reopened index must have been built with it.
-        texts, labels, answers, user_ids: the records, as :meth:`PrivateIndex.add` takes them.
+        texts: the records' texts, as :meth:`PrivateIndex.add` takes them.
+        labels: a label per record, or None.
+        answers: an answer per record, or None.
+        user_ids: a user id per record (every one when grouped by user), or None.
         embedder: as :class:`PrivateIndex`; a reopened index must have been built with the same.
         group_by_user: as :class:`PrivateIndex`.
         name: the index's name in a PostgreSQL database.
