@@ -4,11 +4,13 @@ built from released keywords, and for the per-shard answers that a DP aggregatio
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import numpy as np
 
 from dp_icl_plugin._validation import positive_int
 from dp_icl_plugin.backends.base import NextTokenBackend, Prompt, check_logprobs
+from dp_icl_plugin.backends.public_rows import public_scope
 
 __all__ = ["greedy_generate"]
 
@@ -23,7 +25,9 @@ def greedy_generate(
 ) -> list[list[int]]:
     """The greedy continuation of each prompt (token ids), ending before EOS, a stop string, or the limit.
 
-    Prompts share one incremental session, so each step costs one token per prompt.
+    Prompts share one incremental session, so each step costs one token per prompt. Public prompts are computed
+    in the backend's public-rows scope: forwards of as many rows as there are prompts (the number is public),
+    not a micro-batch of filler rows around a lone prompt.
 
     Args:
         backend: the model.
@@ -45,7 +49,9 @@ def greedy_generate(
     eos = backend.eos_token_id
     outputs: list[list[int]] = [[] for _ in prompts]
     done = np.zeros(len(prompts), dtype=bool)
-    with backend.start(prompts) as session:
+    with public_scope(backend) if public else nullcontext():
+        session = backend.start(prompts)
+    with session:
         check = check_logprobs if public else np.asarray
         logprobs = check(session.logprobs)
         for step in range(limit):

@@ -30,12 +30,18 @@ import numpy as np
 from dp_icl_plugin.backends.base import IncrementalSession, PublicRowsBackend, appended_ids
 from dp_icl_plugin.errors import BackendError, ConfigurationError
 
-__all__ = ["StackedSession", "public_apart", "start_apart"]
+__all__ = ["StackedSession", "public_apart", "public_scope", "start_apart"]
 
 Row = TypeVar("Row")
 
 
-def _public_scope(backend: object) -> AbstractContextManager[None]:
+def public_scope(backend: object) -> AbstractContextManager[None]:
+    """The backend's ``public_rows()`` scope (calls inside hold public rows only), or a no-op for a backend
+    without one.
+
+    Args:
+        backend: any backend.
+    """
     return backend.public_rows() if isinstance(backend, PublicRowsBackend) else nullcontext()
 
 
@@ -69,7 +75,7 @@ def public_apart(
     public = _check_public(public, len(rows))
     parts = [list(rows[:public]), list(rows[public:])]
     outputs = []
-    scopes: list[AbstractContextManager[None]] = [_public_scope(backend), nullcontext()]
+    scopes: list[AbstractContextManager[None]] = [public_scope(backend), nullcontext()]
     for part, scope in zip(parts, scopes, strict=True):
         if not part:  # e.g. clip-blend's subset drew no record: nothing to compute (the public call still runs)
             continue
@@ -100,7 +106,7 @@ def start_apart(
     public = _check_public(public, len(rows))
     if public == 0:
         return start(list(rows))
-    with _public_scope(backend):
+    with public_scope(backend):
         first = start(list(rows[:public]))
     if public == len(rows):  # no records (clip-blend's subset drew none)
         return first
