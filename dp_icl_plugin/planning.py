@@ -218,6 +218,10 @@ def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
         "expert_temperature": EXPERT_CLIP / nats,
         "records_paying_per_answer": c,
         "answers_before_records_run_out": n * uses // c,
+        # one topic asked again and again: its k nearest records serve `uses` answers each, then drop out and the
+        # next k nearest take over; once fewer than k records above min_similarity have budget, the experts thin
+        # out and the answers drift to the zero-shot answer (no error: how many records remain is private)
+        "same_question_answers_per_k_records": uses,
     }
     return MethodOutlook(
         "knn expert decoding",
@@ -226,7 +230,9 @@ def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
         shift,
         verdict(shift),
         f"{k} nearest records steer each token by up to {nats:.3g} nats; a record pays only for the "
-        f"answers it is a candidate of ({uses} of them)",
+        f"answers it is a candidate of ({uses} of them): one question asked again gets {uses} answers from its "
+        f"{k} nearest records, then {uses} from the next {k}, and so on; when the records near it are used up its "
+        "answers become the zero-shot answer, silently (that count is private)",
     )
 
 

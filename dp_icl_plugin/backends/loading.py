@@ -29,6 +29,7 @@ def load_backend(
     device: str | None = None,
     dtype: str | None = None,
     micro_batch_size: int | None = None,
+    tokens_per_forward: int | None = None,
     **server_settings: Any,
 ) -> NextTokenBackend:
     """:class:`~dp_icl_plugin.backends.server.ServerBackend` for a server URL (``tokenizer``: the served model's,
@@ -44,6 +45,7 @@ def load_backend(
         device: the local model's device (default ``"auto"``).
         dtype: the local model's dtype (default ``"auto"``).
         micro_batch_size: the local model's rows per forward.
+        tokens_per_forward: the local model's new tokens a forward aims at (default the backend's).
         **server_settings: further :class:`~dp_icl_plugin.backends.server.ServerBackend` settings (server URLs only).
 
     Raises:
@@ -69,5 +71,7 @@ def load_backend(
         raise ConfigurationError(f"{extra} apply to a server URL only, not to a local model")
 
     rows: dict[str, Any] = {} if micro_batch_size is None else {"micro_batch_size": micro_batch_size}
+    if tokens_per_forward is not None:
+        rows["tokens_per_forward"] = tokens_per_forward
     # a model that couples rows (quantised, mixture-of-experts, ...) runs one row per forward
     return HFBackend.from_pretrained(model, device=device, dtype=dtype, one_row_if_coupled=True, **rows)

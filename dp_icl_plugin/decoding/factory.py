@@ -20,7 +20,7 @@ from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder, _Deco
 from dp_icl_plugin.decoding.knn_experts import build_expert_decoder
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["DECODING_METHODS", "build_decoder", "step_rows"]
+__all__ = ["DECODING_METHODS", "build_decoder", "step_rows", "step_tokens"]
 
 
 DECODING_METHODS = ("mozo", "clip-blend", "knn-experts")
@@ -44,6 +44,14 @@ def step_rows(method: str, settings: dict[str, Any]) -> int:
         return int(settings.get("k", 40))
     subset = int(settings.get("subset_size", 1))
     return subset + math.ceil(2 * math.sqrt(subset))
+
+
+def step_tokens(method: str, rows: int) -> int | None:
+    """New tokens a forward of a step's rows may hold, from public settings (None: the backend's default).
+    Expert decoding starts every answer with one forward of its k experts' query part on their cached records:
+    room for a query part of up to 63 tokens in each of the k rows keeps that one forward (at the default 256,
+    k = 40 rows of a 16-token query part took three forwards of 16 rows, 8 of them fillers)."""
+    return rows * 64 if method == "knn-experts" else None
 
 
 def _decoder_type(method: str) -> Callable[..., _Decoder]:
@@ -121,7 +129,13 @@ def build_decoder(
     _check_settings(method, settings)  # before the model loads
     rows = None if is_server_url(model_id) else step_rows(method, settings)
     backend = load_backend(
-        model_id, tokenizer=tokenizer, device=device, dtype=dtype, micro_batch_size=rows, **(server or {})
+        model_id,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=dtype,
+        micro_batch_size=rows,
+        tokens_per_forward=None if rows is None else step_tokens(method, rows),
+        **(server or {}),
     )
     if method == "knn-experts":
         return _decoder_type(method)(backend, dataset, budget=budget, **settings)
