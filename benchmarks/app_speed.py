@@ -46,14 +46,16 @@ def records(n: int) -> PrivateDataset:
     return PrivateDataset.from_pairs([ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines])
 
 
-def per_token(run: Callable[[int], int], repeats: int) -> float:
-    """The median over ``repeats`` runs of seconds per generated token (``run(seed)`` returns the tokens made)."""
-    times = []
+def per_token(runs: list[tuple[str, Callable[[int], int]]], repeats: int) -> list[tuple[str, float]]:
+    """Each run's median seconds per generated token over ``repeats`` rounds (``run(seed)`` returns the tokens made).
+    The runs take turns within each round, so a load on the machine that comes and goes touches all of them."""
+    times: dict[str, list[float]] = {name: [] for name, _ in runs}
     for seed in range(repeats):
-        start = time.perf_counter()
-        made = run(seed)
-        times.append((time.perf_counter() - start) / max(1, made))
-    return float(np.median(times))
+        for name, run in runs:
+            start = time.perf_counter()
+            made = run(seed)
+            times[name].append((time.perf_counter() - start) / max(1, made))
+    return [(name, float(np.median(times[name]))) for name, _ in runs]
 
 
 def expert_floor(model, tokens: int, k: int, prefix: int = 40, query: int = 16) -> float:  # type: ignore[no-untyped-def]
@@ -92,7 +94,7 @@ def main() -> None:
     loaded = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
     model, tokens = loaded.model, args.tokens
     prompt = loaded.apply_chat_template(QUERY)
-    rows: list[tuple[str, float]] = []
+    runs: list[tuple[str, Callable[[int], int]]] = []
 
     def raw(seed: int) -> int:
         with torch.inference_mode():
@@ -107,7 +109,7 @@ def main() -> None:
         return int(out.shape[1] - len(prompt))
 
     raw(0)  # warm-up: the first call pays one-off set-up
-    rows.append(("transformers `model.generate` (greedy)", per_token(raw, args.repeats)))
+    runs.append(("transformers `model.generate` (greedy)", raw))
 
     if "greedy" not in args.skip:
         greedy = HFBackend(loaded.model, loaded.tokenizer, model_id=loaded.model_id, device="cpu")
@@ -116,12 +118,12 @@ def main() -> None:
             return len(greedy_generate(greedy, [prompt], max_new_tokens=tokens, stop=())[0])
 
         backend_greedy(0)
-        rows.append(("backend greedy zero-shot (`greedy_generate`)", per_token(backend_greedy, args.repeats)))
+        runs.append(("backend greedy zero-shot (`greedy_generate`)", backend_greedy))
 
         def backend_greedy_before(seed: int) -> int:  # outside the public-rows scope: a micro-batch of 8 rows
             return len(greedy_generate(greedy, [prompt], max_new_tokens=tokens, stop=(), public=False)[0])
 
-        rows.append(("before: backend greedy, 8-row micro-batches", per_token(backend_greedy_before, args.repeats)))
+        runs.append(("before: backend greedy, 8-row micro-batches", backend_greedy_before))
 
     budget = BudgetManager(PrivacyBudget(1e6, 1e-4))
     if "mozo" not in args.skip:
@@ -133,7 +135,7 @@ def main() -> None:
 
         for seed in range(8):  # every record's prefix cached: the steady state
             mozo_answer(100 + seed)
-        rows.append(("DPS-MOZO (n_shots = 4), records warm", per_token(mozo_answer, args.repeats)))
+        runs.append(("DPS-MOZO (n_shots = 4), records warm", mozo_answer))
 
     if "experts" not in args.skip:
         for label, per_forward in (("", step_tokens("knn-experts", 40) or 256), ("before: ", 256)):
@@ -164,8 +166,12 @@ def main() -> None:
 
             expert_answer(99)  # the question's experts' prefixes cached
             name = f"{label}expert decoding (k = 40), records warm, {per_forward} new tokens a forward"
-            rows.append((name, per_token(expert_answer, args.repeats)))
-        rows.append(("floor of expert decoding (k = 40, raw model)", expert_floor(model, tokens, 40)))
+            runs.append((name, expert_answer))
+
+    rows = per_token(runs, args.repeats)
+    if "experts" not in args.skip:
+        floors = [expert_floor(model, tokens, 40) for _ in range(args.repeats)]
+        rows.append(("floor of expert decoding (k = 40, raw model)", float(np.median(floors))))
 
     floor = rows[0][1]
     print(

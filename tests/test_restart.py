@@ -318,3 +318,41 @@ def test_synthesis_saved_to_a_file_is_served_at_the_next_start_without_a_charge(
     budget.close()
     again, second = start_and_synthesize()
     assert kinds(again) == ["tang"] and [d.text for d in second] == [d.text for d in first]
+
+
+class SlowBag(BagEmbedder):
+    """Embeds slowly: two workers that both looked before either added would both add (without the lock)."""
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        import time
+
+        time.sleep(0.3)
+        return super().__call__(texts)
+
+
+def _start_worker(location: str, barrier, texts: list[str]) -> None:  # type: ignore[no-untyped-def]
+    barrier.wait()
+    kept_index(location, budget=IndividualBudget(epsilon=1.0, delta=1e-6), texts=texts, embedder=SlowBag(), name="t")
+
+
+@pytest.mark.parametrize("where", ["directory", "postgresql"])
+def test_workers_starting_together_add_a_missing_record_once(tmp_path: Path, where: str, request) -> None:  # type: ignore[no-untyped-def]
+    """Cold review of issue 41: kept_index looked, then added; two workers starting together both found the new
+    records missing and both added them, so each had two filters (twice its budget). Looking and adding are now
+    one locked step."""
+    import multiprocessing
+
+    location = str(tmp_path / "idx") if where == "directory" else request.getfixturevalue("pg_dsn")
+    old = [f"ticket {i}" for i in range(4)]
+    budget = IndividualBudget(epsilon=1.0, delta=1e-6)
+    kept_index(location, budget=budget, texts=old, embedder=BagEmbedder(), name="t")
+    grown = [*old, "ticket new one", "ticket new two"]
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(2)
+    workers = [context.Process(target=_start_worker, args=(location, barrier, grown)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert len(PrivateIndex.open(location, embedder=BagEmbedder(), name="t")) == 6

@@ -18,17 +18,15 @@ before anything private is read or charged.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dp_icl_plugin._storage.exclusive import file_locked
 from dp_icl_plugin.errors import ModelFileError
 
 __all__ = ["MODELS", "NamedModel", "cache_dir", "converted_folder", "is_gguf", "named_model_file"]
@@ -116,17 +114,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def converted_folder(path_or_name: str | os.PathLike[str], *, cache: Path | None = None) -> Path:
     """A float32 Hugging Face folder for a GGUF file or a named model, converted once and cached.
 
@@ -145,7 +132,7 @@ def converted_folder(path_or_name: str | os.PathLike[str], *, cache: Path | None
     target = root / "models" / f"{path.stem}-{_sha256(path)[:16]}"
     if (target / "config.json").is_file():
         return target
-    with _locked(root / "models" / f".{target.name}.lock"):
+    with file_locked(root / "models" / f".{target.name}.lock"):
         if (target / "config.json").is_file():  # another process converted it while we waited
             return target
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root / "models"))

@@ -11,7 +11,9 @@ records it lacks are added (each with a fresh filter of the index's budget; a re
 adding one later is as if it had been there unused). Anything else is refused before any charge: records the
 index holds that the app no longer passes (they would still be searched), other groups of a person's records,
 another per-record budget, another embedder. The check reads the private records on this host only and
-releases nothing; its error says what differs in counts, never which record.
+releases nothing; its error says what differs in counts, never which record. Looking and adding run under one
+lock (a file beside the directory, or a PostgreSQL advisory lock), so workers starting together never both add a
+record they both found missing.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
+from dp_icl_plugin._storage.exclusive import file_locked, postgres_locked
 from dp_icl_plugin._storage.postgres_connection import is_postgres_url
 from dp_icl_plugin.accounting.budget import BudgetManager
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
@@ -106,6 +110,30 @@ def kept_index(
         raise ConfigurationTypeError("budget must be an IndividualBudget")
     if location is None:
         return _built(None, budget, texts, labels, answers, user_ids, embedder, group_by_user, name)
+    # one process at a time from looking to adding: two workers starting together would otherwise both find a
+    # record missing and both add it, and a record indexed twice has two filters (twice its budget)
+    with _exclusive(location, name):
+        return _kept(location, budget, texts, labels, answers, user_ids, embedder, group_by_user, name)
+
+
+def _exclusive(location: Location, name: str) -> AbstractContextManager[None]:
+    if is_postgres_url(location):
+        return postgres_locked(str(location), f"dp-icl kept index {name}")
+    root = Path(location)
+    return file_locked(root.with_name(f".{root.name}.lock"))
+
+
+def _kept(
+    location: Location,
+    budget: IndividualBudget,
+    texts: Sequence[str],
+    labels: Sequence[str | None] | None,
+    answers: Sequence[str | None] | None,
+    user_ids: Sequence[str | None] | None,
+    embedder: object | None,
+    group_by_user: bool,
+    name: str,
+) -> PrivateIndex:
     index = _opened(location, embedder, name)
     if index is None:
         try:
