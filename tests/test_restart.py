@@ -89,7 +89,7 @@ def test_records_added_since_join_the_kept_index_under_its_cover(tmp_path: Path)
 @pytest.mark.parametrize(
     ("changed", "message"),
     [
-        ({"dataset": data(n=5)}, "not among the 5 given"),  # a record the app no longer passes
+        ({"dataset": data(n=5)}, "not among those given"),  # a record the app no longer passes
         ({"epsilon": 3.0}, "gives each unit"),
     ],
     ids=["a record dropped", "another budget"],
@@ -356,3 +356,58 @@ def test_workers_starting_together_add_a_missing_record_once(tmp_path: Path, whe
         w.join(60)
     assert [w.exitcode for w in workers] == [0, 0]
     assert len(PrivateIndex.open(location, embedder=BagEmbedder(), name="t")) == 6
+
+
+def test_a_removed_record_given_again_is_not_added_with_a_fresh_budget(tmp_path: Path) -> None:
+    """Cold review of issue 41: kept_index matched records by content, so a record removed from a per-record index
+    and still passed by the app came back as a new row with an unused filter (twice its budget in all)."""
+    location = tmp_path / "idx"
+    budget = IndividualBudget(epsilon=1.0, delta=1e-6)
+    texts = ["alice secret", "bob note", "carol memo"]
+    index = kept_index(location, budget=budget, texts=texts, embedder=BagEmbedder())
+    records, _ = index.all_records()
+    index.remove([r.id for r in records if r.text == "alice secret"])
+    with pytest.raises(ConfigurationError, match="removed record coming back"):
+        kept_index(location, budget=budget, texts=texts, embedder=BagEmbedder())
+    reopened = kept_index(location, budget=budget, texts=texts[1:], embedder=BagEmbedder())  # nothing to add: fine
+    assert sorted(r.text for r in reopened.all_records()[0]) == ["bob note", "carol memo"]
+
+
+def test_save_to_never_serves_a_set_made_without_a_charge_or_with_other_settings(tmp_path: Path) -> None:
+    """Cold review of issue 41: synthesize(save_to=) served any file of the method's name as DP output."""
+    from adapter_fixtures import backend as tiny_backend
+    from adapter_fixtures import dataset as canary_dataset
+
+    from dp_icl_plugin import TangSynthesizer
+
+    def method(epsilon: float) -> TangSynthesizer:
+        return TangSynthesizer(
+            epsilon=epsilon, delta=1e-5, n_prompts=2, records_per_prompt=2, max_tokens=3, shots_per_label=1, top_k=5
+        )
+
+    data = canary_dataset().with_public_label_counts("observed")
+    nonprivate = method(2.0).synthesize_nonprivate(data, backend=tiny_backend(), rng=np.random.default_rng(0))
+    saved = nonprivate.save(tmp_path / "demos.jsonl")
+    budget = BudgetManager(LEDGER_BUDGET)
+    with pytest.raises(ConfigurationError, match="without a DP charge"):
+        method(2.0).synthesize(data, backend=tiny_backend(), budget=budget, rng=np.random.default_rng(0), save_to=saved)
+    saved.unlink()
+    method(2.0).synthesize(data, backend=tiny_backend(), budget=budget, rng=np.random.default_rng(0), save_to=saved)
+    with pytest.raises(ConfigurationError, match="other settings"):  # asked for ε = 1 now: not the ε = 2 set
+        method(1.0).synthesize(data, backend=tiny_backend(), budget=budget, rng=np.random.default_rng(0), save_to=saved)
+    assert kinds(budget) == ["tang"]
+
+
+def test_index_beside_a_named_postgresql_ledger_is_that_ledgers_own(pg_dsn: str) -> None:
+    from dp_icl_plugin.accounting import PostgresStore
+
+    default = BudgetManager(LEDGER_BUDGET, ledger=pg_dsn)
+    tenant = BudgetManager(LEDGER_BUDGET, ledger=PostgresStore(pg_dsn, ledger="tenant-b"))
+    assert index_beside(default).name == "knn-experts"
+    assert index_beside(tenant).name == "tenant-b/knn-experts"
+    assert pg_dsn not in repr(index_beside(tenant)) or "@" not in pg_dsn
+
+
+def test_keep_index_false_keeps_the_records_in_memory(tmp_path: Path) -> None:
+    _, decoder = start(tmp_path / "ledger.db", data(), keep_index=False)
+    assert decoder.knn.index.path is None and not (tmp_path / "ledger.db.indexes").exists()

@@ -23,8 +23,12 @@ def file_locked(lock_path: Path) -> Iterator[None]:
     Args:
         lock_path: the lock file.
     """
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as handle:
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = lock_path.open("a")
+    except OSError as exc:
+        raise LedgerError(f"cannot create the lock file {lock_path}: {exc.strerror or exc}") from None
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -33,16 +37,19 @@ def file_locked(lock_path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def postgres_locked(dsn: str, name: str, *, connect_timeout: float = 10.0) -> Iterator[None]:
+def postgres_locked(
+    dsn: str, name: str, *, connect_timeout: float = 10.0, lock_timeout: float = 300.0
+) -> Iterator[None]:
     """Hold a PostgreSQL session advisory lock keyed by ``name`` for the ``with`` body, on a connection of its own.
 
     Args:
         dsn: the database's ``postgresql://`` URL.
         name: what is locked (hashed into the lock's key).
         connect_timeout: seconds to wait for the connection.
+        lock_timeout: seconds to wait for another holder.
 
     Raises:
-        LedgerError: the database cannot be reached.
+        LedgerError: the database cannot be reached, or the lock stayed held for ``lock_timeout``.
     """
     key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
     try:
@@ -50,7 +57,11 @@ def postgres_locked(dsn: str, name: str, *, connect_timeout: float = 10.0) -> It
     except Exception as exc:
         raise LedgerError(f"cannot reach {mask_dsn(dsn)} to lock {name!r}: {type(exc).__name__}") from None
     with conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        try:
+            conn.execute(f"SET lock_timeout = {int(lock_timeout * 1000)}")
+            conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        except Exception as exc:
+            raise LedgerError(f"could not lock {name!r} in {mask_dsn(dsn)}: {type(exc).__name__}") from None
         try:
             yield
         finally:

@@ -194,6 +194,11 @@ class BudgetManager:
         return self._store.location
 
     @property
+    def ledger_name(self) -> str | None:
+        """The ledger's name within its store (a PostgreSQL database holds several); None for one ledger a store."""
+        return self._store.name
+
+    @property
     def in_memory(self) -> bool:
         """Whether the ledger lives in this process's memory only (gone at exit)."""
         return isinstance(self._store, InMemoryStore)

@@ -372,6 +372,7 @@ def build_expert_decoder(
     experts_per_unit: int | None = None,
     index_path: str | os.PathLike[str] | None = None,
     index_name: str = DEFAULT_INDEX_NAME,
+    keep_index: bool = True,
 ) -> KNNExpertDecoder:
     """Expert decoding over a dataset: its records go into a :class:`PrivateIndex` whose per-record filter is
     covered by ``epsilon`` (and δ) on the ledger once. The index is kept beside a durable ledger
@@ -414,6 +415,9 @@ def build_expert_decoder(
             in-memory ledger.
         index_name: the kept index's name (one per set of records covered on one ledger; default
             ``"knn-experts"``).
+        keep_index: False keeps the index in memory only, the records' texts never written beside the ledger
+            (a kept index holds them, as the ledger's neighbours: protect that place as the data itself); every
+            start then charges the filter's cover again.
 
     Raises:
         ConfigurationError: a bad setting, ``max_tokens`` below the longest choice, or a kept index with other
@@ -422,6 +426,8 @@ def build_expert_decoder(
     """
     if not isinstance(dataset, PrivateDataset):
         raise ConfigurationTypeError("dataset must be a PrivateDataset")
+    if not isinstance(keep_index, bool):
+        raise ConfigurationTypeError("keep_index must be True or False")
     if not isinstance(budget, BudgetManager):
         raise ConfigurationTypeError("budget must be a BudgetManager (the app's shared ledger)")
     n_queries = check.positive_int("n_queries", n_queries)
@@ -466,7 +472,7 @@ def build_expert_decoder(
     share = budget.budget.delta / 2.0 if delta is None else delta
     # per unit: one filter per unit (the index grouped by user, a record's unit its user id), covered as is
     index = kept_index(
-        index_beside(budget, index_name) if index_path is None else index_path,
+        None if not keep_index else index_beside(budget, index_name) if index_path is None else index_path,
         budget=filter_budget_for(epsilon, share, budget.neighbouring),
         texts=[r.text for r in records],
         labels=[r.label for r in records],

@@ -22,6 +22,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 from dp_icl_plugin._storage.exclusive import file_locked, postgres_locked
@@ -31,7 +32,7 @@ from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, LedgerError, NothingStoredError
 from dp_icl_plugin.retrieval.index import RECORDS_FILE, PrivateIndex
 
-__all__ = ["DEFAULT_INDEX_NAME", "index_beside", "kept_index"]
+__all__ = ["DEFAULT_INDEX_NAME", "IndexPlace", "index_beside", "kept_index"]
 
 DEFAULT_INDEX_NAME = "knn-experts"
 _SUFFIX = ".indexes"
@@ -40,7 +41,23 @@ Location = str | os.PathLike[str]
 _Row = tuple[str, str | None, str | None]  # text, label, answer
 
 
-def index_beside(budget: BudgetManager, name: str = DEFAULT_INDEX_NAME) -> Location | None:
+@dataclass(frozen=True)
+class IndexPlace:
+    """Where an index is kept: a directory or a ``postgresql://`` URL, and its name in that database.
+
+    Attributes:
+        location: the directory or URL.
+        name: the index's name in a PostgreSQL database (unused for a directory).
+    """
+
+    location: Location
+    name: str = DEFAULT_INDEX_NAME
+
+    def __repr__(self) -> str:  # the URL may hold a password
+        return f"IndexPlace({_where(self.location)!r}, name={self.name!r})"
+
+
+def index_beside(budget: BudgetManager, name: str = DEFAULT_INDEX_NAME) -> IndexPlace | None:
     """Where the index ``name`` is kept beside the app's ledger.
 
     Args:
@@ -48,9 +65,10 @@ def index_beside(budget: BudgetManager, name: str = DEFAULT_INDEX_NAME) -> Locat
         name: the index's name (one per set of records an app covers on this ledger).
 
     Returns:
-        ``<ledger file>.indexes/<name>`` beside an SQLite ledger; the ledger's ``postgresql://`` URL (the index
-        ``name`` in that database) beside a PostgreSQL one; None (memory) beside an in-memory ledger, which is
-        gone at a restart too.
+        ``<ledger file>.indexes/<name>`` beside an SQLite ledger; the index ``name`` in a PostgreSQL ledger's
+        database (``<ledger name>/<name>`` for a ledger other than ``"default"``, so that apps with ledgers of
+        their own in one database never share an index); None (memory) beside an in-memory ledger, which is gone
+        at a restart too.
 
     Raises:
         ConfigurationError: ``name`` is not a plain name, or the ledger is a custom store that does not say
@@ -67,13 +85,14 @@ def index_beside(budget: BudgetManager, name: str = DEFAULT_INDEX_NAME) -> Locat
             )
         return None
     if is_postgres_url(where):
-        return where
-    ledger = Path(where)
-    return ledger.with_name(ledger.name + _SUFFIX) / name
+        ledger = budget.ledger_name
+        return IndexPlace(where, name if ledger in (None, "default") else f"{ledger}/{name}")
+    ledger_file = Path(where)
+    return IndexPlace(ledger_file.with_name(ledger_file.name + _SUFFIX) / name, name)
 
 
 def kept_index(
-    location: Location | None,
+    location: IndexPlace | Location | None,
     *,
     budget: IndividualBudget,
     texts: Sequence[str],
@@ -88,7 +107,8 @@ def kept_index(
     cover go on), else built there (a directory: complete or not at all; PostgreSQL: the index ``name``).
 
     Args:
-        location: a directory, a ``postgresql://`` URL, or None for a new in-memory index (gone at exit).
+        location: a directory, a ``postgresql://`` URL, an :class:`IndexPlace` (:func:`index_beside`; its name
+            is the index's), or None for a new in-memory index (gone at exit).
         budget: every unit's lifetime budget; a reopened index must have been built with it.
         texts: the records' texts, as :meth:`PrivateIndex.add` takes them.
         labels: a label per record, or None.
@@ -108,6 +128,8 @@ def kept_index(
     """
     if not isinstance(budget, IndividualBudget):
         raise ConfigurationTypeError("budget must be an IndividualBudget")
+    if isinstance(location, IndexPlace):
+        location, name = location.location, location.name
     if location is None:
         return _built(None, budget, texts, labels, answers, user_ids, embedder, group_by_user, name)
     # one process at a time from looking to adding: two workers starting together would otherwise both find a
@@ -119,7 +141,7 @@ def kept_index(
 def _exclusive(location: Location, name: str) -> AbstractContextManager[None]:
     if is_postgres_url(location):
         return postgres_locked(str(location), f"dp-icl kept index {name}")
-    root = Path(location)
+    root = Path(location).resolve()  # one lock whatever path (a symlink, a relative one) names the directory
     return file_locked(root.with_name(f".{root.name}.lock"))
 
 
@@ -228,18 +250,15 @@ def _missing(
             raise ConfigurationError("an index grouped by user needs a user id for every record")
         if _groups(kept_rows, [int(u) for u in units.tolist()]) != _groups(given, list(user_ids)):
             raise ConfigurationError(
-                f"the index kept at {where} holds other records, or groups them into other people, than the "
-                f"{n} given ({len(kept_rows)} kept); a person-grouped index is reused only for the same records: "
-                f"{_FIX_TAIL}"
+                f"the index kept at {where} holds other records, or groups them into other people, than those "
+                f"given; a person-grouped index is reused only for the same records: {_FIX_TAIL}"
             )
         return []
     kept = Counter(kept_rows)
-    extra = kept - Counter(given)
-    if extra:
+    if kept - Counter(given):  # counts stay out of the message: how many records an index holds is private
         raise ConfigurationError(
-            f"the index kept at {where} holds {sum(extra.values())} record(s) not among the {n} given: they would "
-            "still be searched. Remove them from it (PrivateIndex.open(...).remove(ids); their spend stays on "
-            f"record), or {_FIX_TAIL}"
+            f"the index kept at {where} holds records that are not among those given: they would still be "
+            f"searched, so it is not reused; {_FIX_TAIL}"
         )
     missing: list[int] = []
     for i, row in enumerate(given):
@@ -247,6 +266,14 @@ def _missing(
             kept[row] -= 1
         else:
             missing.append(i)
+    if missing and index.ever_removed():
+        # a per-record index keys a record's spend by its row: a removed record added again would be a new row
+        # with a fresh budget, and nothing here can tell a new record from one that came back
+        raise ConfigurationError(
+            f"records are given that the index kept at {where} does not hold, and records were removed from it: "
+            "one of them could be a removed record coming back, which would get a fresh budget. Add records you "
+            f"know to be new yourself (PrivateIndex.open(...).add(...)), or {_FIX_TAIL}"
+        )
     return missing
 
 

@@ -512,6 +512,15 @@ class PrivateIndex:
         ids = ids[kept]
         return [found[int(i)] for i in ids.tolist()], self.units_of(ids)
 
+    def ever_removed(self) -> bool:
+        """Whether any record was ever removed from this index (:meth:`remove`).
+
+        Raises:
+            ConfigurationError: this object is no longer usable.
+        """
+        self._check_usable()
+        return self._store.removals() > 0
+
     def units_of(self, ids: np.ndarray) -> np.ndarray:
         """The privacy unit (record or person) of each record id.
 

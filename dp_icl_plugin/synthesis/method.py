@@ -30,6 +30,7 @@ The event is tagged ``privacy_unit="unit"``, and only a unit-level ledger holds 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import math
 import os
@@ -589,9 +590,17 @@ def load_saved(path: Path, synthesizer: SynthesisMethod | None, budget: BudgetMa
             but a file paid for elsewhere, or stale, is worth a word).
 
     Raises:
-        ConfigurationError: the file is not a demonstration set, or comes from another method.
+        ConfigurationError: the file is not a demonstration set, holds no DP output (made without a charge, or at
+            ε = inf), or comes from another method or other settings than ``synthesizer``'s (a lower ε asked for
+            would otherwise keep serving a looser set).
     """
     demos = DemoSet.load(path)
+    made = demos.provenance
+    if made.ledger_entry_id is None or not math.isfinite(made.epsilon):
+        raise ConfigurationError(
+            f"save_to {path} holds demonstrations made without a DP charge (epsilon={made.epsilon}); they are no "
+            "DP output and are never served as one: remove the file or point save_to elsewhere"
+        )
     entry = demos.provenance.ledger_entry_id
     if isinstance(budget, BudgetManager) and not any(
         e.id == entry and e.label == demos.provenance.ledger_label for e in budget.history()
@@ -608,6 +617,11 @@ def load_saved(path: Path, synthesizer: SynthesisMethod | None, budget: BudgetMa
         raise ConfigurationError(
             f"save_to {path} holds demonstrations from {demos.provenance.method!r}, not from this synthesizer "
             f"({method!r}); remove the file or point save_to elsewhere"
+        )
+    if synthesizer is not None and json.loads(json.dumps(config_dict(synthesizer.config))) != made.config:
+        raise ConfigurationError(
+            f"save_to {path} holds demonstrations made with other settings than this synthesizer's (its epsilon, "
+            "delta or another setting differs): remove the file to synthesize with these, or point save_to elsewhere"
         )
     _log.info("serving the %d DP demonstrations saved at %s (nothing synthesized or charged)", len(demos), path)
     return demos

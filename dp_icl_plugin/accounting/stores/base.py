@@ -143,6 +143,11 @@ class LedgerStore(ABC):
         """Committed charges per distinct event key (a consistent snapshot)."""
 
     @property
+    def name(self) -> str | None:
+        """The ledger's name within its store, where one store holds several (PostgreSQL); else None."""
+        return None
+
+    @property
     def location(self) -> str | os.PathLike[str] | None:
         """Where the ledger lives, for state kept beside it (a file's path, a ``postgresql://`` URL); None when
         it has no place another process could reopen (memory, or a store that does not say)."""

@@ -135,6 +135,11 @@ class PostgresStore(LedgerStore):
         return f"PostgresStore({mask_dsn(self._dsn)!r}, ledger={self.ledger!r})"
 
     @property
+    def name(self) -> str:
+        """The ledger's name in the database."""
+        return self.ledger
+
+    @property
     def location(self) -> str:
         """The database's ``postgresql://`` URL (as given: it may hold a password; never print it)."""
         return self._dsn

@@ -162,6 +162,11 @@ class RecordStore(ABC):
         ...
 
     @abstractmethod
+    def removals(self) -> int:
+        """How many records were ever removed from the index."""
+        ...
+
+    @abstractmethod
     def changes(self, since: int) -> Changes:
         """Every change after version ``since`` (all records when ``since`` is 0).
 

@@ -254,6 +254,16 @@ class PostgresRecordStore(RecordStore):
         )
         return {int(r[0]): StoredRecord(int(r[0]), r[1], r[2], r[3]) for r in rows}
 
+    def removals(self) -> int:
+        """How many records were ever removed from the index."""
+        row = self._run(
+            lambda c: c.execute(
+                "SELECT count(*) FROM dp_icl_index_deletions WHERE index_id = %s", (self._opened(),)
+            ).fetchone(),
+            single=True,
+        )
+        return int(row[0])
+
     def version(self) -> int:
         """The current version (the number of changes made).
 

@@ -262,6 +262,11 @@ class SQLiteRecordStore(RecordStore):
                 out.update({r[0]: StoredRecord(*r) for r in rows})
         return out
 
+    def removals(self) -> int:
+        """How many records were ever removed from the index."""
+        with self._file.transaction(write=False) as conn:
+            return int(conn.execute("SELECT count(*) FROM deletions").fetchone()[0])
+
     def version(self) -> int:
         """The current version (the number of changes made)."""
         with self._file.transaction(write=False) as conn:

@@ -208,10 +208,22 @@ def test_selector_save_to_is_reused_on_restart_without_a_second_charge(tmp_path:
     elsewhere = BudgetManager(PrivacyBudget(5.0, 1e-3))  # a ledger that never paid for the file: served, with a word
     with caplog.at_level(logging.WARNING, logger="dp_icl_plugin.synthesis.method"):
         DPICLExampleSelector(
-            synthesizer=TangSynthesizer(epsilon=2.0, delta=1e-3),
+            synthesizer=TangSynthesizer(
+                epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3, shots_per_label=1, top_k=5
+            ),
             dataset=dataset(),
             backend=backend(),
             budget=elsewhere,
+            save_to=str(saved),
+        )
+    with pytest.raises(ConfigurationError, match="other settings"):  # a lower ε asked for: not the looser set
+        DPICLExampleSelector(
+            synthesizer=TangSynthesizer(
+                epsilon=1.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3, shots_per_label=1, top_k=5
+            ),
+            dataset=dataset(),
+            backend=backend(),
+            budget=ledger,
             save_to=str(saved),
         )
     assert "is not in this app's ledger" in caplog.text and elsewhere.history() == []
