@@ -1,13 +1,13 @@
 """The full pipeline (``make demo``): DP demonstrations by PTA, served to a LangChain few-shot chain.
 
-Offline, about a minute on the committed GINC model:
+Offline, on the committed GINC model (59 s at the first start, 46 s at the second; ``make demo``, 2 cores):
 1. 1,600 private GINC examples per concept; PTA synthesizes 4 demonstrations per concept at ε = 1
    (δ = 1/1,600), charged once to a ledger file.
 2. ``DPICLExampleSelector`` serves them (free: post-processing) to a ``FewShotPromptTemplate``, and an
    LCEL chain answers GINC test queries with the model's next token.
 3. Accuracy with the DP demonstrations against 0-shot (the same chain, no demonstrations), then the ledger.
 4. A real DP answer: the pretrained SmolLM2-135M-Instruct chat model (installed by the set-up) answers a
-   question with DPS-MOZO over 500 private TREC questions (another dataset, so another budget), about 30 s.
+   question with DPS-MOZO over 500 private TREC questions (another dataset, so another budget).
 
     python examples/few_shot_chain.py [LEDGER] [--queries N]
 

@@ -1,7 +1,8 @@
 """A RAG chain whose context comes from private records through a DP release (LangChain).
 
-Offline, about 16 s on 2 cores: 1,000 TREC questions (``examples/data/trec``, shipped) are the private records,
-with their coarse class as the "answer" each record carries; every record may lose at most ε = 2 (δ = 1e-6) for
+Offline, 57 s at the first start and 34 s at the second (``OMP_NUM_THREADS=1``, 2 cores, ``/usr/bin/time``):
+1,000 TREC questions (``examples/data/trec``, shipped) are the private records, with their coarse class as the
+"answer" each record carries; every record may lose at most ε = 2 (δ = 1e-6) for
 adding or removing it, ε = 4 for replacing it (the ledger's relation). The retriever returns one DP answer
 decoded by the 40 nearest records as experts (each paying its own budget; expert decoding), which the chain
 puts into the chat prompt of a local model: the pretrained SmolLM2-135M-Instruct that the set-up installs,

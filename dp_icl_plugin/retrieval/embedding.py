@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = [
@@ -142,7 +143,8 @@ def embed_records(embedder: object, texts: Sequence[str]) -> np.ndarray:
     padded shapes change the kernels' summation order: with MiniLM a long batch-mate moved another record's
     vector by 8.6e-8, enough to flip it across ``min_similarity``. The embedder is the user's (LangChain,
     LlamaIndex, SentenceTransformer, a callable) and its padding is not ours to control, so each record is
-    embedded alone: slower (``docs/retrieval.md`` gives the figure), never a function of other records.
+    embedded alone: slower (``docs/retrieval.md`` gives the figure), never a function of other records. A progress
+    bar shows on a terminal's stderr (the data holder's own screen; never in a log).
 
     Args:
         embedder: a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, a SentenceTransformer or a callable.
@@ -151,7 +153,14 @@ def embed_records(embedder: object, texts: Sequence[str]) -> np.ndarray:
     Raises:
         ConfigurationError: as :func:`embed_texts` (positions among ``texts``), or vectors of different sizes.
     """
-    rows = [_unit_rows(_raw(embedder, [text], 1), 1, first=i) for i, text in enumerate(texts)]
+    bar = progress_bar(len(texts), desc="embedding records", unit="record", enabled=None)  # a terminal's only
+    rows = []
+    try:
+        for i, text in enumerate(texts):
+            rows.append(_unit_rows(_raw(embedder, [text], 1), 1, first=i))
+            bar.update()
+    finally:
+        bar.close()
     if not rows:
         return np.zeros((0, 0), dtype=np.float32)
     dims = [r.shape[1] for r in rows]
