@@ -129,7 +129,8 @@ def kept_index(
     if not isinstance(budget, IndividualBudget):
         raise ConfigurationTypeError("budget must be an IndividualBudget")
     if isinstance(location, IndexPlace):
-        location, name = location.location, location.name
+        name = location.name
+        location = location.location
     if location is None:
         return _built(None, budget, texts, labels, answers, user_ids, embedder, group_by_user, name)
     # one process at a time from looking to adding: two workers starting together would otherwise both find a

@@ -185,7 +185,7 @@ class SynthesisMethod(ABC):
         ``help(PTASynthesizer)`` and editors show them instead of ``**overrides``."""
         super().__init_subclass__(**kwargs)
         config_type = cls.__dict__.get("config_type")
-        if config_type is None or not is_dataclass(config_type):
+        if not isinstance(config_type, type) or not is_dataclass(config_type):
             return
         params = [inspect.Parameter("config", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)]
         for f in fields(config_type):
