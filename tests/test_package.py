@@ -346,6 +346,7 @@ def background(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # waits for its background job, which may queue behind others
 @pytest.mark.parametrize("framework", ["langchain-core", "llama-index-core"])  # their suites: _BACKGROUND_JOBS
 def test_adapters_pass_on_the_declared_lowest_framework_version(
     framework: str, background: dict[str, Future[subprocess.CompletedProcess[str]]]
@@ -399,7 +400,7 @@ def test_ci_runs_the_readme_test_command_and_surfaces_pytest_exit_5() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # waits for its background job, which may queue behind others
+@pytest.mark.timeout(2400)  # waits for its background job, which may queue behind others
 def test_demo_and_example_run(background: dict[str, Future[subprocess.CompletedProcess[str]]]) -> None:
     outputs = []
     for key in ("demo", "shared_budget.py", "synthesize_demonstrations.py"):
@@ -412,7 +413,7 @@ def test_demo_and_example_run(background: dict[str, Future[subprocess.CompletedP
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # waits for its background job, which may queue behind others
+@pytest.mark.timeout(2400)  # waits for its background job, which may queue behind others
 @pytest.mark.parametrize(
     ("script", "expected"),
     [
@@ -434,7 +435,7 @@ def test_adapter_and_retrieval_examples_run(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # waits for its background job, which may queue behind others
+@pytest.mark.timeout(2400)  # waits for its background job, which may queue behind others
 @pytest.mark.parametrize(
     ("script", "second_start"),
     [
