@@ -7,14 +7,17 @@ off, so every path makes the same number of tokens), the median of ``--repeats``
   public answer; what an app has without this library);
 - the backend's greedy zero-shot: :func:`~dp_icl_plugin.backends.generation.greedy_generate` on
   :class:`~dp_icl_plugin.backends.hf.HFBackend` (what ``ChatZeroShot`` runs);
-- DPS-MOZO (n_shots = 4) over 100 TREC questions, its records' prefixes warm (the steady state);
+- DPS-MOZO (n_shots = 4) over 100 TREC questions, its records' prefixes warm (the steady state), and its floor
+  (``decoding_floor.py``'s: per token one forward of the 4 drawn records' query parts and answer so far on
+  their cached record prefixes, the zero-shot row counted free);
 - expert decoding (k = 40) over 2,000 TREC questions, the question's experts' prefixes warm;
 - the floor of expert decoding on the raw model: per answer one forward of the k experts' query parts on cached
   record prefixes, then per token one forward of k + 1 one-token rows (what the mechanism needs, with no public
   shapes and the public row not apart).
 
 Rows marked "before" rerun the code's earlier setting in the same run: greedy in a micro-batch of 8 rows (filler
-rows around the lone prompt), expert decoding with 256 new tokens a forward (its k query parts in three forwards).
+rows around the lone prompt), expert decoding with 256 new tokens a forward (its k query parts in three forwards),
+DPS-MOZO with its zero-shot row computed whole at every token (its query part again, not one new position).
 
 Each DP answer is charged to an in-memory ledger with room for all of them. Prints a Markdown table: seconds a
 token and the ratio to raw greedy.
@@ -34,8 +37,10 @@ import numpy as np
 
 from dp_icl_plugin import BudgetManager, HFBackend, PrivacyBudget, PrivateDataset, build_expert_decoder
 from dp_icl_plugin.backends.generation import greedy_generate
+from dp_icl_plugin.decoding import decoders
 from dp_icl_plugin.decoding.decoders import MozoDecoder
 from dp_icl_plugin.decoding.factory import step_tokens
+from dp_icl_plugin.steps import mozo_step
 
 TREC = Path(__file__).resolve().parents[2] / "shared" / "data" / "trec" / "train.txt"
 QUERY = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who wrote Hamlet?"}]
@@ -81,6 +86,13 @@ def expert_floor(model, tokens: int, k: int, prefix: int = 40, query: int = 16) 
         for t in range(tokens - 1):
             cache = forward(torch.ones((k + 1, 1), dtype=torch.long), cache, prefix + query + t).cache
         return (time.perf_counter() - start) / tokens
+
+
+class ZeroShotWhole(mozo_step.MozoStep):
+    """The earlier DPS-MOZO step: its zero-shot row computed whole at every token, in a call of its own."""
+
+    def _zero_shot_row(self, generated: list[int]) -> np.ndarray:
+        return mozo_step.rows_logprobs(self.backend, [self.zero_shot], generated, suffix=self.suffix, public=1)
 
 
 def main() -> None:
@@ -133,9 +145,17 @@ def main() -> None:
         def mozo_answer(seed: int) -> int:
             return len(mozo.generate(QUERY, rng=np.random.default_rng(seed), max_tokens=tokens, stop=[]).token_ids)
 
+        def mozo_answer_before(seed: int) -> int:
+            shipped, decoders.MozoStep = decoders.MozoStep, ZeroShotWhole  # type: ignore[misc]
+            try:
+                return mozo_answer(seed)
+            finally:
+                decoders.MozoStep = shipped  # type: ignore[misc]
+
         for seed in range(8):  # every record's prefix cached: the steady state
             mozo_answer(100 + seed)
         runs.append(("DPS-MOZO (n_shots = 4), records warm", mozo_answer))
+        runs.append(("before: DPS-MOZO, its zero-shot row computed whole at every token", mozo_answer_before))
 
     if "experts" not in args.skip:
         for label, per_forward in (("", step_tokens("knn-experts", 40) or 256), ("before: ", 256)):
@@ -173,6 +193,11 @@ def main() -> None:
         floors = [expert_floor(model, tokens, 40) for _ in range(args.repeats)]
         rows.append(("floor of expert decoding (k = 40, raw model)", float(np.median(floors))))
 
+    if "mozo" not in args.skip:
+        from decoding_floor import mozo_floor_seconds_per_token
+
+        floors = [mozo_floor_seconds_per_token(backend, records(100), 4, tokens) for _ in range(args.repeats)]
+        rows.append(("floor of DPS-MOZO (n_shots = 4, raw model, zero-shot row free)", float(np.median(floors))))
     floor = rows[0][1]
     print(
         f"SmolLM2-135M-Instruct, CPU, {torch.get_num_threads()} threads (OMP_NUM_THREADS="

@@ -142,3 +142,22 @@ def test_the_shipped_decoder_row_keeps_a_wide_support_where_the_broken_rows_tell
     same = np.log(np.full((4, 20), 0.05))
     monkeypatch.setattr(decoder_case, "_rows", lambda broken: ((same, same.copy()), (same, same.copy())))
     assert decoder_case._tuned.__wrapped__() == (decoder_case.FALLBACK_TOP_K,) * 2
+
+
+def test_the_audit_reports_its_rows_as_they_finish_unless_told_not_to(monkeypatch, capsys) -> None:
+    """Issue 41: a progress bar on every step that can take more than a few seconds (the quick audit: minutes).
+    Off a terminal the command prints plain lines (started, then done); ``--no-progress`` prints none."""
+    chosen = tuple(c for c in cases.CASES if c.name.startswith(("report-noisy-max", "Gaussian aggregation")))
+    from dp_icl_plugin import audit
+
+    real = audit.run_audit
+    monkeypatch.setattr(audit, "run_audit", lambda **kw: real(**{**kw, "jobs": 1}, cases=chosen))
+    main(["audit", "--samples", "2000"])  # too few samples to catch every broken variant: judged, not asserted
+    out = capsys.readouterr()
+    err = out.err
+    assert len(json.loads(out.out)["rows"]) == 4
+    assert "dp-icl audit: 0/4 rows (0 %)" in err and "dp-icl audit: 4/4 rows (100 %)" in err and "done" in err
+    main(["audit", "--samples", "2000", "--no-progress"])
+    assert "dp-icl audit" not in capsys.readouterr().err
+    rows = real(samples=2_000, cases=chosen, jobs=2, progress=True)  # workers: a tick per row, in any order
+    assert len(rows) == 4 and "4/4" in capsys.readouterr().err

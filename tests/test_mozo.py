@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from tests_support import steps_of
 
 from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget, PrivateDataset, PrivateRecord
 from dp_icl_plugin.accounting import method_events as me
@@ -318,9 +317,16 @@ class RecordingBackend(FakeBackend):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.batches: list[list[list[int]]] = []
 
+        self.sessions: list[list[int]] = []  # each session's prompt, extended by what was appended to it
+
     def next_token_logprobs(self, prompts: Sequence[Prompt] | np.ndarray) -> np.ndarray:
         self.batches.append([[int(t) for t in p] for p in prompts])
         return super().next_token_logprobs(prompts)
+
+    def start(self, prompts: Sequence[Prompt] | np.ndarray) -> Any:
+        session = super().start(prompts)
+        self.sessions.append(session._contexts[0])  # the fake session extends this list as tokens are appended
+        return session
 
 
 def test_charged_event_is_the_planned_event() -> None:
@@ -360,11 +366,15 @@ def test_prompts_are_one_record_each_drawn_without_replacement() -> None:
     ordered = [r for y in data.labels for r in data.records(y)]
     records = {tuple(backend.encode(f"/ {r.text} {r.label} / w1 w2 w3")): i for i, r in enumerate(ordered)}
     assert len(records) == len(ordered)
-    for t, batch in enumerate(steps_of(backend.batches[1:], public=1)):  # the first batch: the public pre-flight
+    # the zero-shot row: one session of its own, started on the query alone and grown by each released token
+    # but the last (nothing is computed after the last release)
+    assert backend.sessions == [zero_shot + list(demos[0].token_ids[:-1])]
+    private = backend.batches[1:]  # the first batch: the public pre-flight; then one call of 4 records' rows a step
+    assert len(private) == len(demos[0].token_ids)
+    for t, batch in enumerate(private):
         generated = list(demos[0].token_ids[:t])
-        assert len(batch) == 1 + 4 and batch[0] == zero_shot + generated
-        used = [records[tuple(p[: len(p) - t])] for p in batch[1:]]
-        assert len(set(used)) == 4 and all(p[len(p) - t :] == generated for p in batch[1:])
+        used = [records[tuple(p[: len(p) - t])] for p in batch]
+        assert len(batch) == 4 and len(set(used)) == 4 and all(p[len(p) - t :] == generated for p in batch)
     assert demos[0].label == "syn" and demos[0].input == "w1 w2 w3"
 
 

@@ -13,9 +13,10 @@ differs (``MozoDecoder.answer_event`` adds the amplification by sampling on top)
 completion query on ``HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu", dtype="bfloat16")``
 (the loader's defaults otherwise), once on D and once on D′, each served from a cold prefix cache; a
 backend wrapper that passes every call through (:class:`RecordingBackend`) keeps the rows the decoder
-hands its mechanism (two calls: the public zero-shot row alone, then the drawn records' rows). The
-mechanism's output is then :func:`~dp_icl_plugin.mechanisms.mozo_mixing.mozo_distribution` on those rows, computed
-once per dataset and sampled many times.
+hands its mechanism (two calls: the public zero-shot row alone, in a session of its own, then the drawn
+records' rows). The mechanism's output is then
+:func:`~dp_icl_plugin.mechanisms.mozo_mixing.mozo_distribution` on those rows, computed once per dataset and
+sampled many times.
 
 **The broken variant: the zero-shot row in the shared batch**, the decoder and backend before row isolation:
 the step's prompts (zero-shot and records) in one call, as the decoder sent them, computed as the backend did
@@ -117,7 +118,8 @@ def defect_not_shown() -> str | None:
 # -- the backends the decoder runs on -----------------------------------------------------------------------
 class RecordingBackend:
     """A backend that passes every call to ``inner`` and keeps the log-probabilities of each row computation
-    (``calls``): what the decoder handed its mechanism. Sessions are not offered (MOZO does not use them).
+    (``calls``): what the decoder handed its mechanism. A session's first rows are recorded (MOZO's zero-shot
+    row is a session of its own); what it computes after that is not (the audit records one token step).
 
     Args:
         inner: the backend that computes.
@@ -128,7 +130,7 @@ class RecordingBackend:
         self.calls: list[tuple[list[list[int]], np.ndarray]] = []
 
     def __getattr__(self, name: str) -> Any:  # tokenizer, vocabulary, model_id, max_length, ...
-        if name in ("start", "start_shared_suffix", "inner", "calls"):
+        if name in ("inner", "calls"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -156,28 +158,27 @@ class RecordingBackend:
     def _shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> np.ndarray:
         return np.asarray(self.inner.next_token_logprobs_shared_suffix(rows, suffix))
 
-    def start(self, prompts: Any) -> Any:  # the protocol's; never called by MozoDecoder
-        """Not offered.
+    def start(self, prompts: Any) -> Any:
+        """``inner``'s session over ``prompts``, its first rows recorded.
 
         Args:
             prompts: the prompts.
-
-        Raises:
-            NotImplementedError: always.
         """
-        raise NotImplementedError("the audit records one token step")
+        session = self.inner.start(prompts)
+        self._record(prompts, np.asarray(session.logprobs))
+        return session
 
-    def start_shared_suffix(self, rows: Any, suffix: Any) -> Any:
-        """Not offered.
+    def start_shared_suffix(self, rows: Sequence[Sequence[int]], suffix: Sequence[int]) -> Any:
+        """``inner``'s session over ``rows`` with the public ``suffix`` (MOZO's zero-shot row), its first rows
+        recorded.
 
         Args:
-            rows: the prompts.
-            suffix: the public suffix.
-
-        Raises:
-            NotImplementedError: always.
+            rows: the prompts, as token ids.
+            suffix: public tokens that rows may end with.
         """
-        raise NotImplementedError("the audit records one token step")
+        session = self.inner.start_shared_suffix(rows, suffix)
+        self._record(rows, np.asarray(session.logprobs))
+        return session
 
 
 class SharedBatchRows(RecordingBackend):

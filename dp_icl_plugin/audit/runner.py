@@ -6,12 +6,14 @@ import multiprocessing
 import os
 import pickle
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin._progress import progress_bar
 from dp_icl_plugin.audit.cases import CASES, AuditCase
 from dp_icl_plugin.audit.statistics import epsilon_lower_bound
 
@@ -104,7 +106,14 @@ def audit_case(case: AuditCase, *, broken: bool, samples: int, seed: int, confid
     )
 
 
-def run_audit(*, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CASES, jobs: int = 1) -> list[AuditRow]:
+def run_audit(
+    *,
+    samples: int,
+    seed: int = 0,
+    cases: tuple[AuditCase, ...] = CASES,
+    jobs: int = 1,
+    progress: bool | None = None,
+) -> list[AuditRow]:
     """Every case, real and broken (half the noise), at ``samples`` outputs per input and pair; a case whose
     requirements are missing gives two skipped rows.
 
@@ -117,6 +126,7 @@ def run_audit(*, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CAS
             the CPUs. Spawned workers import the calling script: a script that calls this with ``jobs`` > 1
             needs the ``if __name__ == "__main__":`` guard (the ``dp-icl audit`` command has it). A case that
             cannot be pickled (a lambda in it) runs in this process.
+        progress: a bar of the rows done on stderr (True), none (False), or one on a terminal only (None).
 
     Returns:
         The rows, case by case, as shipped then broken.
@@ -127,8 +137,23 @@ def run_audit(*, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CAS
     samples = check.positive_int("samples", samples)
     jobs = check.positive_int("jobs", jobs)
     tasks = [(c, b) for c in cases for b in (False, True)]
-    if jobs == 1 or len(tasks) < 2:
-        return [audit_case(c, broken=b, samples=samples, seed=seed) for c, b in tasks]
+    bar = progress_bar(len(tasks), desc="dp-icl audit", unit="row", enabled=progress)
+    try:
+        if jobs == 1 or len(tasks) < 2:
+            rows = []
+            for c, b in tasks:
+                rows.append(audit_case(c, broken=b, samples=samples, seed=seed))
+                bar.update(1)
+            return rows
+        return _pooled(tasks, samples=samples, seed=seed, jobs=jobs, done=bar.update)
+    finally:
+        bar.close()
+
+
+def _pooled(
+    tasks: list[tuple[AuditCase, bool]], *, samples: int, seed: int, jobs: int, done: Callable[[int], object]
+) -> list[AuditRow]:
+    """``tasks`` shared by ``jobs`` spawned workers; ``done(1)`` as each row finishes (in any order)."""
     # a shipped case travels as its position in CASES, another pickled; one that cannot be (a lambda in it) runs
     # here while the workers run the rest
     keys: list[int | AuditCase | None] = [
@@ -142,10 +167,14 @@ def run_audit(*, samples: int, seed: int = 0, cases: tuple[AuditCase, ...] = CAS
             None if key is None else pool.submit(_audit_row, key, b, samples, seed)
             for key, (_, b) in zip(keys, tasks, strict=True)
         ]
-        return [
-            audit_case(c, broken=b, samples=samples, seed=seed) if f is None else f.result()
-            for f, (c, b) in zip(futures, tasks, strict=True)
-        ]
+        here: dict[int, AuditRow] = {}
+        for i, (f, (c, b)) in enumerate(zip(futures, tasks, strict=True)):
+            if f is None:
+                here[i] = audit_case(c, broken=b, samples=samples, seed=seed)
+                done(1)
+        for _ in as_completed([f for f in futures if f is not None]):
+            done(1)
+        return [here[i] if f is None else f.result() for i, f in enumerate(futures)]
 
 
 def available_cpus() -> int:

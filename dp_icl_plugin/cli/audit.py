@@ -34,11 +34,17 @@ def add_parser(top: Any, common: argparse.ArgumentParser, integer: Any) -> None:
         help="worker processes sharing the cases (default: one per CPU; same rows for any)",
     )
     p.add_argument("--out", default=None, help="also write audit.json and audit.md into this folder")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (default: a bar on a terminal, a line every 30 s elsewhere)",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     # the audit's cases build a kNN index when imported (faiss, an optional dependency): loaded for this command only
+    from dp_icl_plugin._progress import report_lines_off_a_terminal
     from dp_icl_plugin.audit import run_audit, to_markdown
     from dp_icl_plugin.audit.runner import available_cpus
 
@@ -48,7 +54,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     samples = default if args.samples is None else args.samples  # --samples 0 is an error, not the full audit
     started = time.monotonic()
     jobs = available_cpus() if args.jobs is None else args.jobs
-    rows = run_audit(samples=samples, seed=args.seed, jobs=jobs)
+    report_lines_off_a_terminal(not args.no_progress)
+    rows = run_audit(samples=samples, seed=args.seed, jobs=jobs, progress=False if args.no_progress else None)
     table = to_markdown(rows)
     ran = [r for r in rows if not r.skipped]  # a skipped case proves nothing either way: listed, not judged
     shipped_ok = all(r.consistent for r in ran if not r.broken)

@@ -51,6 +51,7 @@ import json
 import threading
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -831,14 +832,15 @@ class MozoDecoder(_DatasetDecoder):
             lambda_max=self.lambda_max,
         )
         generated: list[int] = []
-        for _ in range(limit):
-            forced = self._forced(generated, rule)
-            if forced is None:
-                token = self._draw(lambda rows: step.release(rows, rng), step.rows(generated, rng), generated, rule)
-            else:  # public: no records drawn, no mechanism, no step charged
-                token = forced
-            generated.append(token)
-            yield token
+        with closing(step):  # its zero-shot session dropped however the answer ends
+            for _ in range(limit):
+                forced = self._forced(generated, rule)
+                if forced is None:
+                    token = self._draw(lambda rows: step.release(rows, rng), step.rows(generated, rng), generated, rule)
+                else:  # public: no records drawn, no mechanism, no step charged
+                    token = forced
+                generated.append(token)
+                yield token
 
 
 class ClipBlendDecoder(_DatasetDecoder):

@@ -43,7 +43,7 @@ The zero-shot prompt is ``header + query``; a one-shot prompt is ``header + exam
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, closing
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -289,7 +289,7 @@ class MozoOfflineSynthesizer(SynthesisMethod):
                 top_k=c.top_k,
                 lambda_max=c.lambda_max,
             )
-            yield DemoSlot(label="", input=public_input), nullcontext(step)
+            yield DemoSlot(label="", input=public_input), closing(step)  # its zero-shot session dropped
 
 
 def _public_suffix(
