@@ -22,7 +22,7 @@ DPS-MOZO with its zero-shot row computed whole at every token (its query part ag
 Each DP answer is charged to an in-memory ledger with room for all of them. Prints a Markdown table: seconds a
 token and the ratio to raw greedy.
 
-    OMP_NUM_THREADS=2 python benchmarks/app_speed.py            # about 3 minutes on 2 CPU cores
+    OMP_NUM_THREADS=2 python benchmarks/app_speed.py            # about 6 minutes on 2 CPU cores
 """
 
 from __future__ import annotations

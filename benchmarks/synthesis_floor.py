@@ -14,7 +14,7 @@ call after its public probe, which is after its charge: it holds generation only
 and accounting. Setting: TREC training questions as the private records (the label sizes declared public as
 observed), the ``trec`` template, one label, T = ``--tokens``; each method at its paper's prompt counts.
 
-    python benchmarks/synthesis_floor.py            # about 4 minutes on 2 CPU cores
+    python benchmarks/synthesis_floor.py            # about 10 minutes on 2 CPU cores
 """
 
 from __future__ import annotations
@@ -174,12 +174,21 @@ def main() -> None:
     parser.add_argument(
         "--micro-batch-size",
         type=int,
-        default=8,
-        help="the backend's rows per forward (default 8, HFBackend's): a step's rows beyond it take more forwards",
+        default=None,
+        help="the backend's rows per forward (default: each method's step_rows, as dp-icl synthesize builds its "
+        "backend, else HFBackend's 8): a step's rows beyond it take more forwards",
+    )
+    parser.add_argument(
+        "--only", nargs="*", default=[], help="run only the methods whose row name starts with one of these"
     )
     args = parser.parse_args()
-    backend = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu", micro_batch_size=args.micro_batch_size)
-    print(f"micro_batch_size = {args.micro_batch_size}")
+    loaded = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
+
+    def backend_of(rows: int | None) -> HFBackend:
+        return HFBackend(
+            loaded.model, loaded.tokenizer, model_id=loaded.model_id, device="cpu", micro_batch_size=rows or 8
+        )
+
     lines = TREC.read_text(encoding="latin-1").splitlines()
     data = PrivateDataset.from_pairs(
         [ln.split(" ", 1)[1] for ln in lines], [ln.split(":", 1)[0] for ln in lines], public_label_counts="observed"
@@ -202,11 +211,15 @@ def main() -> None:
             {"public_inputs": public_inputs},
         ),
     ]
-    print("| synthesizer on SmolLM2-135M-Instruct | floor s/token | whole prompts | prefix cache |")
-    print("|---|---:|---:|---:|")
+    print("| synthesizer on SmolLM2-135M-Instruct | rows per forward | floor s/token | whole prompts | prefix cache |")
+    print("|---|---:|---:|---:|---:|")
     for name, method, extra in methods:
+        if args.only and not name.startswith(tuple(args.only)):
+            continue
+        rows = args.micro_batch_size or method.step_rows or 8
+        backend = backend_of(rows)
         dataset = answers if extra else data
-        kwargs = extra if extra else {"labels": label}
+        kwargs: dict[str, Any] = extra if extra else {"labels": label}
         seconds = {}
         for share in (False, True):  # the same seed: the same prompts, so one floor serves both
             backend.prefix_cache.clear()
@@ -220,7 +233,7 @@ def main() -> None:
         floor = floor_seconds(backend, steps)
         n = len(steps)
         print(
-            f"| {name} | {floor / n:.3f} | {seconds[False] / n:.3f} s, {seconds[False] / floor:.1f}× | "
+            f"| {name} | {rows} | {floor / n:.3f} | {seconds[False] / n:.3f} s, {seconds[False] / floor:.1f}× | "
             f"{seconds[True] / n:.3f} s, {seconds[True] / floor:.1f}× |",
             flush=True,
         )

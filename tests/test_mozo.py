@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget, PrivateDataset, PrivateRecord
+from dp_icl_plugin import BudgetManager, FakeBackend, PrivacyBudget, PrivateDataset, PrivateRecord, TangSynthesizer
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.backends.base import Prompt
 from dp_icl_plugin.errors import BudgetExhaustedError, ConfigurationError
@@ -548,3 +548,10 @@ def test_end_to_end_on_a_tiny_gpt2(tmp_path: Path) -> None:
     assert [d.input for d in demos] == inputs and all(len(d.token_ids) == 1 for d in demos)
     assert all(d.text == names[d.token_ids[0]] == d.label for d in demos)
     assert budget.history()[0].event == method.event(data, public_inputs=inputs, ledger_delta=budget.budget.delta)
+
+
+def test_a_backend_built_for_synthesis_computes_a_tokens_one_shot_prompts_in_one_forward() -> None:
+    """``dp-icl synthesize`` builds its backend with the method's ``step_rows`` (public settings): DPS-MOZO
+    offline's n_shots rows, not the backend's default 8 (4 filler rows a forward); the others keep the default."""
+    assert MozoOfflineSynthesizer(beta=0.5, n_shots=3, max_tokens=2).step_rows == 3
+    assert TangSynthesizer(noise_multiplier=1.0, max_tokens=2).step_rows is None

@@ -322,7 +322,10 @@ def synthesize(a: argparse.Namespace) -> dict[str, Any]:
             a.server, tokenizer=a.tokenizer, top_k=a.server_top_k, allow_insecure_http=a.allow_insecure_http
         )
     else:
-        backend = HFBackend.from_pretrained(a.model, device=a.device)
+        rows = method.step_rows  # public settings: a forward of the rows a token step computes
+        backend = HFBackend.from_pretrained(
+            a.model, device=a.device, **({} if rows is None else {"micro_batch_size": rows})
+        )
     budget = BudgetManager(budget_arg, ledger=ledger)
     report_lines_off_a_terminal(not a.no_progress)
     progress = False if a.no_progress else (True if a.progress else None)

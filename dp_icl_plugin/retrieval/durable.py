@@ -131,12 +131,34 @@ def kept_index(
     if isinstance(location, IndexPlace):
         name = location.name
         location = location.location
+    records = _Records(texts, labels, answers, user_ids)
     if location is None:
-        return _built(None, budget, texts, labels, answers, user_ids, embedder, group_by_user, name)
+        return _built(None, budget, records, embedder, group_by_user, name)
     # one process at a time from looking to adding: two workers starting together would otherwise both find a
     # record missing and both add it, and a record indexed twice has two filters (twice its budget)
     with _exclusive(location, name):
-        return _kept(location, budget, texts, labels, answers, user_ids, embedder, group_by_user, name)
+        return _kept(location, budget, records, embedder, group_by_user, name)
+
+
+@dataclass(frozen=True)
+class _Records:
+    """The records an app passes, as :meth:`PrivateIndex.add` takes them."""
+
+    texts: Sequence[str]
+    labels: Sequence[str | None] | None
+    answers: Sequence[str | None] | None
+    user_ids: Sequence[str | None] | None
+
+    def add_to(self, index: PrivateIndex, positions: Sequence[int] | None = None) -> None:
+        """Add these records (or those at ``positions``) to ``index``."""
+        if positions is None:
+            index.add(self.texts, labels=self.labels, answers=self.answers, user_ids=self.user_ids)
+            return
+        index.add(
+            [self.texts[i] for i in positions],
+            labels=None if self.labels is None else [self.labels[i] for i in positions],
+            answers=None if self.answers is None else [self.answers[i] for i in positions],
+        )
 
 
 def _exclusive(location: Location, name: str) -> AbstractContextManager[None]:
@@ -149,10 +171,7 @@ def _exclusive(location: Location, name: str) -> AbstractContextManager[None]:
 def _kept(
     location: Location,
     budget: IndividualBudget,
-    texts: Sequence[str],
-    labels: Sequence[str | None] | None,
-    answers: Sequence[str | None] | None,
-    user_ids: Sequence[str | None] | None,
+    records: _Records,
     embedder: object | None,
     group_by_user: bool,
     name: str,
@@ -160,19 +179,15 @@ def _kept(
     index = _opened(location, embedder, name)
     if index is None:
         try:
-            return _built(location, budget, texts, labels, answers, user_ids, embedder, group_by_user, name)
+            return _built(location, budget, records, embedder, group_by_user, name)
         except (ConfigurationError, LedgerError):
             index = _opened(location, embedder, name)  # another process built it meanwhile: use that one
             if index is None:
                 raise
     _check_kept(index, location, budget, group_by_user)
-    missing = _missing(index, location, texts, labels, answers, user_ids)
+    missing = _missing(index, location, records)
     if missing:
-        index.add(
-            [texts[i] for i in missing],
-            labels=None if labels is None else [labels[i] for i in missing],
-            answers=None if answers is None else [answers[i] for i in missing],
-        )
+        records.add_to(index, missing)
     return index
 
 
@@ -191,20 +206,17 @@ def _opened(location: Location, embedder: object | None, name: str) -> PrivateIn
 def _built(
     location: Location | None,
     budget: IndividualBudget,
-    texts: Sequence[str],
-    labels: Sequence[str | None] | None,
-    answers: Sequence[str | None] | None,
-    user_ids: Sequence[str | None] | None,
+    records: _Records,
     embedder: object | None,
     group_by_user: bool,
     name: str,
 ) -> PrivateIndex:
     if location is not None and is_postgres_url(location):
         index = PrivateIndex(budget=budget, embedder=embedder, group_by_user=group_by_user, path=location, name=name)
-        index.add(texts, labels=labels, answers=answers, user_ids=user_ids)
+        records.add_to(index)
         return index
     index = PrivateIndex(budget=budget, embedder=embedder, group_by_user=group_by_user)
-    index.add(texts, labels=labels, answers=answers, user_ids=user_ids)
+    records.add_to(index)
     return index if location is None else index.save(location)  # all or nothing: a crash leaves no index there
 
 
@@ -229,16 +241,10 @@ _FIX_TAIL = (
 _FIX = f"ask for what it was built with, or {_FIX_TAIL}"
 
 
-def _missing(
-    index: PrivateIndex,
-    location: Location,
-    texts: Sequence[str],
-    labels: Sequence[str | None] | None,
-    answers: Sequence[str | None] | None,
-    user_ids: Sequence[str | None] | None,
-) -> list[int]:
+def _missing(index: PrivateIndex, location: Location, records: _Records) -> list[int]:
     """The positions of the given records the kept index lacks (per record only: grouped indexes must match
     exactly). Refuses an index that holds a record not given."""
+    texts, labels, answers, user_ids = records.texts, records.labels, records.answers, records.user_ids
     n = len(texts)
     given: list[_Row] = [
         (texts[i], None if labels is None else labels[i], None if answers is None else answers[i]) for i in range(n)

@@ -180,6 +180,13 @@ class SynthesisMethod(ABC):
     #: ``privacy_unit``); a method that does not is refused one, never certified per unit on trust
     supports_privacy_units: ClassVar[bool] = False
 
+    @property
+    def step_rows(self) -> int | None:
+        """Rows per forward that fit one token step's records, from the method's public settings, for a backend
+        built for this method (``dp-icl synthesize``; as ``decoding.factory.step_rows`` for the decoders), or
+        None to keep the backend's default. On a CPU a forward's filler rows cost real compute."""
+        return None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Give each method a signature and docstring that list its settings (its config's fields), so that
         ``help(PTASynthesizer)`` and editors show them instead of ``**overrides``."""

@@ -154,6 +154,13 @@ class MozoOfflineSynthesizer(SynthesisMethod):
     config: MozoOfflineConfig
     labels_in_prompts: ClassVar[bool] = True  # a one-shot prompt holds its record's output ({label})
 
+    @property
+    def step_rows(self) -> int:
+        """``n_shots``: a token's one-shot prompts in one forward (its zero-shot row goes in one of its own);
+        measured in ``benchmarks/synthesis_floor.md``: 4 rows instead of the backend's default 8 took DPS-MOZO
+        offline from 2.1× to 1.7× its floor."""
+        return self.config.n_shots
+
     # -- planning -----------------------------------------------------------------------------------
     def plan(
         self,

@@ -2,14 +2,17 @@
 
 Few-shot templates call ``select_examples`` on every format, so per-call private selection would spend
 budget on every prompt. This selector serves a :class:`~dp_icl_plugin.DemoSet` (DP already, so
-serving and choosing among its demonstrations is free post-processing), or synthesizes one on first use,
-charging the shared ledger exactly once. Ranking by similarity to the query is LangChain's own
+serving and choosing among its demonstrations is free post-processing), or synthesizes one, charging the shared
+ledger exactly once: up front with :meth:`DPICLExampleSelector.prepare` (a progress bar on a terminal), or on
+the first selection, which then logs a warning that it is synthesizing (minutes on a CPU) inside a prompt's
+first ``format()``. Ranking by similarity to the query is LangChain's own
 (``SemanticSimilarityExampleSelector`` or ``MaxMarginalRelevanceExampleSelector`` over an in-memory vector
 store of the demonstrations), post-processing of DP output like any other.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +40,8 @@ from dp_icl_plugin import (
     SynthesisMethod,
 )
 from dp_icl_plugin.adapters import embed_texts, load_saved, noise_source
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["DPICLExampleSelector", "LazySynthesis"]
 
@@ -290,12 +295,39 @@ class DPICLExampleSelector(BaseExampleSelector):
 
     @property
     def demos(self) -> DemoSet:
-        """The DemoSet served (synthesized and charged once on first access when lazy)."""
+        """The DemoSet served (synthesized and charged once on first access when lazy and not prepared)."""
+        return self._synthesized(up_front=False)
+
+    def prepare(self, *, progress: bool | None = None) -> DemoSet:
+        """Synthesize the demonstrations now (charged once), before a chain formats its first prompt; a selector
+        that has them already (given, saved, or prepared before) returns them without a charge.
+
+        Args:
+            progress: show the synthesis's progress bar (None: only when stderr is a terminal).
+
+        Returns:
+            The DemoSet served.
+
+        Raises:
+            BudgetExhaustedError: the budget cannot afford the synthesis (nothing charged).
+            ReleaseFailedError: the synthesis failed after its charge (see ``SynthesisMethod.synthesize``).
+        """
+        return self._synthesized(up_front=True, progress=progress)
+
+    def _synthesized(self, *, up_front: bool, progress: bool | None = None) -> DemoSet:
         with self._lock:
             if self._demos is None:
                 synthesizer, dataset, backend, budget, rng = self._lazy
                 assert synthesizer is not None
-                self._demos = synthesizer.synthesize(dataset, backend=backend, budget=budget, rng=rng)
+                if not up_front:
+                    _log.warning(
+                        "synthesizing DP demonstrations (%s) inside the first selection, so inside a prompt's first "
+                        "format(): one charge, minutes on a CPU; call selector.prepare() before the chain runs",
+                        synthesizer.name,
+                    )
+                self._demos = synthesizer.synthesize(
+                    dataset, backend=backend, budget=budget, rng=rng, progress=progress
+                )
                 if self.save_to is not None:
                     self._demos.save(self.save_to)
                 self._lazy = (None, None, None, None, None)  # drop the private records

@@ -116,6 +116,33 @@ def test_lazy_synthesis_charges_once() -> None:
     assert CANARY not in repr(selector)
 
 
+def test_selector_prepared_up_front_synthesizes_before_any_format_and_a_lazy_one_says_so(caplog) -> None:
+    """Issue 41: synthesis never hidden inside a prompt's first format(): ``prepare()`` runs it up front (one
+    charge), and a selector left lazy logs a warning when its first selection synthesizes."""
+    method = TangSynthesizer(
+        epsilon=2.0, delta=1e-3, n_prompts=2, records_per_prompt=2, max_tokens=3, shots_per_label=1, top_k=5
+    )
+
+    def lazy(ledger: BudgetManager) -> DPICLExampleSelector:
+        private = dataset().with_public_label_counts("observed")
+        return DPICLExampleSelector(
+            synthesizer=method, dataset=private, backend=backend(), budget=ledger, rng=np.random.default_rng(0)
+        )
+
+    ledger = BudgetManager(PrivacyBudget(5.0, 1e-3))
+    selector = lazy(ledger)
+    with caplog.at_level(logging.WARNING, logger="langchain_dp_icl.selector"):
+        demos = selector.prepare(progress=False)
+        assert len(ledger.history()) == 1 and selector.prepare() is demos  # once
+        assert len(selector.select_examples({"input": "q"})) == 3 and len(ledger.history()) == 1
+    assert caplog.records == []  # prepared: nothing synthesized inside a selection
+    ledger = BudgetManager(PrivacyBudget(5.0, 1e-3))
+    with caplog.at_level(logging.WARNING, logger="langchain_dp_icl.selector"):
+        lazy(ledger).select_examples({"input": "q"})
+    assert len(ledger.history()) == 1
+    assert ["selector.prepare()" in r.getMessage() for r in caplog.records] == [True]
+
+
 def test_selector_bad_input() -> None:
     with pytest.raises(ConfigurationError, match="budget"):
         DPICLExampleSelector(
