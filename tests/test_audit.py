@@ -161,3 +161,13 @@ def test_the_audit_reports_its_rows_as_they_finish_unless_told_not_to(monkeypatc
     assert "dp-icl audit" not in capsys.readouterr().err
     rows = real(samples=2_000, cases=chosen, jobs=2, progress=True)  # workers: a tick per row, in any order
     assert len(rows) == 4 and "4/4" in capsys.readouterr().err
+
+
+def test_the_audit_recorder_is_a_public_rows_backend_on_every_python() -> None:
+    """From Python 3.12 a runtime-checkable protocol ignores ``__getattr__``: the recorder declares
+    ``public_rows`` itself, so the audited zero-shot row runs in the shape apps get."""
+    from dp_icl_plugin import FakeBackend
+    from dp_icl_plugin.audit.decoder_case import RecordingBackend
+    from dp_icl_plugin.backends.base import PublicRowsBackend
+
+    assert isinstance(RecordingBackend(FakeBackend(["a", "b"])), PublicRowsBackend)

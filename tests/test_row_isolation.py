@@ -352,6 +352,52 @@ def test_mozo_public_and_other_rows_do_not_move_with_a_neighbouring_record(
     _check_mozo_neighbours(backend, names, " ".join(names[120:126]), monkeypatch, ANSWER_PRESETS["ginc"])
 
 
+def test_mozo_zero_shot_session_is_the_same_bits_on_neighbours_at_every_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zero-shot row grows in a public session of its own (one appended position a token): at every token
+    it is the same bits on D and D′ (the long record drawn beside it), and every append is a one-row forward.
+    The release is the zero-shot row's argmax (public), so both runs append the same tokens."""
+    backend = _tiny("llama", torch.bfloat16)
+    names = symbol_names(VOCAB)
+    shapes: list[tuple[int, int]] = []
+    real_forward = backend._rows.forward
+
+    def forward(input_ids, mask, positions, cache):  # type: ignore[no-untyped-def]
+        shapes.append(tuple(input_ids.shape))
+        return real_forward(input_ids, mask, positions, cache)
+
+    monkeypatch.setattr(backend._rows, "forward", forward)
+
+    def zero_shot_rows(records: list[PrivateRecord]) -> list[np.ndarray]:
+        seen: list[np.ndarray] = []
+
+        def release(one_shot: np.ndarray, zero_shot: np.ndarray, **kwargs: object) -> object:
+            seen.append(np.array(zero_shot, copy=True))
+            return type("Token", (), {"token_id": int(np.argmax(zero_shot))})()
+
+        monkeypatch.setattr(mozo_step_module, "mozo_token", release)
+        dataset = PrivateDataset(records, labels=sorted({r.label for r in records}))
+        decoder = MozoDecoder(
+            dataset,
+            backend=backend,
+            budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
+            n_queries=1,
+            beta=0.5,
+            max_tokens=6,
+            n_shots=8,  # every record drawn at every token: the long one too
+            top_k=20,
+            template=ANSWER_PRESETS["ginc"],
+        )
+        decoder.generate(" ".join(names[120:126]), rng=np.random.default_rng(7), max_tokens=6, stop=[])
+        return seen
+
+    rows_d, rows_d2 = zero_shot_rows(_records(names, None)), zero_shot_rows(_records(names, 3))
+    assert len(rows_d) == len(rows_d2) == 6
+    for t, (a, b) in enumerate(zip(rows_d, rows_d2, strict=True)):
+        assert np.array_equal(a, b), f"the zero-shot row moved with a private record at token {t}"
+    appends = [s for s in shapes if s[1] == 1]  # one new position: a session's append (prompts are wider)
+    assert len(appends) == 2 * 5 and set(appends) == {(1, 1)}  # 5 appends a run, each a one-row forward
+
+
 @needs_smollm2
 @pytest.mark.slow
 def test_mozo_rows_do_not_move_with_a_neighbouring_record_on_smollm2_in_bfloat16(

@@ -52,7 +52,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,7 @@ import numpy as np
 from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.backends.hf import HFBackend
 from dp_icl_plugin.backends.hf_rows import cache_from_layers, cache_layers
+from dp_icl_plugin.backends.public_rows import public_scope
 from dp_icl_plugin.backends.shared_rows import common_suffix_length
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.decoding.decoders import MozoDecoder
@@ -133,6 +135,13 @@ class RecordingBackend:
         if name in ("inner", "calls"):
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    @contextmanager
+    def public_rows(self) -> Iterator[None]:
+        """``inner``'s public-rows scope, declared here: from Python 3.12 a runtime-checkable protocol ignores
+        ``__getattr__``, and without it the audited zero-shot row would not run in the shape apps get."""
+        with public_scope(self.inner):
+            yield
 
     def _record(self, rows: Sequence[Sequence[int]], logprobs: np.ndarray) -> np.ndarray:
         self.calls.append(([[int(t) for t in r] for r in rows], np.array(logprobs, copy=True)))

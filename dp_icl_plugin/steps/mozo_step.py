@@ -119,7 +119,7 @@ class MozoStep(TokenStep):
         if self._public is None or generated[: len(self._held)] != self._held:
             self.close()
             with public_scope(self.backend):
-                tail = [*self.suffix, *generated] if self.suffix else []  # as rows_logprobs cuts the row
+                tail = [*self.suffix, *generated] if self.suffix else []  # the record-free part before it cached
                 self._public = start_rows(self.backend, [[*self.zero_shot, *generated]], suffix=tail)
             self._held = list(generated)
             return np.asarray(self._public.logprobs)

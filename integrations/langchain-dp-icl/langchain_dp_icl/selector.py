@@ -299,8 +299,9 @@ class DPICLExampleSelector(BaseExampleSelector):
         return self._synthesized(up_front=False)
 
     def prepare(self, *, progress: bool | None = None) -> DemoSet:
-        """Synthesize the demonstrations now (charged once), before a chain formats its first prompt; a selector
-        that has them already (given, saved, or prepared before) returns them without a charge.
+        """Synthesize the demonstrations now (one charge), before a chain formats its first prompt; a selector
+        that has them already (given, saved, or prepared before) returns them without a charge. A synthesis that
+        failed after its charge (``ReleaseFailedError``) is charged again if tried again.
 
         Args:
             progress: show the synthesis's progress bar (None: only when stderr is a terminal).
