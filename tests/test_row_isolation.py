@@ -295,6 +295,26 @@ def _records(names: list[str], long_at: int | None) -> list[PrivateRecord]:
     return records
 
 
+def _mozo_decoded(
+    backend: HFBackend, records: list[PrivateRecord], query: str, template: object, *, tokens: int, n_shots: int
+) -> PrivateDataset:
+    """``records`` as a dataset, after a DPS-MOZO answer of ``tokens`` tokens to ``query`` on it (seed 7)."""
+    dataset = PrivateDataset(records, labels=sorted({r.label for r in records}))
+    decoder = MozoDecoder(
+        dataset,
+        backend=backend,
+        budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
+        n_queries=1,
+        beta=0.5,
+        max_tokens=tokens,
+        n_shots=n_shots,
+        top_k=20,
+        template=template,
+    )
+    decoder.generate(query, rng=np.random.default_rng(7), max_tokens=tokens, stop=[])
+    return dataset
+
+
 def _mozo_rows(
     backend: HFBackend, records: list[PrivateRecord], query: str, monkeypatch: pytest.MonkeyPatch, template: object
 ):
@@ -307,19 +327,7 @@ def _mozo_rows(
         return real(one_shot, zero_shot, **kwargs)
 
     monkeypatch.setattr(mozo_step_module, "mozo_token", spy)
-    dataset = PrivateDataset(records, labels=sorted({r.label for r in records}))
-    decoder = MozoDecoder(
-        dataset,
-        backend=backend,
-        budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
-        n_queries=1,
-        beta=0.5,
-        max_tokens=1,
-        n_shots=4,
-        top_k=20,
-        template=template,
-    )
-    decoder.generate(query, rng=np.random.default_rng(7), max_tokens=1)
+    dataset = _mozo_decoded(backend, records, query, template, tokens=1, n_shots=4)
     ordered = [r for y in dataset.labels for r in dataset.records(y)]
     picked = [int(i) for i in np.random.default_rng(7).choice(len(ordered), size=4, replace=False)]
     return seen[0], [ordered[i] for i in picked]
@@ -375,19 +383,8 @@ def test_mozo_zero_shot_session_is_the_same_bits_on_neighbours_at_every_token(mo
             return type("Token", (), {"token_id": int(np.argmax(zero_shot))})()
 
         monkeypatch.setattr(mozo_step_module, "mozo_token", release)
-        dataset = PrivateDataset(records, labels=sorted({r.label for r in records}))
-        decoder = MozoDecoder(
-            dataset,
-            backend=backend,
-            budget=BudgetManager(PrivacyBudget(100.0, 1e-3)),
-            n_queries=1,
-            beta=0.5,
-            max_tokens=6,
-            n_shots=8,  # every record drawn at every token: the long one too
-            top_k=20,
-            template=ANSWER_PRESETS["ginc"],
-        )
-        decoder.generate(" ".join(names[120:126]), rng=np.random.default_rng(7), max_tokens=6, stop=[])
+        query = " ".join(names[120:126])
+        _mozo_decoded(backend, records, query, ANSWER_PRESETS["ginc"], tokens=6, n_shots=8)  # all 8 drawn each token
         return seen
 
     rows_d, rows_d2 = zero_shot_rows(_records(names, None)), zero_shot_rows(_records(names, 3))

@@ -157,8 +157,8 @@ class MozoOfflineSynthesizer(SynthesisMethod):
     @property
     def step_rows(self) -> int:
         """``n_shots``: a token's one-shot prompts in one forward (its zero-shot row goes in one of its own);
-        measured in ``benchmarks/synthesis_floor.md``: 4 rows instead of the backend's default 8 took DPS-MOZO
-        offline from 2.1× to 1.7× its floor."""
+        4 rows instead of the backend's default 8 took DPS-MOZO offline from 2.1× to 1.7× its floor
+        (``benchmarks/decoding_floor.md``, from ``benchmarks/synthesis_floor.py``)."""
         return self.config.n_shots
 
     # -- planning -----------------------------------------------------------------------------------
