@@ -7,7 +7,9 @@ that recurs), at least its last token. A :class:`Recorder` wraps the backend, le
 and keeps each call's rows; a token's two calls (its public rows apart, then its records' rows) are one step
 of the floor, which replays one forward of that many new tokens per row on a cache of that many cached
 positions (built outside the timer). Both are printed, with their ratio, in one run: the ratio holds what row
-isolation costs (filler rows, padding, the public rows' own forward).
+isolation costs (filler rows, padding, the public rows' own forward). The time inside the model's forwards
+(the shapes isolation gave them) is printed too, which splits the ratio into what those shapes cost against the
+floor and what the code costs around its forwards.
 
 Noise scales are given directly (not calibrated to a target ε) and the timer starts at the method's first model
 call after its public probe, which is after its charge: it holds generation only, not the one-off calibration
@@ -137,6 +139,27 @@ def per_token(calls: list[tuple[list[int], list[int]]]) -> list[tuple[list[int],
     return [(a[0] + b[0], a[1] + b[1]) for a, b in zip(calls[0::2], calls[1::2], strict=True)]
 
 
+class ForwardTimer:
+    """Times every model forward of one backend (its isolated shapes, as the code issued them)."""
+
+    def __init__(self, backend: HFBackend) -> None:
+        self.spans: list[tuple[float, float]] = []
+        inner = backend._rows.forward
+
+        def timed(*args: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args)
+            finally:
+                self.spans.append((start, time.perf_counter() - start))
+
+        backend._rows.forward = timed  # type: ignore[method-assign]
+
+    def seconds_since(self, start: float) -> float:
+        """Seconds spent in forwards that began at or after ``start``."""
+        return sum(took for began, took in self.spans if began >= start)
+
+
 def floor_seconds(backend: HFBackend, calls: list[tuple[list[int], list[int]]]) -> float:
     """Replay each call as one forward of its new tokens (rows padded to the longest) on a cache of its cached
     positions (the longest), the cache built outside the timer."""
@@ -179,14 +202,24 @@ def main() -> None:
         "backend, else HFBackend's 8): a step's rows beyond it take more forwards",
     )
     parser.add_argument(
+        "--tokens-per-forward", type=int, default=None, help="the shape policy's new tokens a forward (HFBackend's)"
+    )
+    parser.add_argument("--width-step", type=int, default=None, help="the shape policy's width step (HFBackend's)")
+    parser.add_argument(
         "--only", nargs="*", default=[], help="run only the methods whose row name starts with one of these"
     )
     args = parser.parse_args()
     loaded = HFBackend.from_pretrained("smollm2-135m-instruct", device="cpu")
 
+    shape = {
+        name: value
+        for name, value in (("tokens_per_forward", args.tokens_per_forward), ("width_step", args.width_step))
+        if value is not None
+    }
+
     def backend_of(rows: int | None) -> HFBackend:
         return HFBackend(
-            loaded.model, loaded.tokenizer, model_id=loaded.model_id, device="cpu", micro_batch_size=rows or 8
+            loaded.model, loaded.tokenizer, model_id=loaded.model_id, device="cpu", micro_batch_size=rows or 8, **shape
         )
 
     lines = TREC.read_text(encoding="latin-1").splitlines()
@@ -211,13 +244,17 @@ def main() -> None:
             {"public_inputs": public_inputs},
         ),
     ]
-    print("| synthesizer on SmolLM2-135M-Instruct | rows per forward | floor s/token | whole prompts | prefix cache |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| synthesizer on SmolLM2-135M-Instruct | rows per forward | floor s/token | whole prompts | prefix cache "
+        "| its forwards alone |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for name, method, extra in methods:
         if args.only and not name.startswith(tuple(args.only)):
             continue
         rows = args.micro_batch_size or method.step_rows or 8
         backend = backend_of(rows)
+        timer = ForwardTimer(backend)
         dataset = answers if extra else data
         kwargs: dict[str, Any] = extra if extra else {"labels": label}
         seconds = {}
@@ -229,12 +266,14 @@ def main() -> None:
                 dataset, backend=recorder, budget=budget, rng=np.random.default_rng(0), progress=False, **kwargs
             )
             seconds[share] = time.perf_counter() - recorder.starts[1]  # generation only: from the first token's call
+        forwards = timer.seconds_since(recorder.starts[1])  # the prefix-cache run's forwards (the last one)
         steps = per_token(recorder.calls[1:])  # model calls after the public probe: two per generated token
         floor = floor_seconds(backend, steps)
         n = len(steps)
         print(
             f"| {name} | {rows} | {floor / n:.3f} | {seconds[False] / n:.3f} s, {seconds[False] / floor:.1f}× | "
-            f"{seconds[True] / n:.3f} s, {seconds[True] / floor:.1f}× |",
+            f"{seconds[True] / n:.3f} s, {seconds[True] / floor:.1f}× | "
+            f"{forwards / n:.3f} s, {forwards / floor:.1f}× |",
             flush=True,
         )
 
