@@ -24,6 +24,8 @@ from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
 from dp_icl_plugin.mechanisms.token_shift import (
     MIN_KEYWORD_PASS,
+    WEAK_SHIFT,
+    agreeing_to_tip,
     keyword_pass_probability,
     log_odds_shift,
     mozo_shift,
@@ -64,11 +66,13 @@ class Plan:
         inputs: the settings the plan was made for.
         methods: each method's outlook.
         recommendation: which method to use, and why.
+        carrying: what the dataset can carry at this budget (agreeing records a token needs; see the module).
     """
 
     inputs: dict[str, Any]
     methods: list[MethodOutlook] = field(default_factory=list)
     recommendation: str = ""
+    carrying: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: the inputs, each method's figures by name, the recommendation."""
@@ -85,6 +89,7 @@ class Plan:
                 for m in self.methods
             },
             "recommendation": self.recommendation,
+            "carrying": self.carrying,
         }
 
 
@@ -105,6 +110,7 @@ def plan(
     subset_size: int | None = None,
     clip: float = 10.0,
     vocab_size: int = 49152,
+    agreeing: int = 10,
 ) -> Plan:
     """What each method would do with (ε, δ) for ``answers`` answers of ``tokens`` tokens over ``records``
     records, and which to use. Never charges anything.
@@ -126,6 +132,8 @@ def plan(
         subset_size: clip-blend's fixed subset (default min(records, k)).
         clip: clip-blend's clipping bound.
         vocab_size: the model's vocabulary (SmolLM2: 49152), for the keyword threshold.
+        agreeing: how many records you expect to share a fact (a fix, a label's cue): the plan gives the ε at
+            which that many would tip a token through expert decoding.
 
     Raises:
         ConfigurationError: a setting out of range.
@@ -137,6 +145,7 @@ def plan(
     k = check.positive_int("k", k)
     c = k if candidates is None else check.positive_int("candidates", candidates)
     s = min(n, k) if subset_size is None else check.positive_int("subset_size", subset_size)
+    j = check.positive_int("agreeing", agreeing)
     if n_shots > n or s > n:
         raise ConfigurationError(f"n_shots ({n_shots}) and subset_size ({s}) cannot exceed the {n} records")
     inputs = {
@@ -148,16 +157,17 @@ def plan(
         "relation": rel,
         "k": k,
         "candidates_per_answer": c,
+        "agreeing": j,
     }
     out = [
         _outlook("dps-mozo decoding", lambda: _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel)),
         _outlook("clip-blend decoding", lambda: _clip_blend(eps, dlt, a, t, s, clip, rel)),
-        _outlook("knn expert decoding", lambda: _experts(eps, dlt, n, a, t, k, c, rel)),
+        _outlook("knn expert decoding", lambda: _experts(eps, dlt, n, a, t, k, c, rel, j)),
         _outlook(
             "knn keyword answer", lambda: _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size, rel)
         ),
     ]
-    return Plan(inputs, out, _recommend(out, a, t))
+    return Plan(inputs, out, _recommend(out, a, t), _carrying(out, n, j))
 
 
 def _outlook(name: str, compute: Callable[[], MethodOutlook]) -> MethodOutlook:
@@ -194,7 +204,14 @@ def _clip_blend(eps, dlt, a, t, s, clip, rel) -> MethodOutlook:
     return MethodOutlook(
         "clip-blend decoding",
         "per answer",
-        {"temperature": tau, "clip": clip, "subset_size": s, "log_odds_range": nats},
+        {
+            "temperature": tau,
+            "clip": clip,
+            "subset_size": s,
+            "log_odds_range": nats,
+            "records_to_tip_a_token": agreeing_to_tip(nats / s),
+            "records_read_per_answer": s,
+        },
         shift,
         verdict(shift),
         f"the {s} records of one fixed subset add at most {nats:.3g} nats to a token's log-odds, "
@@ -202,7 +219,7 @@ def _clip_blend(eps, dlt, a, t, s, clip, rel) -> MethodOutlook:
     )
 
 
-def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
+def _experts(eps, dlt, n, a, t, k, c, rel, agreeing) -> MethodOutlook:
     budget = filter_budget_for(eps, dlt, rel)
     uses = max(1, math.ceil(a * c / n))
     eps0 = token_epsilon_for_uses(budget, uses=uses, tokens=t)
@@ -222,6 +239,10 @@ def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
         # next k nearest take over; once fewer than k records above min_similarity have budget, the experts thin
         # out and the answers drift to the zero-shot answer (no error: how many records remain is private)
         "same_question_answers_per_k_records": uses,
+        # one expert adds at most ε0/2 nats (ε0 is calibrated per record, whatever k): j agreeing experts j·ε0/2
+        "records_to_tip_a_token": agreeing_to_tip(eps0 / 2.0),
+        "records_read_per_answer": k,
+        "epsilon_for_agreeing_records": _experts_epsilon_for(agreeing, dlt, rel, uses, t),
     }
     return MethodOutlook(
         "knn expert decoding",
@@ -234,6 +255,62 @@ def _experts(eps, dlt, n, a, t, k, c, rel) -> MethodOutlook:
         f"{k} nearest records, then {uses} from the next {k}, and so on; when the records near it are used up its "
         "answers become the zero-shot answer, silently (that count is private)",
     )
+
+
+def _experts_epsilon_for(agreeing: int, dlt: float, rel: str, uses: int, tokens: int) -> float | None:
+    """The least ε (rounded up to 3 significant figures) at which ``agreeing`` expert records tip a token for
+    the same answers, or None above ε = 1000 (where no DP claim means anything)."""
+
+    def tips(eps: float) -> bool:
+        try:
+            eps0 = token_epsilon_for_uses(filter_budget_for(eps, dlt, rel), uses=uses, tokens=tokens)
+        except ConfigurationError:
+            return False
+        return (agreeing_to_tip(eps0 / 2.0) or math.inf) <= agreeing
+
+    low, high = 1e-3, 1e3
+    if not tips(high):
+        return None
+    if tips(low):
+        return low
+    for _ in range(60):  # ε0 grows with ε: bisection in log space
+        mid = math.sqrt(low * high)
+        low, high = (low, mid) if tips(mid) else (mid, high)
+    scale = 10.0 ** (math.floor(math.log10(high)) - 2)
+    return float(f"{math.ceil(high / scale - 1e-9) * scale:.3g}")  # up: at or above the least ε that tips
+
+
+def _carrying(methods: list[MethodOutlook], records: int, agreeing: int) -> str:
+    """One sentence: how many agreeing records a token needs, by the per-answer method that needs fewest,
+    against the records an answer reads and the dataset's size; and the ε for ``agreeing`` records."""
+    counted = [
+        (m.settings["records_to_tip_a_token"], m)
+        for m in methods
+        if m.verdict != "refused" and m.settings.get("records_to_tip_a_token") is not None
+    ]
+    if not counted:
+        return "no per-answer method can run at this budget (see each method's note)"
+    need, best = min(counted, key=lambda pair: pair[0])
+    read = best.settings["records_read_per_answer"]
+    gain = f"{WEAK_SHIFT:g} more probability"
+    if need > min(read, records):
+        small = " (the dataset itself is too small for that)" if need > records else ""
+        where = (
+            f"a token needs {need} records agreeing on it ({best.method}) to gain {gain}; an answer reads {read} "
+            f"of the {records} records{small}: no fact the records share can reach an answer at this budget"
+        )
+    else:
+        where = (
+            f"a token gains {gain} when {need} of the {read} records an answer reads agree on it ({best.method}); "
+            "a fact fewer records share stays out of the answers"
+        )
+    experts = next((m for m in methods if m.method == "knn expert decoding" and m.verdict != "refused"), None)
+    if experts is None or need <= agreeing:
+        return where
+    eps_for = experts.settings["epsilon_for_agreeing_records"]
+    if eps_for is None:
+        return f"{where}; {agreeing} agreeing records would not tip a token at any ε up to 1000 for these answers"
+    return f"{where}; {agreeing} agreeing records would tip one through expert decoding at ε ≥ {eps_for:g}"
 
 
 def _keywords(eps, dlt, n, a, c, shards, m, vocab, rel) -> MethodOutlook:

@@ -8,17 +8,28 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_knn_retriever import BagEmbedder, fake_backend, records, setup
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget
 from dp_icl_plugin.accounting import IndividualBudget
 from dp_icl_plugin.cli import main
 from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
+from dp_icl_plugin.decoding.knn_experts import filter_budget_for
 from dp_icl_plugin.errors import WeakReleaseWarning
 from dp_icl_plugin.mechanisms.mozo_mixing import holder_radii, renyi_divergence
-from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, verdict
+from dp_icl_plugin.mechanisms.token_shift import (
+    TIP_NATS,
+    WEAK_SHIFT,
+    agreeing_to_tip,
+    log_odds_shift,
+    mozo_shift,
+    verdict,
+)
 from dp_icl_plugin.planning import plan
 from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval.retriever import token_epsilon_for_uses
 
 
 def test_the_log_odds_shift_is_the_largest_probability_gain() -> None:
@@ -54,7 +65,9 @@ def test_the_decoders_warn_when_the_records_cannot_change_an_answer() -> None:
     budget = BudgetManager(PrivacyBudget(10.0, 1e-4))
     with pytest.warns(WeakReleaseWarning, match="zero-shot answers"):
         MozoDecoder(data(), backend=backend(), budget=budget, n_queries=100, max_tokens=16, epsilon=2.0)
-    with pytest.warns(WeakReleaseWarning, match="raise epsilon or subset_size"):
+    with pytest.warns(
+        WeakReleaseWarning, match=r"tips only when \d+ records agree on it; an answer reads 4\).*subset_size"
+    ):
         ClipBlendDecoder(
             data(),
             backend=backend(),
@@ -105,6 +118,50 @@ def test_the_plan_reproduces_the_issue_and_recommends_synthesis_when_nothing_per
         plan(records=0, epsilon=1.0, delta=1e-5, answers=1, tokens=1)
 
 
+@given(st.floats(min_value=1e-6, max_value=10.0))
+def test_the_agreeing_records_a_token_needs_are_the_fewest_whose_shift_tips_it(r: float) -> None:
+    """j records adding r nats each: j·r reaches TIP_NATS (a gain of WEAK_SHIFT), j − 1 do not."""
+    j = agreeing_to_tip(r)
+    assert j is not None and log_odds_shift(j * r) >= WEAK_SHIFT * (1 - 1e-9)
+    assert j == 1 or (j - 1) * r < TIP_NATS
+
+
+def test_agreeing_to_tip_golden_values() -> None:
+    assert TIP_NATS == pytest.approx(4 * math.atanh(0.25)) == pytest.approx(1.0216512475319814)
+    assert agreeing_to_tip(0.0) is None and agreeing_to_tip(2.0) == 1 and agreeing_to_tip(TIP_NATS / 3) == 3
+    with pytest.raises(ConfigurationError):
+        agreeing_to_tip(-1.0)
+
+
+@pytest.mark.slow  # two plans, each calibrating clip-blend (seconds): the full suite, not the unit layer
+def test_the_plan_says_how_many_records_must_agree_and_the_epsilon_for_ten() -> None:
+    """The issue's 90 tickets at ε = 1 (100 answers of 64 tokens): no set of records an answer reads can tip a
+    token, and the plan gives the ε at which 10 agreeing records would, the least to its rounding."""
+    small = plan(records=90, epsilon=1.0, delta=1e-5, answers=100, tokens=64)
+    by = {m.method: m for m in small.methods}
+    experts, blend = by["knn expert decoding"], by["clip-blend decoding"]
+    assert experts.settings["records_to_tip_a_token"] == agreeing_to_tip(experts.settings["token_epsilon"] / 2)
+    assert blend.settings["records_to_tip_a_token"] == agreeing_to_tip(
+        blend.settings["log_odds_range"] / blend.settings["subset_size"]
+    )
+    assert min(experts.settings["records_to_tip_a_token"], blend.settings["records_to_tip_a_token"]) > 90
+    assert "no fact the records share can reach an answer" in small.carrying
+    assert "too small" in small.carrying and small.as_dict()["carrying"] == small.carrying
+    eps_for = experts.settings["epsilon_for_agreeing_records"]
+    assert f"ε ≥ {eps_for:g}" in small.carrying
+    uses = math.ceil(100 * 40 / 90)  # a record is a candidate of answers·k/records answers
+
+    def needed(eps: float) -> int | None:  # the agreeing records a token needs at ε, from the primitives
+        budget = filter_budget_for(eps, 1e-5, "replace_one")
+        return agreeing_to_tip(token_epsilon_for_uses(budget, uses=uses, tokens=64) / 2)
+
+    assert needed(1.0) == experts.settings["records_to_tip_a_token"]
+    assert needed(eps_for) <= 10 < needed(eps_for / 1.011)  # rounded up to 3 figures: under 1 % above the least
+    large = plan(records=5000, epsilon=4.0, delta=1e-5, answers=100, tokens=2, agreeing=20)
+    assert large.carrying.startswith("a token gains 0.25 more probability when 3 of the 40 records")
+    assert "expert decoding at" not in large.carrying  # 3 ≤ 20: nothing more to say
+
+
 @pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer
 def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -> None:
     assert (
@@ -119,6 +176,7 @@ def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -
         "knn keyword answer",
     }
     assert out["recommendation"] and out["inputs"]["records"] == 1000
+    assert out["carrying"] and out["inputs"]["agreeing"] == 10
     assert list(tmp_path.iterdir()) == []  # no ledger, no file
 
 

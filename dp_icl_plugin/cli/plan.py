@@ -41,6 +41,13 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--shards", type=integer, default=10, help="kNN keyword answers' shards (default 10)")
     p.add_argument("--subset-size", type=integer, default=None, help="clip-blend's subset (default min(records, k))")
     p.add_argument("--vocab-size", type=integer, default=49152, help="the model's vocabulary (SmolLM2: 49152)")
+    p.add_argument(
+        "--agreeing",
+        type=integer,
+        default=10,
+        help="records you expect to share a fact (a fix, a label's cue): the plan gives the ε at which that many "
+        "would tip a token (default 10)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -58,4 +65,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shards=args.shards,
         subset_size=args.subset_size,
         vocab_size=args.vocab_size,
+        agreeing=args.agreeing,
     ).as_dict()

@@ -939,6 +939,7 @@ class ClipBlendDecoder(_DatasetDecoder):
             f"clip-blend at temperature {self.temperature:.3g} (clip {self.clip:g})",
             log_odds_shift(self.clip / self.temperature),
             "raise epsilon or subset_size, or lower n_queries or max_tokens",
+            read=self.subset_size,
         )
         (members,) = assign_groups(
             len(self._elements),

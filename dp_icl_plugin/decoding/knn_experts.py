@@ -143,6 +143,7 @@ class KNNExpertDecoder(_Decoder):
                 f"expert decoding over k = {self.k} records",
                 log_odds_shift(self.clip / self.temperature),
                 "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
+                read=self.k,
             )
 
     def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:

@@ -14,7 +14,13 @@ largest probability any set of records can add to one token:
   near-greedy zero-shot decoding.
 
 Below :data:`USELESS_SHIFT` the answer is the zero-shot one with high probability: the decoders warn
-(:class:`~dp_icl_plugin.errors.WeakReleaseWarning`). The keyword answer of kNN refuses outright when even a
+(:class:`~dp_icl_plugin.errors.WeakReleaseWarning`).
+
+**How many records must agree.** Where each record adds at most r nats (its share of R: r = R/s for s records
+in a fixed divisor), a token whose log-odds j records raise together gains at most tanh(j·r/4): it *tips* (gains
+:data:`WEAK_SHIFT`, enough to turn a close call) only when j ≥ :func:`agreeing_to_tip` (r) = ⌈4·atanh(WEAK_SHIFT)/r⌉.
+A fact fewer records share than that cannot reach an answer, whatever the model; a figure above s says no set of
+the records an answer reads can carry one. The keyword answer of kNN refuses outright when even a
 keyword that every shard says would pass its threshold with probability below :data:`MIN_KEYWORD_PASS`.
 """
 
@@ -31,8 +37,10 @@ from dp_icl_plugin.mechanisms.mozo_mixing import holder_radii
 
 __all__ = [
     "MIN_KEYWORD_PASS",
+    "TIP_NATS",
     "USELESS_SHIFT",
     "WEAK_SHIFT",
+    "agreeing_to_tip",
     "keyword_pass_probability",
     "log_odds_shift",
     "mozo_shift",
@@ -44,6 +52,8 @@ USELESS_SHIFT = 0.05
 """A token shift below this: the records cannot change an answer in any way a reader would see."""
 WEAK_SHIFT = 0.25
 """A token shift below this: the records can tip close calls only."""
+TIP_NATS = 4.0 * math.atanh(WEAK_SHIFT)
+"""The log-odds rise that tips a token: the one whose most probability gain, tanh(R/4), is :data:`WEAK_SHIFT`."""
 MIN_KEYWORD_PASS = 0.05
 """A keyword every shard says must pass the threshold at least this often, or the keyword answer is refused."""
 
@@ -58,6 +68,23 @@ def log_odds_shift(nats: float) -> float:
         ConfigurationError: ``nats`` is negative or not finite.
     """
     return math.tanh(check.non_negative_finite("nats", nats) / 4.0)
+
+
+def agreeing_to_tip(nats_per_record: float) -> int | None:
+    """How many records must raise one token's log-odds together for it to tip: the least j with
+    j·``nats_per_record`` ≥ :data:`TIP_NATS` (None when a record moves nothing).
+
+    Args:
+        nats_per_record: r ≥ 0, the most one record adds to a token's log-odds over any other.
+
+    Raises:
+        ConfigurationError: ``nats_per_record`` is negative or not finite.
+    """
+    r = check.non_negative_finite("nats_per_record", nats_per_record)
+    if r == 0.0:
+        return None
+    j = TIP_NATS / r
+    return max(1, math.ceil(j - 1e-9 * j))  # 1e-9: j·r equal to TIP_NATS up to rounding is enough
 
 
 def mozo_shift(beta: float, order: float) -> float:
@@ -120,20 +147,26 @@ def keyword_pass_probability(threshold: float, shards: int, noise_std: float) ->
     return float(ndtr((shards - threshold) / check.positive_finite("noise_std", noise_std)))  # the normal tail
 
 
-def warn_if_weak(what: str, shift: float, change: str) -> None:
+def warn_if_weak(what: str, shift: float, change: str, *, read: int | None = None) -> None:
     """Warn (:class:`~dp_icl_plugin.errors.WeakReleaseWarning`) when ``shift`` is below :data:`USELESS_SHIFT`:
     the answers would be paid for and be the zero-shot ones with high probability.
 
     Args:
         what: the release, for the message.
-        shift: its token shift.
+        shift: its token shift (the ``read`` records all agreeing).
         change: the setting to change, for the message.
+        read: the records an answer reads, each adding an equal share of the shift's log-odds (a fixed divisor):
+            the message then says how many of them must agree for a token to tip (:func:`agreeing_to_tip`).
     """
     if shift < USELESS_SHIFT:
+        agree = ""
+        if read is not None and shift > 0:
+            need = agreeing_to_tip(4.0 * math.atanh(shift) / read)
+            agree = f" (a token tips only when {need} records agree on it; an answer reads {read})"
         warnings.warn(
             f"{what}: the private records can add at most {shift:.3g} to any token's probability (below "
-            f"{USELESS_SHIFT}), so the answers will almost surely be the zero-shot answers while each is charged; "
-            f"{change} (see `dp-icl plan`)",
+            f"{USELESS_SHIFT}){agree}, so the answers will almost surely be the zero-shot answers while each is "
+            f"charged; {change} (see `dp-icl plan`)",
             WeakReleaseWarning,
             stacklevel=3,
         )

@@ -900,6 +900,7 @@ class PrivateKNN:
             f"expert decoding over k = {self.config.k} records",
             log_odds_shift(clip / temperature),
             "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
+            read=self.config.k,
         )
 
     def _unreleasable(self, release: str) -> str | None:
