@@ -291,9 +291,9 @@ def _carrying(methods: list[MethodOutlook], records: int, agreeing: int) -> str:
     if not counted:
         return "no per-answer method can run at this budget (see each method's note)"
     need, best = min(counted, key=lambda pair: pair[0])
-    read = best.settings["records_read_per_answer"]
+    read = min(best.settings["records_read_per_answer"], records)  # k experts of fewer records: all of them
     gain = f"{WEAK_SHIFT:g} more probability"
-    if need > min(read, records):
+    if need > read:
         small = " (the dataset itself is too small for that)" if need > records else ""
         where = (
             f"a token needs {need} records agreeing on it ({best.method}) to gain {gain}; an answer reads {read} "

@@ -160,6 +160,8 @@ def test_the_plan_says_how_many_records_must_agree_and_the_epsilon_for_ten() -> 
     large = plan(records=5000, epsilon=4.0, delta=1e-5, answers=100, tokens=2, agreeing=20)
     assert large.carrying.startswith("a token gains 0.25 more probability when 3 of the 40 records")
     assert "expert decoding at" not in large.carrying  # 3 ≤ 20: nothing more to say
+    few = plan(records=30, epsilon=4.0, delta=1e-5, answers=10, tokens=2, k=40, candidates=30, subset_size=30)
+    assert "of the 30 records an answer reads" in few.carrying or "an answer reads 30 of the 30" in few.carrying
 
 
 @pytest.mark.slow  # over 1.5 s: the full suite, not the unit layer

@@ -150,7 +150,8 @@ class _Records:
     user_ids: Sequence[str | None] | None
 
     def add_to(self, index: PrivateIndex, positions: Sequence[int] | None = None) -> None:
-        """Add these records (or those at ``positions``) to ``index``."""
+        """Add these records (or those at ``positions``: the missing ones of a kept per-record index, which holds
+        no person grouping, so their ``user_ids`` are not passed) to ``index``."""
         if positions is None:
             index.add(self.texts, labels=self.labels, answers=self.answers, user_ids=self.user_ids)
             return
