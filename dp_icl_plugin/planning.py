@@ -32,7 +32,7 @@ from dp_icl_plugin.mechanisms.token_shift import (
     verdict,
 )
 from dp_icl_plugin.retrieval.embedding import default_embedder, embed_texts
-from dp_icl_plugin.retrieval.retriever import EXPERT_CLIP, noise_for_uses, token_epsilon_for_uses
+from dp_icl_plugin.retrieval.retriever import EXPERT_CLIP, KNNConfig, noise_for_uses, token_epsilon_for_uses
 
 __all__ = ["MethodOutlook", "Plan", "estimate_min_similarity", "plan"]
 
@@ -111,6 +111,7 @@ def plan(
     clip: float = 10.0,
     vocab_size: int = 49152,
     agreeing: int = 10,
+    paid_tokens: int = 2,
 ) -> Plan:
     """What each method would do with (ε, δ) for ``answers`` answers of ``tokens`` tokens over ``records``
     records, and which to use. Never charges anything.
@@ -134,6 +135,7 @@ def plan(
         vocab_size: the model's vocabulary (SmolLM2: 49152), for the keyword threshold.
         agreeing: how many records you expect to share a fact (a fix, a label's cue): the plan gives the ε at
             which that many would tip a token through expert decoding.
+        paid_tokens: sparse expert decoding's paid tokens per answer (the rest are the public greedy answer).
 
     Raises:
         ConfigurationError: a setting out of range.
@@ -146,6 +148,7 @@ def plan(
     c = k if candidates is None else check.positive_int("candidates", candidates)
     s = min(n, k) if subset_size is None else check.positive_int("subset_size", subset_size)
     j = check.positive_int("agreeing", agreeing)
+    paid = check.positive_int("paid_tokens", paid_tokens)
     if n_shots > n or s > n:
         raise ConfigurationError(f"n_shots ({n_shots}) and subset_size ({s}) cannot exceed the {n} records")
     inputs = {
@@ -158,11 +161,13 @@ def plan(
         "k": k,
         "candidates_per_answer": c,
         "agreeing": j,
+        "paid_tokens": paid,
     }
     out = [
         _outlook("dps-mozo decoding", lambda: _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel)),
         _outlook("clip-blend decoding", lambda: _clip_blend(eps, dlt, a, t, s, clip, rel)),
         _outlook("knn expert decoding", lambda: _experts(eps, dlt, n, a, t, k, c, rel, j)),
+        _outlook("knn sparse expert decoding", lambda: _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid)),
         _outlook(
             "knn keyword answer", lambda: _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size, rel)
         ),
@@ -254,6 +259,42 @@ def _experts(eps, dlt, n, a, t, k, c, rel, agreeing) -> MethodOutlook:
         f"answers it is a candidate of ({uses} of them): one question asked again gets {uses} answers from its "
         f"{k} nearest records, then {uses} from the next {k}, and so on; when the records near it are used up its "
         "answers become the zero-shot answer, silently (that count is private)",
+    )
+
+
+def _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid) -> MethodOutlook:
+    budget = filter_budget_for(eps, dlt, rel)
+    uses = max(1, math.ceil(a * c / n))
+    config = KNNConfig(k=k, shards=1, expert_paid_tokens=paid)
+    p = config.paid_tokens(t)
+    ratio, threshold = config.expert_test_ratio, config.expert_test_threshold
+    assert threshold is not None
+    eps0 = token_epsilon_for_uses(budget, uses=uses, tokens=p, test_ratio=ratio)
+    nats = eps0 * k / 2.0
+    shift = log_odds_shift(nats)
+    # j experts that move from the public greedy token to another raise the margin by up to j·ε0/2 (from a tie)
+    to_pass = math.ceil(2.0 * threshold / eps0)
+    tip = agreeing_to_tip(eps0 / 2.0)
+    return MethodOutlook(
+        "knn sparse expert decoding",
+        "per answer (each record its own budget)",
+        {
+            "per_record_epsilon": budget.epsilon,
+            "uses": uses,
+            "paid_tokens": p,
+            "token_epsilon": eps0,
+            "test_epsilon": ratio * eps0,
+            "test_threshold": threshold,
+            "log_odds_range": nats,
+            "records_to_pass_the_test": to_pass,
+            "records_to_tip_a_token": None if tip is None else max(tip, to_pass),
+            "records_read_per_answer": k,
+        },
+        shift,
+        verdict(shift),
+        f"at most {p} tokens of an answer come from the {k} nearest records, each steered by up to {nats:.3g} "
+        f"nats; the others are the public greedy answer, free. A token is paid where about {to_pass} records "
+        f"agree against the public answer (the sparse-vector test's threshold, {threshold:g} nats)",
     )
 
 

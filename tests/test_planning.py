@@ -175,6 +175,7 @@ def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -
         "dps-mozo decoding",
         "clip-blend decoding",
         "knn expert decoding",
+        "knn sparse expert decoding",
         "knn keyword answer",
     }
     assert out["recommendation"] and out["inputs"]["records"] == 1000
@@ -195,3 +196,22 @@ def test_estimate_min_similarity_lets_about_k_of_the_stated_records_pass() -> No
     assert 30 <= passing <= 50, passing  # 40 ± sampling error of a 400-text proxy
     with pytest.raises(ConfigurationError):
         estimate_min_similarity(public[:1], k=4, records=10)
+
+
+def test_the_plan_gives_sparse_expert_decodings_paid_tokens_and_the_records_its_test_needs() -> None:
+    # one use per record, 25-token answers, two paid: each paid token is steered more than a dense token
+    out = plan(records=4000, epsilon=4.0, delta=1e-5, answers=100, tokens=25, k=40, paid_tokens=2)
+    by = {m.method: m for m in out.methods}
+    dense, sparse = by["knn expert decoding"], by["knn sparse expert decoding"]
+    assert sparse.settings["paid_tokens"] == 2 and sparse.settings["uses"] == dense.settings["uses"] == 1
+    assert sparse.settings["log_odds_range"] > 2 * dense.settings["log_odds_range"]
+    eps0, threshold = sparse.settings["token_epsilon"], sparse.settings["test_threshold"]
+    assert sparse.settings["test_epsilon"] == pytest.approx(2 * eps0) and threshold == pytest.approx(6.0)
+    assert sparse.settings["records_to_pass_the_test"] == math.ceil(2 * threshold / eps0)
+    # paid tokens above the answer's decisions: no more than the decisions are paid
+    assert (
+        plan(records=4000, epsilon=4.0, delta=1e-5, answers=100, tokens=1, paid_tokens=3)
+        .methods[3]
+        .settings["paid_tokens"]
+        == 1
+    )

@@ -18,6 +18,9 @@ Rows, each on its own ledger ``PrivacyBudget(ε, δ = 1e-5)`` (replace-one) at �
 rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 per record,
 :func:`~dp_icl_plugin.decoding.knn_experts.filter_budget_for`):
 
+- ``sparse expert decoding`` (``--methods sparse``): the same with ``paid_tokens = --paid-tokens`` (default 2):
+  the public greedy token wherever the sparse-vector test finds no departure, at most P paid tokens an answer;
+  the row records the mean number an answer paid.
 - ``expert decoding``: :class:`~dp_icl_plugin.retrieval.KNNExpertDecoder` (``build_expert_decoder``), the
   k nearest records with budget left as experts of every token; ``min_similarity`` and ``uses`` chosen on public
   data only (:meth:`Harness.threshold`): the tune queries against public stand-ins for the records (TREC: the other
@@ -357,12 +360,13 @@ class Harness:
         mean_candidates = float((sims >= tau).sum(axis=1).mean())
         return tau, max(1, math.ceil(1.5 * len(self.task.queries) * mean_candidates / len(self.task.records)))
 
-    def experts(self, epsilon: float) -> None:
+    def experts(self, epsilon: float, paid_tokens: int | None = None) -> None:
         from dp_icl_plugin.decoding.knn_experts import build_expert_decoder
 
         t = self.task
         started = time.perf_counter()
         tau, uses = self.threshold(t.k)
+        sparse = {} if paid_tokens is None else {"paid_tokens": paid_tokens}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             decoder = build_expert_decoder(
@@ -380,15 +384,29 @@ class Harness:
                 template=self.template,
                 choices=self._labels(),
                 **self.expert_settings,
+                **sparse,
             )
+        tests: list = []  # sparse: each answer's sparse-vector state, to count the tokens it paid (benchmark only)
+        if paid_tokens is not None:
+            fresh = decoder._sparse_test
+            decoder._sparse_test = lambda rng: tests.append(fresh(rng)) or tests[-1]  # type: ignore[method-assign]
         outs = self._answer_all(decoder, 11)
+        if paid_tokens is not None:
+            sparse = {
+                "paid_tokens": paid_tokens,
+                "paid_tokens_mean": float(np.mean([test.given for test in tests])),
+                "test_threshold": decoder.knn.config.expert_test_threshold,
+            }
         self.add(
-            f"expert decoding (k = {t.k})",
+            f"expert decoding (k = {t.k})"
+            if paid_tokens is None
+            else f"sparse expert decoding (k = {t.k}, P = {paid_tokens})",
             epsilon,
             outs,
             time.perf_counter() - started,
             min_similarity=round(tau, 3),
             uses=uses,
+            **sparse,
             settings_from=SETTINGS_FROM,
             token_epsilon=decoder.token_epsilon,
             log_odds_range=decoder.clip / decoder.temperature,
@@ -670,6 +688,7 @@ def main() -> None:
     )
     parser.add_argument("--expert-t0", type=float, default=None, help="expert decoding's public temperature")
     parser.add_argument("--expert-top-k", type=int, default=None, help="expert decoding's support (0: all)")
+    parser.add_argument("--paid-tokens", type=int, default=2, help="sparse expert decoding's paid tokens (default 2)")
     parser.add_argument(
         "--free-answers",
         action="store_true",
@@ -748,6 +767,7 @@ def main() -> None:
                     continue
                 {
                     "experts": h.experts,
+                    "sparse": lambda e, h=h: h.experts(e, args.paid_tokens),
                     "mozo": h.mozo,
                     "clip-blend": h.clip_blend,
                     "vote": h.vote,

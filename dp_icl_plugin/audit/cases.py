@@ -11,7 +11,8 @@ a ledger that ignored neighbouring relations composed them. The decoder case (:m
 real ``MozoDecoder`` on a real model in bfloat16 and breaks the backend instead: the public zero-shot row
 computed in the shared, padded batch of the private rows, as before row isolation. The expert-decoding
 cases (:mod:`.expert_case`) run the real kNN retrieval and expert token step, broken with the temperature
-halved and with the divisor read from the data. The privacy-unit cases (:mod:`.unit_case`) draw units as the
+halved and with the divisor read from the data, and sparse expert decoding with its sparse-vector test
+without noise. The privacy-unit cases (:mod:`.unit_case`) draw units as the
 library does, D against D minus a whole unit, broken by sampling that unit's records as if independent.
 Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
 for the claimed noise and for half of it.
@@ -502,6 +503,13 @@ CASES: tuple[AuditCase, ...] = (
         expert_case.DELTA,
         expert_case.removal_pairs,
         broken_as="divisor read from the data (experts present)",
+    ),
+    AuditCase(
+        f"sparse expert decoding answer ({expert_case.SPARSE_STEPS} tokens, one paid, an expert replaced)",
+        expert_case.sparse_event(),
+        expert_case.DELTA,
+        expert_case.sparse_pairs,
+        broken_as="sparse-vector test without noise",
     ),
     AuditCase(
         f"Tang synthesis token per unit (D vs D minus a unit of {unit_case.CANARY_RECORDS} records)",

@@ -20,12 +20,19 @@ the query, so their ranks are fixed. The zero-shot row is tuned (public) so that
 - *removal* (:func:`removal_pairs`): x and three others, fewer than k = 10 candidates: removing x drops its row.
   Broken: **the divisor read from the data** (the number of experts present, 4 on D and 3 on D′, instead of
   k), so x weighs 1/4 instead of 1/10 and the others change weight too.
+- *sparse* (:func:`sparse_pairs`): the replacement pair's rows decoded sparsely, one paid token
+  (``expert_paid_tokens = 1``) over an answer of :data:`SPARSE_STEPS` token decisions on the same rows: the
+  output is the whole answer (which step was paid and every token), the claim the answer's charge, one
+  sparse-vector run and one token (:func:`sparse_event`). The threshold T is set between the experts' margins
+  on D and D′ (a public constant of the audit, as any T must be). Broken: **the test without noise** (the margin
+  compared with T as is), so whether a step is paid tells D from D′.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,12 +42,28 @@ from dp_icl_plugin.accounting.budget import BudgetManager, PrivacyBudget
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
 from dp_icl_plugin.backends.fake import FakeBackend
 from dp_icl_plugin.backends.shared_rows import start_rows
-from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder, expert_scores, expert_token
+from dp_icl_plugin.decoding.knn_experts import (
+    KNNExpertDecoder,
+    expert_margin,
+    expert_scores,
+    expert_token,
+    sparse_step,
+)
+from dp_icl_plugin.mechanisms.mozo_mixing import top_k_support
+from dp_icl_plugin.mechanisms.sparse_vector import AboveThreshold
 from dp_icl_plugin.retrieval.index import PrivateIndex
 from dp_icl_plugin.retrieval.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.templates.answer import AnswerTemplate
 
-__all__ = ["DELTA", "expert_event", "removal_pairs", "replacement_pairs"]
+__all__ = [
+    "DELTA",
+    "SPARSE_STEPS",
+    "expert_event",
+    "removal_pairs",
+    "replacement_pairs",
+    "sparse_event",
+    "sparse_pairs",
+]
 
 DELTA = 1e-6
 _VOCAB = ["q", "near", "mid", "far", "plain", "rare", "opp", "a", "b", "c"]
@@ -66,7 +89,7 @@ class _Angles:
 class _HalfTemperature(KNNExpertDecoder):
     """Broken: the experts' temperature halved while the claim stays (twice the claimed ε0)."""
 
-    def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
+    def _token(self, logprobs: np.ndarray, rng: np.random.Generator, test: AboveThreshold | None = None) -> int:
         return expert_token(
             logprobs[1:],
             logprobs[0],
@@ -82,7 +105,7 @@ class _HalfTemperature(KNNExpertDecoder):
 class _PresentDivisor(KNNExpertDecoder):
     """Broken: it divides by the number of experts present, a count read from the data."""
 
-    def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
+    def _token(self, logprobs: np.ndarray, rng: np.random.Generator, test: AboveThreshold | None = None) -> int:
         return expert_token(
             logprobs[1:],
             logprobs[0],
@@ -93,6 +116,17 @@ class _PresentDivisor(KNNExpertDecoder):
             top_k=self.top_k,
             rng=rng,
         )
+
+
+class _NoiselessTest(KNNExpertDecoder):
+    """Broken: the sparse-vector test compares the experts' margin with the threshold without noise."""
+
+    def _sparse_test(self, rng: np.random.Generator) -> AboveThreshold | None:
+        test = super()._sparse_test(rng)
+        assert test is not None
+        test.scale = 1e-300  # the noise gone, the claim kept
+        test._noisy_threshold = test.threshold
+        return test
 
 
 def _backend(rare_share: float) -> FakeBackend:
@@ -122,22 +156,22 @@ _PAIRS = {
 }
 
 
-def _knn(records: list[tuple[str, str]], rare_share: float) -> PrivateKNN:
+def _knn(records: list[tuple[str, str]], rare_share: float, config: KNNConfig = _CONFIG) -> PrivateKNN:
     index = PrivateIndex(budget=_FILTER, embedder=_Angles())
     index.add([t for t, _ in records], labels=[y for _, y in records])
     return PrivateKNN(
         index,
         budget=BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")),
         backend=_backend(rare_share),
-        config=_CONFIG,
+        config=config,
         releases=("decode",),
     )
 
 
-def _side(pair: str, with_x: bool, rare_share: float, kind: type[KNNExpertDecoder]):
+def _side(pair: str, with_x: bool, rare_share: float, kind: type[KNNExpertDecoder], config: KNNConfig = _CONFIG):
     """A decoder over D (``with_x``) or D′ and the rows of its first token, as the decoder computes them."""
     records = _PAIRS[pair] if with_x else _PAIRS[pair][1:]
-    decoder = kind(_knn(records, rare_share), template=_TEMPLATE)
+    decoder = kind(_knn(records, rare_share, config), template=_TEMPLATE)
     _, admitted = decoder._charge("q", 1)
     prompts = [decoder._ids("q", None), *decoder._expert_prompts("q", decoder._experts(admitted), 0)]
     with start_rows(decoder.backend, prompts, public=1) as session:
@@ -201,3 +235,84 @@ def removal_pairs(broken: bool) -> list[Any]:
         broken: sample the broken variant.
     """
     return _samplers("removal", broken)
+
+
+SPARSE_STEPS = 3
+"""Token decisions of a sparse audit answer (one of them may be paid)."""
+
+
+def _sparse_config(threshold: float) -> KNNConfig:
+    return replace(_CONFIG, max_answer_tokens=SPARSE_STEPS, expert_paid_tokens=1, expert_test_threshold=threshold)
+
+
+def sparse_event() -> ev.DPEvent:
+    """The claim: one sparse answer of a unit with one candidate record (one test run, one paid token)."""
+    return _knn(_PAIRS["removal"], 0.5, _sparse_config(0.0))._event("decode", 1, _K, SPARSE_STEPS)
+
+
+def _ordered_scores(decoder: KNNExpertDecoder, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The support (most likely public token first) and ẑ on it, as :func:`sparse_expert_token` computes them."""
+    support = top_k_support(rows[0], decoder.top_k or rows.shape[1])
+    scores = expert_scores(
+        rows[1:, support],
+        rows[0, support],
+        clip=decoder.clip,
+        divisor=decoder.k,
+        temperature=decoder.temperature,
+        public_temperature=decoder.public_temperature,
+    )
+    return support, scores
+
+
+@functools.lru_cache(maxsize=4)
+def _sparse_sides(broken: bool) -> list[dict[bool, tuple[KNNExpertDecoder, np.ndarray, np.ndarray]]]:
+    """Per public share of ``b`` (near a tie with ``a``, where one expert can make ``b`` the experts' choice), the
+    sparse decoders, supports and scores on D (False) and D′ (True), T halfway between the experts' margins (T
+    does not change ε0: the margins are those of the decoder audited)."""
+    kind = _NoiselessTest if broken else KNNExpertDecoder
+    sides = []
+    for share in (0.499, 0.49):
+        margins = [
+            expert_margin(
+                _ordered_scores(*_side("replacement", with_x, share, KNNExpertDecoder, _sparse_config(0.0)))[1], 0
+            )
+            for with_x in (True, False)
+        ]
+        assert margins[0] > margins[1], margins  # the pair must differ where the test looks
+        config = _sparse_config(0.5 * (margins[0] + margins[1]))
+        sides.append(
+            {
+                nb: (decoder, *_ordered_scores(decoder, rows))
+                for nb in (False, True)
+                for decoder, rows in [_side("replacement", not nb, share, kind, config)]
+            }
+        )
+    return sides
+
+
+def _answer(decoder: KNNExpertDecoder, support: np.ndarray, scores: np.ndarray, rng: np.random.Generator) -> int:
+    """One sparse answer of SPARSE_STEPS decisions on fixed rows (the decoder's own test and step), as an
+    integer: its tokens in base |V|."""
+    test = decoder._sparse_test(rng)
+    assert test is not None
+    out = 0
+    for _ in range(SPARSE_STEPS):
+        out = out * len(_VOCAB) + int(support[sparse_step(scores, test, rng)])
+    return out
+
+
+def sparse_pairs(broken: bool) -> list[Any]:
+    """The sparse pairs' samplers ``(neighbour, n, rng) -> answers`` (broken: the test without noise).
+
+    Args:
+        broken: sample the broken variant.
+    """
+    samplers = []
+    for sides in _sparse_sides(broken):
+
+        def sampler(nb: bool, n: int, rng: np.random.Generator, s: dict = sides) -> np.ndarray:
+            decoder, support, scores = s[nb]
+            return np.fromiter((_answer(decoder, support, scores, rng) for _ in range(n)), dtype=np.int64, count=n)
+
+        samplers.append(sampler)
+    return samplers

@@ -48,6 +48,12 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
         help="records you expect to share a fact (a fix, a label's cue): the plan gives the ε at which that many "
         "would tip a token (default 10)",
     )
+    p.add_argument(
+        "--paid-tokens",
+        type=integer,
+        default=2,
+        help="sparse expert decoding: tokens of an answer drawn from the records and paid, the rest public (default 2)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -66,4 +72,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         subset_size=args.subset_size,
         vocab_size=args.vocab_size,
         agreeing=args.agreeing,
+        paid_tokens=args.paid_tokens,
     ).as_dict()

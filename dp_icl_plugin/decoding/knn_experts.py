@@ -36,6 +36,21 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    The ledger holds the filter's total once (:meth:`PrivateKNN.cover_event`) and records each answer as a
    :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`.
 
+5. **Sparse** (``KNNConfig.expert_paid_tokens`` = P; Amin et al. 2024, Koga et al. 2024: pay only where the
+   private prediction departs from the public one). Per token, g is the public row's greedy token on the support
+   (public) and the *margin* M = max_j ẑ_j − ẑ_g ≥ 0 how far the experts (with the public prior) prefer another
+   token. One expert swapped moves each ẑ_j by at most c/(kτ) = ε0/2, so M by at most ε0 (per unit: ε0·min(m, k)).
+   M goes to a sparse-vector test (:class:`~dp_icl_plugin.mechanisms.sparse_vector.AboveThreshold`, Dwork & Roth
+   2014, Thm. 3.23) with ε_s = a·ε0 (``expert_test_ratio``), i.e. noise scale b = ε0/ε_s = 1/a nats, and the
+   public threshold T (``expert_test_threshold``). Below it the token is g, computed from the public row alone
+   (free); above it the token is drawn as in step 2 (paid) and the threshold noise drawn afresh. After P paid
+   tokens every further token is g, with no test. An answer thus holds at most P sparse-vector runs and P
+   tokens: a unit with m candidate records is charged P × ``ExponentialMechanismEvent(ε0·min(m, k))`` and
+   P × ``PureDPEvent(a·ε0·min(m, k))`` up front (P ≤ the answer's token decisions), and ε0 is calibrated so that
+   ``uses`` such answers fill a one-candidate unit's budget
+   (:func:`~dp_icl_plugin.retrieval.retriever.token_epsilon_for_uses` with ``test_ratio``). Which tokens were
+   free is part of the (DP) output.
+
 Records with neither an answer nor a label, whose prompt the tokenizer cannot build, or whose row has no
 finite entry on the support sit idle: they paid, they keep their slot (so the others' do not change), and their
 row adds nothing, a value inside [−C, C]; whether one is idle depends on that record alone, and nothing that a
@@ -66,6 +81,7 @@ from dp_icl_plugin.decoding.decoders import _Decoder, query_text
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.mechanisms.clip_blend_sampling import clip_logits, exponential_mechanism
 from dp_icl_plugin.mechanisms.mozo_mixing import top_k_support
+from dp_icl_plugin.mechanisms.sparse_vector import AboveThreshold
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, warn_if_weak
 from dp_icl_plugin.retrieval.durable import DEFAULT_INDEX_NAME, index_beside, kept_index
 from dp_icl_plugin.retrieval.index import Candidates
@@ -74,7 +90,16 @@ from dp_icl_plugin.steps.token_step import public_checked
 from dp_icl_plugin.templates.answer import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 
-__all__ = ["KNNExpertDecoder", "build_expert_decoder", "expert_scores", "expert_token", "filter_budget_for"]
+__all__ = [
+    "KNNExpertDecoder",
+    "build_expert_decoder",
+    "expert_margin",
+    "expert_scores",
+    "expert_token",
+    "filter_budget_for",
+    "sparse_expert_token",
+    "sparse_step",
+]
 
 PUBLIC_TEMPERATURE = KNNConfig.expert_public_temperature  # free text: the zero-shot row keeps the answer fluent
 CHOICES_PUBLIC_TEMPERATURE = math.inf  # public choices: the row is only a (biased) prior; chosen on tune queries
@@ -236,15 +261,43 @@ class KNNExpertDecoder(_Decoder):
         with start_rows(self.backend, prompts, suffix=suffix, public=1) as session:  # the public prompt apart
             logprobs = public_checked(session.logprobs, stand_in=False)
             generated: list[int] = []
+            test = self._sparse_test(rng)  # one answer's sparse-vector state, or None (every token paid)
             for step in range(limit):
-                token = self._draw(lambda rows: self._token(rows, rng), logprobs, generated, rule)
+                token = self._draw(lambda rows: self._token(rows, rng, test), logprobs, generated, rule)
                 generated.append(token)
                 yield token
                 if step + 1 < limit:
                     logprobs = public_checked(session.append(token), stand_in=False)
 
-    def _token(self, logprobs: np.ndarray, rng: np.random.Generator) -> int:
-        """One token from the public row (``logprobs[0]``) and the experts' rows (the rest)."""
+    def _sparse_test(self, rng: np.random.Generator) -> AboveThreshold | None:
+        """A fresh sparse-vector state for one answer (sparse decoding), else None. The margin it tests moves by
+        at most ε0 per swapped expert (module docstring, step 5), so its noise scale is b = ε0/ε_s = 1/a."""
+        cfg = self.knn.config
+        if not cfg.sparse:
+            return None
+        assert cfg.expert_paid_tokens is not None and cfg.expert_test_threshold is not None
+        return AboveThreshold(
+            threshold=cfg.expert_test_threshold,
+            scale=1.0 / cfg.expert_test_ratio,
+            positives=cfg.expert_paid_tokens,
+            rng=rng,
+        )
+
+    def _token(self, logprobs: np.ndarray, rng: np.random.Generator, test: AboveThreshold | None = None) -> int:
+        """One token from the public row (``logprobs[0]``) and the experts' rows (the rest); with a sparse
+        ``test``, the public greedy token unless the test finds the experts depart from it."""
+        if test is not None:
+            return sparse_expert_token(
+                logprobs[1:],
+                logprobs[0],
+                clip=self.clip,
+                divisor=self.k,
+                temperature=self.temperature,
+                public_temperature=self.public_temperature,
+                top_k=self.top_k,
+                test=test,
+                rng=rng,
+            )
         return expert_token(
             logprobs[1:],
             logprobs[0],
@@ -331,6 +384,76 @@ def expert_token(
     return int(support[exponential_mechanism(scores, temperature=1.0, rng=rng)])
 
 
+def expert_margin(scores: np.ndarray, greedy: int) -> float:
+    """How far the experts' scores depart from the public greedy token: max_j ẑ_j − ẑ_g ≥ 0.
+
+    Sensitivity: one expert swapped moves each ẑ_j by at most c/(kτ) = ε0/2, so the margin by at most ε0.
+
+    Args:
+        scores: ẑ on the support (:func:`expert_scores`).
+        greedy: the public greedy token's position in the support.
+    """
+    return float(np.max(scores) - scores[greedy])
+
+
+def sparse_expert_token(
+    private_logprobs: np.ndarray,
+    public_logprobs: np.ndarray,
+    *,
+    clip: float,
+    divisor: int,
+    temperature: float,
+    public_temperature: float,
+    top_k: int,
+    test: AboveThreshold,
+    rng: np.random.Generator,
+) -> int:
+    """One sparse expert-decoding token (module docstring, step 5): the public row's greedy token g, unless the
+    sparse-vector ``test`` finds the experts' margin over g above its threshold; then the token is drawn as
+    :func:`expert_token` draws it (a paid token). Once ``test`` has given its paid tokens, g without a test.
+
+    Args:
+        private_logprobs: the experts' rows, shape (n ≤ k, V).
+        public_logprobs: the zero-shot row, shape (V,).
+        clip: c, the clipping bound.
+        divisor: k, fixed in advance.
+        temperature: τ of the experts' part (ε0 = 2c/(kτ)).
+        public_temperature: T0.
+        top_k: the zero-shot row's support size (0: every token it gives probability above 0).
+        test: the answer's sparse-vector state (its noise comes from the generator it was built with).
+        rng: the noise source of the token's draw.
+
+    Returns:
+        The token id.
+    """
+    support = top_k_support(public_logprobs, top_k or public_logprobs.size)  # public, most likely first
+    if test.spent:  # public: the row of no record decides
+        return int(support[0])
+    scores = expert_scores(
+        private_logprobs[:, support],
+        public_logprobs[support],
+        clip=clip,
+        divisor=divisor,
+        temperature=temperature,
+        public_temperature=public_temperature,
+    )
+    return int(support[sparse_step(scores, test, rng)])
+
+
+def sparse_step(scores: np.ndarray, test: AboveThreshold, rng: np.random.Generator) -> int:
+    """The sparse token's position on a support ordered most likely first (the public greedy token at 0): 0 when
+    ``test`` is spent or finds the margin (:func:`expert_margin`) below its threshold, else a draw from softmax(ẑ).
+
+    Args:
+        scores: ẑ on the support.
+        test: the answer's sparse-vector state.
+        rng: the noise source of the draw.
+    """
+    if test.spent or not test.above(expert_margin(scores, 0)):
+        return 0
+    return exponential_mechanism(scores, temperature=1.0, rng=rng)
+
+
 def filter_budget_for(epsilon: float, delta: float, neighbouring: str) -> IndividualBudget:
     """The per-record filter budget whose cover costs a ledger of this relation (ε, δ): the filter's own
     (ε, δ) under add/remove; under replace-one the cover is (2ε_f, (1 + e^ε_f)δ_f) (group privacy,
@@ -374,6 +497,9 @@ def build_expert_decoder(
     index_path: str | os.PathLike[str] | None = None,
     index_name: str = DEFAULT_INDEX_NAME,
     keep_index: bool = True,
+    paid_tokens: int | None = None,
+    test_ratio: float = 2.0,
+    test_threshold: float | None = None,
 ) -> KNNExpertDecoder:
     """Expert decoding over a dataset: its records go into a :class:`PrivateIndex` whose per-record filter is
     covered by ``epsilon`` (and δ) on the ledger once. The index is kept beside a durable ledger
@@ -419,6 +545,12 @@ def build_expert_decoder(
         keep_index: False keeps the index in memory only, the records' texts never written beside the ledger
             (a kept index holds them, as the ledger's neighbours: protect that place as the data itself); every
             start then charges the filter's cover again.
+        paid_tokens: sparse expert decoding: at most this many tokens of an answer come from the experts and are
+            paid, each where a sparse-vector test finds the experts depart from the public greedy token; the
+            other tokens are that greedy token, free (:class:`KNNConfig` ``expert_paid_tokens``). None (default):
+            every token is paid.
+        test_ratio: sparse: the test's ε over the token's (``KNNConfig.expert_test_ratio``).
+        test_threshold: sparse: the test's threshold in nats (``KNNConfig.expert_test_threshold``).
 
     Raises:
         ConfigurationError: a bad setting, ``max_tokens`` below the longest choice, or a kept index with other
@@ -461,6 +593,9 @@ def build_expert_decoder(
         max_answer_tokens=max_tokens,
         expert_public_temperature=public_temperature,
         expert_top_k=top_k,
+        expert_paid_tokens=paid_tokens,
+        expert_test_ratio=test_ratio,
+        expert_test_threshold=test_threshold,
         # contribution bounding per unit: a person's most similar records only, each an expert it pays for
         records_per_unit=(dataset.records_per_unit if experts_per_unit is None else experts_per_unit)
         if per_unit

@@ -150,26 +150,32 @@ def ptr_delta_for_uses(budget: IndividualBudget, *, uses: int) -> float:
     return float(budget.approximate_delta or 0.0) * (1 - 2e-9) / uses
 
 
-def token_epsilon_for_uses(budget: IndividualBudget, *, uses: int, tokens: int) -> float:
+def token_epsilon_for_uses(budget: IndividualBudget, *, uses: int, tokens: int, test_ratio: float = 0.0) -> float:
     """The largest per-token ε0 of a bounded-range mechanism (the expert-decoding token, one expert changed)
     such that a unit can pay for ``uses`` answers of ``tokens`` tokens each: uses·tokens·min(αε0²/8, pure(ε0))
-    ≤ B_α at some order α of the filter, found by bisection (the RDP curve grows with ε0).
+    ≤ B_α at some order α of the filter, found by bisection (the RDP curve grows with ε0). With ``test_ratio``
+    a > 0 each token also pays one sparse-vector run of pure ε_s = a·ε0 (sparse expert decoding: ``tokens`` is
+    then the paid tokens): uses·tokens·(BR(ε0) + pure(a·ε0)) ≤ B_α.
 
     Args:
         budget: a unit's lifetime budget.
         uses: the answers a unit must afford.
-        tokens: the tokens of each answer.
+        tokens: the (paid) tokens of each answer.
+        test_ratio: a, the sparse-vector run's ε over the token's (0: no test).
 
     Raises:
-        ConfigurationError: ``uses`` or ``tokens`` is not positive, or the budget affords no ε0 > 0.
+        ConfigurationError: ``uses`` or ``tokens`` is not positive, ``test_ratio`` is negative, or the budget
+            affords no ε0 > 0.
     """
     uses = check.positive_int("uses", uses)
     steps = uses * check.positive_int("tokens", tokens)
+    ratio = check.non_negative_finite("test_ratio", test_ratio)
     orders = np.asarray(budget.orders)
     caps = budget.caps * (1 - 2e-9)  # the filter keeps 1e-9 of room below every cap
 
     def fits(eps0: float) -> bool:
-        return bool(np.any(steps * rdp.bounded_range_rdp(orders, eps0) <= caps))
+        test = rdp.pure_dp_rdp(orders, ratio * eps0) if ratio > 0 else 0.0
+        return bool(np.any(steps * (rdp.bounded_range_rdp(orders, eps0) + test) <= caps))
 
     low, high = 0.0, 1.0
     while fits(high):
@@ -215,6 +221,15 @@ class KNNConfig:
         records_per_unit: contribution bounding for a per-person index: only each person's this many most
             similar records are candidates of a release (each pays, and a person with c of them pays for c), or
             None (default) for every record above ``min_similarity``. A per-record index has one record per unit.
+        expert_paid_tokens: sparse expert decoding (:mod:`~dp_icl_plugin.decoding.knn_experts`): at most this
+            many tokens of an answer are drawn from the experts and paid; every other token is the public row's
+            greedy token, emitted for free where a sparse-vector test finds that the experts do not depart from
+            it. None (default): every token is drawn from the experts and paid.
+        expert_test_ratio: a, the sparse-vector test's ε over the token's (ε_s = a·ε0 per run): larger tests
+            better for a smaller token ε0. Public; default 2.
+        expert_test_threshold: T, in nats of the experts' margin over the public greedy token (public); default
+            3·4/a, three times the test's noise scale (a token on which the experts agree with the public row
+            is paid about 3 % of the time).
 
     Raises:
         ConfigurationError: a field is out of range, or ``k`` is not a multiple of ``shards``.
@@ -234,6 +249,9 @@ class KNNConfig:
     expert_public_temperature: float = 0.1
     expert_top_k: int = 100
     records_per_unit: int | None = None
+    expert_paid_tokens: int | None = None
+    expert_test_ratio: float = 2.0
+    expert_test_threshold: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("k", "shards", "uses", "keywords", "keywords_per_answer", "max_answer_tokens"):
@@ -261,6 +279,27 @@ class KNNConfig:
         object.__setattr__(self, "expert_top_k", check.int_at_least("expert_top_k", self.expert_top_k, 0))
         if self.records_per_unit is not None:
             object.__setattr__(self, "records_per_unit", check.positive_int("records_per_unit", self.records_per_unit))
+        if self.expert_paid_tokens is not None:
+            paid = check.positive_int("expert_paid_tokens", self.expert_paid_tokens)
+            object.__setattr__(self, "expert_paid_tokens", paid)
+        object.__setattr__(
+            self, "expert_test_ratio", check.positive_finite("expert_test_ratio", self.expert_test_ratio)
+        )
+        threshold = 12.0 / self.expert_test_ratio if self.expert_test_threshold is None else self.expert_test_threshold
+        threshold = check.real("expert_test_threshold", threshold)
+        if not math.isfinite(threshold):
+            raise ConfigurationError(f"expert_test_threshold must be finite, got {threshold!r}")
+        object.__setattr__(self, "expert_test_threshold", threshold)
+
+    @property
+    def sparse(self) -> bool:
+        """Whether expert decoding is sparse (``expert_paid_tokens`` set)."""
+        return self.expert_paid_tokens is not None
+
+    def paid_tokens(self, tokens: int) -> int:
+        """Token mechanisms an expert-decoding answer of ``tokens`` token decisions runs and pays: all of them, or
+        at most ``expert_paid_tokens`` when sparse (public)."""
+        return tokens if self.expert_paid_tokens is None else min(tokens, self.expert_paid_tokens)
 
 
 class PrivateText:
@@ -534,7 +573,12 @@ class PrivateKNN:
         self.ptr_delta = (
             ptr_delta_for_uses(filt, uses=self.config.uses) if self.config.keyword_release == "ptr" else 0.0
         )
-        self.expert_epsilon = token_epsilon_for_uses(filt, uses=self.config.uses, tokens=self.config.max_answer_tokens)
+        self.expert_epsilon = token_epsilon_for_uses(
+            filt,
+            uses=self.config.uses,
+            tokens=self.config.paid_tokens(self.config.max_answer_tokens),
+            test_ratio=self.config.expert_test_ratio if self.config.sparse else 0.0,
+        )
         self._label_tokens: np.ndarray | None = None
         self.asked_releases: tuple[str, ...] = ()  # the releases named (none: the arguments decide)
         self.releases = self._plan_releases(releases)  # nothing paid for nothing: before the cover
@@ -1002,10 +1046,16 @@ class PrivateKNN:
     def _event(self, release: str, c: int, k: int | None = None, tokens: int | None = None) -> ev.DPEvent:
         """What one release costs a unit with ``c`` candidate records (a function of its own records only)."""
         if release == "decode":  # min(c, k) experts swapped, each moving ẑ by c_clip/k: ε0 per expert
-            token = ev.ExponentialMechanismEvent(
-                self.expert_epsilon * min(c, k or self.config.k), neighbouring=ev.ADD_REMOVE
+            swapped = min(c, k or self.config.k)
+            token = ev.ExponentialMechanismEvent(self.expert_epsilon * swapped, neighbouring=ev.ADD_REMOVE)
+            paid = self.config.paid_tokens(tokens or self.config.max_answer_tokens)
+            if not self.config.sparse:
+                return ev.SelfComposedEvent(token, paid)
+            # sparse: at most `paid` sparse-vector runs (the margin moves by ε0 per expert) and `paid` tokens
+            test = ev.PureDPEvent(
+                self.config.expert_test_ratio * self.expert_epsilon * swapped, neighbouring=ev.ADD_REMOVE
             )
-            return ev.SelfComposedEvent(token, tokens or self.config.max_answer_tokens)
+            return ev.compose(ev.SelfComposedEvent(token, paid), ev.SelfComposedEvent(test, paid))
         cap = (self.config.k if k is None else k) if release == "vote" else self.config.shards
         if release == "answer" and self.config.keyword_release == "ptr":  # the group is inside the distance
             return ev.GaussianEvent(self.keyword_noise_std, sensitivity=1.0, neighbouring=ev.ADD_REMOVE)
