@@ -119,7 +119,8 @@ def test_the_token_epsilon_is_calibrated_tightly_for_paid_tokens_and_their_tests
         return 2 * (rdp.bounded_range_rdp(orders, e) + rdp.pure_dp_rdp(orders, 2 * e))
 
     assert np.any(cost(eps0) <= budget.caps) and not np.any(cost(eps0 * 1.001) <= budget.caps)
-    # a test run costs about 17 bounded-range tokens at a = 2 (pure 2ε0 against ε0²/8 per order): sparse pays off
+    # a test run costs about 16 bounded-range tokens at a = 2 (pure 2ε0 against ε0²/8 per order), 17 with its paid
+    # token: sparse pays off
     # where an answer is long against its paid tokens, e.g. 2 paid of 25 (2.2x the dense ε0 at ε = 4), not 2 of 6
     four = IndividualBudget(epsilon=4.0, delta=1e-5)
     dense, sparse = (
@@ -164,7 +165,12 @@ def test_after_its_paid_tokens_an_answer_continues_with_the_public_greedy_tokens
 
 @pytest.mark.parametrize(
     "bad",
-    [{"expert_paid_tokens": 0}, {"expert_test_ratio": 0.0}, {"expert_test_threshold": float("nan")}],
+    [
+        {"expert_paid_tokens": 0},
+        {"expert_test_ratio": 0.0},
+        {"expert_test_ratio": 1e-310, "expert_test_threshold": 1.0},  # a noise scale of inf: charged, then failing
+        {"expert_test_threshold": float("nan")},
+    ],
 )
 def test_bad_sparse_settings_are_refused(bad: dict) -> None:
     with pytest.raises(ConfigurationError):
@@ -174,3 +180,11 @@ def test_bad_sparse_settings_are_refused(bad: dict) -> None:
 def test_the_default_threshold_is_three_noise_scales() -> None:
     assert KNNConfig(expert_paid_tokens=2).expert_test_threshold == pytest.approx(6.0)
     assert KNNConfig(expert_paid_tokens=2, expert_test_ratio=4.0).expert_test_threshold == pytest.approx(3.0)
+
+
+def test_a_step_with_one_public_token_asks_no_test() -> None:
+    from dp_icl_plugin.decoding.knn_experts import sparse_step
+
+    test = AboveThreshold(threshold=-1e6, scale=1.0, positives=1, rng=np.random.default_rng(0))
+    assert sparse_step(np.array([0.0]), test, np.random.default_rng(1)) == 0 and test.given == 0
+    assert sparse_step(np.array([0.0, 1.0]), test, np.random.default_rng(1)) in (0, 1) and test.given == 1

@@ -31,6 +31,10 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
 - ``kNN vote`` (classification): :meth:`PrivateKNN.vote`, report-noisy-max over the k nearest labels (no LLM).
 - ``kNN keyword answer`` (e2e): :meth:`PrivateKNN.answer`; refused before any charge when no keyword could
   pass its threshold (then the row says so).
+- ``pay once: <method> demonstrations`` (``--methods tang,pta,adadpsyn,clip-blend-synthesis``; classification
+  with the labels as choices): one DP demonstration per label synthesized once on the row's ledger (label counts
+  declared public), then every query answered few-shot with them; with each demonstration's agreement with the
+  public model's own label for it and its per-token NLL beside a real record's (:meth:`Harness.synthesis`).
 
 Classification rows answer with one of the labels (``choices``: every token restricted to those continuing a
 label, :mod:`dp_icl_plugin.decoding.choices`; ``--free-answers`` lets them write anything), and so does the
@@ -101,6 +105,7 @@ class Task:
     score: Callable[[int, str], float]
     labels: list[str] | None = None
     truth: list[str] = field(default_factory=list)
+    synth_tokens: int = 24  # a synthetic demonstration's tokens (pay-once rows)
     # public stand-ins for the records when settings are chosen (never a record, never a held-out query), and for
     # each tune query the stand-ins it may not be compared with (itself; on E2E its own restaurant's MRs)
     proxy: list[str] = field(default_factory=list)
@@ -471,6 +476,83 @@ class Harness:
             warned=[str(w.message)[:120] for w in caught],
         )
 
+    def synthesis(self, name: str, epsilon: float) -> None:
+        """Pay once: ``name``'s DP demonstrations (one per label), synthesized once on the row's ledger, then every
+        query answered few-shot with them (greedy, restricted to the labels like its baseline). The label counts
+        are declared public (as the synthesis papers' experiments do). Also measured, to say why demonstrations
+        help or not: how often the public model, restricted zero-shot, gives a demonstration its own label
+        (``label_agreement``), and the demonstrations' mean per-token NLL under the public model beside that of
+        one real record per label (``nll``, ``real_nll``; lower is more fluent)."""
+        from collections import Counter
+
+        from dp_icl_plugin import PrivateDataset, PrivateRecord
+        from dp_icl_plugin.synthesis import (
+            AdaDPSynSynthesizer,
+            ClipBlendSynthesizer,
+            PTASynthesizer,
+            TangSynthesizer,
+        )
+        from dp_icl_plugin.templates import PRESETS
+
+        t = self.task
+        assert t.labels is not None and self.choices is not None
+        started = time.perf_counter()
+        classes = {"tang": TangSynthesizer, "pta": PTASynthesizer, "adadpsyn": AdaDPSynSynthesizer}
+        classes["clip-blend-synthesis"] = ClipBlendSynthesizer
+        template = PRESETS["trec" if t.name == "trec" else "agnews"]
+        method = classes[name](epsilon=epsilon, delta=DELTA, template=template, max_tokens=t.synth_tokens)
+        dataset = PrivateDataset(
+            [PrivateRecord(x, y) for x, y in t.records],
+            labels=t.labels,
+            public_label_counts=dict(Counter(y for _, y in t.records)),
+        )
+        demos = method.synthesize(
+            dataset,
+            labels=t.labels,
+            backend=self.backend(8),
+            budget=self._ledger(epsilon),
+            rng=np.random.default_rng(17),
+            progress=False,
+        )
+        pairs = [(d.text.strip(), d.label) for d in demos]
+        np.random.default_rng(18).shuffle(pairs)
+        outs = self._few_shot(pairs)
+        real = [next(x for x, y in t.records if y == label) for label in t.labels]
+        self.add(
+            f"pay once: {name} demonstrations (1 per label)",
+            epsilon,
+            outs,
+            time.perf_counter() - started,
+            demonstrations=pairs,
+            label_agreement=float(np.mean([self._restricted(x) == y for x, y in pairs])),
+            nll=float(np.mean([self._nll(x) for x, _ in pairs])),
+            real_nll=float(np.mean([self._nll(x) for x in real])),
+        )
+
+    def _few_shot(self, pairs: list[tuple[str, str]]) -> list[str]:
+        assert self.choices is not None
+        b, t = self.backend(1), self.task
+        examples = "".join(t.example.format(text=x, label=y) for x, y in pairs)
+        prompts = [b.encode(t.header + examples + t.query.format(input=q), add_special_tokens=True) for q in t.queries]
+        return [self.choices.greedy(b, p) for p in prompts]
+
+    def _restricted(self, text: str) -> str | None:
+        """The public model's label for ``text``, restricted zero-shot."""
+        assert self.choices is not None and self.task.labels is not None
+        b = self.backend(1)
+        out = self.choices.greedy(b, b.encode(self.template.zero_shot_prompt(text), add_special_tokens=True))
+        return _label_of(out, self.task.labels)
+
+    def _nll(self, text: str) -> float:
+        """Mean negative log-likelihood per token of ``text`` as the user's turn under the public model."""
+        b = self.backend(1)
+        head = b.encode(self.task.header + "<|im_start|>user\n", add_special_tokens=True)
+        ids = b.encode(text, add_special_tokens=False)
+        if not ids:
+            return float("nan")
+        rows = b.next_token_logprobs([head + ids[:i] for i in range(len(ids))])
+        return float(-np.mean([rows[i][tok] for i, tok in enumerate(ids)]))
+
     def _knn(self, epsilon: float, *, labels, config):
         from dp_icl_plugin.decoding.knn_experts import filter_budget_for
         from dp_icl_plugin.retrieval import PrivateIndex, PrivateKNN
@@ -543,6 +625,7 @@ def load_table(path: str) -> dict[str, np.ndarray]:
     return dict(zip(data["texts"].tolist(), data["vectors"].astype(np.float32), strict=True))
 
 
+SYNTHESIS = ("tang", "pta", "adadpsyn", "clip-blend-synthesis")
 SETTINGS_FROM = "public stand-ins for the records (Task.proxy), never the records"
 
 
@@ -765,6 +848,8 @@ def main() -> None:
             for m in methods:
                 if (m == "vote" and task.labels is None) or (m == "keywords" and task.labels is not None):
                     continue
+                if m in SYNTHESIS and (task.labels is None or h.choices is None):
+                    continue  # pay-once rows: classification with the labels as choices
                 {
                     "experts": h.experts,
                     "sparse": lambda e, h=h: h.experts(e, args.paid_tokens),
@@ -772,6 +857,7 @@ def main() -> None:
                     "clip-blend": h.clip_blend,
                     "vote": h.vote,
                     "keywords": h.keywords,
+                    **{name: (lambda e, h=h, name=name: h.synthesis(name, e)) for name in SYNTHESIS},
                 }[m](eps)
     save(True)
     print(to_markdown([dict(r) for r in rows], meta))

@@ -12,8 +12,9 @@ real ``MozoDecoder`` on a real model in bfloat16 and breaks the backend instead:
 computed in the shared, padded batch of the private rows, as before row isolation. The expert-decoding
 cases (:mod:`.expert_case`) run the real kNN retrieval and expert token step, broken with the temperature
 halved and with the divisor read from the data, and sparse expert decoding with its sparse-vector test
-without noise. The privacy-unit cases (:mod:`.unit_case`) draw units as the
-library does, D against D minus a whole unit, broken by sampling that unit's records as if independent.
+without noise; the sparse-vector test alone is broken with its noise halved. The privacy-unit cases
+(:mod:`.unit_case`) draw units as the library does, D against D minus a whole unit, broken by sampling that
+unit's records as if independent.
 Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
 for the claimed noise and for half of it.
 """
@@ -43,6 +44,7 @@ from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import threshold_keywords, threshold_sensitivity
 from dp_icl_plugin.mechanisms.mozo_mixing import mozo_distribution
 from dp_icl_plugin.mechanisms.noisy_max import report_noisy_max
+from dp_icl_plugin.mechanisms.sparse_vector import AboveThreshold
 from dp_icl_plugin.retrieval.retriever import SQRT2, noise_for_uses
 from dp_icl_plugin.synthesis.clip_blend import ClipBlendSynthesizer
 
@@ -114,6 +116,29 @@ def _rnm_pairs(broken: bool) -> list[Sampler]:
         samplers.append(
             lambda nb, n, rng, c=counts: loop(lambda r: report_noisy_max(c[nb], noise_std=std, rng=r))(n, rng)
         )
+    return samplers
+
+
+# -- the sparse-vector test (AboveThreshold): queries that move in opposite directions ------------------------
+_SVT_SCALE = 1.0  # b = Δ/ε_s with Δ = 1: one run is ε_s = 1 pure DP
+_SVT_STEPS = 5
+
+
+def _sparse_vector_pairs(broken: bool) -> list[Sampler]:
+    """One run of :class:`AboveThreshold` over five sensitivity-1 queries, D = (0, 0, 0, 0, 1) against
+    D′ = (1, 1, 1, 1, 0) (each query moves by Δ, in opposite directions at the end: the pattern where the bound
+    of Dwork & Roth's Thm. 3.23 is nearly tight), the output the first ⊤'s position (5: none). Broken: the noise
+    halved (the scale of a run claimed at ε_s, spent at 2ε_s)."""
+    scale = _SVT_SCALE / (2 if broken else 1)
+    samplers: list[Any] = []
+    for tuned in (_SVT_SCALE, _SVT_SCALE / 2):
+        queries = {False: [0.0] * (_SVT_STEPS - 1) + [1.0], True: [1.0] * (_SVT_STEPS - 1) + [0.0]}
+
+        def first_above(r: np.random.Generator, values: list[float], threshold: float = -tuned) -> int:
+            test = AboveThreshold(threshold=threshold, scale=scale, positives=1, rng=r)
+            return next((i for i, v in enumerate(values) if test.above(v)), len(values))
+
+        samplers.append(lambda nb, n, rng, q=queries, f=first_above: loop(lambda r: f(r, q[nb]))(n, rng))
     return samplers
 
 
@@ -503,6 +528,13 @@ CASES: tuple[AuditCase, ...] = (
         expert_case.DELTA,
         expert_case.removal_pairs,
         broken_as="divisor read from the data (experts present)",
+    ),
+    AuditCase(
+        "sparse-vector test, one run (AboveThreshold, queries moving in opposite directions)",
+        ev.PureDPEvent(1.0 / _SVT_SCALE, neighbouring=ev.ADD_REMOVE),
+        1e-6,
+        _sparse_vector_pairs,
+        broken_as="noise halved",
     ),
     AuditCase(
         f"sparse expert decoding answer ({expert_case.SPARSE_STEPS} tokens, one paid, an expert replaced)",

@@ -25,7 +25,12 @@ the query, so their ranks are fixed. The zero-shot row is tuned (public) so that
   output is the whole answer (which step was paid and every token), the claim the answer's charge, one
   sparse-vector run and one token (:func:`sparse_event`). The threshold T is set between the experts' margins
   on D and D′ (a public constant of the audit, as any T must be). Broken: **the test without noise** (the margin
-  compared with T as is), so whether a step is paid tells D from D′.
+  compared with T as is), so whether a step is paid tells D from D′. This row checks the decoder's composed path
+  (its test state, :func:`~dp_icl_plugin.decoding.knn_experts.sparse_step` on the support it orders) against the
+  whole answer's charge; it is far from tight (near a public tie the margin on D′ sits at its floor of 0, and a
+  paid step often draws the greedy token: the exact loss of these pairs is about 0.2 against the 0.98 claimed),
+  so it cannot see a mis-calibrated test. The sparse-vector row of :mod:`~dp_icl_plugin.audit.cases` can: the
+  test alone on queries moving in opposite directions, nearly tight, caught with its noise halved.
 """
 
 from __future__ import annotations

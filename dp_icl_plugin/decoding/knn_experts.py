@@ -442,14 +442,15 @@ def sparse_expert_token(
 
 def sparse_step(scores: np.ndarray, test: AboveThreshold, rng: np.random.Generator) -> int:
     """The sparse token's position on a support ordered most likely first (the public greedy token at 0): 0 when
-    ``test`` is spent or finds the margin (:func:`expert_margin`) below its threshold, else a draw from softmax(ẑ).
+    the support holds one token (public: nothing to decide, no test asked), when ``test`` is spent or finds the
+    margin (:func:`expert_margin`) below its threshold; else a draw from softmax(ẑ).
 
     Args:
         scores: ẑ on the support.
         test: the answer's sparse-vector state.
         rng: the noise source of the draw.
     """
-    if test.spent or not test.above(expert_margin(scores, 0)):
+    if scores.size == 1 or test.spent or not test.above(expert_margin(scores, 0)):
         return 0
     return exponential_mechanism(scores, temperature=1.0, rng=rng)
 

@@ -282,9 +282,10 @@ class KNNConfig:
         if self.expert_paid_tokens is not None:
             paid = check.positive_int("expert_paid_tokens", self.expert_paid_tokens)
             object.__setattr__(self, "expert_paid_tokens", paid)
-        object.__setattr__(
-            self, "expert_test_ratio", check.positive_finite("expert_test_ratio", self.expert_test_ratio)
-        )
+        ratio = check.positive_finite("expert_test_ratio", self.expert_test_ratio)
+        if not math.isfinite(12.0 / ratio):  # the test's noise scale 1/a (and the default threshold) must be finite
+            raise ConfigurationError(f"expert_test_ratio is too small to give the test a noise scale: {ratio!r}")
+        object.__setattr__(self, "expert_test_ratio", ratio)
         threshold = 12.0 / self.expert_test_ratio if self.expert_test_threshold is None else self.expert_test_threshold
         threshold = check.real("expert_test_threshold", threshold)
         if not math.isfinite(threshold):
