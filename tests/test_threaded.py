@@ -35,6 +35,15 @@ class Steps:
             self.closed = True
 
 
+async def first_step_running(steps: Steps) -> None:
+    """Wait until the first step has begun in its worker thread (however loaded the machine: no fixed sleep)."""
+    for _ in range(10_000):
+        if steps.threads:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the first step never began")
+
+
 async def test_items_in_order_each_step_off_the_loop() -> None:
     steps = Steps(4, 0.0)
     assert [i async for i in iterate_in_threads(steps)] == [0, 1, 2, 3]
@@ -50,14 +59,14 @@ async def test_an_error_in_a_step_reaches_the_consumer_and_closes_the_generator(
 
 @pytest.mark.parametrize("cancels", [1, 3])
 async def test_a_cancelled_consumer_lets_the_step_in_flight_finish_then_closes(cancels: int) -> None:
-    steps = Steps(5, 0.2)
+    steps = Steps(5, 0.5)
 
     async def consume() -> None:
         async for _ in iterate_in_threads(steps):
             pass
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)  # the first step is running in a worker thread
+    await first_step_running(steps)
     for _ in range(cancels):
         task.cancel()
         await asyncio.sleep(0.02)
@@ -82,7 +91,7 @@ def test_a_step_in_flight_when_the_loop_shuts_down_still_ends_before_the_close()
                 raise
 
         asyncio.get_running_loop().create_task(consume())
-        await asyncio.sleep(0.05)  # main returns with the consumer mid-step
+        await first_step_running(steps)  # main returns with the consumer mid-step
 
     asyncio.run(main())
     assert steps.finished == 1 and steps.closed
@@ -90,7 +99,7 @@ def test_a_step_in_flight_when_the_loop_shuts_down_still_ends_before_the_close()
 
 
 async def test_on_cancel_is_called_when_the_consumer_gives_up_mid_step() -> None:
-    steps = Steps(5, 0.2)
+    steps = Steps(5, 0.5)
     told: list[bool] = []
 
     async def consume() -> None:
@@ -98,7 +107,7 @@ async def test_on_cancel_is_called_when_the_consumer_gives_up_mid_step() -> None
             pass
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await first_step_running(steps)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
