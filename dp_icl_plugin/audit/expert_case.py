@@ -53,8 +53,8 @@ from dp_icl_plugin.decoding.knn_experts import (
     expert_scores,
     expert_token,
     sparse_step,
+    support_scores,
 )
-from dp_icl_plugin.mechanisms.mozo_mixing import top_k_support
 from dp_icl_plugin.mechanisms.sparse_vector import AboveThreshold
 from dp_icl_plugin.retrieval.index import PrivateIndex
 from dp_icl_plugin.retrieval.retriever import KNNConfig, PrivateKNN
@@ -257,16 +257,15 @@ def sparse_event() -> ev.DPEvent:
 
 def _ordered_scores(decoder: KNNExpertDecoder, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The support (most likely public token first) and ẑ on it, as :func:`sparse_expert_token` computes them."""
-    support = top_k_support(rows[0], decoder.top_k or rows.shape[1])
-    scores = expert_scores(
-        rows[1:, support],
-        rows[0, support],
+    return support_scores(
+        rows[1:],
+        rows[0],
         clip=decoder.clip,
         divisor=decoder.k,
         temperature=decoder.temperature,
         public_temperature=decoder.public_temperature,
+        top_k=decoder.top_k,
     )
-    return support, scores
 
 
 @functools.lru_cache(maxsize=4)

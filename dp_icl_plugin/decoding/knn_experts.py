@@ -99,6 +99,7 @@ __all__ = [
     "filter_budget_for",
     "sparse_expert_token",
     "sparse_step",
+    "support_scores",
 ]
 
 PUBLIC_TEMPERATURE = KNNConfig.expert_public_temperature  # free text: the zero-shot row keeps the answer fluent
@@ -286,28 +287,17 @@ class KNNExpertDecoder(_Decoder):
     def _token(self, logprobs: np.ndarray, rng: np.random.Generator, test: AboveThreshold | None = None) -> int:
         """One token from the public row (``logprobs[0]``) and the experts' rows (the rest); with a sparse
         ``test``, the public greedy token unless the test finds the experts depart from it."""
+        settings: dict[str, Any] = {
+            "clip": self.clip,
+            "divisor": self.k,
+            "temperature": self.temperature,
+            "public_temperature": self.public_temperature,
+            "top_k": self.top_k,
+            "rng": rng,
+        }
         if test is not None:
-            return sparse_expert_token(
-                logprobs[1:],
-                logprobs[0],
-                clip=self.clip,
-                divisor=self.k,
-                temperature=self.temperature,
-                public_temperature=self.public_temperature,
-                top_k=self.top_k,
-                test=test,
-                rng=rng,
-            )
-        return expert_token(
-            logprobs[1:],
-            logprobs[0],
-            clip=self.clip,
-            divisor=self.k,
-            temperature=self.temperature,
-            public_temperature=self.public_temperature,
-            top_k=self.top_k,
-            rng=rng,
-        )
+            return sparse_expert_token(logprobs[1:], logprobs[0], test=test, **settings)
+        return expert_token(logprobs[1:], logprobs[0], **settings)
 
 
 def expert_scores(
@@ -372,6 +362,43 @@ def expert_token(
     Returns:
         The token id.
     """
+    support, scores = support_scores(
+        private_logprobs,
+        public_logprobs,
+        clip=clip,
+        divisor=divisor,
+        temperature=temperature,
+        public_temperature=public_temperature,
+        top_k=top_k,
+    )
+    return int(support[exponential_mechanism(scores, temperature=1.0, rng=rng)])
+
+
+def support_scores(
+    private_logprobs: np.ndarray,
+    public_logprobs: np.ndarray,
+    *,
+    clip: float,
+    divisor: int,
+    temperature: float,
+    public_temperature: float,
+    top_k: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The public support (the zero-shot row's ``top_k`` most likely tokens, most likely first; 0: every token
+    it gives probability above 0) and ẑ on it (:func:`expert_scores`).
+
+    Args:
+        private_logprobs: the experts' rows, shape (n ≤ k, V).
+        public_logprobs: the zero-shot row, shape (V,).
+        clip: c, the clipping bound.
+        divisor: k, fixed in advance.
+        temperature: τ of the experts' part.
+        public_temperature: T0.
+        top_k: the support's size.
+
+    Returns:
+        ``(support token ids, scores)``.
+    """
     support = top_k_support(public_logprobs, top_k or public_logprobs.size)  # public; finite ℓ0 only
     scores = expert_scores(
         private_logprobs[:, support],
@@ -381,7 +408,7 @@ def expert_token(
         temperature=temperature,
         public_temperature=public_temperature,
     )
-    return int(support[exponential_mechanism(scores, temperature=1.0, rng=rng)])
+    return support, scores
 
 
 def expert_margin(scores: np.ndarray, greedy: int) -> float:
@@ -426,16 +453,16 @@ def sparse_expert_token(
     Returns:
         The token id.
     """
-    support = top_k_support(public_logprobs, top_k or public_logprobs.size)  # public, most likely first
     if test.spent:  # public: the row of no record decides
-        return int(support[0])
-    scores = expert_scores(
-        private_logprobs[:, support],
-        public_logprobs[support],
+        return int(top_k_support(public_logprobs, 1)[0])
+    support, scores = support_scores(
+        private_logprobs,
+        public_logprobs,
         clip=clip,
         divisor=divisor,
         temperature=temperature,
         public_temperature=public_temperature,
+        top_k=top_k,
     )
     return int(support[sparse_step(scores, test, rng)])
 
