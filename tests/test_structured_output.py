@@ -55,21 +55,8 @@ def tiny_decoder(ledger: BudgetManager, **settings: Any) -> MozoDecoder:
 # ------------------------------------------------------------------------------------------ the core
 
 
-def test_every_token_keeps_the_answer_a_prefix_of_a_valid_document_and_the_answer_is_charged_in_full() -> None:
-    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = tiny_decoder(ledger)
-    answers = [decoder.generate("which desk?", rng=np.random.default_rng(seed), schema=DESK) for seed in range(6)]
-    for answer in answers:
-        value = json.loads(answer.text)  # at most 36 byte-level tokens: always complete within 48
-        assert value["desk"] in ("billing", "technical") and isinstance(value["urgent"], bool)
-        assert answer.finish_reason == "stop" and CANARY not in answer.text
-    # the worst case is charged (how many tokens the grammar forces depends on the tokens drawn)
-    assert [e.event for e in ledger.history()] == [decoder.answer_event(48)] * 6
-    assert len({a.text for a in answers}) > 1  # sampled, not a fixed output
-
-
-@pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
-def test_a_forced_token_runs_no_mechanism(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def mechanism_runs(kind: str, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one per token mechanism ``kind``'s decoder runs."""
     from dp_icl_plugin.steps import clip_blend_step as clip_blend
     from dp_icl_plugin.steps import mozo_step
 
@@ -77,21 +64,101 @@ def test_a_forced_token_runs_no_mechanism(kind: str, monkeypatch: pytest.MonkeyP
     module = mozo_step if kind == "mozo" else clip_blend
     real, calls = getattr(module, name), []
     monkeypatch.setattr(module, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
+
+
+def test_every_token_keeps_the_answer_a_prefix_of_a_valid_document_and_the_answer_is_charged_its_decisions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    decoder = (
-        tiny_decoder(ledger)
-        if kind == "mozo"
-        else ClipBlendDecoder(
-            dataset(),
-            backend=backend(),
-            budget=ledger,
-            n_queries=5,
-            max_tokens=48,
-            subset_size=6,
-            rng_subset=np.random.default_rng(0),
-            temperature=2.0,
-        )
+    decoder = tiny_decoder(ledger)
+    runs = mechanism_runs("mozo", monkeypatch)
+    answers, per_answer = [], []
+    for seed in range(6):
+        before = len(runs)
+        answers.append(decoder.generate("which desk?", rng=np.random.default_rng(seed), schema=DESK))
+        per_answer.append(len(runs) - before)
+    for answer in answers:
+        value = json.loads(answer.text)  # at most 36 byte-level tokens: always complete within 48
+        assert value["desk"] in ("billing", "technical") and isinstance(value["urgent"], bool)
+        assert answer.finish_reason == "stop" and CANARY not in answer.text
+    # every answer is charged the most token mechanisms the schema lets one run (the desk's first byte, true or
+    # false), fixed before the charge: 2, not the 48 tokens of its limit; and each runs exactly those
+    assert decoder._rules(DESK).decisions(48) == 2 and per_answer == [2] * 6
+    assert [e.event for e in ledger.history()] == [decoder.answer_event(48, schema=DESK)] * 6
+    assert decoder.answer_event(48, schema=DESK) == decoder._steps_event(2) != decoder.answer_event(48)
+    assert len({a.text for a in answers}) > 1  # sampled, not a fixed output
+
+
+NESTED = {
+    "type": "object",
+    "properties": {
+        "desk": {"enum": ["billing", "bills", "technical"]},
+        "flags": {
+            "type": "object",
+            "properties": {"urgent": {"type": "boolean"}, "vip": {"type": "boolean"}},
+            "required": ["urgent", "vip"],
+        },
+        "tier": {"enum": [1, 2, 3]},
+    },
+    "required": ["desk", "flags", "tier"],
+}
+
+
+@pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
+def test_no_answer_runs_more_mechanisms_than_its_schema_decisions(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is the most over every path the grammar allows ("bil" then "l" or "ling" is two decisions in
+    one field), and sampled answers stay within it whatever they draw."""
+    ledger = BudgetManager(PrivacyBudget(1e5, 1e-3))
+    decoder = tiny_decoder(ledger, max_tokens=96) if kind == "mozo" else clip_decoder(ledger, max_tokens=96)
+    bound = decoder._rules(NESTED).decisions(96)
+    assert 4 < bound < 96
+    runs = mechanism_runs(kind, monkeypatch)
+    seen = []
+    for seed in range(8):
+        before = len(runs)
+        answer = decoder.generate("route it", rng=np.random.default_rng(seed), schema=NESTED)
+        seen.append(len(runs) - before)
+        assert answer.finish_reason == "stop" and json.loads(answer.text)["tier"] in (1, 2, 3)
+    assert max(seen) <= bound
+    assert all(e.event == decoder._steps_event(bound) for e in ledger.history())
+
+
+def test_free_text_in_a_schema_is_charged_its_limit_and_a_run_past_the_allowance_is_refused() -> None:
+    decoder = tiny_decoder(BudgetManager(PrivacyBudget(1e4, 1e-3)))
+    free = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    assert decoder._rules(free).decisions(20) == 20  # a free string: no bound below the limit
+    assert decoder.answer_event(20, schema=free) == decoder.answer_event(20)
+    answer = decoder._rules(DESK).start(allowance=1)
+    rows = np.zeros((2, decoder.backend.vocab_size))
+    generated: list[int] = []
+    while answer.forced(generated) is not None:  # the forced prefix '{"desk":"'
+        generated.append(int(answer.forced(generated)))
+    generated.append(answer.restrict(lambda r: 0, rows, generated))  # the one mechanism it was charged for
+    while answer.forced(generated) is not None:
+        generated.append(int(answer.forced(generated)))
+    with pytest.raises(ConfigurationError, match="past what the answer was charged for"):
+        answer.restrict(lambda r: 0, rows, generated)
+
+
+def clip_decoder(ledger: BudgetManager, max_tokens: int = 48) -> ClipBlendDecoder:
+    return ClipBlendDecoder(
+        dataset(),
+        backend=backend(),
+        budget=ledger,
+        n_queries=10,
+        max_tokens=max_tokens,
+        subset_size=6,
+        rng_subset=np.random.default_rng(0),
+        temperature=2.0,
     )
+
+
+@pytest.mark.parametrize("kind", ["mozo", "clip-blend"])
+def test_a_forced_token_runs_no_mechanism(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = mechanism_runs(kind, monkeypatch)
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = tiny_decoder(ledger) if kind == "mozo" else clip_decoder(ledger)
     schema = {
         "type": "object",
         "properties": {"ok": {"type": "boolean"}},
@@ -455,3 +522,28 @@ def test_a_completion_query_keeps_its_own_text_under_a_schema_instruction() -> N
 def test_a_share_delta_above_the_ledgers_warns() -> None:
     with pytest.warns(UserWarning, match="above the ledger's"):
         tiny_decoder(BudgetManager(PrivacyBudget(1e4, 1e-5)), delta=1e-3)
+
+
+def test_expert_decoding_charges_each_candidate_the_schemas_decisions() -> None:
+    """Each record's own filter pays the schema's decisions (2), not the answer's 48 tokens."""
+    from test_knn_retriever import BagEmbedder
+
+    from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget, rdp
+    from dp_icl_plugin.accounting import events as ev
+    from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder
+    from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+
+    index = PrivateIndex(budget=IndividualBudget(epsilon=8.0, delta=1e-5), embedder=BagEmbedder())
+    index.add(["which desk?"] * 4, labels=["billing", "technical", "billing", "billing"])
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    config = KNNConfig(k=4, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=48)
+    decoder = KNNExpertDecoder(PrivateKNN(index, budget=ledger, backend=backend(), config=config, releases=("decode",)))
+    answer = decoder.generate("which desk?", rng=np.random.default_rng(0), schema=DESK)
+    assert json.loads(answer.text)["desk"] in ("billing", "technical")
+    entry = ledger.history()[-1]
+    one_token = ev.ExponentialMechanismEvent(decoder.token_epsilon, neighbouring="add_remove")
+    assert isinstance(entry.event, FilteredReleaseEvent) and entry.event.per_unit == ev.SelfComposedEvent(one_token, 2)
+    assert entry.event.per_unit == decoder.answer_event(48, schema=DESK)
+    curve, _ = index.filter.spent(np.array([1]))  # record ids start at 1
+    orders = np.asarray(index.filter.budget.orders)
+    np.testing.assert_allclose(curve[0], 2 * rdp.bounded_range_rdp(orders, decoder.token_epsilon), rtol=1e-12)

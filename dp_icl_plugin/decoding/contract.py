@@ -100,6 +100,7 @@ class AnswerState:
     cancelled: threading.Event = field(default_factory=threading.Event)
     charged_in: tuple[int, int] | None = None  # the process that charged it (process_mark), once charged
     rule: Any = None  # the public restriction of its tokens (AnswerChoices, a SchemaAnswer), or None
+    steps: int = 0  # the token mechanisms it is charged for (public: its limit, choices or schema)
 
     def charged(self, charge: LedgerEntry) -> None:
         """Record the answer's charge and the process that made it."""
@@ -261,7 +262,8 @@ class Decoder(Protocol):
         Args:
             query: the public query (a completion text or a chat).
             rng: the noise source.
-            max_tokens: the answer's limit (default: the decoder's; charged in full).
+            max_tokens: the answer's limit (default: the decoder's; charged in full, or
+                its decisions under choices or a schema).
             stop: stop sequences (post-processing: they refund nothing).
             schema: a public JSON schema the answer must follow.
 
@@ -286,7 +288,8 @@ class Decoder(Protocol):
         Args:
             query: the public query (a completion text or a chat).
             rng: the noise source.
-            max_tokens: the answer's limit (default: the decoder's; charged in full).
+            max_tokens: the answer's limit (default: the decoder's; charged in full, or
+                its decisions under choices or a schema).
             stop: stop sequences (post-processing: they refund nothing).
             schema: a public JSON schema the answer must follow.
 

@@ -26,7 +26,8 @@ replace-one), one unit one row. Clip-blend: each unit joins the subset with prob
 **Budget.** The caller assigns each decoder a share of the ledger: ``epsilon`` (and δ) for ``n_queries``
 answers of at most ``max_tokens`` tokens each; β (MOZO) or τ (clip-blend) is calibrated so that all of them
 together meet it. Every answer is charged *before its first token is computed*, for its worst case (every
-token up to its limit), so a stream never yields a token that is not paid for, and a refusal
+token up to its limit; with public ``choices`` or a JSON schema the most token mechanisms they let an answer
+run, a token they force being free), so a stream never yields a token that is not paid for, and a refusal
 (:class:`~dp_icl_plugin.errors.BudgetExhaustedError`) happens before anything is released. Stopping early
 (EOS, a stop sequence) is post-processing and refunds nothing.
 
@@ -200,12 +201,23 @@ class _Decoder:
         raise TypeError(f"{type(self).__name__} holds private records and cannot be pickled")
 
     # -- what an answer costs -------------------------------------------------------------------------
-    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
-        """The event one answer of at most ``max_tokens`` tokens is charged (its worst case).
+    def answer_event(self, max_tokens: int | None = None, *, schema: object | None = None) -> ev.DPEvent:
+        """The event one answer of at most ``max_tokens`` tokens is charged: its most token mechanisms (every
+        token; with choices their decisions; with ``schema`` the most its grammar lets an answer run,
+        :meth:`~dp_icl_plugin.decoding.structured.JSONSchemaAnswers.decisions`).
 
         Args:
             max_tokens: the answer's limit (default: the decoder's).
+            schema: a public JSON schema the answer follows, or None.
+
+        Raises:
+            ConfigurationError: ``max_tokens`` is not a positive integer, or a schema that does not compile.
         """
+        tokens = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
+        return self._steps_event(self._steps(tokens, self._rules(schema)))
+
+    def _steps_event(self, steps: int) -> ev.DPEvent:
+        """The event of ``steps`` token mechanisms (one answer's charge)."""
         raise NotImplementedError
 
     def _share_noise(
@@ -316,7 +328,8 @@ class _Decoder:
         Args:
             query: the public query (a completion text or a chat).
             rng: the noise source.
-            max_tokens: this answer's limit (at most the decoder's; charged in full).
+            max_tokens: this answer's limit (at most the decoder's; charged in full, or
+                its decisions under choices or a schema).
             stop: stop sequences (post-processing: they refund nothing).
             schema: a public JSON schema (dict, JSON text or Pydantic model class): the answer is then a JSON
                 document valid under it (:mod:`~dp_icl_plugin.decoding.structured`; not with ``choices``).
@@ -329,7 +342,10 @@ class _Decoder:
         if not isinstance(rng, np.random.Generator):
             raise ConfigurationTypeError("rng must be a numpy.random.Generator")
         limit, stops, prompt, rules = self._prepare(query, max_tokens, stop, schema)
-        state = AnswerState(rule=rules.start() if isinstance(rules, JSONSchemaAnswers) else rules)
+        steps = self._steps(limit, rules)  # public: what the answer is charged for, and all it may run
+        state = AnswerState(
+            rule=rules.start(allowance=steps) if isinstance(rules, JSONSchemaAnswers) else rules, steps=steps
+        )
         return AnswerStream(self._run(prompt, limit, stops, rng, state), state, len(self._ids(prompt, None)))
 
     def generate(
@@ -476,7 +492,7 @@ class _Decoder:
         with self._answers_lock:
             if self.n_queries is not None and self._answered >= self.n_queries:
                 raise self._share_spent(limit)
-            charge, paid = self._charge(prompt, limit)
+            charge, paid = self._charge(prompt, state.steps)
             self._answered += 1
         state.charged(charge)
         # Anything that fails from here on read private records: one fixed error, no cause, no context
@@ -518,10 +534,11 @@ class _Decoder:
             f"{why}; nothing was committed", requested_epsilon=requested, n_queries=self.n_queries
         )
 
-    def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Any]:
-        """Charge one answer of at most ``limit`` tokens (nothing private computed yet); returns the committed
-        ledger entry and what the answer's tokens are drawn from (here nothing beyond the decoder's records)."""
-        return self.budget.spend(self.answer_event(limit), label=f"{self.kind}-answer"), None
+    def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Any]:
+        """Charge one answer of at most ``steps`` token mechanisms (nothing private computed yet); returns the
+        committed ledger entry and what the answer's tokens are drawn from (here nothing beyond the decoder's
+        records)."""
+        return self.budget.spend(self._steps_event(steps), label=f"{self.kind}-answer"), None
 
     def _pieces(self, prompt, limit, stops, rng, state: AnswerState, paid: Any) -> Iterator[str]:
         rule = state.rule
@@ -562,10 +579,13 @@ class _Decoder:
         """The answer's tokens (``rule``: the public restriction of each, or None; see :meth:`_draw`)."""
         raise NotImplementedError
 
-    def _steps(self, tokens: int) -> int:
+    def _steps(self, tokens: int, rules: Any = None) -> int:
         """Token mechanisms an answer of at most ``tokens`` tokens runs, what it is charged and calibrated for:
-        ``tokens``, or with :attr:`choices` their :attr:`~AnswerChoices.decisions` (a token that alone can follow
-        is public and free)."""
+        ``tokens``, or with :attr:`choices` their :attr:`~AnswerChoices.decisions`, or with a schema's ``rules``
+        the most its grammar lets such an answer run (at least 1; a token that alone can follow is public and
+        free)."""
+        if isinstance(rules, JSONSchemaAnswers):
+            return max(1, min(tokens, rules.decisions(tokens)))
         return tokens if self.choices is None else self.choices.decisions
 
     @staticmethod
@@ -803,16 +823,7 @@ class MozoDecoder(_DatasetDecoder):
             choices=choices,
         )
 
-    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
-        """The event one answer of at most ``max_tokens`` tokens is charged (its worst case).
-
-        Args:
-            max_tokens: the answer's limit (default: the decoder's).
-
-        Raises:
-            ConfigurationError: ``max_tokens`` is not a positive integer.
-        """
-        steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
+    def _steps_event(self, steps: int) -> ev.DPEvent:
         return self._per_unit(
             me.mozo_event(beta=self.beta, order=self.order, sampling_rate=self.sampling_rate, steps=steps)
         )
@@ -1050,16 +1061,7 @@ class ClipBlendDecoder(_DatasetDecoder):
             choices=choices,
         )
 
-    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
-        """The event one answer of at most ``max_tokens`` tokens is charged (its worst case).
-
-        Args:
-            max_tokens: the answer's limit (default: the decoder's).
-
-        Raises:
-            ConfigurationError: ``max_tokens`` is not a positive integer.
-        """
-        steps = self._steps(self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens))
+    def _steps_event(self, steps: int) -> ev.DPEvent:
         return self._per_unit(
             me.clip_blend_event(
                 clip=self.clip,

@@ -32,7 +32,9 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    calibrated for a unit with one candidate record: ``uses`` answers of ``max_answer_tokens`` tokens at ε0 fill
    its budget (:func:`~dp_icl_plugin.retrieval.retriever.token_epsilon_for_uses`); a unit with more candidates
    pays more per answer and joins fewer. Every answer is charged for its
-   worst case (all ``max_tokens`` tokens) before the first token is computed; stopping early refunds nothing.
+   worst case (all ``max_tokens`` tokens; with choices or a JSON schema the most token mechanisms they let it run,
+   a public count: :meth:`JSONSchemaAnswers.decisions <dp_icl_plugin.decoding.structured.JSONSchemaAnswers.decisions>`)
+   before the first token is computed; stopping early refunds nothing.
    The ledger holds the filter's total once (:meth:`PrivateKNN.cover_event`) and records each answer as a
    :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`.
 
@@ -179,7 +181,8 @@ class KNNExpertDecoder(_Decoder):
         Args:
             question: the public question.
             rng: the noise source.
-            max_tokens: the answer's limit (default: the decoder's; charged in full).
+            max_tokens: the answer's limit (default: the decoder's; charged in full, or
+                its decisions under choices or a schema).
 
         Raises:
             ConfigurationError: a bad question, limit or rng (nothing charged).
@@ -216,21 +219,25 @@ class KNNExpertDecoder(_Decoder):
     def _reserve(self, limit: int) -> int:
         return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
 
-    def answer_event(self, max_tokens: int | None = None) -> ev.DPEvent:
+    def answer_event(self, max_tokens: int | None = None, *, schema: object | None = None) -> ev.DPEvent:
         """What one answer of at most ``max_tokens`` tokens costs a record that is a candidate (its own filter
-        pays it; the ledger records it as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`).
+        pays it; the ledger records it as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent`): its most
+        token mechanisms, fewer with choices or a ``schema``.
 
         Args:
             max_tokens: the answer's limit (default: the decoder's).
+            schema: a public JSON schema the answer follows, or None.
 
         Raises:
-            ConfigurationError: ``max_tokens`` is not a positive integer.
+            ConfigurationError: ``max_tokens`` is not a positive integer, or a schema that does not compile.
         """
-        tokens = self.max_tokens if max_tokens is None else check.positive_int("max_tokens", max_tokens)
-        return self.knn._event("decode", 1, self.k, self._steps(tokens))
+        return super().answer_event(max_tokens, schema=schema)
 
-    def _charge(self, prompt, limit: int) -> tuple[LedgerEntry, Candidates]:
-        admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, self._steps(limit))
+    def _steps_event(self, steps: int) -> ev.DPEvent:
+        return self.knn._event("decode", 1, self.k, steps)
+
+    def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Candidates]:
+        admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, steps)
         return entry, admitted  # the records are read in _tokens, after the charge is on the answer's state
 
     def _experts(self, admitted: Candidates) -> list[PrivateRecord]:

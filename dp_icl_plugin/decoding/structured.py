@@ -11,16 +11,25 @@ a step is a function of public inputs and of the tokens released before it: rest
 private, to it is a public support, like the zero-shot top-k of DPS-MOZO (Flemings et al., eq. 2), clip-blend's
 vocabulary and :mod:`~dp_icl_plugin.decoding.choices`; the mechanism's analysis holds over any support fixed
 before the step, so no sensitivity changes. A token that alone can follow (a key's name, a brace) is a
-function of the public tokens before it: it is emitted without running the mechanism. How many such tokens an
-answer will have depends on the tokens drawn, which are not known when the answer is charged, so an answer is
-charged, as without a schema, for ``max_tokens`` token mechanisms (its worst case); the free ones refund
-nothing. An answer that reaches ``max_tokens`` before the document is complete ends there (``finish_reason``
+function of the public tokens before it: it is emitted without running the mechanism.
+
+**What an answer is charged.** Which tokens will be forced depends on the tokens drawn, but the most token
+mechanisms *any* answer of at most ``max_tokens`` tokens can run is a function of the schema, the tokenizer and
+the limit alone (:meth:`JSONSchemaAnswers.decisions`: a search over every token path the grammar allows, as
+:attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions` is for choices). An answer is charged for that
+many token mechanisms, fixed before its charge (e.g. 2 for an object of an enum and a boolean, against 48 for
+``max_tokens = 48``), and it cannot run more (:meth:`SchemaAnswer.restrict` refuses a run past it). Where the
+search cannot bound it within its budget (a free string, a number, an array: steps where hundreds of tokens
+may follow), the bound is ``max_tokens``, every token.
+
+An answer that reaches ``max_tokens`` before the document is complete ends there (``finish_reason``
 ``"length"``), which is not valid JSON: give a limit that fits the schema, or ``maxLength``/``maxItems`` in it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +43,11 @@ from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["InstructedText", "JSONSchemaAnswers", "SchemaAnswer", "json_schema_of", "with_instruction"]
 
+_log = logging.getLogger(__name__)
+DECISION_SEARCH_NODES = 5_000
+"""The most grammar states :meth:`JSONSchemaAnswers.decisions` visits before it bounds an answer by its limit."""
+WIDE_STEP = 256
+"""A step where more tokens than this may follow is free text to the search: the bound is then the limit."""
 _NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _VALUES = ("const", "enum", "default", "examples")
 _TOKENIZERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -141,6 +155,8 @@ class JSONSchemaAnswers:
         if failed:
             raise ConfigurationError(f"the JSON schema cannot be compiled: {messages[0]}")
         self._matcher_type = LLMatcher
+        self._decisions: dict[int, int] = {}
+        self._decisions_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"JSONSchemaAnswers({json.dumps(self.schema)[:80]!r})"
@@ -151,11 +167,43 @@ class JSONSchemaAnswers:
         the model what the fields mean."""
         return f"Reply with one JSON object only, following this JSON schema: {json.dumps(self.schema)}"
 
-    def start(self) -> SchemaAnswer:
-        """A fresh answer: nothing generated yet."""
-        return SchemaAnswer(
-            self._matcher_type(self._tokenizer, self._grammar, log_level=0), self.vocab_size, self.eos_token_id
-        )
+    def start(self, allowance: int | None = None) -> SchemaAnswer:
+        """A fresh answer: nothing generated yet.
+
+        Args:
+            allowance: the token mechanisms the answer was charged for (:meth:`decisions`); a run past it is refused.
+        """
+        return SchemaAnswer(self._matcher(), self.vocab_size, self.eos_token_id, allowance=allowance)
+
+    def _matcher(self) -> Any:
+        return self._matcher_type(self._tokenizer, self._grammar, log_level=0)
+
+    def decisions(self, limit: int) -> int:
+        """The most token mechanisms an answer of at most ``limit`` tokens can run: over every token path the
+        grammar allows (the end-of-sequence token ends a path), the most steps where two or more tokens may
+        follow. Public (the schema, the tokenizer and ``limit`` only), so it is what an answer is charged for.
+        ``limit`` itself where the search meets a step wider than :data:`WIDE_STEP` tokens or visits more than
+        :data:`DECISION_SEARCH_NODES` states. Computed once per limit.
+
+        Args:
+            limit: the answer's most tokens.
+
+        Returns:
+            A number of token mechanisms in ``[0, limit]``.
+        """
+        limit = int(limit)
+        with self._decisions_lock:
+            if limit not in self._decisions:
+                found = _most_decisions(self._matcher(), self.vocab_size, self.eos_token_id, limit)
+                if found == limit:
+                    _log.info(
+                        "answers under this JSON schema are charged for all %d tokens of their limit (a free string, "
+                        "number or array, or more paths than the search visits): bound its fields (enum, maxLength, "
+                        "maxItems) to pay for fewer",
+                        limit,
+                    )
+                self._decisions[limit] = found
+            return self._decisions[limit]
 
 
 class InstructedText(str):
@@ -194,13 +242,16 @@ class SchemaAnswer:
         matcher: llguidance's matcher for this answer.
         vocab_size: the backend's vocabulary size.
         eos_token_id: the backend's end-of-sequence token.
+        allowance: the token mechanisms the answer was charged for (None: not counted).
     """
 
-    def __init__(self, matcher: Any, vocab_size: int, eos_token_id: int) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, eos_token_id: int, *, allowance: int | None = None) -> None:
         self._matcher = matcher
         self._vocab_size = vocab_size
         self._eos = eos_token_id
         self._consumed = 0
+        self._allowance = allowance
+        self.runs = 0  # token mechanisms run so far
 
     def _sync(self, generated: Sequence[int]) -> None:
         for token in generated[self._consumed :]:
@@ -259,5 +310,53 @@ class SchemaAnswer:
 
         Returns:
             The token id drawn.
+
+        Raises:
+            ConfigurationError: a mechanism run past the answer's allowance (the charge covers no more; the search
+                of :meth:`JSONSchemaAnswers.decisions` makes this unreachable).
         """
-        return draw_among(draw, logprobs, self.allowed(generated))
+        allowed = self.allowed(generated)
+        if allowed.size > 1:
+            if self._allowance is not None and self.runs >= self._allowance:
+                raise ConfigurationError("a token mechanism past what the answer was charged for")
+            self.runs += 1
+        return draw_among(draw, logprobs, allowed)
+
+
+def _step_mask(matcher: Any, vocab_size: int) -> np.ndarray:
+    return np.flatnonzero(np.frombuffer(matcher.compute_logit_bias(), dtype=np.uint8)[:vocab_size])
+
+
+def _most_decisions(matcher: Any, vocab_size: int, eos_token_id: int, limit: int) -> int:
+    """Depth-first over every token path of at most ``limit`` tokens from ``matcher``'s state (consumed, then
+    rolled back): the most steps on one path where two or more tokens may follow; ``limit`` when a step is wider
+    than :data:`WIDE_STEP` or the search passes :data:`DECISION_SEARCH_NODES` states."""
+    visited = 0
+
+    class _Unbounded(Exception):
+        pass
+
+    def most(left: int) -> int:
+        nonlocal visited
+        if left == 0 or matcher.is_stopped():
+            return 0
+        visited += 1
+        allowed = _step_mask(matcher, vocab_size)
+        if visited > DECISION_SEARCH_NODES or allowed.size > WIDE_STEP:
+            raise _Unbounded
+        best = 0
+        for token in allowed:
+            if int(token) == eos_token_id:  # the answer ends there
+                continue
+            if not matcher.consume_token(int(token)):
+                raise _Unbounded  # the grammar refused a token its own mask allowed: no bound can be trusted
+            best = max(best, most(left - 1))
+            matcher.rollback(1)
+            if best == left - 1:  # every later step a decision: no path can do more
+                break
+        return best + (1 if allowed.size > 1 else 0)
+
+    try:
+        return most(limit)
+    except _Unbounded:
+        return limit
