@@ -120,8 +120,55 @@ def test_no_answer_runs_more_mechanisms_than_its_schema_decisions(kind: str, mon
         answer = decoder.generate("route it", rng=np.random.default_rng(seed), schema=NESTED)
         seen.append(len(runs) - before)
         assert answer.finish_reason == "stop" and json.loads(answer.text)["tier"] in (1, 2, 3)
-    assert max(seen) <= bound
+    # an answer past the bound would have been refused (the guard); these seeds reach it: the bound is not loose
+    assert max(seen) == bound
     assert all(e.event == decoder._steps_event(bound) for e in ledger.history())
+
+
+def exhaustive_decisions(matcher, vocab_size: int, eos: int, left: int) -> int:
+    """An independent oracle: every path, each child from its own copy of the matcher (no rollback, no memory)."""
+    if left == 0 or matcher.is_stopped():
+        return 0
+    allowed = np.flatnonzero(np.frombuffer(matcher.compute_logit_bias(), dtype=np.uint8)[:vocab_size])
+    best = 0
+    for token in allowed:
+        if int(token) != eos:
+            child = matcher.deep_copy()
+            assert child.consume_token(int(token))
+            best = max(best, exhaustive_decisions(child, vocab_size, eos, left - 1))
+    return best + (1 if allowed.size > 1 else 0)
+
+
+ODD_SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": ["x", "xy"]}}, "required": ["a"]},
+    {"anyOf": [{"type": "boolean"}, {"enum": [1, 12, 123]}]},
+    {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+    {"type": "object", "properties": {"k": {"enum": ["é", "e"]}, "n": {"const": 3}}, "required": ["k", "n"]},
+]
+
+
+@pytest.mark.parametrize("schema", ODD_SCHEMAS, ids=["optional", "anyof", "array", "unicode"])
+def test_the_decisions_bound_is_the_most_over_every_path(schema: dict) -> None:
+    """Optional keys, alternatives, arrays, a value that prefixes another, non-ASCII: the search (rollback, states
+    kept by their bytes) finds what an exhaustive walk over copies of the matcher finds."""
+    answers = JSONSchemaAnswers(backend(), schema)
+    for limit in (4, 9, 14):
+        expected = exhaustive_decisions(answers._matcher(), answers.vocab_size, answers.eos_token_id, limit)
+        assert answers.decisions(limit) == expected
+
+
+def test_a_mechanism_past_the_charged_decisions_fails_the_answer_with_the_one_fixed_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dp_icl_plugin.errors import ReleaseFailedError
+
+    ledger = BudgetManager(PrivacyBudget(1e4, 1e-3))
+    decoder = tiny_decoder(ledger)
+    monkeypatch.setattr(JSONSchemaAnswers, "decisions", lambda self, limit: 1)  # a search that undercounted
+    with pytest.raises(ReleaseFailedError) as raised:
+        decoder.generate("which desk?", rng=np.random.default_rng(0), schema=DESK)
+    assert raised.value.__cause__ is None and raised.value.__context__ is None
+    assert [e.event for e in ledger.history()] == [decoder._steps_event(1)]  # charged one, ran one, refused two
 
 
 def test_free_text_in_a_schema_is_charged_its_limit_and_a_run_past_the_allowance_is_refused() -> None:
@@ -413,6 +460,18 @@ def real_decoder() -> MozoDecoder:
         beta=4.0,
         top_k=20,
     )
+
+
+@needs_smollm2
+@pytest.mark.slow
+def test_on_the_real_tokenizer_an_answer_is_charged_its_schemas_decisions_not_its_limit() -> None:
+    """SmolLM2's BPE tokenizer spells a key or a value many ways; the search keeps each state once, so four booleans
+    cost 4 token mechanisms, not the 64 tokens of the limit (without its memory it gave up and charged 64)."""
+    decoder = real_decoder()
+    bools = {"type": "object", "properties": {k: {"type": "boolean"} for k in "abcd"}, "required": list("abcd")}
+    assert decoder._rules(bools).decisions(64) == 4
+    assert decoder._rules(DESK).decisions(64) == 2 and decoder._rules(NESTED).decisions(64) == 8
+    assert decoder.answer_event(schema=bools) == decoder._steps_event(4)
 
 
 @needs_smollm2

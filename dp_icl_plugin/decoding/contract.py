@@ -100,7 +100,7 @@ class AnswerState:
     cancelled: threading.Event = field(default_factory=threading.Event)
     charged_in: tuple[int, int] | None = None  # the process that charged it (process_mark), once charged
     rule: Any = None  # the public restriction of its tokens (AnswerChoices, a SchemaAnswer), or None
-    steps: int = 0  # the token mechanisms it is charged for (public: its limit, choices or schema)
+    steps: int | None = None  # the token mechanisms it is charged for (public: its limit, choices or schema)
 
     def charged(self, charge: LedgerEntry) -> None:
         """Record the answer's charge and the process that made it."""

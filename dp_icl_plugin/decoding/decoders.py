@@ -492,6 +492,7 @@ class _Decoder:
         with self._answers_lock:
             if self.n_queries is not None and self._answered >= self.n_queries:
                 raise self._share_spent(limit)
+            assert state.steps is not None  # set by stream(), before the charge
             charge, paid = self._charge(prompt, state.steps)
             self._answered += 1
         state.charged(charge)

@@ -194,12 +194,12 @@ class JSONSchemaAnswers:
         limit = int(limit)
         with self._decisions_lock:
             if limit not in self._decisions:
-                found = _most_decisions(self._matcher(), self.vocab_size, self.eos_token_id, limit)
+                found = _most_decisions(self._matcher(), self._tokenizer, self.vocab_size, self.eos_token_id, limit)
                 if found == limit:
                     _log.info(
                         "answers under this JSON schema are charged for all %d tokens of their limit (a free string, "
-                        "number or array, or more paths than the search visits): bound its fields (enum, maxLength, "
-                        "maxItems) to pay for fewer",
+                        "number or array, or more states than the search visits): give such fields an enum or a "
+                        "pattern to pay for fewer",
                         limit,
                     )
                 self._decisions[limit] = found
@@ -327,34 +327,47 @@ def _step_mask(matcher: Any, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(np.frombuffer(matcher.compute_logit_bias(), dtype=np.uint8)[:vocab_size])
 
 
-def _most_decisions(matcher: Any, vocab_size: int, eos_token_id: int, limit: int) -> int:
+def _most_decisions(matcher: Any, tokenizer: Any, vocab_size: int, eos_token_id: int, limit: int) -> int:
     """Depth-first over every token path of at most ``limit`` tokens from ``matcher``'s state (consumed, then
-    rolled back): the most steps on one path where two or more tokens may follow; ``limit`` when a step is wider
-    than :data:`WIDE_STEP` or the search passes :data:`DECISION_SEARCH_NODES` states."""
+    rolled back): the most steps on one path where two or more tokens may follow. The grammar reads bytes, so
+    paths that spell the same bytes reach the same state: a state is searched once per number of tokens left
+    (keyed by its bytes). ``limit`` when a step is wider than :data:`WIDE_STEP`, the search passes
+    :data:`DECISION_SEARCH_NODES` states, or the matcher errs or allows a special token (no bound trusted)."""
     visited = 0
+    spelled: list[bytes] = []
+    known: dict[tuple[bytes, int], int] = {}
 
     class _Unbounded(Exception):
         pass
 
     def most(left: int) -> int:
         nonlocal visited
+        if matcher.is_error():
+            raise _Unbounded
         if left == 0 or matcher.is_stopped():
             return 0
+        key = (b"".join(spelled), left)
+        if key in known:
+            return known[key]
         visited += 1
         allowed = _step_mask(matcher, vocab_size)
-        if visited > DECISION_SEARCH_NODES or allowed.size > WIDE_STEP:
+        if visited > DECISION_SEARCH_NODES or allowed.size > WIDE_STEP or matcher.is_error():
             raise _Unbounded
         best = 0
-        for token in allowed:
-            if int(token) == eos_token_id:  # the answer ends there
+        for token in (int(t) for t in allowed):
+            if token == eos_token_id:  # the answer ends there
                 continue
-            if not matcher.consume_token(int(token)):
-                raise _Unbounded  # the grammar refused a token its own mask allowed: no bound can be trusted
+            if tokenizer.is_special_token(token) or not matcher.consume_token(token):
+                raise _Unbounded  # a special token, or one the grammar refused although its own mask allowed it
+            spelled.append(tokenizer.decode_bytes([token]))
             best = max(best, most(left - 1))
-            matcher.rollback(1)
+            spelled.pop()
+            if not matcher.rollback(1):
+                raise _Unbounded
             if best == left - 1:  # every later step a decision: no path can do more
                 break
-        return best + (1 if allowed.size > 1 else 0)
+        known[key] = best + (1 if allowed.size > 1 else 0)
+        return known[key]
 
     try:
         return most(limit)
