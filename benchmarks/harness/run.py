@@ -35,6 +35,10 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
   with the labels as choices): one DP demonstration per label synthesized once on the row's ledger (label counts
   declared public), then every query answered few-shot with them; with each demonstration's agreement with the
   public model's own label for it and its per-token NLL beside a real record's (:meth:`Harness.synthesis`).
+- ``pay once: DPS-MOZO+Off`` (``--methods mozo-offline``; free text, E2E): DP answers to 4 public tune inputs
+  synthesized once on the row's ledger, then every query answered greedy with those pairs as its examples; beside
+  it the same decoding with 4 random real records (NOT private), the best such demonstrations can give
+  (:meth:`Harness.mozo_offline`).
 
 Classification rows answer with one of the labels (``choices``: every token restricted to those continuing a
 label, :mod:`dp_icl_plugin.decoding.choices`; ``--free-answers`` lets them write anything), and so does the
@@ -529,6 +533,62 @@ class Harness:
             real_nll=float(np.mean([self._nll(x) for x in real])),
         )
 
+    def mozo_offline(self, epsilon: float) -> None:
+        """Pay once, free text: DPS-MOZO+Off (:class:`~dp_icl_plugin.MozoOfflineSynthesizer`) answers
+        ``PUBLIC_INPUTS`` public tune inputs (never a held-out query) with the private records at ``epsilon`` on the
+        row's ledger; every query is then answered greedy with those DP pairs as its examples (post-processing).
+        Beside it, once per task, the same decoding with as many real records drawn at random (NOT private): what
+        demonstrations of this kind can give at best."""
+        from dp_icl_plugin import MozoOfflineSynthesizer
+
+        t = self.task
+        if not any(r["method"].startswith("few-shot greedy") for r in self.rows):
+            started = time.perf_counter()
+            drawn = np.random.default_rng(19).choice(len(t.records), PUBLIC_INPUTS, replace=False)
+            outs = self._greedy_with([t.records[i] for i in drawn])
+            self.add(
+                f"few-shot greedy, {PUBLIC_INPUTS} random records (NOT private)",
+                math.inf,
+                outs,
+                time.perf_counter() - started,
+            )
+        started = time.perf_counter()
+        ledger = self._ledger(epsilon)
+        method = MozoOfflineSynthesizer(
+            epsilon=epsilon,
+            delta=DELTA,
+            max_tokens=t.max_tokens,
+            order={1.0: 14.0, 2.0: 8.0}.get(epsilon, 5.0),
+            template=self.template,
+        )
+        demos = method.synthesize(
+            self._dataset(),
+            public_inputs=t.tune_queries[:PUBLIC_INPUTS],
+            backend=self.backend(4),
+            budget=ledger,
+            rng=np.random.default_rng(21),
+            progress=False,
+        )
+        pairs = [(d.input, _clean(d.text)) for d in demos if _clean(d.text)]
+        self.add(
+            f"pay once: DPS-MOZO+Off, {PUBLIC_INPUTS} DP pairs",
+            epsilon,
+            self._greedy_with(pairs),
+            time.perf_counter() - started,
+            demonstrations=pairs,
+            beta=method.plan(self._dataset(), public_inputs=t.tune_queries[:PUBLIC_INPUTS]).params["beta"],
+            spent_epsilon=ledger.spent().epsilon,
+        )
+
+    def _greedy_with(self, pairs: list[tuple[str, str]]) -> list[str]:
+        """Every query answered greedy (free text) with ``pairs`` as the examples of one prompt."""
+        from dp_icl_plugin.backends.generation import greedy_generate
+
+        b, t = self.backend(1), self.task
+        examples = "".join(t.example.format(text=x, label=y) for x, y in pairs)
+        prompts = [b.encode(t.header + examples + t.query.format(input=q), add_special_tokens=True) for q in t.queries]
+        return [b.decode(o).strip() for o in greedy_generate(b, prompts, max_new_tokens=t.max_tokens)]
+
     def _few_shot(self, pairs: list[tuple[str, str]]) -> list[str]:
         assert self.choices is not None
         b, t = self.backend(1), self.task
@@ -572,12 +632,13 @@ class Harness:
 
         t = self.task
         started = time.perf_counter()
-        tau, uses = self.threshold(40)
-        knn = self._knn(epsilon, labels=t.labels, config=KNNConfig(k=40, shards=10, min_similarity=tau, uses=uses))
+        k = self.args.vote_k
+        tau, uses = self.threshold(k)
+        knn = self._knn(epsilon, labels=t.labels, config=KNNConfig(k=k, shards=10, min_similarity=tau, uses=uses))
         rng = np.random.default_rng(15)
         outs = [knn.vote(q, rng=rng).label for q in t.queries]
         self.add(
-            "kNN vote (no LLM)",
+            "kNN vote (no LLM)" if k == 40 else f"kNN vote (no LLM, k = {k})",
             epsilon,
             outs,
             time.perf_counter() - started,
@@ -626,6 +687,7 @@ def load_table(path: str) -> dict[str, np.ndarray]:
 
 
 SYNTHESIS = ("tang", "pta", "adadpsyn", "clip-blend-synthesis")
+PUBLIC_INPUTS = 4  # DPS-MOZO+Off's public inputs (the paper's E2E setting: 4 DP pairs as the examples)
 SETTINGS_FROM = "public stand-ins for the records (Task.proxy), never the records"
 
 
@@ -771,6 +833,7 @@ def main() -> None:
     )
     parser.add_argument("--expert-t0", type=float, default=None, help="expert decoding's public temperature")
     parser.add_argument("--expert-top-k", type=int, default=None, help="expert decoding's support (0: all)")
+    parser.add_argument("--vote-k", type=int, default=40, help="the kNN vote's k (default 40)")
     parser.add_argument("--paid-tokens", type=int, default=2, help="sparse expert decoding's paid tokens (default 2)")
     parser.add_argument(
         "--free-answers",
@@ -850,6 +913,8 @@ def main() -> None:
                     continue
                 if m in SYNTHESIS and (task.labels is None or h.choices is None):
                     continue  # pay-once rows: classification with the labels as choices
+                if m == "mozo-offline" and task.labels is not None:
+                    continue  # pay once with free text (E2E)
                 {
                     "experts": h.experts,
                     "sparse": lambda e, h=h: h.experts(e, args.paid_tokens),
@@ -857,6 +922,7 @@ def main() -> None:
                     "clip-blend": h.clip_blend,
                     "vote": h.vote,
                     "keywords": h.keywords,
+                    "mozo-offline": h.mozo_offline,
                     **{name: (lambda e, h=h, name=name: h.synthesis(name, e)) for name in SYNTHESIS},
                 }[m](eps)
     save(True)
