@@ -122,7 +122,8 @@ def plan(
         delta: the δ of that budget.
         answers: how many answers the app needs.
         tokens: the longest answer in tokens (with public answer choices, their
-            :attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions`: the tokens a mechanism decides).
+            :attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions`; with a JSON schema,
+            :meth:`~dp_icl_plugin.decoding.structured.JSONSchemaAnswers.decisions`: the tokens a mechanism decides).
         relation: the ledger's neighbouring relation (kNN's filter budget is what covers (ε, δ) on it).
         k: kNN experts per answer (expert decoding) and records per vote.
         candidates: records expected to pass ``min_similarity`` per query (default ``k``): they pay each answer.

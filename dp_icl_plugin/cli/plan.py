@@ -22,8 +22,9 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
         "--tokens",
         type=integer,
         required=True,
-        help="the longest answer, in tokens (answers restricted to public choices: the tokens a "
-        "mechanism decides, e.g. 1 for six one-word types)",
+        help="the longest answer, in tokens (answers restricted to public choices or a JSON schema: the tokens a "
+        "mechanism decides, e.g. 1 for six one-word types, 2 for an enum and a boolean; "
+        "JSONSchemaAnswers.decisions gives it)",
     )
     p.add_argument(
         "--neighbouring",
