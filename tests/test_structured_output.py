@@ -471,6 +471,16 @@ def test_on_the_real_tokenizer_an_answer_is_charged_its_schemas_decisions_not_it
     bools = {"type": "object", "properties": {k: {"type": "boolean"} for k in "abcd"}, "required": list("abcd")}
     assert decoder._rules(bools).decisions(64) == 4
     assert decoder._rules(DESK).decisions(64) == 2 and decoder._rules(NESTED).decisions(64) == 8
+    three = {
+        "type": "object",
+        "properties": {
+            "desk": {"enum": ["billing", "technical", "account"]},
+            "urgent": {"type": "boolean"},
+            "priority": {"enum": [1, 2, 3]},
+        },
+        "required": ["desk", "urgent", "priority"],
+    }
+    assert decoder._rules(three).decisions(20) == decoder._rules(three).decisions(48) == 3  # docs/decoding.md
     assert decoder.answer_event(schema=bools) == decoder._steps_event(4)
 
 
