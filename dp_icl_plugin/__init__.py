@@ -60,6 +60,7 @@ from dp_icl_plugin.decoding import (
     build_expert_decoder,
 )
 from dp_icl_plugin.errors import (
+    AllowanceSpentError,
     BackendError,
     BudgetExhaustedError,
     BudgetMismatchError,
@@ -110,6 +111,7 @@ __all__ = [
     "REPLACE_ONE",
     "AdaDPSynConfig",
     "AdaDPSynSynthesizer",
+    "AllowanceSpentError",
     "AnswerChoices",
     "AnswerStream",
     "AnswerTemplate",

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 __all__ = [
+    "AllowanceSpentError",
     "BackendError",
     "BudgetExhaustedError",
     "BudgetMismatchError",
@@ -116,6 +117,12 @@ class BudgetExhaustedError(DPICLError):
         self.requested_epsilon = requested_epsilon
         self.remaining_epsilon = remaining_epsilon
         self.total_epsilon = total_epsilon
+
+
+class AllowanceSpentError(BudgetExhaustedError):
+    """A draw on an allowance was refused: the draws under its cover would pass its filter's caps
+    (:mod:`~dp_icl_plugin.accounting.allowance`); nothing was committed. The ledger itself may have room: the
+    allowance is what is spent."""
 
 
 class ShareExhaustedError(BudgetExhaustedError):

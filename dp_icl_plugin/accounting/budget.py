@@ -55,14 +55,26 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from dp_icl_plugin._storage.postgres_connection import POSTGRES_SCHEMES
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.accountants import Accountant, TightestAccountant, get_accountant, left_over
+from dp_icl_plugin.accounting.allowance import (
+    admits,
+    allowance_budget,
+    allowance_orders,
+    allowance_owner,
+    draw_cost,
+    drawn,
+    epsilon_spent,
+)
 from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.neighbouring import PER_RECORD
 from dp_icl_plugin.accounting.privacy import PrivacyBudget, PrivacySpend
 from dp_icl_plugin.accounting.stores import InMemoryStore, LedgerStore, LedgerTransaction, PostgresStore, SQLiteStore
 from dp_icl_plugin.errors import (
+    AllowanceSpentError,
     BudgetExhaustedError,
     ConfigurationError,
     ConfigurationTypeError,
@@ -402,6 +414,9 @@ class BudgetManager:
                     "cover must be charged first); nothing was committed"
                 )
             cover = ev.event_from_dict(json.loads(row.event_key))
+            if allowance_owner(row.label) is not None:
+                self._check_draw(tx, entry_id, row.label, cover, event, label)
+                continue
             cover_owner = _cover_owner(row.label)
             if cover_owner is None or not isinstance(cover, ev.ApproxDPEvent) or cover.neighbouring != ev.ADD_REMOVE:
                 raise ConfigurationError(
@@ -425,6 +440,41 @@ class BudgetManager:
                     f"than its cover (entry {entry_id}: epsilon={cover.epsilon}) holds; the filter could admit no unit "
                     "to it; nothing was committed"
                 )
+
+    def _check_draw(
+        self,
+        tx: LedgerTransaction,
+        cover_id: int,
+        cover_label: str,
+        cover: ev.DPEvent,
+        event: ev.DPEvent,
+        label: str | None,
+    ) -> None:
+        """Refuse a draw on the allowance whose cover is entry ``cover_id`` unless it is labelled as one of its
+        draws and every draw under the cover so far plus ``event``'s own fit the cover's caps
+        (:mod:`~dp_icl_plugin.accounting.allowance`), all read in this transaction."""
+        component, owner = allowance_owner(cover_label) or ("", "")
+        if label is not None and _release_owner(label, component) != owner:
+            raise ConfigurationError(
+                f"allowance draw: entry {cover_id} is the allowance {cover_label!r}, and its draws are labelled "
+                f"'{component}-<kind>:{owner}', not {label!r}; nothing was committed"
+            )
+        relation = self._budget.neighbouring
+        budget = allowance_budget(cover, relation, allowance_orders(cover_label))
+        cost = np.zeros(len(budget.orders))
+        for atom, n in ev.atoms(event).items():
+            if isinstance(atom, ev.FilteredReleaseEvent) and atom.covered_by == cover_id:
+                cost = cost + n * draw_cost(atom.per_unit, relation, budget.orders)
+        spent = drawn(tx.event_counts(), cover_id, relation, budget.orders)
+        if not admits(budget, spent, cost):
+            used = epsilon_spent(budget, spent)
+            raise AllowanceSpentError(
+                f"allowance {cover_label!r} (entry {cover_id}: epsilon={budget.epsilon}, delta={budget.delta}) "
+                f"cannot pay this draw: its draws so far used epsilon {used:.4g} of it; nothing was committed",
+                requested_epsilon=epsilon_spent(budget, cost),
+                remaining_epsilon=_remaining(budget.epsilon, used),
+                total_epsilon=epsilon_spent(budget, spent + cost) if np.isfinite(spent + cost).any() else math.inf,
+            )
 
     def _converted(self, event: ev.DPEvent) -> ev.DPEvent:
         return to_relation(event, self._budget.neighbouring)

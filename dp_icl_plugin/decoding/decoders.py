@@ -63,8 +63,10 @@ from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
+from dp_icl_plugin.accounting.individual_filter import FILTER_ORDERS
 from dp_icl_plugin.accounting.neighbouring import ADD_REMOVE, PER_RECORD
 from dp_icl_plugin.backends.base import NextTokenBackend, check_top_k, context_limit
+from dp_icl_plugin.backends.public_rows import public_scope
 from dp_icl_plugin.backends.shared_rows import public_suffix, start_rows
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.data.units import all_elements, records_of, require_units
@@ -76,9 +78,22 @@ from dp_icl_plugin.decoding.contract import (
     Query,
     check_query,
 )
+from dp_icl_plugin.decoding.pay_as_you_go import (
+    PerToken,
+    TokenAllowance,
+    allowance_delta,
+    calibrate_per_token,
+    per_token_settings,
+)
 from dp_icl_plugin.decoding.shares import BudgetShare, ClipBlendSettings, MozoSettings
 from dp_icl_plugin.decoding.structured import JSONSchemaAnswers, json_schema_of, with_instruction
-from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError, ShareExhaustedError, iterate_after_charge
+from dp_icl_plugin.errors import (
+    AllowanceSpentError,
+    ConfigurationError,
+    ConfigurationTypeError,
+    ShareExhaustedError,
+    iterate_after_charge,
+)
 from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX
 from dp_icl_plugin.mechanisms.token_shift import log_odds_shift, mozo_shift, warn_if_weak
 from dp_icl_plugin.steps.clip_blend_step import ClipBlendStep, assign_groups
@@ -191,6 +206,8 @@ class _Decoder:
         self._schemas: dict[str, JSONSchemaAnswers] = {}  # compiled per schema (public)
         self._schemas_lock = threading.Lock()
         self.n_queries: int | None = None  # answers the share covers (set by decoders that calibrate per answer)
+        self.allowance: TokenAllowance | None = None  # pay per token (pay_as_you_go): the share on the ledger
+        self.when_spent = "stop"
         self._answered = 0
         self._answers_lock = threading.Lock()  # the count and the charge together
 
@@ -252,6 +269,56 @@ class _Decoder:
             return check.positive_finite(name, given)
         steps = self.n_queries * self._steps(self.max_tokens)
         return float(calibrate(check.positive_finite("epsilon", epsilon), self.delta, steps))
+
+    def _per_token_share(
+        self,
+        per_token: PerToken,
+        *,
+        epsilon: float | None,
+        delta: float | None,
+        given: float | None,
+        name: str,
+        token_event: Callable[[float], ev.DPEvent],
+        lo: float,
+        hi: float,
+        find: str,
+        orders: tuple[float, ...] = FILTER_ORDERS,
+    ) -> float:
+        """Open this decoder's allowance (:mod:`~dp_icl_plugin.decoding.pay_as_you_go`) for the share ``epsilon``
+        at δ (:func:`share_delta`) and return the noise parameter whose :attr:`n_queries` answers of
+        ``per_token.expected_tokens`` tokens fit it (the search's value: β, or 1/τ).
+
+        Raises:
+            ConfigurationError: no ``epsilon``, or ``given`` too (the allowance is the share), or a bad setting.
+            CalibrationError: nothing in ``[lo, hi]`` fits.
+        """
+        if epsilon is None or given is not None:
+            raise ConfigurationError(
+                f"pay_per_token needs epsilon (the allowance) and calibrates {name}: give epsilon, not {name}"
+            )
+        assert self.n_queries is not None
+        expected = self.max_tokens if per_token.expected_tokens is None else per_token.expected_tokens
+        if expected > self.max_tokens:
+            raise ConfigurationError(f"expected_tokens = {expected} exceeds max_tokens = {self.max_tokens}")
+        self.delta = allowance_delta(delta, self.budget)
+        self.when_spent = per_token.when_spent
+        self.allowance = TokenAllowance(
+            self.budget,
+            component=self.kind,
+            epsilon=check.positive_finite("epsilon", epsilon),
+            delta=self.delta,
+            name=per_token.allowance_name,
+            orders=orders,
+        )
+        return calibrate_per_token(
+            token_event,
+            steps=self.n_queries * self._steps(expected),
+            filter_budget=self.allowance.filter,
+            neighbouring=self.budget.neighbouring,
+            lo=lo,
+            hi=hi,
+            find=find,
+        )
 
     # -- the Decoder contract (dp_icl_plugin.decoding.contract) -------------------------------------------
     @property
@@ -490,7 +557,7 @@ class _Decoder:
         if state.cancelled.is_set():  # the caller gave up before its answer began: nothing to pay for
             return
         with self._answers_lock:
-            if self.n_queries is not None and self._answered >= self.n_queries:
+            if self.allowance is None and self.n_queries is not None and self._answered >= self.n_queries:
                 raise self._share_spent(limit)
             assert state.steps is not None  # set by stream(), before the charge
             charge, paid = self._charge(prompt, state.steps)
@@ -502,8 +569,11 @@ class _Decoder:
 
     @property
     def answers_left(self) -> int | None:
-        """Answers this decoder's share still covers (None: no count, its records' own filters bound them)."""
-        return None if self.n_queries is None else max(self.n_queries - self._answered, 0)
+        """Answers this decoder's share still covers (None: no count; its records' own filters, or its allowance
+        paid per token, bound them)."""
+        if self.n_queries is None or self.allowance is not None:
+            return None
+        return max(self.n_queries - self._answered, 0)
 
     def check_answers_left(self, answers: int) -> None:
         """Refuse, before any is charged, ``answers`` answers (a batch) when this decoder's share covers fewer:
@@ -539,7 +609,34 @@ class _Decoder:
         """Charge one answer of at most ``steps`` token mechanisms (nothing private computed yet); returns the
         committed ledger entry and what the answer's tokens are drawn from (here nothing beyond the decoder's
         records)."""
-        return self.budget.spend(self._steps_event(steps), label=f"{self.kind}-answer"), None
+        if self.allowance is None:
+            return self.budget.spend(self._steps_event(steps), label=f"{self.kind}-answer"), None
+        # per token: the answer's first token mechanism is drawn now (a refusal: nothing computed), each next one
+        # right before it runs (_TokenMeter.pay)
+        meter = _TokenMeter(self.allowance, self._steps_event(1))
+        return meter.first, meter
+
+    @staticmethod
+    def _pay(paid: Any) -> bool:
+        """Before a token mechanism runs: whether it is paid (per answer: it is; per token: a draw now)."""
+        return not isinstance(paid, _TokenMeter) or paid.pay()
+
+    def _after_allowance(self, prompt, generated: list[int], limit: int, rule: Any) -> Generator[int, None, None]:
+        """The rest of an answer whose allowance could not pay its next token: nothing (``when_spent="stop"``), or
+        the public model's greedy tokens (``"public"``): the zero-shot prompt and the released tokens only."""
+        if self.when_spent != "public" or len(generated) >= limit:
+            return
+        with public_scope(self.backend):
+            session = start_rows(self.backend, [[*self._ids(prompt, None, reserve=limit - 1), *generated]], public=1)
+        with closing(session):
+            row = np.asarray(session.logprobs)
+            while len(generated) < limit:
+                forced = self._forced(generated, rule)
+                token = forced if forced is not None else self._draw(_greedy, row, generated, rule)
+                generated.append(token)
+                yield token
+                if len(generated) < limit:
+                    row = np.asarray(session.append([token]))
 
     def _pieces(self, prompt, limit, stops, rng, state: AnswerState, paid: Any) -> Iterator[str]:
         rule = state.rule
@@ -693,7 +790,12 @@ class MozoDecoder(_DatasetDecoder):
         template: AnswerTemplate | None = None,
         fixed_latency: float | FixedLatency | None = None,
         choices: Sequence[str] | AnswerChoices | None = None,
+        pay_per_token: bool = False,
+        allowance_name: str | None = None,
+        when_spent: str = "stop",
+        expected_tokens: int | None = None,
     ) -> None:
+        per_token = per_token_settings(pay_per_token, allowance_name, when_spent, expected_tokens)
         super().__init__(
             dataset,
             backend=backend,
@@ -715,17 +817,33 @@ class MozoDecoder(_DatasetDecoder):
         if self.n_shots > len(self._elements):
             raise ConfigurationError(f"n_shots = {self.n_shots} exceeds the {len(self._elements)} {what}")
         self.sampling_rate = self.n_shots / len(self._elements)
-        self.beta = self._share_noise(
-            epsilon,
-            delta,
-            beta,
-            name="beta",
-            calibrate=lambda eps, dlt, steps: (
-                calibrate_mozo(
-                    epsilon=eps, delta=dlt, sampling_rate=self.sampling_rate, steps=steps, order=self.order
-                ).value
-            ),
-        )
+        if per_token is not None:
+            self.beta = self._per_token_share(
+                per_token,
+                epsilon=epsilon,
+                delta=delta,
+                given=beta,
+                name="beta",
+                token_event=lambda b: self._per_unit(
+                    me.mozo_event(beta=b, order=self.order, sampling_rate=self.sampling_rate, steps=1)
+                ),
+                lo=1e-9,
+                hi=100.0,
+                find="largest",
+                orders=(self.order,),  # the token is analysed at orders up to α: one order, no δ split
+            )
+        else:
+            self.beta = self._share_noise(
+                epsilon,
+                delta,
+                beta,
+                name="beta",
+                calibrate=lambda eps, dlt, steps: (
+                    calibrate_mozo(
+                        epsilon=eps, delta=dlt, sampling_rate=self.sampling_rate, steps=steps, order=self.order
+                    ).value
+                ),
+            )
         warn_if_weak(
             f"DPS-MOZO at beta = {self.beta:.3g}",
             mozo_shift(self.beta, self.order),
@@ -848,11 +966,16 @@ class MozoDecoder(_DatasetDecoder):
             for _ in range(limit):
                 forced = self._forced(generated, rule)
                 if forced is None:
+                    if not self._pay(paid):
+                        break
                     token = self._draw(lambda rows: step.release(rows, rng), step.rows(generated, rng), generated, rule)
                 else:  # public: no records drawn, no mechanism, no step charged
                     token = forced
                 generated.append(token)
                 yield token
+            else:
+                return
+        yield from self._after_allowance(prompt, generated, limit, rule)
 
 
 class ClipBlendDecoder(_DatasetDecoder):
@@ -905,7 +1028,12 @@ class ClipBlendDecoder(_DatasetDecoder):
         template: AnswerTemplate | None = None,
         fixed_latency: float | FixedLatency | None = None,
         choices: Sequence[str] | AnswerChoices | None = None,
+        pay_per_token: bool = False,
+        allowance_name: str | None = None,
+        when_spent: str = "stop",
+        expected_tokens: int | None = None,
     ) -> None:
+        per_token = per_token_settings(pay_per_token, allowance_name, when_spent, expected_tokens)
         super().__init__(
             dataset,
             backend=backend,
@@ -931,22 +1059,43 @@ class ClipBlendDecoder(_DatasetDecoder):
         self.clip = check.positive_finite("clip", clip)
         if not isinstance(rng_subset, np.random.Generator):
             raise ConfigurationTypeError("rng_subset must be a numpy.random.Generator")
-        self.temperature = self._share_noise(
-            epsilon,
-            delta,
-            temperature,
-            name="temperature",
-            calibrate=lambda eps, dlt, steps: (
-                calibrate_clip_blend_temperature(
-                    epsilon=eps,
-                    delta=dlt,
-                    clip=self.clip,
-                    subset_size=self.subset_size,
-                    steps=steps,
-                    neighbouring=self.neighbouring,
-                ).value
-            ),
-        )
+        if per_token is not None:
+            self.temperature = 1.0 / self._per_token_share(
+                per_token,
+                epsilon=epsilon,
+                delta=delta,
+                given=temperature,
+                name="temperature",
+                token_event=lambda inv_tau: self._per_unit(
+                    me.clip_blend_event(
+                        clip=self.clip,
+                        subset_size=self.subset_size,
+                        temperature=1.0 / inv_tau,
+                        steps=1,
+                        neighbouring=self.neighbouring,
+                    )
+                ),
+                lo=1e-9,
+                hi=1e3 * self.subset_size / self.clip,
+                find="largest",
+            )
+        else:
+            self.temperature = self._share_noise(
+                epsilon,
+                delta,
+                temperature,
+                name="temperature",
+                calibrate=lambda eps, dlt, steps: (
+                    calibrate_clip_blend_temperature(
+                        epsilon=eps,
+                        delta=dlt,
+                        clip=self.clip,
+                        subset_size=self.subset_size,
+                        steps=steps,
+                        neighbouring=self.neighbouring,
+                    ).value
+                ),
+            )
         warn_if_weak(
             f"clip-blend at temperature {self.temperature:.3g} (clip {self.clip:g})",
             log_odds_shift(self.clip / self.temperature),
@@ -1086,9 +1235,14 @@ class ClipBlendDecoder(_DatasetDecoder):
             step = ClipBlendStep(session, clip=self.clip, subset_size=self.subset_size, temperature=self.temperature)
             generated: list[int] = []
             for _ in range(limit):
+                if self._forced(generated, rule) is None and not self._pay(paid):
+                    break
                 token = self._draw(lambda rows: step.release(rows, rng), step.rows(generated, rng), generated, rule)
                 generated.append(token)
                 yield token
+            else:
+                return
+        yield from self._after_allowance(prompt, generated, limit, rule)
 
 
 def _keywords(config: Any, kind: type) -> dict[str, Any]:
@@ -1100,3 +1254,36 @@ def _keywords(config: Any, kind: type) -> dict[str, Any]:
 
 def _share_keywords(share: BudgetShare) -> dict[str, Any]:
     return _keywords(share, BudgetShare)
+
+
+def _greedy(rows: np.ndarray) -> int:
+    """The public row's most likely token (what an answer goes on with once its allowance is spent)."""
+    return int(np.argmax(rows[0]))
+
+
+class _TokenMeter:
+    """One answer's draws on its decoder's allowance: the first made when the answer is charged, then one before
+    each token mechanism; once one is refused the answer pays nothing more (the refusal is public: it depends on
+    earlier draws only)."""
+
+    def __init__(self, allowance: TokenAllowance, token_event: ev.DPEvent) -> None:
+        self.allowance = allowance
+        self.token_event = token_event
+        self.first = allowance.draw(token_event)  # AllowanceSpentError: the answer is refused, nothing computed
+        self._prepaid = True
+        self.paid = 1
+        self.refused = False
+
+    def pay(self) -> bool:
+        if self._prepaid:
+            self._prepaid = False
+            return True
+        if self.refused:
+            return False
+        try:
+            self.allowance.draw(self.token_event)
+        except AllowanceSpentError:
+            self.refused = True
+            return False
+        self.paid += 1
+        return True
