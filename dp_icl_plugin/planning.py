@@ -17,9 +17,14 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.accounting import method_events as me
+from dp_icl_plugin.accounting.allowance import allowance_budget
 from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperature, calibrate_mozo
+from dp_icl_plugin.accounting.individual_filter import FILTER_ORDERS
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
 from dp_icl_plugin.decoding.knn_experts import filter_budget_for
+from dp_icl_plugin.decoding.pay_as_you_go import ALLOWANCE_DELTA_SHARE, calibrate_per_token
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
 from dp_icl_plugin.mechanisms.token_shift import (
@@ -43,7 +48,7 @@ class MethodOutlook:
 
     Attributes:
         method: the method's name.
-        pays: ``"per answer"`` or ``"once"``.
+        pays: ``"per answer"``, ``"per token"`` or ``"once"``.
         settings: what it would run with (calibrated noise, temperature, β, ...).
         token_shift: the most probability the records can add to one token (None where it does not apply).
         verdict: ``"useful"``, ``"weak"``, ``"useless"`` (or ``"refused"`` where the component would refuse).
@@ -112,6 +117,7 @@ def plan(
     vocab_size: int = 49152,
     agreeing: int = 10,
     paid_tokens: int = 2,
+    expected_tokens: int | None = None,
 ) -> Plan:
     """What each method would do with (ε, δ) for ``answers`` answers of ``tokens`` tokens over ``records``
     records, and which to use. Never charges anything.
@@ -137,6 +143,9 @@ def plan(
         agreeing: how many records you expect to share a fact (a fix, a label's cue): the plan gives the ε at
             which that many would tip a token through expert decoding.
         paid_tokens: sparse expert decoding's paid tokens per answer (the rest are the public greedy answer).
+        expected_tokens: the tokens an answer is expected to run (public; default ``tokens``): DPS-MOZO and
+            clip-blend paid per token (``pay_per_token=True``) calibrate for ``answers`` answers of this many, on an
+            allowance of ε at a tenth of δ (:mod:`~dp_icl_plugin.decoding.pay_as_you_go`).
 
     Raises:
         ConfigurationError: a setting out of range.
@@ -150,6 +159,9 @@ def plan(
     s = min(n, k) if subset_size is None else check.positive_int("subset_size", subset_size)
     j = check.positive_int("agreeing", agreeing)
     paid = check.positive_int("paid_tokens", paid_tokens)
+    e = t if expected_tokens is None else check.positive_int("expected_tokens", expected_tokens)
+    if e > t:
+        raise ConfigurationError(f"expected_tokens ({e}) cannot exceed tokens ({t}), the longest answer")
     if n_shots > n or s > n:
         raise ConfigurationError(f"n_shots ({n_shots}) and subset_size ({s}) cannot exceed the {n} records")
     inputs = {
@@ -163,10 +175,15 @@ def plan(
         "candidates_per_answer": c,
         "agreeing": j,
         "paid_tokens": paid,
+        "expected_tokens": e,
     }
     out = [
         _outlook("dps-mozo decoding", lambda: _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel)),
         _outlook("clip-blend decoding", lambda: _clip_blend(eps, dlt, a, t, s, clip, rel)),
+        _outlook(
+            "dps-mozo decoding, paid per token", lambda: _mozo_per_token(eps, dlt, n, a, e, n_shots, mozo_order, rel)
+        ),
+        _outlook("clip-blend decoding, paid per token", lambda: _clip_blend_per_token(eps, dlt, a, e, s, clip, rel)),
         _outlook("knn expert decoding", lambda: _experts(eps, dlt, n, a, t, k, c, rel, j)),
         _outlook("knn sparse expert decoding", lambda: _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid)),
         _outlook(
@@ -198,6 +215,61 @@ def _mozo(eps, dlt, n, a, t, n_shots, order, rel) -> MethodOutlook:
         verdict(shift),
         f"the records add at most {shift:.3g} to a token's probability around the zero-shot row "
         f"sharpened {n_shots}-fold (near-greedy zero-shot)",
+    )
+
+
+def _allowance(eps: float, dlt: float, rel: str, orders: tuple[float, ...] = FILTER_ORDERS):
+    """The filter of a per-token allowance of ε at the decoders' default δ share (public arithmetic)."""
+    cover = ev.ApproxDPEvent(eps, dlt * ALLOWANCE_DELTA_SHARE, neighbouring=rel)
+    return allowance_budget(cover, rel, orders)
+
+
+def _mozo_per_token(eps, dlt, n, a, e, n_shots, order, rel) -> MethodOutlook:
+    name = "dps-mozo decoding, paid per token"
+    if rel != REPLACE_ONE:
+        return MethodOutlook(name, "per token", {}, None, "refused", "DPS-MOZO needs a replace-one ledger")
+    q = n_shots / n
+    beta = calibrate_per_token(
+        lambda b: me.mozo_event(beta=b, order=order, sampling_rate=q, steps=1),
+        steps=a * e,
+        filter_budget=_allowance(eps, dlt, rel, (order,)),
+        neighbouring=rel,
+        lo=1e-9,
+        hi=100.0,
+        find="largest",
+    )
+    shift = mozo_shift(beta, order)
+    return MethodOutlook(
+        name,
+        "per token",
+        {"beta": beta, "n_shots": n_shots, "tokens_paid": a * e},
+        shift,
+        verdict(shift),
+        f"an allowance paying {a * e} token mechanisms ({a} answers of {e} tokens on average; each answer pays the "
+        f"tokens it ran): the records add at most {shift:.3g} to a token's probability",
+    )
+
+
+def _clip_blend_per_token(eps, dlt, a, e, s, clip, rel) -> MethodOutlook:
+    inv_tau = calibrate_per_token(
+        lambda x: me.clip_blend_event(clip=clip, subset_size=s, temperature=1.0 / x, steps=1, neighbouring=rel),
+        steps=a * e,
+        filter_budget=_allowance(eps, dlt, rel),
+        neighbouring=rel,
+        lo=1e-9,
+        hi=1e3 * s / clip,
+        find="largest",
+    )
+    nats = clip * inv_tau
+    shift = log_odds_shift(nats)
+    return MethodOutlook(
+        "clip-blend decoding, paid per token",
+        "per token",
+        {"temperature": 1.0 / inv_tau, "clip": clip, "subset_size": s, "log_odds_range": nats, "tokens_paid": a * e},
+        shift,
+        verdict(shift),
+        f"an allowance paying {a * e} token mechanisms ({a} answers of {e} tokens on average): the {s} records "
+        f"of one fixed subset add at most {nats:.3g} nats to a token's log-odds",
     )
 
 

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from postgres_server import postgres_database_fixture, postgres_server_fixture  # noqa: F401
+from test_decoding import Counting, backend, clip, mozo
 
 from dp_icl_plugin import (
     AllowanceSpentError,
@@ -32,9 +34,6 @@ from dp_icl_plugin.accounting.allowance import allowance_budget, draw_cost, epsi
 from dp_icl_plugin.accounting.rdp import rdp_to_epsilon
 from dp_icl_plugin.decoding.pay_as_you_go import TokenAllowance, calibrate_per_token
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_decoding import Counting, backend, clip, mozo
-
 # the decoders' weak-release warning (tiny shares on a fake model) is beside the point here
 pytestmark = pytest.mark.filterwarnings("ignore::dp_icl_plugin.errors.WeakReleaseWarning")
 
@@ -42,7 +41,7 @@ LEDGER = PrivacyBudget(8.0, 1e-3)
 TOKEN = me.mozo_event(beta=0.05, order=8.0, sampling_rate=0.01, steps=1)  # 160 fit an allowance of ε = 2
 
 
-def ledger(where: Path | None = None) -> BudgetManager:
+def ledger(where: str | Path | None = None) -> BudgetManager:
     return BudgetManager(LEDGER, ledger=where)
 
 
@@ -170,8 +169,11 @@ WORKER = textwrap.dedent(
 )
 
 
-def test_processes_and_threads_drawing_on_one_allowance_admit_exactly_its_capacity(tmp_path: Path) -> None:
-    where = tmp_path / "race.db"
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_processes_and_threads_drawing_on_one_allowance_admit_exactly_its_capacity(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    where: str | Path = request.getfixturevalue("pg_dsn") if store == "postgresql" else tmp_path / "race.db"
     m = ledger(where)
     allowance = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="shared")
     token = me.mozo_event(beta=0.1, order=8.0, sampling_rate=0.01, steps=1)  # 23 fit

@@ -28,6 +28,12 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
   restaurants than the query's, as the records name other restaurants than the test MRs), never the records.
 - ``DPS-MOZO decoding``: :class:`MozoDecoder` (ε for the run's answers, β calibrated).
 - ``clip-blend decoding``: :class:`ClipBlendDecoder` (a fixed subset of 40 records, τ calibrated).
+- ``..., paid per token`` (``--methods mozo-per-token,clip-blend-per-token``): the same decoders with
+  ``pay_per_token=True``: the row's ε is an allowance (at δ/10, so that its cover leaves the ledger's δ room)
+  drawn on once per token mechanism; the noise calibrated for the queries' answers of ``--expected-tokens``
+  tokens (default: the mean length, EOS included, of the greedy zero-shot answers to 50 tune queries: public).
+  Every MOZO and clip-blend row records the tokens its answers ran and what an answer paid as ε beside its
+  worst-case charge (:meth:`Harness._answer_all_paid`).
 - ``kNN vote`` (classification): :meth:`PrivateKNN.vote`, report-noisy-max over the k nearest labels (no LLM).
 - ``kNN keyword answer`` (e2e): :meth:`PrivateKNN.answer`; refused before any charge when no keyword could
   pass its threshold (then the row says so).
@@ -263,6 +269,7 @@ class Harness:
             self.choices = AnswerChoices(self.backend(1), task.labels)
         self.rows: list[dict] = []
         self.on_row: Callable[[], None] = lambda: None
+        self._expected: int | None = None  # expected_tokens, once computed
         self.zero: np.ndarray | None = None
 
     def backend(self, rows: int):
@@ -422,7 +429,68 @@ class Harness:
             warned=[str(w.message)[:120] for w in caught],
         )
 
-    def mozo(self, epsilon: float) -> None:
+    def expected_tokens(self) -> int:
+        """The token mechanisms an answer is expected to run, from public data only: the mean length (its EOS
+        included) of the greedy zero-shot answers to the first 50 tune queries, rounded up (``--expected-tokens``
+        overrides it). What a per-token share is calibrated for."""
+        from dp_icl_plugin.backends.generation import greedy_generate
+
+        if self.args.expected_tokens is not None:
+            return int(self.args.expected_tokens)
+        if self._expected is None:
+            b = self.backend(1)
+            prompts = [
+                b.encode(self.template.zero_shot_prompt(q), add_special_tokens=True)
+                for q in self.task.tune_queries[:50]
+            ]
+            outs = greedy_generate(b, prompts, max_new_tokens=self.task.max_tokens)
+            ran = [min(len(o) + 1, self.task.max_tokens) for o in outs]  # + the EOS that ended it, within the limit
+            self._expected = min(self.task.max_tokens, math.ceil(float(np.mean(ran))))
+        return self._expected
+
+    def _per_token(self, per_token: bool) -> dict:
+        return {"pay_per_token": True, "expected_tokens": self.expected_tokens()} if per_token else {}
+
+    def _answer_all_paid(self, decoder, seed: int) -> tuple[list[str], dict]:
+        """Every query's answer, and what the answers paid: the token mechanisms each ran (per token: the draws
+        on its allowance; per answer: its tokens, the EOS that ended it included) beside the answer's worst case,
+        and both as ε at the row's δ (the tightest accountant, one answer alone)."""
+        from dp_icl_plugin.accounting.accountants import tightest
+
+        rng = np.random.default_rng(seed)
+        outs, ran = [], []
+        for q in self.task.queries:
+            before = decoder.allowance.spent()[0] if decoder.allowance is not None else 0
+            answer = decoder.generate(q, rng=rng)
+            outs.append(answer.text.strip())
+            if decoder.allowance is not None:
+                ran.append(decoder.allowance.spent()[0] - before)
+            else:
+                ran.append(
+                    len(answer.token_ids)
+                    + (answer.finish_reason == "stop" and len(answer.token_ids) < decoder.max_tokens)
+                )
+        acc = tightest()
+        paid = [acc.epsilon(decoder._steps_event(max(n, 1)), delta=DELTA) for n in ran]
+        worst = acc.epsilon(decoder.answer_event(), delta=DELTA)
+        return outs, {
+            "tokens_ran_mean": float(np.mean(ran)),
+            "tokens_worst_case": decoder.max_tokens,
+            "answer_epsilon_ran_mean": float(np.mean(paid)),
+            "answer_epsilon_worst_case": worst,
+            "per_token": decoder.allowance is not None,
+            **(
+                {
+                    "expected_tokens": self.expected_tokens(),
+                    "allowance_draws": decoder.allowance.spent()[0],
+                    "allowance_epsilon_used": decoder.allowance.spent()[1],
+                }
+                if decoder.allowance is not None
+                else {}
+            ),
+        }
+
+    def mozo(self, epsilon: float, per_token: bool = False) -> None:
         from dp_icl_plugin.decoding.decoders import MozoDecoder
 
         started = time.perf_counter()
@@ -435,21 +503,24 @@ class Harness:
                 n_queries=len(self.task.queries),
                 max_tokens=self.task.max_tokens,
                 epsilon=epsilon,
-                delta=DELTA,
+                delta=DELTA / 10 if per_token else DELTA,  # an allowance's cover must leave the ledger's δ room
                 order={1.0: 14.0, 2.0: 8.0}.get(epsilon, 5.0),
                 template=self.template,
                 choices=self._labels(),
+                **self._per_token(per_token),
             )
+        outs, paid = self._answer_all_paid(decoder, 12)
         self.add(
-            "DPS-MOZO decoding",
+            "DPS-MOZO decoding, paid per token" if per_token else "DPS-MOZO decoding",
             epsilon,
-            self._answer_all(decoder, 12),
+            outs,
             time.perf_counter() - started,
             beta=decoder.beta,
+            **paid,
             warned=[str(w.message)[:120] for w in caught],
         )
 
-    def clip_blend(self, epsilon: float) -> None:
+    def clip_blend(self, epsilon: float, per_token: bool = False) -> None:
         from dp_icl_plugin.decoding.decoders import ClipBlendDecoder
         from dp_icl_plugin.decoding.factory import step_rows
 
@@ -470,13 +541,16 @@ class Harness:
                 rng_subset=np.random.default_rng(13),
                 template=self.template,
                 choices=self._labels(),
+                **self._per_token(per_token),
             )
+        outs, paid = self._answer_all_paid(decoder, 14)
         self.add(
-            "clip-blend decoding (s = 40)",
+            "clip-blend decoding (s = 40), paid per token" if per_token else "clip-blend decoding (s = 40)",
             epsilon,
-            self._answer_all(decoder, 14),
+            outs,
             time.perf_counter() - started,
             temperature=decoder.temperature,
+            **paid,
             warned=[str(w.message)[:120] for w in caught],
         )
 
@@ -836,6 +910,12 @@ def main() -> None:
     parser.add_argument("--vote-k", type=int, default=40, help="the kNN vote's k (default 40)")
     parser.add_argument("--paid-tokens", type=int, default=2, help="sparse expert decoding's paid tokens (default 2)")
     parser.add_argument(
+        "--expected-tokens",
+        type=int,
+        default=None,
+        help="the per-token rows' expected tokens an answer (default: the tune queries' greedy zero-shot mean)",
+    )
+    parser.add_argument(
         "--free-answers",
         action="store_true",
         help="classification: let answers be any text (default: restricted to the labels)",
@@ -920,6 +1000,8 @@ def main() -> None:
                     "sparse": lambda e, h=h: h.experts(e, args.paid_tokens),
                     "mozo": h.mozo,
                     "clip-blend": h.clip_blend,
+                    "mozo-per-token": lambda e, h=h: h.mozo(e, per_token=True),
+                    "clip-blend-per-token": lambda e, h=h: h.clip_blend(e, per_token=True),
                     "vote": h.vote,
                     "keywords": h.keywords,
                     "mozo-offline": h.mozo_offline,

@@ -55,6 +55,13 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
         default=2,
         help="sparse expert decoding: tokens of an answer drawn from the records and paid, the rest public (default 2)",
     )
+    p.add_argument(
+        "--expected-tokens",
+        type=integer,
+        default=None,
+        help="DPS-MOZO and clip-blend paid per token (pay_per_token=True): the tokens an answer is expected to run, "
+        "EOS included; each answer pays what it ran (default: --tokens)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -74,4 +81,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         vocab_size=args.vocab_size,
         agreeing=args.agreeing,
         paid_tokens=args.paid_tokens,
+        expected_tokens=args.expected_tokens,
     ).as_dict()

@@ -397,7 +397,9 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
 
     Spend: every charge is emitted as the custom callback event ``dp_icl_spend`` (``ledger_entry``,
     ``release``, ``ledger_epsilon``) and put into ``response_metadata``; ``usage_metadata`` counts the
-    public prompt and the generated tokens only.
+    public prompt and the generated tokens only. A decoder paid per token (``pay_per_token=True``) reports an
+    answer's first draw on its allowance; its later draws are on the ledger (``BudgetManager.on_charge`` sees
+    each one).
     """
 
     decoder: Any = Field(exclude=True, repr=False)
@@ -751,7 +753,7 @@ class DPICLLLM(_DPModelMixin, LLM):
         ```
 
     Spend: every charge is emitted as the custom callback event ``dp_icl_spend``; ``generation_info``
-    carries the same payload.
+    carries the same payload (paid per token: the answer's first draw, as the chat model).
     """
 
     decoder: Any = Field(exclude=True, repr=False)

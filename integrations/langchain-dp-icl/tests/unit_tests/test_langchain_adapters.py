@@ -42,6 +42,7 @@ from langchain_dp_icl import DPICLLLM, ChatDPICL, ChatZeroShot, DPICLExampleSele
 from pydantic import ValidationError
 
 from dp_icl_plugin import (
+    AllowanceSpentError,
     BudgetExhaustedError,
     BudgetManager,
     ConfigurationError,
@@ -741,3 +742,37 @@ def test_every_adapter_accepts_units_and_charges_per_unit() -> None:
     knn = unit_knn_core()
     DPICLRetriever(knn=knn, rng=np.random.default_rng(0), mode="answer").invoke("where did the cat sit?")
     assert {e.event.privacy_unit for e in knn.budget.history()} == {"unit"}
+
+
+def test_a_decoder_paid_per_token_answers_through_the_chat_model_and_the_llm() -> None:
+    """pay_per_token: an answer draws on its decoder's allowance once per token mechanism; the adapters report its
+    first draw (``ledger_entry``), and once the allowance is spent the next call is refused before anything runs."""
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3))
+    decoder = MozoDecoder(
+        dataset(),
+        backend=backend(),
+        budget=ledger,
+        n_queries=2,
+        max_tokens=4,
+        epsilon=6.0,
+        top_k=20,
+        pay_per_token=True,
+    )
+    assert decoder.allowance is not None
+    chat, llm = ChatDPICL(decoder=decoder, seed=0), DPICLLLM(decoder=decoder, seed=0)
+    handler = SpendEvents()
+    message = chat.invoke("hello", config={"callbacks": [handler]})
+    draws = [e for e in ledger.history() if e.label == decoder.allowance.draw_label]
+    assert message.response_metadata["ledger_entry"] == draws[0].id
+    assert [e[1]["ledger_entry"] for e in handler.events] == [draws[0].id]
+    assert 1 <= len(draws) <= 4 and ledger.label_counts()[decoder.allowance.label] == 1
+    assert isinstance(llm.invoke("hello"), str)
+    while True:
+        try:
+            llm.invoke("hello")
+        except AllowanceSpentError:
+            break
+    before = ledger.history()
+    with pytest.raises(AllowanceSpentError):
+        next(iter(chat.stream("hello")))
+    assert ledger.history() == before

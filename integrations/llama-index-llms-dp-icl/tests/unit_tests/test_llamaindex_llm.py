@@ -21,7 +21,7 @@ from llama_index.llms.dp_icl import DPICL
 from llama_index.retrievers.dp_icl import DPICLRetriever
 from llamaindex_fixtures import llm_and_ledger
 
-from dp_icl_plugin import BudgetManager, ConfigurationError, PrivacyBudget, PrivateDataset
+from dp_icl_plugin import AllowanceSpentError, BudgetManager, ConfigurationError, PrivacyBudget, PrivateDataset
 from dp_icl_plugin.decoding.decoders import MozoDecoder
 
 
@@ -280,3 +280,31 @@ def test_the_llm_and_the_retriever_accept_units_and_charge_per_unit() -> None:
     knn = unit_knn_core()
     DPICLRetriever(knn, rng=np.random.default_rng(0), mode="keywords").retrieve("where did the cat sit?")
     assert {e.event.privacy_unit for e in knn.budget.history()} == {"unit"}
+
+
+def test_a_decoder_paid_per_token_answers_and_is_refused_once_its_allowance_is_spent() -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3))
+    decoder = MozoDecoder(
+        dataset(),
+        backend=backend(),
+        budget=ledger,
+        n_queries=2,
+        max_tokens=4,
+        epsilon=6.0,
+        top_k=20,
+        pay_per_token=True,
+    )
+    assert decoder.allowance is not None
+    llm = DPICL(decoder, seed=0)
+    assert isinstance(llm.complete("Hello").text, str)
+    draws = ledger.label_counts()[decoder.allowance.draw_label]
+    assert 1 <= draws <= 4
+    while True:
+        try:
+            llm.complete("Hello")
+        except AllowanceSpentError:
+            break
+    before = ledger.history()
+    with pytest.raises(AllowanceSpentError):
+        llm.chat([ChatMessage(role="user", content="Hi")])
+    assert ledger.history() == before

@@ -116,7 +116,8 @@ class DPICL(CustomLLM, FunctionCallingLLM):
     ``additional_kwargs["tool_calls"]``. An agent's every step is a charged answer.
 
     Spend: every charge emits a :class:`DPSpendEvent` through LlamaIndex's instrumentation and is put into
-    the response's ``additional_kwargs``.
+    the response's ``additional_kwargs``. A decoder paid per token (``pay_per_token=True``) reports an answer's
+    first draw on its allowance; its later draws are on the ledger (``BudgetManager.on_charge`` sees each one).
     """
 
     model_name: str = "dp-icl"
