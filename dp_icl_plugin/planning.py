@@ -24,7 +24,7 @@ from dp_icl_plugin.accounting.calibration import calibrate_clip_blend_temperatur
 from dp_icl_plugin.accounting.individual_filter import FILTER_ORDERS
 from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
 from dp_icl_plugin.decoding.knn_experts import filter_budget_for
-from dp_icl_plugin.decoding.pay_as_you_go import ALLOWANCE_DELTA_SHARE, calibrate_per_token
+from dp_icl_plugin.decoding.pay_as_you_go import ALLOWANCE_DELTA_SHARE, calibrate_per_token, mozo_filter_order
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
 from dp_icl_plugin.mechanisms.token_shift import (
@@ -180,15 +180,15 @@ def plan(
     out = [
         _outlook("dps-mozo decoding", lambda: _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel)),
         _outlook("clip-blend decoding", lambda: _clip_blend(eps, dlt, a, t, s, clip, rel)),
-        _outlook(
-            "dps-mozo decoding, paid per token", lambda: _mozo_per_token(eps, dlt, n, a, e, n_shots, mozo_order, rel)
-        ),
-        _outlook("clip-blend decoding, paid per token", lambda: _clip_blend_per_token(eps, dlt, a, e, s, clip, rel)),
         _outlook("knn expert decoding", lambda: _experts(eps, dlt, n, a, t, k, c, rel, j)),
         _outlook("knn sparse expert decoding", lambda: _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid)),
         _outlook(
             "knn keyword answer", lambda: _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size, rel)
         ),
+        _outlook(
+            "dps-mozo decoding, paid per token", lambda: _mozo_per_token(eps, dlt, n, a, e, n_shots, mozo_order, rel)
+        ),
+        _outlook("clip-blend decoding, paid per token", lambda: _clip_blend_per_token(eps, dlt, a, e, s, clip, rel)),
     ]
     return Plan(inputs, out, _recommend(out, a, t), _carrying(out, n, j))
 
@@ -232,7 +232,7 @@ def _mozo_per_token(eps, dlt, n, a, e, n_shots, order, rel) -> MethodOutlook:
     beta = calibrate_per_token(
         lambda b: me.mozo_event(beta=b, order=order, sampling_rate=q, steps=1),
         steps=a * e,
-        filter_budget=_allowance(eps, dlt, rel, (order,)),
+        filter_budget=_allowance(eps, dlt, rel, (mozo_filter_order(order),)),
         neighbouring=rel,
         lo=1e-9,
         hi=100.0,

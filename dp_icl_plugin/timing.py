@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError
 
-__all__ = ["OVERRUN_WARNING", "FixedLatency", "ReleaseCancelled", "as_fixed_latency"]
+__all__ = ["OVERRUN_WARNING", "FixedLatency", "ReleaseCancelled", "Turns", "as_fixed_latency"]
 
 _POLL = 0.05  # seconds between checks of a waiting caller's cancellation
 
@@ -48,6 +48,66 @@ OVERRUN_WARNING = (
 
 class ReleaseCancelled(Exception):
     """The caller gave up while its release waited for its window: nothing ran, nothing was charged."""
+
+
+class Turns:
+    """One block at a time, first come first served; a caller that gives up while waiting leaves its place.
+
+    Thread-safe. A block nested in another on the same thread is refused (it would wait for itself).
+    """
+
+    def __init__(self, what: str = "a release") -> None:
+        self._what = what
+        self._turns = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+        self._abandoned: set[int] = set()
+        self._owner: int | None = None  # the thread whose turn it is
+
+    @contextmanager
+    def hold(self, cancelled: threading.Event | None = None) -> Iterator[None]:
+        """Wait for this caller's turn, then run the block.
+
+        Args:
+            cancelled: set by a caller that gives up while waiting, or None.
+
+        Raises:
+            ReleaseCancelled: ``cancelled`` was set before the turn came (the block never ran).
+            ConfigurationError: a block nested in another on the same thread.
+        """
+        self._take_turn(cancelled)
+        try:
+            if cancelled is not None and cancelled.is_set():  # gave up just as its turn came: nothing runs
+                raise ReleaseCancelled
+            yield
+        finally:
+            with self._turns:
+                self._owner = None
+                self._advance()
+
+    def _take_turn(self, cancelled: threading.Event | None) -> None:
+        with self._turns:
+            if self._owner == threading.get_ident():
+                raise ConfigurationError(
+                    f"{self._what} nested inside another that takes the same turns would wait for itself; give the "
+                    "inner component its own"
+                )
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            while self._serving != ticket:
+                if cancelled is not None and cancelled.is_set():
+                    self._abandoned.add(ticket)
+                    raise ReleaseCancelled
+                self._turns.wait(timeout=_POLL)
+            self._owner = threading.get_ident()
+
+    def _advance(self) -> None:
+        """Serve the next ticket that is still waiting (the caller holds ``_turns``)."""
+        self._serving += 1
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
+        self._turns.notify_all()
 
 
 class FixedLatency:
@@ -77,12 +137,7 @@ class FixedLatency:
         self.releases = 0
         self.overruns = 0
         self._lock = threading.Lock()
-        # one window at a time, first come first served: tickets, the one being served, abandoned ones
-        self._turns = threading.Condition()
-        self._next_ticket = 0
-        self._serving = 0
-        self._abandoned: set[int] = set()
-        self._owner: int | None = None  # the thread whose window is open
+        self._turns = Turns("a release under a FixedLatency")  # one window at a time, first come first served
 
     def __repr__(self) -> str:
         return f"FixedLatency(seconds={self.seconds}, releases={self.releases}, overruns={self.overruns})"
@@ -100,40 +155,8 @@ class FixedLatency:
             ConfigurationError: a release nested in another under this policy, on the same thread (it would
                 wait for itself).
         """
-        self._take_turn(cancelled)
-        try:
-            if cancelled is not None and cancelled.is_set():  # gave up just as its turn came: no empty window
-                raise ReleaseCancelled
-            with self._window():
-                yield
-        finally:
-            with self._turns:
-                self._owner = None
-                self._advance()
-
-    def _take_turn(self, cancelled: threading.Event | None) -> None:
-        with self._turns:
-            if self._owner == threading.get_ident():
-                raise ConfigurationError(
-                    "a release nested inside another under the same FixedLatency would wait "
-                    "for itself; give the inner component its own"
-                )
-            ticket = self._next_ticket
-            self._next_ticket += 1
-            while self._serving != ticket:
-                if cancelled is not None and cancelled.is_set():
-                    self._abandoned.add(ticket)
-                    raise ReleaseCancelled
-                self._turns.wait(timeout=_POLL)
-            self._owner = threading.get_ident()
-
-    def _advance(self) -> None:
-        """Serve the next ticket that is still waiting (the caller holds ``_turns``)."""
-        self._serving += 1
-        while self._serving in self._abandoned:
-            self._abandoned.discard(self._serving)
-            self._serving += 1
-        self._turns.notify_all()
+        with self._turns.hold(cancelled), self._window():
+            yield
 
     @contextmanager
     def _window(self) -> Iterator[None]:

@@ -9,6 +9,7 @@ is shared by processes; bad settings are refused before any charge.
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -30,7 +31,13 @@ from dp_icl_plugin import (
 )
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
-from dp_icl_plugin.accounting.allowance import allowance_budget, draw_cost, epsilon_spent
+from dp_icl_plugin.accounting.allowance import (
+    allowance_budget,
+    allowance_label,
+    allowance_orders,
+    draw_cost,
+    epsilon_spent,
+)
 from dp_icl_plugin.accounting.rdp import rdp_to_epsilon
 from dp_icl_plugin.decoding.pay_as_you_go import TokenAllowance, calibrate_per_token
 
@@ -113,14 +120,20 @@ def test_a_draw_is_refused_against_anything_but_its_allowance_and_commits_nothin
     with pytest.raises(ConfigurationError, match="not a filter cover"):  # an entry that is no cover frees nothing
         m.spend(ev.FilteredReleaseEvent(TOKEN, plain.id, neighbouring="replace_one"), label="mozo-token:bot")
     # an allowance cover under the other relation is no allowance of this ledger
-    wrong = m.spend(ev.ApproxDPEvent(0.5, 1e-5, neighbouring="add_remove"), label="mozo-allowance:other")
+    wrong = m.spend(ev.ApproxDPEvent(0.5, 1e-5, neighbouring="add_remove"), label=allowance_label("mozo", "other"))
     with pytest.raises(ConfigurationError, match="under the ledger's relation"):
         m.spend(ev.FilteredReleaseEvent(TOKEN, wrong.id, neighbouring="replace_one"), label="mozo-token:other")
     # a draw with no RDP analysis cannot be checked against the caps
     approx = ev.ApproxDPEvent(0.01, 1e-9, neighbouring="replace_one")
     with pytest.raises(ConfigurationError, match="RDP releases only"):
         m.spend(ev.FilteredReleaseEvent(approx, cover.id, neighbouring="replace_one"), label="mozo-token:bot")
-    assert [e.label for e in m.history()] == [e.label for e in before] + ["mozo-answer", "mozo-allowance:other"]
+    # a draw may not carry a cover's label (it would pass for one at the next start)
+    with pytest.raises(ConfigurationError, match="labelled"):
+        m.spend(draw, label=allowance.label)
+    assert [e.label for e in m.history()] == [e.label for e in before] + [
+        "mozo-answer",
+        allowance_label("mozo", "other"),
+    ]
 
 
 def test_a_named_allowance_survives_a_restart_without_a_second_cover(tmp_path: Path) -> None:
@@ -136,7 +149,7 @@ def test_a_named_allowance_survives_a_restart_without_a_second_cover(tmp_path: P
     with pytest.raises(AllowanceSpentError):
         again.draw(TOKEN)
     assert again.spent()[0] == n
-    assert BudgetManager.open(where).label_counts()["mozo-allowance:support-bot"] == 1
+    assert BudgetManager.open(where).label_counts()[first.label] == 1
     with pytest.raises(ConfigurationError, match="another budget"):
         TokenAllowance(ledger(where), component="mozo", epsilon=2.5, delta=1e-4, name="support-bot")
     with pytest.raises(ConfigurationError, match="allowance_name"):
@@ -339,3 +352,77 @@ def test_per_token_calibration_fits_and_costs_a_little_noise_against_a_fixed_sch
         2.0,
         rel_tol=1e-4,
     )
+
+
+def test_the_filter_orders_are_written_into_the_covers_label() -> None:
+    """The orders are fixed with the cover: a later change of the default cannot change an allowance's filter."""
+    from dp_icl_plugin.accounting.individual_filter import FILTER_ORDERS
+
+    m = ledger()
+    allowance = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="bot")
+    assert allowance_orders(allowance.label) == FILTER_ORDERS and "@1.5,1.75," in allowance.label
+    assert len(allowance_label("clip-blend", "x" * 64)) <= 200
+    assert allowance_orders(TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, orders=(8.0,)).label) == (8.0,)
+
+
+def test_two_objects_of_one_named_allowance_in_a_process_pay_one_cover() -> None:
+    m = ledger()
+    a = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="replica")
+    b = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="replica")
+    a.draw(TOKEN)
+    b.draw(TOKEN)
+    assert m.label_counts()[a.label] == 1 and a.cover == b.cover
+    assert a.spent()[0] == b.spent()[0] == 2
+
+
+def test_a_refused_draws_figures_are_not_capped_at_the_allowance() -> None:
+    m = ledger()
+    allowance = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="bot")
+    huge = me.mozo_event(beta=5.0, order=8.0, sampling_rate=1.0, steps=1)
+    with pytest.raises(AllowanceSpentError) as info:
+        allowance.draw(huge)
+    assert info.value.requested_epsilon > 10 and info.value.total_epsilon >= info.value.requested_epsilon
+
+
+def test_per_token_mozo_takes_a_non_integer_order_at_its_floor() -> None:
+    m = ledger()
+    decoder = mozo(m, pay_per_token=True, n_queries=2, max_tokens=4, epsilon=4.0, order=8.5)
+    assert decoder.allowance is not None and allowance_orders(decoder.allowance.label) == (8.0,)
+    decoder.generate("a b", rng=np.random.default_rng(0))
+    with pytest.raises(ConfigurationError, match="order of at least 2"):
+        mozo(m, pay_per_token=True, n_queries=2, max_tokens=4, epsilon=4.0, order=1.5)
+
+
+@pytest.mark.parametrize("make", [mozo, clip], ids=["mozo", "clip-blend"])
+def test_answers_on_one_allowance_run_one_at_a_time_whole(make) -> None:
+    """Where an answer is cut must not depend on how fast another computes: concurrent answers on one allowance
+    run one after the other, each whole (its draws contiguous on the ledger), and stream in one piece."""
+    import threading
+
+    m = ledger()
+    decoder = make(m, pay_per_token=True, n_queries=8, max_tokens=6, epsilon=4.0)
+    decoder.template = type(decoder.template)(stop=None, stop_at_eos=False)
+    seen: list[int] = []
+    m.on_charge(lambda entry: seen.append(threading.get_ident()))
+    assert len(list(decoder.stream("a b", rng=np.random.default_rng(0)))) == 1
+    seen.clear()
+
+    def answer(seed: int) -> None:
+        decoder.generate("a b", rng=np.random.default_rng(seed))
+
+    threads = [threading.Thread(target=answer, args=(i,)) for i in range(3)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    runs = [seen[0]] + [b for a, b in itertools.pairwise(seen) if a != b]
+    assert len(seen) == 18 and len(runs) == 3  # each thread's 6 draws in one run
+
+
+def test_a_batch_larger_than_the_first_draws_left_is_refused_before_any() -> None:
+    m = ledger()
+    decoder = mozo(m, pay_per_token=True, n_queries=1, max_tokens=4, epsilon=1.0)
+    left = decoder.allowance.draws_left(decoder._steps_event(1))
+    assert left >= 4
+    decoder.check_answers_left(left)
+    with pytest.raises(AllowanceSpentError, match="can pay the first token"):
+        decoder.check_answers_left(left + 1)
+    assert m.history() == []

@@ -177,6 +177,8 @@ def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -
         "knn expert decoding",
         "knn sparse expert decoding",
         "knn keyword answer",
+        "dps-mozo decoding, paid per token",
+        "clip-blend decoding, paid per token",
     }
     assert out["recommendation"] and out["inputs"]["records"] == 1000
     assert out["carrying"] and out["inputs"]["agreeing"] == 10
@@ -215,3 +217,23 @@ def test_the_plan_gives_sparse_expert_decodings_paid_tokens_and_the_records_its_
         .settings["paid_tokens"]
         == 1
     )
+
+
+def test_paid_per_token_the_plan_calibrates_for_the_expected_tokens() -> None:
+    """DPS-MOZO and clip-blend paid per token: at the answers' full length the allowance (a tenth of δ; clip-blend's
+    δ split over 19 orders) leaves a little less than per answer; at answers of half their limit, more."""
+    full = {m.method: m for m in plan(records=4672, epsilon=4.0, delta=1e-5, answers=100, tokens=48).methods}
+    half = {
+        m.method: m
+        for m in plan(records=4672, epsilon=4.0, delta=1e-5, answers=100, tokens=48, expected_tokens=24).methods
+    }
+    mozo, clip = "dps-mozo decoding", "clip-blend decoding"
+    for name, key in ((mozo, "beta"), (clip, "log_odds_range")):
+        per_answer = full[name].settings[key]
+        assert (
+            full[f"{name}, paid per token"].settings[key] < per_answer < half[f"{name}, paid per token"].settings[key]
+        )
+        assert half[f"{name}, paid per token"].pays == "per token"
+    assert half[f"{mozo}, paid per token"].settings["tokens_paid"] == 2400
+    with pytest.raises(ConfigurationError, match="expected_tokens"):
+        plan(records=4672, epsilon=4.0, delta=1e-5, answers=100, tokens=48, expected_tokens=49)

@@ -1,7 +1,7 @@
 """Allowances: a share of the ledger charged once, then spent release by release with the ledger as a privacy filter.
 
-**What it is.** An allowance is one ledger entry, its *cover*, labelled ``<component>-allowance:<owner>`` (or
-``<component>-allowance@<orders>:<owner>``, :func:`allowance_label`): an
+**What it is.** An allowance is one ledger entry, its *cover*, labelled ``<component>-allowance@<orders>:<owner>``
+(:func:`allowance_label`): an
 (ε, δ)-DP event under the ledger's own relation and privacy unit, composed with everything else the ledger holds.
 Each release it pays for is then committed as a
 :class:`~dp_icl_plugin.accounting.events.FilteredReleaseEvent` naming that cover (``covered_by``), labelled
@@ -17,15 +17,24 @@ event may be chosen after seeing earlier outputs, and the sequence is halted bef
 the caps. Feldman & Zrnic 2021 (Thm. 3.1 with one individual; their filter is stated for any relation whose
 per-step RDP bounds hold) show such a sequence is (α, B)-RDP when B caps the RDP sum at one order α fixed in
 advance. The caps are those of :class:`~dp_icl_plugin.accounting.individual_filter.IndividualBudget` at
-the orders the cover's label fixes (:data:`~dp_icl_plugin.accounting.individual_filter.FILTER_ORDERS` by
-default; one order, the paper's α, for DPS-MOZO, whose token is analysed at orders up to α only), with the
-cover's δ split evenly over them (no approximate-δ share: draws must be RDP). With one order this is Feldman &
-Zrnic's filter itself. With several, a draw is admitted when it fits at *some* order; the argument
-of :mod:`~dp_icl_plugin.accounting.individual_filter` (split the transcripts by the last order still open) gives
-(ε, δ)-DP for the whole sequence, which is exactly the cover. The filtered interaction runs interleaved with the
-ledger's other releases; concurrent composition of (ε, δ)-DP interactive mechanisms (Vadhan & Wang 2021; Lyu
-2022; Vadhan & Zhang 2023) lets the ledger compose the cover as one (ε, δ) event, as it does the cover of a
-private index's per-record filter.
+the orders the cover's label fixes (the 19 :data:`~dp_icl_plugin.accounting.individual_filter.FILTER_ORDERS`;
+for DPS-MOZO one order, ⌊α⌋, as its token is analysed at orders up to α only), with the cover's δ split evenly
+over them (no approximate-δ share: draws must be RDP). With one order this is Feldman & Zrnic's filter itself.
+With m orders a draw is admitted when it fits at *some* order: put each transcript in the group of the order at
+which its last admitted draw fit; within a group the filter admits and refuses exactly as the single-order filter
+of that order, which is (α_k, B_k)-RDP, so (ε, δ/m)-DP; the m groups give (ε, δ), exactly the cover (the argument
+of :mod:`~dp_icl_plugin.accounting.individual_filter`). A refused draw runs nothing (a skip, not a halt): its
+refusal depends on earlier draws' events only, a predictable step of the transcript.
+
+The filtered interaction runs interleaved with the ledger's other releases. Concurrent composition of interactive
+mechanisms (Vadhan & Wang 2021; Lyu 2022; Vadhan & Zhang 2023, which also covers composing it through f-DP/PLD
+with the ledger's Gaussian charges; Haney et al. 2023 for filters beside concurrent mechanisms) lets the ledger
+compose the cover as one (ε, δ) event, as it does the cover of a private index's per-record filter.
+
+**Concurrent answers.** The filter argument takes the draws in one sequence, each chosen from the outputs before
+it. Two answers drawing on one allowance at once would let one answer's speed (which depends on the records it
+reads) decide where the other is cut; :mod:`~dp_icl_plugin.decoding.pay_as_you_go` therefore runs the answers
+of an allowance one at a time in a process, and an allowance must be drawn on by one process at a time.
 
 **What stays public.** The admission depends only on the events of earlier draws (the parameters of released
 mechanisms), never on private data. The cover's ε and δ are the caller's.
@@ -63,16 +72,15 @@ ALLOWANCE_SUFFIX = "-allowance"
 
 
 def allowance_label(component: str, owner: str, orders: tuple[float, ...] = FILTER_ORDERS) -> str:
-    """The label of an allowance's cover: ``<component>-allowance:<owner>`` at the default orders, or
-    ``<component>-allowance@<α1>,<α2>,…:<owner>`` at the orders given (fixed with the cover, before any draw).
+    """The label of an allowance's cover, ``<component>-allowance@<α1>,<α2>,…:<owner>``: the filter's orders are
+    written into it, so that they are fixed with the cover before any draw (a later default cannot change them).
 
     Args:
         component: the component (e.g. ``"mozo"``).
         owner: the allowance's name.
         orders: the filter's Rényi orders.
     """
-    at = "" if tuple(orders) == FILTER_ORDERS else "@" + ",".join(repr(float(a)) for a in orders)
-    return f"{component}{ALLOWANCE_SUFFIX}{at}:{owner}"
+    return f"{component}{ALLOWANCE_SUFFIX}@{','.join(repr(float(a)) for a in orders)}:{owner}"
 
 
 def allowance_owner(label: str) -> tuple[str, str] | None:
@@ -104,10 +112,8 @@ def _parse(label: str) -> tuple[str, str, tuple[float, ...]] | None:
     head, colon, owner = label.partition(":")
     head, at, listed = head.partition("@")
     component = head.removesuffix(ALLOWANCE_SUFFIX)
-    if not colon or not owner or not component or component == head or (at and not listed):
+    if not colon or not owner or not component or component == head or not at or not listed:
         return None
-    if not at:
-        return component, owner, FILTER_ORDERS
     try:
         orders = tuple(check.order("orders[i]", float(x)) for x in listed.split(","))
     except (ValueError, ConfigurationError):
@@ -210,15 +216,16 @@ def admits(budget: IndividualBudget, spent: np.ndarray, cost: np.ndarray) -> boo
     return bool(admissible(budget, spent[None, :], np.zeros(1), cost, 0.0)[0])
 
 
-def epsilon_spent(budget: IndividualBudget, spent: np.ndarray) -> float:
-    """The ε (at the cover's δ) the draws so far have used: the least over orders of the conversion at δ/m
-    (what the filter could still certify if it halted now); 0 before any draw.
+def epsilon_spent(budget: IndividualBudget, spent: np.ndarray, *, capped: bool = True) -> float:
+    """The ε (at the cover's δ) of RDP ``spent``: the least over orders of the conversion at δ/m (what the filter
+    could still certify if it halted now); 0 for nothing.
 
     Args:
         budget: the allowance's filter.
-        spent: the RDP drawn so far.
+        spent: RDP at its orders (the draws so far, or a draw's own).
+        capped: at most the allowance's ε (what admitted draws can have used); False for a refused draw's figures.
     """
     if not spent.any():
         return 0.0
     eps, _ = rdp.rdp_to_epsilon(budget.orders, spent, budget.conversion_delta / len(budget.orders))
-    return min(eps, budget.epsilon)
+    return min(eps, budget.epsilon) if capped else eps

@@ -471,9 +471,9 @@ class BudgetManager:
             raise AllowanceSpentError(
                 f"allowance {cover_label!r} (entry {cover_id}: epsilon={budget.epsilon}, delta={budget.delta}) "
                 f"cannot pay this draw: its draws so far used epsilon {used:.4g} of it; nothing was committed",
-                requested_epsilon=epsilon_spent(budget, cost),
+                requested_epsilon=epsilon_spent(budget, cost, capped=False),
                 remaining_epsilon=_remaining(budget.epsilon, used),
-                total_epsilon=epsilon_spent(budget, spent + cost) if np.isfinite(spent + cost).any() else math.inf,
+                total_epsilon=epsilon_spent(budget, spent + cost, capped=False),
             )
 
     def _converted(self, event: ev.DPEvent) -> ev.DPEvent:
@@ -567,6 +567,8 @@ def _release_owner(label: str, component: str) -> str | None:
     head, colon, owner = _release_number(label)[0].partition(":")
     kind = head.removeprefix(component + "-")
     if not colon or kind == head or not kind or head == component + FILTER_COVER_SUFFIX:
+        return None
+    if allowance_owner(label) is not None:  # a cover's label is never a release's
         return None
     return owner
 

@@ -29,7 +29,9 @@ together meet it. Every answer is charged *before its first token is computed*, 
 token up to its limit; with public ``choices`` or a JSON schema the most token mechanisms they let an answer
 run, a token they force being free), so a stream never yields a token that is not paid for, and a refusal
 (:class:`~dp_icl_plugin.errors.BudgetExhaustedError`) happens before anything is released. Stopping early
-(EOS, a stop sequence) is post-processing and refunds nothing.
+(EOS, a stop sequence) is post-processing and refunds nothing. With ``pay_per_token=True`` the share is instead
+an allowance on the ledger, charged once, and each token mechanism is drawn on it right before it runs, so an
+answer pays for the tokens it ran (:mod:`~dp_icl_plugin.decoding.pay_as_you_go`).
 
 **Concurrency.** A decoder computes one token step at a time, whoever asks; a stream holds nothing between
 its pieces, so open streams (threads, async tasks, a reader that paused) interleave token by token; an answer
@@ -49,10 +51,11 @@ one (a base model such as the GINC model) the chat is laid out as plain lines, `
 from __future__ import annotations
 
 import json
+import math
 import threading
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import closing
+from contextlib import closing, nullcontext
 from typing import Any
 
 import numpy as np
@@ -83,12 +86,14 @@ from dp_icl_plugin.decoding.pay_as_you_go import (
     TokenAllowance,
     allowance_delta,
     calibrate_per_token,
+    mozo_filter_order,
     per_token_settings,
 )
 from dp_icl_plugin.decoding.shares import BudgetShare, ClipBlendSettings, MozoSettings
 from dp_icl_plugin.decoding.structured import JSONSchemaAnswers, json_schema_of, with_instruction
 from dp_icl_plugin.errors import (
     AllowanceSpentError,
+    BudgetExhaustedError,
     ConfigurationError,
     ConfigurationTypeError,
     ShareExhaustedError,
@@ -539,13 +544,18 @@ class _Decoder:
         return text[: min(ends)] if ends else text
 
     def _run(self, prompt, limit, stops, rng, state: AnswerState) -> Generator[str, None, None]:
-        if self.fixed_latency is None:
+        if self.fixed_latency is None and self.allowance is None:
             yield from self._release(prompt, limit, stops, rng, state)
             return
         # The whole answer inside its own window (one release at a time per FixedLatency), then one piece at
-        # the fixed time. A caller that gives up while waiting for its turn leaves uncharged.
+        # the fixed time. Paid per token, the whole answer as its allowance's only one (where it is cut must not
+        # depend on how fast another answer computes), then one piece. A caller that gives up while waiting for
+        # its turn leaves uncharged.
         try:
-            with self.fixed_latency.hold(cancelled=state.cancelled):
+            with (
+                self.fixed_latency.hold(cancelled=state.cancelled) if self.fixed_latency is not None else nullcontext(),
+                self.allowance.turn(cancelled=state.cancelled) if self.allowance is not None else nullcontext(),
+            ):
                 text = "".join(self._release(prompt, limit, stops, rng, state))
         except ReleaseCancelled:
             return
@@ -588,6 +598,16 @@ class _Decoder:
         left = self.answers_left
         if left is not None and answers > left:
             raise self._share_spent(self.max_tokens, asked=answers if left else None)
+        if self.allowance is not None and answers > 1:  # paid per token: each answer needs at least its first draw
+            draws = self.allowance.draws_left(self._steps_event(1))
+            if answers > draws:
+                raise AllowanceSpentError(
+                    f"{answers} answers asked for, and the allowance {self.allowance.label!r} can pay the first token "
+                    f"of {draws}; nothing was committed",
+                    requested_epsilon=self.allowance.epsilon_of(self._steps_event(1), answers),
+                    remaining_epsilon=self.allowance.filter.epsilon - self.allowance.spent()[1],
+                    total_epsilon=math.inf,
+                )
 
     def _share_spent(self, limit: int, asked: int | None = None) -> ShareExhaustedError:
         """The refusal of an answer beyond ``n_queries`` (its calibration covers no more), or of a batch of
@@ -763,6 +783,15 @@ class MozoDecoder(_DatasetDecoder):
         fixed_latency: hide timing: every answer returns this many seconds after it starts, streams in one
             piece at the end (seconds or a shared :class:`~dp_icl_plugin.timing.FixedLatency`).
         choices: public answers (:mod:`~dp_icl_plugin.decoding.choices`): every answer is one of them.
+        pay_per_token: pay per token mechanism from an allowance of ``epsilon`` on the ledger instead of per
+            answer (:mod:`~dp_icl_plugin.decoding.pay_as_you_go`); ``delta`` then defaults to a tenth of the
+            ledger's, β is calibrated for ``n_queries`` answers of ``expected_tokens``, and the allowance, not
+            ``n_queries``, bounds the answers.
+        allowance_name: with ``pay_per_token``: the allowance's name on the ledger, found again at a restart.
+        when_spent: with ``pay_per_token``: an answer whose next token the allowance cannot pay ends
+            (``"stop"``) or goes on with the public model's greedy tokens (``"public"``).
+        expected_tokens: with ``pay_per_token``: the tokens an answer is expected to run (public; default
+            ``max_tokens``).
 
     Raises:
         ConfigurationError: a bad argument, a record the tokenizer cannot encode, an add/remove ledger, both or
@@ -830,7 +859,7 @@ class MozoDecoder(_DatasetDecoder):
                 lo=1e-9,
                 hi=100.0,
                 find="largest",
-                orders=(self.order,),  # the token is analysed at orders up to α: one order, no δ split
+                orders=(mozo_filter_order(self.order),),  # one order ≤ α, no δ split
             )
         else:
             self.beta = self._share_noise(
@@ -1001,6 +1030,10 @@ class ClipBlendDecoder(_DatasetDecoder):
         template: as :class:`MozoDecoder`.
         fixed_latency: as :class:`MozoDecoder` (hides timing).
         choices: as :class:`MozoDecoder`.
+        pay_per_token: as :class:`MozoDecoder` (τ is calibrated for the allowance).
+        allowance_name: as :class:`MozoDecoder`.
+        when_spent: as :class:`MozoDecoder`.
+        expected_tokens: as :class:`MozoDecoder`.
 
     Raises:
         ConfigurationError: a bad argument, a record the tokenizer cannot encode, no ``population_size`` under
@@ -1282,7 +1315,7 @@ class _TokenMeter:
             return False
         try:
             self.allowance.draw(self.token_event)
-        except AllowanceSpentError:
+        except BudgetExhaustedError:  # the allowance (or the ledger) cannot pay it: public, earlier charges only
             self.refused = True
             return False
         self.paid += 1

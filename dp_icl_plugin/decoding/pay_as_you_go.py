@@ -10,14 +10,25 @@ end-of-sequence token after 9 tokens has paid for 9, so the share serves more an
 noise (``expected_tokens``).
 
 **The guarantee.** The draws form a privacy filter over the share (Feldman & Zrnic 2021; the ledger checks it in
-each draw's transaction, across threads, processes and hosts): the whole sequence of answers is (ε, δ)-DP under
-the ledger's relation, whatever decided how many tokens each answer ran, so long as that decision reads only
-released tokens and public settings (it does: EOS, stop sequences, choices and schemas are read from released
-tokens). The per-token event is the method's own (DPS-MOZO: (α, 4βα)-RDP amplified by sampling without
-replacement, Flemings et al. Thm. B.3; clip-blend: the bounded-range exponential mechanism of ε0, Bhusal et al.
-eq. 2), at the filter's orders. The cost against a fixed schedule: the filter splits the conversion δ over its
-19 orders (δ/19 each), so a share calibrated for the same number of tokens gets a little more noise than under
-per-answer charging (:func:`calibrate_per_token`).
+each draw's transaction, :mod:`~dp_icl_plugin.accounting.allowance`): the whole sequence of answers is
+(ε, δ)-DP under the ledger's relation, whatever decided how many tokens each answer ran, so long as that
+decision reads only released tokens and public settings (it does: EOS, stop sequences, choices and schemas are
+read from released tokens). The per-token event is the one per-answer charging composes (DPS-MOZO: (α, 4βα)-RDP
+for the projected mechanism this library releases through, ``MozoTokenEvent``, after Flemings et al. Thm. B.3,
+amplified by sampling without replacement; clip-blend: the bounded-range exponential mechanism of ε0, Bhusal et
+al. eq. 2). DPS-MOZO's filter is at one order, ⌊α⌋ (its token is analysed at orders up to α only; no δ split);
+clip-blend's at the 19 filter orders (δ split over them). The cost against a fixed schedule is mostly the
+allowance's δ, a tenth of the ledger's by default (:func:`allowance_delta`): at the same number of tokens a share
+paid per token gets a little more noise than one paid per answer (``dp-icl plan`` shows both).
+
+**One answer at a time.** Answers drawing on one allowance at once would let one answer's speed, which depends on
+the records it reads, decide where another is cut once the allowance runs out. So the answers of an allowance run
+one at a time in a process, each whole (it streams in one piece at its end), in the order they asked
+(:meth:`TokenAllowance.turn`); a caller that gives up while waiting leaves uncharged. An allowance must be drawn
+on by one process at a time: replicas that answer at once need one allowance each (a restart may take a named
+allowance over). The ledger's timestamps of an answer's draws are the times of its tokens: whoever reads the
+ledger sees how long each token took (``fixed_latency`` hides the answer's length from its caller, not from the
+ledger).
 
 **When the allowance is spent** mid-answer (a draw refused: public, it depends on earlier draws only), the answer
 either ends there (``when_spent="stop"``, its ``finish_reason`` ``"length"``) or goes on with the public model's
@@ -26,17 +37,20 @@ read). An answer whose first token cannot be paid is refused with
 :class:`~dp_icl_plugin.errors.AllowanceSpentError` before anything is computed.
 
 **Restarts.** With ``allowance_name`` the allowance is found on the ledger by its label at the next start and
-drawn on again (nothing paid twice; the ledger holds every draw, so the spend survives the restart with it).
-Without a name each decoder object opens a new allowance: a restart pays a new one.
+drawn on again (the ledger holds every draw, so the spend survives the restart with it). Without a name each
+decoder object opens a new allowance: a restart pays a new one. Two processes that start a named allowance at
+the same moment may both charge its cover (the second is then paid for nothing; the first is the one drawn on).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +62,7 @@ from dp_icl_plugin.accounting.allowance import epsilon_spent as _epsilon_spent
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.individual_filter import FILTER_ORDERS, IndividualBudget
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
+from dp_icl_plugin.timing import Turns
 
 __all__ = [
     "ALLOWANCE_DELTA_SHARE",
@@ -56,6 +71,7 @@ __all__ = [
     "TokenAllowance",
     "allowance_delta",
     "calibrate_per_token",
+    "mozo_filter_order",
     "per_token_settings",
 ]
 
@@ -65,6 +81,23 @@ WHEN_SPENT = ("stop", "public")
 ALLOWANCE_DELTA_SHARE = 0.1
 """An allowance's default δ, as a share of the ledger's: its cover is an (ε, δ) event, and the ledger certifies
 everything at its own δ, so the cover's δ must leave the rest room."""
+
+_REGISTRY_LOCK = threading.Lock()
+_LOCKS: dict[tuple[str, str | None, str], threading.Lock] = {}
+_TURNS: dict[tuple[str, str | None, str], Turns] = {}
+
+
+def _lock_of(key: tuple[str, str | None, str]) -> threading.Lock:
+    """The process's lock of one allowance (its ledger and label): every object for it shares one."""
+    with _REGISTRY_LOCK:
+        return _LOCKS.setdefault(key, threading.Lock())
+
+
+def _turns_of(key: tuple[str, str | None, str]) -> Turns:
+    """The process's queue of answers of one allowance."""
+    with _REGISTRY_LOCK:
+        return _TURNS.setdefault(key, Turns())
+
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
@@ -83,6 +116,22 @@ class PerToken:
     allowance_name: str | None = None
     when_spent: str = "stop"
     expected_tokens: int | None = None
+
+
+def mozo_filter_order(order: float) -> float:
+    """The one order of a DPS-MOZO allowance's filter: ⌊α⌋ (the token's bound holds at every order up to α, and
+    sampling without replacement is analysed at integer orders).
+
+    Args:
+        order: DPS-MOZO's Rényi order α.
+
+    Raises:
+        ConfigurationError: α below 2 (no integer order at or under it).
+    """
+    whole = float(math.floor(order))
+    if whole < 2:
+        raise ConfigurationError(f"paid per token, DPS-MOZO needs an order of at least 2, got {order}")
+    return whole
 
 
 def allowance_delta(delta: float | None, budget: BudgetManager) -> float:
@@ -171,13 +220,15 @@ class TokenAllowance:
         self.budget = budget
         self.component = component
         self.owner = name if name is not None else uuid.uuid4().hex
+        self.owner_named = name is not None
         self.label = allowance_label(component, self.owner, orders)
         self.draw_label = f"{component}-token:{self.owner}"
         self.cover_event = ev.with_privacy_unit(
             ev.ApproxDPEvent(epsilon, delta, neighbouring=budget.neighbouring), budget.privacy_unit
         )
         self.filter: IndividualBudget = allowance_budget(self.cover_event, budget.neighbouring, orders)
-        self._lock = threading.Lock()
+        self._lock = _lock_of((str(budget.location), budget.ledger_name, self.label))
+        self._turns = _turns_of((str(budget.location), budget.ledger_name, self.label))
         self._cover: LedgerEntry | None = self._find_cover() if name is not None else None
 
     def __repr__(self) -> str:
@@ -212,7 +263,10 @@ class TokenAllowance:
             AllowanceSpentError: the allowance cannot pay it; nothing committed.
             BudgetExhaustedError: the ledger cannot pay the cover (first draw only); nothing committed.
         """
-        with self._lock:  # one cover per object, charged once
+        with self._lock:  # one cover per allowance in this process: found again here (another object may have
+            # charged it since this one was made), else charged once
+            if self._cover is None and self.owner_named:
+                self._cover = self._find_cover()
             if self._cover is None:
                 self._cover = self.budget.spend(self.cover_event, label=self.label)
             cover = self._cover
@@ -230,9 +284,45 @@ class TokenAllowance:
             return 0, 0.0
         history = self.budget.history()
         counts = Counter(ev.event_key(e.event) for e in history)
-        draws = sum(1 for e in history if e.label == self.draw_label)
+        draws = sum(
+            1 for e in history if isinstance(e.event, ev.FilteredReleaseEvent) and e.event.covered_by == cover.id
+        )
         spent = drawn(counts, cover.id, self.budget.neighbouring, self.filter.orders)
         return draws, _epsilon_spent(self.filter, spent)
+
+    def draws_left(self, per_unit: ev.DPEvent) -> int:
+        """How many more draws of ``per_unit`` the allowance admits now (public: earlier draws' events only).
+
+        Args:
+            per_unit: one draw's event.
+        """
+        cover = self._cover
+        counts = self.budget._store.event_counts() if cover is not None else Counter()
+        spent = (
+            np.zeros(len(self.filter.orders))
+            if cover is None
+            else drawn(counts, cover.id, self.budget.neighbouring, self.filter.orders)
+        )
+        cost = draw_cost(per_unit, self.budget.neighbouring, self.filter.orders)
+        n = 0
+        while admits(self.filter, spent + n * cost, cost):
+            n += 1
+            if n >= 1_000_000:
+                break
+        return n
+
+    @contextmanager
+    def turn(self, cancelled: threading.Event | None = None) -> Iterator[None]:
+        """Run the block as this allowance's only answer in this process (first come, first served).
+
+        Args:
+            cancelled: set by a caller that gives up while waiting, or None.
+
+        Raises:
+            ReleaseCancelled: ``cancelled`` was set before the turn came (the block never ran).
+        """
+        with self._turns.hold(cancelled):
+            yield
 
     def epsilon_of(self, per_unit: ev.DPEvent, draws: int) -> float:
         """The ε ``draws`` draws of ``per_unit`` use of a fresh allowance like this one (public arithmetic).
