@@ -187,3 +187,30 @@ def terse_decoder() -> MozoDecoder:
         beta=0.5,
         top_k=20,
     )
+
+
+def per_token_decoder() -> tuple[MozoDecoder, BudgetManager]:
+    """A DPS-MOZO decoder paid per token (its own ledger): an allowance of ε = 6 for 2 answers of 4 tokens."""
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3))
+    decoder = MozoDecoder(
+        dataset(),
+        backend=backend(),
+        budget=ledger,
+        n_queries=2,
+        max_tokens=4,
+        epsilon=6.0,
+        top_k=20,
+        pay_per_token=True,
+    )
+    return decoder, ledger
+
+
+def spend_allowance(answer: Any) -> None:
+    """Call ``answer()`` until its decoder's allowance refuses (``AllowanceSpentError``)."""
+    from dp_icl_plugin import AllowanceSpentError
+
+    while True:
+        try:
+            answer()
+        except AllowanceSpentError:
+            return

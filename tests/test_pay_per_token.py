@@ -324,24 +324,19 @@ def test_per_token_calibration_fits_and_costs_a_little_noise_against_a_fixed_sch
 
     f = allowance_budget(ev.ApproxDPEvent(2.0, 1e-6, neighbouring="replace_one"), "replace_one", (8.0,))
     per_answer = calibrate_mozo(epsilon=2.0, delta=1e-6, sampling_rate=0.01, steps=4000, order=8.0).value
-    per_token = calibrate_per_token(
-        lambda b: me.mozo_event(beta=b, order=8.0, sampling_rate=0.01, steps=1),
-        steps=4000,
-        filter_budget=f,
-        neighbouring="replace_one",
-        lo=1e-9,
-        hi=100.0,
-        find="largest",
-    )
-    half = calibrate_per_token(
-        lambda b: me.mozo_event(beta=b, order=8.0, sampling_rate=0.01, steps=1),
-        steps=2000,
-        filter_budget=f,
-        neighbouring="replace_one",
-        lo=1e-9,
-        hi=100.0,
-        find="largest",
-    )
+
+    def fitted(steps: int) -> float:
+        return calibrate_per_token(
+            lambda b: me.mozo_event(beta=b, order=8.0, sampling_rate=0.01, steps=1),
+            steps=steps,
+            filter_budget=f,
+            neighbouring="replace_one",
+            lo=1e-9,
+            hi=100.0,
+            find="largest",
+        )
+
+    per_token, half = fitted(4000), fitted(2000)
     assert 0.95 * per_answer < per_token <= per_answer * (1 + 1e-6) < half
     assert math.isclose(
         epsilon_spent(
@@ -402,8 +397,8 @@ def test_answers_on_one_allowance_run_one_at_a_time_whole(make) -> None:
     m = ledger()
     decoder = make(m, pay_per_token=True, n_queries=8, max_tokens=6, epsilon=4.0)
     decoder.template = type(decoder.template)(stop=None, stop_at_eos=False)
-    seen: list[int] = []
-    m.on_charge(lambda entry: seen.append(threading.get_ident()))
+    seen: list[str] = []
+    m.on_charge(lambda entry: seen.append(threading.current_thread().name))
     assert len(list(decoder.stream("a b", rng=np.random.default_rng(0)))) == 1
     seen.clear()
 

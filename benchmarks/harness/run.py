@@ -536,7 +536,7 @@ class Harness:
                 n_queries=len(self.task.queries),
                 max_tokens=self.task.max_tokens,
                 epsilon=epsilon,
-                delta=DELTA,
+                delta=DELTA / 10 if per_token else DELTA,  # an allowance's cover must leave the ledger's δ room
                 subset_size=s,
                 rng_subset=np.random.default_rng(13),
                 template=self.template,

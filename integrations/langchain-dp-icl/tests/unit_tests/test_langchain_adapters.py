@@ -23,8 +23,10 @@ from adapter_fixtures import (
     dataset,
     demo_set,
     knn_core,
+    per_token_decoder,
     shared_decoder,
     shared_ledger,
+    spend_allowance,
     unit_dataset,
     unit_knn_core,
     unit_ledger,
@@ -747,17 +749,7 @@ def test_every_adapter_accepts_units_and_charges_per_unit() -> None:
 def test_a_decoder_paid_per_token_answers_through_the_chat_model_and_the_llm() -> None:
     """pay_per_token: an answer draws on its decoder's allowance once per token mechanism; the adapters report its
     first draw (``ledger_entry``), and once the allowance is spent the next call is refused before anything runs."""
-    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3))
-    decoder = MozoDecoder(
-        dataset(),
-        backend=backend(),
-        budget=ledger,
-        n_queries=2,
-        max_tokens=4,
-        epsilon=6.0,
-        top_k=20,
-        pay_per_token=True,
-    )
+    decoder, ledger = per_token_decoder()
     assert decoder.allowance is not None
     chat, llm = ChatDPICL(decoder=decoder, seed=0), DPICLLLM(decoder=decoder, seed=0)
     handler = SpendEvents()
@@ -767,11 +759,7 @@ def test_a_decoder_paid_per_token_answers_through_the_chat_model_and_the_llm() -
     assert [e[1]["ledger_entry"] for e in handler.events] == [draws[0].id]
     assert 1 <= len(draws) <= 4 and ledger.label_counts()[decoder.allowance.label] == 1
     assert isinstance(llm.invoke("hello"), str)
-    while True:
-        try:
-            llm.invoke("hello")
-        except AllowanceSpentError:
-            break
+    spend_allowance(lambda: llm.invoke("hello"))
     before = ledger.history()
     with pytest.raises(AllowanceSpentError):
         next(iter(chat.stream("hello")))

@@ -13,7 +13,17 @@ import pytest
 pytest.importorskip("llama_index.core")
 pytest.importorskip("torch")
 
-from adapter_fixtures import CANARY, SlowBackend, backend, dataset, unit_dataset, unit_knn_core, unit_ledger
+from adapter_fixtures import (
+    CANARY,
+    SlowBackend,
+    backend,
+    dataset,
+    per_token_decoder,
+    spend_allowance,
+    unit_dataset,
+    unit_knn_core,
+    unit_ledger,
+)
 from llama_index.core.base.llms.types import ChatMessage
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -283,27 +293,13 @@ def test_the_llm_and_the_retriever_accept_units_and_charge_per_unit() -> None:
 
 
 def test_a_decoder_paid_per_token_answers_and_is_refused_once_its_allowance_is_spent() -> None:
-    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3))
-    decoder = MozoDecoder(
-        dataset(),
-        backend=backend(),
-        budget=ledger,
-        n_queries=2,
-        max_tokens=4,
-        epsilon=6.0,
-        top_k=20,
-        pay_per_token=True,
-    )
+    decoder, ledger = per_token_decoder()
     assert decoder.allowance is not None
     llm = DPICL(decoder, seed=0)
     assert isinstance(llm.complete("Hello").text, str)
     draws = ledger.label_counts()[decoder.allowance.draw_label]
     assert 1 <= draws <= 4
-    while True:
-        try:
-            llm.complete("Hello")
-        except AllowanceSpentError:
-            break
+    spend_allowance(lambda: llm.complete("Hello"))
     before = ledger.history()
     with pytest.raises(AllowanceSpentError):
         llm.chat([ChatMessage(role="user", content="Hi")])
