@@ -75,7 +75,7 @@ class Turns:
             ReleaseCancelled: ``cancelled`` was set before the turn came (the block never ran).
             ConfigurationError: a block nested in another on the same thread.
         """
-        self._take_turn(cancelled)
+        self._take_turn(cancelled)  # its turn is served from here on, whatever interrupts what follows
         try:
             if cancelled is not None and cancelled.is_set():  # gave up just as its turn came: nothing runs
                 raise ReleaseCancelled
@@ -94,11 +94,17 @@ class Turns:
                 )
             ticket = self._next_ticket
             self._next_ticket += 1
-            while self._serving != ticket:
-                if cancelled is not None and cancelled.is_set():
+            try:
+                while self._serving != ticket:
+                    if cancelled is not None and cancelled.is_set():
+                        raise ReleaseCancelled
+                    self._turns.wait(timeout=_POLL)
+            except BaseException:  # cancelled, or interrupted (KeyboardInterrupt) while waiting: leave the queue
+                if self._serving == ticket:
+                    self._advance()
+                else:
                     self._abandoned.add(ticket)
-                    raise ReleaseCancelled
-                self._turns.wait(timeout=_POLL)
+                raise
             self._owner = threading.get_ident()
 
     def _advance(self) -> None:

@@ -160,17 +160,18 @@ WORKER = textwrap.dedent(
     """
     import sys, threading
     from dp_icl_plugin import AllowanceSpentError, BudgetManager
+    from dp_icl_plugin.accounting import events as ev
     from dp_icl_plugin.accounting import method_events as me
-    from dp_icl_plugin.decoding.pay_as_you_go import TokenAllowance
     m = BudgetManager.open(sys.argv[1])
-    a = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="shared")
+    cover, label = int(sys.argv[2]), sys.argv[3]
     token = me.mozo_event(beta=0.1, order=8.0, sampling_rate=0.01, steps=1)
+    draw = ev.FilteredReleaseEvent(token, cover, neighbouring="replace_one")
     done = []
     def work():
         n = 0
         for _ in range(40):
             try:
-                a.draw(token)
+                m.spend(draw, label=label)
                 n += 1
             except AllowanceSpentError:
                 pass
@@ -183,18 +184,22 @@ WORKER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
-def test_processes_and_threads_drawing_on_one_allowance_admit_exactly_its_capacity(
+def test_draws_racing_from_processes_and_threads_admit_exactly_the_allowances_capacity(
     store: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    """The ledger's check, not the decoders' one-at-a-time rule, is what bounds the draws: committed straight to the
+    ledger by 4 processes × 3 threads, exactly the capacity is admitted."""
     where: str | Path = request.getfixturevalue("pg_dsn") if store == "postgresql" else tmp_path / "race.db"
     m = ledger(where)
     allowance = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="shared")
     token = me.mozo_event(beta=0.1, order=8.0, sampling_rate=0.01, steps=1)  # 23 fit
-    allowance.draw(token)  # the cover exists before the race: every process finds it
+    allowance.draw(token)
+    assert allowance.cover is not None
     n = capacity(allowance, token)
-    assert n < 4 * 3 * 40
+    assert n < 4 * 3 * 40 and allowance.draws_left(token) == n - 1
+    args = [str(where), str(allowance.cover.id), allowance.draw_label]
     procs = [
-        subprocess.Popen([sys.executable, "-c", WORKER, str(where)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen([sys.executable, "-c", WORKER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for _ in range(4)
     ]
     admitted = 1
@@ -204,6 +209,51 @@ def test_processes_and_threads_drawing_on_one_allowance_admit_exactly_its_capaci
         admitted += int(out)
     assert admitted == n
     assert BudgetManager.open(where).label_counts()["mozo-token:shared"] == n
+
+
+OPENER = textwrap.dedent(
+    """
+    import sys
+    from dp_icl_plugin import BudgetManager, ConfigurationError
+    from dp_icl_plugin.decoding.pay_as_you_go import TokenAllowance
+    m = BudgetManager.open(sys.argv[1])
+    try:
+        TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="shared")
+    except ConfigurationError as exc:
+        print("refused:", exc)
+    else:
+        print("opened")
+    """
+)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_a_named_allowance_is_held_by_one_process_at_a_time(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A second process (another worker, another host) opening the allowance is refused before anything is
+    charged; once the first lets it go, it opens."""
+    where: str | Path = request.getfixturevalue("pg_dsn") if store == "postgresql" else tmp_path / "lease.db"
+    m = ledger(where)
+    held = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="shared")
+
+    def other() -> str:
+        return subprocess.run(
+            [sys.executable, "-c", OPENER, str(where)], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
+
+    assert "held by another process" in other()
+    assert m.history() == []
+    # the same process, another spelling of the same file: the same allowance, no second lease needed
+    if store == "sqlite":
+        import os
+
+        alias = os.path.relpath(where)
+        again = TokenAllowance(ledger(alias), component="mozo", epsilon=2.0, delta=1e-4, name="shared")
+        assert again._turns is held._turns
+        del again
+    held._shared.lease.release()
+    assert other().strip() == "opened"
 
 
 # -- the decoders ---------------------------------------------------------------------------------------------
@@ -421,3 +471,83 @@ def test_a_batch_larger_than_the_first_draws_left_is_refused_before_any() -> Non
     with pytest.raises(AllowanceSpentError, match="can pay the first token"):
         decoder.check_answers_left(left + 1)
     assert m.history() == []
+
+
+def test_two_spellings_of_one_ledger_share_one_cover_and_one_queue(tmp_path: Path) -> None:
+    import os
+
+    where = tmp_path / "ledger.db"
+    a = TokenAllowance(ledger(where), component="mozo", epsilon=2.0, delta=1e-4, name="bot")
+    b = TokenAllowance(ledger(os.path.relpath(where)), component="mozo", epsilon=2.0, delta=1e-4, name="bot")
+    assert a._turns is b._turns
+    a.draw(TOKEN)
+    b.draw(TOKEN)
+    assert BudgetManager.open(where).label_counts()[a.label] == 1
+    # unrelated in-memory ledgers with the same name do not share a queue
+    assert TokenAllowance(ledger(), component="mozo", epsilon=2.0, delta=1e-4, name="bot")._turns is not (
+        TokenAllowance(ledger(), component="mozo", epsilon=2.0, delta=1e-4, name="bot")._turns
+    )
+
+
+def test_the_same_name_with_other_filter_orders_is_refused_not_paid_twice() -> None:
+    m = ledger()
+    TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="bot", orders=(8.0,)).draw(TOKEN)
+    with pytest.raises(ConfigurationError, match="other filter orders"):
+        TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="bot", orders=(6.0,))
+
+
+def test_draws_left_is_the_count_the_ledger_admits() -> None:
+    m = ledger()
+    allowance = TokenAllowance(m, component="mozo", epsilon=2.0, delta=1e-4, name="bot")
+    assert allowance.draws_left(TOKEN) == capacity(allowance, TOKEN) == 160
+    for _ in range(37):
+        allowance.draw(TOKEN)
+    assert allowance.draws_left(TOKEN) == 123
+    cheap = me.clip_blend_event(clip=1.0, subset_size=1000, temperature=100.0, steps=1, neighbouring="replace_one")
+    assert allowance.draws_left(cheap) > 1_000_000  # in closed form, not one by one
+
+
+def test_a_turn_left_by_an_interrupt_while_waiting_does_not_block_the_queue() -> None:
+    import threading
+
+    from dp_icl_plugin.timing import Turns
+
+    turns = Turns()
+    release, entered = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with turns.hold():
+            entered.set()
+            release.wait(5)
+
+    first = threading.Thread(target=hold)
+    first.start()
+    entered.wait(5)
+
+    class Interrupt(BaseException):
+        pass
+
+    cancelled = threading.Event()
+
+    def interrupted() -> None:  # a waiter whose wait is interrupted (as a KeyboardInterrupt would)
+        original = turns._turns.wait
+
+        def wait(timeout=None):
+            raise Interrupt
+
+        turns._turns.wait = wait  # type: ignore[method-assign]
+        try:
+            with turns.hold(cancelled):
+                pass
+        except Interrupt:
+            pass
+        finally:
+            turns._turns.wait = original  # type: ignore[method-assign]
+
+    interrupted()
+    release.set()
+    first.join()
+    done = threading.Event()
+    third = threading.Thread(target=lambda: (turns.hold().__enter__(), done.set()))
+    third.start()
+    assert done.wait(2)  # served: the interrupted ticket left the queue

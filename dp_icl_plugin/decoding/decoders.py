@@ -39,7 +39,8 @@ with its own rng is what it would have been alone (streams sharing one rng draw 
 seed their answers depend on the interleaving; never their privacy). With ``fixed_latency`` answers run one
 at a time, each whole inside its own window (interleaved, each window would hold the others' computation;
 see :mod:`dp_icl_plugin.timing`). :meth:`AnswerStream.cancel` lets a caller that gives up before its answer
-began (waiting for its window, say) leave uncharged.
+began (waiting for its window, say) leave uncharged. Paid per token, answers of one allowance run one at a
+time, each whole, in one piece (:mod:`~dp_icl_plugin.decoding.pay_as_you_go`).
 
 A query is public: a completion text, or a chat (a list of ``{"role", "content"}`` messages ending with the
 user's). A record enters a chat prompt as one earlier exchange (its text from the user, its label from the
@@ -51,6 +52,7 @@ one (a base model such as the GINC model) the chat is laid out as plain lines, `
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import warnings
@@ -116,6 +118,14 @@ __all__ = [  # DecodedAnswer, Query, check_query: re-exported
     "check_query",
 ]
 
+
+logger = logging.getLogger(__name__)
+
+LEDGER_REFUSED_DRAW = (
+    "the ledger refused a draw its allowance could pay (a ledger opened with another accountant?): the answer "
+    "ends there as if its allowance were spent"
+)
+"""Logged (one fixed text) when a later draw of an answer paid per token is refused by the ledger itself."""
 
 SCHEMA_CACHE_SIZE = 64  # compiled schemas a decoder keeps (least recently used dropped)
 
@@ -290,7 +300,8 @@ class _Decoder:
         orders: tuple[float, ...] = FILTER_ORDERS,
     ) -> float:
         """Open this decoder's allowance (:mod:`~dp_icl_plugin.decoding.pay_as_you_go`) for the share ``epsilon``
-        at δ (:func:`share_delta`) and return the noise parameter whose :attr:`n_queries` answers of
+        at δ (:func:`~dp_icl_plugin.decoding.pay_as_you_go.allowance_delta`) and return the noise parameter whose
+        :attr:`n_queries` answers of
         ``per_token.expected_tokens`` tokens fit it (the search's value: β, or 1/τ).
 
         Raises:
@@ -552,9 +563,9 @@ class _Decoder:
         # depend on how fast another answer computes), then one piece. A caller that gives up while waiting for
         # its turn leaves uncharged.
         try:
-            with (
-                self.fixed_latency.hold(cancelled=state.cancelled) if self.fixed_latency is not None else nullcontext(),
+            with (  # the allowance's turn first: a latency window must not wait inside for another's answer
                 self.allowance.turn(cancelled=state.cancelled) if self.allowance is not None else nullcontext(),
+                self.fixed_latency.hold(cancelled=state.cancelled) if self.fixed_latency is not None else nullcontext(),
             ):
                 text = "".join(self._release(prompt, limit, stops, rng, state))
         except ReleaseCancelled:
@@ -594,19 +605,21 @@ class _Decoder:
 
         Raises:
             ShareExhaustedError: more answers than :attr:`answers_left`; nothing charged.
+            AllowanceSpentError: paid per token, more answers than the allowance can pay a first token for.
         """
         left = self.answers_left
         if left is not None and answers > left:
             raise self._share_spent(self.max_tokens, asked=answers if left else None)
         if self.allowance is not None and answers > 1:  # paid per token: each answer needs at least its first draw
-            draws = self.allowance.draws_left(self._steps_event(1))
+            with self.allowance.turn():  # read between answers: never how far one has got
+                draws = self.allowance.draws_left(self._steps_event(1))
             if answers > draws:
                 raise AllowanceSpentError(
-                    f"{answers} answers asked for, and the allowance {self.allowance.label!r} can pay the first token "
-                    f"of {draws}; nothing was committed",
-                    requested_epsilon=self.allowance.epsilon_of(self._steps_event(1), answers),
-                    remaining_epsilon=self.allowance.filter.epsilon - self.allowance.spent()[1],
-                    total_epsilon=math.inf,
+                    f"{answers} answers asked for, and the allowance {self.allowance.label!r} can pay the first "
+                    f"token of {draws}; nothing was committed",
+                    requested_epsilon=self.allowance.epsilon_of(self._steps_event(1), answers, capped=False),
+                    remaining_epsilon=math.nan,
+                    total_epsilon=math.nan,
                 )
 
     def _share_spent(self, limit: int, asked: int | None = None) -> ShareExhaustedError:
@@ -787,7 +800,9 @@ class MozoDecoder(_DatasetDecoder):
             answer (:mod:`~dp_icl_plugin.decoding.pay_as_you_go`); ``delta`` then defaults to a tenth of the
             ledger's, β is calibrated for ``n_queries`` answers of ``expected_tokens``, and the allowance, not
             ``n_queries``, bounds the answers.
-        allowance_name: with ``pay_per_token``: the allowance's name on the ledger, found again at a restart.
+        allowance_name: with ``pay_per_token``: the allowance's name on the ledger, found again at a restart; held
+            by one process at a time (a second one opening it is refused,
+            :mod:`~dp_icl_plugin.decoding.allowance_lease`).
         when_spent: with ``pay_per_token``: an answer whose next token the allowance cannot pay ends
             (``"stop"``) or goes on with the public model's greedy tokens (``"public"``).
         expected_tokens: with ``pay_per_token``: the tokens an answer is expected to run (public; default
@@ -1315,8 +1330,10 @@ class _TokenMeter:
             return False
         try:
             self.allowance.draw(self.token_event)
-        except BudgetExhaustedError:  # the allowance (or the ledger) cannot pay it: public, earlier charges only
+        except BudgetExhaustedError as exc:  # the allowance (or the ledger) cannot pay it: public, earlier charges
             self.refused = True
+            if not isinstance(exc, AllowanceSpentError):
+                logger.warning(LEDGER_REFUSED_DRAW)
             return False
         self.paid += 1
         return True

@@ -26,9 +26,11 @@ the records it reads, decide where another is cut once the allowance runs out. S
 one at a time in a process, each whole (it streams in one piece at its end), in the order they asked
 (:meth:`TokenAllowance.turn`); a caller that gives up while waiting leaves uncharged. An allowance must be drawn
 on by one process at a time: replicas that answer at once need one allowance each (a restart may take a named
-allowance over). The ledger's timestamps of an answer's draws are the times of its tokens: whoever reads the
-ledger sees how long each token took (``fixed_latency`` hides the answer's length from its caller, not from the
-ledger).
+allowance over; :mod:`~dp_icl_plugin.decoding.allowance_lease` refuses a second process). First come first served
+is only as private as the order answers arrive in: a private stage before the decoder needs its own
+``fixed_latency``. The ledger holds an entry per token, with its time and its place in the ledger's order
+(``BudgetManager.on_charge`` sees each): whoever reads the ledger sees how long each token took
+(``fixed_latency`` hides the answer's length from its caller, not from the ledger).
 
 **When the allowance is spent** mid-answer (a draw refused: public, it depends on earlier draws only), the answer
 either ends there (``when_spent="stop"``, its ``finish_reason`` ``"length"``) or goes on with the public model's
@@ -38,16 +40,19 @@ read). An answer whose first token cannot be paid is refused with
 
 **Restarts.** With ``allowance_name`` the allowance is found on the ledger by its label at the next start and
 drawn on again (the ledger holds every draw, so the spend survives the restart with it). Without a name each
-decoder object opens a new allowance: a restart pays a new one. Two processes that start a named allowance at
-the same moment may both charge its cover (the second is then paid for nothing; the first is the one drawn on).
+decoder object opens a new allowance: a restart pays a new one. A named allowance is held by one process at a
+time (:mod:`~dp_icl_plugin.decoding.allowance_lease`): a second process opening it is refused before anything
+is charged.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,15 +62,25 @@ import numpy as np
 
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
-from dp_icl_plugin.accounting.allowance import admits, allowance_budget, allowance_label, draw_cost, drawn
+from dp_icl_plugin.accounting.allowance import (
+    ALLOWANCE_SUFFIX,
+    admits,
+    allowance_budget,
+    allowance_label,
+    allowance_owner,
+    draw_cost,
+    drawn,
+)
 from dp_icl_plugin.accounting.allowance import epsilon_spent as _epsilon_spent
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
-from dp_icl_plugin.accounting.individual_filter import FILTER_ORDERS, IndividualBudget
+from dp_icl_plugin.accounting.individual_filter import _FIT_MARGIN, FILTER_ORDERS, IndividualBudget
+from dp_icl_plugin.decoding.allowance_lease import AllowanceLease, ledger_identity
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
 from dp_icl_plugin.timing import Turns
 
 __all__ = [
     "ALLOWANCE_DELTA_SHARE",
+    "MANY_DRAWS",
     "WHEN_SPENT",
     "PerToken",
     "TokenAllowance",
@@ -82,21 +97,32 @@ ALLOWANCE_DELTA_SHARE = 0.1
 """An allowance's default δ, as a share of the ledger's: its cover is an (ε, δ) event, and the ledger certifies
 everything at its own δ, so the cover's δ must leave the rest room."""
 
+
+MANY_DRAWS = 10**9
+"""What :meth:`TokenAllowance.draws_left` reports for an allowance that can pay this many draws or more."""
+
+
+class _Shared:
+    """What every object of one allowance in this process shares: the lock of its cover, its answers' turns and
+    its lease (a process holds it once)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.turns = Turns("an answer paid per token")
+        self.lease: AllowanceLease | None = None
+
+
 _REGISTRY_LOCK = threading.Lock()
-_LOCKS: dict[tuple[str, str | None, str], threading.Lock] = {}
-_TURNS: dict[tuple[str, str | None, str], Turns] = {}
+_SHARED: weakref.WeakValueDictionary[tuple[str, ...], _Shared] = weakref.WeakValueDictionary()
 
 
-def _lock_of(key: tuple[str, str | None, str]) -> threading.Lock:
-    """The process's lock of one allowance (its ledger and label): every object for it shares one."""
+def _shared_of(key: tuple[str, ...]) -> _Shared:
+    """This process's shared state of one allowance (kept while an object of it lives)."""
     with _REGISTRY_LOCK:
-        return _LOCKS.setdefault(key, threading.Lock())
-
-
-def _turns_of(key: tuple[str, str | None, str]) -> Turns:
-    """The process's queue of answers of one allowance."""
-    with _REGISTRY_LOCK:
-        return _TURNS.setdefault(key, Turns())
+        found = _SHARED.get(key)
+        if found is None:
+            found = _SHARED[key] = _Shared()
+        return found
 
 
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -227,8 +253,13 @@ class TokenAllowance:
             ev.ApproxDPEvent(epsilon, delta, neighbouring=budget.neighbouring), budget.privacy_unit
         )
         self.filter: IndividualBudget = allowance_budget(self.cover_event, budget.neighbouring, orders)
-        self._lock = _lock_of((str(budget.location), budget.ledger_name, self.label))
-        self._turns = _turns_of((str(budget.location), budget.ledger_name, self.label))
+        self._shared = _shared_of((*ledger_identity(budget), component, self.owner))
+        self._lock, self._turns = self._shared.lock, self._shared.turns
+        if name is not None:  # one process at a time (an unnamed allowance no other process can name)
+            with self._lock:
+                lease = self._shared.lease
+                if lease is None or lease.pid != os.getpid():
+                    self._shared.lease = AllowanceLease(budget, f"{component}{ALLOWANCE_SUFFIX}:{self.owner}")
         self._cover: LedgerEntry | None = self._find_cover() if name is not None else None
 
     def __repr__(self) -> str:
@@ -236,14 +267,27 @@ class TokenAllowance:
 
     def _find_cover(self) -> LedgerEntry | None:
         """The ledger's cover of this name (the first, where two starts both charged one), checked; or None."""
-        covers = [e for e in self.budget.history() if e.label == self.label]
+        covers = [e for e in self.budget.history() if allowance_owner(e.label) == (self.component, self.owner)]
         for entry in covers:
+            if entry.label != self.label:
+                raise ConfigurationError(
+                    f"the ledger holds the allowance {self.owner!r} with other filter orders ({entry.label!r}, not "
+                    f"{self.label!r}: another DPS-MOZO order?); give this share another allowance_name"
+                )
             if entry.event != self.cover_event:
                 raise ConfigurationError(
                     f"the ledger holds the allowance {self.label!r} with another budget or relation "
                     f"({entry.event}); give this share another allowance_name"
                 )
         return covers[0] if covers else None
+
+    def _current_cover(self) -> LedgerEntry | None:
+        """The cover, found again when another object of this allowance may have charged it since."""
+        if self._cover is None and self.owner_named:
+            with self._lock:
+                if self._cover is None:
+                    self._cover = self._find_cover()
+        return self._cover
 
     @property
     def cover(self) -> LedgerEntry | None:
@@ -269,6 +313,8 @@ class TokenAllowance:
                 self._cover = self._find_cover()
             if self._cover is None:
                 self._cover = self.budget.spend(self.cover_event, label=self.label)
+                if self.owner_named:  # two starts that raced: every object draws on the first cover
+                    self._cover = self._find_cover() or self._cover
             cover = self._cover
         event = ev.FilteredReleaseEvent(per_unit, cover.id, neighbouring=self.budget.neighbouring)
         return self.budget.spend(event, label=self.draw_label)
@@ -279,7 +325,7 @@ class TokenAllowance:
         Returns:
             ``(draws, epsilon)``.
         """
-        cover = self._cover
+        cover = self._current_cover()
         if cover is None:
             return 0, 0.0
         history = self.budget.history()
@@ -291,23 +337,29 @@ class TokenAllowance:
         return draws, _epsilon_spent(self.filter, spent)
 
     def draws_left(self, per_unit: ev.DPEvent) -> int:
-        """How many more draws of ``per_unit`` the allowance admits now (public: earlier draws' events only).
+        """How many more draws of ``per_unit`` the allowance admits now (advisory, public: earlier draws' events
+        only; the ledger decides each draw). Read it inside :meth:`turn`, where no answer is half-way.
 
         Args:
             per_unit: one draw's event.
         """
-        cover = self._cover
-        counts = self.budget._store.event_counts() if cover is not None else Counter()
-        spent = (
-            np.zeros(len(self.filter.orders))
-            if cover is None
-            else drawn(counts, cover.id, self.budget.neighbouring, self.filter.orders)
-        )
+        cover = self._current_cover()
+        spent = np.zeros(len(self.filter.orders))
+        if cover is not None:
+            spent = drawn(self.budget._store.event_counts(), cover.id, self.budget.neighbouring, self.filter.orders)
         cost = draw_cost(per_unit, self.budget.neighbouring, self.filter.orders)
-        n = 0
-        while admits(self.filter, spent + n * cost, cost):
-            n += 1
-            if n >= 1_000_000:
+        room = self.filter.caps * (1 - _FIT_MARGIN) - spent
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fits = np.where(np.isfinite(room) & (room >= 0), np.floor(room / np.maximum(cost, 1e-300)), 0.0)
+        n = int(min(np.max(fits, initial=0.0), MANY_DRAWS))
+        if n >= MANY_DRAWS:
+            return MANY_DRAWS
+        for _ in range(64):  # the float sums the ledger compares may differ from the division by an ulp or two
+            if n > 0 and not admits(self.filter, spent + (n - 1) * cost, cost):
+                n -= 1
+            elif admits(self.filter, spent + n * cost, cost):
+                n += 1
+            else:
                 break
         return n
 
@@ -324,15 +376,16 @@ class TokenAllowance:
         with self._turns.hold(cancelled):
             yield
 
-    def epsilon_of(self, per_unit: ev.DPEvent, draws: int) -> float:
+    def epsilon_of(self, per_unit: ev.DPEvent, draws: int, *, capped: bool = True) -> float:
         """The ε ``draws`` draws of ``per_unit`` use of a fresh allowance like this one (public arithmetic).
 
         Args:
             per_unit: one draw's event.
             draws: how many.
+            capped: at most the allowance's ε (False: the figure of draws it would refuse).
         """
         cost = draw_cost(per_unit, self.budget.neighbouring, self.filter.orders)
-        return _epsilon_spent(self.filter, draws * cost)
+        return _epsilon_spent(self.filter, draws * cost, capped=capped)
 
 
 def calibrate_per_token(
