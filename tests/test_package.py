@@ -26,6 +26,7 @@ PUBLIC_API = {  # what a user imports: ``from dp_icl_plugin import ...``
     "ANSWER_PRESETS",
     "AdaDPSynConfig",
     "AdaDPSynSynthesizer",
+    "AllowanceSpentError",
     "AnswerChoices",
     "AnswerStream",
     "AnswerTemplate",
@@ -154,6 +155,7 @@ def test_error_tree() -> None:
     )
     assert issubclass(errors.ServerMismatchError, errors.ConfigurationError)  # raised before anything is charged
     assert issubclass(errors.ShareExhaustedError, errors.BudgetExhaustedError)  # a refusal: nothing committed
+    assert issubclass(errors.AllowanceSpentError, errors.BudgetExhaustedError)  # so is a spent allowance
     # a wrong type: caught as either a ConfigurationError or a TypeError
     assert issubclass(errors.ConfigurationTypeError, errors.ConfigurationError)
     assert issubclass(errors.ConfigurationTypeError, TypeError)
