@@ -54,10 +54,12 @@ from dp_icl_plugin.decoding import (
     DecodedAnswer,
     Decoder,
     KNNExpertDecoder,
+    KNNKeywordDecoder,
     MozoDecoder,
     MozoSettings,
     build_decoder,
     build_expert_decoder,
+    build_keyword_decoder,
 )
 from dp_icl_plugin.errors import (
     AllowanceSpentError,
@@ -146,6 +148,7 @@ __all__ = [
     "IndividualBudget",
     "KNNConfig",
     "KNNExpertDecoder",
+    "KNNKeywordDecoder",
     "LedgerCorruptError",
     "LedgerEntry",
     "LedgerError",
@@ -188,6 +191,7 @@ __all__ = [
     "__version__",
     "build_decoder",
     "build_expert_decoder",
+    "build_keyword_decoder",
     "calibrate",
     "compose",
     "get_accountant",

@@ -26,7 +26,7 @@ from dp_icl_plugin.accounting.neighbouring import REPLACE_ONE, check_relation
 from dp_icl_plugin.decoding.knn_experts import filter_budget_for
 from dp_icl_plugin.decoding.pay_as_you_go import ALLOWANCE_DELTA_SHARE, calibrate_per_token, mozo_filter_order
 from dp_icl_plugin.errors import CalibrationError, ConfigurationError
-from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, threshold_sensitivity
+from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold, record_vote_sensitivity, threshold_sensitivity
 from dp_icl_plugin.mechanisms.token_shift import (
     MIN_KEYWORD_PASS,
     WEAK_SHIFT,
@@ -134,7 +134,7 @@ def plan(
         k: kNN experts per answer (expert decoding) and records per vote.
         candidates: records expected to pass ``min_similarity`` per query (default ``k``): they pay each answer.
         shards: the kNN keyword answer's shards.
-        keywords_per_answer: the keywords each of its shards' answers contributes.
+        keywords_per_answer: the keywords each of its shards' answers (keyword hints: each record) contributes.
         n_shots: DPS-MOZO's records per token.
         mozo_order: DPS-MOZO's Rényi order α.
         subset_size: clip-blend's fixed subset (default min(records, k)).
@@ -184,6 +184,9 @@ def plan(
         _outlook("knn sparse expert decoding", lambda: _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid)),
         _outlook(
             "knn keyword answer", lambda: _keywords(eps, dlt, n, a, c, shards, keywords_per_answer, vocab_size, rel)
+        ),
+        _outlook(
+            "knn keyword hints", lambda: _keyword_hints(eps, dlt, n, a, c, keywords_per_answer, vocab_size, rel, j)
         ),
         _outlook(
             "dps-mozo decoding, paid per token", lambda: _mozo_per_token(eps, dlt, n, a, e, n_shots, mozo_order, rel)
@@ -419,6 +422,12 @@ def _carrying(methods: list[MethodOutlook], records: int, agreeing: int) -> str:
             "a fact fewer records share stays out of the answers"
         )
     experts = next((m for m in methods if m.method == "knn expert decoding" and m.verdict != "refused"), None)
+    hints = next((m for m in methods if m.method == "knn keyword hints" and m.verdict != "refused"), None)
+    if hints is not None:
+        where += (
+            f"; a keyword reaches an answer's prompt (knn keyword hints) when about "
+            f"{hints.settings['records_to_pass_a_keyword']} of its candidate records share it"
+        )
     if experts is None or need <= agreeing:
         return where
     eps_for = experts.settings["epsilon_for_agreeing_records"]
@@ -448,6 +457,31 @@ def _keywords(eps, dlt, n, a, c, shards, m, vocab, rel) -> MethodOutlook:
         "useful" if passes >= 0.5 else "weak" if ok else "refused",
         f"threshold {threshold:.3g} against at most {shards} shard votes: a keyword every shard "
         f"says passes with probability {passes:.3g}",
+    )
+
+
+def _keyword_hints(eps, dlt, n, a, c, m, vocab, rel, agreeing) -> MethodOutlook:
+    budget = filter_budget_for(eps, dlt, rel)
+    uses = max(1, math.ceil(a * c / n))
+    sigma = noise_for_uses(budget, uses=uses, sensitivity=record_vote_sensitivity(m))
+    threshold = keyword_threshold(sigma, vocab)
+    passes = keyword_pass_probability(threshold, agreeing, sigma)
+    need = math.ceil(threshold)
+    small = f"; the dataset's {n} records are fewer" if need > n else ""
+    return MethodOutlook(
+        "knn keyword hints",
+        "per answer (each record its own budget)",
+        {
+            "uses": uses,
+            "noise_std": sigma,
+            "threshold": threshold,
+            "records_to_pass_a_keyword": need,
+            "agreeing_keyword_passes": passes,
+        },
+        None,
+        "useful" if passes >= 0.5 else "weak" if passes >= MIN_KEYWORD_PASS else "useless",
+        f"a keyword passes half the time when {need} of an answer's candidate records share it{small}; a "
+        f"keyword {agreeing} of them share passes with probability {passes:.3g}",
     )
 
 

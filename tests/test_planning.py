@@ -29,7 +29,8 @@ from dp_icl_plugin.mechanisms.token_shift import (
 )
 from dp_icl_plugin.planning import plan
 from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
-from dp_icl_plugin.retrieval.retriever import token_epsilon_for_uses
+from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold
+from dp_icl_plugin.retrieval.retriever import noise_for_uses, token_epsilon_for_uses
 
 
 def test_the_log_odds_shift_is_the_largest_probability_gain() -> None:
@@ -177,6 +178,7 @@ def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -
         "knn expert decoding",
         "knn sparse expert decoding",
         "knn keyword answer",
+        "knn keyword hints",
         "dps-mozo decoding, paid per token",
         "clip-blend decoding, paid per token",
     }
@@ -237,3 +239,21 @@ def test_paid_per_token_the_plan_calibrates_for_the_expected_tokens() -> None:
     assert half[f"{mozo}, paid per token"].settings["tokens_paid"] == 2400
     with pytest.raises(ConfigurationError, match="expected_tokens"):
         plan(records=4672, epsilon=4.0, delta=1e-5, answers=100, tokens=48, expected_tokens=49)
+
+
+def test_the_plan_says_how_many_records_must_share_a_keyword_hint_and_matches_the_decoder() -> None:
+    from test_knn_keywords import build
+
+    small = {m.method: m for m in plan(records=100, epsilon=4, delta=1e-5, answers=100, tokens=48).methods}
+    hints = small["knn keyword hints"]
+    sigma = hints.settings["noise_std"]
+    need = hints.settings["records_to_pass_a_keyword"]
+    assert need == math.ceil(keyword_threshold(sigma, 49152)) and need > 100  # SmolLM2's vocabulary
+    assert hints.verdict == "useless" and "fewer" in hints.note  # 100 tickets cannot carry a keyword
+    large = plan(records=100_000, epsilon=8, delta=1e-5, answers=100, tokens=48, agreeing=40).methods
+    assert {m.method: m for m in large}["knn keyword hints"].verdict == "useful"
+    # the decoder's own figure is the plan's for the same filter budget, uses, m and vocabulary
+    _, _, decoder = build(["fix"], epsilon=2.0, uses=1, keywords_per_answer=4)
+    knn = decoder.knn
+    assert decoder.records_to_agree() == math.ceil(knn.keyword_outlook()[0])
+    assert knn.keyword_noise_std == pytest.approx(noise_for_uses(knn.index.filter.budget, uses=1, sensitivity=2.0))

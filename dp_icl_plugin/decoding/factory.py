@@ -2,7 +2,8 @@
 decoder's step (:func:`step_rows`).
 
 The decoders themselves are in :mod:`~dp_icl_plugin.decoding.decoders` (DPS-MOZO, clip-blend) and
-:mod:`~dp_icl_plugin.decoding.knn_experts` (kNN experts); this module sits above both, so neither imports it.
+:mod:`~dp_icl_plugin.decoding.knn_experts` (kNN experts), :mod:`~dp_icl_plugin.decoding.knn_keywords` (kNN keyword
+hints); this module sits above both, so neither imports it.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from dp_icl_plugin.data.records import PrivateDataset
 from dp_icl_plugin.decoding.contract import TEMPERATURE_REFUSED
 from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder, _Decoder
 from dp_icl_plugin.decoding.knn_experts import build_expert_decoder
+from dp_icl_plugin.decoding.knn_keywords import build_keyword_decoder
 from dp_icl_plugin.errors import ConfigurationError
 
 __all__ = ["DECODING_METHODS", "build_decoder", "step_rows", "step_tokens"]
 
 
-DECODING_METHODS = ("mozo", "clip-blend", "knn-experts")
+DECODING_METHODS = ("mozo", "clip-blend", "knn-experts", "knn-keywords")
 
 
 def step_rows(method: str, settings: dict[str, Any]) -> int:
@@ -35,9 +37,11 @@ def step_rows(method: str, settings: dict[str, Any]) -> int:
     shape depend on the others.
 
     Args:
-        method: ``"mozo"``, ``"clip-blend"`` or ``"knn-experts"``.
+        method: ``"mozo"``, ``"clip-blend"``, ``"knn-experts"`` or ``"knn-keywords"``.
         settings: the decoder's settings.
     """
+    if method == "knn-keywords":  # the records vote without a forward; the answer is the public row alone
+        return 1
     if method == "mozo":
         return int(settings.get("n_shots", 4))
     if method == "knn-experts":  # at most k experts, padded to k (how many there are is private)
@@ -57,6 +61,8 @@ def step_tokens(method: str, rows: int) -> int | None:
 def _decoder_type(method: str) -> Callable[..., _Decoder]:
     if method == "knn-experts":
         return build_expert_decoder
+    if method == "knn-keywords":
+        return build_keyword_decoder
     return MozoDecoder if method == "mozo" else ClipBlendDecoder
 
 
@@ -96,9 +102,10 @@ def build_decoder(
     server: dict[str, Any] | None = None,
     **settings: Any,
 ) -> _Decoder:
-    """A DP decoder (``method``: ``"mozo"``, ``"clip-blend"`` or ``"knn-experts"``, the last through
-    :func:`~dp_icl_plugin.decoding.knn_experts.build_expert_decoder`; ``settings`` go to it) over a local model or an
-    inference server: ``model_id`` as :func:`~dp_icl_plugin.backends.loading.load_backend` takes it (a URL
+    """A DP decoder (``method``: ``"mozo"``, ``"clip-blend"``, ``"knn-experts"`` or ``"knn-keywords"``, the last
+    two through :func:`~dp_icl_plugin.decoding.knn_experts.build_expert_decoder` and
+    :func:`~dp_icl_plugin.decoding.knn_keywords.build_keyword_decoder`; ``settings`` go to them) over a local
+    model or an inference server: ``model_id`` as :func:`~dp_icl_plugin.backends.loading.load_backend` takes it (a URL
     needs ``tokenizer``; ``server`` holds ServerBackend settings such as ``top_k``). A local model's backend
     computes as many rows per forward as a step of this decoder does (:func:`step_rows`).
 
@@ -106,7 +113,7 @@ def build_decoder(
         model_id: a local model or a server URL.
         dataset: the private records.
         budget: the shared ledger.
-        method: ``"mozo"``, ``"clip-blend"`` or ``"knn-experts"``.
+        method: ``"mozo"``, ``"clip-blend"``, ``"knn-experts"`` or ``"knn-keywords"``.
         device: the local model's device.
         dtype: the local model's dtype.
         tokenizer: the served model's tokenizer (server URLs only).
@@ -115,8 +122,9 @@ def build_decoder(
 
     Returns:
         A :class:`~dp_icl_plugin.decoding.decoders.MozoDecoder`,
-        :class:`~dp_icl_plugin.decoding.decoders.ClipBlendDecoder` or
-        :class:`~dp_icl_plugin.decoding.knn_experts.KNNExpertDecoder`.
+        :class:`~dp_icl_plugin.decoding.decoders.ClipBlendDecoder`,
+        :class:`~dp_icl_plugin.decoding.knn_experts.KNNExpertDecoder` or
+        :class:`~dp_icl_plugin.decoding.knn_keywords.KNNKeywordDecoder`.
 
     Raises:
         ConfigurationError: an unknown method, a setting the decoder does not take or lacks (checked before the
@@ -137,6 +145,6 @@ def build_decoder(
         tokens_per_forward=None if rows is None else step_tokens(method, rows),
         **(server or {}),
     )
-    if method == "knn-experts":
+    if method in ("knn-experts", "knn-keywords"):
         return _decoder_type(method)(backend, dataset, budget=budget, **settings)
     return _decoder_type(method)(dataset, backend=backend, budget=budget, **settings)

@@ -592,14 +592,7 @@ def build_expert_decoder(
             records or another budget (before anything is charged; the message names the fix).
         BudgetExhaustedError: the ledger cannot afford the filter's charge.
     """
-    if not isinstance(dataset, PrivateDataset):
-        raise ConfigurationTypeError("dataset must be a PrivateDataset")
-    if not isinstance(keep_index, bool):
-        raise ConfigurationTypeError("keep_index must be True or False")
-    if not isinstance(budget, BudgetManager):
-        raise ConfigurationTypeError("budget must be a BudgetManager (the app's shared ledger)")
-    n_queries = check.positive_int("n_queries", n_queries)
-    k = check.positive_int("k", k)
+    check_dataset_settings(dataset, budget=budget, keep_index=keep_index)
     answers = None if choices is None else AnswerChoices.of(backend, choices)
     if answers is not None:  # calibrate for the token decisions an answer runs (public); too few tokens refused
         if answers.max_tokens > check.positive_int("max_tokens", max_tokens):
@@ -609,6 +602,75 @@ def build_expert_decoder(
         max_tokens = answers.decisions
     if public_temperature is None:
         public_temperature = PUBLIC_TEMPERATURE if answers is None else CHOICES_PUBLIC_TEMPERATURE
+    # the decoder's own settings, checked before the retriever charges the filter's cover (nothing paid for nothing)
+    if template is not None and not isinstance(template, AnswerTemplate):
+        raise ConfigurationTypeError("template must be an AnswerTemplate")
+    fixed_latency = as_fixed_latency(fixed_latency)
+    knn = knn_for_dataset(
+        backend,
+        dataset,
+        budget=budget,
+        epsilon=epsilon,
+        n_queries=n_queries,
+        delta=delta,
+        k=k,
+        uses=uses,
+        population_size=population_size,
+        embedder=embedder,
+        per_unit_limit=experts_per_unit,
+        index_path=index_path,
+        index_name=index_name,
+        keep_index=keep_index,
+        releases=("decode",),
+        settings={
+            "min_similarity": min_similarity,
+            "max_answer_tokens": max_tokens,
+            "expert_public_temperature": public_temperature,
+            "expert_top_k": top_k,
+            "expert_paid_tokens": paid_tokens,
+            "expert_test_ratio": test_ratio,
+            "expert_test_threshold": test_threshold,
+        },
+    )
+    return KNNExpertDecoder(
+        knn,
+        template=template,
+        fixed_latency=fixed_latency,
+        choices=answers,
+    )
+
+
+def knn_for_dataset(
+    backend: NextTokenBackend,
+    dataset: PrivateDataset,
+    *,
+    budget: BudgetManager,
+    epsilon: float,
+    n_queries: int,
+    delta: float | None,
+    k: int,
+    uses: int | None,
+    population_size: int | None,
+    embedder: object | None,
+    per_unit_limit: int | None,
+    index_path: str | os.PathLike[str] | None,
+    index_name: str,
+    keep_index: bool,
+    releases: tuple[str, ...],
+    settings: dict[str, Any],
+) -> PrivateKNN:
+    """A :class:`PrivateKNN` over a dataset's records, its per-record (per-unit) filter covered by ``epsilon`` on
+    the ledger once, the index kept beside a durable ledger (see :func:`build_expert_decoder`, whose arguments
+    these are; ``per_unit_limit`` is its ``experts_per_unit``, ``settings`` further :class:`KNNConfig` fields).
+
+    Raises:
+        ConfigurationError: a bad setting, or a kept index with other records or another budget (before anything
+            is charged).
+        BudgetExhaustedError: the ledger cannot afford the filter's charge.
+    """
+    check_dataset_settings(dataset, budget=budget, keep_index=keep_index)
+    n_queries = check.positive_int("n_queries", n_queries)
+    k = check.positive_int("k", k)
     per_unit = require_units(dataset, budget.privacy_unit) != PER_RECORD
     records = [r for y in dataset.labels for r in dataset.records(y)]
     if uses is None and population_size is None and budget.neighbouring == ADD_REMOVE:
@@ -623,23 +685,11 @@ def build_expert_decoder(
     config = KNNConfig(
         k=k,
         shards=1,
-        min_similarity=min_similarity,
         uses=per_record_uses,
-        max_answer_tokens=max_tokens,
-        expert_public_temperature=public_temperature,
-        expert_top_k=top_k,
-        expert_paid_tokens=paid_tokens,
-        expert_test_ratio=test_ratio,
-        expert_test_threshold=test_threshold,
-        # contribution bounding per unit: a person's most similar records only, each an expert it pays for
-        records_per_unit=(dataset.records_per_unit if experts_per_unit is None else experts_per_unit)
-        if per_unit
-        else None,
+        # contribution bounding per unit: a person's most similar records only, each paid for
+        records_per_unit=(dataset.records_per_unit if per_unit_limit is None else per_unit_limit) if per_unit else None,
+        **settings,
     )
-    # the decoder's own settings, checked before the retriever charges the filter's cover (nothing paid for nothing)
-    if template is not None and not isinstance(template, AnswerTemplate):
-        raise ConfigurationTypeError("template must be an AnswerTemplate")
-    fixed_latency = as_fixed_latency(fixed_latency)
     share = budget.budget.delta / 2.0 if delta is None else delta
     # per unit: one filter per unit (the index grouped by user, a record's unit its user id), covered as is
     index = kept_index(
@@ -652,9 +702,19 @@ def build_expert_decoder(
         group_by_user=per_unit,
         name=index_name,
     )
-    return KNNExpertDecoder(
-        PrivateKNN(index, budget=budget, backend=backend, config=config, releases=("decode",)),
-        template=template,
-        fixed_latency=fixed_latency,
-        choices=answers,
-    )
+    return PrivateKNN(index, budget=budget, backend=backend, config=config, releases=releases)
+
+
+def check_dataset_settings(dataset: object, *, budget: object, keep_index: object) -> None:
+    """The types a dataset-built kNN decoder needs, checked before anything loads or is charged.
+
+    Raises:
+        ConfigurationTypeError: a dataset that is no PrivateDataset, a budget that is no BudgetManager, or a
+            ``keep_index`` that is not a bool.
+    """
+    if not isinstance(dataset, PrivateDataset):
+        raise ConfigurationTypeError("dataset must be a PrivateDataset")
+    if not isinstance(keep_index, bool):
+        raise ConfigurationTypeError("keep_index must be True or False")
+    if not isinstance(budget, BudgetManager):
+        raise ConfigurationTypeError("budget must be a BudgetManager (the app's shared ledger)")

@@ -10,6 +10,13 @@ g shards (g = 1 for a record: the shard's next candidate moves up; at most the n
 person). A changed shard swaps its set A for another set B, |A|, |B| ≤ m, so h moves by ‖1_A − 1_B‖₂ ≤ √(2m)
 per shard, √(2m)·g in all.
 
+Records as voters (keyword hints, ``KNNConfig(keyword_source="records")``): every candidate record adds the
+first m distinct keywords of its own text (:func:`record_keywords`), one count each, and nothing else decides
+who votes (the candidates are fixed by the public query and threshold, each record's membership by itself).
+Adding or removing one record adds or removes its set A, |A| ≤ m: ‖1_A‖₂ ≤ √m; a person with c candidate
+records moves h by at most c·√m (triangle inequality; :func:`record_vote_sensitivity`). No record moves up to
+take another's place, so there is no swap factor √2.
+
 Accounting: noise on the full vocabulary makes the noisy histogram exactly a Gaussian mechanism of that ℓ2
 sensitivity, (α, α·Δ²/(2σ²))-RDP (Mironov 2017, Prop. 7); the threshold, the ranking and the cut are
 post-processing. No δ is spent: unlike partition selection over an unbounded domain (Gopi et al., ICML 2020;
@@ -26,6 +33,7 @@ counts, the top-k set is then unstable for every k, and the PTR test fails (benc
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -35,7 +43,17 @@ from scipy.special import ndtri
 from dp_icl_plugin import _validation as check
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 
-__all__ = ["ThresholdKeywords", "answer_keywords", "keyword_threshold", "threshold_keywords", "threshold_sensitivity"]
+__all__ = [
+    "ThresholdKeywords",
+    "answer_keywords",
+    "keyword_threshold",
+    "record_keywords",
+    "record_vote_sensitivity",
+    "threshold_keywords",
+    "threshold_sensitivity",
+]
+
+WORD = re.compile(r"\w+")
 
 FALSE_KEYWORDS = 0.01  # tokens no shard said that pass, on average per release
 
@@ -70,6 +88,51 @@ def threshold_sensitivity(per_answer: int, shards_changed: int = 1) -> float:
     """
     m = check.positive_int("per_answer", per_answer)
     return math.sqrt(2.0 * m) * check.positive_int("shards_changed", shards_changed)
+
+
+def record_vote_sensitivity(per_record: int, records: int = 1) -> float:
+    """ℓ2 sensitivity of the histogram when records vote themselves: √m per record added or removed.
+
+    Args:
+        per_record: m, the keywords each record contributes.
+        records: c, the candidate records of the unit added or removed.
+
+    Raises:
+        ConfigurationError: an argument is not a positive integer.
+    """
+    m = check.positive_int("per_record", per_record)
+    return math.sqrt(m) * check.positive_int("records", records)
+
+
+def record_keywords(
+    text: str, *, per_record: int, encode: Callable[[str], list[int]], is_keyword: Callable[[int], bool]
+) -> list[int]:
+    """One record's vote: the first ``per_record`` distinct words of ``text`` (lower-cased, in order) that the
+    tokenizer writes as one keyword token after a space (so a released token is a whole word), as token ids.
+    A function of this text alone; a word the tokenizer cannot encode is skipped.
+
+    Args:
+        text: the record's text (private).
+        per_record: m, at most this many keywords.
+        encode: text → token ids, without special tokens.
+        is_keyword: whether a token id is a keyword (a public property of the token).
+
+    Raises:
+        ConfigurationError: ``per_record`` is not a positive integer.
+    """
+    m = check.positive_int("per_record", per_record)
+    out: list[int] = []
+    for word in dict.fromkeys(w.lower() for w in WORD.findall(text)):
+        try:
+            ids = encode(" " + word)
+        except Exception:  # tokenizers raise plain Exception for what they cannot encode: this word does not vote
+            continue
+        if len(ids) != 1 or int(ids[0]) in out or not is_keyword(int(ids[0])):
+            continue
+        out.append(int(ids[0]))
+        if len(out) == m:
+            break
+    return out
 
 
 def answer_keywords(tokens: Iterable[int], *, per_answer: int | None, is_keyword: Callable[[int], bool]) -> list[int]:

@@ -78,6 +78,8 @@ from dp_icl_plugin.mechanisms.keyword_ptr import stable_top_k
 from dp_icl_plugin.mechanisms.keyword_threshold import (
     answer_keywords,
     keyword_threshold,
+    record_keywords,
+    record_vote_sensitivity,
     threshold_keywords,
     threshold_sensitivity,
 )
@@ -110,6 +112,7 @@ EXPERT_CLIP = 4.0
 """The clipping bound c of an expert-decoding release: an expert's tokens within 2c nats of its favourite keep
 their order, the rest share the floor. Only c/τ is paid for: τ follows from the budget."""
 KEYWORD_RELEASES = ("threshold", "ptr")
+KEYWORD_SOURCES = ("shards", "records")
 
 
 def noise_for_uses(budget: IndividualBudget, *, uses: int, sensitivity: float) -> float:
@@ -205,8 +208,13 @@ class KNNConfig:
         keyword_noise_std: σ of the keyword release (threshold counts or the PTR test; default: calibrated
             from ``uses``).
         keywords: how many keywords an answer release publishes (``"threshold"``: at most this many).
-        keywords_per_answer: ``"threshold"``: each shard's answer counts its first this many distinct
-            keyword tokens (the ℓ2 sensitivity is √(2·keywords_per_answer) per shard).
+        keywords_per_answer: ``"threshold"``: each shard's answer (or, with ``keyword_source="records"``, each
+            candidate record) counts its first this many distinct keyword tokens (the ℓ2 sensitivity is
+            √(2·keywords_per_answer) per shard, √keywords_per_answer per record).
+        keyword_source: who votes in an answer release's keyword histogram: ``"shards"`` (default: each shard's
+            LLM answer, Wu et al.) or ``"records"`` (keyword hints: every candidate record votes the keywords of
+            its own answer, else its text, with no LLM call; :func:`record_keywords`). Records vote through the
+            threshold release only.
         stopwords: words that are never keywords (a keyword is a token with a letter or digit whose
             lower-cased text is not one of them); public, default :data:`~dp_icl_plugin.retrieval.prompts.STOPWORDS`.
         max_answer_tokens: the length limit of every generated answer (a ``decode`` release is charged for it).
@@ -244,6 +252,7 @@ class KNNConfig:
     keyword_noise_std: float | None = None
     keywords: int = 5
     keywords_per_answer: int = 4
+    keyword_source: str = "shards"
     stopwords: frozenset[str] = STOPWORDS
     max_answer_tokens: int = 16
     expert_public_temperature: float = 0.1
@@ -266,6 +275,12 @@ class KNNConfig:
             raise ConfigurationError(
                 f"keyword_release must be one of {', '.join(KEYWORD_RELEASES)}, got {self.keyword_release!r}"
             )
+        if self.keyword_source not in KEYWORD_SOURCES:
+            raise ConfigurationError(
+                f"keyword_source must be one of {', '.join(KEYWORD_SOURCES)}, got {self.keyword_source!r}"
+            )
+        if self.keyword_source == "records" and self.keyword_release != "threshold":
+            raise ConfigurationError('records vote through the threshold release only (keyword_release="threshold")')
         if isinstance(self.stopwords, str) or not all(isinstance(w, str) for w in self.stopwords):
             raise ConfigurationError("stopwords must be a collection of strings")
         object.__setattr__(self, "stopwords", frozenset(w.strip().lower() for w in self.stopwords))
@@ -291,6 +306,11 @@ class KNNConfig:
         if not math.isfinite(threshold):
             raise ConfigurationError(f"expert_test_threshold must be finite, got {threshold!r}")
         object.__setattr__(self, "expert_test_threshold", threshold)
+
+    @property
+    def records_vote(self) -> bool:
+        """Whether an answer release's keywords are the candidate records' own (``keyword_source="records"``)."""
+        return self.keyword_source == "records"
 
     @property
     def sparse(self) -> bool:
@@ -565,8 +585,12 @@ class PrivateKNN:
         self.fixed_latency = as_fixed_latency(fixed_latency)
         filt = index.filter.budget
         self.noise_std = self.config.noise_std or noise_for_uses(filt, uses=self.config.uses, sensitivity=SQRT2)
-        self.keyword_sensitivity = (  # one unit changing one shard
-            1.0 if self.config.keyword_release == "ptr" else threshold_sensitivity(self.config.keywords_per_answer)
+        self.keyword_sensitivity = (  # one unit changing one shard, or one record's own vote
+            1.0
+            if self.config.keyword_release == "ptr"
+            else record_vote_sensitivity(self.config.keywords_per_answer)
+            if self.config.records_vote
+            else threshold_sensitivity(self.config.keywords_per_answer)
         )
         self.keyword_noise_std = self.config.keyword_noise_std or noise_for_uses(
             filt, uses=self.config.uses, sensitivity=self.keyword_sensitivity
@@ -762,14 +786,35 @@ class PrivateKNN:
     def _answer_released(self, retrieval: Retrieval, rng: np.random.Generator, n_keywords: int) -> Answer:
         backend = self.backend
         assert backend is not None
-        shards = [demos for demos in self._shards(retrieval, rng, need="answer") if demos]
-        released = self._release_keywords(self._shard_answers(retrieval._query, shards), n_keywords, rng)
+        words = self._keywords_of(retrieval, n_keywords, rng)
         # Everything below is post-processing of the release: the query is public, the keywords are DP.
-        words = None if released is None else tuple(backend.decode([t]).strip() for t in released)
         # Fitted like the shard prompts: a long query or long keywords shorten it rather than fail after the charge.
         final = self._fit(self.keyword_prompt.render(words, retrieval._query), room=self.config.max_answer_tokens + 1)
         text = backend.decode(greedy_generate(backend, [final], max_new_tokens=self.config.max_answer_tokens)[0])
         return Answer(text.strip(), words, retrieval.ledger_entry)
+
+    def _keywords_of(self, retrieval: Retrieval, n_keywords: int, rng: np.random.Generator) -> tuple[str, ...] | None:
+        """The DP keywords of a charged answer release (words; None when none passed): from the shards' answers, or
+        (``keyword_source="records"``) from every charged record's own keywords."""
+        assert self.backend is not None
+        if self.config.records_vote:
+            votes = [self._record_vote(record) for record in retrieval]
+        else:
+            shards = [demos for demos in self._shards(retrieval, rng, need="answer") if demos]
+            votes = self._shard_answers(retrieval._query, shards)
+        released = self._release_keywords(votes, n_keywords, rng)
+        return None if released is None else tuple(self.backend.decode([t]).strip() for t in released)
+
+    def _record_vote(self, record: RetrievedRecord) -> list[int]:
+        """One candidate record's keyword tokens (private until released): those of its answer, else its text."""
+        assert self.backend is not None
+        field = record.answer if record.answer is not None else record.text
+        return record_keywords(
+            field.reveal(),
+            per_record=self.config.keywords_per_answer,
+            encode=self.backend.encode,
+            is_keyword=self._is_keyword,
+        )
 
     def _shard_answers(self, query: str, shards: list[list[tuple[str, str]]]) -> list[list[int]]:
         """Each shard's keyword tokens (non-private until released): alphanumeric tokens of its greedy answer,
@@ -989,14 +1034,16 @@ class PrivateKNN:
 
     def keyword_outlook(self) -> tuple[float, float]:
         """The threshold keyword release's threshold T and how often a keyword every shard says passes it,
-        P[shards + N(0, σ²) > T] (public settings only).
+        P[shards + N(0, σ²) > T] (public settings only). With records voting (``keyword_source="records"``) how
+        many vote is private: the probability is then that of a keyword ⌈T⌉ records share (one half or more).
 
         Returns:
             ``(threshold, pass_probability)``.
         """
         assert self.backend is not None
         threshold = keyword_threshold(self.keyword_noise_std, self.backend.vocab_size)
-        return threshold, keyword_pass_probability(threshold, self.config.shards, self.keyword_noise_std)
+        voters = math.ceil(threshold) if self.config.records_vote else self.config.shards
+        return threshold, keyword_pass_probability(threshold, voters, self.keyword_noise_std)
 
     def _keywords_cannot_pass(self) -> str | None:
         """Why threshold keyword answers could release no keyword (public settings only), or None."""
@@ -1060,8 +1107,8 @@ class PrivateKNN:
         cap = (self.config.k if k is None else k) if release == "vote" else self.config.shards
         if release == "answer" and self.config.keyword_release == "ptr":  # the group is inside the distance
             return ev.GaussianEvent(self.keyword_noise_std, sensitivity=1.0, neighbouring=ev.ADD_REMOVE)
-        if release == "answer":
-            sensitivity = self.keyword_sensitivity * min(c, cap)
+        if release == "answer":  # records voting: each of the unit's c candidates adds or removes its own vote
+            sensitivity = self.keyword_sensitivity * (c if self.config.records_vote else min(c, cap))
             noise = self.keyword_noise_std
         else:
             sensitivity, noise = SQRT2 * min(c, cap), self.noise_std

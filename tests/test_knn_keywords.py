@@ -1,0 +1,241 @@
+"""Keyword hints (records vote, KNNKeywordDecoder and PrivateKNN.answer with keyword_source="records"): each
+record's vote is its own, the sensitivity √m per record, who pays and what, records that agree steer the
+answer and those that do not leave it zero-shot, the budget filling after ``uses`` answers, bad input before
+any charge, the factory, both adapters and the retriever's keyword mode."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_knn_retriever import BagEmbedder
+
+from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget
+from dp_icl_plugin.accounting import FilteredReleaseEvent, IndividualBudget, rdp
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.decoding import build_decoder
+from dp_icl_plugin.decoding.knn_keywords import KNNKeywordDecoder, build_keyword_decoder
+from dp_icl_plugin.mechanisms.keyword_threshold import record_keywords, record_vote_sensitivity
+from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
+from dp_icl_plugin.retrieval.prompts import KeywordAnswerPrompt
+from dp_icl_plugin.retrieval.retriever import noise_for_uses
+from dp_icl_plugin.templates.answer import AnswerTemplate
+
+VOCAB = ["q", "u", "hint", "fix", "reboot", "the", "a", "b", "x", "Question:", "Answer:", "<eos>"]
+ID = {w: i for i, w in enumerate(VOCAB)}
+TEMPLATE = AnswerTemplate(example="{text} {label} ", query="{input}", stop=None, stop_at_eos=False)
+PROMPT = KeywordAnswerPrompt(instruction="hint {keywords}")
+STOP = frozenset({"the"})
+
+
+def backend() -> FakeBackend:
+    """Zero-shot after ``q`` favours ``a``; after the hint ``fix`` (``... fix q``) it favours ``b``."""
+    zero = np.full(len(VOCAB), 1e-3)
+    zero[ID["a"]] = 0.9
+    hinted = np.full(len(VOCAB), 1e-3)
+    hinted[ID["b"]] = 0.9
+    return FakeBackend(VOCAB, table={(ID["q"],): zero, (ID["fix"], ID["q"]): hinted}, eos_token="<eos>")
+
+
+def build(answers: list[str], *, epsilon: float = 20.0, uses: int = 5, texts: list[str] | None = None, **config):
+    index = PrivateIndex(budget=IndividualBudget(epsilon=epsilon, delta=1e-6), embedder=BagEmbedder())
+    index.add(texts or ["q"] * len(answers), answers=answers)
+    ledger = BudgetManager(PrivacyBudget(1000.0, 1e-3, neighbouring="add_remove"))
+    settings_ = {
+        "k": 8,
+        "shards": 1,
+        "min_similarity": 0.5,
+        "uses": uses,
+        "max_answer_tokens": 2,
+        "keywords": 1,
+        "keywords_per_answer": 1,
+        "keyword_source": "records",
+        "stopwords": STOP,
+        **config,
+    }
+    knn = PrivateKNN(
+        index,
+        budget=ledger,
+        backend=backend(),
+        config=KNNConfig(**settings_),
+        keyword_prompt=PROMPT,
+        releases=("answer",),
+    )
+    return index, ledger, KNNKeywordDecoder(knn, template=TEMPLATE)
+
+
+def test_a_records_vote_is_its_first_distinct_whole_word_keywords_lower_cased() -> None:
+    b = backend()
+    is_keyword = lambda t: b.decode([t]) not in STOP  # noqa: E731
+    # lower-cased, distinct, in order, stop words skipped, at most m
+    assert record_keywords("the FIX reboot fix a", per_record=2, encode=b.encode, is_keyword=is_keyword) == [
+        ID["fix"],
+        ID["reboot"],
+    ]
+    assert record_keywords("the Fix. FIX!", per_record=3, encode=b.encode, is_keyword=is_keyword) == [ID["fix"]]
+    # a word the tokenizer cannot encode does not vote and fails nothing
+    assert record_keywords("zzz fix", per_record=3, encode=b.encode, is_keyword=is_keyword) == [ID["fix"]]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    votes=st.lists(st.lists(st.sampled_from(["fix", "reboot", "a", "b", "u", "the"]), max_size=6), max_size=8),
+    m=st.integers(1, 4),
+    removed=st.integers(0, 7),
+)
+def test_removing_one_record_moves_the_histogram_by_at_most_root_m(votes, m, removed) -> None:
+    b = backend()
+    is_keyword = lambda t: b.decode([t]) not in STOP  # noqa: E731
+
+    def histogram(texts: list[list[str]]) -> np.ndarray:
+        h = np.zeros(len(VOCAB))
+        for words in texts:
+            for t in record_keywords(" ".join(words), per_record=m, encode=b.encode, is_keyword=is_keyword):
+                h[t] += 1
+        return h
+
+    if not votes:
+        return
+    without = votes[: removed % len(votes)] + votes[removed % len(votes) + 1 :]
+    assert np.linalg.norm(histogram(votes) - histogram(without)) <= record_vote_sensitivity(m) + 1e-12
+
+
+def test_every_candidate_pays_one_gaussian_release_of_sensitivity_root_m() -> None:
+    index, ledger, decoder = build(["fix"] * 5, keywords_per_answer=3, uses=1)
+    index.add(["u"], answers=["fix"])  # not similar to the query: no candidate, pays nothing
+    answer = decoder.generate("q", rng=np.random.default_rng(0))
+    entry = ledger.history()[-1]
+    assert answer.ledger_entry == entry.id and entry.label.startswith("knn-answer:")
+    assert isinstance(entry.event, FilteredReleaseEvent)
+    sigma = decoder.knn.keyword_noise_std
+    assert sigma == pytest.approx(noise_for_uses(index.filter.budget, uses=1, sensitivity=math.sqrt(3)))
+    assert entry.event.per_unit == ev.GaussianEvent(
+        sigma / math.sqrt(3), sensitivity=math.sqrt(3), neighbouring="add_remove"
+    )
+    spent = index.filter.epsilon_spent(np.arange(1, 7))
+    assert np.all(spent[:5] > 0) and spent[5] == 0
+    curve, _ = index.filter.spent(np.array([1]))
+    orders = np.asarray(index.filter.budget.orders)
+    np.testing.assert_allclose(curve[0], orders * 3 / (2 * sigma**2), rtol=1e-9)
+    # one release per answer whatever its length: the public model writes the tokens
+    assert decoder.answer_event(2) == decoder.answer_event(1)
+
+
+def test_a_person_with_c_candidates_pays_c_root_m() -> None:
+    _, _, decoder = build(["fix"], keywords_per_answer=4)
+    for c in (1, 3, 50):
+        event = decoder.knn._event("answer", c)
+        assert event.sensitivity == pytest.approx(2.0 * c)  # no cap: every candidate votes
+
+
+def test_records_that_agree_steer_the_answer_and_those_that_do_not_leave_it_zero_shot() -> None:
+    _, _, agree = build(["fix"] * 12)
+    assert agree.records_to_agree() <= 3
+    hinted = [agree.generate("q", rng=np.random.default_rng(s), max_tokens=1).text for s in range(5)]
+    assert hinted == ["b"] * 5  # the hint "fix" passed and the public model answered with it
+    _, _, scattered = build(["fix", "reboot", "u"])  # one vote each: below the threshold
+    plain = [scattered.generate("q", rng=np.random.default_rng(s), max_tokens=1).text for s in range(5)]
+    assert plain == ["a"] * 5  # the zero-shot answer
+    assert scattered.hinted("q", None) == "q" and scattered.hinted("q", ("fix",)) == "hint fix\nq"
+    chat = scattered.hinted(({"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}), ("fix",))
+    assert chat[0] == {"role": "system", "content": "be brief\n\nhint fix"} and len(chat) == 2
+
+
+def test_uses_answers_fill_a_records_budget_and_the_next_one_is_made_without_it() -> None:
+    index, _, decoder = build(["fix"], epsilon=4.0, uses=2)
+    for seed in range(2):
+        decoder.generate("q", rng=np.random.default_rng(seed))
+    before = index.filter.spent(np.array([1]))[0].copy()
+    decoder.generate("q", rng=np.random.default_rng(2))  # out of budget: not charged, no vote
+    np.testing.assert_array_equal(index.filter.spent(np.array([1]))[0], before)
+    sigma = decoder.knn.keyword_noise_std
+    orders = np.asarray(index.filter.budget.orders)
+    assert not bool(np.any(2.001 * orders / (2 * sigma**2) <= index.filter.budget.caps))  # the calibration is tight
+
+
+def test_records_vote_only_through_the_threshold_release_and_bad_input_is_refused_before_any_charge() -> None:
+    with pytest.raises(ConfigurationError, match="threshold release only"):
+        KNNConfig(keyword_source="records", keyword_release="ptr")
+    with pytest.raises(ConfigurationError, match="keyword_source"):
+        KNNConfig(keyword_source="votes")
+    _, ledger, decoder = build(["fix"] * 3)
+    before = len(ledger.history())
+    for bad in ("", [], [{"role": "user", "content": ""}]):
+        with pytest.raises(ConfigurationError):
+            decoder.generate(bad, rng=np.random.default_rng(0))
+    with pytest.raises(ConfigurationError):
+        decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)  # above what the filters cover
+    with pytest.raises(ConfigurationError):
+        decoder.generate("zzz", rng=np.random.default_rng(0))  # a query the tokenizer cannot encode
+    assert len(ledger.history()) == before
+
+
+def test_a_retriever_built_for_other_releases_is_refused() -> None:
+    index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-6), embedder=BagEmbedder())
+    index.add(["q"], labels=["a"])
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    knn = PrivateKNN(index, budget=ledger, backend=backend(), labels=["a", "b"], releases=("vote",))
+    with pytest.raises(ConfigurationError, match="not 'answer'"):
+        KNNKeywordDecoder(knn)
+
+
+def test_the_factory_builds_keyword_hints_over_a_dataset_and_refuses_unknown_settings(tmp_path) -> None:
+    from dp_icl_plugin import PrivateDataset, PrivateRecord
+
+    data = PrivateDataset([PrivateRecord("q", "fix") for _ in range(12)])
+    ledger = BudgetManager(PrivacyBudget(1000.0, 1e-3))
+    decoder = build_keyword_decoder(
+        backend(),
+        data,
+        budget=ledger,
+        epsilon=40.0,
+        n_queries=4,
+        k=12,
+        max_tokens=1,
+        keywords=1,
+        keywords_per_record=1,
+        embedder=BagEmbedder(),
+        min_similarity=0.5,
+        template=TEMPLATE,
+    )
+    assert isinstance(decoder, KNNKeywordDecoder) and decoder.knn.config.records_vote
+    assert decoder.knn.config.uses == 4  # ⌈n_queries·k/N⌉
+    labels = [e.label for e in ledger.history()]
+    assert labels == ["knn-filter:" + decoder.knn.index.id]
+    with pytest.raises(ConfigurationError, match="takes no setting paid_tokens"):
+        build_decoder("unused-model", data, budget=ledger, method="knn-keywords", paid_tokens=2)
+
+
+def test_keyword_hints_serve_the_langchain_chat_model_and_the_llama_index_llm() -> None:
+    pytest.importorskip("langchain_dp_icl")
+    pytest.importorskip("llama_index.llms.dp_icl")
+    from langchain_dp_icl import DPICLLLM
+    from llama_index.llms.dp_icl import DPICL
+
+    _, ledger, decoder = build(["fix"] * 12)
+    llm = DPICLLLM(decoder=decoder, seed=0)
+    assert llm.invoke("q", max_tokens=1) == "b"
+    li = DPICL(decoder=decoder, seed=1)
+    assert li.complete("q", max_tokens=1).text == "b"
+    assert sum(e.label.startswith("knn-answer:") for e in ledger.history()) == 2
+
+
+def test_the_retrievers_keyword_mode_releases_the_words_records_share() -> None:
+    pytest.importorskip("langchain_dp_icl")
+    from langchain_dp_icl import DPICLRetriever
+
+    _, _, decoder = build(["fix"] * 12)
+    docs = DPICLRetriever(knn=decoder.knn, mode="keywords", seed=0).invoke("q")
+    assert [d.page_content for d in docs] == ["fix"]
+    assert docs[0].metadata["kind"] == "dp_keyword" and docs[0].metadata["release"] == "knn-answer"
+
+
+def test_the_filter_rdp_of_one_vote_matches_the_gaussian_curve() -> None:
+    _, _, decoder = build(["fix"], keywords_per_answer=2)
+    orders = np.asarray(decoder.knn.index.filter.budget.orders)
+    sigma = decoder.knn.keyword_noise_std
+    cost = decoder.knn._cost("answer", 1)
+    np.testing.assert_allclose(cost.rdp, rdp.gaussian_rdp(orders, sigma / math.sqrt(2)), rtol=1e-9)
