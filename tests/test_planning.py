@@ -18,6 +18,7 @@ from dp_icl_plugin.cli import main
 from dp_icl_plugin.decoding.decoders import ClipBlendDecoder, MozoDecoder
 from dp_icl_plugin.decoding.knn_experts import filter_budget_for
 from dp_icl_plugin.errors import WeakReleaseWarning
+from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold
 from dp_icl_plugin.mechanisms.mozo_mixing import holder_radii, renyi_divergence
 from dp_icl_plugin.mechanisms.token_shift import (
     TIP_NATS,
@@ -29,7 +30,6 @@ from dp_icl_plugin.mechanisms.token_shift import (
 )
 from dp_icl_plugin.planning import plan
 from dp_icl_plugin.retrieval import KNNConfig, PrivateIndex, PrivateKNN
-from dp_icl_plugin.mechanisms.keyword_threshold import keyword_threshold
 from dp_icl_plugin.retrieval.retriever import noise_for_uses, token_epsilon_for_uses
 
 
