@@ -61,7 +61,7 @@ def test_audit_quick_passes_the_shipped_mechanisms_and_catches_the_broken_ones(c
     verdicts = {(r["mechanism"], r["variant"]): r["verdict"] for r in result["rows"]}
     assert status == 0, verdicts
     assert result["shipped_mechanisms_consistent"] and result["broken_mechanisms_caught"]
-    assert len(verdicts) == 38 and (tmp_path / "audit.md").exists()
+    assert len(verdicts) == 40 and (tmp_path / "audit.md").exists()
 
 
 @needs_smollm2

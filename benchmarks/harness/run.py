@@ -37,6 +37,10 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
 - ``kNN vote`` (classification): :meth:`PrivateKNN.vote`, report-noisy-max over the k nearest labels (no LLM).
 - ``kNN keyword answer`` (e2e): :meth:`PrivateKNN.answer`; refused before any charge when no keyword could
   pass its threshold (then the row says so).
+- ``keyword hints (records vote)`` (``--methods keyword-hints``): :class:`~dp_icl_plugin.decoding.knn_keywords
+  .KNNKeywordDecoder` (``build_keyword_decoder``): every candidate above the experts' public ``min_similarity``
+  votes its own keywords (E2E: 4 words of its reference; classification: its label), the threshold release
+  publishes what about T of them share, and the public model answers greedy with those words in its prompt.
 - ``pay once: <method> demonstrations`` (``--methods tang,pta,adadpsyn,clip-blend-synthesis``; classification
   with the labels as choices): one DP demonstration per label synthesized once on the row's ledger (label counts
   declared public), then every query answered few-shot with them; with each demonstration's agreement with the
@@ -427,6 +431,49 @@ class Harness:
             token_epsilon=decoder.token_epsilon,
             log_odds_range=decoder.clip / decoder.temperature,
             warned=[str(w.message)[:120] for w in caught],
+        )
+
+    def keyword_hints(self, epsilon: float) -> None:
+        """Keyword hints (``build_keyword_decoder``): the candidates above the experts' public ``min_similarity``
+        vote their own keywords (E2E: the reference's words; classification: the label's), the threshold release
+        publishes those about T of them share, and the public model answers with them; the row records how
+        often a keyword passed and T."""
+        from dp_icl_plugin.decoding.knn_keywords import build_keyword_decoder
+
+        t = self.task
+        started = time.perf_counter()
+        tau, uses = self.threshold(t.k)
+        decoder = build_keyword_decoder(
+            self.backend(1),
+            self._dataset(),
+            budget=self._ledger(epsilon),
+            epsilon=epsilon,
+            delta=DELTA * (1 - 1e-9),
+            n_queries=len(t.queries),
+            max_tokens=t.max_tokens,
+            k=t.k,
+            min_similarity=tau,
+            uses=uses,
+            embedder=self.embedder,
+            template=self.template,
+            choices=self._labels(),
+            keywords_per_record=1 if t.labels is not None else 4,
+        )
+        released: list = []  # benchmark only: whether each answer's release passed a keyword
+        release = decoder.knn._keywords_of
+        decoder.knn._keywords_of = lambda *a: released.append(release(*a)) or released[-1]  # type: ignore[method-assign]
+        outs = self._answer_all(decoder, 17)
+        self.add(
+            "keyword hints (records vote)",
+            epsilon,
+            outs,
+            time.perf_counter() - started,
+            min_similarity=round(tau, 3),
+            uses=uses,
+            settings_from=SETTINGS_FROM,
+            records_to_agree=decoder.records_to_agree(),
+            answers_with_keywords=sum(r is not None for r in released),
+            keywords_example=[list(r) for r in released if r is not None][:5],
         )
 
     def expected_tokens(self) -> int:
@@ -1004,6 +1051,7 @@ def main() -> None:
                     "clip-blend-per-token": lambda e, h=h: h.clip_blend(e, per_token=True),
                     "vote": h.vote,
                     "keywords": h.keywords,
+                    "keyword-hints": h.keyword_hints,
                     "mozo-offline": h.mozo_offline,
                     **{name: (lambda e, h=h, name=name: h.synthesis(name, e)) for name in SYNTHESIS},
                 }[m](eps)

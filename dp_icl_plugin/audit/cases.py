@@ -12,7 +12,9 @@ real ``MozoDecoder`` on a real model in bfloat16 and breaks the backend instead:
 computed in the shared, padded batch of the private rows, as before row isolation. The expert-decoding
 cases (:mod:`.expert_case`) run the real kNN retrieval and expert token step, broken with the temperature
 halved and with the divisor read from the data, and sparse expert decoding with its sparse-vector test
-without noise; the sparse-vector test alone is broken with its noise halved. The privacy-unit cases
+without noise; the sparse-vector test alone is broken with its noise halved. The keyword-hints case
+(:mod:`.keyword_case`) runs the real records' votes and threshold release, broken by letting a record vote every
+word it holds. The privacy-unit cases
 (:mod:`.unit_case`) draw units as the library does, D against D minus a whole unit, broken by sampling that
 unit's records as if independent.
 Inputs are chosen so that the telling output is rare but observable: a family of neighbouring pairs, tuned
@@ -34,7 +36,7 @@ from dp_icl_plugin.accounting.accountants import tightest
 from dp_icl_plugin.accounting.conversion import to_relation
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget, ReleaseCost
 from dp_icl_plugin.accounting.renyi_filter import RenyiFilter
-from dp_icl_plugin.audit import decoder_case, expert_case, unit_case
+from dp_icl_plugin.audit import decoder_case, expert_case, keyword_case, unit_case
 from dp_icl_plugin.audit.sampling import loop, rare_token_public_row
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.mechanisms.adadpsyn_aggregation import release_token
@@ -528,6 +530,13 @@ CASES: tuple[AuditCase, ...] = (
         expert_case.DELTA,
         expert_case.removal_pairs,
         broken_as="divisor read from the data (experts present)",
+    ),
+    AuditCase(
+        "kNN keyword hints release (records vote, one record removed)",
+        keyword_case.keyword_hint_event(),
+        keyword_case.DELTA,
+        keyword_case.keyword_hint_pairs,
+        broken_as="a record votes every word it holds (cap m dropped)",
     ),
     AuditCase(
         "sparse-vector test, one run (AboveThreshold, queries moving in opposite directions)",
