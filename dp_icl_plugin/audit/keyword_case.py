@@ -14,7 +14,7 @@ count is others + 1 on D and others on D′, around the threshold (T ≈ 6.3 at 
 how many of the six words passed: as shipped only ``fix`` is voted and can move; broken, all six move together,
 and the count's tails (none or all of them) tell D from D′.
 
-Broken: **a record votes every word it holds** (the cap m dropped, the claim kept): x then moves four counts,
+Broken: **a record votes every word it holds** (the cap m dropped, the claim kept): x then moves six counts,
 ℓ2 = √6 instead of 1.
 """
 
