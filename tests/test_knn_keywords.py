@@ -239,3 +239,17 @@ def test_the_filter_rdp_of_one_vote_matches_the_gaussian_curve() -> None:
     sigma = decoder.knn.keyword_noise_std
     cost = decoder.knn._cost("answer", 1)
     np.testing.assert_allclose(cost.rdp, rdp.gaussian_rdp(orders, sigma / math.sqrt(2)), rtol=1e-9)
+
+
+def test_a_record_votes_its_answer_else_its_label_else_its_text() -> None:
+    index, _, decoder = build(["fix"])
+    knn = decoder.knn
+    from dp_icl_plugin.retrieval.retriever import PrivateText, RetrievedRecord
+
+    def vote(text: str, label: str | None, answer: str | None) -> list[int]:
+        wrap = lambda v: None if v is None else PrivateText(v)  # noqa: E731
+        return knn._record_vote(RetrievedRecord(PrivateText(text), wrap(label), wrap(answer), 1.0))
+
+    assert vote("u", "reboot", "fix") == [ID["fix"]]
+    assert vote("u", "reboot", None) == [ID["reboot"]]
+    assert vote("u", None, None) == [ID["u"]]

@@ -213,7 +213,7 @@ class KNNConfig:
             √(2·keywords_per_answer) per shard, √keywords_per_answer per record).
         keyword_source: who votes in an answer release's keyword histogram: ``"shards"`` (default: each shard's
             LLM answer, Wu et al.) or ``"records"`` (keyword hints: every candidate record votes the keywords of
-            its own answer, else its text, with no LLM call; :func:`record_keywords`). Records vote through the
+            its own answer, else its label, else its text, with no LLM call; :func:`record_keywords`). Records vote through the
             threshold release only.
         stopwords: words that are never keywords (a keyword is a token with a letter or digit whose
             lower-cased text is not one of them); public, default :data:`~dp_icl_plugin.retrieval.prompts.STOPWORDS`.
@@ -806,9 +806,12 @@ class PrivateKNN:
         return None if released is None else tuple(self.backend.decode([t]).strip() for t in released)
 
     def _record_vote(self, record: RetrievedRecord) -> list[int]:
-        """One candidate record's keyword tokens (private until released): those of its answer, else its text."""
+        """One candidate record's keyword tokens (private until released): those of its answer, else its label, else
+        its text (which field is the record's own)."""
         assert self.backend is not None
-        field = record.answer if record.answer is not None else record.text
+        field = (
+            record.answer if record.answer is not None else record.label if record.label is not None else record.text
+        )
         return record_keywords(
             field.reveal(),
             per_record=self.config.keywords_per_answer,
