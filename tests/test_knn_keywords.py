@@ -242,7 +242,7 @@ def test_the_filter_rdp_of_one_vote_matches_the_gaussian_curve() -> None:
 
 
 def test_a_record_votes_its_answer_else_its_label_else_its_text() -> None:
-    index, _, decoder = build(["fix"])
+    _index, _, decoder = build(["fix"])
     knn = decoder.knn
     from dp_icl_plugin.retrieval.retriever import PrivateText, RetrievedRecord
 

@@ -213,8 +213,8 @@ class KNNConfig:
             √(2·keywords_per_answer) per shard, √keywords_per_answer per record).
         keyword_source: who votes in an answer release's keyword histogram: ``"shards"`` (default: each shard's
             LLM answer, Wu et al.) or ``"records"`` (keyword hints: every candidate record votes the keywords of
-            its own answer, else its label, else its text, with no LLM call; :func:`record_keywords`). Records vote through the
-            threshold release only.
+            its own answer, else its label, else its text, with no LLM call; :func:`record_keywords`). Records
+            vote through the threshold release only.
         stopwords: words that are never keywords (a keyword is a token with a letter or digit whose
             lower-cased text is not one of them); public, default :data:`~dp_icl_plugin.retrieval.prompts.STOPWORDS`.
         max_answer_tokens: the length limit of every generated answer (a ``decode`` release is charged for it).
