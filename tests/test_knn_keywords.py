@@ -231,6 +231,13 @@ def test_the_retrievers_keyword_mode_releases_the_words_records_share() -> None:
     docs = DPICLRetriever(knn=decoder.knn, mode="keywords", seed=0).invoke("q")
     assert [d.page_content for d in docs] == ["fix"]
     assert docs[0].metadata["kind"] == "dp_keyword" and docs[0].metadata["release"] == "knn-answer"
+    pytest.importorskip("llama_index.retrievers.dp_icl")
+    from llama_index.retrievers.dp_icl import DPICLRetriever as LlamaIndexRetriever
+
+    nodes = LlamaIndexRetriever(decoder.knn, mode="keywords", seed=1).retrieve("q")
+    assert [n.node.get_content() for n in nodes] == ["fix"]
+    answer = LlamaIndexRetriever(decoder.knn, mode="answer", seed=2).retrieve("q")
+    assert answer[0].node.metadata["keywords_released"] is True
 
 
 def test_the_filter_rdp_of_one_vote_matches_the_gaussian_curve() -> None:
