@@ -260,3 +260,23 @@ def test_a_record_votes_its_answer_else_its_label_else_its_text() -> None:
     assert vote("u", "reboot", "fix") == [ID["fix"]]
     assert vote("u", "reboot", None) == [ID["reboot"]]
     assert vote("u", None, None) == [ID["u"]]
+
+
+def test_hints_that_need_more_voters_than_k_are_warned_about_before_the_cover() -> None:
+    import warnings
+
+    from dp_icl_plugin.errors import WeakReleaseWarning
+
+    index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-6), embedder=BagEmbedder())
+    index.add(["q"], answers=["fix"])
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    config = KNNConfig(k=8, shards=1, keyword_source="records", keywords_per_answer=4, uses=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeakReleaseWarning)
+        with pytest.raises(WeakReleaseWarning, match="more than the 8 candidates"):
+            PrivateKNN(
+                index, budget=ledger, backend=backend(), config=config, keyword_prompt=PROMPT, releases=("answer",)
+            )
+    assert ledger.history() == []  # said before anything was charged
+    _, _, agree = build(["fix"] * 12)  # T ≤ 3 of k = 8: no warning (warnings are errors in this suite)
+    assert agree.records_to_agree() <= agree.knn.config.k

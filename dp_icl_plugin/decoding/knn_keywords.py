@@ -83,6 +83,10 @@ class KNNKeywordDecoder(_Decoder):
 
     Raises:
         ConfigurationError: the retriever has no backend or cannot make ``"answer"`` releases.
+
+    Warns:
+        WeakReleaseWarning: records voting need more of them to share a word than ``config.k`` (said before the
+            filter's cover when the retriever was built with ``releases=("answer",)``).
     """
 
     kind = "knn-keywords"
@@ -116,6 +120,8 @@ class KNNKeywordDecoder(_Decoder):
             )
         self.knn = knn
         self.keywords = knn.config.keywords if keywords is None else _positive("keywords", keywords)
+        if "answer" not in knn.asked_releases and knn.config.records_vote:  # a retriever for answers warned already
+            knn.warn_if_weak_hints()
 
     def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
         """A DP answer to a public question: the question as the user's chat turn when the model has a chat

@@ -964,6 +964,8 @@ class PrivateKNN:
             self.asked_releases = asked
             if "decode" in asked:  # said before the cover (KNNExpertDecoder then says nothing more)
                 self._warn_if_weak_experts()
+            if "answer" in asked and self.config.records_vote:  # ... and KNNKeywordDecoder then neither
+                self.warn_if_weak_hints()
             return asked
         labels, backend = self.labels is not None, self.backend is not None
         possible = {"vote": labels, "classify": labels and backend, "answer": backend, "decode": backend}
@@ -995,6 +997,24 @@ class PrivateKNN:
             "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
             read=self.config.k,
         )
+
+    def warn_if_weak_hints(self) -> None:
+        """Warn (:class:`~dp_icl_plugin.errors.WeakReleaseWarning`) when records voting keywords
+        (``keyword_source="records"``) need more of them to share a word than ``config.k``, the candidates an
+        answer is expected to have (public settings only): the answers would then be paid for and be zero-shot."""
+        assert self.backend is not None
+        threshold, _ = self.keyword_outlook()
+        need = math.ceil(threshold)
+        if need > self.config.k:
+            warnings.warn(
+                f"keyword hints: a word passes half the time only when about {need} candidate records share it "
+                f"(threshold {threshold:.3g} noisy votes), more than the {self.config.k} candidates an answer is "
+                "expected to have (config.k), so the answers will almost surely be the zero-shot answers while each "
+                "is charged; raise the per-record epsilon, lower config.uses or keywords_per_answer, or lower "
+                "min_similarity so that more records vote (see `dp-icl plan`)",
+                WeakReleaseWarning,
+                stacklevel=4,
+            )
 
     def _unreleasable(self, release: str) -> str | None:
         """Why the public settings alone make ``release`` impossible or useless, or None."""
