@@ -280,3 +280,94 @@ def test_hints_that_need_more_voters_than_k_are_warned_about_before_the_cover() 
     assert ledger.history() == []  # said before anything was charged
     _, _, agree = build(["fix"] * 12)  # T ≤ 3 of k = 8: no warning (warnings are errors in this suite)
     assert agree.records_to_agree() <= agree.knn.config.k
+
+
+def test_a_token_beyond_the_models_output_never_votes_so_it_cannot_fail_a_release_after_the_charge() -> None:
+    class Narrow(FakeBackend):
+        @property
+        def vocab_size(self) -> int:  # the output layer one row short of the tokenizer (an added token)
+            return len(self.vocab) - 1
+
+    def release(with_beyond: bool) -> str:
+        index = PrivateIndex(budget=IndividualBudget(epsilon=50.0, delta=1e-6), embedder=BagEmbedder())
+        index.add(["q"] * 3, answers=["fix"] * 3)
+        if with_beyond:
+            index.add(["q"], answers=["<eos>"])  # the last id: beyond the narrowed output
+        knn = PrivateKNN(
+            index,
+            budget=BudgetManager(PrivacyBudget(1e3, 1e-3, neighbouring="add_remove")),
+            backend=Narrow(VOCAB, eos_token="<eos>"),
+            keyword_prompt=PROMPT,
+            config=KNNConfig(
+                k=8, shards=1, min_similarity=0.5, uses=2, keywords=1, keywords_per_answer=1, keyword_source="records"
+            ),
+            releases=("answer",),
+        )
+        return knn.answer("q", rng=np.random.default_rng(0)).text  # a ReleaseFailedError would tell x apart
+
+    assert release(True) == release(False)
+
+
+def test_a_sentencepiece_space_piece_before_the_word_is_dropped() -> None:
+    space = len(VOCAB)  # a lone "▁" piece: no letter or digit, not a keyword
+    encode = lambda text: [space, ID[text.strip()]] if text.strip() in ID else [space]  # noqa: E731
+    is_keyword = lambda t: t != space and VOCAB[t] not in STOP  # noqa: E731
+    assert record_keywords("fix the reboot", per_record=4, encode=encode, is_keyword=is_keyword) == [
+        ID["fix"],
+        ID["reboot"],
+    ]
+
+
+def test_a_retriever_with_default_releases_warns_about_hints_that_cannot_pass_too() -> None:
+    from dp_icl_plugin.errors import WeakReleaseWarning
+
+    index = PrivateIndex(budget=IndividualBudget(epsilon=1.0, delta=1e-6), embedder=BagEmbedder())
+    index.add(["q"], answers=["fix"])
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    config = KNNConfig(k=8, shards=1, keyword_source="records", keywords_per_answer=4, uses=3)
+    with pytest.warns(WeakReleaseWarning, match="keyword hints"):
+        PrivateKNN(index, budget=ledger, backend=backend(), config=config, keyword_prompt=PROMPT)
+
+
+@pytest.mark.filterwarnings("ignore::dp_icl_plugin.errors.WeakReleaseWarning")
+def test_a_person_pays_for_each_candidate_record_it_votes_with_and_a_spent_record_does_not_vote(monkeypatch) -> None:
+    index = PrivateIndex(budget=IndividualBudget(epsilon=4.0, delta=1e-6), embedder=BagEmbedder(), group_by_user=True)
+    index.add(["q"] * 4, answers=["fix"] * 4, user_ids=["ann", "ann", "ann", "bob"])
+    ledger = BudgetManager(PrivacyBudget(1000.0, 1e-3, neighbouring="add_remove"))
+
+    def knn(per_unit: int | None) -> PrivateKNN:
+        config = KNNConfig(
+            k=8,
+            shards=1,
+            min_similarity=0.5,
+            uses=3,
+            keywords=1,
+            keywords_per_answer=1,
+            keyword_source="records",
+            records_per_unit=per_unit,
+        )
+        return PrivateKNN(
+            index, budget=ledger, backend=backend(), config=config, keyword_prompt=PROMPT, releases=("answer",)
+        )
+
+    for per_unit, ann in ((None, 3), (2, 2)):
+        seen: list[int] = []
+        real = index.charge_release
+
+        def spy(candidates, cost, **kw):
+            return real(candidates, lambda c: seen.append(c) or cost(c), **kw)
+
+        monkeypatch.setattr(index, "charge_release", spy)
+        retriever = knn(per_unit)
+        retriever.answer("q", rng=np.random.default_rng(0))
+        monkeypatch.undo()
+        assert max(seen) == ann  # ann's candidate records (bounded by records_per_unit) ...
+        assert retriever._event("answer", ann).sensitivity == pytest.approx(ann)  # ... each √m = 1
+    # a record whose filter is spent is not a candidate: its vote is not in the histogram
+    _, _, decoder = build(["fix"] * 2 + ["reboot"], epsilon=4.0, uses=1)
+    votes: list[list[list[int]]] = []
+    release = decoder.knn._release_keywords
+    monkeypatch.setattr(decoder.knn, "_release_keywords", lambda v, *a: votes.append(v) or release(v, *a))
+    decoder.generate("q", rng=np.random.default_rng(0))
+    decoder.generate("q", rng=np.random.default_rng(1))  # every record spent its one use
+    assert sorted(map(tuple, votes[0])) == [(ID["fix"],), (ID["fix"],), (ID["reboot"],)] and votes[1] == []

@@ -47,13 +47,13 @@ import numpy as np
 
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
-from dp_icl_plugin.backends.base import NextTokenBackend
+from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
 from dp_icl_plugin.backends.public_rows import public_scope
 from dp_icl_plugin.backends.shared_rows import start_rows
 from dp_icl_plugin.data.records import PrivateDataset
 from dp_icl_plugin.decoding.choices import AnswerChoices
 from dp_icl_plugin.decoding.contract import DecodedAnswer, Query
-from dp_icl_plugin.decoding.decoders import _Decoder, _greedy, query_text
+from dp_icl_plugin.decoding.decoders import _Decoder, _greedy, chat_ids, query_text
 from dp_icl_plugin.decoding.knn_experts import check_dataset_settings, knn_for_dataset
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.retrieval.retriever import PrivateKNN, Retrieval
@@ -177,6 +177,24 @@ class KNNKeywordDecoder(_Decoder):
         """
         return super().answer_event(max_tokens, schema=schema)
 
+    def _prepare(self, query, max_tokens, stop, schema=None):
+        limit, stops, prompt, rules = super()._prepare(query, max_tokens, stop, schema)
+        # public: the prompt with the most keywords a release can give must fit beside the answer, or the hint
+        # line would be cut from its front after the charge (placeholders stand for the words)
+        capacity = context_limit(self.backend)
+        full = self.hinted(prompt, ["x"] * self.keywords)
+        hinted = (
+            self.backend.encode(self.template.zero_shot_prompt(full), add_special_tokens=True)
+            if isinstance(full, str)
+            else chat_ids(self.backend, list(full))
+        )
+        if capacity is not None and len(hinted) + limit > capacity:
+            raise ConfigurationError(
+                f"the query is too long: with {self.keywords} keywords its prompt takes {len(hinted)} of the "
+                f"model's {capacity} positions and the answer {limit} more"
+            )
+        return limit, stops, prompt, rules
+
     def _steps_event(self, steps: int) -> ev.DPEvent:
         return self.knn._event("answer", 1, self.knn.config.k)
 
@@ -185,7 +203,7 @@ class KNNKeywordDecoder(_Decoder):
 
     def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Any]:
         query = query_text(prompt)
-        admitted, entry, k = self.knn._charge_release(query, "answer", None, None)
+        admitted, entry, k = self.knn._charge_release(query, "answer", None, None, answer_prompt_checked=True)
         return entry, (query, admitted, k, entry.id)  # the records are read in _tokens, after the charge
 
     def hinted(self, query: str | tuple[dict[str, str], ...], keywords: Sequence[str] | None):

@@ -108,8 +108,10 @@ def record_keywords(
     text: str, *, per_record: int, encode: Callable[[str], list[int]], is_keyword: Callable[[int], bool]
 ) -> list[int]:
     """One record's vote: the first ``per_record`` distinct words of ``text`` (lower-cased, in order) that the
-    tokenizer writes as one keyword token after a space (so a released token is a whole word), as token ids.
-    A function of this text alone; a word the tokenizer cannot encode is skipped.
+    tokenizer writes as one keyword token after a space (so a released token is a whole word), as token ids;
+    leading pieces that are no keyword (a SentencePiece tokenizer's lone "▁") are dropped first. A function of
+    this text alone; a word the tokenizer cannot encode is skipped. A word of several tokens cannot vote: the
+    release's public domain is the vocabulary.
 
     Args:
         text: the record's text (private).
@@ -127,6 +129,8 @@ def record_keywords(
             ids = encode(" " + word)
         except Exception:  # tokenizers raise plain Exception for what they cannot encode: this word does not vote
             continue
+        while len(ids) > 1 and not is_keyword(int(ids[0])):
+            ids = ids[1:]
         if len(ids) != 1 or int(ids[0]) in out or not is_keyword(int(ids[0])):
             continue
         out.append(int(ids[0]))

@@ -637,10 +637,11 @@ class PrivateKNN:
         return Retrieval(release, query, used, records, k, entry.id, charged_by=self)
 
     def _charge_release(
-        self, query: str, release: str, k: int | None, tokens: int | None
+        self, query: str, release: str, k: int | None, tokens: int | None, *, answer_prompt_checked: bool = False
     ) -> tuple[Candidates, LedgerEntry, int]:
         """The public checks, then the charge of every candidate's unit and the ledger record (nothing private
-        is read or released here): the admitted candidates, the committed ledger entry and k."""
+        is read or released here): the admitted candidates, the committed ledger entry and k. A caller that
+        builds its own answer prompt (``KNNKeywordDecoder``) checked its room itself (``answer_prompt_checked``)."""
         k = self.config.k if k is None else check.positive_int("k", k)
         if release in ("classify", "answer") and k % self.config.shards:
             raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
@@ -652,7 +653,7 @@ class PrivateKNN:
             )
         self._require(release)
         query_vector = self.index.embed_query(query)
-        if release == "answer":
+        if release == "answer" and not answer_prompt_checked:
             self._check_answer_room(query)
         # No check of the index's size: whether it holds any record is private (add/remove), so an empty index
         # (or one with no candidate) goes through the same charge and release, over zero records.
@@ -832,8 +833,12 @@ class PrivateKNN:
         return [answer_keywords(tokens, per_answer=per_answer, is_keyword=self._is_keyword) for tokens in outputs]
 
     def _is_keyword(self, token: int) -> bool:
-        """A public property of the token: it has a letter or digit and is not a stop word."""
+        """A public property of the token: a row of the model's output (a tokenizer larger than the output layer
+        has ids beyond it, which would fail the histogram after the charge), with a letter or digit, and not a
+        stop word."""
         assert self.backend is not None
+        if not 0 <= int(token) < self.backend.vocab_size:
+            return False
         text = self.backend.decode([token]).strip()
         return any(ch.isalnum() for ch in text) and text.lower() not in self.config.stopwords
 
@@ -977,6 +982,8 @@ class PrivateKNN:
                 "it has neither labels (vote, classify) nor a backend (classify, answer, decode)"
             )
             raise ConfigurationError(f"this retriever could release nothing: {found}; nothing was charged")
+        if "answer" in useful and self.config.records_vote:
+            self.warn_if_weak_hints()
         if useful == ["decode"]:  # its own releases are useless: meant for expert decoding, or a mistake
             warnings.warn(
                 f"{'; '.join(reasons.values())}. Only expert decoding (KNNExpertDecoder) could use this retriever: "
