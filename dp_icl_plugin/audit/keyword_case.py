@@ -7,13 +7,13 @@ the claim audited is the release the filter charges that record, ``GaussianEvent
 (``PrivateKNN._event("answer", 1)``), here with m = 1 and σ = :data:`NOISE_STD`.
 
 **The pairs.** The real retriever and its keyword path on a :class:`~dp_icl_plugin.backends.FakeBackend`: the
-retriever's charge (as the decoder makes it), the charged records, each record's vote (``PrivateKNN._record_vote``) and the threshold
-release (``PrivateKNN._release_keywords``), many draws per side. Every record's answer is
-``fix reboot wipe reset patch update``; x is one of them, beside ``others`` ∈ {3, 5, 7} more, so a keyword's
-count is others + 1 on D and others on D′, around the threshold (T ≈ 6.3 at σ = 2 over 12 tokens). The output is
-how many of the six words passed: as shipped only ``fix`` is voted and can move; broken, all six move together,
-and the count's tails (none or all of them) tell D from D′. With m = 1 and one-record units, c·√m = 1: the row
-checks a vote against its cap, not the factors c and √m (unit tests check those).
+retriever's charge (as the decoder makes it), the charged records, each record's vote
+(``PrivateKNN._record_vote``) and the threshold release (``PrivateKNN._release_keywords``), many draws per side.
+Every record's answer is ``fix reboot wipe reset patch update``; x is one of them, beside ``others`` ∈ {3, 5, 7}
+more, so a keyword's count is others + 1 on D and others on D′, around the threshold (T ≈ 6.3 at σ = 2 over 12
+tokens). The output is how many of the six words passed: as shipped only ``fix`` is voted and can move; broken,
+all six move together, and the count's tails (none or all of them) tell D from D′. With m = 1 and one-record
+units, c·√m = 1: the row checks a vote against its cap, not the factors c and √m (unit tests check those).
 
 Broken: **a record votes every word it holds** (the cap m dropped, the claim kept): x then moves six counts,
 ℓ2 = √6 instead of 1.

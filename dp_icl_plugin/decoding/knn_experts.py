@@ -93,6 +93,7 @@ from dp_icl_plugin.templates.answer import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
 
 __all__ = [
+    "KNNDecoder",
     "KNNExpertDecoder",
     "build_expert_decoder",
     "expert_margin",
@@ -108,7 +109,56 @@ PUBLIC_TEMPERATURE = KNNConfig.expert_public_temperature  # free text: the zero-
 CHOICES_PUBLIC_TEMPERATURE = math.inf  # public choices: the row is only a (biased) prior; chosen on tune queries
 
 
-class KNNExpertDecoder(_Decoder):
+class KNNDecoder(_Decoder):
+    """What the decoders over a :class:`PrivateKNN` share: a public question as a chat turn, the retriever's own
+    requirements checked with the query, and a prompt that stays fixed and grows by the answer. Subclasses set
+    :attr:`release`, the retriever's release kind they are charged as."""
+
+    release = ""
+    knn: PrivateKNN
+
+    def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
+        """A DP answer to a public question (a retriever's query): the question as the user's chat turn when
+        the model has a chat template, else in the template.
+
+        Args:
+            question: the public question.
+            rng: the noise source.
+            max_tokens: the answer's limit (default: the decoder's; charged in full, or
+                its decisions under choices or a schema).
+
+        Raises:
+            ConfigurationError: a bad question, limit or rng (nothing charged).
+            ReleaseFailedError: the computation failed after the charge.
+        """
+        query: Query = [{"role": "user", "content": question}] if self.has_chat_template else question
+        return self.generate(query, rng=rng, max_tokens=max_tokens)
+
+    def check(
+        self,
+        query: Query,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] | None = None,
+        schema: object | None = None,
+    ) -> None:
+        """Raise :class:`~dp_icl_plugin.errors.ConfigurationError` for what :meth:`stream` would refuse, the retriever's
+        own requirements included; nothing is charged.
+
+        Args:
+            query: the public query (a completion text or a chat).
+            max_tokens: the answer's limit (default: the decoder's).
+            stop: stop sequences.
+            schema: a public JSON schema the answer must follow.
+        """
+        super().check(query, max_tokens=max_tokens, stop=stop, schema=schema)
+        self.knn._require(self.release)
+
+    def _reserve(self, limit: int) -> int:
+        return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
+
+
+class KNNExpertDecoder(KNNDecoder):
     """DP decoding with the query's nearest records as experts, each paying its own budget; see the module.
 
     Implements the :class:`~dp_icl_plugin.decoding.contract.Decoder` contract, so it serves the LangChain chat
@@ -131,6 +181,7 @@ class KNNExpertDecoder(_Decoder):
     """
 
     kind = "knn-experts"
+    release = "decode"
 
     def __init__(
         self,
@@ -174,50 +225,10 @@ class KNNExpertDecoder(_Decoder):
                 read=self.k,
             )
 
-    def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
-        """A DP answer to a public question (a retriever's query): the question as the user's chat turn when
-        the model has a chat template (a record then enters as an earlier exchange), else in the template.
-
-        Args:
-            question: the public question.
-            rng: the noise source.
-            max_tokens: the answer's limit (default: the decoder's; charged in full, or
-                its decisions under choices or a schema).
-
-        Raises:
-            ConfigurationError: a bad question, limit or rng (nothing charged).
-            ReleaseFailedError: the computation failed after the charge.
-        """
-        query: Query = [{"role": "user", "content": question}] if self.has_chat_template else question
-        return self.generate(query, rng=rng, max_tokens=max_tokens)
-
     @property
     def token_epsilon(self) -> float:
         """ε0: what one token costs a unit with one candidate record (pure DP, add/remove)."""
         return self.knn.expert_epsilon
-
-    def check(
-        self,
-        query: Query,
-        *,
-        max_tokens: int | None = None,
-        stop: Sequence[str] | None = None,
-        schema: object | None = None,
-    ) -> None:
-        """Raise :class:`~dp_icl_plugin.errors.ConfigurationError` for what :meth:`stream` would refuse, the retriever's
-        own requirements included; nothing is charged.
-
-        Args:
-            query: the public query (a completion text or a chat).
-            max_tokens: the answer's limit (default: the decoder's).
-            stop: stop sequences.
-            schema: a public JSON schema the answer must follow.
-        """
-        super().check(query, max_tokens=max_tokens, stop=stop, schema=schema)
-        self.knn._require("decode")
-
-    def _reserve(self, limit: int) -> int:
-        return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
 
     def answer_event(self, max_tokens: int | None = None, *, schema: object | None = None) -> ev.DPEvent:
         """What one answer of at most ``max_tokens`` tokens costs a record that is a candidate (its own filter

@@ -52,9 +52,8 @@ from dp_icl_plugin.backends.public_rows import public_scope
 from dp_icl_plugin.backends.shared_rows import start_rows
 from dp_icl_plugin.data.records import PrivateDataset
 from dp_icl_plugin.decoding.choices import AnswerChoices
-from dp_icl_plugin.decoding.contract import DecodedAnswer, Query
-from dp_icl_plugin.decoding.decoders import _Decoder, _greedy, chat_ids, query_text
-from dp_icl_plugin.decoding.knn_experts import check_dataset_settings, knn_for_dataset
+from dp_icl_plugin.decoding.decoders import _greedy, chat_ids, query_text
+from dp_icl_plugin.decoding.knn_experts import KNNDecoder, check_dataset_settings, knn_for_dataset
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.retrieval.retriever import PrivateKNN, Retrieval
 from dp_icl_plugin.templates.answer import AnswerTemplate
@@ -65,7 +64,7 @@ __all__ = ["DEFAULT_KEYWORD_INDEX", "KNNKeywordDecoder", "build_keyword_decoder"
 DEFAULT_KEYWORD_INDEX = "knn-keywords"
 
 
-class KNNKeywordDecoder(_Decoder):
+class KNNKeywordDecoder(KNNDecoder):
     """DP answers from keyword hints: the query's candidate records vote keywords, released by a Gaussian threshold,
     and the public model answers with them; see the module.
 
@@ -90,6 +89,7 @@ class KNNKeywordDecoder(_Decoder):
     """
 
     kind = "knn-keywords"
+    release = "answer"
 
     def __init__(
         self,
@@ -123,46 +123,10 @@ class KNNKeywordDecoder(_Decoder):
         if "answer" not in knn.asked_releases and knn.config.records_vote:  # a retriever for answers warned already
             knn.warn_if_weak_hints()
 
-    def answer(self, question: str, *, rng: np.random.Generator, max_tokens: int | None = None) -> DecodedAnswer:
-        """A DP answer to a public question: the question as the user's chat turn when the model has a chat
-        template (the hints then a system message), else in the template.
-
-        Args:
-            question: the public question.
-            rng: the noise source.
-            max_tokens: the answer's limit (default: the decoder's; the charge is one release whatever it is).
-
-        Raises:
-            ConfigurationError: a bad question, limit or rng (nothing charged).
-            ReleaseFailedError: the computation failed after the charge.
-        """
-        query: Query = [{"role": "user", "content": question}] if self.has_chat_template else question
-        return self.generate(query, rng=rng, max_tokens=max_tokens)
-
     def records_to_agree(self) -> int:
         """About how many candidate records must share a keyword for it to pass half the time: ⌈T⌉ (public)."""
         threshold, _ = self.knn.keyword_outlook()
         return math.ceil(threshold)
-
-    def check(
-        self,
-        query: Query,
-        *,
-        max_tokens: int | None = None,
-        stop: Sequence[str] | None = None,
-        schema: object | None = None,
-    ) -> None:
-        """Raise :class:`~dp_icl_plugin.errors.ConfigurationError` for what :meth:`stream` would refuse, the retriever's
-        own requirements included; nothing is charged.
-
-        Args:
-            query: the public query (a completion text or a chat).
-            max_tokens: the answer's limit (default: the decoder's).
-            stop: stop sequences.
-            schema: a public JSON schema the answer must follow.
-        """
-        super().check(query, max_tokens=max_tokens, stop=stop, schema=schema)
-        self.knn._require("answer")
 
     def answer_event(self, max_tokens: int | None = None, *, schema: object | None = None) -> ev.DPEvent:
         """What one answer costs a record that is a candidate (its own filter pays it): one keyword release,
@@ -197,9 +161,6 @@ class KNNKeywordDecoder(_Decoder):
 
     def _steps_event(self, steps: int) -> ev.DPEvent:
         return self.knn._event("answer", 1, self.knn.config.k)
-
-    def _reserve(self, limit: int) -> int:
-        return limit - 1  # one public prompt, fixed, grows by the answer
 
     def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Any]:
         query = query_text(prompt)
