@@ -354,7 +354,7 @@ def test_a_person_pays_for_each_candidate_record_it_votes_with_and_a_spent_recor
         seen: list[int] = []
         real = index.charge_release
 
-        def spy(candidates, cost, **kw):
+        def spy(candidates, cost, real=real, seen=seen, **kw):
             return real(candidates, lambda c: seen.append(c) or cost(c), **kw)
 
         monkeypatch.setattr(index, "charge_release", spy)

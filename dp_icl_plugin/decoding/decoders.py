@@ -659,8 +659,15 @@ class _Decoder:
         the public model's greedy tokens (``"public"``): the zero-shot prompt and the released tokens only."""
         if self.when_spent != "public" or len(generated) >= limit:
             return
+        yield from self._public_greedy(
+            [*self._ids(prompt, None, reserve=limit - 1), *generated], generated, limit, rule
+        )
+
+    def _public_greedy(self, ids: list[int], generated: list[int], limit: int, rule: Any) -> Generator[int, None, None]:
+        """The public model's greedy tokens after ``ids`` (a public prompt and the ``generated`` tokens it ends
+        with) until the answer has ``limit`` tokens, each within ``rule``; ``generated`` grows with them."""
         with public_scope(self.backend):
-            session = start_rows(self.backend, [[*self._ids(prompt, None, reserve=limit - 1), *generated]], public=1)
+            session = start_rows(self.backend, [ids], public=1)
         with closing(session):
             row = np.asarray(session.logprobs)
             while len(generated) < limit:

@@ -40,19 +40,17 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Generator, Sequence
-from contextlib import closing
 from typing import Any
 
 import numpy as np
 
+from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
-from dp_icl_plugin.backends.public_rows import public_scope
-from dp_icl_plugin.backends.shared_rows import start_rows
 from dp_icl_plugin.data.records import PrivateDataset
 from dp_icl_plugin.decoding.choices import AnswerChoices
-from dp_icl_plugin.decoding.decoders import _greedy, chat_ids, query_text
+from dp_icl_plugin.decoding.decoders import chat_ids, query_text
 from dp_icl_plugin.decoding.knn_experts import KNNDecoder, check_dataset_settings, knn_for_dataset
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
 from dp_icl_plugin.retrieval.retriever import PrivateKNN, Retrieval
@@ -119,7 +117,7 @@ class KNNKeywordDecoder(KNNDecoder):
                 f"({knn.config.max_answer_tokens})"
             )
         self.knn = knn
-        self.keywords = knn.config.keywords if keywords is None else _positive("keywords", keywords)
+        self.keywords = knn.config.keywords if keywords is None else check.positive_int("keywords", keywords)
         if "answer" not in knn.asked_releases and knn.config.records_vote:  # a retriever for answers warned already
             knn.warn_if_weak_hints()
 
@@ -193,25 +191,7 @@ class KNNKeywordDecoder(KNNDecoder):
         retrieval = Retrieval("answer", query, used, records, k, entry, charged_by=self.knn)
         words = self.knn._keywords_of(retrieval, self.keywords, rng)  # the release (DP)
         # Everything below is post-processing: the public model, the query and the released words.
-        ids = self._ids(self.hinted(prompt, words), None, reserve=limit - 1)
-        with public_scope(self.backend):
-            session = start_rows(self.backend, [ids], public=1)
-        with closing(session):
-            row = np.asarray(session.logprobs)
-            generated: list[int] = []
-            while len(generated) < limit:
-                forced = self._forced(generated, rule)
-                token = forced if forced is not None else self._draw(_greedy, row, generated, rule)
-                generated.append(token)
-                yield token
-                if len(generated) < limit:
-                    row = np.asarray(session.append([token]))
-
-
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
-    return value
+        yield from self._public_greedy(self._ids(self.hinted(prompt, words), None, reserve=limit - 1), [], limit, rule)
 
 
 def build_keyword_decoder(
@@ -280,7 +260,7 @@ def build_keyword_decoder(
     if template is not None and not isinstance(template, AnswerTemplate):
         raise ConfigurationTypeError("template must be an AnswerTemplate")
     answers = None if choices is None else AnswerChoices.of(backend, choices)
-    if answers is not None and answers.max_tokens > _positive("max_tokens", max_tokens):
+    if answers is not None and answers.max_tokens > check.positive_int("max_tokens", max_tokens):
         raise ConfigurationError(
             f"max_tokens = {max_tokens} is below the {answers.max_tokens} tokens the longest choice needs: raise it"
         )
@@ -305,8 +285,8 @@ def build_keyword_decoder(
             "min_similarity": min_similarity,
             "max_answer_tokens": max_tokens,
             "keyword_source": "records",
-            "keywords": _positive("keywords", keywords),
-            "keywords_per_answer": _positive("keywords_per_record", keywords_per_record),
+            "keywords": check.positive_int("keywords", keywords),
+            "keywords_per_answer": check.positive_int("keywords_per_record", keywords_per_record),
         },
     )
     return KNNKeywordDecoder(knn, template=template, fixed_latency=fixed_latency, choices=answers)
