@@ -12,7 +12,9 @@ decoding, is :class:`~dp_icl_plugin.decoding.knn_experts.KNNExpertDecoder`, char
   are released from it (by default every token whose Gaussian-noised count passes a threshold,
   :mod:`dp_icl_plugin.mechanisms.keyword_threshold`; or the paper's top-k propose-test-release,
   :mod:`dp_icl_plugin.mechanisms.keyword_ptr`) and a public prompt with only those keywords (or the 0-shot
-  prompt when none is released) produces the answer (keyword-space aggregation, Wu et al.).
+  prompt when none is released) produces the answer (keyword-space aggregation, Wu et al.). With
+  ``KNNConfig(keyword_source="records")`` (keyword hints) every candidate record votes its own first m keywords
+  instead, with no LLM call (:class:`~dp_icl_plugin.decoding.knn_keywords.KNNKeywordDecoder` as a chat model).
 
 **Who pays.** Neighbouring relation: add/remove one unit (a record, or every record of one person). A
 record is a *candidate* when it is active (its unit can still pay) and its cosine similarity to the query
@@ -31,7 +33,8 @@ one shard (the next candidate of that shard moves up). So the vote histogram mov
 per shard touched (one vote moves from one label to another), i.e. √2·min(c, shards) for a unit with c
 candidate records; for :meth:`vote`, √2·min(c, k) (each removed record swaps one vote). The keyword
 histogram changes in at most min(c, shards) shards: by √(2m) in ℓ2 per shard when each answer adds its
-first m keywords (threshold release), and the PTR stability distance by one unit (at most ``shards``
+first m keywords (threshold release; with records voting, c·√m: a removed record takes its own vote away and
+no other record moves up), and the PTR stability distance by one unit (at most ``shards``
 shard changes per person, :mod:`dp_icl_plugin.mechanisms.keyword_ptr`).
 
 **Accounting.** Each unit pays the Gaussian RDP of its own sensitivity (plus δ₀ for the PTR test) in the
