@@ -518,7 +518,7 @@ def test_a_token_missing_from_the_private_prompts_keeps_its_zero_probability() -
         (lambda: (_method(), PrivateDataset(_dataset().records("a")), {}), "public_label_counts"),
         (lambda: (_method(), _dataset(), {"labels": ["zzz"]}), "unknown label"),
         (lambda: (_method(top_k=500), _dataset(), {}), "top_k"),
-        (lambda: (_method(epsilon=1e-4), _dataset(), {}), "meets"),
+        (lambda: (_method(epsilon=1e-4), _dataset(), {}), "cannot meet"),
     ],
 )
 def test_bad_input_is_refused_before_any_charge(make: object, error: str) -> None:

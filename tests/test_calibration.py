@@ -260,3 +260,19 @@ def test_calibrate_accepts_an_accountant_instance() -> None:
 def test_a_tolerance_below_float_resolution_still_terminates() -> None:
     result = calibrate(_noise_event(0.01, 10), **{**GOOD, "tolerance": 1e-300})
     assert result.epsilon <= GOOD["epsilon"]
+
+
+def test_adadpsyn_says_when_goodradius_and_coverage_alone_spend_the_budget() -> None:
+    """TREC's smallest label (86 records, 20 drawn a token: rate 0.233) over 24 tokens at the default σ0 = 10,
+    σ2 = 3: those steps alone cost ε ≈ 8.43 at δ = 1e-5, so no σ1 meets ε = 4 and the error says why."""
+    from dp_icl_plugin.accounting.calibration import calibrate_adadpsyn
+    from dp_icl_plugin.errors import CalibrationError
+
+    with pytest.raises(CalibrationError, match=r"alone cost epsilon=8\.4\d? over 24 tokens"):
+        calibrate_adadpsyn(
+            epsilon=4.0, delta=1e-5, sampling_rate=20 / 86, steps=24, t_hat=1, sigma0=10.0, sigma2=3.0, labels_touched=2
+        )
+    fits = calibrate_adadpsyn(
+        epsilon=9.0, delta=1e-5, sampling_rate=20 / 86, steps=24, t_hat=1, sigma0=10.0, sigma2=3.0, labels_touched=2
+    )
+    assert fits.epsilon <= 9.0

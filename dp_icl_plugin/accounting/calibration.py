@@ -231,17 +231,25 @@ def calibrate_adadpsyn(
     n, t = check.positive_int("steps", steps), check.positive_int("t_hat", t_hat)
     s0, s2 = check.positive_finite("sigma0", sigma0), check.positive_finite("sigma2", sigma2)
     touched = check.positive_int("labels_touched", labels_touched)
-    return calibrate(
-        lambda s1: me.adadpsyn_event(
+
+    def event(s1: float) -> ev.DPEvent:
+        return me.adadpsyn_event(
             sigma0=s0, sigma1=s1, sigma2=s2, sampling_rate=q, steps=n, t_hat=t, theta=theta, labels_touched=touched
-        ),
-        epsilon=epsilon,
-        delta=delta,
-        lo=lo,
-        hi=hi,
-        grid=grid,
-        accountant="rdp",
-    )
+        )
+
+    try:
+        return calibrate(event, epsilon=epsilon, delta=delta, lo=lo, hi=hi, grid=grid, accountant="rdp")
+    except CalibrationError:
+        # no σ1 helps when GoodRadius and the coverage test alone (σ1 → ∞) already spend the budget: say so
+        floor = get_accountant("rdp").epsilon(event(1e12), delta=delta)
+        if floor < epsilon:
+            raise
+        raise CalibrationError(
+            f"AdaDPSyn cannot meet epsilon={epsilon} at delta={delta}: its GoodRadius (sigma0={s0}) and coverage "
+            f"(sigma2={s2}) steps alone cost epsilon={floor:.3g} over {n} tokens at sampling rate {q:.3g} (the "
+            "smallest label's draw), whatever sigma1; raise sigma0 and sigma2, lower max_tokens or the draw per "
+            "token, or give the smallest label more records"
+        ) from None
 
 
 @lru_cache(maxsize=1024)
