@@ -1,7 +1,8 @@
 """What the adapter distributions (``langchain-dp-icl``, ``llama-index-llms-dp-icl``, ``llama-index-retrievers-dp-icl``)
-use of the core beyond its public API (:mod:`dp_icl_plugin`): the decoder contract's checks and spend payload, the
-layout of a chat prompt, tool calls in and out of a JSON schema, the noise source, the thread stepping that async
-callers are served with, greedy decoding for the public zero-shot baseline, and the embedder's batch call.
+use of the core beyond its public API (:mod:`dp_icl_plugin`): the decoder contract's checks, spend payload and
+released keywords, the layout of a chat prompt, tool calls in and out of a JSON schema, the noise source, the
+thread stepping that async callers are served with, greedy decoding for the public zero-shot baseline, and the
+embedder's batch call.
 
 Stable for the adapters; an application has no need of it.
 """
@@ -15,6 +16,7 @@ from dp_icl_plugin.decoding.contract import (
     answer_limit,
     check_call_settings,
     check_query,
+    released_payload,
     spend_payload,
 )
 from dp_icl_plugin.decoding.decoders import chat_ids
@@ -42,6 +44,7 @@ __all__ = [
     "load_saved",
     "noise_source",
     "parse_tool_call",
+    "released_payload",
     "spend_payload",
     "tool_call_schema",
     "tool_call_text",

@@ -134,11 +134,13 @@ def test_a_person_with_c_candidates_pays_c_root_m() -> None:
 def test_records_that_agree_steer_the_answer_and_those_that_do_not_leave_it_zero_shot() -> None:
     _, _, agree = build(["fix"] * 12)
     assert agree.records_to_agree() <= 3
-    hinted = [agree.generate("q", rng=np.random.default_rng(s), max_tokens=1).text for s in range(5)]
-    assert hinted == ["b"] * 5  # the hint "fix" passed and the public model answered with it
+    hinted = [agree.generate("q", rng=np.random.default_rng(s), max_tokens=1) for s in range(5)]
+    assert [a.text for a in hinted] == ["b"] * 5  # the hint "fix" passed and the public model answered with it
+    assert {a.released for a in hinted} == {("fix",)}  # ... and the answer says so
     _, _, scattered = build(["fix", "reboot", "u"])  # one vote each: below the threshold
-    plain = [scattered.generate("q", rng=np.random.default_rng(s), max_tokens=1).text for s in range(5)]
-    assert plain == ["a"] * 5  # the zero-shot answer
+    plain = [scattered.generate("q", rng=np.random.default_rng(s), max_tokens=1) for s in range(5)]
+    assert [a.text for a in plain] == ["a"] * 5  # the zero-shot answer
+    assert all(isinstance(a.released, tuple) for a in plain)  # the release ran each time (its words, if any)
     assert scattered.hinted("q", None) == "q" and scattered.hinted("q", ("fix",)) == "hint fix\nq"
     chat = scattered.hinted(({"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}), ("fix",))
     assert chat[0] == {"role": "system", "content": "be brief\n\nhint fix"} and len(chat) == 2
@@ -218,9 +220,12 @@ def test_keyword_hints_serve_the_langchain_chat_model_and_the_llama_index_llm() 
     _, ledger, decoder = build(["fix"] * 12)
     llm = DPICLLLM(decoder=decoder, seed=0)
     assert llm.invoke("q", max_tokens=1) == "b"
+    result = llm.generate(["q"], max_tokens=1)  # the released words go into the answer's metadata
+    assert result.generations[0][0].generation_info["released_keywords"] == ["fix"]
     li = DPICL(decoder=decoder, seed=1)
-    assert li.complete("q", max_tokens=1).text == "b"
-    assert sum(e.label.startswith("knn-answer:") for e in ledger.history()) == 2
+    response = li.complete("q", max_tokens=1)
+    assert response.text == "b" and response.additional_kwargs["released_keywords"] == ["fix"]
+    assert sum(e.label.startswith("knn-answer:") for e in ledger.history()) == 3
 
 
 def test_the_retrievers_keyword_mode_releases_the_words_records_share() -> None:

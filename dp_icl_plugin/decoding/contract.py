@@ -32,6 +32,7 @@ __all__ = [
     "answer_limit",
     "check_call_settings",
     "check_query",
+    "released_payload",
     "spend_payload",
 ]
 
@@ -80,6 +81,7 @@ class DecodedAnswer:
         finish_reason: ``"stop"`` (EOS or a stop sequence) or ``"length"``.
         ledger_entry: the id of the charge.
         charge: the committed ledger entry.
+        released: keyword hints: the words the release published (``()`` when none passed); None otherwise.
     """
 
     text: str
@@ -87,6 +89,7 @@ class DecodedAnswer:
     finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
     ledger_entry: int
     charge: LedgerEntry | None = field(default=None, compare=False, repr=False)
+    released: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -101,6 +104,7 @@ class AnswerState:
     charged_in: tuple[int, int] | None = None  # the process that charged it (process_mark), once charged
     rule: Any = None  # the public restriction of its tokens (AnswerChoices, a SchemaAnswer), or None
     steps: int | None = None  # the token mechanisms it is charged for (public: its limit, choices or schema)
+    released: tuple[str, ...] | None = None  # keyword hints: the words its release published (DP; () for none)
 
     def charged(self, charge: LedgerEntry) -> None:
         """Record the answer's charge and the process that made it."""
@@ -173,6 +177,12 @@ class AnswerStream(Iterator[str]):
     def finish_reason(self) -> str:
         """``"stop"`` (EOS or a stop sequence) or ``"length"`` (so far: ``"length"`` until a stop is seen)."""
         return self._state.finish_reason
+
+    @property
+    def released(self) -> tuple[str, ...] | None:
+        """Keyword hints: the words the answer's release published (DP, public; ``()`` when none passed), once
+        released; None for other decoders."""
+        return self._state.released
 
 
 @runtime_checkable
@@ -310,6 +320,16 @@ def spend_payload(charge: LedgerEntry) -> dict[str, Any]:
         charge: the committed ledger entry (:attr:`AnswerStream.charge`).
     """
     return {"ledger_entry": charge.id, "release": charge.label, "ledger_epsilon": charge.certified_epsilon}
+
+
+def released_payload(pieces: AnswerStream) -> dict[str, Any]:
+    """What an adapter adds to an answer's metadata beside its spend: keyword hints' released words
+    (``released_keywords``, DP and public), or nothing for other decoders.
+
+    Args:
+        pieces: the answer's stream, read to its end.
+    """
+    return {} if pieces.released is None else {"released_keywords": list(pieces.released)}
 
 
 def answer_limit(decoder: Decoder, requested: object | None) -> int:

@@ -455,7 +455,7 @@ class _Decoder:
         assert charge is not None  # the first next() charges or raises
         _, stops, _, _ = self._prepare(query, max_tokens, stop, schema)  # public: the same stops the stream cut at
         text = self._cut(self.backend.decode(list(pieces.token_ids)), stops)
-        return DecodedAnswer(text, pieces.token_ids, pieces.finish_reason, charge.id, charge)
+        return DecodedAnswer(text, pieces.token_ids, pieces.finish_reason, charge.id, charge, pieces.released)
 
     # -- internals ------------------------------------------------------------------------------------
     @staticmethod

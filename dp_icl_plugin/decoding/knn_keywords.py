@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,9 +51,11 @@ from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.backends.base import NextTokenBackend, context_limit
 from dp_icl_plugin.data.records import PrivateDataset
 from dp_icl_plugin.decoding.choices import AnswerChoices
+from dp_icl_plugin.decoding.contract import AnswerState
 from dp_icl_plugin.decoding.decoders import chat_ids, query_text
 from dp_icl_plugin.decoding.knn_experts import KNNDecoder, check_dataset_settings, knn_for_dataset
 from dp_icl_plugin.errors import ConfigurationError, ConfigurationTypeError
+from dp_icl_plugin.retrieval.index import Candidates
 from dp_icl_plugin.retrieval.retriever import PrivateKNN, Retrieval
 from dp_icl_plugin.templates.answer import AnswerTemplate
 from dp_icl_plugin.timing import FixedLatency, as_fixed_latency
@@ -163,7 +166,11 @@ class KNNKeywordDecoder(KNNDecoder):
     def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Any]:
         query = query_text(prompt)
         admitted, entry, k = self.knn._charge_release(query, "answer", None, None, answer_prompt_checked=True)
-        return entry, (query, admitted, k, entry.id)  # the records are read in _tokens, after the charge
+        return entry, _Charged(query, admitted, k, entry.id)  # the records are read in _tokens, after the charge
+
+    def _pieces(self, prompt, limit, stops, rng, state: AnswerState, paid: Any) -> Iterator[str]:
+        paid.state = state  # the answer's bookkeeping, where _tokens reports the released words
+        return super()._pieces(prompt, limit, stops, rng, state, paid)
 
     def hinted(self, query: str | tuple[dict[str, str], ...], keywords: Sequence[str] | None):
         """The public prompt with released ``keywords`` (public, DP): an instruction line before a completion
@@ -186,12 +193,24 @@ class KNNKeywordDecoder(KNNDecoder):
         return tuple(messages)
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
-        query, admitted, k, entry = paid
-        used, records = self.knn._charged_records(admitted, "answer", k)
-        retrieval = Retrieval("answer", query, used, records, k, entry, charged_by=self.knn)
+        used, records = self.knn._charged_records(paid.admitted, "answer", paid.k)
+        retrieval = Retrieval("answer", paid.query, used, records, paid.k, paid.entry, charged_by=self.knn)
         words = self.knn._keywords_of(retrieval, self.keywords, rng)  # the release (DP)
+        if paid.state is not None:
+            paid.state.released = words or ()
         # Everything below is post-processing: the public model, the query and the released words.
         yield from self._public_greedy(self._ids(self.hinted(prompt, words), None, reserve=limit - 1), [], limit, rule)
+
+
+@dataclass
+class _Charged:
+    """One charged answer: its query, the admitted candidates, k, its ledger entry, and its bookkeeping."""
+
+    query: str
+    admitted: Candidates
+    k: int
+    entry: int
+    state: AnswerState | None = None
 
 
 def build_keyword_decoder(

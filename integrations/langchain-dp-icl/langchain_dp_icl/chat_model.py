@@ -53,6 +53,7 @@ from dp_icl_plugin.adapters import (
     check_call_settings,
     iterate_in_threads,
     noise_source,
+    released_payload,
     spend_payload,
     tool_call_text,
     tool_result_text,
@@ -593,7 +594,12 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         return ChatGenerationChunk(message=message)
 
     def _last(self, pieces: AnswerStream, spend: dict[str, Any], message_id: str | None) -> AIMessageChunk:
-        metadata = {"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name}
+        metadata = {
+            "finish_reason": pieces.finish_reason,
+            **spend,
+            **released_payload(pieces),
+            "model_name": self.model_name,
+        }
         return AIMessageChunk(
             content="",
             usage_metadata=self._usage(pieces),
@@ -609,7 +615,12 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
         message = AIMessage(
             **(message_fields(text, pieces.finish_reason) if tools else {"content": text}),
             usage_metadata=self._usage(pieces),
-            response_metadata={"finish_reason": pieces.finish_reason, **spend, "model_name": self.model_name},
+            response_metadata={
+                "finish_reason": pieces.finish_reason,
+                **spend,
+                **released_payload(pieces),
+                "model_name": self.model_name,
+            },
             id=message_id,  # a streamed answer's message keeps its chunks' id, as LangChain's own streaming does
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -792,7 +803,7 @@ class DPICLLLM(_DPModelMixin, LLM):
             pieces = self._answer(prompt, stop, kwargs)
             spend: dict[str, Any] = {}
             text = "".join(self._pieces(pieces, run_manager, spend))
-            info = {"finish_reason": pieces.finish_reason, **spend}
+            info = {"finish_reason": pieces.finish_reason, **spend, **released_payload(pieces)}
             generations.append([Generation(text=text, generation_info=info)])
         return LLMResult(generations=generations)
 
@@ -813,7 +824,12 @@ class DPICLLLM(_DPModelMixin, LLM):
             spend: dict[str, Any] = {}
             text = "".join([piece async for piece in self._apieces(pieces, run_manager, spend)])
             generations.append(
-                [Generation(text=text, generation_info={"finish_reason": pieces.finish_reason, **spend})]
+                [
+                    Generation(
+                        text=text,
+                        generation_info={"finish_reason": pieces.finish_reason, **spend, **released_payload(pieces)},
+                    )
+                ]
             )
         return LLMResult(generations=generations)
 
@@ -840,7 +856,9 @@ class DPICLLLM(_DPModelMixin, LLM):
             if run_manager is not None:
                 run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
-        yield GenerationChunk(text="", generation_info={"finish_reason": pieces.finish_reason, **spend})
+        yield GenerationChunk(
+            text="", generation_info={"finish_reason": pieces.finish_reason, **spend, **released_payload(pieces)}
+        )
 
     async def _astream(
         self,
@@ -856,4 +874,6 @@ class DPICLLLM(_DPModelMixin, LLM):
             if run_manager is not None:
                 await run_manager.on_llm_new_token(piece, chunk=chunk)
             yield chunk
-        yield GenerationChunk(text="", generation_info={"finish_reason": pieces.finish_reason, **spend})
+        yield GenerationChunk(
+            text="", generation_info={"finish_reason": pieces.finish_reason, **spend, **released_payload(pieces)}
+        )

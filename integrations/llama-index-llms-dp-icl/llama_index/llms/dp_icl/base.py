@@ -51,6 +51,7 @@ from dp_icl_plugin.adapters import (
     iterate_in_threads,
     noise_source,
     parse_tool_call,
+    released_payload,
     spend_payload,
     tool_call_schema,
     tool_call_text,
@@ -280,7 +281,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         spend: dict[str, Any] = {}
         pieces = self._open(query, kwargs)
         text = "".join(delta for delta, _ in self._texts(pieces, spend))
-        return text, {**spend, "finish_reason": pieces.finish_reason}, pieces
+        return text, {**spend, **released_payload(pieces), "finish_reason": pieces.finish_reason}, pieces
 
     async def _awhole(self, query: Query, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any], AnswerStream]:
         """:meth:`_whole` stepped in worker threads: a caller that gives up before the answer began (queued
@@ -289,7 +290,7 @@ class DPICL(CustomLLM, FunctionCallingLLM):
         pieces = await asyncio.to_thread(self._open, query, kwargs)
         steps = iterate_in_threads(lambda: self._texts(pieces, spend), on_cancel=pieces.cancel)
         text = "".join([delta async for delta, _ in steps])
-        return text, {**spend, "finish_reason": pieces.finish_reason}, pieces
+        return text, {**spend, **released_payload(pieces), "finish_reason": pieces.finish_reason}, pieces
 
     # -- structured output --------------------------------------------------------------------------
     def _schema_kwargs(self, output_cls: type[BaseModel], llm_kwargs: dict[str, Any] | None) -> dict[str, Any]:
