@@ -69,14 +69,13 @@ def main() -> None:
     for w in caught:
         print("warning:", w.message)
     print(f"{n} tickets; a word needs about {chat.decoder.records_to_agree()} candidates sharing it")
-    released: list = []  # benchmark only: the words each release published
-    release = chat.decoder.knn._keywords_of
-    chat.decoder.knn._keywords_of = lambda *a: released.append(release(*a)) or released[-1]
     zero = ChatZeroShot(backend=chat.decoder.backend, max_tokens=40)
     for question in QUESTIONS:
         started = time.perf_counter()
-        answer = chat.invoke(question).content
-        print(f"\nQ: {question}\n  released: {released[-1]}\n  DP ({time.perf_counter() - started:.1f} s): {answer!r}")
+        answer = chat.invoke(question)
+        seconds = time.perf_counter() - started
+        released = answer.response_metadata["released_keywords"]  # the words the records released (DP, public)
+        print(f"\nQ: {question}\n  released: {released}\n  DP ({seconds:.1f} s): {answer.content!r}")
         print(f"  zero-shot: {zero.invoke(question).content!r}")
 
 
