@@ -98,6 +98,8 @@ from dp_icl_plugin.synthesis import (
     PTAConfig,
     PTASynthesizer,
     SynthesisMethod,
+    TangAnswerConfig,
+    TangAnswerSynthesizer,
     TangConfig,
     TangSynthesizer,
 )
@@ -185,6 +187,8 @@ __all__ = [
     "ServerUnavailableError",
     "ShareExhaustedError",
     "SynthesisMethod",
+    "TangAnswerConfig",
+    "TangAnswerSynthesizer",
     "TangConfig",
     "TangSynthesizer",
     "UnsupportedEventError",

@@ -96,6 +96,8 @@ PUBLIC_API = {  # what a user imports: ``from dp_icl_plugin import ...``
     "ServerUnavailableError",
     "ShareExhaustedError",
     "SynthesisMethod",
+    "TangAnswerConfig",
+    "TangAnswerSynthesizer",
     "TangConfig",
     "TangSynthesizer",
     "UnsupportedEventError",

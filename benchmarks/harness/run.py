@@ -657,11 +657,39 @@ class Harness:
     def mozo_offline(self, epsilon: float) -> None:
         """Pay once, free text: DPS-MOZO+Off (:class:`~dp_icl_plugin.MozoOfflineSynthesizer`) answers
         ``PUBLIC_INPUTS`` public tune inputs (never a held-out query) with the private records at ``epsilon`` on the
-        row's ledger; every query is then answered greedy with those DP pairs as its examples (post-processing).
-        Beside it, once per task, the same decoding with as many real records drawn at random (NOT private): what
-        demonstrations of this kind can give at best."""
+        row's ledger; every query is then answered greedy with those DP pairs as its examples (post-processing)."""
         from dp_icl_plugin import MozoOfflineSynthesizer
 
+        method = MozoOfflineSynthesizer(
+            epsilon=epsilon,
+            delta=DELTA,
+            max_tokens=self.task.max_tokens,
+            order={1.0: 14.0, 2.0: 8.0}.get(epsilon, 5.0),
+            template=self.template,
+        )
+        self._pay_once_answers("DPS-MOZO+Off", method, epsilon, rows=4, beta="beta")
+
+    def tang_answers(self, epsilon: float) -> None:
+        """Pay once, free text: Tang et al.'s aggregation for public inputs
+        (:class:`~dp_icl_plugin.TangAnswerSynthesizer`, M = ``TANG_PROMPTS`` prompts of N = 2 expected records a
+        token, up to ``ANSWER_TOKENS`` tokens an output) answers ``PUBLIC_INPUTS`` public tune inputs at ``epsilon``;
+        every query is then answered greedy with those DP pairs as its examples (post-processing)."""
+        from dp_icl_plugin import TangAnswerSynthesizer
+
+        method = TangAnswerSynthesizer(
+            epsilon=epsilon,
+            delta=DELTA,
+            n_prompts=TANG_PROMPTS,
+            max_tokens=ANSWER_TOKENS,
+            template=self.template,
+        )
+        self._pay_once_answers("Tang aggregation", method, epsilon, rows=TANG_PROMPTS, beta="noise_multiplier")
+
+    def _pay_once_answers(self, name: str, method, epsilon: float, *, rows: int, beta: str) -> None:
+        """``method`` (a public-input synthesizer) answers ``PUBLIC_INPUTS`` public tune inputs once on the row's
+        ledger; every query is answered greedy with the DP pairs as its examples. Beside it, once per task, the same
+        decoding with as many real records drawn at random (NOT private): what demonstrations of this kind can give
+        at best."""
         t = self.task
         if not any(r["method"].startswith("few-shot greedy") for r in self.rows):
             started = time.perf_counter()
@@ -675,29 +703,23 @@ class Harness:
             )
         started = time.perf_counter()
         ledger = self._ledger(epsilon)
-        method = MozoOfflineSynthesizer(
-            epsilon=epsilon,
-            delta=DELTA,
-            max_tokens=t.max_tokens,
-            order={1.0: 14.0, 2.0: 8.0}.get(epsilon, 5.0),
-            template=self.template,
-        )
+        inputs = t.tune_queries[:PUBLIC_INPUTS]
         demos = method.synthesize(
             self._dataset(),
-            public_inputs=t.tune_queries[:PUBLIC_INPUTS],
-            backend=self.backend(4),
+            public_inputs=inputs,
+            backend=self.backend(rows),
             budget=ledger,
             rng=np.random.default_rng(21),
             progress=False,
         )
         pairs = [(d.input, _clean(d.text)) for d in demos if _clean(d.text)]
         self.add(
-            f"pay once: DPS-MOZO+Off, {PUBLIC_INPUTS} DP pairs",
+            f"pay once: {name}, {PUBLIC_INPUTS} DP pairs",
             epsilon,
             self._greedy_with(pairs),
             time.perf_counter() - started,
             demonstrations=pairs,
-            beta=method.plan(self._dataset(), public_inputs=t.tune_queries[:PUBLIC_INPUTS]).params["beta"],
+            **{beta: demos.provenance.extra[beta]},
             spent_epsilon=ledger.spent().epsilon,
         )
 
@@ -809,6 +831,8 @@ def load_table(path: str) -> dict[str, np.ndarray]:
 
 SYNTHESIS = ("tang", "pta", "adadpsyn", "clip-blend-synthesis")
 PUBLIC_INPUTS = 4  # DPS-MOZO+Off's public inputs (the paper's E2E setting: 4 DP pairs as the examples)
+TANG_PROMPTS = 10  # Tang et al.'s M for public inputs (N = 2 expected records a prompt)
+ANSWER_TOKENS = 40  # a pay-once output's tokens (E2E references run 20-40 tokens; all are charged)
 SETTINGS_FROM = "public stand-ins for the records (Task.proxy), never the records"
 
 
@@ -1040,7 +1064,7 @@ def main() -> None:
                     continue
                 if m in SYNTHESIS and (task.labels is None or h.choices is None):
                     continue  # pay-once rows: classification with the labels as choices
-                if m == "mozo-offline" and task.labels is not None:
+                if m in ("mozo-offline", "tang-answers") and task.labels is not None:
                     continue  # pay once with free text (E2E)
                 {
                     "experts": h.experts,
@@ -1053,6 +1077,7 @@ def main() -> None:
                     "keywords": h.keywords,
                     "keyword-hints": h.keyword_hints,
                     "mozo-offline": h.mozo_offline,
+                    "tang-answers": h.tang_answers,
                     **{name: (lambda e, h=h, name=name: h.synthesis(name, e)) for name in SYNTHESIS},
                 }[m](eps)
     save(True)

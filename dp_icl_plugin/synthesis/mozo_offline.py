@@ -42,7 +42,7 @@ The zero-shot prompt is ``header + query``; a one-shot prompt is ``header + exam
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, closing
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -53,41 +53,19 @@ from dp_icl_plugin import _validation as check
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_mozo
 from dp_icl_plugin.accounting.neighbouring import PER_RECORD, REPLACE_ONE
-from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
+from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.backends.shared_rows import public_suffix
-from dp_icl_plugin.data.records import Demonstration, PrivateDataset, PrivateRecord
+from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
 from dp_icl_plugin.data.units import all_elements
-from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError, DPICLError
+from dp_icl_plugin.errors import ConfigurationError, DPICLError
 from dp_icl_plugin.mechanisms.mozo_mixing import LAMBDA_MAX
 from dp_icl_plugin.steps.mozo_step import MozoStep
 from dp_icl_plugin.steps.token_step import TokenStep
-from dp_icl_plugin.synthesis.demoset import Provenance
-from dp_icl_plugin.synthesis.method import DemoSlot, Plan, SynthesisMethod, check_privacy_target
+from dp_icl_plugin.synthesis.method import DemoSlot, Plan, check_privacy_target
+from dp_icl_plugin.synthesis.public_inputs import PublicInputsMethod, check_answer_settings, check_public_inputs
 from dp_icl_plugin.templates.answer import AnswerTemplate
 
 __all__ = ["MozoOfflineConfig", "MozoOfflineSynthesizer", "check_public_inputs"]
-
-
-def check_public_inputs(public_inputs: object) -> tuple[str, ...]:
-    """A non-empty sequence of non-empty strings (public inputs; errors give positions only).
-
-    Args:
-        public_inputs: the public inputs.
-
-    Raises:
-        ConfigurationError: None, not a sequence of strings, empty, or an empty input.
-    """
-    if public_inputs is None:
-        raise ConfigurationError("mozo_offline needs public_inputs=[...] (the public inputs to answer)")
-    if isinstance(public_inputs, (str, bytes)) or not isinstance(public_inputs, Sequence):
-        raise ConfigurationError("public_inputs must be a sequence of strings")
-    result = tuple(public_inputs)
-    if not result:
-        raise ConfigurationError("public_inputs must not be empty")
-    for i, text in enumerate(result):
-        if not isinstance(text, str) or not text.strip():
-            raise ConfigurationError(f"public input {i} is empty or not a string")
-    return result
 
 
 @dataclass(frozen=True)
@@ -129,13 +107,10 @@ class MozoOfflineConfig:
         object.__setattr__(self, "order", check.order("order", self.order))
         object.__setattr__(self, "lambda_max", check.positive_finite("lambda_max", self.lambda_max))
         check_privacy_target(self.epsilon, self.delta, self.beta, "beta")
-        if not isinstance(self.template, AnswerTemplate):
-            raise ConfigurationTypeError("template must be an AnswerTemplate")
-        if self.demo_label is not None and not isinstance(self.demo_label, str):
-            raise ConfigurationError("demo_label must be a string or None")
+        check_answer_settings(self.template, self.demo_label)
 
 
-class MozoOfflineSynthesizer(SynthesisMethod):
+class MozoOfflineSynthesizer(PublicInputsMethod):
     """DP demonstrations for public inputs by DPS-MOZO (Flemings et al., Algorithm 3); see the module docstring.
 
     ``plan``, ``event``, ``synthesize`` and ``synthesize_nonprivate`` take the public inputs as the
@@ -152,7 +127,6 @@ class MozoOfflineSynthesizer(SynthesisMethod):
     name: ClassVar[str] = "mozo_offline"
     config_type: ClassVar[type] = MozoOfflineConfig
     config: MozoOfflineConfig
-    labels_in_prompts: ClassVar[bool] = True  # a one-shot prompt holds its record's output ({label})
 
     @property
     def step_rows(self) -> int:
@@ -162,44 +136,27 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         return self.config.n_shots
 
     # -- planning -----------------------------------------------------------------------------------
-    def plan(
+    def _check_relation(self, neighbouring: str) -> str:
+        """Replace-one only (|D| is then public): an add/remove ledger is refused."""
+        me.require_replace_one("DPS-MOZO", neighbouring)
+        return REPLACE_ONE
+
+    def _plan_inputs(
         self,
         dataset: PrivateDataset,
-        labels: Sequence[str] | None = None,
-        *,
-        public_inputs: Sequence[str] | None = None,
-        neighbouring: str = REPLACE_ONE,
-        ledger_delta: float | None = None,
-        privacy_unit: str = PER_RECORD,
+        inputs: tuple[str, ...],
+        neighbouring: str,
+        ledger_delta: float | None,
+        privacy_unit: str,
     ) -> Plan:
-        """Validated inputs, calibrated β and the event, without touching a backend (replace-one only; a target
-        ε at the config's δ, else ``ledger_delta``, else 1/|D|).
-
-        Args:
-            dataset: the private records (only their number is read, public under replace-one; per unit, the
-                number of units, which unit replace-one keeps fixed).
-            labels: must be None.
-            public_inputs: the public inputs to answer (required).
-            neighbouring: the ledger's relation (replace-one only).
-            ledger_delta: the ledger's δ.
-            privacy_unit: the ledger's privacy unit: ``"unit"`` draws units (at most ``records_per_unit`` of a
-                drawn unit's records in its prompt) at q = n_shots/|U|.
+        """β calibrated for ``inputs`` (a target ε at the config's δ, else ``ledger_delta``, else 1/|D|): per unit,
+        units are drawn at q = n_shots/|U| (at most ``records_per_unit`` of a drawn unit's records in its prompt).
 
         Raises:
-            ConfigurationError: bad data or inputs, labels given, ``n_shots`` above |D|, or an add/remove relation
-                (:class:`~dp_icl_plugin.errors.UnsupportedEventError`).
+            ConfigurationError: ``n_shots`` above |D| (or |U|).
             CalibrationError: no β meets the target ε.
         """
-        if not isinstance(dataset, PrivateDataset):
-            raise ConfigurationTypeError("dataset must be a PrivateDataset")
-        if ledger_delta is not None:
-            check.probability_open("ledger_delta", ledger_delta)
-        me.require_replace_one("DPS-MOZO", neighbouring)
-        if labels is not None:
-            raise ConfigurationError("mozo_offline draws records from the whole dataset; do not pass labels")
-        inputs = check_public_inputs(public_inputs)
-        unit = self._check_privacy_unit(dataset, privacy_unit)
-        c = self.config
+        unit, c = privacy_unit, self.config
         # public: replace-one neighbours have the same number of records (per unit: of units)
         size = len(all_elements(dataset, unit))
         if c.n_shots > size:
@@ -227,50 +184,9 @@ class MozoOfflineSynthesizer(SynthesisMethod):
         }
         if unit != PER_RECORD:
             params["records_per_unit"] = dataset.records_per_unit
-        return self._tagged(Plan(dataset.labels, event, params), unit)
-
-    def _plan(
-        self,
-        dataset: PrivateDataset,
-        labels: tuple[str, ...],
-        neighbouring: str,
-        ledger_delta: float | None,
-        privacy_unit: str,
-    ) -> Plan:
-        raise ConfigurationError("mozo_offline needs public inputs: call plan(dataset, public_inputs=[...])")
-
-    def _provenance(
-        self, plan: Plan, backend: NextTokenBackend, epsilon: float, delta: float, entry_id: int | None, label: str
-    ) -> Provenance:
-        provenance = super()._provenance(plan, backend, epsilon, delta, entry_id, label)
-        extra = {k: v for k, v in provenance.extra.items() if k != "public_inputs"}  # they are in the demos
-        extra["n_public_inputs"] = len(plan.params["public_inputs"])
-        return Provenance(**{**provenance.to_dict(), "extra": extra})
+        return Plan(dataset.labels, event, params)
 
     # -- generation ---------------------------------------------------------------------------------
-    def _preflight(self, plan: Plan, backend: NextTokenBackend) -> None:
-        """Public checks: every zero-shot prompt encodes, the model answers the first, top_k fits."""
-        template = self.config.template
-        prompts = [
-            backend.encode(template.zero_shot_prompt(x), add_special_tokens=True) for x in plan.params["public_inputs"]
-        ]
-        for i, ids in enumerate(prompts):
-            if not ids:
-                raise ConfigurationError(f"the zero-shot prompt of public input {i} has no tokens")
-        probe = check_logprobs(backend.next_token_logprobs([prompts[0]]))
-        if probe.shape != (1, backend.vocab_size):
-            raise BackendError(f"the backend returned shape {probe.shape}; expected (1, {backend.vocab_size})")
-        check_top_k(self.config.top_k, backend)
-
-    _stops_at_text: ClassVar[bool] = True
-
-    def _demonstration_count(self, plan: Plan) -> int:
-        return len(plan.params["public_inputs"])
-
-    def _demonstration(self, slot: DemoSlot, text: str, token_ids: tuple[int, ...]) -> Demonstration:
-        label = self.config.demo_label if self.config.demo_label is not None else text
-        return Demonstration(label=label, text=text, token_ids=token_ids, input=slot.input)
-
     def _demonstrations(
         self, dataset: PrivateDataset, plan: Plan, backend: NextTokenBackend, rng: np.random.Generator, *, private: bool
     ) -> Iterator[tuple[DemoSlot, AbstractContextManager[TokenStep]]]:

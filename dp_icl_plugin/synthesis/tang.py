@@ -55,7 +55,7 @@ from dp_icl_plugin.synthesis.method import DemoSlot, Plan, SynthesisMethod, chec
 from dp_icl_plugin.templates.demonstration import PromptTemplate
 from dp_icl_plugin.templates.prompting import PromptIds, poisson_prompts
 
-__all__ = ["TangConfig", "TangSynthesizer"]
+__all__ = ["TangConfig", "TangSynthesizer", "tang_noise"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,57 @@ class TangConfig:
             raise ConfigurationTypeError("template must be a PromptTemplate")
 
 
+def tang_noise(
+    *,
+    epsilon: float | None,
+    noise_multiplier: float | None,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    neighbouring: str,
+) -> tuple[float, float | None]:
+    """σ of Tang et al.'s aggregation: the config's ``noise_multiplier``, or the smallest on a 0.01 grid in
+    [0.3, 3.0] (PTA App. D.3), else in [3, 100], that meets ``epsilon`` over ``steps`` tokens at ``delta`` (the
+    tightest accountant, under ``neighbouring``).
+
+    Args:
+        epsilon: the target ε, or None when σ is given.
+        noise_multiplier: σ itself, or None.
+        delta: the target's δ.
+        sampling_rate: q, each element's probability of joining a token's sample.
+        steps: the tokens composed.
+        neighbouring: the ledger's relation.
+
+    Returns:
+        ``(σ, the ε it reaches)``, the ε None when σ was given.
+
+    Raises:
+        CalibrationError: no σ in [0.3, 100] meets the target.
+    """
+    if noise_multiplier is not None:
+        return float(noise_multiplier), None
+    assert epsilon is not None
+    common = {
+        "epsilon": epsilon,
+        "delta": delta,
+        "sampling_rate": sampling_rate,
+        "steps": steps,
+        "neighbouring": neighbouring,
+    }
+    try:
+        result = calibrate_subsampled_gaussian(**common)  # PTA's grid, [0.3, 3.0]
+    except CalibrationError:  # a high rate (small labels) needs more noise than PTA's grid holds
+        try:
+            result = calibrate_subsampled_gaussian(**common, lo=3.0, hi=100.0)
+        except CalibrationError:
+            raise CalibrationError(
+                f"no noise multiplier in [0.3, 100] meets epsilon={epsilon} at delta={delta} over {steps} "
+                f"tokens at rate {sampling_rate:.3g}: use fewer tokens, fewer records per token, larger declared "
+                "sizes or a larger epsilon"
+            ) from None
+    return result.value, result.epsilon
+
+
 class TangSynthesizer(SynthesisMethod):
     """DP synthetic demonstrations by Gaussian aggregation (Tang et al. 2024); see the module docstring."""
 
@@ -124,29 +175,14 @@ class TangSynthesizer(SynthesisMethod):
         )
         steps *= labels_charged(dataset, labels, privacy_unit)  # a unit may take part in that many labels' runs
         delta = self._target_delta(ledger_delta, 1.0 / smallest)
-        if c.noise_multiplier is not None:
-            sigma, target = float(c.noise_multiplier), None
-        else:
-            assert c.epsilon is not None
-            common = {
-                "epsilon": c.epsilon,
-                "delta": delta,
-                "sampling_rate": rate,
-                "steps": steps,
-                "neighbouring": neighbouring,
-            }
-            try:
-                result = calibrate_subsampled_gaussian(**common)  # PTA's grid, [0.3, 3.0]
-            except CalibrationError:  # a high rate (small labels) needs more noise than PTA's grid holds
-                try:
-                    result = calibrate_subsampled_gaussian(**common, lo=3.0, hi=100.0)
-                except CalibrationError:
-                    raise CalibrationError(
-                        f"no noise multiplier in [0.3, 100] meets epsilon={c.epsilon} at delta={delta} over {steps} "
-                        f"tokens at rate {rate:.3g}: use fewer tokens, fewer records per token, larger declared "
-                        "sizes or a larger epsilon"
-                    ) from None
-            sigma, target = result.value, result.epsilon
+        sigma, target = tang_noise(
+            epsilon=c.epsilon,
+            noise_multiplier=c.noise_multiplier,
+            delta=delta,
+            sampling_rate=rate,
+            steps=steps,
+            neighbouring=neighbouring,
+        )
         event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps, neighbouring=neighbouring)
         params = {
             "noise_multiplier": sigma,

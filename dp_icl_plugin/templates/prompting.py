@@ -31,9 +31,11 @@ from dp_icl_plugin.backends.shared_rows import common_prefix_length
 from dp_icl_plugin.data.records import PrivateRecord
 from dp_icl_plugin.data.units import Element, records_of
 from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.templates.answer import AnswerTemplate
 from dp_icl_plugin.templates.demonstration import PromptTemplate
 
 __all__ = [
+    "AnswerPromptIds",
     "PromptIds",
     "check_records_encode",
     "demonstration_text",
@@ -215,6 +217,73 @@ class PromptIds:
             generated: the tokens generated so far.
         """
         text = self.template.private_prompt(label, records)
+        return self.fit(self.backend.encode(text, add_special_tokens=True) + list(generated))
+
+
+class AnswerPromptIds(PromptIds):
+    """:class:`PromptIds` for input→output prompts (:class:`~dp_icl_plugin.templates.answer.AnswerTemplate`): where
+    a label-conditioned prompt names its label, these name the public input they answer.
+
+    The public prompt is the zero-shot prompt (header, then the input); a private prompt shows its records as
+    examples before the input (none drawn: the zero-shot prompt). Cut to the model's context like
+    :class:`PromptIds`. There is no base prompt.
+
+    Args:
+        backend: the model whose tokenizer is used.
+        template: the prompt layout.
+    """
+
+    def __init__(self, backend: NextTokenBackend, template: AnswerTemplate) -> None:
+        super().__init__(backend, PromptTemplate())
+        self.answer_template = template
+
+    def _zero_shot(self, public_input: str) -> list[int]:
+        key = ("zero-shot", public_input)
+        if key not in self._cache:
+            text = self.answer_template.zero_shot_prompt(public_input)
+            self._cache[key] = self.backend.encode(text, add_special_tokens=True)
+        return self._cache[key]
+
+    def instruction(self, label: str) -> list[int]:
+        """The header's tokens every prompt for the input ``label`` starts with, less the last (which may merge with
+        what follows it), as the zero-shot prompt spells them; from public text only.
+
+        Args:
+            label: the public input the prompts answer.
+        """
+        key = ("answer-instruction", label)
+        if key not in self._cache:
+            public = self._zero_shot(label)
+            header = self.backend.encode(self.answer_template.header, add_special_tokens=True)
+            self._cache[key] = public[: max(0, common_prefix_length(public, header) - 1)]
+        return self._cache[key]
+
+    def public(self, label: str, generated: Sequence[int]) -> list[int]:
+        """Token ids of the zero-shot prompt for the input ``label`` followed by ``generated``.
+
+        Args:
+            label: the public input.
+            generated: the tokens generated so far.
+        """
+        return self.fit(self._zero_shot(label) + list(generated))
+
+    def base(self, label: str, generated: Sequence[int]) -> list[int]:
+        """Not defined for input→output prompts.
+
+        Raises:
+            ConfigurationError: always.
+        """
+        raise ConfigurationError("input→output prompts have no base prompt")
+
+    def private(self, label: str, records: Sequence[PrivateRecord], generated: Sequence[int]) -> list[int]:
+        """Token ids of the prompt with ``records`` as examples before the input ``label``, then ``generated``.
+
+        Args:
+            label: the public input.
+            records: the records shown as examples (input and output each).
+            generated: the tokens generated so far.
+        """
+        text = self.answer_template.one_shot_prompt(list(records), label)
         return self.fit(self.backend.encode(text, add_special_tokens=True) + list(generated))
 
 
