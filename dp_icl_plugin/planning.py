@@ -118,6 +118,7 @@ def plan(
     agreeing: int = 10,
     paid_tokens: int = 2,
     expected_tokens: int | None = None,
+    demonstrations: int = 4,
 ) -> Plan:
     """What each method would do with (ε, δ) for ``answers`` answers of ``tokens`` tokens over ``records``
     records, and which to use. Never charges anything.
@@ -146,6 +147,8 @@ def plan(
         expected_tokens: the tokens an answer is expected to run (public; default ``tokens``): DPS-MOZO and
             clip-blend paid per token (``pay_per_token=True``) calibrate for ``answers`` answers of this many, on an
             allowance of ε at a tenth of δ (:mod:`~dp_icl_plugin.decoding.pay_as_you_go`).
+        demonstrations: the public inputs a pay-once synthesis for free text answers, each in ``tokens`` tokens
+            (:class:`~dp_icl_plugin.synthesis.tang_answers.TangAnswerSynthesizer` at its default M and N).
 
     Raises:
         ConfigurationError: a setting out of range.
@@ -159,6 +162,7 @@ def plan(
     s = min(n, k) if subset_size is None else check.positive_int("subset_size", subset_size)
     j = check.positive_int("agreeing", agreeing)
     paid = check.positive_int("paid_tokens", paid_tokens)
+    demos = check.positive_int("demonstrations", demonstrations)
     e = t if expected_tokens is None else check.positive_int("expected_tokens", expected_tokens)
     if e > t:
         raise ConfigurationError(f"expected_tokens ({e}) cannot exceed tokens ({t}), the longest answer")
@@ -176,6 +180,7 @@ def plan(
         "agreeing": j,
         "paid_tokens": paid,
         "expected_tokens": e,
+        "demonstrations": demos,
     }
     out = [
         _outlook("dps-mozo decoding", lambda: _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel)),
@@ -192,6 +197,7 @@ def plan(
             "dps-mozo decoding, paid per token", lambda: _mozo_per_token(eps, dlt, n, a, e, n_shots, mozo_order, rel)
         ),
         _outlook("clip-blend decoding, paid per token", lambda: _clip_blend_per_token(eps, dlt, a, e, s, clip, rel)),
+        _outlook(PAY_ONCE_ANSWERS, lambda: _tang_answers(eps, dlt, n, t, demos, rel)),
     ]
     return Plan(inputs, out, _recommend(out, a, t), _carrying(out, n, j))
 
@@ -485,16 +491,66 @@ def _keyword_hints(eps, dlt, n, a, c, m, vocab, rel, agreeing) -> MethodOutlook:
     )
 
 
+PAY_ONCE_ANSWERS = "tang synthesis for public inputs (pay once)"
+#: a one-sided 95 % normal quantile: a token's lead (in prompts) that beats one rival 95 % of the time is
+#: z·2σ (the difference of two coordinates' noise, each N(0, 2σ²), has std 2σ)
+_WIN_95 = 1.6448536269514722
+
+
+def _tang_answers(eps, dlt, n, t, demos, rel) -> MethodOutlook:
+    from dp_icl_plugin.synthesis.tang import tang_noise
+    from dp_icl_plugin.synthesis.tang_answers import TangAnswerConfig
+
+    m, per_prompt = TangAnswerConfig.n_prompts, TangAnswerConfig.records_per_prompt
+    if m * per_prompt > n:
+        raise ConfigurationError(f"M·N = {m * per_prompt} records a token exceed the {n} records")
+    steps = demos * t
+    sigma, _ = tang_noise(
+        epsilon=eps, noise_multiplier=None, delta=dlt, sampling_rate=m * per_prompt / n, steps=steps, neighbouring=rel
+    )
+    lead = 2 * _WIN_95 * sigma
+    half = float(0.5 * math.erfc(-(m / 2) / (2 * sigma) / math.sqrt(2)))  # Φ((M/2)/(2σ))
+    return MethodOutlook(
+        PAY_ONCE_ANSWERS,
+        "once",
+        {
+            "noise_multiplier": sigma,
+            "n_prompts": m,
+            "records_per_prompt": per_prompt,
+            "tokens_charged": steps,
+            "prompts_ahead_to_win": lead,
+            "half_agreeing_wins": half,
+        },
+        None,
+        "useful" if lead <= m / 2 else "weak" if lead <= m else "useless",
+        f"{demos} free-text demonstrations of {t} tokens, paid once (any number of answers then use them): "
+        + (
+            f"a token wins against one rival 95 % of the time when {lead:.2g} of the {m} prompts a token reads "
+            "favour it more"
+            if lead <= m
+            else f"no token wins reliably: beating one rival 95 % of the time takes a lead of {lead:.3g} prompts, "
+            f"more than the {m} a token reads"
+        )
+        + f" (σ = {sigma:.3g}); a token half of them favour wins with probability {half:.3g}",
+    )
+
+
 def _recommend(methods: list[MethodOutlook], answers: int, tokens: int) -> str:
     rated = [m for m in methods if m.token_shift is not None and m.verdict != "refused"]
     best = max(rated, key=lambda m: m.token_shift or 0.0, default=None)
+    once = next((m for m in methods if m.method == PAY_ONCE_ANSWERS and m.verdict == "useful"), None)
+    synthesize = (
+        f"synthesize demonstrations once and reuse them (the cost does not grow with the answers; free text: "
+        f"{once.method}, {once.note})"
+        if once is not None
+        else "synthesize demonstrations once and reuse them (the cost does not grow with the answers)"
+    )
     if best is None or best.verdict == "useless":
         return (
             f"no per-answer method can change an answer at this budget ({answers} answers of {tokens} tokens): "
-            "synthesize demonstrations once and reuse them (the cost does not grow with the answers), or "
-            "raise epsilon / lower the answers or tokens"
+            f"{synthesize}, or raise epsilon / lower the answers or tokens"
         )
-    extra = " (weak: expect small gains; synthesizing once may do better)" if best.verdict == "weak" else ""
+    extra = f" (weak: expect small gains; {synthesize} may do better)" if best.verdict == "weak" else ""
     return f"{best.method}: {best.note}{extra}"
 
 

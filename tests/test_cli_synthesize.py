@@ -289,7 +289,11 @@ def test_other_synthesis_methods(data_file: Path, tmp_path: Path, capsys, method
     assert 0 < result["epsilon"] <= 8 and DemoSet.load(out).provenance.ledger_entry_id == 1
 
 
-def test_mozo_offline_answers_public_inputs(data_file: Path, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    "method_args",
+    [["mozo-offline", "--order", "8"], ["tang-answers", "--n-prompts", "4", "--population", "100"]],
+)
+def test_methods_that_answer_public_inputs(data_file: Path, tmp_path: Path, capsys, method_args: list[str]) -> None:
     language = GincLanguage(GincConfig())
     queries = tmp_path / "inputs.txt"
     queries.write_text("\n".join(language.render(range(1, 10)) for _ in range(2)) + "\n")
@@ -306,7 +310,7 @@ def test_mozo_offline_answers_public_inputs(data_file: Path, tmp_path: Path, cap
         [
             "synthesize",
             "--method",
-            "mozo-offline",
+            method_args[0],
             "--data",
             str(qa),
             "--text-column",
@@ -325,8 +329,7 @@ def test_mozo_offline_answers_public_inputs(data_file: Path, tmp_path: Path, cap
             "1",
             "--top-k",
             "10",
-            "--order",
-            "8",
+            *method_args[1:],
             "--epsilon",
             "2",
             "--ledger",
@@ -346,6 +349,7 @@ def test_mozo_offline_answers_public_inputs(data_file: Path, tmp_path: Path, cap
     demos = DemoSet.load(out)
     assert [d.input for d in demos] == [language.render(range(1, 10))] * 2
     assert all(len(d.token_ids) == 1 for d in demos) and result["epsilon"] <= 2
+    assert demos.provenance.method == method_args[0].replace("-", "_")
     code = main(
         [
             "synthesize",

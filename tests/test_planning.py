@@ -181,6 +181,7 @@ def test_dp_icl_plan_prints_every_method_and_charges_nothing(capsys, tmp_path) -
         "knn keyword hints",
         "dps-mozo decoding, paid per token",
         "clip-blend decoding, paid per token",
+        "tang synthesis for public inputs (pay once)",
     }
     assert out["recommendation"] and out["inputs"]["records"] == 1000
     assert out["carrying"] and out["inputs"]["agreeing"] == 10
@@ -258,3 +259,23 @@ def test_the_plan_says_how_many_records_must_share_a_keyword_hint_and_matches_th
     knn = decoder.knn
     assert decoder.records_to_agree() == math.ceil(knn.keyword_outlook()[0])
     assert knn.keyword_noise_std == pytest.approx(noise_for_uses(knn.index.filter.budget, uses=1, sensitivity=2.0))
+
+
+def test_the_plan_says_what_a_pay_once_free_text_synthesis_buys_and_matches_the_synthesizer() -> None:
+    """E2E's size (4,672 references) at ε = 4: the σ the harness ran (0.54) and a token that 2 of the 10 prompts
+    favour more wins; 90 records at ε = 1 cannot carry a token, and the recommendation then does not name it."""
+    from dp_icl_plugin import PrivateDataset, PrivateRecord, TangAnswerSynthesizer
+
+    e2e = {m.method: m for m in plan(records=4672, epsilon=4.0, delta=1e-5, answers=100, tokens=40).methods}
+    once = e2e["tang synthesis for public inputs (pay once)"]
+    records = [PrivateRecord(f"w{i}", "x") for i in range(4672)]
+    synthesizer = TangAnswerSynthesizer(epsilon=4.0, max_tokens=40)
+    planned = synthesizer.plan(PrivateDataset(records), public_inputs=["a", "b", "c", "d"], ledger_delta=1e-5)
+    assert once.settings["noise_multiplier"] == planned.params["noise_multiplier"] == 0.54
+    assert once.pays == "once" and once.verdict == "useful" and once.settings["tokens_charged"] == 160
+    assert once.settings["prompts_ahead_to_win"] == pytest.approx(2 * 1.6448536 * 0.54)
+    small = plan(records=90, epsilon=1.0, delta=1e-5, answers=100, tokens=40, demonstrations=8)
+    tiny = {m.method: m for m in small.methods}["tang synthesis for public inputs (pay once)"]
+    assert tiny.verdict == "useless" and "no token wins reliably" in tiny.note
+    assert "tang synthesis" not in small.recommendation
+    assert plan(records=10, epsilon=4.0, delta=1e-5, answers=1, tokens=4).methods[-1].verdict == "refused"

@@ -62,6 +62,13 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
         help="DPS-MOZO and clip-blend paid per token (pay_per_token=True): the tokens an answer is expected to run, "
         "EOS included; each answer pays what it ran (default: --tokens)",
     )
+    p.add_argument(
+        "--demonstrations",
+        type=integer,
+        default=4,
+        help="a pay-once synthesis for free text (tang-answers): the public inputs it answers, each in --tokens "
+        "tokens (default 4)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -82,4 +89,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         agreeing=args.agreeing,
         paid_tokens=args.paid_tokens,
         expected_tokens=args.expected_tokens,
+        demonstrations=args.demonstrations,
     ).as_dict()

@@ -22,6 +22,7 @@ from dp_icl_plugin import (
     ClipBlendSynthesizer,
     MozoOfflineSynthesizer,
     PTASynthesizer,
+    TangAnswerSynthesizer,
     TangSynthesizer,
 )
 from dp_icl_plugin._progress import report_lines_off_a_terminal
@@ -35,7 +36,8 @@ from dp_icl_plugin.ginc import load_model
 
 __all__ = ["METHOD_CHOICES", "add_parser", "synthesize"]
 
-METHOD_CHOICES = ("tang", "pta", "adadpsyn", "clip-blend", "mozo-offline")
+METHOD_CHOICES = ("tang", "pta", "adadpsyn", "clip-blend", "mozo-offline", "tang-answers")
+ANSWERING = ("mozo-offline", "tang-answers")  # methods that answer public inputs (free-text demonstrations)
 
 # CLI option -> config field; a method refuses the options its config does not have.
 _SETTINGS = (
@@ -54,6 +56,7 @@ _SETTINGS = (
     "subset_size",
     "n_shots",
     "order",
+    "population",
 )
 
 
@@ -95,7 +98,7 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument(
         "--public-inputs",
         default=None,
-        help="mozo-offline: public inputs (.txt, one per line, or .csv/.jsonl with --input-column)",
+        help="mozo-offline, tang-answers: public inputs (.txt, one per line, or .csv/.jsonl with --input-column)",
     )
     p.add_argument("--input-column", default=None, help="the column of --public-inputs in a .csv/.jsonl file")
     where = p.add_mutually_exclusive_group(required=True)
@@ -142,12 +145,18 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument(
         "--template",
         default=None,
-        help="a preset: agnews, trec, dbpedia, sst2, ginc; for mozo-offline "
+        help="a preset: agnews, trec, dbpedia, sst2, ginc; for mozo-offline and tang-answers "
         "classification, ginc, e2e, samsum (default: a plain layout)",
     )
     g = p.add_argument_group("method settings (each method takes those of its config)")
-    g.add_argument("--n-prompts", type=integer, default=None, help="M (tang, pta, adadpsyn)")
-    g.add_argument("--records-per-prompt", type=integer, default=None, help="N (tang, pta, adadpsyn)")
+    g.add_argument("--n-prompts", type=integer, default=None, help="M (tang, pta, adadpsyn, tang-answers)")
+    g.add_argument("--records-per-prompt", type=integer, default=None, help="N (tang, pta, adadpsyn, tang-answers)")
+    g.add_argument(
+        "--population",
+        type=integer,
+        default=None,
+        help="tang-answers: the number of records declared public (q = M·N/n); needed under add/remove",
+    )
     g.add_argument("--max-tokens", type=integer, default=None, help="T, tokens per demonstration")
     g.add_argument("--shots-per-label", type=integer, default=None, help="demonstrations per label")
     g.add_argument("--top-k", type=integer, default=None, help="public vocabulary size k")
@@ -198,6 +207,7 @@ def _method(a: argparse.Namespace, delta: float) -> Any:
         "adadpsyn": AdaDPSynSynthesizer,
         "clip-blend": ClipBlendSynthesizer,
         "mozo-offline": MozoOfflineSynthesizer,
+        "tang-answers": TangAnswerSynthesizer,
     }
     cls = classes[a.method]
     settings: dict[str, Any] = {"epsilon": a.epsilon, "delta": delta}
@@ -205,7 +215,7 @@ def _method(a: argparse.Namespace, delta: float) -> Any:
     if a.no_base:
         settings["use_base"] = False
     if a.template is not None:
-        presets = ANSWER_PRESETS if a.method == "mozo-offline" else PRESETS
+        presets = ANSWER_PRESETS if a.method in ANSWERING else PRESETS
         if a.template not in presets:
             raise ConfigurationError(f"unknown template {a.template!r} for {a.method}; choose from {sorted(presets)}")
         settings["template"] = presets[a.template]
@@ -219,12 +229,12 @@ def _method(a: argparse.Namespace, delta: float) -> Any:
 
 def _public_inputs(a: argparse.Namespace) -> list[str] | None:
 
-    if a.method != "mozo-offline":
+    if a.method not in ANSWERING:
         if a.public_inputs is not None:
-            raise ConfigurationError("--public-inputs is for --method mozo-offline")
+            raise ConfigurationError("--public-inputs is for --method mozo-offline or tang-answers")
         return None
     if a.public_inputs is None:
-        raise ConfigurationError("--method mozo-offline needs --public-inputs (the public inputs to answer)")
+        raise ConfigurationError(f"--method {a.method} needs --public-inputs (the public inputs to answer)")
     path = Path(a.public_inputs)
     if path.suffix.lower() == ".txt":
         try:
