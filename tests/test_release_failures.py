@@ -77,9 +77,10 @@ class FailsOn(FakeBackend):
     """A backend that fails on any prompt holding ``word``'s token, with a message naming where (as a real
     failure's message might: a shape, a length, a position)."""
 
-    def __init__(self, *args: object, word: str, **kwargs: object) -> None:
+    def __init__(self, *args: object, word: str, value: float = np.nan, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self._bad = self.encode(word)[0]
+        self._value = value
 
     def next_token_logprobs(self, prompts):  # type: ignore[override]
         for i, p in enumerate(prompts):
@@ -162,14 +163,20 @@ def test_a_knn_release_that_fails_after_its_charge_is_the_fixed_error(
     assert len(ledger.history()) == charges + 1  # the release was charged; the charge stands
 
 
-def test_mozo_offline_checks_the_labels_its_prompts_hold() -> None:
+@pytest.mark.parametrize("name", ["mozo_offline", "tang_answers"])
+def test_the_public_input_synthesizers_check_the_labels_their_prompts_hold(name: str) -> None:
     """A one-shot prompt of MOZO offline holds its record's label: a label the tokenizer rejects failed after
-    the charge in 9 of 10 runs on a dataset holding it, never on its neighbour (review of issue 27)."""
-    from dp_icl_plugin import MozoOfflineSynthesizer
+    the charge in 9 of 10 runs on a dataset holding it, never on its neighbour (review of issue 27). Tang's
+    aggregation for public inputs shows records the same way."""
+    from dp_icl_plugin import MozoOfflineSynthesizer, TangAnswerSynthesizer
 
     budget = BudgetManager(PrivacyBudget(50.0, 1e-3))  # replace-one, as MOZO needs
     records = [PrivateRecord("a b", "a"), PrivateRecord("b c", "zebra"), *(PrivateRecord("c d", "b") for _ in range(6))]
-    method = MozoOfflineSynthesizer(beta=0.5, max_tokens=2, top_k=5)
+    method = (
+        MozoOfflineSynthesizer(beta=0.5, max_tokens=2, top_k=5)
+        if name == "mozo_offline"
+        else TangAnswerSynthesizer(noise_multiplier=1.0, max_tokens=2, top_k=5, n_prompts=2)
+    )
     with pytest.raises(ConfigurationError, match="label 'zebra' cannot be encoded"):
         method.synthesize(
             PrivateDataset(records, labels=["a", "b", "zebra"]),
@@ -177,6 +184,25 @@ def test_mozo_offline_checks_the_labels_its_prompts_hold() -> None:
             backend=FakeBackend(WORDS),
             budget=budget,
             rng=np.random.default_rng(0),
+        )
+    assert budget.history() == []
+
+
+@pytest.mark.parametrize("unit", ["record", "unit"])
+def test_mozo_offline_refuses_an_add_remove_ledger_before_any_charge(unit: str) -> None:
+    """DPS-MOZO's rate n_shots/|D| needs |D| public (replace-one); the refactor onto ``PublicInputsMethod`` keeps
+    the refusal, at both privacy units, in ``plan`` and in ``synthesize``."""
+    from dp_icl_plugin import MozoOfflineSynthesizer, UnsupportedEventError
+
+    records = [PrivateRecord(f"w{i % 3} a", "a", unit=f"u{i // 2}") for i in range(8)]
+    data = PrivateDataset(records)
+    method = MozoOfflineSynthesizer(beta=0.5, max_tokens=2, top_k=5)
+    with pytest.raises(UnsupportedEventError):
+        method.plan(data, public_inputs=["a b"], neighbouring="add_remove", privacy_unit=unit)
+    budget = BudgetManager(PrivacyBudget(50.0, 1e-3, neighbouring="add_remove", privacy_unit=unit))
+    with pytest.raises(UnsupportedEventError):
+        method.synthesize(
+            data, public_inputs=["a b"], backend=FakeBackend(WORDS), budget=budget, rng=np.random.default_rng(0)
         )
     assert budget.history() == []
 
@@ -286,9 +312,10 @@ class NaNOn(FakeBackend):
     """A backend whose next-token row is NaN for any prompt holding ``word``'s token (as a model in half
     precision can overflow on one input): the record's own fault, not the model's on every input."""
 
-    def __init__(self, *args: object, word: str, **kwargs: object) -> None:
+    def __init__(self, *args: object, word: str, value: float = np.nan, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self._bad = self.encode(word)[0]
+        self._value = value
 
     def holds(self, prompt: object) -> bool:
         ids = self.encode(prompt, add_special_tokens=True) if isinstance(prompt, str) else list(prompt)  # type: ignore[call-overload]
@@ -296,7 +323,7 @@ class NaNOn(FakeBackend):
 
     def poison(self, rows: np.ndarray, bad: list[bool]) -> np.ndarray:
         out = np.array(rows, copy=True)
-        out[np.asarray(bad, dtype=bool)] = np.nan
+        out[np.asarray(bad, dtype=bool)] = self._value
         return out
 
     def next_token_logprobs(self, prompts):  # type: ignore[override]
@@ -328,7 +355,13 @@ class _NaNSession:
 
 
 def _synthesizers() -> dict[str, object]:
-    from dp_icl_plugin import AdaDPSynSynthesizer, ClipBlendSynthesizer, MozoOfflineSynthesizer, PTASynthesizer
+    from dp_icl_plugin import (
+        AdaDPSynSynthesizer,
+        ClipBlendSynthesizer,
+        MozoOfflineSynthesizer,
+        PTASynthesizer,
+        TangAnswerSynthesizer,
+    )
 
     aggregation = {"max_tokens": 3, "n_prompts": 3, "records_per_prompt": 2, "top_k": 5}
     return {
@@ -337,20 +370,26 @@ def _synthesizers() -> dict[str, object]:
         "adadpsyn": AdaDPSynSynthesizer(sigma1=1.0, **aggregation),
         "clip_blend": ClipBlendSynthesizer(temperature=1.0, max_tokens=3, subset_size=8),
         "mozo_offline": MozoOfflineSynthesizer(beta=0.5, max_tokens=3, top_k=5, n_shots=6),
+        "tang_answers": TangAnswerSynthesizer(noise_multiplier=1.0, **aggregation),
     }
 
 
-@pytest.mark.parametrize("name", ["tang", "pta", "adadpsyn", "clip_blend", "mozo_offline"])
-def test_a_records_bad_row_cannot_fail_a_synthesis(name: str) -> None:
+ANSWERING = ("mozo_offline", "tang_answers")  # the synthesizers that answer public inputs
+
+
+@pytest.mark.parametrize("value", [np.nan, 800.0])
+@pytest.mark.parametrize("name", ["tang", "pta", "adadpsyn", "clip_blend", *ANSWERING])
+def test_a_records_bad_row_cannot_fail_a_synthesis(name: str, value: float) -> None:
     """A record whose row the model gets wrong (NaN) made every synthesizer fail after its charge: whether the
     release failed then depended on that record (D: demonstrations; D ∪ {it}: ReleaseFailedError whenever it was
     drawn). Its row now stands in for the public row's, as in the decoders (``public_checked``), so the run
-    completes on both."""
+    completes on both. A finite row above 0 (800: no log-probability) overflowed exp() into NaN after the charge
+    in Tang's family the same way (found by the cold review of the public-input synthesis)."""
     method = _synthesizers()[name]
     records = [PrivateRecord("e2 a", "a"), *(PrivateRecord(f"{w} b", "a") for w in "abcdeab")]
     data = PrivateDataset(records, public_label_counts="observed")
     budget = BudgetManager(PrivacyBudget(1e4, 1e-3))
-    backend = NaNOn([*WORDS, "e2", "{", "}"], word="e2", eos_token="<eos>")
-    inputs = {"public_inputs": ["a b"]} if name == "mozo_offline" else {}
+    backend = NaNOn([*WORDS, "e2", "{", "}"], word="e2", value=value, eos_token="<eos>")
+    inputs = {"public_inputs": ["a b"]} if name in ANSWERING else {}
     demos = method.synthesize(data, backend=backend, budget=budget, rng=np.random.default_rng(0), **inputs)
     assert len(budget.history()) == 1 and len(demos) >= 1

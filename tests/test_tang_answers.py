@@ -222,3 +222,22 @@ def test_units_are_drawn_and_the_event_is_per_unit() -> None:
         data, public_inputs=INPUTS, backend=FakeBackend(VOCAB, seed=3), budget=budget, rng=np.random.default_rng(0)
     )
     assert budget.history()[0].event == plan.event
+
+
+def test_a_saved_set_serves_its_own_inputs_only(tmp_path) -> None:
+    """``save_to`` keeps the set across restarts; asked for other public inputs, the file is refused instead of
+    served (it compared the method's settings only; found by the cold review)."""
+    data, budget, path = dataset(), ledger(), tmp_path / "demos.jsonl"
+    backend = FakeBackend(VOCAB, seed=3)
+    first = method().synthesize(
+        data, public_inputs=INPUTS, backend=backend, budget=budget, rng=np.random.default_rng(0), save_to=path
+    )
+    again = method().synthesize(
+        data, public_inputs=INPUTS, backend=backend, budget=budget, rng=np.random.default_rng(1), save_to=path
+    )
+    assert [d.token_ids for d in again] == [d.token_ids for d in first] and len(budget.history()) == 1
+    with pytest.raises(ConfigurationError, match="other public inputs"):
+        method().synthesize(
+            data, public_inputs=INPUTS[:1], backend=backend, budget=budget, rng=np.random.default_rng(0), save_to=path
+        )
+    assert len(budget.history()) == 1

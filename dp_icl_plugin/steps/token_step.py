@@ -29,7 +29,10 @@ import numpy as np
 from dp_icl_plugin._progress import ProgressBar
 from dp_icl_plugin.backends.base import check_logprobs
 
-__all__ = ["TokenStep", "decode_tokens", "public_checked"]
+__all__ = ["LOGPROB_TOLERANCE", "TokenStep", "decode_tokens", "public_checked"]
+
+#: how far above 0 a record's log-probability may lie (float rounding of a log-softmax) before its row is bad
+LOGPROB_TOLERANCE = 1e-4
 
 
 def public_checked(logprobs: np.ndarray, *, public: int = 1, stand_in: bool = True) -> np.ndarray:
@@ -37,7 +40,9 @@ def public_checked(logprobs: np.ndarray, *, public: int = 1, stand_in: bool = Tr
     row made usable (without it, the caller judges records' rows itself, as expert decoding does: a bad row sits
     idle).
 
-    A bad public row (NaN, +inf, nothing finite) is the model's fault whatever the records: refused. A record's
+    A bad public row (NaN, +inf, nothing finite) is the model's fault whatever the records: refused. A record's row
+    is bad also where an entry exceeds 0 (beyond float rounding, ``LOGPROB_TOLERANCE``): not a log-probability, and
+    a large finite one overflows ``exp`` after the charge. A record's
     bad row must not fail the release, or whether it fails would depend on that record: it is replaced by the
     first public row (the records' part of each mechanism then sees a row it could have seen: for Tang's family
     and AdaDPSyn a probability vector like any other, for DPS-MOZO a record that adds nothing, as with λ = 0).
@@ -61,6 +66,8 @@ def public_checked(logprobs: np.ndarray, *, public: int = 1, stand_in: bool = Tr
         return rows
     private = rows[public:]
     bad = np.isnan(private).any(axis=-1) | np.isposinf(private).any(axis=-1) | ~np.isfinite(private).any(axis=-1)
+    # a log-probability above 0 is no log-probability: a finite 800 overflows exp() into inf and NaN downstream
+    bad |= (private > LOGPROB_TOLERANCE).any(axis=-1)
     if not bad.any():
         return rows
     out = np.array(rows, copy=True)

@@ -508,7 +508,7 @@ class SynthesisMethod(ABC):
         if not isinstance(budget, BudgetManager):
             raise ConfigurationTypeError("budget must be a BudgetManager (every synthesis is charged to one)")
         if save_to is not None and Path(save_to).exists():
-            return load_saved(Path(save_to), self, budget)
+            return self._check_saved(load_saved(Path(save_to), self, budget), Path(save_to), public_inputs)
         check_rng(rng)
         plan = self.check(
             dataset,
@@ -567,6 +567,15 @@ class SynthesisMethod(ABC):
         self._preflight(plan, backend)
         demos = self._generate(dataset, plan, backend, rng, private=False, progress=progress)
         return DemoSet(demos, self._provenance(plan, backend, math.inf, 0.0, None, "nonprivate"))
+
+    def _check_saved(self, demos: DemoSet, path: Path, public_inputs: Sequence[str] | None) -> DemoSet:
+        """``demos`` (saved at ``path``), checked to be the set this call asks for beyond the method's settings
+        (a method that answers public inputs compares them); nothing here is charged.
+
+        Raises:
+            ConfigurationError: the saved set was made for something else.
+        """
+        return demos
 
     def _provenance(
         self, plan: Plan, backend: NextTokenBackend, epsilon: float, delta: float, entry_id: int | None, label: str

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
 from typing import ClassVar
 
 from dp_icl_plugin import _validation as check
@@ -19,7 +20,7 @@ from dp_icl_plugin.accounting.neighbouring import PER_RECORD, REPLACE_ONE, check
 from dp_icl_plugin.backends.base import NextTokenBackend, check_logprobs, check_top_k
 from dp_icl_plugin.data.records import Demonstration, PrivateDataset
 from dp_icl_plugin.errors import BackendError, ConfigurationError, ConfigurationTypeError
-from dp_icl_plugin.synthesis.demoset import Provenance
+from dp_icl_plugin.synthesis.demoset import DemoSet, Provenance
 from dp_icl_plugin.synthesis.method import DemoSlot, Plan, SynthesisMethod
 from dp_icl_plugin.templates.answer import AnswerTemplate
 
@@ -137,6 +138,21 @@ class PublicInputsMethod(SynthesisMethod):
         privacy_unit: str,
     ) -> Plan:
         raise ConfigurationError(f"{self.name} needs public inputs: call plan(dataset, public_inputs=[...])")
+
+    def _check_saved(self, demos: DemoSet, path: Path, public_inputs: Sequence[str] | None) -> DemoSet:
+        """The saved set, refused when it answers other inputs than ``public_inputs`` (its settings match: checked by
+        :func:`~dp_icl_plugin.synthesis.method.load_saved`).
+
+        Raises:
+            ConfigurationError: the inputs differ, or none are given.
+        """
+        inputs = check_public_inputs(public_inputs)
+        if [d.input for d in demos] != list(inputs):
+            raise ConfigurationError(
+                f"save_to {path} holds demonstrations for other public inputs than these: remove the file to "
+                "synthesize for these, or point save_to elsewhere"
+            )
+        return demos
 
     def _provenance(
         self, plan: Plan, backend: NextTokenBackend, epsilon: float, delta: float, entry_id: int | None, label: str
