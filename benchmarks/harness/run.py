@@ -21,6 +21,10 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
 - ``sparse expert decoding`` (``--methods sparse``): the same with ``paid_tokens = --paid-tokens`` (default 2):
   the public greedy token wherever the sparse-vector test finds no departure, at most P paid tokens an answer;
   the row records the mean number an answer paid.
+- ``expert decoding, paid per token`` (``--methods experts-per-token``): the same decoder with
+  ``pay_per_token=True``: every candidate's filter is charged one token right before each token mechanism; the row
+  records the tokens each answer paid beside its worst case, and both as a one-candidate record's ε for the answer
+  (:meth:`Harness._answer_all_filtered`).
 - ``expert decoding``: :class:`~dp_icl_plugin.retrieval.KNNExpertDecoder` (``build_expert_decoder``), the
   k nearest records with budget left as experts of every token; ``min_similarity`` and ``uses`` chosen on public
   data only (:meth:`Harness.threshold`): the tune queries against public stand-ins for the records (TREC: the other
@@ -45,10 +49,11 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
   with the labels as choices): one DP demonstration per label synthesized once on the row's ledger (label counts
   declared public), then every query answered few-shot with them; with each demonstration's agreement with the
   public model's own label for it and its per-token NLL beside a real record's (:meth:`Harness.synthesis`).
-- ``pay once: DPS-MOZO+Off`` (``--methods mozo-offline``; free text, E2E): DP answers to 4 public tune inputs
-  synthesized once on the row's ledger, then every query answered greedy with those pairs as its examples; beside
-  it the same decoding with 4 random real records (NOT private), the best such demonstrations can give
-  (:meth:`Harness.mozo_offline`).
+- ``pay once: DPS-MOZO+Off`` and ``pay once: Tang aggregation`` (``--methods mozo-offline,tang-answers``; free
+  text, E2E): DP answers to 4 public tune inputs synthesized once on the row's ledger
+  (:class:`~dp_icl_plugin.MozoOfflineSynthesizer`, :class:`~dp_icl_plugin.TangAnswerSynthesizer`), then every
+  query answered greedy with those pairs as its examples; beside them the same decoding with 4 random real records
+  (NOT private), the best such demonstrations can give (:meth:`Harness._pay_once_answers`).
 
 Classification rows answer with one of the labels (``choices``: every token restricted to those continuing a
 label, :mod:`dp_icl_plugin.decoding.choices`; ``--free-answers`` lets them write anything), and so does the
@@ -380,13 +385,18 @@ class Harness:
         mean_candidates = float((sims >= tau).sum(axis=1).mean())
         return tau, max(1, math.ceil(1.5 * len(self.task.queries) * mean_candidates / len(self.task.records)))
 
-    def experts(self, epsilon: float, paid_tokens: int | None = None) -> None:
+    def experts(self, epsilon: float, paid_tokens: int | None = None, per_token: bool = False) -> None:
+        """Expert decoding (``build_expert_decoder``); ``paid_tokens``: sparse; ``per_token``: each token mechanism
+        charged to the candidates' filters right before it runs (the row then records the tokens each answer paid
+        beside its worst case, and both as a one-candidate record's ε for the answer)."""
         from dp_icl_plugin.decoding.knn_experts import build_expert_decoder
 
         t = self.task
         started = time.perf_counter()
         tau, uses = self.threshold(t.k)
         sparse = {} if paid_tokens is None else {"paid_tokens": paid_tokens}
+        if per_token:
+            sparse["pay_per_token"] = True
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             decoder = build_expert_decoder(
@@ -410,28 +420,59 @@ class Harness:
         if paid_tokens is not None:
             fresh = decoder._sparse_test
             decoder._sparse_test = lambda rng: tests.append(fresh(rng)) or tests[-1]  # type: ignore[method-assign]
-        outs = self._answer_all(decoder, 11)
+        paid: dict = {}
+        if per_token:
+            outs, paid = self._answer_all_filtered(decoder, 11)
+        else:
+            outs = self._answer_all(decoder, 11)
         if paid_tokens is not None:
             sparse = {
                 "paid_tokens": paid_tokens,
                 "paid_tokens_mean": float(np.mean([test.given for test in tests])),
                 "test_threshold": decoder.knn.config.expert_test_threshold,
             }
+        name = (
+            f"sparse expert decoding (k = {t.k}, P = {paid_tokens})"
+            if paid_tokens is not None
+            else f"expert decoding (k = {t.k}), paid per token"
+            if per_token
+            else f"expert decoding (k = {t.k})"
+        )
         self.add(
-            f"expert decoding (k = {t.k})"
-            if paid_tokens is None
-            else f"sparse expert decoding (k = {t.k}, P = {paid_tokens})",
+            name,
             epsilon,
             outs,
             time.perf_counter() - started,
             min_similarity=round(tau, 3),
             uses=uses,
             **sparse,
+            **paid,
             settings_from=SETTINGS_FROM,
             token_epsilon=decoder.token_epsilon,
             log_odds_range=decoder.clip / decoder.temperature,
             warned=[str(w.message)[:120] for w in caught],
         )
+
+    def _answer_all_filtered(self, decoder, seed: int) -> tuple[list[str], dict]:
+        """Every query's answer from an expert decoder paid per token, and what the answers paid: the token
+        mechanisms each ran (one filter release each on the ledger) beside the answer's worst case, and both as
+        the ε of one answer to a record with one candidate (the tightest accountant, at the row's δ)."""
+        from dp_icl_plugin.accounting.accountants import tightest
+
+        rng = np.random.default_rng(seed)
+        outs, ran = [], []
+        for q in self.task.queries:
+            before = len(decoder.budget.history())
+            outs.append(decoder.generate(q, rng=rng).text.strip())
+            ran.append(len(decoder.budget.history()) - before)
+        acc = tightest()
+        worst_steps = decoder._steps(decoder.max_tokens)
+        return outs, {
+            "tokens_ran_mean": float(np.mean(ran)),
+            "tokens_worst_case": worst_steps,
+            "answer_epsilon_ran_mean": float(np.mean([acc.epsilon(decoder._steps_event(n), delta=DELTA) for n in ran])),
+            "answer_epsilon_worst_case": acc.epsilon(decoder._steps_event(worst_steps), delta=DELTA),
+        }
 
     def keyword_hints(self, epsilon: float) -> None:
         """Keyword hints (``build_keyword_decoder``): the candidates above the experts' public ``min_similarity``
@@ -1069,6 +1110,7 @@ def main() -> None:
                 {
                     "experts": h.experts,
                     "sparse": lambda e, h=h: h.experts(e, args.paid_tokens),
+                    "experts-per-token": lambda e, h=h: h.experts(e, per_token=True),
                     "mozo": h.mozo,
                     "clip-blend": h.clip_blend,
                     "mozo-per-token": lambda e, h=h: h.mozo(e, per_token=True),

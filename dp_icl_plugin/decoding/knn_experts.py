@@ -31,7 +31,7 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    the bounded-range RDP T·min(α·ε²/8, pure(ε)) with ε = ε0·min(m, k) (``rdp.bounded_range_rdp``). ε0 is
    calibrated for a unit with one candidate record: ``uses`` answers of ``max_answer_tokens`` tokens at ε0 fill
    its budget (:func:`~dp_icl_plugin.retrieval.retriever.token_epsilon_for_uses`); a unit with more candidates
-   pays more per answer and joins fewer. Every answer is charged for its
+   pays more per answer and joins fewer. Every answer is charged (unless paid per token: step 6) for its
    worst case (all ``max_tokens`` tokens; with choices or a JSON schema the most token mechanisms they let it run,
    a public count: :meth:`JSONSchemaAnswers.decisions <dp_icl_plugin.decoding.structured.JSONSchemaAnswers.decisions>`)
    before the first token is computed; stopping early refunds nothing.
@@ -52,6 +52,19 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    ``uses`` such answers fill a one-candidate unit's budget
    (:func:`~dp_icl_plugin.retrieval.retriever.token_epsilon_for_uses` with ``test_ratio``). Which tokens were
    free is part of the (DP) output.
+6. **Paid per token** (``pay_per_token=True``; Feldman & Zrnic 2021, Thm. 4.5: the individual filter admits each
+   round's cost as it comes, rounds chosen adaptively). The answer's candidates are found once, when it is
+   charged; before each token mechanism every candidate's unit is charged one token,
+   ``ExponentialMechanismEvent(ε0·min(m, k))``, through its filter, and the token's experts are the k nearest
+   candidates admitted for it. A unit whose filter refuses takes no part in that token or any later one (its
+   refusal depends on its own earlier charges: its m and the released tokens), exactly as if it were absent from
+   then on, so the next candidate moves up and its row joins, computed as from the answer's first token
+   (:class:`_ExpertRows`): each token's distribution is a function of the units admitted for it and the released
+   tokens, and its analysis is step 3's, per token. The answer ends at EOS, a stop or its limit, all functions of
+   released tokens; a token that choices or a schema force runs no mechanism and is charged nothing. ε0 is
+   calibrated as in step 4 (``uses`` answers of ``max_answer_tokens`` tokens), so an answer that ends early
+   leaves its records' budget for more answers. Each token's charge is one release of the filter, recorded on
+   the ledger as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent` of one token.
 
 Records with neither an answer nor a label, whose prompt the tokenizer cannot build, or whose row has no
 finite entry on the support sit idle: they paid, they keep their slot (so the others' do not change), and their
@@ -64,6 +77,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Generator, Sequence
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -174,10 +188,13 @@ class KNNExpertDecoder(KNNDecoder):
         choices: public answers (labels, desks, "yes"/"no"): every token restricted to those that continue one
             (:mod:`dp_icl_plugin.decoding.choices`); an answer is then charged for the choices' token decisions
             (:attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions`, at most ``config.max_answer_tokens``).
+        pay_per_token: charge each candidate's filter one token before each token mechanism (module docstring,
+            step 6) instead of the answer's worst case up front: an answer that ends early, or a token that choices
+            or a schema force, costs the records nothing more. Not with sparse decoding.
 
     Raises:
-        ConfigurationError: the retriever has no backend, or ``config.max_answer_tokens`` is below the choices'
-            decisions.
+        ConfigurationError: the retriever has no backend, ``config.max_answer_tokens`` is below the choices'
+            decisions, or ``pay_per_token`` with sparse decoding.
     """
 
     kind = "knn-experts"
@@ -190,9 +207,17 @@ class KNNExpertDecoder(KNNDecoder):
         template: AnswerTemplate | None = None,
         fixed_latency: float | FixedLatency | None = None,
         choices: Sequence[str] | AnswerChoices | None = None,
+        pay_per_token: bool = False,
     ) -> None:
         if not isinstance(knn, PrivateKNN):
             raise ConfigurationTypeError("knn must be a PrivateKNN")
+        if not isinstance(pay_per_token, bool):
+            raise ConfigurationTypeError("pay_per_token must be a bool")
+        if pay_per_token and knn.config.sparse:
+            raise ConfigurationError(
+                "sparse expert decoding pays its paid tokens and their sparse-vector tests up front (the test's "
+                "budget is for P positives, whenever they come): pay_per_token does not apply; drop one of them"
+            )
         if knn.backend is None:
             raise ConfigurationError("expert decoding needs the PrivateKNN's backend (a language model)")
         # with choices an answer has at most the longest choice's tokens and runs at most `decisions` token
@@ -211,6 +236,7 @@ class KNNExpertDecoder(KNNDecoder):
                 f"{knn.config.max_answer_tokens} (config.max_answer_tokens) a record's budget was divided for"
             )
         self.knn = knn
+        self.pay_per_token = pay_per_token
         self.k = knn.config.k
         self.clip, self.temperature = knn.expert_scale(self.k)
         self.public_temperature = knn.config.expert_public_temperature
@@ -247,7 +273,10 @@ class KNNExpertDecoder(KNNDecoder):
     def _steps_event(self, steps: int) -> ev.DPEvent:
         return self.knn._event("decode", 1, self.k, steps)
 
-    def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Candidates]:
+    def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Candidates | _ExpertMeter]:
+        if self.pay_per_token:  # the first token mechanism now, each next one right before it runs
+            candidates, admitted, entry, _ = self.knn._charged_search(query_text(prompt), "decode", self.k, 1)
+            return entry, _ExpertMeter(self.knn, candidates, admitted, self.k)
         admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, steps)
         return entry, admitted  # the records are read in _tokens, after the charge is on the answer's state
 
@@ -273,6 +302,9 @@ class KNNExpertDecoder(KNNDecoder):
         return out
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
+        if isinstance(paid, _ExpertMeter):
+            yield from self._tokens_paid_per_token(prompt, limit, rng, paid, rule)
+            return
         room = self._reserve(limit)
         public = self._ids(prompt, None, reserve=room)  # public: checked before the charge
         prompts = [public, *self._expert_prompts(prompt, self._experts(paid), room)]
@@ -287,6 +319,33 @@ class KNNExpertDecoder(KNNDecoder):
                 yield token
                 if step + 1 < limit:
                     logprobs = public_checked(session.append(token), stand_in=False)
+
+    def _tokens_paid_per_token(
+        self, prompt, limit: int, rng: np.random.Generator, meter: _ExpertMeter, rule: Any
+    ) -> Generator[int, None, None]:
+        """The tokens of an answer paid per token (module docstring, step 6): before each token mechanism every
+        candidate is charged one token and the experts are the k nearest admitted; an expert whose filter refused
+        leaves, the next candidate takes its place, its row computed from the answer's start (:class:`_ExpertRows`).
+        A token that choices or a schema force runs no mechanism and charges nothing."""
+        room = self._reserve(limit)
+        suffix = self._public_suffix(prompt, reserve=room)
+        public = start_rows(self.backend, [self._ids(prompt, None, reserve=room)], suffix=suffix, public=1)
+        experts = _ExpertRows(self, prompt, room, suffix)
+        with closing(public), closing(experts):
+            generated: list[int] = []
+            for step in range(limit):
+                forced = self._forced(generated, rule)
+                if forced is None:
+                    used, records = self.knn._charged_records(meter.pay(), "decode", self.k)
+                    rows = np.vstack([public_checked(public.logprobs, stand_in=False), experts.rows(used.ids, records)])
+                    token = self._draw(lambda r: self._token(r, rng), rows, generated, rule)
+                else:  # public: no mechanism, no charge
+                    token = forced
+                generated.append(token)
+                yield token
+                if step + 1 < limit:
+                    public.append(token)
+                    experts.append(token)
 
     def _sparse_test(self, rng: np.random.Generator) -> AboveThreshold | None:
         """A fresh sparse-vector state for one answer (sparse decoding), else None. The margin it tests moves by
@@ -316,6 +375,107 @@ class KNNExpertDecoder(KNNDecoder):
         if test is not None:
             return sparse_expert_token(logprobs[1:], logprobs[0], test=test, **settings)
         return expert_token(logprobs[1:], logprobs[0], **settings)
+
+
+class _ExpertMeter:
+    """One answer of expert decoding paid per token: its candidates (found when the answer was charged), charged
+    for its first token mechanism then, and again before each next one. Each charge admits the candidates whose
+    unit's filter still affords one token: a refusal depends on that unit's own earlier charges, which follow from
+    its candidate count and the released tokens (public), never on the other records.
+
+    Args:
+        knn: the retriever (its index, filter and ledger).
+        candidates: the answer's candidates.
+        admitted: those admitted by the first charge.
+        k: the experts an answer reads.
+    """
+
+    def __init__(self, knn: PrivateKNN, candidates: Candidates, admitted: Candidates, k: int) -> None:
+        self.knn = knn
+        self.candidates = candidates
+        self.admitted = admitted
+        self.k = k
+        self.paid = 1
+        self._prepaid = True
+
+    def pay(self) -> Candidates:
+        """Before a token mechanism runs: the candidates admitted for it (the first paid when the answer was)."""
+        if self._prepaid:
+            self._prepaid = False
+            return self.admitted
+        self.admitted, _ = self.knn._charge_candidates(self.candidates, "decode", self.k, 1)
+        self.paid += 1
+        return self.admitted
+
+
+class _ExpertRows:
+    """The experts' rows of an answer paid per token, in the experts' order. A record's row is computed the same
+    way whenever it becomes an expert: its one-shot prompt started (the backend's row isolation: bit-identical
+    whatever shares its batch), then extended by the answer's released tokens one at a time, as if it had been an
+    expert from the first token. So the rows a token reads depend on which records are experts for it and on the
+    released tokens only, never on who was an expert before (a record that left keeps being extended, unread).
+
+    Args:
+        decoder: the expert decoder (its backend, template and prompt layout).
+        prompt: the answer's public query.
+        room: the tokens kept free for the answer.
+        suffix: the public tokens every prompt ends with (the backend's prefix cache).
+    """
+
+    def __init__(self, decoder: KNNExpertDecoder, prompt: Any, room: int, suffix: list[int]) -> None:
+        self.decoder = decoder
+        self.prompt = prompt
+        self.room = room
+        self.suffix = suffix
+        self.sessions: list[Any] = []
+        self.place: dict[int, tuple[int, int] | None] = {}  # record id -> (session, row); None: idle
+        self.released: list[int] = []
+
+    def rows(self, ids: np.ndarray, records: Sequence[Any]) -> np.ndarray:
+        """The rows of the experts ``ids`` (their ``records``), idle ones left out, in that order.
+
+        Args:
+            ids: the experts' record ids, nearest first.
+            records: their stored records (:class:`~dp_icl_plugin.retrieval.retriever.RetrievedRecord`).
+        """
+        prompts: list[list[int]] = []
+        for record_id, record in zip((int(i) for i in ids), records, strict=True):
+            if record_id in self.place:
+                continue
+            field = record.answer if record.answer is not None else record.label
+            ids_: list[int] | None = None
+            if field is not None:
+                try:
+                    ids_ = self.decoder._ids(
+                        self.prompt, PrivateRecord(record.text.reveal(), field.reveal()), reserve=self.room
+                    )
+                except Exception:  # a tokenizer or chat template that rejects this record's text: idle
+                    ids_ = None
+            self.place[record_id] = None if ids_ is None else (len(self.sessions), len(prompts))
+            if ids_ is not None:
+                prompts.append(ids_)
+        if prompts:
+            session = start_rows(self.decoder.backend, prompts, suffix=self.suffix)
+            self.sessions.append(session)
+            for token in self.released:  # one at a time, as the answer's first experts were extended
+                session.append(token)
+        out = [self.sessions[at[0]].logprobs[at[1]] for at in (self.place[int(i)] for i in ids) if at is not None]
+        return np.asarray(out) if out else np.zeros((0, self.decoder.backend.vocab_size))
+
+    def append(self, token: int) -> None:
+        """Extend every row by a released token.
+
+        Args:
+            token: the token.
+        """
+        self.released.append(token)
+        for session in self.sessions:
+            session.append(token)
+
+    def close(self) -> None:
+        """Drop the sessions' caches."""
+        for session in self.sessions:
+            session.close()
 
 
 def expert_scores(
@@ -546,6 +706,7 @@ def build_expert_decoder(
     paid_tokens: int | None = None,
     test_ratio: float = 2.0,
     test_threshold: float | None = None,
+    pay_per_token: bool = False,
 ) -> KNNExpertDecoder:
     """Expert decoding over a dataset: its records go into a :class:`PrivateIndex` whose per-record filter is
     covered by ``epsilon`` (and δ) on the ledger once. The index is kept beside a durable ledger
@@ -597,6 +758,8 @@ def build_expert_decoder(
             every token is paid.
         test_ratio: sparse: the test's ε over the token's (``KNNConfig.expert_test_ratio``).
         test_threshold: sparse: the test's threshold in nats (``KNNConfig.expert_test_threshold``).
+        pay_per_token: each token mechanism charged to the candidates' filters right before it runs, not the
+            answer's worst case up front (:class:`KNNExpertDecoder`); not with ``paid_tokens``.
 
     Raises:
         ConfigurationError: a bad setting, ``max_tokens`` below the longest choice, or a kept index with other
@@ -617,6 +780,10 @@ def build_expert_decoder(
     if template is not None and not isinstance(template, AnswerTemplate):
         raise ConfigurationTypeError("template must be an AnswerTemplate")
     fixed_latency = as_fixed_latency(fixed_latency)
+    if not isinstance(pay_per_token, bool):
+        raise ConfigurationTypeError("pay_per_token must be a bool")
+    if pay_per_token and paid_tokens is not None:
+        raise ConfigurationError("pay_per_token does not apply to sparse decoding (paid_tokens): drop one of them")
     knn = knn_for_dataset(
         backend,
         dataset,
@@ -648,6 +815,7 @@ def build_expert_decoder(
         template=template,
         fixed_latency=fixed_latency,
         choices=answers,
+        pay_per_token=pay_per_token,
     )
 
 

@@ -645,6 +645,16 @@ class PrivateKNN:
         """The public checks, then the charge of every candidate's unit and the ledger record (nothing private
         is read or released here): the admitted candidates, the committed ledger entry and k. A caller that
         builds its own answer prompt (``KNNKeywordDecoder``) checked its room itself (``answer_prompt_checked``)."""
+        _, admitted, entry, k = self._charged_search(
+            query, release, k, tokens, answer_prompt_checked=answer_prompt_checked
+        )
+        return admitted, entry, k
+
+    def _charged_search(
+        self, query: str, release: str, k: int | None, tokens: int | None, *, answer_prompt_checked: bool = False
+    ) -> tuple[Candidates, Candidates, LedgerEntry, int]:
+        """:meth:`_charge_release`, also returning the candidates it charged (first): an answer paid per token
+        charges them again before each next token (:meth:`_charge_candidates`)."""
         k = self.config.k if k is None else check.positive_int("k", k)
         if release in ("classify", "answer") and k % self.config.shards:
             raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
@@ -665,6 +675,22 @@ class PrivateKNN:
         candidates = self.index.within(query_vector, self.config.min_similarity)
         if self.config.records_per_unit is not None:  # each unit's nearest records only: its own records decide
             candidates = candidates.nearest_per_unit(self.index.units_of(candidates.ids), self.config.records_per_unit)
+        admitted, entry = self._charge_candidates(candidates, release, k, tokens)
+        return candidates, admitted, entry, k
+
+    def _charge_candidates(
+        self, candidates: Candidates, release: str, k: int, tokens: int
+    ) -> tuple[Candidates, LedgerEntry]:
+        """Charge every one of ``candidates`` through its unit's filter for a release of ``tokens`` tokens (one
+        release: counted by the filter and recorded on the ledger, nothing private read): the admitted candidates
+        and the committed ledger entry.
+
+        Args:
+            candidates: the release's candidates (the query's, from :meth:`_charge_release`'s search).
+            release: the release kind.
+            k: the release's k.
+            tokens: the token mechanisms the release covers.
+        """
         admitted, number = self.index.charge_release(
             candidates, lambda c: self._cost(release, c, k, tokens), release_tag=self._release_tag
         )
@@ -679,7 +705,7 @@ class PrivateKNN:
             # filter rolled back below it is caught even where earlier ledger writes failed; no data-dependent count
             label=f"knn-{release}:{self.index.id}{RELEASE_NUMBER}{number}",
         )
-        return admitted, entry, k
+        return admitted, entry
 
     def _charged_records(self, admitted: Candidates, release: str, k: int) -> tuple[Candidates, list[RetrievedRecord]]:
         # A record another host removed after this copy's refresh may have paid; it takes no part.

@@ -1,0 +1,155 @@
+"""Expert decoding paid per token (``KNNExpertDecoder(pay_per_token=True)``): each token mechanism charges every
+candidate's filter one token right before it runs; an expert whose filter refuses leaves and the next candidate's
+row joins as if it had been an expert from the first token; forced tokens and an early end cost nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_knn_experts import TEMPLATE, VOCAB, backend, build
+from test_knn_retriever import BagEmbedder
+
+from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget, PrivateDataset
+from dp_icl_plugin.accounting import FilteredReleaseEvent, rdp
+from dp_icl_plugin.accounting import events as ev
+from dp_icl_plugin.decoding import knn_experts
+from dp_icl_plugin.decoding.knn_experts import KNNExpertDecoder, build_expert_decoder
+from dp_icl_plugin.retrieval import KNNConfig
+from dp_icl_plugin.retrieval.index import Candidates
+from dp_icl_plugin.templates.answer import AnswerTemplate
+
+ID = {w: i for i, w in enumerate(VOCAB)}
+
+
+def per_token(labels: list[str], **kw):
+    index, ledger, decoder = build(labels, **kw)
+    return index, ledger, KNNExpertDecoder(decoder.knn, template=decoder.template, pay_per_token=True)
+
+
+def token_curve(decoder: KNNExpertDecoder, tokens: int) -> np.ndarray:
+    orders = np.asarray(decoder.knn.index.filter.budget.orders)
+    return tokens * rdp.bounded_range_rdp(orders, decoder.token_epsilon)
+
+
+def test_each_token_charges_every_candidate_one_token_before_it_runs() -> None:
+    index, ledger, decoder = per_token(["rare"] * 3 + ["plain"] * 3)
+    before = len(ledger.history())
+    answer = decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
+    entries = ledger.history()[before:]
+    assert len(entries) == 3 and answer.ledger_entry == entries[0].id  # one release of the filter per token
+    one_token = ev.ExponentialMechanismEvent(decoder.token_epsilon, neighbouring="add_remove")
+    assert all(isinstance(e.event, FilteredReleaseEvent) for e in entries)
+    assert all(e.event.per_unit == ev.SelfComposedEvent(one_token, 1) for e in entries)
+    curve, _ = index.filter.spent(np.arange(1, 7))
+    np.testing.assert_allclose(curve, np.tile(token_curve(decoder, 3), (6, 1)), rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_without_a_refusal_it_draws_the_tokens_paid_per_answer_draws(seed: int) -> None:
+    labels = ["rare", "plain", "rare", "plain", "rare"]
+    _, _, upfront = build(labels)
+    _, _, paid = per_token(labels)
+    a = upfront.generate("q", rng=np.random.default_rng(seed), max_tokens=3)
+    b = paid.generate("q", rng=np.random.default_rng(seed), max_tokens=3)
+    assert a.token_ids == b.token_ids
+
+
+def test_an_answer_that_ends_early_pays_for_the_tokens_it_ran() -> None:
+    eos = np.full(len(VOCAB), 1e-9)
+    eos[ID["<eos>"]] = 1.0
+    fake = FakeBackend(VOCAB, table={(ID["q"],): eos / eos.sum()}, eos_token="<eos>", chat_template=True)
+    template = AnswerTemplate(example="{text} {label} ", query="{input}", stop=None, stop_at_eos=True)
+    index, ledger, decoder = build(["rare", "plain"])
+    knn = decoder.knn
+    knn.backend = fake
+    decoder = KNNExpertDecoder(knn, template=template, pay_per_token=True)
+    before = len(ledger.history())
+    answer = decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
+    assert answer.finish_reason == "stop" and answer.token_ids == ()
+    assert len(ledger.history()) == before + 1  # EOS was the first token: one mechanism, one token paid
+    np.testing.assert_allclose(index.filter.spent(np.array([1]))[0][0], token_curve(decoder, 1), rtol=1e-12)
+
+
+class Recorder:
+    """Wraps ``start_rows``: the rows of every session it starts, and the tokens appended to each."""
+
+    def __init__(self, real) -> None:
+        self.real, self.started = real, []
+
+    def __call__(self, backend, rows, **kw):
+        session = self.real(backend, rows, **kw)
+        record = {"rows": [list(r) for r in rows], "appended": [], "public": kw.get("public", 0)}
+        self.started.append(record)
+        append = session.append
+
+        def recorded(token):
+            record["appended"].append(int(token))
+            return append(token)
+
+        session.append = recorded
+        return session
+
+
+def test_an_expert_whose_filter_runs_out_leaves_and_the_next_joins_as_from_the_first_token(monkeypatch) -> None:
+    """k = 1. Record 1 (``rare``, nearest: ties go to the lower id) has spent 4 of its 6 tokens; record 2
+    (``plain``) nothing. Tokens 1 and 2 read record 1; before token 3 its filter refuses, and record 2's row is
+    started on its own prompt and extended by tokens 1 and 2 one at a time before token 3 reads it."""
+    config = KNNConfig(k=1, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=3)
+    index, _, decoder = per_token(["rare", "plain"], config=config)
+    knn = decoder.knn
+    first = Candidates(np.array([1]), np.array([1.0], dtype=np.float32))
+    index.charge(first, lambda c: knn._cost("decode", c, 1, 4), release_tag=knn._release_tag)
+    recorder = Recorder(knn_experts.start_rows)
+    monkeypatch.setattr(knn_experts, "start_rows", recorder)
+    read = []
+    real_token = knn_experts.expert_token
+
+    def spy(private, public, **kw):
+        read.append(np.array(private))
+        return real_token(private, public, **kw)
+
+    monkeypatch.setattr(knn_experts, "expert_token", spy)
+    answer = decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
+    tokens = list(answer.token_ids)
+    assert len(tokens) == 3 and [len(r) for r in read] == [1, 1, 1]
+    public, rare, plain = recorder.started
+    assert public["public"] == 1 and public["appended"] == tokens[:2]
+    assert rare["rows"] == [decoder._ids("q", knn_experts.PrivateRecord("q", "rare"), reserve=2)]
+    assert plain["rows"] == [decoder._ids("q", knn_experts.PrivateRecord("q", "plain"), reserve=2)]
+    assert plain["appended"] == tokens[:2]  # replayed, one token at a time, before it was read
+    fresh = backend().start([plain["rows"][0]])
+    for t in tokens[:2]:
+        fresh.append(t)
+    np.testing.assert_array_equal(read[2][0], fresh.logprobs[0])
+    spent = index.filter.spent(np.array([1, 2]))[0]
+    np.testing.assert_allclose(spent, [token_curve(decoder, 6), token_curve(decoder, 3)], rtol=1e-12)
+
+
+def test_a_token_the_choices_force_is_free() -> None:
+    index, ledger, decoder = build(["rare", "plain"])
+    from dp_icl_plugin.decoding.choices import AnswerChoices
+
+    choices = AnswerChoices.of(decoder.backend, ["a b", "a c"])  # "a" is forced: one decision
+    paid = KNNExpertDecoder(decoder.knn, template=decoder.template, choices=choices, pay_per_token=True)
+    before = len(ledger.history())
+    answer = paid.generate("q", rng=np.random.default_rng(0))
+    assert answer.token_ids[0] == ID["a"] and len(answer.token_ids) == 2
+    assert len(ledger.history()) == before + 1
+    np.testing.assert_allclose(index.filter.spent(np.array([1]))[0][0], token_curve(paid, 1), rtol=1e-12)
+
+
+def test_sparse_decoding_and_bad_settings_are_refused_before_any_charge() -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    data = PrivateDataset.from_pairs(["q"] * 4, ["rare"] * 4)
+    common = {"budget": ledger, "epsilon": 2.0, "n_queries": 10, "uses": 2, "embedder": BagEmbedder()}
+    with pytest.raises(ConfigurationError, match="sparse"):
+        build_expert_decoder(backend(), data, paid_tokens=2, pay_per_token=True, **common)
+    with pytest.raises(ConfigurationError, match="bool"):
+        build_expert_decoder(backend(), data, pay_per_token="yes", **common)
+    assert ledger.history() == []
+    sparse = KNNConfig(k=8, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=3, expert_paid_tokens=1)
+    _, _, decoder = build(["rare"], config=sparse)
+    with pytest.raises(ConfigurationError, match="sparse"):
+        KNNExpertDecoder(decoder.knn, pay_per_token=True)
+    built = build_expert_decoder(backend(), data, pay_per_token=True, template=TEMPLATE, **common)
+    assert built.pay_per_token and len(built.generate("q", rng=np.random.default_rng(0), max_tokens=2).token_ids) == 2
