@@ -153,3 +153,18 @@ def test_sparse_decoding_and_bad_settings_are_refused_before_any_charge() -> Non
         KNNExpertDecoder(decoder.knn, pay_per_token=True)
     built = build_expert_decoder(backend(), data, pay_per_token=True, template=TEMPLATE, **common)
     assert built.pay_per_token and len(built.generate("q", rng=np.random.default_rng(0), max_tokens=2).token_ids) == 2
+
+
+def test_paid_per_token_it_serves_the_langchain_chat_model_and_the_llama_index_llm() -> None:
+    pytest.importorskip("langchain_dp_icl")
+    pytest.importorskip("llama_index.llms.dp_icl")
+    from langchain_dp_icl import ChatDPICL
+    from llama_index.llms.dp_icl import DPICL
+
+    _, ledger, decoder = per_token(["rare"] * 4 + ["plain"] * 4)
+    before = len(ledger.history())
+    message = ChatDPICL(decoder=decoder, seed=0, max_tokens=2).invoke("q")
+    releases = ledger.history()[before:]
+    assert message.response_metadata["ledger_entry"] == releases[0].id and len(releases) == 2  # one per token
+    assert isinstance(DPICL(decoder=decoder, seed=0, max_tokens=3).complete("q").text, str)
+    assert sum(e.label.startswith("knn-decode:") for e in ledger.history()) == 5

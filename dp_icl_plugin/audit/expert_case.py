@@ -56,7 +56,7 @@ from dp_icl_plugin.decoding.knn_experts import (
     support_scores,
 )
 from dp_icl_plugin.mechanisms.sparse_vector import AboveThreshold
-from dp_icl_plugin.retrieval.index import PrivateIndex
+from dp_icl_plugin.retrieval.index import Candidates, PrivateIndex
 from dp_icl_plugin.retrieval.retriever import KNNConfig, PrivateKNN
 from dp_icl_plugin.templates.answer import AnswerTemplate
 
@@ -178,6 +178,7 @@ def _side(pair: str, with_x: bool, rare_share: float, kind: type[KNNExpertDecode
     records = _PAIRS[pair] if with_x else _PAIRS[pair][1:]
     decoder = kind(_knn(records, rare_share, config), template=_TEMPLATE)
     _, admitted = decoder._charge("q", 1)
+    assert isinstance(admitted, Candidates)  # paid per answer
     prompts = [decoder._ids("q", None), *decoder._expert_prompts("q", decoder._experts(admitted), 0)]
     with start_rows(decoder.backend, prompts, public=1) as session:
         return decoder, np.asarray(session.logprobs)
