@@ -168,3 +168,58 @@ def test_paid_per_token_it_serves_the_langchain_chat_model_and_the_llama_index_l
     assert message.response_metadata["ledger_entry"] == releases[0].id and len(releases) == 2  # one per token
     assert isinstance(DPICL(decoder=decoder, seed=0, max_tokens=3).complete("q").text, str)
     assert sum(e.label.startswith("knn-decode:") for e in ledger.history()) == 5
+
+
+def test_an_answer_holds_the_index_turn_so_no_other_release_charges_between_its_tokens() -> None:
+    """Cold review: two answers' token steps interleaved by how fast each computed, so who got a shared record's
+    last budget depended on the records. An answer paid per token now holds the index's release turn from its first
+    charge to its last; another thread's release waits for it and charges after all of its tokens, and the answer
+    is delivered in one piece."""
+    import threading
+
+    index, ledger, decoder = per_token(["rare"] * 3 + ["plain"] * 3)
+    stream = decoder.stream("q", rng=np.random.default_rng(0), max_tokens=3)
+    order: list[str] = []
+    started = threading.Event()
+    real = decoder.knn._charge_candidates
+
+    def slow(*args, **kw):
+        out = real(*args, **kw)
+        order.append("answer")
+        if len(order) == 1:
+            started.set()
+            threading.Event().wait(0.2)  # the other release asks for the turn meanwhile
+        return out
+
+    decoder.knn._charge_candidates = slow  # type: ignore[method-assign]
+
+    def other() -> None:
+        started.wait()
+        index.charge(
+            Candidates(np.array([1]), np.array([1.0], dtype=np.float32)), lambda c: decoder.knn._cost("decode", c, 8, 1)
+        )
+        order.append("other")
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    pieces = list(stream)
+    thread.join()
+    assert order == ["answer", "answer", "answer", "other"] and len(pieces) == 1
+
+
+def test_an_index_in_postgresql_is_refused_before_any_charge() -> None:
+    ledger = BudgetManager(PrivacyBudget(100.0, 1e-3, neighbouring="add_remove"))
+    data = PrivateDataset.from_pairs(["q"] * 4, ["rare"] * 4)
+    with pytest.raises(ConfigurationError, match="PostgreSQL"):
+        build_expert_decoder(
+            backend(),
+            data,
+            budget=ledger,
+            epsilon=2.0,
+            n_queries=10,
+            uses=2,
+            embedder=BagEmbedder(),
+            pay_per_token=True,
+            index_path="postgresql://nobody@127.0.0.1:9/none",
+        )
+    assert ledger.history() == []

@@ -57,7 +57,7 @@ import math
 import threading
 import warnings
 from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import closing, nullcontext
+from contextlib import AbstractContextManager, closing, nullcontext
 from typing import Any
 
 import numpy as np
@@ -554,17 +554,23 @@ class _Decoder:
         ends = [text.index(s) for s in stops if s in text]
         return text[: min(ends)] if ends else text
 
+    def _answer_turn(self, state: AnswerState) -> AbstractContextManager[None] | None:
+        """What an answer paid per token holds from its first charge to its last (its allowance's turn), or None
+        for an answer charged up front."""
+        return self.allowance.turn(cancelled=state.cancelled) if self.allowance is not None else None
+
     def _run(self, prompt, limit, stops, rng, state: AnswerState) -> Generator[str, None, None]:
-        if self.fixed_latency is None and self.allowance is None:
+        turn = self._answer_turn(state)
+        if self.fixed_latency is None and turn is None:
             yield from self._release(prompt, limit, stops, rng, state)
             return
         # The whole answer inside its own window (one release at a time per FixedLatency), then one piece at
-        # the fixed time. Paid per token, the whole answer as its allowance's only one (where it is cut must not
-        # depend on how fast another answer computes), then one piece. A caller that gives up while waiting for
-        # its turn leaves uncharged.
+        # the fixed time. Paid per token, the whole answer in its turn (where it is cut, and who pays its later
+        # tokens, must not depend on how fast another answer computes), then one piece. A caller that gives up
+        # while waiting for its turn leaves uncharged.
         try:
-            with (  # the allowance's turn first: a latency window must not wait inside for another's answer
-                self.allowance.turn(cancelled=state.cancelled) if self.allowance is not None else nullcontext(),
+            with (  # the turn first: a latency window must not wait inside for another's answer
+                turn if turn is not None else nullcontext(),
                 self.fixed_latency.hold(cancelled=state.cancelled) if self.fixed_latency is not None else nullcontext(),
             ):
                 text = "".join(self._release(prompt, limit, stops, rng, state))

@@ -83,6 +83,7 @@ from typing import Any
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin._storage.postgres_connection import is_postgres_url
 from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting.budget import BudgetManager, LedgerEntry
 from dp_icl_plugin.accounting.individual_filter import IndividualBudget
@@ -213,6 +214,12 @@ class KNNExpertDecoder(KNNDecoder):
             raise ConfigurationTypeError("knn must be a PrivateKNN")
         if not isinstance(pay_per_token, bool):
             raise ConfigurationTypeError("pay_per_token must be a bool")
+        if pay_per_token and knn.index.across_hosts:
+            raise ConfigurationError(
+                "expert decoding paid per token holds its index's release turn for a whole answer, and an index in "
+                "PostgreSQL is charged from several hosts, whose releases it cannot hold back: use pay_per_token "
+                "with an index in a directory (one host), or pay per answer"
+            )
         if pay_per_token and knn.config.sparse:
             raise ConfigurationError(
                 "sparse expert decoding pays its paid tokens and their sparse-vector tests up front (the test's "
@@ -272,6 +279,13 @@ class KNNExpertDecoder(KNNDecoder):
 
     def _steps_event(self, steps: int) -> ev.DPEvent:
         return self.knn._event("decode", 1, self.k, steps)
+
+    def _answer_turn(self, state: Any) -> Any:
+        """Paid per token: the index's release turn for the whole answer (no other release on the index charges
+        between its tokens: :mod:`~dp_icl_plugin.retrieval.release_turn`); else as the base decoder."""
+        if self.pay_per_token:
+            return self.knn.index.release_turn.hold()
+        return super()._answer_turn(state)
 
     def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Candidates | _ExpertMeter]:
         if self.pay_per_token:  # the first token mechanism now, each next one right before it runs
@@ -395,7 +409,6 @@ class _ExpertMeter:
         self.candidates = candidates
         self.admitted = admitted
         self.k = k
-        self.paid = 1
         self._prepaid = True
 
     def pay(self) -> Candidates:
@@ -404,7 +417,6 @@ class _ExpertMeter:
             self._prepaid = False
             return self.admitted
         self.admitted, _ = self.knn._charge_candidates(self.candidates, "decode", self.k, 1)
-        self.paid += 1
         return self.admitted
 
 
@@ -427,7 +439,7 @@ class _ExpertRows:
         self.prompt = prompt
         self.room = room
         self.suffix = suffix
-        self.sessions: list[Any] = []
+        self.sessions: list[Any] = []  # None once closed
         self.place: dict[int, tuple[int, int] | None] = {}  # record id -> (session, row); None: idle
         self.released: list[int] = []
 
@@ -460,7 +472,19 @@ class _ExpertRows:
             for token in self.released:  # one at a time, as the answer's first experts were extended
                 session.append(token)
         out = [self.sessions[at[0]].logprobs[at[1]] for at in (self.place[int(i)] for i in ids) if at is not None]
+        self._drop_left({int(i) for i in ids})
         return np.asarray(out) if out else np.zeros((0, self.decoder.backend.vocab_size))
+
+    def _drop_left(self, experts: set[int]) -> None:
+        """Close the sessions none of whose rows is an expert any more (their records were refused); a record
+        admitted again (a removal lowered its unit's count) starts afresh."""
+        reading = {at[0] for record_id, at in self.place.items() if at is not None and record_id in experts}
+        for number, session in enumerate(self.sessions):
+            if session is not None and number not in reading:
+                session.close()
+                self.sessions[number] = None
+                for record_id in [r for r, at in self.place.items() if at is not None and at[0] == number]:
+                    del self.place[record_id]
 
     def append(self, token: int) -> None:
         """Extend every row by a released token.
@@ -470,12 +494,14 @@ class _ExpertRows:
         """
         self.released.append(token)
         for session in self.sessions:
-            session.append(token)
+            if session is not None:
+                session.append(token)
 
     def close(self) -> None:
         """Drop the sessions' caches."""
         for session in self.sessions:
-            session.close()
+            if session is not None:
+                session.close()
 
 
 def expert_scores(
@@ -784,6 +810,12 @@ def build_expert_decoder(
         raise ConfigurationTypeError("pay_per_token must be a bool")
     if pay_per_token and paid_tokens is not None:
         raise ConfigurationError("pay_per_token does not apply to sparse decoding (paid_tokens): drop one of them")
+    where = None if not keep_index else index_beside(budget, index_name) if index_path is None else index_path
+    if pay_per_token and is_postgres_url(getattr(where, "location", where)):
+        raise ConfigurationError(
+            "pay_per_token needs an index one host charges (a directory, or memory): an index in PostgreSQL is "
+            "charged from several hosts, whose releases an answer cannot hold back between its tokens"
+        )
     knn = knn_for_dataset(
         backend,
         dataset,

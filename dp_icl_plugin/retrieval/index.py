@@ -65,6 +65,7 @@ from dp_icl_plugin.retrieval.embedding import (
     embedder_name,
     same_embedder,
 )
+from dp_icl_plugin.retrieval.release_turn import RELEASE_LOCK, ReleaseTurn, release_turn
 from dp_icl_plugin.retrieval.stores.base import Changes, IndexMeta, RecordStore, StoredRecord
 from dp_icl_plugin.retrieval.stores.postgres import PostgresRecordStore
 from dp_icl_plugin.retrieval.stores.sqlite import SQLiteRecordStore
@@ -615,6 +616,21 @@ class PrivateIndex:
         return Candidates(ids[order], sims[order])
 
     # -- charging ---------------------------------------------------------------------------------
+    @property
+    def across_hosts(self) -> bool:
+        """Whether the index lives in PostgreSQL, where several hosts may charge it (its release turn holds one
+        host's processes only: :mod:`~dp_icl_plugin.retrieval.release_turn`)."""
+        return isinstance(self._store, PostgresRecordStore)
+
+    @property
+    def release_turn(self) -> ReleaseTurn:
+        """The index's turn (:mod:`~dp_icl_plugin.retrieval.release_turn`): every charge takes it; an answer paid
+        per token holds it from its first charge to its last. Across processes through ``release.lock`` in the
+        index's directory; within this process only for an index in memory or in PostgreSQL."""
+        if self.path is not None:
+            return release_turn(str(self.path.resolve()), self.path / RELEASE_LOCK)
+        return release_turn(f"index:{self.id}", None)
+
     def expect_release(self, cheapest: ReleaseCost) -> None:
         """Declare, before its search, the cost of a release to a unit with one candidate record: the cheapest
         that release can charge (public: it follows from the release's kind and settings alone).
@@ -659,6 +675,12 @@ class PrivateIndex:
             ConfigurationError: ``cost_of`` falls as ``c`` grows.
         """
         self._check_usable()
+        with self.release_turn.hold():  # one release at a time (retrieval.release_turn)
+            return self._charge_release(candidates, cost_of, release_tag)
+
+    def _charge_release(
+        self, candidates: Candidates, cost_of: Callable[[int], ReleaseCost], release_tag: str
+    ) -> tuple[Candidates, int]:
         cheapest = cost_of(1)
         self.expect_release(cheapest)  # for the next searches (a direct caller declares before its search)
         if not len(candidates):  # charges no unit; counts the release

@@ -399,8 +399,8 @@ class ChatDPICL(_DPModelMixin, BaseChatModel):
     Spend: every charge is emitted as the custom callback event ``dp_icl_spend`` (``ledger_entry``,
     ``release``, ``ledger_epsilon``) and put into ``response_metadata``; ``usage_metadata`` counts the
     public prompt and the generated tokens only. A decoder paid per token (``pay_per_token=True``) reports an
-    answer's first draw on its allowance; its later draws are on the ledger (``BudgetManager.on_charge`` sees
-    each one).
+    answer's first draw on its allowance (expert decoding: its first token's filter release); its later draws are
+    on the ledger (``BudgetManager.on_charge`` sees each one).
     """
 
     decoder: Any = Field(exclude=True, repr=False)

@@ -118,7 +118,8 @@ class DPICL(CustomLLM, FunctionCallingLLM):
 
     Spend: every charge emits a :class:`DPSpendEvent` through LlamaIndex's instrumentation and is put into
     the response's ``additional_kwargs``. A decoder paid per token (``pay_per_token=True``) reports an answer's
-    first draw on its allowance; its later draws are on the ledger (``BudgetManager.on_charge`` sees each one).
+    first draw on its allowance (expert decoding: its first token's filter release); its later draws are on the
+    ledger (``BudgetManager.on_charge`` sees each one).
     """
 
     model_name: str = "dp-icl"

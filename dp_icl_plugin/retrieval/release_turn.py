@@ -1,0 +1,101 @@
+"""One release at a time on a private index: its charges in an order that never depends on how fast an answer
+computes.
+
+Every charge of an index's filter (:meth:`PrivateIndex.charge_release <dp_icl_plugin.retrieval.index.PrivateIndex.
+charge_release>`) takes the index's turn, and an answer of expert decoding paid per token holds it from its first
+charge to its last (:class:`~dp_icl_plugin.decoding.knn_experts.KNNExpertDecoder`, ``pay_per_token=True``). Its
+charges are rounds of the records' individual filters (Feldman & Zrnic 2021), and the filter's guarantee needs the
+order of the rounds fixed by what is public: were another release free to charge between two of the answer's
+tokens, which of them reached a shared record's last budget first would depend on how long the answer's tokens
+took to compute, which depends on the records. Holding the turn, every other release on the index comes before
+the answer or after it, in the order the releases asked for the turn.
+
+- Within a process: a re-entrant lock per index (the answer's own charges take it again).
+- Across processes on one host: an exclusive ``flock`` on ``release.lock`` in the index's directory, taken with the
+  lock and given back with it.
+- Across hosts (an index in PostgreSQL): not held here; answers paid per token are refused on such an index
+  (:attr:`PrivateIndex.across_hosts <dp_icl_plugin.retrieval.index.PrivateIndex.across_hosts>`).
+
+Pure plumbing: no randomness and no privacy decision; waiting for the turn shows in a release's time like any
+lock (``FixedLatency`` hides it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from dp_icl_plugin.errors import LedgerError
+
+__all__ = ["RELEASE_LOCK", "ReleaseTurn", "release_turn"]
+
+RELEASE_LOCK = "release.lock"
+"""The file in an index's directory whose ``flock`` is the index's turn across processes."""
+
+
+class ReleaseTurn:
+    """An index's turn (see the module): re-entrant in a thread, exclusive across threads and, with a lock file,
+    across processes.
+
+    Args:
+        lock_path: the index's ``release.lock``, or None for an index no other process charges (in memory, or
+            in PostgreSQL, where hosts are not held).
+    """
+
+    def __init__(self, lock_path: Path | None) -> None:
+        self.lock_path = lock_path
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._handle: IO[str] | None = None
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Hold the turn for the ``with`` body (waiting for it).
+
+        Raises:
+            LedgerError: the lock file cannot be created.
+        """
+        with self._lock:
+            if self._depth == 0 and self.lock_path is not None:
+                fcntl.flock(self._file(), fcntl.LOCK_EX)
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._handle is not None:
+                    fcntl.flock(self._handle, fcntl.LOCK_UN)
+
+    def _file(self) -> IO[str]:
+        if self._handle is None:
+            assert self.lock_path is not None
+            try:
+                self._handle = self.lock_path.open("a")
+            except OSError as exc:
+                why = exc.strerror or exc
+                raise LedgerError(f"cannot open the index's release lock {self.lock_path}: {why}") from None
+        return self._handle
+
+
+_TURNS: dict[tuple[int, str], ReleaseTurn] = {}
+_TURNS_LOCK = threading.Lock()
+
+
+def release_turn(key: str, lock_path: Path | None) -> ReleaseTurn:
+    """The turn of the index ``key`` in this process (one per index and process, however many objects open it:
+    two ``flock`` handles of one process would exclude each other).
+
+    Args:
+        key: what identifies the index (its directory, or its id).
+        lock_path: its lock file, or None (see :class:`ReleaseTurn`).
+    """
+    with _TURNS_LOCK:
+        turn = _TURNS.get((os.getpid(), key))
+        if turn is None:
+            turn = _TURNS[(os.getpid(), key)] = ReleaseTurn(lock_path)
+        return turn
