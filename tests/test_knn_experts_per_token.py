@@ -177,7 +177,7 @@ def test_an_answer_holds_the_index_turn_so_no_other_release_charges_between_its_
     is delivered in one piece."""
     import threading
 
-    index, ledger, decoder = per_token(["rare"] * 3 + ["plain"] * 3)
+    index, _, decoder = per_token(["rare"] * 3 + ["plain"] * 3)
     stream = decoder.stream("q", rng=np.random.default_rng(0), max_tokens=3)
     order: list[str] = []
     started = threading.Event()
