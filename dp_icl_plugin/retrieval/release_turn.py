@@ -11,8 +11,8 @@ took to compute, which depends on the records. Holding the turn, every other rel
 the answer or after it, in the order the releases asked for the turn.
 
 - Within a process: a re-entrant lock per index (the answer's own charges take it again).
-- Across processes on one host: an exclusive ``flock`` on ``release.lock`` in the index's directory, taken with the
-  lock and given back with it.
+- Across processes on one host: an exclusive ``flock`` on ``release.lock`` in the index's directory, opened and
+  taken with the lock, given back and closed with it.
 - Across hosts (an index in PostgreSQL): not held here; answers paid per token are refused on such an index
   (:attr:`PrivateIndex.across_hosts <dp_icl_plugin.retrieval.index.PrivateIndex.across_hosts>`).
 
@@ -62,24 +62,25 @@ class ReleaseTurn:
         """
         with self._lock:
             if self._depth == 0 and self.lock_path is not None:
-                fcntl.flock(self._file(), fcntl.LOCK_EX)
+                self._handle = self._open()
+                fcntl.flock(self._handle, fcntl.LOCK_EX)
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
                 if self._depth == 0 and self._handle is not None:
-                    fcntl.flock(self._handle, fcntl.LOCK_UN)
+                    handle, self._handle = self._handle, None
+                    with handle:  # closing it gives the lock back
+                        fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _file(self) -> IO[str]:
-        if self._handle is None:
-            assert self.lock_path is not None
-            try:
-                self._handle = self.lock_path.open("a")
-            except OSError as exc:
-                why = exc.strerror or exc
-                raise LedgerError(f"cannot open the index's release lock {self.lock_path}: {why}") from None
-        return self._handle
+    def _open(self) -> IO[str]:
+        assert self.lock_path is not None
+        try:
+            return self.lock_path.open("a")
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise LedgerError(f"cannot open the index's release lock {self.lock_path}: {why}") from None
 
 
 _TURNS: dict[tuple[int, str], ReleaseTurn] = {}
