@@ -117,3 +117,36 @@ def test_a_filter_or_index_cannot_be_pickled_or_copied() -> None:
         for attempt in (pickle.dumps, copy.deepcopy, copy.copy):
             with pytest.raises(TypeError, match="second live filter"):
                 attempt(obj)
+
+
+def test_a_release_waits_while_another_process_holds_the_index_turn(tmp_path: Path) -> None:
+    """An answer paid per token holds its index's release turn from its first charge to its last; another process's
+    release on the index (here a plain charge) waits until the turn is given back (``retrieval.release_turn``)."""
+    import threading
+
+    index = PrivateIndex(budget=BUDGET, embedder=embed, path=tmp_path / "ix")
+    index.add(["a", "bb"])
+    ctx = multiprocessing.get_context("fork")
+    held, go = ctx.Event(), ctx.Event()
+
+    def holder() -> None:
+        with PrivateIndex.open(tmp_path / "ix", embedder=embed).release_turn.hold():
+            held.set()
+            go.wait(60)
+
+    child = ctx.Process(target=holder)
+    child.start()
+    try:
+        assert held.wait(60)
+        done = threading.Event()
+        candidates = index.within(embed(["a"])[0], -1.0)
+        worker = threading.Thread(target=lambda: (index.charge(candidates, lambda c: COST), done.set()))
+        worker.start()
+        assert not done.wait(0.5)  # blocked on the other process's turn
+        go.set()
+        worker.join(60)
+        assert done.is_set()
+    finally:
+        go.set()
+        child.join(60)
+    assert child.exitcode == 0
