@@ -750,12 +750,13 @@ class Harness:
             public_inputs=inputs,
             backend=self.backend(rows),
             budget=ledger,
-            rng=np.random.default_rng(21),
+            rng=np.random.default_rng(self.args.synthesis_seed),
             progress=False,
         )
         pairs = [(d.input, _clean(d.text)) for d in demos if _clean(d.text)]
+        seed = "" if self.args.synthesis_seed == 21 else f", seed {self.args.synthesis_seed}"
         self.add(
-            f"pay once: {name}, {PUBLIC_INPUTS} DP pairs",
+            f"pay once: {name}, {PUBLIC_INPUTS} DP pairs{seed}",
             epsilon,
             self._greedy_with(pairs),
             time.perf_counter() - started,
@@ -1021,6 +1022,12 @@ def main() -> None:
     parser.add_argument("--expert-top-k", type=int, default=None, help="expert decoding's support (0: all)")
     parser.add_argument("--vote-k", type=int, default=40, help="the kNN vote's k (default 40)")
     parser.add_argument("--paid-tokens", type=int, default=2, help="sparse expert decoding's paid tokens (default 2)")
+    parser.add_argument(
+        "--synthesis-seed",
+        type=int,
+        default=21,
+        help="the free-text pay-once rows' synthesis seed (default 21): another seed, another draw of the DP pairs",
+    )
     parser.add_argument(
         "--expected-tokens",
         type=int,
