@@ -37,11 +37,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from dp_icl_plugin import _validation as check
+from dp_icl_plugin.accounting import events as ev
 from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.calibration import calibrate_subsampled_gaussian
 from dp_icl_plugin.backends.base import NextTokenBackend
@@ -55,7 +56,7 @@ from dp_icl_plugin.synthesis.method import DemoSlot, Plan, SynthesisMethod, chec
 from dp_icl_plugin.templates.demonstration import PromptTemplate
 from dp_icl_plugin.templates.prompting import PromptIds, poisson_prompts
 
-__all__ = ["TangConfig", "TangSynthesizer", "tang_noise"]
+__all__ = ["TangConfig", "TangSynthesizer", "tang_calibrated", "tang_noise"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,47 @@ def tang_noise(
     return result.value, result.epsilon
 
 
+def tang_calibrated(
+    epsilon: float | None,
+    noise_multiplier: float | None,
+    *,
+    delta: float,
+    sampling_rate: float,
+    steps: int,
+    neighbouring: str,
+) -> tuple[ev.DPEvent, dict[str, Any]]:
+    """The event of ``steps`` Tang tokens at σ (:func:`tang_noise`) and the plan's parameters that state it.
+
+    Args:
+        epsilon: the target ε, or None when σ is given.
+        noise_multiplier: σ itself, or None.
+        delta: the target's δ.
+        sampling_rate: q.
+        steps: the tokens composed.
+        neighbouring: the ledger's relation.
+
+    Raises:
+        CalibrationError: no σ in [0.3, 100] meets the target.
+    """
+    sigma, target = tang_noise(
+        epsilon=epsilon,
+        noise_multiplier=noise_multiplier,
+        delta=delta,
+        sampling_rate=sampling_rate,
+        steps=steps,
+        neighbouring=neighbouring,
+    )
+    event = me.tang_event(noise_multiplier=sigma, sampling_rate=sampling_rate, steps=steps, neighbouring=neighbouring)
+    return event, {
+        "noise_multiplier": sigma,
+        "sampling_rate": sampling_rate,
+        "steps": steps,
+        "target_delta": delta,
+        "calibrated_epsilon": target,
+        "neighbouring": neighbouring,
+    }
+
+
 class TangSynthesizer(SynthesisMethod):
     """DP synthetic demonstrations by Gaussian aggregation (Tang et al. 2024); see the module docstring."""
 
@@ -175,24 +217,10 @@ class TangSynthesizer(SynthesisMethod):
         )
         steps *= labels_charged(dataset, labels, privacy_unit)  # a unit may take part in that many labels' runs
         delta = self._target_delta(ledger_delta, 1.0 / smallest)
-        sigma, target = tang_noise(
-            epsilon=c.epsilon,
-            noise_multiplier=c.noise_multiplier,
-            delta=delta,
-            sampling_rate=rate,
-            steps=steps,
-            neighbouring=neighbouring,
+        event, calibrated = tang_calibrated(
+            c.epsilon, c.noise_multiplier, delta=delta, sampling_rate=rate, steps=steps, neighbouring=neighbouring
         )
-        event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps, neighbouring=neighbouring)
-        params = {
-            "noise_multiplier": sigma,
-            "sampling_rate": rate,
-            "steps": steps,
-            "target_delta": delta,
-            "calibrated_epsilon": target,
-            "neighbouring": neighbouring,
-            **self._unit_params(dataset, labels, privacy_unit),
-        }
+        params = {**calibrated, **self._unit_params(dataset, labels, privacy_unit)}
         return Plan(labels, event, params)
 
     # -- one token ----------------------------------------------------------------------------------

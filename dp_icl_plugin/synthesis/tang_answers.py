@@ -52,7 +52,6 @@ from typing import ClassVar
 import numpy as np
 
 from dp_icl_plugin import _validation as check
-from dp_icl_plugin.accounting import method_events as me
 from dp_icl_plugin.accounting.neighbouring import PER_RECORD, REPLACE_ONE
 from dp_icl_plugin.backends.base import NextTokenBackend
 from dp_icl_plugin.data.records import PrivateDataset, PrivateRecord
@@ -63,7 +62,7 @@ from dp_icl_plugin.steps.aggregation_step import AggregationStep
 from dp_icl_plugin.steps.token_step import TokenStep
 from dp_icl_plugin.synthesis.method import DemoSlot, Plan, check_privacy_target
 from dp_icl_plugin.synthesis.public_inputs import PublicInputsMethod, check_answer_settings
-from dp_icl_plugin.synthesis.tang import tang_noise
+from dp_icl_plugin.synthesis.tang import tang_calibrated
 from dp_icl_plugin.templates.answer import AnswerTemplate
 from dp_icl_plugin.templates.prompting import AnswerPromptIds, poisson_prompts
 
@@ -173,26 +172,10 @@ class TangAnswerSynthesizer(PublicInputsMethod):
         rate = per_token / size
         steps = len(inputs) * c.max_tokens  # every token that can be generated is charged
         delta = self._target_delta(ledger_delta, 1.0 / size)
-        sigma, target = tang_noise(
-            epsilon=c.epsilon,
-            noise_multiplier=c.noise_multiplier,
-            delta=delta,
-            sampling_rate=rate,
-            steps=steps,
-            neighbouring=neighbouring,
+        event, calibrated = tang_calibrated(
+            c.epsilon, c.noise_multiplier, delta=delta, sampling_rate=rate, steps=steps, neighbouring=neighbouring
         )
-        event = me.tang_event(noise_multiplier=sigma, sampling_rate=rate, steps=steps, neighbouring=neighbouring)
-        params = {
-            "noise_multiplier": sigma,
-            "sampling_rate": rate,
-            "population": size,
-            "steps": steps,
-            "target_delta": delta,
-            "calibrated_epsilon": target,
-            "public_inputs": inputs,
-            "neighbouring": neighbouring,
-            "privacy_unit": privacy_unit,
-        }
+        params = {**calibrated, "population": size, "public_inputs": inputs, "privacy_unit": privacy_unit}
         if privacy_unit != PER_RECORD:
             params["records_per_unit"] = dataset.records_per_unit
         return Plan(dataset.labels, event, params)
