@@ -97,7 +97,7 @@ def test_every_synthesizers_signature_lists_its_settings() -> None:
     from dp_icl_plugin.synthesis import SynthesisMethod
 
     methods = [m for m in dir(__import__("dp_icl_plugin")) if m.endswith("Synthesizer")]
-    assert len(methods) == 5
+    assert len(methods) == 6
     for name in methods:
         method = getattr(__import__("dp_icl_plugin"), name)
         assert issubclass(method, SynthesisMethod)
