@@ -742,28 +742,30 @@ class Harness:
                 outs,
                 time.perf_counter() - started,
             )
-        started = time.perf_counter()
-        ledger = self._ledger(epsilon)
-        inputs = t.tune_queries[:PUBLIC_INPUTS]
-        demos = method.synthesize(
-            self._dataset(),
-            public_inputs=inputs,
-            backend=self.backend(rows),
-            budget=ledger,
-            rng=np.random.default_rng(self.args.synthesis_seed),
-            progress=False,
-        )
-        pairs = [(d.input, _clean(d.text)) for d in demos if _clean(d.text)]
-        seed = "" if self.args.synthesis_seed == 21 else f", seed {self.args.synthesis_seed}"
-        self.add(
-            f"pay once: {name}, {PUBLIC_INPUTS} DP pairs{seed}",
-            epsilon,
-            self._greedy_with(pairs),
-            time.perf_counter() - started,
-            demonstrations=pairs,
-            **{beta: demos.provenance.extra[beta]},
-            spent_epsilon=ledger.spent().epsilon,
-        )
+        for synthesis_seed in (int(x) for x in str(self.args.synthesis_seeds).split(",")):
+            started = time.perf_counter()
+            ledger = self._ledger(epsilon)
+            inputs = t.tune_queries[:PUBLIC_INPUTS]
+            demos = method.synthesize(
+                self._dataset(),
+                public_inputs=inputs,
+                backend=self.backend(rows),
+                budget=ledger,
+                rng=np.random.default_rng(synthesis_seed),
+                progress=False,
+            )
+            pairs = [(d.input, _clean(d.text)) for d in demos if _clean(d.text)]
+            seed = "" if synthesis_seed == 21 else f", seed {synthesis_seed}"
+            self.add(
+                f"pay once: {name}, {PUBLIC_INPUTS} DP pairs{seed}",
+                epsilon,
+                self._greedy_with(pairs),
+                time.perf_counter() - started,
+                demonstrations=pairs,
+                **{beta: demos.provenance.extra[beta]},
+                spent_epsilon=ledger.spent().epsilon,
+                synthesis_seed=synthesis_seed,
+            )
 
     def _greedy_with(self, pairs: list[tuple[str, str]]) -> list[str]:
         """Every query answered greedy (free text) with ``pairs`` as the examples of one prompt."""
@@ -1023,10 +1025,10 @@ def main() -> None:
     parser.add_argument("--vote-k", type=int, default=40, help="the kNN vote's k (default 40)")
     parser.add_argument("--paid-tokens", type=int, default=2, help="sparse expert decoding's paid tokens (default 2)")
     parser.add_argument(
-        "--synthesis-seed",
-        type=int,
-        default=21,
-        help="the free-text pay-once rows' synthesis seed (default 21): another seed, another draw of the DP pairs",
+        "--synthesis-seeds",
+        default="21",
+        help="the free-text pay-once rows' synthesis seeds, comma-separated (default 21): a row per seed, each its "
+        "own ledger and draw of the DP pairs",
     )
     parser.add_argument(
         "--expected-tokens",
