@@ -223,3 +223,67 @@ def test_an_index_in_postgresql_is_refused_before_any_charge() -> None:
             index_path="postgresql://nobody@127.0.0.1:9/none",
         )
     assert ledger.history() == []
+
+
+def test_a_latency_window_and_the_turn_are_taken_in_one_order_so_concurrent_answers_finish() -> None:
+    """Re-review: a per-token answer took the turn then its latency window, a per-answer one the window then the
+    turn (at its charge): with one shared FixedLatency the two deadlocked. Every holder now takes the turn first."""
+    import threading
+
+    from dp_icl_plugin.retrieval import PrivateKNN
+
+    index, _, decoder = build(["rare"] * 3 + ["plain"] * 3)
+    timed = PrivateKNN(
+        index,
+        budget=decoder.knn.budget,
+        backend=decoder.backend,
+        config=decoder.knn.config,
+        fixed_latency=0.05,
+        releases=("decode",),
+    )
+    paid = KNNExpertDecoder(timed, template=TEMPLATE, pay_per_token=True)
+    upfront = KNNExpertDecoder(timed, template=TEMPLATE)
+    done: list[str] = []
+
+    def run(name: str, dec: KNNExpertDecoder) -> None:
+        for seed in range(3):
+            dec.generate("q", rng=np.random.default_rng(seed), max_tokens=2)
+        done.append(name)
+
+    threads = [threading.Thread(target=run, args=(n, d), daemon=True) for n, d in (("paid", paid), ("up", upfront))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(done) == ["paid", "up"]
+
+
+def test_removing_records_waits_for_an_answers_turn() -> None:
+    """Re-review: a removal landed between a per-token answer's tokens, at a point set by compute speed."""
+    import threading
+
+    index, _, decoder = per_token(["rare"] * 3 + ["plain"] * 3)
+    order: list[str] = []
+    real = decoder.knn._charge_candidates
+    started = threading.Event()
+
+    def slow(*args, **kw):
+        out = real(*args, **kw)
+        order.append("token")
+        if len(order) == 1:
+            started.set()
+            threading.Event().wait(0.2)
+        return out
+
+    decoder.knn._charge_candidates = slow  # type: ignore[method-assign]
+
+    def remove() -> None:
+        started.wait()
+        index.remove([2])
+        order.append("removed")
+
+    thread = threading.Thread(target=remove)
+    thread.start()
+    decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
+    thread.join(60)
+    assert order == ["token", "token", "token", "removed"]

@@ -172,6 +172,11 @@ class KNNDecoder(_Decoder):
     def _reserve(self, limit: int) -> int:
         return limit - 1  # the prompts stay fixed and grow by the answer: each keeps room for it
 
+    def _answer_turn(self, state: Any) -> Any:
+        """With a latency window, the index's release turn around it (the turn first, as every release on the
+        index takes them: :mod:`~dp_icl_plugin.retrieval.release_turn`); else none (the charge takes the turn)."""
+        return None if self.fixed_latency is None else self.knn.index.release_turn.hold()
+
 
 class KNNExpertDecoder(KNNDecoder):
     """DP decoding with the query's nearest records as experts, each paying its own budget; see the module.
@@ -243,7 +248,7 @@ class KNNExpertDecoder(KNNDecoder):
                 f"{knn.config.max_answer_tokens} (config.max_answer_tokens) a record's budget was divided for"
             )
         self.knn = knn
-        self.pay_per_token = pay_per_token
+        self._pay_per_token = pay_per_token
         self.k = knn.config.k
         self.clip, self.temperature = knn.expert_scale(self.k)
         self.public_temperature = knn.config.expert_public_temperature
@@ -257,6 +262,11 @@ class KNNExpertDecoder(KNNDecoder):
                 "raise the per-record epsilon or k, or lower config.uses or max_answer_tokens",
                 read=self.k,
             )
+
+    @property
+    def pay_per_token(self) -> bool:
+        """Whether each token mechanism is charged right before it runs (set when the decoder is built)."""
+        return self._pay_per_token
 
     @property
     def token_epsilon(self) -> float:
@@ -283,12 +293,12 @@ class KNNExpertDecoder(KNNDecoder):
     def _answer_turn(self, state: Any) -> Any:
         """Paid per token: the index's release turn for the whole answer (no other release on the index charges
         between its tokens: :mod:`~dp_icl_plugin.retrieval.release_turn`); else as the base decoder."""
-        if self.pay_per_token:
+        if self._pay_per_token:
             return self.knn.index.release_turn.hold()
         return super()._answer_turn(state)
 
     def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Candidates | _ExpertMeter]:
-        if self.pay_per_token:  # the first token mechanism now, each next one right before it runs
+        if self._pay_per_token:  # the first token mechanism now, each next one right before it runs
             candidates, admitted, entry, _ = self.knn._charged_search(query_text(prompt), "decode", self.k, 1)
             return entry, _ExpertMeter(self.knn, candidates, admitted, self.k)
         admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, steps)
@@ -425,7 +435,8 @@ class _ExpertRows:
     way whenever it becomes an expert: its one-shot prompt started (the backend's row isolation: bit-identical
     whatever shares its batch), then extended by the answer's released tokens one at a time, as if it had been an
     expert from the first token. So the rows a token reads depend on which records are experts for it and on the
-    released tokens only, never on who was an expert before (a record that left keeps being extended, unread).
+    released tokens only, never on who was an expert before (a session none of whose records is still an expert is
+    closed; a record admitted again starts afresh).
 
     Args:
         decoder: the expert decoder (its backend, template and prompt layout).

@@ -320,7 +320,7 @@ class PrivateIndex:
             LedgerError: the directory cannot be written.
         """
         self._check_usable()  # before the lock (a fork may leave it held)
-        with self._lock:
+        with self.release_turn.hold(), self._lock:  # never between an answer's tokens (retrieval.release_turn)
             self._check_usable()
             if self.path is not None or not isinstance(self._store, SQLiteRecordStore):
                 raise ConfigurationError(f"this index already lives in {self._store.where}; it is saved on each change")
@@ -449,7 +449,7 @@ class PrivateIndex:
         """
         arr = np.unique(np.asarray(ids, dtype=np.int64))
         self._check_usable()  # before the lock (a fork may leave it held)
-        with self._lock:
+        with self.release_turn.hold(), self._lock:  # never between an answer's tokens (retrieval.release_turn)
             self._check_usable()
             change = self._store.delete(arr[arr >= 0])
             self._applied_own(change)

@@ -8,7 +8,9 @@ charges are rounds of the records' individual filters (Feldman & Zrnic 2021), an
 order of the rounds fixed by what is public: were another release free to charge between two of the answer's
 tokens, which of them reached a shared record's last budget first would depend on how long the answer's tokens
 took to compute, which depends on the records. Holding the turn, every other release on the index comes before
-the answer or after it, in the order the releases asked for the turn.
+the answer or after it, whichever obtains the turn first. A release takes the turn before its search (and before
+its ``FixedLatency`` window, so that a window never waits inside for another release and no two holders take the
+two in opposite orders); removing records and saving an index take it too.
 
 - Within a process: a re-entrant lock per index (the answer's own charges take it again).
 - Across processes on one host: an exclusive ``flock`` on ``release.lock`` in the index's directory, opened and
@@ -62,8 +64,15 @@ class ReleaseTurn:
         """
         with self._lock:
             if self._depth == 0 and self.lock_path is not None:
-                self._handle = self._open()
-                fcntl.flock(self._handle, fcntl.LOCK_EX)
+                handle = self._open()
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                except BaseException as exc:  # nothing is held: close the file and say why
+                    handle.close()
+                    if isinstance(exc, OSError):
+                        raise LedgerError(f"cannot lock the index's release lock {self.lock_path}: {exc}") from None
+                    raise
+                self._handle = handle
             self._depth += 1
             try:
                 yield
@@ -100,3 +109,19 @@ def release_turn(key: str, lock_path: Path | None) -> ReleaseTurn:
         if turn is None:
             turn = _TURNS[(os.getpid(), key)] = ReleaseTurn(lock_path)
         return turn
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no turn: the parent's handles closed (a child must not keep a lock its parent
+    took), the registry and its lock afresh (another thread may have held it at the fork)."""
+    global _TURNS_LOCK
+    _TURNS_LOCK = threading.Lock()
+    for turn in _TURNS.values():
+        if turn._handle is not None:
+            with contextlib.suppress(OSError):
+                turn._handle.close()
+            turn._handle = None
+    _TURNS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

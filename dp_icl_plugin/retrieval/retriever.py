@@ -55,7 +55,7 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -654,7 +654,14 @@ class PrivateKNN:
         self, query: str, release: str, k: int | None, tokens: int | None, *, answer_prompt_checked: bool = False
     ) -> tuple[Candidates, Candidates, LedgerEntry, int]:
         """:meth:`_charge_release`, also returning the candidates it charged (first): an answer paid per token
-        charges them again before each next token (:meth:`_charge_candidates`)."""
+        charges them again before each next token (:meth:`_charge_candidates`). The search and the charge run in
+        the index's release turn (:mod:`~dp_icl_plugin.retrieval.release_turn`)."""
+        with self.index.release_turn.hold():
+            return self._search_and_charge(query, release, k, tokens, answer_prompt_checked)
+
+    def _search_and_charge(
+        self, query: str, release: str, k: int | None, tokens: int | None, answer_prompt_checked: bool
+    ) -> tuple[Candidates, Candidates, LedgerEntry, int]:
         k = self.config.k if k is None else check.positive_int("k", k)
         if release in ("classify", "answer") and k % self.config.shards:
             raise ConfigurationError(f"k ({k}) must be a multiple of shards ({self.config.shards})")
@@ -1206,8 +1213,15 @@ class PrivateKNN:
             return ids
         return ids[len(ids) + room - capacity :]
 
-    def _hold(self) -> AbstractContextManager[None]:
-        return nullcontext() if self.fixed_latency is None else self.fixed_latency.hold()
+    @contextmanager
+    def _hold(self) -> Iterator[None]:
+        """A release's latency window, inside the index's release turn (the turn first: a window must never wait
+        inside for another release, and every holder takes the two in this order)."""
+        if self.fixed_latency is None:
+            yield
+            return
+        with self.index.release_turn.hold(), self.fixed_latency.hold():
+            yield
 
     def _retrieval(self, query: str | Retrieval, release: str, rng: np.random.Generator) -> Retrieval:
         if not isinstance(rng, np.random.Generator):
