@@ -287,3 +287,32 @@ def test_removing_records_waits_for_an_answers_turn() -> None:
     decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
     thread.join(60)
     assert order == ["token", "token", "token", "removed"]
+
+
+def test_after_a_refusal_the_token_reads_what_it_would_read_without_that_record(monkeypatch) -> None:
+    """D (record 1, with one token left, then records 2 and 3) against D′ (records 2 and 3): with the same released
+    tokens (forced here), token 1 reads record 1's row on D, and tokens 2 and 3 read bit-identical rows on both."""
+    config = KNNConfig(k=1, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=3)
+    forced = [ID["a"], ID["c"], ID["b"]]
+
+    def rows_read(labels: list[str], spent_first: int) -> list[np.ndarray]:
+        index, _, decoder = per_token(labels, config=config)
+        knn = decoder.knn
+        if spent_first:
+            first = Candidates(np.array([1]), np.array([1.0], dtype=np.float32))
+            index.charge(first, lambda c: knn._cost("decode", c, 1, spent_first), release_tag=knn._release_tag)
+        read: list[np.ndarray] = []
+
+        def draw(mechanism, logprobs, generated, rule):  # the public history fixed: record what the token reads
+            read.append(np.array(logprobs))
+            return forced[len(generated)]
+
+        monkeypatch.setattr(decoder, "_draw", draw)
+        assert list(decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3).token_ids) == forced
+        return read
+
+    with_u = rows_read(["rare", "plain", "plain"], spent_first=5)  # 1 of its 6 tokens left
+    without = rows_read(["plain", "plain"], spent_first=0)
+    assert not np.array_equal(with_u[0], without[0])  # token 1: record 1 is the expert on D
+    for t in (1, 2):
+        np.testing.assert_array_equal(with_u[t], without[t])
