@@ -139,8 +139,8 @@ class KNNDecoder(_Decoder):
         Args:
             question: the public question.
             rng: the noise source.
-            max_tokens: the answer's limit (default: the decoder's; charged in full, or
-                its decisions under choices or a schema).
+            max_tokens: the answer's limit (default: the decoder's; charged in full, or its decisions under
+                choices or a schema; paid per token, only the token mechanisms it runs).
 
         Raises:
             ConfigurationError: a bad question, limit or rng (nothing charged).
