@@ -53,6 +53,19 @@ def test_filter_case_halts_the_target_and_adadpsyn_case_draws_tokens() -> None:
     assert out.shape == (20,) and set(out.tolist()) <= {0, 1}
 
 
+def test_the_per_token_case_reads_the_decoders_rows_and_its_broken_variant_differs_after_the_refusal() -> None:
+    """The per-token expert row rests on the shipped decoder reading, after the removed expert's refusal, exactly
+    what it reads without that expert (later tokens' laws equal on D and D′), and on the broken one not doing so."""
+    from dp_icl_plugin.audit import expert_case
+
+    for shipped, broken in zip(expert_case._per_token_laws(False), expert_case._per_token_laws(True), strict=True):
+        assert not np.array_equal(shipped[False][0][1], shipped[True][0][1])  # the first token: x is an expert
+        for on_d, on_d_prime in zip(shipped[False][1:], shipped[True][1:], strict=True):
+            np.testing.assert_array_equal(on_d[0], on_d_prime[0])
+            np.testing.assert_array_equal(on_d[1], on_d_prime[1])
+        assert all(not np.array_equal(d[1], p[1]) for d, p in zip(broken[False][1:], broken[True][1:], strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # 38 rows: about 280 s on this 2-core machine when idle, more beside other work
 def test_audit_quick_passes_the_shipped_mechanisms_and_catches_the_broken_ones(capsys, tmp_path) -> None:
@@ -61,7 +74,7 @@ def test_audit_quick_passes_the_shipped_mechanisms_and_catches_the_broken_ones(c
     verdicts = {(r["mechanism"], r["variant"]): r["verdict"] for r in result["rows"]}
     assert status == 0, verdicts
     assert result["shipped_mechanisms_consistent"] and result["broken_mechanisms_caught"]
-    assert len(verdicts) == 40 and (tmp_path / "audit.md").exists()
+    assert len(verdicts) == 42 and (tmp_path / "audit.md").exists()
 
 
 @needs_smollm2

@@ -11,8 +11,9 @@ a ledger that ignored neighbouring relations composed them. The decoder case (:m
 real ``MozoDecoder`` on a real model in bfloat16 and breaks the backend instead: the public zero-shot row
 computed in the shared, padded batch of the private rows, as before row isolation. The expert-decoding
 cases (:mod:`.expert_case`) run the real kNN retrieval and expert token step, broken with the temperature
-halved and with the divisor read from the data, and sparse expert decoding with its sparse-vector test
-without noise; the sparse-vector test alone is broken with its noise halved. The keyword-hints case
+halved and with the divisor read from the data, sparse expert decoding with its sparse-vector test
+without noise, and expert decoding paid per token with a refused expert's slot left empty (no move-up); the
+sparse-vector test alone is broken with its noise halved. The keyword-hints case
 (:mod:`.keyword_case`) runs the real records' votes and threshold release, broken by letting a record vote every
 word it holds. The privacy-unit cases
 (:mod:`.unit_case`) draw units as the library does, D against D minus a whole unit, broken by sampling that
@@ -68,7 +69,8 @@ class AuditCase:
             approximate-DP mechanism such as PTR; equal otherwise).
         pairs: for ``broken`` False/True, samplers ``(neighbour, n, rng) -> outputs``, one per neighbouring pair.
         sample_share: the fraction of the audit's samples this case draws (a case whose one output costs
-            many mechanism calls draws fewer, so that ``--quick`` stays quick).
+            many mechanism calls draws fewer, so that ``--quick`` stays quick; one that draws its outputs at
+            once from fixed laws may draw more).
         broken_event: when set, the broken variant runs the shipped mechanism and is judged against this
             (wrong) claim instead.
         requires: when set, says why the case cannot run here (a sentence naming what to install), or None
@@ -551,6 +553,15 @@ CASES: tuple[AuditCase, ...] = (
         expert_case.DELTA,
         expert_case.sparse_pairs,
         broken_as="sparse-vector test without noise",
+    ),
+    AuditCase(
+        f"kNN expert decoding paid per token ({expert_case.PER_TOKEN_STEPS} tokens, the removed expert refused "
+        "after the first)",
+        expert_case.per_token_event(),
+        expert_case.DELTA,
+        expert_case.per_token_pairs,
+        broken_as="no move-up (a refused expert's slot left empty)",
+        sample_share=8.0,
     ),
     AuditCase(
         f"Tang synthesis token per unit (D vs D minus a unit of {unit_case.CANARY_RECORDS} records)",

@@ -31,11 +31,24 @@ the query, so their ranks are fixed. The zero-shot row is tuned (public) so that
   paid step often draws the greedy token: the exact loss of these pairs is about 0.2 against the 0.98 claimed),
   so it cannot see a mis-calibrated test. The sparse-vector row of :mod:`~dp_icl_plugin.audit.cases` can: the
   test alone on queries moving in opposite directions, nearly tight, caught with its noise halved.
+- *paid per token* (:func:`per_token_pairs`, ``pay_per_token=True``, step 6 of
+  :mod:`~dp_icl_plugin.decoding.knn_experts`): the replacement pair's records, an answer of
+  :data:`PER_TOKEN_STEPS` tokens, and on D earlier answers have left x's filter one token. x is an expert for
+  the first token and refused for the rest, where the (k+1)-th candidate (``opp``) moves up; on D′ it is an
+  expert from the first. The claim is what x's filter admits, one token (:func:`per_token_event`), against the
+  whole answer. The rows each token reads come from the decoder's own run (its charges through the real filter,
+  its refusals, :class:`~dp_icl_plugin.decoding.knn_experts._ExpertRows`), computed once per side with the
+  released tokens forced (the model makes them the same whatever was released: checked) and each token drawn
+  from :func:`expert_token`'s law on them (its sampling is the token rows' above), so that 400,000 answers a side
+  stay quick. The output is the answer's first token and how many later tokens are ``b`` (post-processing).
+  Broken: **no move-up** (a refused expert's slot left empty), so the later tokens read k − 1 experts on D and
+  k on D′: the answer then tells D from D′ beyond x's one token.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import replace
 from typing import Any
@@ -49,6 +62,7 @@ from dp_icl_plugin.backends.fake import FakeBackend
 from dp_icl_plugin.backends.shared_rows import start_rows
 from dp_icl_plugin.decoding.knn_experts import (
     KNNExpertDecoder,
+    _ExpertMeter,
     expert_margin,
     expert_scores,
     expert_token,
@@ -62,8 +76,11 @@ from dp_icl_plugin.templates.answer import AnswerTemplate
 
 __all__ = [
     "DELTA",
+    "PER_TOKEN_STEPS",
     "SPARSE_STEPS",
     "expert_event",
+    "per_token_event",
+    "per_token_pairs",
     "removal_pairs",
     "replacement_pairs",
     "sparse_event",
@@ -134,7 +151,9 @@ class _NoiselessTest(KNNExpertDecoder):
         return test
 
 
-def _backend(rare_share: float) -> FakeBackend:
+def _backend(rare_share: float, released: int = 0) -> FakeBackend:
+    """The pairs' model; with ``released`` > 0, every context followed by up to that many released tokens among
+    ``a`` and ``b`` reads as the context alone (so the rows a token reads do not depend on the tokens before it)."""
     ids = {w: i for i, w in enumerate(_VOCAB)}
     zero = np.full(len(_VOCAB), 1e-3)
     zero[ids["a"]], zero[ids["b"]] = 1.0 - rare_share, rare_share
@@ -144,14 +163,9 @@ def _backend(rare_share: float) -> FakeBackend:
         row[ids[word]] = 1.0
         return row / row.sum()
 
-    return FakeBackend(
-        _VOCAB,
-        table={
-            (ids["q"],): zero / zero.sum(),
-            (ids["rare"], ids["q"]): favour("b"),
-            (ids["opp"], ids["q"]): favour("a"),
-        },
-    )
+    first = {(ids["q"],): zero / zero.sum(), (ids["rare"], ids["q"]): favour("b"), (ids["opp"], ids["q"]): favour("a")}
+    histories = [h for n in range(1, released + 1) for h in itertools.product((ids["a"], ids["b"]), repeat=n)]
+    return FakeBackend(_VOCAB, table={**first, **{(*key, *h): row for key, row in first.items() for h in histories}})
 
 
 # the records of each pair's D (x first); D′ is D without x
@@ -161,13 +175,16 @@ _PAIRS = {
 }
 
 
-def _knn(records: list[tuple[str, str]], rare_share: float, config: KNNConfig = _CONFIG) -> PrivateKNN:
+def _knn(
+    records: list[tuple[str, str]], rare_share: float, config: KNNConfig = _CONFIG, released: int = 0
+) -> PrivateKNN:
+    """The retriever over ``records`` (added in order: the first gets the index's first id)."""
     index = PrivateIndex(budget=_FILTER, embedder=_Angles())
     index.add([t for t, _ in records], labels=[y for _, y in records])
     return PrivateKNN(
         index,
         budget=BudgetManager(PrivacyBudget(10.0, 1e-3, neighbouring="add_remove")),
-        backend=_backend(rare_share),
+        backend=_backend(rare_share, released),
         config=config,
         releases=("decode",),
     )
@@ -318,6 +335,114 @@ def sparse_pairs(broken: bool) -> list[Any]:
         def sampler(nb: bool, n: int, rng: np.random.Generator, s: dict = sides) -> np.ndarray:
             decoder, support, scores = s[nb]
             return np.fromiter((_answer(decoder, support, scores, rng) for _ in range(n)), dtype=np.int64, count=n)
+
+        samplers.append(sampler)
+    return samplers
+
+
+_FIRST_ID = int(PrivateIndex(budget=_FILTER, embedder=_Angles()).add(["near"])[0])
+PER_TOKEN_STEPS = 4
+"""Tokens of a per-token audit answer: the removed record x is admitted for the first only."""
+
+
+def _per_token_config() -> KNNConfig:
+    # one answer of PER_TOKEN_STEPS tokens a record (ε0 as large as the filter allows: the defect shows against
+    # one token's ε0); the support is the zero-shot row's top 2 (a and b). Public, like every setting here.
+    return replace(_CONFIG, uses=1, max_answer_tokens=PER_TOKEN_STEPS, expert_top_k=2)
+
+
+def per_token_event() -> ev.DPEvent:
+    """The claim: what x's filter admits in the audited answer, one token of a unit with one candidate record (its
+    filter had one token left)."""
+    return _knn(_PAIRS["removal"], 0.5, _per_token_config())._event("decode", 1, _K, 1)
+
+
+class _FirstExpertsMeter(_ExpertMeter):
+    """Broken: an expert refused mid-answer leaves its slot empty; the next candidate never moves up (the experts
+    a token reads then depend on who was an expert before it, so on the refused record)."""
+
+    def pay(self) -> Candidates:
+        admitted = super().pay()
+        if not hasattr(self, "first"):
+            self.first = admitted.ids[: self.k]
+        return admitted.take(np.isin(admitted.ids, self.first))
+
+
+class _NoMoveUp(KNNExpertDecoder):
+    """Broken: paid per token, but a refused expert's slot stays empty (:class:`_FirstExpertsMeter`)."""
+
+    def _charge(self, prompt, steps: int):
+        entry, meter = super()._charge(prompt, steps)
+        assert isinstance(meter, _ExpertMeter)
+        return entry, _FirstExpertsMeter(meter.knn, meter.candidates, meter.admitted, meter.k)
+
+
+def _per_token_rows(with_x: bool, rare_share: float, kind: type[KNNExpertDecoder], released: int) -> list[np.ndarray]:
+    """The rows each token of a per-token answer reads (the decoder's own charges, refusals, experts and rows, on
+    a fresh index), the released tokens forced to ``released`` (a token id). On D, earlier answers left x's filter
+    one token."""
+    config = _per_token_config()
+    records = _PAIRS["replacement"] if with_x else _PAIRS["replacement"][1:]
+    knn = _knn(records, rare_share, config, released=PER_TOKEN_STEPS - 1)
+    if with_x:
+        x = Candidates(np.array([_FIRST_ID]), np.ones(1, dtype=np.float32))
+        spent = config.uses * config.max_answer_tokens - 1
+        assert len(knn.index.charge(x, lambda c: knn._cost("decode", c, _K, spent), release_tag=knn._release_tag))
+    decoder = kind(knn, template=_TEMPLATE, pay_per_token=True)
+    read: list[np.ndarray] = []
+
+    def draw(mechanism, logprobs, generated, rule) -> int:  # the released tokens fixed: keep what each reads
+        read.append(np.array(logprobs))
+        return released
+
+    decoder._draw = draw  # type: ignore[method-assign]
+    decoder.generate("q", rng=np.random.default_rng(0), max_tokens=PER_TOKEN_STEPS)
+    assert len(read) == PER_TOKEN_STEPS
+    return read
+
+
+@functools.lru_cache(maxsize=4)
+def _per_token_laws(broken: bool) -> list[dict[bool, list[tuple[np.ndarray, np.ndarray]]]]:
+    """Per public share of ``b``, on D (False) and D′ (True), each token's support and probabilities: the law of
+    :func:`expert_token` on the rows the decoder read for it. Those rows are the same whatever was released before
+    (checked: forced to ``a``, then to ``b``), so the tokens are independent given the side."""
+    kind = _NoMoveUp if broken else KNNExpertDecoder
+    a, b = _VOCAB.index("a"), _VOCAB.index("b")
+    settings = KNNExpertDecoder(_knn(_PAIRS["removal"], 0.5, _per_token_config()), template=_TEMPLATE)
+    sides = []
+    for share in _PER_TOKEN_SHARES:
+        side = {}
+        for nb in (False, True):
+            rows = _per_token_rows(not nb, share, kind, a)
+            for other, this in zip(_per_token_rows(not nb, share, kind, b), rows, strict=True):
+                np.testing.assert_array_equal(other, this)
+            laws = []
+            for read in rows:
+                support, scores = _ordered_scores(settings, read)
+                laws.append((support, np.exp(scores - np.logaddexp.reduce(scores))))
+            side[nb] = laws
+        sides.append(side)
+    return sides
+
+
+_PER_TOKEN_SHARES = (0.45, 0.4)  # b's zero-shot share: where the broken variant's excess shows at 400,000 samples
+
+
+def per_token_pairs(broken: bool) -> list[Any]:
+    """The per-token pairs' samplers ``(neighbour, n, rng) -> outputs`` (broken: no move-up). An output is the
+    answer's first token and how many of its later tokens are ``b`` (a function of the answer: post-processing).
+
+    Args:
+        broken: sample the broken variant.
+    """
+    b = _VOCAB.index("b")
+    samplers = []
+    for sides in _per_token_laws(broken):
+
+        def sampler(nb: bool, n: int, rng: np.random.Generator, s: dict = sides) -> np.ndarray:
+            tokens = [support[rng.choice(len(probs), size=n, p=probs)] for support, probs in s[nb]]
+            later = np.sum([t == b for t in tokens[1:]], axis=0)
+            return tokens[0].astype(np.int64) * PER_TOKEN_STEPS + later
 
         samplers.append(sampler)
     return samplers
