@@ -308,22 +308,18 @@ class KNNExpertDecoder(KNNDecoder):
         """The experts' demonstrations (private): the k nearest admitted candidates' answers, else labels;
         records without either sit idle."""
         _, records = self.knn._charged_records(admitted, "decode", self.k)
-        out = []
-        for record in records:
-            field = record.answer if record.answer is not None else record.label
-            if field is not None:
-                out.append(PrivateRecord(record.text.reveal(), field.reveal()))
-        return out
+        return [e for e in map(_demonstration, records) if e is not None]
 
     def _expert_prompts(self, prompt, experts: list[PrivateRecord], room: int) -> list[list[int]]:
         """Each expert's one-shot prompt; a record whose prompt cannot be built (its own text decides) sits idle."""
-        out = []
-        for record in experts:
-            try:
-                out.append(self._ids(prompt, record, reserve=room))
-            except Exception:  # a tokenizer or chat template that rejects this record's text
-                continue
-        return out
+        return [ids for ids in (self._expert_prompt(prompt, e, room) for e in experts) if ids is not None]
+
+    def _expert_prompt(self, prompt, expert: PrivateRecord, room: int) -> list[int] | None:
+        """One expert's one-shot prompt, or None when the tokenizer or chat template rejects its text (idle)."""
+        try:
+            return self._ids(prompt, expert, reserve=room)
+        except Exception:  # a tokenizer or chat template that rejects this record's text
+            return None
 
     def _tokens(self, prompt, limit: int, rng: np.random.Generator, paid: Any, rule: Any) -> Generator[int, None, None]:
         if isinstance(paid, _ExpertMeter):
@@ -465,15 +461,8 @@ class _ExpertRows:
         for record_id, record in zip((int(i) for i in ids), records, strict=True):
             if record_id in self.place:
                 continue
-            field = record.answer if record.answer is not None else record.label
-            ids_: list[int] | None = None
-            if field is not None:
-                try:
-                    ids_ = self.decoder._ids(
-                        self.prompt, PrivateRecord(record.text.reveal(), field.reveal()), reserve=self.room
-                    )
-                except Exception:  # a tokenizer or chat template that rejects this record's text: idle
-                    ids_ = None
+            expert = _demonstration(record)
+            ids_ = None if expert is None else self.decoder._expert_prompt(self.prompt, expert, self.room)
             self.place[record_id] = None if ids_ is None else (len(self.sessions), len(prompts))
             if ids_ is not None:
                 prompts.append(ids_)
@@ -513,6 +502,12 @@ class _ExpertRows:
         for session in self.sessions:
             if session is not None:
                 session.close()
+
+
+def _demonstration(record: Any) -> PrivateRecord | None:
+    """An expert's demonstration: its record's text with its answer, else its label; None (idle) without either."""
+    field = record.answer if record.answer is not None else record.label
+    return None if field is None else PrivateRecord(record.text.reveal(), field.reveal())
 
 
 def expert_scores(
