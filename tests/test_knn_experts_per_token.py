@@ -117,12 +117,67 @@ def test_an_expert_whose_filter_runs_out_leaves_and_the_next_joins_as_from_the_f
     assert rare["rows"] == [decoder._ids("q", knn_experts.PrivateRecord("q", "rare"), reserve=2)]
     assert plain["rows"] == [decoder._ids("q", knn_experts.PrivateRecord("q", "plain"), reserve=2)]
     assert plain["appended"] == tokens[:2]  # replayed, one token at a time, before it was read
+    assert rare["appended"] == tokens[:1]  # nothing computed on a refused record's row after its refusal
     fresh = backend().start([plain["rows"][0]])
     for t in tokens[:2]:
         fresh.append(t)
     np.testing.assert_array_equal(read[2][0], fresh.logprobs[0])
     spent = index.filter.spent(np.array([1, 2]))[0]
     np.testing.assert_allclose(spent, [token_curve(decoder, 6), token_curve(decoder, 3)], rtol=1e-12)
+
+
+def test_the_experts_rows_read_a_released_token_only_after_the_next_token_is_charged(monkeypatch) -> None:
+    """Nothing private is computed for a token before it is paid: the experts' rows are extended by token t only
+    once token t + 1's charge is committed (the public row may run ahead)."""
+    index, ledger, decoder = per_token(["rare", "plain", "rare"])
+    log: list[str] = []
+    recorder = Recorder(knn_experts.start_rows)
+    monkeypatch.setattr(knn_experts, "start_rows", recorder)
+    real_pay = knn_experts._ExpertMeter.pay
+
+    def pay(meter):
+        log.append("pay")
+        return real_pay(meter)
+
+    monkeypatch.setattr(knn_experts._ExpertMeter, "pay", pay)
+    real_append = knn_experts._ExpertRows.release
+
+    def release(rows, token):
+        real_append(rows, token)
+        for session in (s for s in rows.sessions if s is not None):  # what the experts' sessions read so far
+            log.append(f"rows read {len(recorder.started[-1]['appended'])}")
+
+    monkeypatch.setattr(knn_experts._ExpertRows, "release", release)
+    answer = decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
+    experts = [r for r in recorder.started if not r["public"]]
+    assert len(answer.token_ids) == 3 and len(experts) == 1 and experts[0]["appended"] == list(answer.token_ids[:2])
+    # each release leaves the rows where they were (0, then 1 token read); the read comes with the next pay
+    assert log == ["pay", "rows read 0", "pay", "rows read 1", "pay"]
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 3])
+def test_a_failure_mid_answer_charges_the_tokens_it_had_left_before_the_error(monkeypatch, fail_at: int) -> None:
+    """Where an answer fails may depend on the records read: whatever the token, its candidates end up charged for
+    every token mechanism the answer could run (as paid per answer), and the caller gets a ReleaseFailedError."""
+    from dp_icl_plugin.errors import ReleaseFailedError
+
+    index, ledger, decoder = per_token(["rare", "plain", "rare"])
+    real_rows = knn_experts._ExpertRows.rows
+    calls = []
+
+    def rows(self, ids, records):
+        calls.append(1)
+        if len(calls) == fail_at:
+            raise MemoryError("out of memory")
+        return real_rows(self, ids, records)
+
+    monkeypatch.setattr(knn_experts._ExpertRows, "rows", rows)
+    before = len(ledger.history())
+    with pytest.raises(ReleaseFailedError):
+        decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
+    assert len(ledger.history()) == before + 3
+    curve, _ = index.filter.spent(np.arange(1, 4))
+    np.testing.assert_allclose(curve, np.tile(token_curve(decoder, 3), (3, 1)), rtol=1e-12)
 
 
 def test_a_token_the_choices_force_is_free() -> None:

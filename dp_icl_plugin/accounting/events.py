@@ -434,7 +434,8 @@ class FilteredReleaseEvent(DPEvent):
     :mod:`dp_icl_plugin.accounting.budget`).
 
     Attributes:
-        per_unit: what the release cost each record that took part (not itself a filtered release).
+        per_unit: what the release cost a unit with one record among its candidates (not itself a filtered
+            release); a unit with more pays more through its own filter, never more than the cover.
         covered_by: the id of the ledger entry holding the filter's covering charge.
 
     Raises:

@@ -374,7 +374,7 @@ class _NoMoveUp(KNNExpertDecoder):
     def _charge(self, prompt, steps: int):
         entry, meter = super()._charge(prompt, steps)
         assert isinstance(meter, _ExpertMeter)
-        return entry, _FirstExpertsMeter(meter.knn, meter.candidates, meter.admitted, meter.k)
+        return entry, _FirstExpertsMeter(meter.knn, meter.candidates, meter.admitted, meter.k, meter.steps)
 
 
 def _per_token_rows(with_x: bool, rare_share: float, kind: type[KNNExpertDecoder], released: int) -> list[np.ndarray]:

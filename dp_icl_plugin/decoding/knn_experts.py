@@ -60,8 +60,13 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    refusal depends on its own earlier charges: its m and the released tokens), exactly as if it were absent from
    then on, so the next candidate moves up and its row joins, computed as from the answer's first token
    (:class:`_ExpertRows`): each token's distribution is a function of the units admitted for it and the released
-   tokens, and its analysis is step 3's, per token. The answer ends at EOS, a stop or its limit, all functions of
-   released tokens; a token that choices or a schema force runs no mechanism and is charged nothing. ε0 is
+   tokens, and its analysis is step 3's, per token. The rows read a released token only once the next token is
+   charged, so nothing private is computed for a token before it is paid. The answer ends at EOS, a stop or its
+   limit, all functions of released tokens; a token that choices or a schema force after the first runs no
+   mechanism and is charged nothing (the first token mechanism is charged with the answer, before it is known
+   whether the public rule forces it). An answer that fails part-way (where may depend on the records read) first
+   charges its candidates for every token mechanism it had left, up to its worst case, so the charges never
+   depend on where it failed. ε0 is
    calibrated as in step 4 (``uses`` answers of ``max_answer_tokens`` tokens), so an answer that ends early
    leaves its records' budget for more answers. Each token's charge is one release of the filter, recorded on
    the ledger as a :class:`~dp_icl_plugin.accounting.FilteredReleaseEvent` of one token.
@@ -300,7 +305,7 @@ class KNNExpertDecoder(KNNDecoder):
     def _charge(self, prompt, steps: int) -> tuple[LedgerEntry, Candidates | _ExpertMeter]:
         if self._pay_per_token:  # the first token mechanism now, each next one right before it runs
             candidates, admitted, entry, _ = self.knn._charged_search(query_text(prompt), "decode", self.k, 1)
-            return entry, _ExpertMeter(self.knn, candidates, admitted, self.k)
+            return entry, _ExpertMeter(self.knn, candidates, admitted, self.k, steps)
         admitted, entry, _ = self.knn._charge_release(query_text(prompt), "decode", self.k, steps)
         return entry, admitted  # the records are read in _tokens, after the charge is on the answer's state
 
@@ -353,19 +358,28 @@ class KNNExpertDecoder(KNNDecoder):
         experts = _ExpertRows(self, prompt, room, suffix)
         with closing(public), closing(experts):
             generated: list[int] = []
-            for step in range(limit):
-                forced = self._forced(generated, rule)
-                if forced is None:
-                    used, records = self.knn._charged_records(meter.pay(), "decode", self.k)
-                    rows = np.vstack([public_checked(public.logprobs, stand_in=False), experts.rows(used.ids, records)])
-                    token = self._draw(lambda r: self._token(r, rng), rows, generated, rule)
-                else:  # public: no mechanism, no charge
-                    token = forced
-                generated.append(token)
-                yield token
-                if step + 1 < limit:
-                    public.append(token)
-                    experts.append(token)
+            try:
+                for step in range(limit):
+                    forced = self._forced(generated, rule)
+                    if forced is None:  # charged first; the experts' rows then read the released tokens
+                        used, records = self.knn._charged_records(meter.pay(), "decode", self.k)
+                        rows = np.vstack(
+                            [public_checked(public.logprobs, stand_in=False), experts.rows(used.ids, records)]
+                        )
+                        token = self._draw(lambda r: self._token(r, rng), rows, generated, rule)
+                    else:  # public: no mechanism, no charge
+                        token = forced
+                    generated.append(token)
+                    yield token
+                    if step + 1 < limit:
+                        public.append(token)
+                        experts.release(token)
+            except Exception:
+                # A failure (its point may depend on the records read) must not show in how many tokens were
+                # charged: the answer's candidates pay for every token mechanism it could have run, as paid per
+                # answer, then the failure goes on (a ReleaseFailedError to the caller).
+                meter.pay_rest()
+                raise
 
     def _sparse_test(self, rng: np.random.Generator) -> AboveThreshold | None:
         """A fresh sparse-vector state for one answer (sparse decoding), else None. The margin it tests moves by
@@ -408,13 +422,16 @@ class _ExpertMeter:
         candidates: the answer's candidates.
         admitted: those admitted by the first charge.
         k: the experts an answer reads.
+        steps: the most token mechanisms the answer may run (public: its limit and its choices or schema).
     """
 
-    def __init__(self, knn: PrivateKNN, candidates: Candidates, admitted: Candidates, k: int) -> None:
+    def __init__(self, knn: PrivateKNN, candidates: Candidates, admitted: Candidates, k: int, steps: int) -> None:
         self.knn = knn
         self.candidates = candidates
         self.admitted = admitted
         self.k = k
+        self.steps = steps
+        self.paid = 1  # the first, when the answer was charged
         self._prepaid = True
 
     def pay(self) -> Candidates:
@@ -423,7 +440,15 @@ class _ExpertMeter:
             self._prepaid = False
             return self.admitted
         self.admitted, _ = self.knn._charge_candidates(self.candidates, "decode", self.k, 1)
+        self.paid += 1
         return self.admitted
+
+    def pay_rest(self) -> None:
+        """After a failure: charge the token mechanisms the answer had left (up to ``steps``), so that the charges
+        do not depend on where it failed."""
+        self._prepaid = False
+        while self.paid < self.steps:
+            self.pay()
 
 
 class _ExpertRows:
@@ -432,7 +457,8 @@ class _ExpertRows:
     whatever shares its batch), then extended by the answer's released tokens one at a time, as if it had been an
     expert from the first token. So the rows a token reads depend on which records are experts for it and on the
     released tokens only, never on who was an expert before (a session none of whose records is still an expert is
-    closed; a record admitted again starts afresh).
+    closed; a record admitted again starts afresh). Rows are extended only when a token reads them, after its
+    charge, so nothing private is computed for a token before it is paid.
 
     Args:
         decoder: the expert decoder (its backend, template and prompt layout).
@@ -447,6 +473,7 @@ class _ExpertRows:
         self.room = room
         self.suffix = suffix
         self.sessions: list[Any] = []  # None once closed
+        self.extended: list[int] = []  # per session: how many released tokens it has read
         self.place: dict[int, tuple[int, int] | None] = {}  # record id -> (session, row); None: idle
         self.released: list[int] = []
 
@@ -457,6 +484,12 @@ class _ExpertRows:
             ids: the experts' record ids, nearest first.
             records: their stored records (:class:`~dp_icl_plugin.retrieval.retriever.RetrievedRecord`).
         """
+        self._drop_left({int(i) for i in ids})
+        for number, session in enumerate(self.sessions):  # the tokens released since these rows were read
+            if session is not None:
+                for token in self.released[self.extended[number] :]:
+                    session.append(token)
+                self.extended[number] = len(self.released)
         prompts: list[list[int]] = []
         for record_id, record in zip((int(i) for i in ids), records, strict=True):
             if record_id in self.place:
@@ -469,10 +502,10 @@ class _ExpertRows:
         if prompts:
             session = start_rows(self.decoder.backend, prompts, suffix=self.suffix)
             self.sessions.append(session)
+            self.extended.append(len(self.released))
             for token in self.released:  # one at a time, as the answer's first experts were extended
                 session.append(token)
         out = [self.sessions[at[0]].logprobs[at[1]] for at in (self.place[int(i)] for i in ids) if at is not None]
-        self._drop_left({int(i) for i in ids})
         return np.asarray(out) if out else np.zeros((0, self.decoder.backend.vocab_size))
 
     def _drop_left(self, experts: set[int]) -> None:
@@ -486,16 +519,13 @@ class _ExpertRows:
                 for record_id in [r for r, at in self.place.items() if at is not None and at[0] == number]:
                     del self.place[record_id]
 
-    def append(self, token: int) -> None:
-        """Extend every row by a released token.
+    def release(self, token: int) -> None:
+        """A token released: the rows read it when the next token, once paid, reads them.
 
         Args:
             token: the token.
         """
         self.released.append(token)
-        for session in self.sessions:
-            if session is not None:
-                session.append(token)
 
     def close(self) -> None:
         """Drop the sessions' caches."""
