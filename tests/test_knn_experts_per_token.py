@@ -129,7 +129,7 @@ def test_an_expert_whose_filter_runs_out_leaves_and_the_next_joins_as_from_the_f
 def test_the_experts_rows_read_a_released_token_only_after_the_next_token_is_charged(monkeypatch) -> None:
     """Nothing private is computed for a token before it is paid: the experts' rows are extended by token t only
     once token t + 1's charge is committed (the public row may run ahead)."""
-    index, ledger, decoder = per_token(["rare", "plain", "rare"])
+    _, _, decoder = per_token(["rare", "plain", "rare"])
     log: list[str] = []
     recorder = Recorder(knn_experts.start_rows)
     monkeypatch.setattr(knn_experts, "start_rows", recorder)
