@@ -377,10 +377,12 @@ class _NoMoveUp(KNNExpertDecoder):
         return entry, _FirstExpertsMeter(meter.knn, meter.candidates, meter.admitted, meter.k, meter.steps)
 
 
-def _per_token_rows(with_x: bool, rare_share: float, kind: type[KNNExpertDecoder], released: int) -> list[np.ndarray]:
+def _per_token_rows(
+    with_x: bool, rare_share: float, kind: type[KNNExpertDecoder], released: int
+) -> tuple[list[np.ndarray], list[Any]]:
     """The rows each token of a per-token answer reads (the decoder's own charges, refusals, experts and rows, on
-    a fresh index), the released tokens forced to ``released`` (a token id). On D, earlier answers left x's filter
-    one token."""
+    a fresh index), the released tokens forced to ``released`` (a token id), and each token's mechanism as the
+    decoder called it (rows -> token). On D, earlier answers left x's filter one token."""
     config = _per_token_config()
     records = _PAIRS["replacement"] if with_x else _PAIRS["replacement"][1:]
     knn = _knn(records, rare_share, config, released=PER_TOKEN_STEPS - 1)
@@ -390,15 +392,17 @@ def _per_token_rows(with_x: bool, rare_share: float, kind: type[KNNExpertDecoder
         assert len(knn.index.charge(x, lambda c: knn._cost("decode", c, _K, spent), release_tag=knn._release_tag))
     decoder = kind(knn, template=_TEMPLATE, pay_per_token=True)
     read: list[np.ndarray] = []
+    mechanisms: list[Any] = []
 
     def draw(mechanism, logprobs, generated, rule) -> int:  # the released tokens fixed: keep what each reads
         read.append(np.array(logprobs))
+        mechanisms.append(mechanism)
         return released
 
     decoder._draw = draw  # type: ignore[method-assign]
     decoder.generate("q", rng=np.random.default_rng(0), max_tokens=PER_TOKEN_STEPS)
     assert len(read) == PER_TOKEN_STEPS
-    return read
+    return read, mechanisms
 
 
 @functools.lru_cache(maxsize=4)
@@ -413,8 +417,8 @@ def _per_token_laws(broken: bool) -> list[dict[bool, list[tuple[np.ndarray, np.n
     for share in _PER_TOKEN_SHARES:
         side = {}
         for nb in (False, True):
-            rows = _per_token_rows(not nb, share, kind, a)
-            for other, this in zip(_per_token_rows(not nb, share, kind, b), rows, strict=True):
+            rows, _ = _per_token_rows(not nb, share, kind, a)
+            for other, this in zip(_per_token_rows(not nb, share, kind, b)[0], rows, strict=True):
                 np.testing.assert_array_equal(other, this)
             laws = []
             for read in rows:
