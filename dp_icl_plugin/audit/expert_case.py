@@ -42,7 +42,11 @@ the query, so their ranks are fixed. The zero-shot row is tuned (public) so that
   from :func:`expert_token`'s law on them (its sampling is the token rows' above), so that 400,000 answers a side
   stay quick. The output is the answer's first token and how many later tokens are ``b`` (post-processing).
   Broken: **no move-up** (a refused expert's slot left empty), so the later tokens read k − 1 experts on D and
-  k on D′: the answer then tells D from D′ beyond x's one token.
+  k on D′: the answer then tells D from D′ beyond x's one token. What it cannot see: a moved-up row that is not
+  replayed (this model ignores the history; ``tests/test_knn_experts_per_token.py`` checks the replay bit for
+  bit), which candidates are charged (only x's filter is near its end; a unit test checks every candidate pays
+  each token), and an ε0 understated by less than about a third (as shipped it proves 0.33 of the 0.49 claimed).
+  A test checks that the law sampled is the one the decoder's token step draws from on those rows.
 """
 
 from __future__ import annotations
