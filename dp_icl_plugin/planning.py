@@ -31,6 +31,7 @@ from dp_icl_plugin.mechanisms.token_shift import (
     MIN_KEYWORD_PASS,
     WEAK_SHIFT,
     agreeing_to_tip,
+    best_token_probability,
     keyword_pass_probability,
     log_odds_shift,
     mozo_shift,
@@ -115,6 +116,7 @@ def plan(
     subset_size: int | None = None,
     clip: float = 10.0,
     vocab_size: int = 49152,
+    choices: int | None = None,
     agreeing: int = 10,
     paid_tokens: int = 2,
     expected_tokens: int | None = None,
@@ -140,7 +142,10 @@ def plan(
         mozo_order: DPS-MOZO's Rényi order α.
         subset_size: clip-blend's fixed subset (default min(records, k)).
         clip: clip-blend's clipping bound.
-        vocab_size: the model's vocabulary (SmolLM2: 49152), for the keyword threshold.
+        vocab_size: the model's vocabulary (SmolLM2: 49152), for the keyword threshold and for clip-blend's
+            support (it draws from the whole vocabulary).
+        choices: the number of public answer choices when answers are restricted to them (clip-blend then draws
+            among those), or None for free text.
         agreeing: how many records you expect to share a fact (a fix, a label's cue): the plan gives the ε at
             which that many would tip a token through expert decoding.
         paid_tokens: sparse expert decoding's paid tokens per answer (the rest are the public greedy answer).
@@ -163,6 +168,10 @@ def plan(
     j = check.positive_int("agreeing", agreeing)
     paid = check.positive_int("paid_tokens", paid_tokens)
     demos = check.positive_int("demonstrations", demonstrations)
+    # what clip-blend draws from: the vocabulary, or the public choices
+    support = check.positive_int(
+        "vocab_size" if choices is None else "choices", vocab_size if choices is None else choices
+    )
     e = t if expected_tokens is None else check.positive_int("expected_tokens", expected_tokens)
     if e > t:
         raise ConfigurationError(f"expected_tokens ({e}) cannot exceed tokens ({t}), the longest answer")
@@ -184,7 +193,7 @@ def plan(
     }
     out = [
         _outlook("dps-mozo decoding", lambda: _mozo(eps, dlt, n, a, t, n_shots, mozo_order, rel)),
-        _outlook("clip-blend decoding", lambda: _clip_blend(eps, dlt, a, t, s, clip, rel)),
+        _outlook("clip-blend decoding", lambda: _clip_blend(eps, dlt, a, t, s, clip, rel, support)),
         _outlook("knn expert decoding", lambda: _experts(eps, dlt, n, a, t, k, c, rel, j)),
         _outlook("knn sparse expert decoding", lambda: _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid)),
         _outlook(
@@ -196,9 +205,14 @@ def plan(
         _outlook(
             "dps-mozo decoding, paid per token", lambda: _mozo_per_token(eps, dlt, n, a, e, n_shots, mozo_order, rel)
         ),
-        _outlook("clip-blend decoding, paid per token", lambda: _clip_blend_per_token(eps, dlt, a, e, s, clip, rel)),
+        _outlook(
+            "clip-blend decoding, paid per token",
+            lambda: _clip_blend_per_token(eps, dlt, a, e, s, clip, rel, support),
+        ),
         _outlook(PAY_ONCE_ANSWERS, lambda: _tang_answers(eps, dlt, n, t, demos, rel)),
     ]
+    if choices is not None:
+        inputs["choices"] = support
     return Plan(inputs, out, _recommend(out, a, t), _carrying(out, n, j))
 
 
@@ -259,7 +273,7 @@ def _mozo_per_token(eps, dlt, n, a, e, n_shots, order, rel) -> MethodOutlook:
     )
 
 
-def _clip_blend_per_token(eps, dlt, a, e, s, clip, rel) -> MethodOutlook:
+def _clip_blend_per_token(eps, dlt, a, e, s, clip, rel, support) -> MethodOutlook:
     inv_tau = calibrate_per_token(
         lambda x: me.clip_blend_event(clip=clip, subset_size=s, temperature=1.0 / x, steps=1, neighbouring=rel),
         steps=a * e,
@@ -271,23 +285,48 @@ def _clip_blend_per_token(eps, dlt, a, e, s, clip, rel) -> MethodOutlook:
     )
     nats = clip * inv_tau
     shift = log_odds_shift(nats)
+    best, salad = _clip_blend_fluency(nats, support)
     return MethodOutlook(
         "clip-blend decoding, paid per token",
         "per token",
-        {"temperature": 1.0 / inv_tau, "clip": clip, "subset_size": s, "log_odds_range": nats, "tokens_paid": a * e},
+        {
+            "temperature": 1.0 / inv_tau,
+            "clip": clip,
+            "subset_size": s,
+            "log_odds_range": nats,
+            "best_token_probability": best,
+            "tokens_paid": a * e,
+        },
         shift,
-        verdict(shift),
-        f"an allowance paying {a * e} token mechanisms ({a} answers of {e} tokens on average): the {s} records "
+        "useless" if salad else verdict(shift),
+        salad + f"an allowance paying {a * e} token mechanisms ({a} answers of {e} tokens on average): the {s} records "
         f"of one fixed subset add at most {nats:.3g} nats to a token's log-odds",
     )
 
 
-def _clip_blend(eps, dlt, a, t, s, clip, rel) -> MethodOutlook:
+def _clip_blend_fluency(nats: float, support: int) -> tuple[float, str]:
+    """Clip-blend's answers as text: its blended scores (the public row's and the records', each clipped to
+    [−c, c] and halved) span at most 2c, so at τ = c/``nats`` no token's log-odds over another exceed 2·nats and
+    the likeliest of ``support`` tokens gets at most :func:`best_token_probability`. Below one half the answer is
+    close to random draws from the support (word salad): the returned sentence says so (empty otherwise)."""
+    best = best_token_probability(2.0 * nats, support)
+    if best >= 0.5:
+        return best, ""
+    return best, (
+        f"its answers are near-random: the temperature the budget needs leaves every token within "
+        f"{2.0 * nats:.3g} nats of every other, so the likeliest of the {support:,} tokens it draws from gets at most "
+        f"{best:.2g} of the probability (word salad for free text; with public answer choices it draws among "
+        "those); "
+    )
+
+
+def _clip_blend(eps, dlt, a, t, s, clip, rel, support) -> MethodOutlook:
     tau = calibrate_clip_blend_temperature(
         epsilon=eps, delta=dlt, clip=clip, subset_size=s, steps=a * t, neighbouring=rel
     ).value
     nats = clip / tau
     shift = log_odds_shift(nats)
+    best, salad = _clip_blend_fluency(nats, support)
     return MethodOutlook(
         "clip-blend decoding",
         "per answer",
@@ -298,10 +337,11 @@ def _clip_blend(eps, dlt, a, t, s, clip, rel) -> MethodOutlook:
             "log_odds_range": nats,
             "records_to_tip_a_token": agreeing_to_tip(nats / s),
             "records_read_per_answer": s,
+            "best_token_probability": best,
         },
         shift,
-        verdict(shift),
-        f"the {s} records of one fixed subset add at most {nats:.3g} nats to a token's log-odds, "
+        "useless" if salad else verdict(shift),
+        salad + f"the {s} records of one fixed subset add at most {nats:.3g} nats to a token's log-odds, "
         f"every answer from the same subset",
     )
 
@@ -310,7 +350,7 @@ def _experts(eps, dlt, n, a, t, k, c, rel, agreeing) -> MethodOutlook:
     budget = filter_budget_for(eps, dlt, rel)
     uses = max(1, math.ceil(a * c / n))
     eps0 = token_epsilon_for_uses(budget, uses=uses, tokens=t)
-    nats = eps0 * k / 2.0
+    nats = eps0 * min(k, n) / 2.0  # k experts, or every record where there are fewer
     shift = log_odds_shift(nats)
     settings = {
         "per_record_epsilon": budget.epsilon,
@@ -352,11 +392,18 @@ def _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid) -> MethodOutlook:
     ratio, threshold = config.expert_test_ratio, config.expert_test_threshold
     assert threshold is not None
     eps0 = token_epsilon_for_uses(budget, uses=uses, tokens=p, test_ratio=ratio)
-    nats = eps0 * k / 2.0
+    read = min(k, n)
+    nats = eps0 * read / 2.0
     shift = log_odds_shift(nats)
     # j experts that move from the public greedy token to another raise the margin by up to j·ε0/2 (from a tie)
     to_pass = math.ceil(2.0 * threshold / eps0)
     tip = agreeing_to_tip(eps0 / 2.0)
+    never = (
+        f"the test never passes: it needs about {to_pass} records agreeing against the public answer, more than the "
+        f"{read} an answer reads, so every answer is the public greedy answer (free, and unchanged by the records); "
+        if to_pass > read
+        else ""
+    )
     return MethodOutlook(
         "knn sparse expert decoding",
         "per answer (each record its own budget)",
@@ -373,8 +420,8 @@ def _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid) -> MethodOutlook:
             "records_read_per_answer": k,
         },
         shift,
-        verdict(shift),
-        f"at most {p} tokens of an answer come from the {k} nearest records, each steered by up to {nats:.3g} "
+        "useless" if never else verdict(shift),
+        never + f"at most {p} tokens of an answer come from the {k} nearest records, each steered by up to {nats:.3g} "
         f"nats; the others are the public greedy answer, free. A token is paid where about {to_pass} records "
         f"agree against the public answer (the sparse-vector test's threshold, {threshold:g} nats)",
     )
@@ -409,7 +456,9 @@ def _carrying(methods: list[MethodOutlook], records: int, agreeing: int) -> str:
     counted = [
         (m.settings["records_to_tip_a_token"], m)
         for m in methods
-        if m.verdict != "refused" and m.settings.get("records_to_tip_a_token") is not None
+        if m.verdict != "refused"
+        and m.settings.get("records_to_tip_a_token") is not None
+        and m.settings.get("best_token_probability", 1.0) >= 0.5  # not where every answer is word salad
     ]
     if not counted:
         return "no per-answer method can run at this budget (see each method's note)"
@@ -537,7 +586,8 @@ def _tang_answers(eps, dlt, n, t, demos, rel) -> MethodOutlook:
 
 def _recommend(methods: list[MethodOutlook], answers: int, tokens: int) -> str:
     rated = [m for m in methods if m.token_shift is not None and m.verdict != "refused"]
-    best = max(rated, key=lambda m: m.token_shift or 0.0, default=None)
+    rank = {"useless": 0, "weak": 1, "useful": 2}  # a useless method never outranks a weak one, whatever its shift
+    best = max(rated, key=lambda m: (rank[m.verdict], m.token_shift or 0.0), default=None)
     once = next((m for m in methods if m.method == PAY_ONCE_ANSWERS and m.verdict == "useful"), None)
     synthesize = (
         f"synthesize demonstrations once and reuse them (the cost does not grow with the answers; free text: "

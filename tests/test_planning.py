@@ -24,6 +24,7 @@ from dp_icl_plugin.mechanisms.token_shift import (
     TIP_NATS,
     WEAK_SHIFT,
     agreeing_to_tip,
+    best_token_probability,
     log_odds_shift,
     mozo_shift,
     verdict,
@@ -279,3 +280,39 @@ def test_the_plan_says_what_a_pay_once_free_text_synthesis_buys_and_matches_the_
     assert tiny.verdict == "useless" and "no token wins reliably" in tiny.note
     assert "tang synthesis" not in small.recommendation
     assert plan(records=10, epsilon=4.0, delta=1e-5, answers=1, tokens=4).methods[-1].verdict == "refused"
+
+
+def test_best_token_probability_golden_values() -> None:
+    assert best_token_probability(0.0, 4) == pytest.approx(0.25) and best_token_probability(5.0, 1) == 1.0
+    assert best_token_probability(math.log(3.0), 4) == pytest.approx(0.5)  # e^R = K − 1: one half
+    with pytest.raises(ConfigurationError):
+        best_token_probability(-1.0, 4)
+
+
+@pytest.mark.slow  # clip-blend's calibration (seconds)
+def test_the_plan_calls_clip_blend_useless_where_its_temperature_makes_word_salad() -> None:
+    """The new user's 100 tickets, ε = 4, 20 answers of 24 tokens: clip-blend was recommended ("useful", 1.58
+    nats) and answered "payload junlied earnings invisible行Future…". Its scores span 2c, so at τ = c/1.58 the
+    likeliest of 49,152 tokens gets at most 1/(1 + 49151·e^−3.15): the plan says so and recommends something
+    else. With 4 public choices it draws among those and is judged on its shift again."""
+    free = plan(records=100, epsilon=4.0, delta=1e-5, answers=20, tokens=24)
+    by = {m.method: m for m in free.methods}
+    for name in ("clip-blend decoding", "clip-blend decoding, paid per token"):
+        blend = by[name]
+        nats = blend.settings["log_odds_range"]
+        assert blend.settings["best_token_probability"] == pytest.approx(1 / (1 + 49151 * math.exp(-2 * nats)))
+        assert blend.verdict == "useless" and "near-random" in blend.note
+    assert not free.recommendation.startswith("clip-blend") and "clip-blend" not in free.carrying
+    labels = {m.method: m for m in plan(records=100, epsilon=4.0, delta=1e-5, answers=20, tokens=1, choices=4).methods}
+    assert labels["clip-blend decoding"].verdict == verdict(labels["clip-blend decoding"].token_shift)
+
+
+def test_sparse_decoding_is_useless_where_its_test_needs_more_records_than_an_answer_reads() -> None:
+    """Also from the new user: at k = 20 the plan recommended sparse decoding "where about 105 records agree", of
+    100 records and 20 read. A test that cannot pass leaves every answer the public one; the plan says so and a
+    useless method is never recommended over a weak or useful one."""
+    p = plan(records=100, epsilon=4.0, delta=1e-5, answers=20, tokens=24, k=20, candidates=25)
+    sparse = {m.method: m for m in p.methods}["knn sparse expert decoding"]
+    assert sparse.settings["records_to_pass_the_test"] > 20
+    assert sparse.verdict == "useless" and sparse.note.startswith("the test never passes")
+    assert not p.recommendation.startswith("knn sparse")

@@ -43,6 +43,12 @@ def add_parser(top: Any, common: argparse.ArgumentParser, number: Any, integer: 
     p.add_argument("--subset-size", type=integer, default=None, help="clip-blend's subset (default min(records, k))")
     p.add_argument("--vocab-size", type=integer, default=49152, help="the model's vocabulary (SmolLM2: 49152)")
     p.add_argument(
+        "--choices",
+        type=integer,
+        default=None,
+        help="how many public answer choices the answers are restricted to (default: free text)",
+    )
+    p.add_argument(
         "--agreeing",
         type=integer,
         default=10,
@@ -86,6 +92,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         shards=args.shards,
         subset_size=args.subset_size,
         vocab_size=args.vocab_size,
+        choices=args.choices,
         agreeing=args.agreeing,
         paid_tokens=args.paid_tokens,
         expected_tokens=args.expected_tokens,

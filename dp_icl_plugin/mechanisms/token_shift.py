@@ -41,6 +41,7 @@ __all__ = [
     "USELESS_SHIFT",
     "WEAK_SHIFT",
     "agreeing_to_tip",
+    "best_token_probability",
     "keyword_pass_probability",
     "log_odds_shift",
     "mozo_shift",
@@ -68,6 +69,22 @@ def log_odds_shift(nats: float) -> float:
         ConfigurationError: ``nats`` is negative or not finite.
     """
     return math.tanh(check.non_negative_finite("nats", nats) / 4.0)
+
+
+def best_token_probability(nats: float, support: int) -> float:
+    """The most probability one token can have when every token's score lies within ``nats`` of every other's,
+    over ``support`` tokens: 1 / (1 + (K − 1)·e^(−R)) (the token at the top, all others at the bottom).
+
+    Args:
+        nats: R ≥ 0, the widest gap between two tokens' scores (after the temperature).
+        support: K ≥ 1, the tokens that can be drawn.
+
+    Raises:
+        ConfigurationError: ``nats`` negative or not finite, or ``support`` not a positive int.
+    """
+    r = check.non_negative_finite("nats", nats)
+    k = check.positive_int("support", support)
+    return 1.0 / (1.0 + (k - 1) * math.exp(-r))
 
 
 def agreeing_to_tip(nats_per_record: float) -> int | None:
