@@ -21,7 +21,7 @@ def add_parser(top: Any, common: argparse.ArgumentParser, integer: Any) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK_SAMPLES:,} samples per input (86 to 237 s with 2 jobs on the 2-core machines measured, 34 rows)",
+        help=f"{QUICK_SAMPLES:,} samples per input (42 rows: 259 s with 2 jobs on a 2-core machine busy with other work)",
     )
     p.add_argument(
         "--samples", type=integer, default=None, help=f"outputs per input and pair (default {FULL_SAMPLES:,})"
