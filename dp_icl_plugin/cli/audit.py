@@ -21,7 +21,7 @@ def add_parser(top: Any, common: argparse.ArgumentParser, integer: Any) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"{QUICK_SAMPLES:,} samples per input (42 rows: 259 s with 2 jobs on a 2-core machine busy with other work)",
+        help=f"{QUICK_SAMPLES:,} samples per input (42 rows: 259 s with 2 jobs on a busy 2-core machine)",
     )
     p.add_argument(
         "--samples", type=integer, default=None, help=f"outputs per input and pair (default {FULL_SAMPLES:,})"
