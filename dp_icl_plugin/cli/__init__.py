@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dp_icl_plugin.accounting.neighbouring import DEFAULT_NEIGHBOURING, PER_RECORD, PRIVACY_UNITS, RELATIONS
-from dp_icl_plugin.cli import audit, bench, commands, isolation, plan, synthesize
+from dp_icl_plugin.cli import answer, audit, bench, commands, isolation, plan, synthesize
 from dp_icl_plugin.errors import BudgetExhaustedError, DPICLError
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_REFUSED", "build_parser", "main"]
@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=commands.budget_show)
 
     synthesize.add_parser(top, common, _float, _int)
+    answer.add_parser(top, common, _float, _int)
     plan.add_parser(top, common, _float, _int)
     bench.add_parsers(top, common, _float, _int)
     audit.add_parser(top, common, _int)
