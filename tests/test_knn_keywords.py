@@ -267,6 +267,22 @@ def test_a_record_votes_its_answer_else_its_label_else_its_text() -> None:
     assert vote("u", None, None) == [ID["u"]]
 
 
+def test_hints_that_need_more_voters_than_there_are_records_are_refused_before_the_cover() -> None:
+    """The new user's 100 tickets at ε = 4 were warned about and then charged: when a word needs more records
+    sharing it than the dataset holds (public: a replace-one ledger keeps |D|), no word can pass, and the
+    factory refuses before the cover, with the figure."""
+    from dp_icl_plugin import PrivateDataset, PrivateRecord
+
+    data = PrivateDataset([PrivateRecord("q", "fix") for _ in range(12)])
+    ledger = BudgetManager(PrivacyBudget(1000.0, 1e-3))
+    settings = dict(n_queries=4, k=12, max_tokens=1, keywords=1, keywords_per_record=4, embedder=BagEmbedder())
+    with pytest.raises(ConfigurationError, match=r"share it .* more than the 12 records there are"):
+        build_keyword_decoder(backend(), data, budget=ledger, epsilon=2.0, template=TEMPLATE, **settings)
+    assert ledger.history() == []
+    ok = build_keyword_decoder(backend(), data, budget=ledger, epsilon=40.0, template=TEMPLATE, **settings)
+    assert ok.records_to_agree() <= 12 and len(ledger.history()) == 1
+
+
 def test_hints_that_need_more_voters_than_k_are_warned_about_before_the_cover() -> None:
     import warnings
 

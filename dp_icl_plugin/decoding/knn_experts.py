@@ -949,7 +949,16 @@ def knn_for_dataset(
         group_by_user=per_unit,
         name=index_name,
     )
-    return PrivateKNN(index, budget=budget, backend=backend, config=config, releases=releases)
+    # the public number of records (replace-one keeps it; add/remove: the declared size), per record only: a
+    # unit's records are more voters than its one count
+    return PrivateKNN(
+        index,
+        budget=budget,
+        backend=backend,
+        config=config,
+        releases=releases,
+        population=None if per_unit or (population_size is None and budget.neighbouring == ADD_REMOVE) else population,
+    )
 
 
 def check_dataset_settings(dataset: object, *, budget: object, keep_index: object) -> None:

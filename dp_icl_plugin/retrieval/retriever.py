@@ -548,6 +548,9 @@ class PrivateKNN:
             classify with labels and a backend, answer and decode with a backend): refused when none of them could
             release anything, warned about (:class:`~dp_icl_plugin.errors.WeakReleaseWarning`) when only expert
             decoding could; a useless release is refused when it is called, before its own charge.
+        population: the number of records the index holds, where it is public (a replace-one ledger keeps it
+            fixed; under add/remove only a declared size): keyword hints whose threshold needs more records sharing
+            a word than that could release nothing and are refused before the cover. None: not known.
 
     Raises:
         ConfigurationError: a bad argument, a release that could release nothing (before any charge), or the ledger
@@ -570,9 +573,11 @@ class PrivateKNN:
         keyword_prompt: KeywordAnswerPrompt | None = None,
         fixed_latency: float | FixedLatency | None = None,
         releases: Collection[str] | None = None,
+        population: int | None = None,
     ) -> None:
         if not isinstance(index, PrivateIndex):
             raise ConfigurationTypeError("index must be a PrivateIndex")
+        self.population = None if population is None else check.positive_int("population", population)
         if not isinstance(budget, BudgetManager):
             raise ConfigurationTypeError("budget must be a BudgetManager (the app's shared ledger)")
         self.index = index
@@ -1114,6 +1119,14 @@ class PrivateKNN:
     def _keywords_cannot_pass(self) -> str | None:
         """Why threshold keyword answers could release no keyword (public settings only), or None."""
         threshold, passes = self.keyword_outlook()
+        if self.config.records_vote and self.population is not None and math.ceil(threshold) > self.population:
+            return (
+                f"keyword hints would release nothing: a word passes half the time only when about "
+                f"{math.ceil(threshold)} candidate records share it (threshold {threshold:.3g} noisy votes), more "
+                f"than the {self.population} records there are; every candidate would pay for the zero-shot answer. "
+                f"Raise the per-record epsilon, lower uses ({self.config.uses}) or keywords_per_answer "
+                f"({self.config.keywords_per_answer}), or use expert decoding (see `dp-icl plan`)"
+            )
         if passes >= MIN_KEYWORD_PASS:
             return None
         return (
