@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from dp_icl_plugin import _validation as check
@@ -163,6 +163,32 @@ class FixedLatency:
         """
         with self._turns.hold(cancelled), self._window():
             yield
+
+    def pacer(self, steps: int) -> Callable[[int], None]:
+        """Inside a window: from now, ``pace(n)`` sleeps until the n-th of ``steps`` equal parts of the window has
+        passed, so that a release whose steps each commit something others can see (an answer paid per token: a
+        ledger entry a token) commits them on a public schedule, not when its private computation happens to
+        finish. A step already late goes at once and counts as an overrun (with the warning), like a late window.
+
+        Args:
+            steps: how many equal parts the window is cut into (public: the release's most steps).
+
+        Raises:
+            ConfigurationError: ``steps`` is not a positive int.
+        """
+        steps = check.positive_int("steps", steps)
+        started = time.monotonic()
+
+        def pace(step: int) -> None:
+            delay = started + self.seconds * step / steps - time.monotonic()  # private: used for the wait only
+            if delay > 0:
+                time.sleep(delay)
+                return
+            with self._lock:
+                self.overruns += 1
+            logger.warning(OVERRUN_WARNING)
+
+        return pace
 
     @contextmanager
     def _window(self) -> Iterator[None]:

@@ -4,6 +4,8 @@ row joins as if it had been an expert from the first token; forced tokens and an
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from test_knn_experts import TEMPLATE, VOCAB, backend, build
@@ -370,3 +372,56 @@ def test_after_a_refusal_the_token_reads_what_it_would_read_without_that_record(
     assert not np.array_equal(with_u[0], without[0])  # token 1: record 1 is the expert on D
     for t in (1, 2):
         np.testing.assert_array_equal(with_u[t], without[t])
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+
+def test_with_fixed_latency_each_tokens_charge_is_committed_on_a_public_schedule(monkeypatch) -> None:
+    """The ledger commits an entry a token, so its timestamps would show each token's private compute time (how
+    many experts, a record moving up and its replay). With fixed_latency the charges of tokens 2 and 3 wait for
+    their slots of the answer's window (here 1 s apart on a fake clock), on D (record 1 refused before token 3,
+    record 2's row replayed) as on D′ (no refusal); without it the gaps differ."""
+    from dp_icl_plugin import timing as timing_module
+
+    clock = _Clock()
+    monkeypatch.setattr(timing_module, "time", clock)
+    real_rows = knn_experts._ExpertRows.rows
+
+    def rows(self, ids, records):  # compute time that depends on the records: a new row replays every token
+        clock.now += 0.01 + 0.2 * sum(int(i) not in self.place for i in ids) * len(self.released)
+        return real_rows(self, ids, records)
+
+    monkeypatch.setattr(knn_experts._ExpertRows, "rows", rows)
+    config = KNNConfig(k=1, shards=1, min_similarity=0.5, uses=2, max_answer_tokens=3)
+
+    def gaps(spent_first: int, latency: float | None) -> list[float]:
+        index, _, base = per_token(["rare", "plain"], config=config)
+        knn = base.knn
+        if spent_first:
+            first = Candidates(np.array([1]), np.array([1.0], dtype=np.float32))
+            index.charge(first, lambda c: knn._cost("decode", c, 1, spent_first), release_tag=knn._release_tag)
+        decoder = KNNExpertDecoder(knn, template=base.template, pay_per_token=True, fixed_latency=latency)
+        times: list[float] = []
+        real_charge = knn._charge_candidates
+
+        def charge(*args, **kw):
+            times.append(clock.now)
+            return real_charge(*args, **kw)
+
+        monkeypatch.setattr(knn, "_charge_candidates", charge)
+        decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    assert gaps(4, None) != gaps(0, None)  # unpaced: the replay shows between the entries
+    paced = [gaps(4, 3.0), gaps(0, 3.0)]  # from the answer's first charge, then tokens 2 and 3
+    assert paced[0] == pytest.approx(paced[1], abs=1e-12) and paced[0] == pytest.approx([1.0, 1.0], abs=1e-12)

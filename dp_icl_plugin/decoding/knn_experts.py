@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import closing
 from typing import Any
 
@@ -356,6 +356,8 @@ class KNNExpertDecoder(KNNDecoder):
         suffix = self._public_suffix(prompt, reserve=room)
         public = start_rows(self.backend, [self._ids(prompt, None, reserve=room)], suffix=suffix, public=1)
         experts = _ExpertRows(self, prompt, room, suffix)
+        if self.fixed_latency is not None:  # each later charge waits for its slot of the answer's window
+            meter.pace = self.fixed_latency.pacer(meter.steps)
         with closing(public), closing(experts):
             generated: list[int] = []
             try:
@@ -432,6 +434,7 @@ class _ExpertMeter:
         self.k = k
         self.steps = steps
         self.paid = 1  # the first, when the answer was charged
+        self.pace: Callable[[int], None] | None = None  # with fixed_latency: waits for charge n's public slot
         self._prepaid = True
 
     def pay(self) -> Candidates:
@@ -439,6 +442,8 @@ class _ExpertMeter:
         if self._prepaid:
             self._prepaid = False
             return self.admitted
+        if self.pace is not None:
+            self.pace(self.paid)
         self.admitted, _ = self.knn._charge_candidates(self.candidates, "decode", self.k, 1)
         self.paid += 1
         return self.admitted
