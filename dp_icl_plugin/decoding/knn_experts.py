@@ -195,7 +195,9 @@ class KNNExpertDecoder(KNNDecoder):
             ``expert_top_k``).
         template: how a record and a completion query form a prompt (default: ``AnswerTemplate(stop=None)``).
         fixed_latency: hide timing: every answer returns this many seconds after it starts (how many
-            experts an answer had shows in its computation time otherwise); default the PrivateKNN's.
+            experts an answer had shows in its computation time otherwise); paid per token, each token's charge
+            also waits for its equal slot of the window, so the ledger's timestamps keep a public schedule;
+            default the PrivateKNN's.
         choices: public answers (labels, desks, "yes"/"no"): every token restricted to those that continue one
             (:mod:`dp_icl_plugin.decoding.choices`); an answer is then charged for the choices' token decisions
             (:attr:`~dp_icl_plugin.decoding.choices.AnswerChoices.decisions`, at most ``config.max_answer_tokens``).
