@@ -368,7 +368,7 @@ def _experts(eps, dlt, n, a, t, k, c, rel, agreeing) -> MethodOutlook:
         "same_question_answers_per_k_records": uses,
         # one expert adds at most ε0/2 nats (ε0 is calibrated per record, whatever k): j agreeing experts j·ε0/2
         "records_to_tip_a_token": agreeing_to_tip(eps0 / 2.0),
-        "records_read_per_answer": k,
+        "records_read_per_answer": min(k, n),
         "epsilon_for_agreeing_records": _experts_epsilon_for(agreeing, dlt, rel, uses, t),
     }
     return MethodOutlook(
@@ -392,15 +392,16 @@ def _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid) -> MethodOutlook:
     ratio, threshold = config.expert_test_ratio, config.expert_test_threshold
     assert threshold is not None
     eps0 = token_epsilon_for_uses(budget, uses=uses, tokens=p, test_ratio=ratio)
-    read = min(k, n)
-    nats = eps0 * read / 2.0
+    read = min(k, c, n)  # the experts an answer reads: k, or fewer candidates, or every record
+    nats = eps0 * min(k, n) / 2.0
     shift = log_odds_shift(nats)
     # j experts that move from the public greedy token to another raise the margin by up to j·ε0/2 (from a tie)
     to_pass = math.ceil(2.0 * threshold / eps0)
     tip = agreeing_to_tip(eps0 / 2.0)
     never = (
-        f"the test never passes: it needs about {to_pass} records agreeing against the public answer, more than the "
-        f"{read} an answer reads, so every answer is the public greedy answer (free, and unchanged by the records); "
+        f"the test passes only by its noise: it needs about {to_pass} records agreeing against the public answer, "
+        f"more than the {read} an answer reads, so the answers are the public greedy answer but for noise (the "
+        "records do not steer them); "
         if to_pass > read
         else ""
     )
@@ -417,7 +418,7 @@ def _sparse_experts(eps, dlt, n, a, t, k, c, rel, paid) -> MethodOutlook:
             "log_odds_range": nats,
             "records_to_pass_the_test": to_pass,
             "records_to_tip_a_token": None if tip is None else max(tip, to_pass),
-            "records_read_per_answer": k,
+            "records_read_per_answer": read,
         },
         shift,
         "useless" if never else verdict(shift),

@@ -144,6 +144,8 @@ class FixedLatency:
         self.overruns = 0
         self._lock = threading.Lock()
         self._turns = Turns("a release under a FixedLatency")  # one window at a time, first come first served
+        self._opened: float | None = None  # the open window's start (pacer), or None
+        self._step_late = False  # a paced step of the open window was late (counted once, at its end)
 
     def __repr__(self) -> str:
         return f"FixedLatency(seconds={self.seconds}, releases={self.releases}, overruns={self.overruns})"
@@ -165,10 +167,11 @@ class FixedLatency:
             yield
 
     def pacer(self, steps: int) -> Callable[[int], None]:
-        """Inside a window: from now, ``pace(n)`` sleeps until the n-th of ``steps`` equal parts of the window has
-        passed, so that a release whose steps each commit something others can see (an answer paid per token: a
-        ledger entry a token) commits them on a public schedule, not when its private computation happens to
-        finish. A step already late goes at once and counts as an overrun (with the warning), like a late window.
+        """Inside a window: ``pace(n)`` sleeps until the n-th of ``steps`` equal parts of the window (from its
+        opening) has passed, so that a release whose steps each commit something others can see (an answer paid
+        per token: a ledger entry a token) commits them on a public schedule, not when its private computation
+        happens to finish. A step already late goes at once, and the release counts as one overrun (with the
+        warning), like a late window: one bit per release, whichever steps were late.
 
         Args:
             steps: how many equal parts the window is cut into (public: the release's most steps).
@@ -177,34 +180,34 @@ class FixedLatency:
             ConfigurationError: ``steps`` is not a positive int.
         """
         steps = check.positive_int("steps", steps)
-        started = time.monotonic()
+        started = self._opened if self._opened is not None else time.monotonic()
 
         def pace(step: int) -> None:
             delay = started + self.seconds * step / steps - time.monotonic()  # private: used for the wait only
             if delay > 0:
                 time.sleep(delay)
-                return
-            with self._lock:
-                self.overruns += 1
-            logger.warning(OVERRUN_WARNING)
+            else:  # late: the window counts one overrun for the whole release, as for a late window
+                self._step_late = True
 
         return pace
 
     @contextmanager
     def _window(self) -> Iterator[None]:
         started = time.monotonic()
+        self._opened, self._step_late = started, False  # windows run one at a time (the turns)
         try:
             yield
         finally:
             elapsed = time.monotonic() - started  # private: used for the padding only, never kept or shown
-            late = elapsed > self.seconds
+            late = elapsed > self.seconds or self._step_late
+            self._opened, self._step_late = None, False
             with self._lock:
                 self.releases += 1
                 if late:
                     self.overruns += 1
             if late:
                 logger.warning(OVERRUN_WARNING)
-            else:
+            if elapsed < self.seconds:  # padded to the window also when only a paced step was late
                 time.sleep(self.seconds - elapsed)
 
 

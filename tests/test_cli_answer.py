@@ -84,6 +84,7 @@ def test_knn_experts_paid_per_token_answers_among_the_choices_and_restarts_witho
     assert status == 0 and first["answers"][0]["answer"] in CHOICES.split(",")
     status, second = run(capsys, *argv, "--choices", CHOICES, "--max-tokens", "4", "my reset email never arrives")
     assert status == 0 and second["spent_epsilon"] == first["spent_epsilon"]  # the kept index: no second cover
+    assert Path(second["index"]).is_dir() and second["index"] == first["index"]  # where the records now also are
     charged = kinds(ledger)
     assert charged.count("knn-filter") == 1 and charged.count("knn-decode") >= 2
 
@@ -101,3 +102,16 @@ def test_a_setting_the_method_does_not_take_or_a_missing_ledger_is_refused_befor
     with pytest.warns(WeakReleaseWarning):  # 12 records cannot move DPS-MOZO's tokens at this share: said first
         status, out = run(capsys, *args(tiny_model, data, ledger, "mozo", "--max-tokens", "3"), "the csv export")
     assert status == 0 and kinds(ledger) == ["mozo-answer"] and len(out["answers"]) == 1
+
+
+@pytest.mark.slow
+def test_a_share_too_small_for_the_queries_is_refused_before_the_first_charge(
+    tiny_model: str, files: tuple[Path, Path], capsys
+) -> None:
+    """Two queries on a share of one answer: refused whole (exit 3, nothing committed), so the first is not
+    charged and then lost with the second's error."""
+    data, ledger = files
+    argv = args(tiny_model, data, ledger, "mozo", "--max-tokens", "3")
+    argv[argv.index("--n-queries") + 1] = "1"
+    status, out = run(capsys, *argv, "the csv export", "my reset email")
+    assert status == 3 and out["committed"] is False and kinds(ledger) == []

@@ -129,31 +129,29 @@ def test_an_expert_whose_filter_runs_out_leaves_and_the_next_joins_as_from_the_f
 
 
 def test_the_experts_rows_read_a_released_token_only_after_the_next_token_is_charged(monkeypatch) -> None:
-    """Nothing private is computed for a token before it is paid: the experts' rows are extended by token t only
+    """Nothing private is computed for a token before it is paid: an expert's row is extended by token t only
     once token t + 1's charge is committed (the public row may run ahead)."""
     _, _, decoder = per_token(["rare", "plain", "rare"])
     log: list[str] = []
-    recorder = Recorder(knn_experts.start_rows)
-    monkeypatch.setattr(knn_experts, "start_rows", recorder)
-    real_pay = knn_experts._ExpertMeter.pay
+    real_start, real_pay = knn_experts.start_rows, knn_experts._ExpertMeter.pay
+
+    def start_rows(backend, rows, **kw):
+        session = real_start(backend, rows, **kw)
+        if not kw.get("public"):  # an expert session: log each extension
+            append = session.append
+            session.append = lambda token: log.append("append") or append(token)
+        return session
 
     def pay(meter):
+        out = real_pay(meter)
         log.append("pay")
-        return real_pay(meter)
+        return out
 
+    monkeypatch.setattr(knn_experts, "start_rows", start_rows)
     monkeypatch.setattr(knn_experts._ExpertMeter, "pay", pay)
-    real_append = knn_experts._ExpertRows.release
-
-    def release(rows, token):
-        real_append(rows, token)
-        log.append(f"rows read {len(recorder.started[-1]['appended'])}")  # the experts' session (the last started)
-
-    monkeypatch.setattr(knn_experts._ExpertRows, "release", release)
     answer = decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
-    experts = [r for r in recorder.started if not r["public"]]
-    assert len(answer.token_ids) == 3 and len(experts) == 1 and experts[0]["appended"] == list(answer.token_ids[:2])
-    # each release leaves the rows where they were (0, then 1 token read); the read comes with the next pay
-    assert log == ["pay", "rows read 0", "pay", "rows read 1", "pay"]
+    assert len(answer.token_ids) == 3
+    assert log == ["pay", "pay", "append", "pay", "append"]  # each extension after the next token's charge
 
 
 @pytest.mark.parametrize("fail_at", [1, 2, 3])
@@ -177,6 +175,27 @@ def test_a_failure_mid_answer_charges_the_tokens_it_had_left_before_the_error(mo
     with pytest.raises(ReleaseFailedError):
         decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
     assert len(ledger.history()) == before + 3
+    curve, _ = index.filter.spent(np.arange(1, 4))
+    np.testing.assert_allclose(curve, np.tile(token_curve(decoder, 3), (3, 1)), rtol=1e-12)
+
+
+def test_a_ledger_write_that_fails_after_the_filters_committed_is_not_charged_again(monkeypatch) -> None:
+    """The second token's ledger record fails once (the filters had committed): the answer fails, and every
+    candidate's filter holds the answer's worst case, 3 tokens, not 4 (the failed charge is not made again)."""
+    from dp_icl_plugin.errors import ReleaseFailedError
+
+    index, _, decoder = per_token(["rare", "plain", "rare"])
+    real, calls = decoder.knn.budget.spend, []
+
+    def spend(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk I/O error")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(decoder.knn.budget, "spend", spend)
+    with pytest.raises(ReleaseFailedError):
+        decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
     curve, _ = index.filter.spent(np.arange(1, 4))
     np.testing.assert_allclose(curve, np.tile(token_curve(decoder, 3), (3, 1)), rtol=1e-12)
 
@@ -425,3 +444,27 @@ def test_with_fixed_latency_each_tokens_charge_is_committed_on_a_public_schedule
     assert gaps(4, None) != gaps(0, None)  # unpaced: the replay shows between the entries
     paced = [gaps(4, 3.0), gaps(0, 3.0)]  # from the answer's first charge, then tokens 2 and 3
     assert paced[0] == pytest.approx(paced[1], abs=1e-12) and paced[0] == pytest.approx([1.0, 1.0], abs=1e-12)
+
+
+def test_a_late_token_counts_one_overrun_and_the_answer_still_takes_its_window(monkeypatch) -> None:
+    """Token 1's rows take 1.5 s of a 3 s window cut in 3: token 2's charge is late (it goes at once), token 3's
+    waits for its slot, and the answer returns at 3 s with one overrun for the release, not one per late token."""
+    from dp_icl_plugin import timing as timing_module
+    from dp_icl_plugin.timing import FixedLatency
+
+    clock = _Clock()
+    monkeypatch.setattr(timing_module, "time", clock)
+    real_rows, slow = knn_experts._ExpertRows.rows, [1.5]
+
+    def rows(self, ids, records):
+        clock.now += slow.pop() if slow else 0.01
+        return real_rows(self, ids, records)
+
+    monkeypatch.setattr(knn_experts._ExpertRows, "rows", rows)
+    _, _, base = per_token(["rare", "plain"], config=KNNConfig(k=1, shards=1, min_similarity=0.5, max_answer_tokens=3))
+    policy = FixedLatency(3.0)
+    decoder = KNNExpertDecoder(base.knn, template=base.template, pay_per_token=True, fixed_latency=policy)
+    started = clock.now
+    decoder.generate("q", rng=np.random.default_rng(0), max_tokens=3)
+    assert clock.now - started == pytest.approx(3.0, abs=1e-12)
+    assert policy.releases == 1 and policy.overruns == 1

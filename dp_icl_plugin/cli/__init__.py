@@ -1,7 +1,8 @@
 """The ``dp-icl`` command: JSON on stdout for machines, readable text with ``--human``.
 
 Exit status: 0 success, 2 bad input (including an unusable ledger file or path), 3 a charge refused for lack
-of budget (nothing committed), 1 an unexpected failure, a failed audit or a row that is not isolated. Every
+of budget (nothing committed), 1 an unexpected failure, a failed audit, a row that is not isolated, or an answer
+run stopped by a failing query (the answers before it printed). Every
 failure writes one line to stderr (never a traceback) and, except for malformed arguments, a JSON ``error``
 object to stdout.
 """
@@ -266,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dp-icl: unexpected error ({type(exc).__name__}): at {where}; please report it", file=sys.stderr)
         return 1
     _emit(result, args.human)
-    return 1 if result.get("audit_failed") else 0
+    return 1 if result.get("audit_failed") or result.get("failed") else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,5 +1,7 @@
 """``dp-icl answer``: public queries in, DP answers from a private file out, each answer charged to a ledger file
-before any record is read (``dp-icl budget init`` creates the ledger).
+before any record is read (``dp-icl budget init`` creates the ledger). A share too small for every query is refused
+before the first charge; a query that fails later stops the run, and the answers before it (charged) are printed
+with the failure (exit status 1).
 
 The decoders are :func:`~dp_icl_plugin.decoding.factory.build_decoder`'s: DPS-MOZO, clip-blend, kNN expert decoding
 (per answer or paid per token) and kNN keyword hints. A kNN decoder keeps its private index beside the ledger, so
@@ -17,7 +19,7 @@ import numpy as np
 from dp_icl_plugin.accounting import BudgetManager
 from dp_icl_plugin.data.files import load_dataset
 from dp_icl_plugin.decoding.factory import DECODING_METHODS, build_decoder
-from dp_icl_plugin.errors import ConfigurationError
+from dp_icl_plugin.errors import ConfigurationError, DPICLError
 
 __all__ = ["add_parser", "answer"]
 
@@ -93,11 +95,20 @@ def answer(a: argparse.Namespace) -> dict[str, Any]:
     budget = BudgetManager.open(ledger)
     try:
         decoder = build_decoder(a.model, data, budget=budget, method=a.method, device=a.device, **settings)
+        decoder.check_answers_left(len(a.queries))  # a share too small for them all: refused before any charge
         rng = np.random.default_rng(a.seed)
-        answers = []
+        answers: list[dict[str, Any]] = []
+        failed: dict[str, Any] | None = None
         for query in a.queries:  # a user's message where the model has a chat template, else a completion
             asked = [{"role": "user", "content": query}] if decoder.has_chat_template else query
-            out = decoder.generate(asked, rng=rng)
+            try:
+                out = decoder.generate(asked, rng=rng)
+            except Exception as exc:  # the answers before it were charged and are kept: printed, not lost
+                # a library error's message is public (a release's failure after its charge is one fixed text);
+                # any other's could quote a record, so only its type is shown
+                message = str(exc) if isinstance(exc, DPICLError) else "an unexpected error"
+                failed = {"query": query, "error": type(exc).__name__, "message": message}
+                break
             answers.append(
                 {
                     "query": query,
@@ -108,11 +119,15 @@ def answer(a: argparse.Namespace) -> dict[str, Any]:
                 }
             )
         spent, remaining = budget.spent(), budget.remaining()
+        knn = getattr(decoder, "knn", None)  # a kNN decoder's index holds the records' text: say where
+        kept = None if knn is None or knn.index.path is None else str(knn.index.path)
     finally:
         budget.close()
     return {
         "method": a.method,
         "answers": answers,
+        **({} if failed is None else {"failed": failed}),
+        **({} if kept is None else {"index": kept}),
         "ledger": str(ledger),
         "spent_epsilon": spent.epsilon,
         "remaining_epsilon": remaining.epsilon,

@@ -60,8 +60,9 @@ clip-blend's token mechanism (Bhusal et al., Algorithm 1 lines 6–9, eq. 2, Lem
    refusal depends on its own earlier charges: its m and the released tokens), exactly as if it were absent from
    then on, so the next candidate moves up and its row joins, computed as from the answer's first token
    (:class:`_ExpertRows`): each token's distribution is a function of the units admitted for it and the released
-   tokens, and its analysis is step 3's, per token. The rows read a released token only once the next token is
-   charged, so nothing private is computed for a token before it is paid. The answer ends at EOS, a stop or its
+   tokens, and its analysis is step 3's, per token. The rows a token reads are extended by the released tokens
+   only once it is charged (a refused record whose row shares a batch with an admitted expert's is extended with
+   it, unused). The answer ends at EOS, a stop or its
    limit, all functions of released tokens; a token that choices or a schema force after the first runs no
    mechanism and is charged nothing (the first token mechanism is charged with the answer, before it is known
    whether the public rule forces it). An answer that fails part-way (where may depend on the records read) first
@@ -446,16 +447,22 @@ class _ExpertMeter:
             return self.admitted
         if self.pace is not None:
             self.pace(self.paid)
-        self.admitted, _ = self.knn._charge_candidates(self.candidates, "decode", self.k, 1)
+        # counted before the charge: a charge whose ledger write fails after the filters committed is never made
+        # again (the failure is the ledger's, not the records')
         self.paid += 1
+        self.admitted, _ = self.knn._charge_candidates(self.candidates, "decode", self.k, 1)
         return self.admitted
 
     def pay_rest(self) -> None:
         """After a failure: charge the token mechanisms the answer had left (up to ``steps``), so that the charges
-        do not depend on where it failed."""
+        do not depend on where it failed; each is tried once, past a failing one (the caller raises its own
+        error after)."""
         self._prepaid = False
         while self.paid < self.steps:
-            self.pay()
+            try:
+                self.pay()
+            except Exception:  # a ledger or filter failure (not the records'): the next charge is still tried
+                continue
 
 
 class _ExpertRows:
@@ -465,7 +472,7 @@ class _ExpertRows:
     expert from the first token. So the rows a token reads depend on which records are experts for it and on the
     released tokens only, never on who was an expert before (a session none of whose records is still an expert is
     closed; a record admitted again starts afresh). Rows are extended only when a token reads them, after its
-    charge, so nothing private is computed for a token before it is paid.
+    charge (a refused record's row in a batch with an admitted expert's is extended with it, unused).
 
     Args:
         decoder: the expert decoder (its backend, template and prompt layout).

@@ -549,8 +549,9 @@ class PrivateKNN:
             release anything, warned about (:class:`~dp_icl_plugin.errors.WeakReleaseWarning`) when only expert
             decoding could; a useless release is refused when it is called, before its own charge.
         population: the number of records the index holds, where it is public (a replace-one ledger keeps it
-            fixed; under add/remove only a declared size): keyword hints whose threshold needs more records sharing
-            a word than that could release nothing and are refused before the cover. None: not known.
+            fixed; under add/remove only a declared size): keyword hints under which a word every record shares
+            would pass less than 5 % of the time could release nothing and are refused before the cover. None: not
+            known.
 
     Raises:
         ConfigurationError: a bad argument, a release that could release nothing (before any charge), or the ledger
@@ -1119,13 +1120,19 @@ class PrivateKNN:
     def _keywords_cannot_pass(self) -> str | None:
         """Why threshold keyword answers could release no keyword (public settings only), or None."""
         threshold, passes = self.keyword_outlook()
-        if self.config.records_vote and self.population is not None and math.ceil(threshold) > self.population:
+        everyone = (
+            keyword_pass_probability(threshold, self.population, self.keyword_noise_std)
+            if self.config.records_vote and self.population is not None
+            else 1.0
+        )
+        if everyone < MIN_KEYWORD_PASS:
             return (
                 f"keyword hints would release nothing: a word passes half the time only when about "
-                f"{math.ceil(threshold)} candidate records share it (threshold {threshold:.3g} noisy votes), more "
-                f"than the {self.population} records there are; every candidate would pay for the zero-shot answer. "
-                f"Raise the per-record epsilon, lower uses ({self.config.uses}) or keywords_per_answer "
-                f"({self.config.keywords_per_answer}), or use expert decoding (see `dp-icl plan`)"
+                f"{math.ceil(threshold)} candidate records share it (threshold {threshold:.3g} noisy votes), and "
+                f"one all {self.population} records share passes with probability {everyone:.2g}; every candidate "
+                f"would pay for the zero-shot answer. Raise the per-record epsilon, lower uses ({self.config.uses}) "
+                f"or keywords_per_answer ({self.config.keywords_per_answer}), or use expert decoding (see "
+                "`dp-icl plan`)"
             )
         if passes >= MIN_KEYWORD_PASS:
             return None
