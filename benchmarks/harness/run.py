@@ -49,6 +49,9 @@ rows the per-record filter budget whose cover on that ledger is (ε, δ) (ε/2 p
   with the labels as choices): one DP demonstration per label synthesized once on the row's ledger (label counts
   declared public), then every query answered few-shot with them; with each demonstration's agreement with the
   public model's own label for it and its per-token NLL beside a real record's (:meth:`Harness.synthesis`).
+- ``few-shot greedy, the label names as examples`` (``--methods public-layout``; classification with choices, no
+  private data, once per task): the pay-once rows' prompt with each label's name as its example's text, the
+  layout alone (:meth:`Harness.public_layout`).
 - ``pay once: DPS-MOZO+Off`` and ``pay once: Tang aggregation`` (``--methods mozo-offline,tang-answers``; free
   text, E2E): DP answers to 4 public tune inputs synthesized once on the row's ledger
   (:class:`~dp_icl_plugin.MozoOfflineSynthesizer`, :class:`~dp_icl_plugin.TangAnswerSynthesizer`), then every
@@ -695,6 +698,23 @@ class Harness:
             real_nll=float(np.mean([self._nll(x) for x in real])),
         )
 
+    def public_layout(self) -> None:
+        """No private data: the pay-once rows' few-shot prompt with the label names themselves as the examples
+        (one per label, text = label, in the synthesis rows' shuffled order). What a user gets from the layout
+        alone, which the DP demonstrations must beat to show the records helped."""
+        assert self.task.labels is not None and self.choices is not None
+        started = time.perf_counter()
+        pairs = [(label, label) for label in self.task.labels]
+        np.random.default_rng(18).shuffle(pairs)
+        outs = self._few_shot(pairs)
+        self.add(
+            "few-shot greedy, the label names as examples (no private data)",
+            0.0,
+            outs,
+            time.perf_counter() - started,
+            demonstrations=pairs,
+        )
+
     def mozo_offline(self, epsilon: float) -> None:
         """Pay once, free text: DPS-MOZO+Off (:class:`~dp_icl_plugin.MozoOfflineSynthesizer`) answers
         ``PUBLIC_INPUTS`` public tune inputs (never a held-out query) with the private records at ``epsilon`` on the
@@ -1108,6 +1128,8 @@ def main() -> None:
         h.on_row = lambda h=h: (rows.append(h.rows[-1]), save(False))
         h.zero_shot()
         h.ceiling()
+        if "public-layout" in methods and task.labels is not None and h.choices is not None:
+            h.public_layout()  # no private data: once, not per ε
         for eps in epsilons:
             for m in methods:
                 if (m == "vote" and task.labels is None) or (m == "keywords" and task.labels is not None):
@@ -1116,6 +1138,8 @@ def main() -> None:
                     continue  # pay-once rows: classification with the labels as choices
                 if m in ("mozo-offline", "tang-answers") and task.labels is not None:
                     continue  # pay once with free text (E2E)
+                if m == "public-layout":
+                    continue  # run once above
                 {
                     "experts": h.experts,
                     "sparse": lambda e, h=h: h.experts(e, args.paid_tokens),
