@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from test_knn_experts import TEMPLATE, VOCAB, backend, build
 from test_knn_retriever import BagEmbedder
+from test_timing import FakeClock
 
 from dp_icl_plugin import BudgetManager, ConfigurationError, FakeBackend, PrivacyBudget, PrivateDataset
 from dp_icl_plugin.accounting import FilteredReleaseEvent, rdp
@@ -393,18 +394,6 @@ def test_after_a_refusal_the_token_reads_what_it_would_read_without_that_record(
         np.testing.assert_array_equal(with_u[t], without[t])
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        assert seconds >= 0
-        self.now += seconds
-
-
 def test_with_fixed_latency_each_tokens_charge_is_committed_on_a_public_schedule(monkeypatch) -> None:
     """The ledger commits an entry a token, so its timestamps would show each token's private compute time (how
     many experts, a record moving up and its replay). With fixed_latency the charges of tokens 2 and 3 wait for
@@ -412,7 +401,7 @@ def test_with_fixed_latency_each_tokens_charge_is_committed_on_a_public_schedule
     record 2's row replayed) as on D′ (no refusal); without it the gaps differ."""
     from dp_icl_plugin import timing as timing_module
 
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(timing_module, "time", clock)
     real_rows = knn_experts._ExpertRows.rows
 
@@ -452,7 +441,7 @@ def test_a_late_token_counts_one_overrun_and_the_answer_still_takes_its_window(m
     from dp_icl_plugin import timing as timing_module
     from dp_icl_plugin.timing import FixedLatency
 
-    clock = _Clock()
+    clock = FakeClock()
     monkeypatch.setattr(timing_module, "time", clock)
     real_rows, slow = knn_experts._ExpertRows.rows, [1.5]
 
