@@ -219,6 +219,11 @@ def to_text(result: dict[str, Any], indent: str = "") -> str:
             lines.append(to_text(value, indent + "  ") if value else f"{indent}  (none)")
         elif isinstance(value, float):
             lines.append(f"{indent}{name}: {value:.6g}")
+        elif isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            lines.append(f"{indent}{name}:")  # one block a row (dp-icl answer's answers)
+            for number, item in enumerate(value, 1):
+                lines.append(f"{indent}  {number}.")
+                lines.append(to_text(item, indent + "    "))
         else:
             lines.append(f"{indent}{name}: {value}")
     return "\n".join(lines)
