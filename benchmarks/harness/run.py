@@ -540,7 +540,14 @@ class Harness:
         return self._expected
 
     def _per_token(self, per_token: bool) -> dict:
-        return {"pay_per_token": True, "expected_tokens": self.expected_tokens()} if per_token else {}
+        """A per-token decoder's settings: with the labels as choices an answer runs at most their token
+        decisions (public), which caps what it is expected to run."""
+        if not per_token:
+            return {}
+        expected = self.expected_tokens()
+        if self.choices is not None:
+            expected = min(expected, self.choices.decisions)
+        return {"pay_per_token": True, "expected_tokens": expected}
 
     def _answer_all_paid(self, decoder, seed: int) -> tuple[list[str], dict]:
         """Every query's answer, and what the answers paid: the token mechanisms each ran (per token: the draws
