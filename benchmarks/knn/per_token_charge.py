@@ -15,9 +15,8 @@ Run: ``.venv/bin/python benchmarks/knn/per_token_charge.py [--records 2000] [--k
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,21 +25,14 @@ from dp_icl_plugin import BudgetManager, FakeBackend, IndividualBudget, PrivacyB
 from dp_icl_plugin.retrieval import KNNConfig
 from dp_icl_plugin.retrieval.index import Candidates
 
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from allowance_draws import timed  # the same median of timed calls as the allowance benchmark
+
 TOKENS = 25  # the answer paid up front
 
 
 def _embed(texts: list[str]) -> np.ndarray:  # public and fixed: the search is not what is timed
     return np.array([[1.0, (hash(t) % 1000) / 1000.0] for t in texts])
-
-
-def timed(call, n: int) -> float:
-    """Median milliseconds of ``n`` calls."""
-    times = []
-    for _ in range(n):
-        started = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
 
 
 def main() -> None:
