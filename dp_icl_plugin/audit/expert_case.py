@@ -365,9 +365,11 @@ class _FirstExpertsMeter(_ExpertMeter):
     """Broken: an expert refused mid-answer leaves its slot empty; the next candidate never moves up (the experts
     a token reads then depend on who was an expert before it, so on the refused record)."""
 
+    first: np.ndarray | None = None  # the first token's experts
+
     def pay(self) -> Candidates:
         admitted = super().pay()
-        if not hasattr(self, "first"):
+        if self.first is None:
             self.first = admitted.ids[: self.k]
         return admitted.take(np.isin(admitted.ids, self.first))
 
